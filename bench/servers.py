@@ -1,0 +1,69 @@
+"""Start modgate's own processes for benchmarks: the simulator and the gateway, each in its own process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    """Poll ``url`` until it answers 200, or fail if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready within {timeout_s:g} s")
+
+
+@contextlib.contextmanager
+def process(args: list[str], ready_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
+    """Run a server process until the block ends."""
+    proc = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL)
+    try:
+        wait_until_ready(ready_url, proc)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
+def simulator(preset: str = "instant", time_scale: float = 0.0, *extra: str) -> Iterator[str]:
+    """``modgate engine-sim`` in a process of its own; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "gateway.cli", "engine-sim", "--port", str(port), "--preset", preset,
+            "--time-scale", str(time_scale), *extra]
+    with process(args, f"{url}/health"):
+        yield url
+
+
+@contextlib.contextmanager
+def gateway(engine_url: str, **env: str) -> Iterator[str]:
+    """``modgate serve`` in a process of its own, in front of ``engine_url``; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
+    with process(args, f"{url}/readyz", {"MODGATE_ENGINE_URL": engine_url, "MODGATE_LOG_LEVEL": "warning", **env}):
+        yield url

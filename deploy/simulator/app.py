@@ -1,0 +1,537 @@
+"""The simulated engine's HTTP face: the slice of vLLM's OpenAI-compatible server the gateway uses.
+
+Its verdicts come from the marker squares of synthetic keyframes (``deploy.keyframes``), so quality code has
+ground truth; a configurable share of thinking-off answers differ. Faults can be switched on for tests
+(``POST /sim/faults``) or from the command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import io
+import json
+import random
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from litestar import Litestar, Request, Response, get, post
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException
+from litestar.params import JSONBody
+from litestar.response import Stream
+from PIL import Image, UnidentifiedImageError
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from deploy.keyframes import Label, read_label
+from deploy.simulator.engine import FinishEvent, Sequence, SimEngine, TokenEvent
+from deploy.simulator.presets import SimPreset
+from deploy.simulator.tokenizer import ImageSlot, Token, render_chat, split_text, token_id
+from shaping.tokens import TokenGrid, image_tokens
+
+MODEL_CATEGORIES_FOR_SIM = ("violence",)  # the category a thinking-off false positive names
+
+
+@dataclass
+class Faults:
+    """Failure modes, each a probability per request (slow adds ``slow_s`` before the first token)."""
+
+    error_rate: float = 0.0
+    slow_rate: float = 0.0
+    slow_s: float = 5.0
+    cut_stream_rate: float = 0.0
+    malformed_rate: float = 0.0
+    seed: int = 0
+
+
+class FaultsUpdate(BaseModel):
+    """Body of ``POST /sim/faults``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error_rate: float = Field(default=0.0, ge=0, le=1)
+    slow_rate: float = Field(default=0.0, ge=0, le=1)
+    slow_s: float = Field(default=5.0, ge=0)
+    cut_stream_rate: float = Field(default=0.0, ge=0, le=1)
+    malformed_rate: float = Field(default=0.0, ge=0, le=1)
+    seed: int = 0
+
+
+class EngineError(HTTPException):
+    """An error in vLLM's OpenAI shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(status_code=status, detail=message)
+        self.param = param
+
+
+def _error_response(_: Request[Any, Any, Any], exc: EngineError) -> Response[dict[str, Any]]:
+    kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}.get(
+        exc.status_code, "BadRequestError"
+    )
+    return Response(
+        {"error": {"message": exc.detail, "type": kind, "param": exc.param, "code": exc.status_code}},
+        status_code=exc.status_code,
+    )
+
+
+class ChatRequest(BaseModel):
+    """The fields of vLLM's chat request that the simulator reads; others are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    priority: int = 0
+    thinking_token_budget: int | None = Field(default=None, ge=0)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedImage:
+    """An image as the engine sees it: identity, label and token count."""
+
+    identity: str
+    tokens: int
+    label: Label
+
+
+class SimMetrics:
+    """vLLM's metric names, with its ``model_name`` and ``engine`` labels."""
+
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        self.labels = {"model_name": model, "engine": "0"}
+        names = list(self.labels)
+        buckets = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", names, buckets=buckets,
+            registry=self.registry,
+        ).labels(**self.labels)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", names, buckets=buckets,
+            registry=self.registry,
+        ).labels(**self.labels)
+
+    def watch(self, engine: SimEngine) -> None:
+        """Counters and gauges are read from the scheduler at scrape time."""
+        labels = self.labels
+
+        class EngineCollector(Collector):
+            def collect(self) -> Iterator[Metric]:
+                counters = engine.counters
+                for name, doc, total in (
+                    ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", counters.prefix_cache_queries),
+                    ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", counters.prefix_cache_hits),
+                    ("vllm:prompt_tokens", "Prefill tokens processed.", counters.prompt_tokens),
+                    ("vllm:generation_tokens", "Generation tokens processed.", counters.generation_tokens),
+                    ("vllm:request_success", "Finished requests.", counters.requests_finished),
+                ):
+                    counter = CounterMetricFamily(name, doc, labels=list(labels))
+                    counter.add_metric(list(labels.values()), total)
+                    yield counter
+                for name, doc, value in (
+                    ("vllm:num_requests_running", "Requests in the running batch.", engine.num_running),
+                    ("vllm:num_requests_waiting", "Requests waiting.", engine.num_waiting),
+                    ("vllm:kv_cache_usage_perc", "KV cache usage (1 = 100 %).", engine.kv_cache_usage()),
+                ):
+                    gauge = GaugeMetricFamily(name, doc, labels=list(labels))
+                    gauge.add_metric(list(labels.values()), value)
+                    yield gauge
+
+        self.registry.register(EngineCollector())
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
+            labels=["block_size", "enable_prefix_caching", "num_gpu_blocks"],
+        )
+        info.add_metric([str(engine.preset.block_size), "True", str(engine.preset.kv_cache_blocks)], 1.0)
+        self.registry.register(_Fixed(info))
+
+
+class _Fixed(Collector):
+    """A metric family that never changes (configuration info)."""
+
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._family
+
+
+def _decode_image(url: str, explicit_uuid: str | None, grid: TokenGrid) -> DecodedImage:
+    if not url.startswith("data:"):
+        raise EngineError(400, "only data: image URLs are supported by this engine", "messages")
+    header, _, payload = url.partition(",")
+    if ";base64" not in header:
+        raise EngineError(400, "image data URL must be base64-encoded", "messages")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+        with Image.open(io.BytesIO(raw)) as image:
+            image.load()
+            width, height = image.size
+            label = read_label(image)
+    except (binascii.Error, UnidentifiedImageError, OSError, ValueError) as exc:
+        raise EngineError(400, f"failed to load image: {exc}", "messages") from exc
+    identity = explicit_uuid or f"{zlib.crc32(raw):08x}-{len(raw)}"
+    return DecodedImage(identity=identity, tokens=image_tokens(width, height, grid), label=label)
+
+
+def _user_parts(content: Any, grid: TokenGrid) -> tuple[list[Token | str], list[DecodedImage]]:
+    if isinstance(content, str):
+        return [content], []
+    if not isinstance(content, list):
+        raise EngineError(400, "message content must be a string or a list of parts", "messages")
+    parts: list[Token | str] = []
+    images: list[DecodedImage] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            parts.append(str(part.get("text", "")))
+        elif kind == "image_url":
+            image_url = part.get("image_url")
+            url = image_url.get("url") if isinstance(image_url, dict) else None
+            if not isinstance(url, str):
+                raise EngineError(400, "image_url.url is required", "messages")
+            image = _decode_image(url, part.get("uuid"), grid)
+            images.append(image)
+            parts.append("<|vision_start|>")
+            parts.extend(ImageSlot(image.identity, i) for i in range(image.tokens))
+            parts.append("<|vision_end|>")
+        else:
+            raise EngineError(400, f"unsupported content part type {kind!r}", "messages")
+    return parts, images
+
+
+class SimulatedEngine:
+    """Request handling on top of the scheduler: templates, verdicts, faults and responses."""
+
+    def __init__(self, preset: SimPreset, time_scale: float, faults: Faults | None = None) -> None:
+        self.preset = preset
+        self.time_scale = time_scale
+        self.faults = faults or Faults()
+        self.metrics = SimMetrics(preset.model)
+        self.engine = SimEngine(
+            preset, time_scale, observe_ttft=self.metrics.ttft.observe, observe_e2e=self.metrics.e2e.observe
+        )
+        self.metrics.watch(self.engine)
+        self.grid = TokenGrid(
+            pixels_per_token=preset.pixels_per_token,
+            min_pixels=4 * preset.pixels_per_token**2,
+            max_pixels=preset.max_image_pixels,
+            token_budget=preset.max_image_pixels // preset.pixels_per_token**2,
+        )
+        self._rng = random.Random(self.faults.seed)
+        self.started = time.time()
+
+    def set_faults(self, faults: Faults) -> None:
+        """Switch failure modes at runtime."""
+        self.faults = faults
+        self._rng = random.Random(faults.seed)
+
+    def prompt_tokens(self, request: ChatRequest) -> tuple[list[Token], list[DecodedImage], bool]:
+        """Render the chat template into tokens; answers (tokens, images, enable_thinking)."""
+        kwargs = request.chat_template_kwargs or {}
+        enable_thinking = bool(kwargs.get("enable_thinking", True))
+        messages: list[tuple[str, list[Token | str]]] = []
+        images: list[DecodedImage] = []
+        for message in request.messages:
+            role = message.get("role")
+            if role not in ("system", "user", "assistant"):
+                raise EngineError(400, f"unsupported role {role!r}", "messages")
+            parts, found = _user_parts(message.get("content", ""), self.grid)
+            messages.append((role, parts))
+            images += found
+        return render_chat(messages, enable_thinking), images, enable_thinking
+
+    def _verdict(self, image: DecodedImage, enable_thinking: bool) -> dict[str, Any]:
+        label = image.label
+        action, categories = label.action, [label.category] if label.category else []
+        # A deterministic share of frames get a different answer without thinking: the quality
+        # module's ground truth for "how much does thinking off change verdicts".
+        draw = zlib.crc32(f"{image.identity}:thinking-off".encode()) / 2**32
+        if not enable_thinking and draw < self.preset.thinking_off_disagreement:
+            action, categories = ("block", list(MODEL_CATEGORIES_FOR_SIM)) if action == "allow" else ("allow", [])
+        confidence = round(0.8 + 0.19 * (zlib.crc32(image.identity.encode()) % 100) / 100, 2)
+        return {"verdict": action, "categories": categories, "confidence": confidence}
+
+    def _answer(self, request: ChatRequest, images: list[DecodedImage], enable_thinking: bool) -> str:
+        verdicts = [self._verdict(image, enable_thinking) for image in images] or [
+            {"verdict": "allow", "categories": [], "confidence": 0.5}
+        ]
+        structured = request.structured_outputs or {}
+        schema: dict[str, Any] = {}
+        if request.response_format and request.response_format.get("type") == "json_schema":
+            schema = request.response_format.get("json_schema", {}).get("schema", {})
+        elif "json" in structured and isinstance(structured["json"], dict):
+            schema = structured["json"]
+        if "choice" in structured:
+            choices = structured["choice"]
+            wanted = verdicts[0]["verdict"]
+            return wanted if wanted in choices else str(choices[0])
+        if "frames" in schema.get("properties", {}):
+            return json.dumps({"frames": verdicts}, separators=(",", ":"), ensure_ascii=False)
+        return json.dumps(verdicts[0], separators=(",", ":"), ensure_ascii=False)
+
+    def plan_output(
+        self, request: ChatRequest, images: list[DecodedImage], enable_thinking: bool
+    ) -> list[TokenEvent]:
+        """The tokens this request will generate: reasoning (thinking on) then the answer."""
+        if self.faults.malformed_rate and self._rng.random() < self.faults.malformed_rate:
+            answer = "I think this frame looks fine, probably."
+        else:
+            answer = self._answer(request, images, enable_thinking)
+        output: list[TokenEvent] = []
+        if enable_thinking:
+            identity = images[0].identity if images else "text"
+            jitter = self.preset.reasoning_jitter
+            spread = zlib.crc32(identity.encode()) % (2 * jitter + 1) - jitter if jitter else 0
+            count = max(1, self.preset.reasoning_tokens + spread)
+            if request.thinking_token_budget is not None:
+                count = min(count, max(1, request.thinking_token_budget))
+            words = ("画面", "中", "显示", "人物", "场景", "没有", "明显", "违规", "内容", "，", "判断", "。")
+            output += [TokenEvent("reasoning", words[i % len(words)]) for i in range(count)]
+        output += [TokenEvent("content", piece) for piece in split_text(answer)]
+        return output
+
+    def usage(self, finish: FinishEvent, images: list[DecodedImage]) -> dict[str, Any]:
+        """``usage`` as vLLM reports it with ``--enable-prompt-tokens-details``."""
+        return {
+            "prompt_tokens": finish.prompt_tokens,
+            "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+            "completion_tokens": finish.completion_tokens,
+            "prompt_tokens_details": {
+                "cached_tokens": finish.cached_tokens,
+                "created_cache_tokens": finish.created_cache_tokens,
+                "multimodal_tokens": {"image": sum(image.tokens for image in images)},
+            },
+            "completion_tokens_details": {"reasoning_tokens": finish.reasoning_tokens},
+        }
+
+
+def _parse_chat(body: bytes, served_model: str) -> ChatRequest:
+    try:
+        request = ChatRequest.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        raise EngineError(400, f"{param}: {first.get('msg')}", param) from exc
+    if request.model != served_model:
+        raise EngineError(404, f"The model `{request.model}` does not exist.", "model")
+    if request.stream_options is not None and not request.stream:
+        raise EngineError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+    return request
+
+
+def _chunk(request_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None) -> bytes:
+    body = {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
+    """OpenAI chat completions, streamed or not."""
+    sim: SimulatedEngine = state.sim
+    body = _parse_chat(await request.body(), sim.preset.model)
+    faults = sim.faults
+    if faults.error_rate and sim._rng.random() < faults.error_rate:
+        raise EngineError(500, "simulated engine failure")
+    tokens, images, enable_thinking = sim.prompt_tokens(body)
+    if len(tokens) >= sim.preset.max_model_len:
+        raise EngineError(400, f"prompt is {len(tokens)} tokens, over max_model_len", "messages")
+    request_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
+    max_tokens = body.max_completion_tokens or body.max_tokens or sim.preset.max_model_len - len(tokens)
+    sequence = Sequence(
+        request_id=request_id,
+        prompt=tokens,
+        output=sim.plan_output(body, images, enable_thinking),
+        max_tokens=max_tokens,
+        priority=body.priority,
+    )
+    slow = faults.slow_s if faults.slow_rate and sim._rng.random() < faults.slow_rate else 0.0
+    cut = bool(faults.cut_stream_rate) and sim._rng.random() < faults.cut_stream_rate
+    created = int(time.time())
+    headers = {"X-Request-Id": request_id}
+    model = sim.preset.model
+
+    if body.stream:
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+
+        async def stream() -> AsyncIterator[bytes]:
+            if slow:
+                await asyncio.sleep(slow)
+            yield _chunk(request_id, model, created, {"role": "assistant", "content": ""}, None)
+            sent = 0
+            async for event in sim.engine.generate(sequence):
+                if isinstance(event, TokenEvent):
+                    yield _chunk(request_id, model, created, {event.channel: event.text}, None)
+                    sent += 1
+                    if cut and sent >= max(1, len(sequence.output) // 2):
+                        return  # the connection ends mid-answer, with no finish and no [DONE]
+                    continue
+                yield _chunk(request_id, model, created, {}, event.finish_reason)
+                if include_usage:
+                    usage_chunk = {
+                        "id": request_id, "object": "chat.completion.chunk", "created": created,
+                        "model": model, "choices": [], "usage": sim.usage(event, images),
+                    }
+                    yield b"data: " + json.dumps(usage_chunk).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return Stream(stream(), media_type="text/event-stream", headers=headers)
+
+    if slow:
+        await asyncio.sleep(slow)
+    reasoning, content = [], []
+    finish: FinishEvent | None = None
+    async for event in sim.engine.generate(sequence):
+        if isinstance(event, TokenEvent):
+            (reasoning if event.channel == "reasoning" else content).append(event.text)
+        else:
+            finish = event
+    assert finish is not None  # generate() always ends with a FinishEvent
+    if cut:
+        return Response(b'{"id": "' + request_id.encode() + b'", "choices": [', headers=headers,
+                        media_type="application/json")
+    message = {
+        "role": "assistant",
+        "content": "".join(content) if content else None,
+        "reasoning": "".join(reasoning) if reasoning else None,
+        "tool_calls": [],
+    }
+    return Response(
+        {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish.finish_reason}],
+            "usage": sim.usage(finish, images),
+        },
+        headers=headers,
+    )
+
+
+@get("/v1/models")
+async def models(state: State) -> dict[str, Any]:
+    """The one served model."""
+    sim: SimulatedEngine = state.sim
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": sim.preset.model, "object": "model", "created": int(sim.started), "owned_by": "vllm",
+                "root": sim.preset.model, "parent": None, "max_model_len": sim.preset.max_model_len,
+            }
+        ],
+    }
+
+
+@get("/health")
+async def health() -> Response[None]:
+    """200 while the engine runs."""
+    return Response(None, status_code=200)
+
+
+@get("/metrics", media_type="text/plain; version=0.0.4")
+async def metrics(state: State) -> bytes:
+    """Prometheus text format."""
+    sim: SimulatedEngine = state.sim
+    return generate_latest(sim.metrics.registry)
+
+
+@post("/tokenize", status_code=200)
+async def tokenize(request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
+    """Token ids of a prompt or of chat messages (rendered with the template)."""
+    sim: SimulatedEngine = state.sim
+    try:
+        raw = json.loads(await request.body())
+    except json.JSONDecodeError as exc:
+        raise EngineError(400, f"invalid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise EngineError(400, "expected a JSON object")
+    if "messages" in raw:
+        chat = _parse_chat(json.dumps({"model": raw.get("model", sim.preset.model), **raw}).encode(),
+                           sim.preset.model)
+        tokens, _, _ = sim.prompt_tokens(chat)
+        if not raw.get("add_generation_prompt", True):
+            tokens = tokens[: len(tokens) - (3 if chat.chat_template_kwargs is None else 7)]
+    elif isinstance(raw.get("prompt"), str):
+        tokens = list(split_text(raw["prompt"]))
+    else:
+        raise EngineError(400, "either 'prompt' or 'messages' is required")
+    return {"count": len(tokens), "max_model_len": sim.preset.max_model_len,
+            "tokens": [token_id(t) for t in tokens], "token_strs": None}
+
+
+@get("/sim/faults")
+async def get_faults(state: State) -> dict[str, Any]:
+    """The failure modes in force."""
+    return asdict(state.sim.faults)
+
+
+@post("/sim/faults", status_code=200)
+async def set_faults(data: JSONBody[FaultsUpdate], state: State) -> dict[str, Any]:
+    """Switch failure modes (tests and demos)."""
+    state.sim.set_faults(Faults(**data.model_dump()))
+    return asdict(state.sim.faults)
+
+
+@post("/sim/reset_prefix_cache", status_code=200)
+async def reset_prefix_cache(state: State) -> dict[str, Any]:
+    """Empty the prefix cache, like vLLM's ``/reset_prefix_cache``."""
+    state.sim.engine.cache.reset()
+    return {"ok": True}
+
+
+@get("/sim/info")
+async def info(state: State) -> dict[str, Any]:
+    """The preset and scheduler state, for tests and benchmarks."""
+    sim: SimulatedEngine = state.sim
+    return {
+        "preset": asdict(sim.preset), "time_scale": sim.time_scale, "peak_running": sim.engine.peak_running,
+        "running": sim.engine.num_running, "waiting": sim.engine.num_waiting,
+    }
+
+
+def create_sim_app(preset: SimPreset, time_scale: float, faults: Faults | None = None) -> Litestar:
+    """The simulated engine as an ASGI app."""
+    sim = SimulatedEngine(preset, time_scale, faults)
+
+    async def start() -> None:
+        sim.engine.start()
+
+    async def stop() -> None:
+        await sim.engine.stop()
+
+    return Litestar(
+        route_handlers=[chat_completions, models, health, metrics, tokenize, get_faults, set_faults,
+                        reset_prefix_cache, info],
+        state=State({"sim": sim}),
+        on_startup=[start],
+        on_shutdown=[stop],
+        exception_handlers={EngineError: _error_response},
+        openapi_config=None,
+        logging_config=None,  # the process owns logging; an app must not reconfigure the root logger
+        debug=False,
+    )
+

@@ -1,0 +1,103 @@
+"""The ``modgate`` command line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from deploy.cli import deploy_app
+
+app = typer.Typer(help="modgate: a moderation gateway in front of a vision-language model on vLLM.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(deploy_app, name="deploy")
+
+
+def _sample_body_file(url: str) -> Path:
+    from deploy.keyframes import make_keyframe
+
+    frame = base64.b64encode(make_keyframe("block:violence", seed=7)).decode()
+    body = {"model": "modgate-moderation",
+            "input": [{"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{frame}"}}]}
+    path = Path(tempfile.gettempdir()) / "modgate-sample-keyframe.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to listen on (default MODGATE_HOST or 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default MODGATE_PORT or 8080).")] = None,
+) -> None:
+    """Serve the gateway; with MODGATE_ENGINE_URL unset it starts the simulated engine itself."""
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    try:
+        settings = Settings()
+    except ValueError as exc:
+        typer.secho(f"invalid settings: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from exc
+    settings = settings.model_copy(update={"host": host or settings.host, "port": port or settings.port})
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    url = f"http://{settings.host}:{settings.port}"
+    sample = _sample_body_file(url)
+    auth = "" if not settings.api_keys else " -H 'Authorization: Bearer <key>'"
+    typer.echo(f"modgate listening on {url}")
+    typer.echo(f"engine: {settings.engine_url or 'built-in simulator (spark preset)'}; "
+               f"state: {settings.redis_url or 'in memory'}")
+    typer.echo(f"try: curl -s {url}/v1/moderations -H 'Content-Type: application/json'{auth} -d @{sample}")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                access_log=False, loop="uvloop", http="httptools")
+
+
+@app.command("engine-sim")
+def engine_sim(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    preset: Annotated[str, typer.Option(help="spark or instant.")] = "spark",
+    time_scale: Annotated[float, typer.Option(help="Multiplies every simulated duration: 1 real pace, 0 instant.")] = 1.0,
+    block_size: Annotated[int | None, typer.Option(help="Prefix-cache block size in tokens.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Sequences run at once.")] = None,
+    disagreement: Annotated[float | None, typer.Option(help="Share of frames whose thinking-off verdict differs.")] = None,
+    scheduling_policy: Annotated[str | None, typer.Option(help="fcfs or priority.")] = None,
+    error_rate: Annotated[float, typer.Option(help="Fault: share of requests answered 500.")] = 0.0,
+    slow_rate: Annotated[float, typer.Option(help="Fault: share of requests delayed by --slow-s.")] = 0.0,
+    slow_s: Annotated[float, typer.Option(help="Fault: delay of a slow request.")] = 5.0,
+    cut_stream_rate: Annotated[float, typer.Option(help="Fault: share of streams cut mid-answer.")] = 0.0,
+    malformed_rate: Annotated[float, typer.Option(help="Fault: share of answers that are not JSON.")] = 0.0,
+) -> None:
+    """Serve the vLLM-compatible engine simulator."""
+    import uvicorn
+
+    from deploy.simulator import PRESETS, Faults, create_sim_app
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    changes: dict[str, object] = {}
+    for name, value in (("block_size", block_size), ("max_num_seqs", max_num_seqs),
+                        ("thinking_off_disagreement", disagreement), ("scheduling_policy", scheduling_policy)):
+        if value is not None:
+            changes[name] = value
+    chosen = PRESETS[preset].scaled(**changes)
+    faults = Faults(error_rate=error_rate, slow_rate=slow_rate, slow_s=slow_s, cut_stream_rate=cut_stream_rate,
+                    malformed_rate=malformed_rate)
+    typer.echo(f"engine simulator ({chosen.name} preset, time scale {time_scale:g}) on http://{host}:{port}")
+    uvicorn.run(create_sim_app(chosen, time_scale, faults), host=host, port=port, log_level="warning",
+                access_log=False, loop="uvloop", http="httptools")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Serve an ASGI app on a loopback port from a thread of its own (the embedded engine, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+
+class ThreadedServer:
+    """``with ThreadedServer(app) as server: server.url`` — uvicorn on its own event loop and thread."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        self.host, self.port = self._socket.getsockname()[:2]
+        config = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False, loop="asyncio")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name=f"asgi-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._socket]))
+
+    def start(self, timeout_s: float = 30.0) -> ThreadedServer:
+        """Start serving and wait until the app's startup has run."""
+        self._thread.start()
+        deadline = threading.Event()
+        for _ in range(int(timeout_s * 100)):
+            if self._server.started or not self._thread.is_alive():
+                break
+            deadline.wait(0.01)
+        if not self._server.started:
+            raise RuntimeError(f"the server on {self.url} did not start within {timeout_s:g} s")
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the server to finish and wait for its thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+        self._socket.close()
+
+    def __enter__(self) -> ThreadedServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,42 @@
+"""Health, readiness and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar.di import NamedDependency
+from litestar import Response, get
+from prometheus_client import generate_latest
+
+from gateway.errors import ModgateError
+from gateway.services import Services
+
+
+@get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@get("/readyz")
+async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]]:
+    """Ready only when the engine answers ``/health`` and its model is known."""
+    ready = await services.engine.healthy()
+    if ready:
+        try:
+            await services.moderation.engine_model()
+        except ModgateError:
+            ready = False
+    body = {"status": "ready" if ready else "not ready", "engine": services.engine.base_url}
+    return Response(body, status_code=200 if ready else 503)
+
+
+@get("/metrics", media_type="text/plain; version=0.0.4; charset=utf-8")
+async def metrics(services: NamedDependency[Services]) -> bytes:
+    """Prometheus text format."""
+    services.metrics.inflight.set(services.admission.inflight)
+    services.metrics.queued.set(services.admission.queued)
+    return generate_latest(services.metrics.registry)
+
+
+ROUTES = [healthz, readyz, metrics]

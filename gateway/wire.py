@@ -1,0 +1,93 @@
+"""Wire models of the moderation API: OpenAI's moderation shapes, plus a fenced project field."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ImageURL(BaseModel):
+    """``{"url": "data:image/jpeg;base64,..."}``."""
+
+    url: str = Field(min_length=1)
+
+
+class ImageURLPart(BaseModel):
+    """An image input part."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class TextPart(BaseModel):
+    """A text input part."""
+
+    type: Literal["text"]
+    text: str
+
+
+InputPart = Annotated[ImageURLPart | TextPart, Field(discriminator="type")]
+
+
+class RequestOptions(BaseModel):
+    """Project-only request options (the ``openai`` client sends them with ``extra_body``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    thinking: Literal["on", "off"] | None = None  # honoured only where the thinking policy lets callers ask
+    video_id: str | None = Field(default=None, max_length=200)
+    tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)
+    priority: int = Field(default=0, ge=-10, le=10)
+
+
+class ModerationRequest(BaseModel):
+    """``POST /v1/moderations``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: str | list[str] | list[InputPart]
+    model: str | None = None
+    # --- project fields below (not in OpenAI's API) ---
+    modgate: RequestOptions | None = None
+
+
+class ModerationDetails(BaseModel):
+    """What modgate adds to each result: how the verdict was made."""
+
+    action: Literal["allow", "review", "block"]
+    reason: str | None = None  # set when the model's output could not be used as it was
+    thinking: Literal["on", "off"]
+    thinking_rule: str
+    policy_version: int
+    latency_ms: float
+    queue_ms: float
+    shaping_ms: float
+    ttft_ms: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    image_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    frame_sha256: str | None
+    reused: Literal["exact", "near", None] = None
+    request_id: str
+
+
+class ModerationResult(BaseModel):
+    """One result per image (or one for a text-only input)."""
+
+    flagged: bool
+    categories: dict[str, bool]
+    category_scores: dict[str, float]
+    category_applied_input_types: dict[str, list[Literal["text", "image"]]]
+    # --- project field below (not in OpenAI's API) ---
+    modgate: ModerationDetails
+
+
+class ModerationResponse(BaseModel):
+    """The moderation answer."""
+
+    id: str
+    model: str
+    results: list[ModerationResult]

@@ -1,0 +1,283 @@
+"""`modgate quality …`: offline A/B runs and the weekly report."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from redis.asyncio import Redis
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from quality.records import (
+    JsonlRecordStore,
+    MirroredRecordStore,
+    RecordStore,
+    RedisRecordStore,
+    format_iso_week,
+    iso_week_of,
+    parse_iso_week,
+    week_bounds,
+)
+from quality.report import (
+    ReportPolicy,
+    WeekSummary,
+    build_weekly_report,
+    load_previous_summaries,
+    write_report,
+)
+from quality.runner import (
+    DatasetError,
+    ProgressEvent,
+    RunSummary,
+    load_dataset,
+    load_labels,
+    parse_arms,
+    run_offline,
+)
+
+__all__ = ["quality_app"]
+
+DEFAULT_RECORDS = Path("var/quality/records")
+DEFAULT_REPORTS = Path("var/quality/reports")
+
+quality_app = typer.Typer(
+    help="Measure what turning thinking off costs in verdicts: offline A/B runs and weekly reports.",
+    no_args_is_help=True,
+)
+console = Console(stderr=True)
+
+
+class SourceFilter(StrEnum):
+    all = "all"
+    shadow = "shadow"
+    offline = "offline"
+
+
+def previous_week(now: datetime | None = None) -> str:
+    """The last complete ISO week (UTC): what a Monday-morning schedule reports on."""
+    moment = (now or datetime.now(UTC)) - timedelta(days=7)
+    return format_iso_week(*iso_week_of(moment))
+
+
+def resolve_week(text: str, now: datetime | None = None) -> str:
+    if text.strip().lower() in ("last", "previous"):
+        return previous_week(now)
+    if text.strip().lower() in ("current", "this"):
+        return format_iso_week(*iso_week_of(now or datetime.now(UTC)))
+    return format_iso_week(*parse_iso_week(text))
+
+
+@asynccontextmanager
+async def open_store(
+    records: Path | None, redis_url: str | None, *, mirror: bool
+) -> AsyncIterator[RecordStore]:
+    """Files in `records`, Redis at `redis_url`, or both (`mirror`: write to both, read the files)."""
+    client = Redis.from_url(redis_url) if redis_url else None
+    store: RecordStore
+    if client is not None and records is not None and mirror:
+        store = MirroredRecordStore(JsonlRecordStore(records), RedisRecordStore(client))
+    elif records is not None:
+        store = JsonlRecordStore(records)
+    elif client is not None:
+        store = RedisRecordStore(client)
+    else:
+        store = JsonlRecordStore(DEFAULT_RECORDS)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+        if client is not None:
+            await client.aclose()
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    console.print(f"[red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+@quality_app.command()
+def run(
+    dataset: Annotated[
+        Path, typer.Argument(help="A folder of keyframes (jpg/png/webp) or a CSV/JSONL manifest.")
+    ],
+    arms: Annotated[
+        str, typer.Option(help="Comma-separated arms: thinking_on, thinking_off, thinking_on_rerun.")
+    ] = "thinking_on,thinking_off",
+    gateway_url: Annotated[
+        str, typer.Option(envvar="MODGATE_GATEWAY_URL", help="Base URL of the gateway.")
+    ] = "http://127.0.0.1:8080",
+    api_key: Annotated[
+        str | None, typer.Option(envvar="MODGATE_QUALITY_API_KEY", help="Bearer key the gateway expects.")
+    ] = None,
+    model: Annotated[
+        str, typer.Option(help="The `model` field of each moderation request.")
+    ] = "modgate-moderation",
+    tenant: Annotated[str, typer.Option(help="Tenant recorded on each verdict.")] = "offline",
+    out: Annotated[Path, typer.Option(help="Directory of weekly JSONL record files.")] = DEFAULT_RECORDS,
+    redis_url: Annotated[
+        str | None, typer.Option(envvar="MODGATE_REDIS_URL", help="Also append records to this Redis stream.")
+    ] = None,
+    labels: Annotated[
+        Path | None, typer.Option(help="Human labels CSV: path or frame_sha256, and label or flagged.")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Frames in flight at once.")] = 4,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for one verdict.")] = 300.0,
+) -> None:
+    """Send every keyframe through the gateway under each arm and record paired verdicts.
+
+    Interrupt it at any time: running the same command again skips what is already recorded.
+    """
+    try:
+        chosen_arms = parse_arms(arms)
+        keyframes = load_dataset(dataset)
+        label_table = load_labels(labels) if labels is not None else None
+    except DatasetError as exc:
+        raise _fail(str(exc)) from exc
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def main() -> RunSummary:
+        async with (
+            open_store(out, redis_url, mirror=True) as store,
+            httpx.AsyncClient(base_url=gateway_url, headers=headers, timeout=timeout) as client,
+        ):
+            with Progress(
+                SpinnerColumn(),
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=console,
+            ) as progress:
+                task = progress.add_task(
+                    f"{len(keyframes):,} frames × {len(chosen_arms)} arms",
+                    total=len(keyframes) * len(chosen_arms),
+                    status="",
+                )
+                counts = {"sent": 0, "skipped": 0, "failed": 0}
+
+                def on_progress(event: ProgressEvent) -> None:
+                    counts[event.outcome] += 1
+                    status = f"sent {counts['sent']:,} · skipped {counts['skipped']:,}"
+                    if counts["failed"]:
+                        status += f" · [red]failed {counts['failed']:,}[/]"
+                    progress.update(task, advance=1, status=status)
+
+                return await run_offline(
+                    keyframes,
+                    chosen_arms,
+                    client=client,
+                    store=store,
+                    model=model,
+                    tenant=tenant,
+                    labels=label_table,
+                    concurrency=concurrency,
+                    on_progress=on_progress,
+                )
+
+    try:
+        summary = asyncio.run(main())
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: recorded verdicts are kept; run the same command to continue.")
+        raise typer.Exit(130) from None
+    sent, skipped = sum(summary.sent.values()), sum(summary.skipped.values())
+    per_arm = ", ".join(f"{arm} {n:,}" for arm, n in summary.sent.items()) or "none"
+    console.print(
+        f"recorded {sent:,} verdicts ({per_arm}), "
+        f"skipped {skipped:,} already recorded, {summary.labelled:,} with human labels → {out}"
+    )
+    if summary.total_failed:
+        for error in summary.errors:
+            console.print(f"  [red]failed[/] {error}")
+        raise _fail(f"{summary.total_failed:,} verdicts failed; run again to retry them", code=1)
+
+
+async def _trend(
+    store: RecordStore, reports: Path, week: str, weeks: int, policy: ReportPolicy
+) -> list[WeekSummary]:
+    """Earlier weeks from reports already written; weeks without one are recomputed from the records."""
+    known = {s.week: s for s in load_previous_summaries(reports, week, limit=weeks)}
+    year, number = parse_iso_week(week)
+    start, _ = week_bounds(year, number)
+    for back in range(1, weeks + 1):
+        label = format_iso_week(*iso_week_of(start - timedelta(days=7 * back)))
+        if label in known:
+            continue
+        records = await store.read_week(*parse_iso_week(label))
+        if records:
+            earlier = await asyncio.to_thread(build_weekly_report, records, label, policy)
+            known[label] = earlier.summary()
+    return sorted(known.values(), key=lambda s: s.week)[-weeks:]
+
+
+@quality_app.command()
+def report(
+    week: Annotated[
+        str, typer.Option(help="ISO week like 2026-W48, or `last` for the last complete week.")
+    ] = "last",
+    records: Annotated[
+        Path | None, typer.Option(help=f"Directory of JSONL records (default {DEFAULT_RECORDS}).")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(envvar="MODGATE_REDIS_URL", help="Read records from this Redis stream.")
+    ] = None,
+    out: Annotated[
+        Path, typer.Option(help="Where the HTML, Markdown and JSON reports go.")
+    ] = DEFAULT_REPORTS,
+    min_agreement: Annotated[float, typer.Option(min=0.0, max=1.0, help="Policy minimum agreement.")] = 0.97,
+    min_flagged_agreement: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Policy minimum agreement on flagged frames.")
+    ] = 0.90,
+    trend_weeks: Annotated[int, typer.Option(min=0, max=52, help="Earlier weeks in the trend chart.")] = 8,
+    source: Annotated[SourceFilter, typer.Option(help="Which records count.")] = SourceFilter.all,
+    bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples (whole videos).")] = 2000,
+) -> None:
+    """Write the weekly quality report (HTML, Markdown, JSON), led by a recommendation."""
+    try:
+        label = resolve_week(week)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    if min_agreement <= 0 or min_flagged_agreement <= 0:
+        raise _fail("thresholds must be above 0")
+    policy = ReportPolicy(
+        min_agreement=min_agreement,
+        min_flagged_agreement=min_flagged_agreement,
+        bootstrap_resamples=bootstrap,
+    )
+
+    async def main() -> tuple[str, str, list[Path]]:
+        async with open_store(records, None if records is not None else redis_url, mirror=False) as store:
+            week_records = await store.read_week(*parse_iso_week(label))
+            if source is not SourceFilter.all:
+                week_records = [r for r in week_records if r.source == source.value]
+            previous = await _trend(store, out, label, trend_weeks, policy) if trend_weeks else []
+        built = await asyncio.to_thread(build_weekly_report, week_records, label, policy, previous)
+        files = await asyncio.to_thread(write_report, built, out)
+        return (
+            built.recommendation.title,
+            built.recommendation.headline,
+            [files.html, files.markdown, files.json],
+        )
+
+    title, headline, paths = asyncio.run(main())
+    console.print(f"[bold]{label} · {title}[/]")
+    console.print(headline, highlight=False)
+    for path in paths:
+        typer.echo(str(path))

@@ -1,0 +1,116 @@
+"""The canonical system prompt and the engine request built around it.
+
+The system prompt is the only part every request shares, so it must be byte-identical across requests
+(and first) for the engine's prefix cache to have any chance: one file, one normalization, one version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Protocol
+
+from shaping import verdict
+
+DEFAULT_PROMPT_VERSION = "v1"
+
+
+def normalize_prompt(text: str) -> str:
+    """Unicode NFC, ``\\n`` line endings, no trailing whitespace on any line, one final newline stripped."""
+    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+    return "\n".join(line.rstrip() for line in text.split("\n")).strip("\n")
+
+
+@dataclass(frozen=True, slots=True)
+class SystemPrompt:
+    """The canonical system prompt of one version."""
+
+    version: str
+    text: str
+
+    @property
+    def sha256(self) -> str:
+        """Content hash: what a cache or an audit entry names the prompt by."""
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+@cache
+def load_system_prompt(version: str = DEFAULT_PROMPT_VERSION, extra_guidance: str = "") -> SystemPrompt:
+    """Read a versioned system prompt shipped in the package, normalized.
+
+    ``extra_guidance`` is appended (policy text that pads the shared prefix to whole cache blocks).
+    """
+    raw = resources.files("shaping.prompts").joinpath(f"system.{version}.txt").read_text(encoding="utf-8")
+    text = normalize_prompt(raw)
+    if extra_guidance:
+        text = normalize_prompt(text + "\n" + extra_guidance)
+    return SystemPrompt(version=version, text=text)
+
+
+class EngineImage(Protocol):
+    """What the request builder needs of a shaped keyframe."""
+
+    @property
+    def data_url(self) -> str: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOptions:
+    """Per-request choices that change the engine request."""
+
+    model: str
+    enable_thinking: bool
+    max_completion_tokens: int
+    constraint: str = "json_schema"  # or "regex"
+    stream: bool = True
+    priority: int | None = None
+    thinking_token_budget: int | None = None
+
+
+def user_content(images: list[EngineImage], user_text: str) -> list[dict[str, Any]]:
+    """``[image_url, …, text]``: images first, then the fixed instruction."""
+    parts: list[dict[str, Any]] = [
+        # uuid: the image's cache identity in the engine; the content hash keeps it unique per content.
+        {"type": "image_url", "image_url": {"url": image.data_url}, "uuid": image.sha256}
+        for image in images
+    ]
+    parts.append({"type": "text", "text": user_text})
+    return parts
+
+
+def build_chat_request(
+    system: SystemPrompt,
+    images: list[EngineImage],
+    user_text: str,
+    options: RequestOptions,
+) -> dict[str, Any]:
+    """The body of ``POST /v1/chat/completions`` for one or more keyframes (one verdict each)."""
+    frames = len(images)
+    body: dict[str, Any] = {
+        "model": options.model,
+        "messages": [
+            {"role": "system", "content": system.text},
+            {"role": "user", "content": user_content(images, user_text)},
+        ],
+        "max_completion_tokens": options.max_completion_tokens,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": options.enable_thinking},
+    }
+    if options.constraint == "regex" and frames == 1:
+        body["structured_outputs"] = {"regex": verdict.verdict_regex()}
+    else:
+        body["response_format"] = verdict.response_format(frames)
+    if options.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    if options.priority is not None:
+        body["priority"] = options.priority
+    if options.enable_thinking and options.thinking_token_budget is not None:
+        body["thinking_token_budget"] = options.thinking_token_budget
+    return body

@@ -1,0 +1,84 @@
+"""Shared fixtures: servers on loopback ports (the simulator, the gateway) and a real Redis."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from deploy.keyframes import make_keyframe
+from deploy.simulator import PRESETS, Faults, SimPreset, create_sim_app
+from gateway.app import create_app
+from gateway.embedded import ThreadedServer
+from gateway.settings import Settings
+from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory
+
+REDIS_URL = os.environ.get("MODGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture
+def keyframe() -> bytes:
+    """One 1280×720 keyframe labelled block:violence."""
+    return make_keyframe("block:violence", seed=1)
+
+
+@pytest.fixture
+def start_sim() -> Iterator[SimFactory]:
+    """Start simulators (``start_sim(preset=..., time_scale=..., faults=...)``), stopped after the test."""
+    servers: list[ThreadedServer] = []
+
+    def start(preset: SimPreset | str = "instant", time_scale: float = 0.0, faults: Faults | None = None,
+              **changes: Any) -> ThreadedServer:
+        chosen = PRESETS[preset] if isinstance(preset, str) else preset
+        server = ThreadedServer(create_sim_app(chosen.scaled(**changes), time_scale, faults)).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def sim(start_sim: SimFactory) -> ThreadedServer:
+    """An instant simulator (small prefix-cache blocks, no time spent)."""
+    return start_sim()
+
+
+@pytest.fixture
+def start_gateway() -> Iterator[GatewayFactory]:
+    """Start gateways on loopback (``start_gateway(engine_url=..., **settings)``), stopped after the test."""
+    servers: list[ThreadedServer] = []
+
+    def start(**overrides: Any) -> ThreadedServer:
+        fields: dict[str, Any] = {"admin_token": ADMIN_TOKEN, **overrides}
+        server = ThreadedServer(create_app(Settings(**fields))).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def gateway(start_gateway: GatewayFactory, sim: ThreadedServer) -> ThreadedServer:
+    """A gateway in front of the instant simulator."""
+    return start_gateway(engine_url=sim.url)
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A real Redis (database 15, flushed before and after). Fails, never skips, when none answers."""
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"these tests need a real Redis at {REDIS_URL} (scripts/test starts one): {exc}")
+    client.flushdb()
+    yield REDIS_URL
+    client.flushdb()
+    client.close()

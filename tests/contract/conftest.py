@@ -1,0 +1,59 @@
+"""The real vLLM CPU engine for contract tests: installed, built and started once per test session.
+
+``real_engine_url`` fails loudly (never skips) when the engine cannot start: a contract suite that
+quietly skips its real engine proves nothing. Set ``MODGATE_TEST_ENGINE_URL`` to run against an engine
+that is already up (``modgate engine-cpu``) instead of booting one, which saves the ~90 s start locally.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from deploy.engine_cpu import EngineError, boot_engine
+
+# The first test that asks for the engine pays for the install (minutes on a cold machine) and the
+# start (~90 s): give those tests room beyond the suite's default per-test timeout.
+ENGINE_TEST_TIMEOUT_S = 1200
+
+_boot_report: list[str] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give tests that use the real engine the boot budget, unless they set their own timeout."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "real_engine_url" in fixtures and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT_S))
+
+
+@pytest.fixture(scope="session")
+def real_engine_url() -> Iterator[str]:
+    """Base URL (``http://127.0.0.1:PORT``) of a real vLLM CPU engine serving the model ``tiny``."""
+    external = os.environ.get("MODGATE_TEST_ENGINE_URL")
+    if external:
+        _boot_report.append(f"real vLLM engine: using {external} (MODGATE_TEST_ENGINE_URL)")
+        yield external.rstrip("/")
+        return
+    try:
+        engine, timings = boot_engine()
+    except EngineError as exc:
+        pytest.fail(f"the real vLLM CPU engine did not start: {exc}", pytrace=False)
+    _boot_report.append(
+        f"real vLLM engine at {engine.url}: {timings.summary()}, "
+        f"RSS {engine.rss_bytes() / 2**20:.0f} MiB, log {engine.log_path}"
+    )
+    try:
+        yield engine.url
+    finally:
+        engine.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Put the engine's install/build/start times in the report, so CI logs show them."""
+    if _boot_report:
+        terminalreporter.section("real vLLM CPU engine")
+        for line in _boot_report:
+            terminalreporter.write_line(line)

@@ -1,0 +1,178 @@
+"""One engine contract, held by the simulator and by the real vLLM (CPU build) alike.
+
+Every test runs twice: ``[simulator]`` and ``[vllm]``. Where the two differ, the simulator is fixed, never
+the assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.keyframes import make_keyframe
+from shaping.image import ImageLimits, shape_image
+from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
+from shaping.tokens import TokenGrid
+from shaping.verdict import verdict_regex
+from tests.support import SimFactory
+
+METRIC_NAMES = (
+    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_requests_running",
+    "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens", "vllm:generation_tokens",
+)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine under contract: where it is, what it serves."""
+
+    kind: str
+    url: str
+    model: str
+
+    def post(self, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
+        return httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=300, **kwargs)
+
+
+@pytest.fixture(params=["simulator", pytest.param("vllm", marks=pytest.mark.vllm)])
+def engine(request: pytest.FixtureRequest, start_sim: SimFactory) -> Iterator[Engine]:
+    if request.param == "simulator":
+        url = start_sim("instant", time_scale=0.0, block_size=128).url
+    else:
+        url = request.getfixturevalue("real_engine_url")
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    yield Engine(request.param, url, model)
+
+
+def keyframe_request(engine: Engine, *, thinking: bool, stream: bool = False, max_tokens: int = 48,
+                     constraint: str = "regex", seed: int = 1) -> dict[str, Any]:
+    """The gateway's own engine request for one shaped keyframe."""
+    shaped = shape_image(make_keyframe("block:violence", 640, 360, seed=seed), ImageLimits(),
+                         TokenGrid(token_budget=64))
+    return build_chat_request(
+        load_system_prompt(), [shaped], "请审核这张视频关键帧截图。",
+        RequestOptions(model=engine.model, enable_thinking=thinking, max_completion_tokens=max_tokens,
+                       constraint=constraint, stream=stream),
+    )
+
+
+def block_size(engine: Engine) -> int:
+    """The prefix-cache block size the engine reports in ``vllm:cache_config_info``."""
+    for family in text_string_to_metric_families(httpx.get(f"{engine.url}/metrics", timeout=30).text):
+        if family.name == "vllm:cache_config_info":
+            return int(family.samples[0].labels["block_size"])
+    raise AssertionError("the engine does not report vllm:cache_config_info")
+
+
+def stream_events(response: httpx.Response) -> list[str]:
+    return [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+
+
+def test_the_gateway_request_is_accepted_as_built(engine: Engine) -> None:
+    response = engine.post(keyframe_request(engine, thinking=False))
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_thinking_off_gives_no_reasoning(engine: Engine) -> None:
+    body = engine.post(keyframe_request(engine, thinking=False)).json()
+    message = body["choices"][0]["message"]
+    assert not message.get("reasoning") and not message.get("reasoning_content")
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+
+
+def test_thinking_on_puts_reasoning_in_the_reasoning_field(engine: Engine) -> None:
+    body = engine.post(keyframe_request(engine, thinking=True, max_tokens=24)).json()
+    message = body["choices"][0]["message"]
+    assert message["reasoning"]
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+
+
+def test_usage_details_carry_cache_and_image_tokens(engine: Engine) -> None:
+    usage = engine.post(keyframe_request(engine, thinking=False)).json()["usage"]
+    details = usage["prompt_tokens_details"]
+    assert {"cached_tokens", "created_cache_tokens", "multimodal_tokens"} <= set(details)
+    assert details["multimodal_tokens"]["image"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_a_repeated_prompt_is_cached_in_whole_blocks_never_the_whole_prompt(engine: Engine) -> None:
+    block = block_size(engine)
+    body = keyframe_request(engine, thinking=False, seed=engine.kind.__len__() + 40)
+    usages = [engine.post(body).json()["usage"] for _ in range(3)]
+    prompt = usages[0]["prompt_tokens"]
+    assert prompt > block  # else the test could not see a hit
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+    assert all(c % block == 0 for c in cached), (cached, block)
+    assert all(c < prompt for c in cached)
+    assert cached[-1] > 0  # a repeat does hit
+    assert cached[-1] <= (prompt - 1) // block * block
+
+
+def test_metrics_carry_the_names_and_labels_the_gateway_reads(engine: Engine) -> None:
+    engine.post(keyframe_request(engine, thinking=False))
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{engine.url}/metrics").text)}
+    for name in METRIC_NAMES:
+        assert name in families, f"{name} missing from /metrics"
+        labels = families[name].samples[0].labels
+        assert labels.get("model_name") == engine.model and "engine" in labels, (name, labels)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": "user", "content": "hi"}]},  # no model
+        {"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}},
+        {"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1},
+    ],
+    ids=["no-model", "stream-options-without-stream", "negative-max-tokens"],
+)
+def test_a_malformed_request_gets_the_openai_error_shape(engine: Engine, body: dict[str, Any]) -> None:
+    body = json.loads(json.dumps(body).replace("MODEL", engine.model))
+    response = engine.post(body)
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()["error"]
+    assert {"message", "type", "param", "code"} <= set(error)
+
+
+def test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done(engine: Engine) -> None:
+    response = engine.post(keyframe_request(engine, thinking=True, stream=True, max_tokens=24))
+    assert response.status_code == 200
+    events = stream_events(response)
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0
+    deltas = [json.loads(e)["choices"][0]["delta"] for e in events[:-2] if json.loads(e)["choices"]]
+    assert any(d.get("reasoning") for d in deltas)
+    finishes = [json.loads(e)["choices"][0].get("finish_reason") for e in events[:-2] if json.loads(e)["choices"]]
+    assert finishes[-1] in ("stop", "length")
+
+
+def test_the_regex_verdict_constraint_is_honoured(engine: Engine) -> None:
+    body = engine.post(keyframe_request(engine, thinking=False, max_tokens=128, constraint="regex")).json()
+    choice = body["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert re.fullmatch(verdict_regex(), choice["message"]["content"]), choice["message"]["content"]
+    else:  # cut by max tokens: what came is still a prefix the constraint allowed
+        assert choice["message"]["content"].startswith('{"verdict":"')
+
+
+def test_the_json_schema_verdict_constraint_is_honoured(engine: Engine) -> None:
+    body = engine.post(keyframe_request(engine, thinking=False, max_tokens=128, constraint="json_schema")).json()
+    choice = body["choices"][0]
+    content = choice["message"]["content"] or ""
+    if choice["finish_reason"] == "stop":
+        verdict = json.loads(content)
+        assert verdict["verdict"] in ("allow", "review", "block")
+    else:
+        assert content.lstrip().startswith("{")
