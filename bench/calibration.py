@@ -4,7 +4,9 @@ Seed request shape: the canonical system prompt (~416 tokens), one 660-token ima
 per token), the fixed instruction, thinking on (~95 output tokens); 8 clients in a closed loop, straight to
 the simulated engine (no gateway). Durations run at ``--time-scale`` and are scaled back to the Spark's pace.
 
-    python -m bench.calibration [--time-scale 0.1] [--requests 96]
+    python -m bench.calibration [--time-scale 0.25] [--requests 96] [--arrivals-per-min 46.7]
+
+The simulator runs in a process of its own; run it on a quiet machine (it measures a paced simulation).
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import random
 import statistics
 import time
 
 import httpx
 
+from bench.servers import simulator
 from deploy.keyframes import make_keyframe
-from deploy.simulator import PRESETS, create_sim_app
-from gateway.embedded import ThreadedServer
+from deploy.simulator import PRESETS
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
 
 SPARK = {"requests_per_min": 46.7, "ttft_s": 0.468, "e2e_s": 8.56}
@@ -34,13 +37,17 @@ class SeedFrame:
         self.sha256 = "seed-frame"
 
 
-async def run(time_scale: float, requests: int, concurrency: int) -> dict[str, float]:
-    """Closed loop at ``concurrency``; answers the figures at the Spark's pace."""
+async def run(
+    time_scale: float, requests: int, concurrency: int, arrivals_per_min: float | None = None
+) -> dict[str, float]:
+    """Closed loop at ``concurrency`` (or open loop at ``arrivals_per_min``); figures at the Spark's pace."""
     body = build_chat_request(
-        load_system_prompt(), [SeedFrame()], "请审核这张视频关键帧截图。",
+        load_system_prompt(),
+        [SeedFrame()],
+        "请审核这张视频关键帧截图。",
         RequestOptions(model=PRESETS["spark"].model, enable_thinking=True, max_completion_tokens=512),
     )
-    with ThreadedServer(create_sim_app(PRESETS["spark"], time_scale)) as sim:
+    with simulator("spark", time_scale) as sim_url:
         ttfts: list[float] = []
         e2es: list[float] = []
         usage: dict[str, object] = {}
@@ -61,9 +68,23 @@ async def run(time_scale: float, requests: int, concurrency: int) -> dict[str, f
                 e2es.append(time.monotonic() - started)
                 ttfts.append((first or time.monotonic()) - started)
 
-        async with httpx.AsyncClient(base_url=sim.url, timeout=600) as http:
+        async def one(http: httpx.AsyncClient, delay: float) -> None:
+            nonlocal remaining
+            await asyncio.sleep(delay)
+            remaining = 1
+            await client(http)
+
+        async with httpx.AsyncClient(base_url=sim_url, timeout=600) as http:
             started = time.monotonic()
-            await asyncio.gather(*(client(http) for _ in range(concurrency)))
+            if arrivals_per_min is None:
+                await asyncio.gather(*(client(http) for _ in range(concurrency)))
+            else:  # Poisson arrivals, seeded: the production traffic's shape rather than a closed loop
+                rng = random.Random(0)
+                at, delays = 0.0, []
+                for _ in range(requests):
+                    at += rng.expovariate(arrivals_per_min / 60) * (time_scale or 1.0)
+                    delays.append(at)
+                await asyncio.gather(*(one(http, delay) for delay in delays))
             elapsed = time.monotonic() - started
     scale = time_scale or 1.0
     return {
@@ -79,16 +100,33 @@ async def run(time_scale: float, requests: int, concurrency: int) -> dict[str, f
 
 def main() -> None:
     """Print the simulator's figures beside the Spark's."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--time-scale", type=float, default=0.1)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--time-scale", type=float, default=0.25)
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--arrivals-per-min",
+        type=float,
+        default=None,
+        help="open loop: Poisson arrivals at this rate instead of a closed loop",
+    )
     args = parser.parse_args()
-    figures = asyncio.run(run(args.time_scale, args.requests, args.concurrency))
-    print(f"simulator spark preset, {args.requests} requests, {args.concurrency} clients in a closed loop, "
-          f"time scale {args.time_scale:g} (figures scaled back to the Spark's pace)")
-    print(f"request shape: {figures['prompt_tokens']:.0f} prompt tokens, "
-          f"{figures['completion_tokens']:.0f} completion tokens (last request)")
+    figures = asyncio.run(run(args.time_scale, args.requests, args.concurrency, args.arrivals_per_min))
+    load = (
+        f"Poisson arrivals at {args.arrivals_per_min:g}/min"
+        if args.arrivals_per_min
+        else f"{args.concurrency} clients in a closed loop"
+    )
+    print(
+        f"simulator spark preset, {args.requests} requests, {load}, "
+        f"time scale {args.time_scale:g} (figures scaled back to the Spark's pace)"
+    )
+    print(
+        f"request shape: {figures['prompt_tokens']:.0f} prompt tokens, "
+        f"{figures['completion_tokens']:.0f} completion tokens (last request)"
+    )
     print(f"{'figure':<22}{'Spark (measured)':>18}{'simulator':>12}{'ratio':>8}")
     for label, spark, sim in (
         ("requests/min", SPARK["requests_per_min"], figures["requests_per_min"]),
@@ -97,8 +135,10 @@ def main() -> None:
     ):
         print(f"{label:<22}{spark:>18.3f}{sim:>12.3f}{sim / spark:>8.2f}")
     print(f"TTFT p50 {figures['ttft_p50_s']:.3f} s, end to end p50 {figures['e2e_p50_s']:.3f} s")
-    print("note: the Spark's 46.7/min had ~6.7 requests in flight on average (Little's law), not a full 8;"
-          " at a full 8 the decode bound is ~57/min.")
+    print(
+        "note: the Spark's 46.7/min had ~6.7 requests in flight on average (Little's law), not a full 8;"
+        " at a full 8 the decode bound is ~57/min."
+    )
 
 
 if __name__ == "__main__":

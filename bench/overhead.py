@@ -1,10 +1,23 @@
-"""The gateway's added latency per request over an engine that takes no time.
+"""Added latency of modgate and of LiteLLM's proxy over an engine that takes no time, side by side.
 
-The simulator (instant preset, time scale 0) and the gateway each run in a process of their own; one client
-posts the same keyframe in a closed loop, first straight to the engine (the chat request the gateway would
-build), then as a moderation request through the gateway. Added latency = gateway minus direct.
+Three arms in front of the same engine stub on loopback, each in a process of its own:
 
-    python -m bench.overhead [--requests 300] [--concurrency 1]
+- ``engine``: the keyframe's chat request straight to the engine (the floor every gateway adds to);
+- ``modgate``: the moderation request for the same keyframe (shaping, thinking policy, admission, the
+  engine call streamed, verdict parsing, telemetry), thinking off;
+- ``litellm``: the same chat request through LiteLLM's proxy (``bench/litellm_env.py``), configured with
+  the engine as an OpenAI-compatible backend.
+
+Closed loops of 1, 8 and 64 clients; the requests of each concurrency are split into rounds and the arms
+take turns within each round (the order rotating), so a burst of load from elsewhere on the machine lands
+on all of them alike. Added latency = arm minus engine, at the median and at p99.
+
+The engine is ``bench/engine_stub.py`` by default: the instant simulator's own answers, replayed per
+distinct body, because the simulator itself spends ~10 ms of CPU a request (JPEG decode, tokenizing),
+which is as much as the overhead measured and competes for the same cores. ``--engine sim`` uses
+``modgate engine-sim --preset instant --time-scale 0`` instead.
+
+    python -m bench.overhead [--requests 600] [--concurrency 1 8 64] [--json docs/bench/overhead.json]
 """
 
 from __future__ import annotations
@@ -12,16 +25,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
+import json
+import os
 import statistics
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import httpx
 
-from bench.servers import gateway, simulator
+from bench.litellm_env import LITELLM_VERSION, SERVED_NAME, litellm_proxy
+from bench.servers import free_port, gateway, process, simulator
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS
+from gateway.settings import Settings
+from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
+from shaping.tokens import TokenGrid
+
+ARMS = ("engine", "modgate", "litellm")
+MODEL = PRESETS["instant"].model
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -30,9 +57,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
-async def closed_loop(call: Callable[[], Awaitable[None]], requests: int, concurrency: int) -> list[float]:
-    """Latencies of ``requests`` calls made by ``concurrency`` clients back to back."""
-    latencies: list[float] = []
+@dataclass
+class ArmRun:
+    """What one arm measured at one concurrency, over all rounds."""
+
+    latencies: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    errors: int = 0
+
+    def figures(self) -> dict[str, float]:
+        """Median, p99 (ms) and requests per second."""
+        return {
+            "p50_ms": statistics.median(self.latencies) * 1e3,
+            "p99_ms": percentile(self.latencies, 99) * 1e3,
+            "rps": len(self.latencies) / self.elapsed_s,
+            "errors": float(self.errors),
+        }
+
+
+async def closed_loop(call: Callable[[], Awaitable[bool]], requests: int, concurrency: int, run: ArmRun) -> None:
+    """``requests`` calls made by ``concurrency`` clients back to back, added to ``run``."""
     remaining = requests
 
     async def client() -> None:
@@ -40,71 +84,255 @@ async def closed_loop(call: Callable[[], Awaitable[None]], requests: int, concur
         while remaining > 0:
             remaining -= 1
             started = time.perf_counter()
-            await call()
-            latencies.append(time.perf_counter() - started)
+            ok = await call()
+            if ok:
+                run.latencies.append(time.perf_counter() - started)
+            else:
+                run.errors += 1
 
+    started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    return latencies
+    run.elapsed_s += time.perf_counter() - started
 
 
-class Frame:
-    """A keyframe already on the token grid (1056×640), so shaping passes it through."""
+def shaped_frame(width: int, height: int) -> ShapedImage:
+    """The keyframe as modgate shapes it, so the direct arms send exactly the bytes modgate sends."""
+    settings = Settings()
+    grid = TokenGrid(pixels_per_token=settings.shaping.pixels_per_token,
+                     token_budget=settings.shaping.image_token_budget)
+    return shape_image(make_keyframe("allow", width, height, seed=5), ImageLimits(), grid,
+                       jpeg_quality=settings.shaping.jpeg_quality)
 
-    def __init__(self, width: int, height: int) -> None:
-        self.data = make_keyframe("allow", width, height, seed=5)
-        self.data_url = "data:image/jpeg;base64," + base64.b64encode(self.data).decode()
-        self.sha256 = "bench"
+
+@dataclass(frozen=True)
+class Requests:
+    """The bodies each arm posts: one keyframe, thinking off."""
+
+    chat: dict[str, Any]
+    moderation: dict[str, Any]
+    frame: ShapedImage
+
+    @classmethod
+    def build(cls, width: int, height: int) -> Requests:
+        """The chat request modgate would send for the frame, and the moderation request that makes it."""
+        settings = Settings()
+        frame = shaped_frame(width, height)
+        chat = build_chat_request(
+            load_system_prompt(),
+            [frame],
+            settings.shaping.user_text,
+            RequestOptions(model=MODEL, enable_thinking=False,
+                           max_completion_tokens=settings.engine.max_completion_tokens_direct),
+        )
+        source = make_keyframe("allow", width, height, seed=5)
+        moderation = {
+            "model": "modgate-moderation",
+            "input": [{"type": "image_url",
+                       "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(source).decode()}}],
+        }
+        return cls(chat=chat, moderation=moderation, frame=frame)
 
 
-async def measure(requests: int, concurrency: int, width: int, height: int) -> dict[str, list[float]]:
-    """Direct-to-engine and through-the-gateway latencies, side by side."""
-    frame = Frame(width, height)
-    chat = build_chat_request(load_system_prompt(), [frame], "请审核这张视频关键帧截图。",
-                              RequestOptions(model=PRESETS["instant"].model, enable_thinking=False,
-                                             max_completion_tokens=64))
-    moderation = {"model": "modgate-moderation",
-                  "input": [{"type": "image_url", "image_url": {"url": frame.data_url}}]}
-    with simulator("instant", 0.0) as engine_url, gateway(engine_url) as gateway_url:
-        limits = httpx.Limits(max_connections=concurrency * 2)
-        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+@contextlib.contextmanager
+def engine_stub() -> Iterator[str]:
+    """``bench/engine_stub.py`` in a process of its own; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with process([sys.executable, "-m", "bench.engine_stub", "--port", str(port)], f"{url}/health"):
+        yield url
 
-            async def direct() -> None:
-                async with http.stream("POST", f"{engine_url}/v1/chat/completions", json=chat) as response:
-                    async for _ in response.aiter_lines():
-                        pass
-                    response.raise_for_status()
 
-            async def through_gateway() -> None:
-                response = await http.post(f"{gateway_url}/v1/moderations", json=moderation,
-                                           headers={"X-Modgate-Thinking": "off"})
-                response.raise_for_status()
+def gateway_environment(max_concurrency: int, extra: dict[str, str]) -> dict[str, str]:
+    """modgate as benchmarked: production defaults, except what would make the comparison unfair.
 
-            await closed_loop(direct, 20, concurrency)  # warm up both paths
-            await closed_loop(through_gateway, 20, concurrency)
-            return {
-                "direct": await closed_loop(direct, requests, concurrency),
-                "gateway": await closed_loop(through_gateway, requests, concurrency),
+    - no verdict reuse: every request must reach the engine, as it does through the other arms;
+    - the in-flight cap at least the clients' concurrency: the cap protects a real engine, and with an
+      instant one it would only measure queueing that the other arms do not do.
+    """
+    return {
+        "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",
+        "MODGATE_MAX_INFLIGHT": str(max(8, max_concurrency)),
+        "MODGATE_ADMISSION__QUEUE_SIZE": str(max(256, 4 * max_concurrency)),
+        **extra,
+    }
+
+
+def _calls(http: httpx.AsyncClient, urls: dict[str, str], bodies: Requests) -> dict[str, Callable[[], Awaitable[bool]]]:
+    engine_body = json.dumps(bodies.chat).encode()
+    litellm_body = json.dumps({**bodies.chat, "model": SERVED_NAME}).encode()
+    moderation_body = json.dumps(bodies.moderation).encode()
+    json_type = {"Content-Type": "application/json"}
+
+    def poster(url: str, body: bytes, headers: dict[str, str]) -> Callable[[], Awaitable[bool]]:
+        async def call() -> bool:
+            response = await http.post(url, content=body, headers=headers)
+            return response.status_code == 200
+
+        return call
+
+    calls: dict[str, Callable[[], Awaitable[bool]]] = {}
+    if "engine" in urls:
+        calls["engine"] = poster(f"{urls['engine']}/v1/chat/completions", engine_body, json_type)
+    if "modgate" in urls:
+        calls["modgate"] = poster(f"{urls['modgate']}/v1/moderations", moderation_body,
+                                  {**json_type, "X-Modgate-Thinking": "off"})
+    if "litellm" in urls:
+        calls["litellm"] = poster(f"{urls['litellm']}/v1/chat/completions", litellm_body,
+                                  {**json_type, "Authorization": "Bearer none"})
+    return calls
+
+
+async def check_answers(http: httpx.AsyncClient, urls: dict[str, str], bodies: Requests) -> None:
+    """Each arm gives a real answer before it is timed (a fast error is not a fast gateway)."""
+    for arm, url in urls.items():
+        if arm == "modgate":
+            response = await http.post(f"{url}/v1/moderations", json=bodies.moderation,
+                                       headers={"X-Modgate-Thinking": "off"})
+            ok = response.status_code == 200 and response.json()["results"][0]["modgate"]["action"] == "allow"
+        else:
+            body = bodies.chat if arm == "engine" else {**bodies.chat, "model": SERVED_NAME}
+            response = await http.post(f"{url}/v1/chat/completions", json=body,
+                                       headers={"Authorization": "Bearer none"})
+            ok = response.status_code == 200 and "[DONE]" in response.text and '"stop"' in response.text
+        if not ok:
+            raise RuntimeError(f"{arm} did not answer the keyframe: {response.status_code} {response.text[:300]}")
+
+
+async def measure(urls: dict[str, str], bodies: Requests, requests: int, concurrencies: list[int],
+                  rounds: int) -> dict[int, dict[str, ArmRun]]:
+    """Every arm at every concurrency, in interleaved rounds."""
+    results: dict[int, dict[str, ArmRun]] = {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        await check_answers(http, urls, bodies)
+        calls = _calls(http, urls, bodies)
+        arms = list(calls)
+        for concurrency in concurrencies:
+            runs = {arm: ArmRun() for arm in arms}
+            for arm in arms:  # warm every pool and code path at this concurrency
+                await closed_loop(calls[arm], 2 * concurrency, concurrency, ArmRun())
+            per_round = max(concurrency, requests // rounds)
+            for round_no in range(rounds):
+                order = arms[round_no % len(arms):] + arms[: round_no % len(arms)]
+                for arm in order:
+                    await closed_loop(calls[arm], per_round, concurrency, runs[arm])
+            results[concurrency] = runs
+    return results
+
+
+def summarize(results: dict[int, dict[str, ArmRun]]) -> dict[str, Any]:
+    """Figures per concurrency and arm, with added latency over the engine and modgate-to-LiteLLM ratios."""
+    table: dict[str, Any] = {}
+    for concurrency, runs in results.items():
+        figures = {arm: run.figures() for arm, run in runs.items()}
+        base = figures.get("engine")
+        for arm, row in figures.items():
+            if base is not None and arm != "engine":
+                row["added_p50_ms"] = row["p50_ms"] - base["p50_ms"]
+                row["added_p99_ms"] = row["p99_ms"] - base["p99_ms"]
+        ratios: dict[str, float] = {}
+        if "modgate" in figures and "litellm" in figures and base is not None:
+            mod, lite = figures["modgate"], figures["litellm"]
+            ratios = {
+                "added_p50": mod["added_p50_ms"] / lite["added_p50_ms"] if lite["added_p50_ms"] > 0 else float("nan"),
+                "added_p99": mod["added_p99_ms"] / lite["added_p99_ms"] if lite["added_p99_ms"] > 0 else float("nan"),
+                "rps": mod["rps"] / lite["rps"],
             }
+        table[str(concurrency)] = {"arms": figures, "modgate_over_litellm": ratios}
+    return table
 
 
-def main() -> None:
-    """Print medians, p99s and the added latency."""
+def print_table(table: dict[str, Any]) -> None:
+    """One row per concurrency and arm, then the modgate-to-LiteLLM ratios."""
+    print(f"{'clients':>7}  {'arm':<8}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'added p50':>11}{'added p99':>11}")
+    for concurrency, entry in table.items():
+        for arm, row in entry["arms"].items():
+            added = (f"{row['added_p50_ms']:>11.2f}{row['added_p99_ms']:>11.2f}" if "added_p50_ms" in row
+                     else f"{'-':>11}{'-':>11}")
+            errors = f"   {row['errors']:.0f} errors" if row["errors"] else ""
+            print(f"{concurrency:>7}  {arm:<8}{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['rps']:>9.1f}"
+                  f"{added}{errors}")
+        ratios = entry["modgate_over_litellm"]
+        if ratios:
+            print(f"{'':>7}  modgate/litellm: added p50 {ratios['added_p50']:.2f}x, added p99 "
+                  f"{ratios['added_p99']:.2f}x, req/s {ratios['rps']:.2f}x")
+
+
+@contextlib.contextmanager
+def engine(kind: str) -> Iterator[str]:
+    """The engine every arm talks to."""
+    if kind == "stub":
+        with engine_stub() as url:
+            yield url
+    else:
+        with simulator("instant", 0.0) as url:
+            yield url
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the arms, measure, stop them; answers the figures and how they were taken."""
+    bodies = Requests.build(args.width, args.height)
+    extra_env = dict(item.split("=", 1) for item in args.gateway_env)
+    load_before = os.getloadavg()
+    with contextlib.ExitStack() as stack:
+        engine_url = stack.enter_context(engine(args.engine))
+        urls = {"engine": engine_url}
+        if "modgate" in args.arms:
+            urls["modgate"] = stack.enter_context(
+                gateway(engine_url, **gateway_environment(max(args.concurrency), extra_env))
+            )
+        if "litellm" in args.arms:
+            urls["litellm"] = stack.enter_context(litellm_proxy(engine_url, MODEL, args.litellm_workers))
+        results = asyncio.run(measure(urls, bodies, args.requests, args.concurrency, args.rounds))
+        stub_info = httpx.get(f"{engine_url}/stub/info").json() if args.engine == "stub" else None
+    return {
+        "setup": {
+            "engine": args.engine,
+            "stub": stub_info,
+            "frame": f"{bodies.frame.width}x{bodies.frame.height}",
+            "image_tokens": bodies.frame.image_tokens,
+            "requests_per_arm": args.requests,
+            "rounds": args.rounds,
+            "litellm": LITELLM_VERSION,
+            "litellm_workers": args.litellm_workers,
+            "gateway_env": extra_env,
+            "cpus": os.cpu_count(),
+            "load_before": [round(x, 2) for x in load_before],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "results": summarize(results),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the table (and write it as JSON with ``--json``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=300)
-    parser.add_argument("--concurrency", type=int, default=1)
-    args = parser.parse_args()
-    print(f"{args.requests} requests per path, {args.concurrency} client(s), instant simulator (time scale 0)")
-    print(f"{'frame':<22}{'path':<10}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}")
-    for width, height, label in ((1056, 640, "1056x640 (on grid)"), (1280, 720, "1280x720 (resized)")):
-        results = asyncio.run(measure(args.requests, args.concurrency, width, height))
-        for path, latencies in results.items():
-            rps = args.concurrency / statistics.mean(latencies)
-            print(f"{label:<22}{path:<10}{statistics.median(latencies) * 1e3:>9.2f}"
-                  f"{percentile(latencies, 99) * 1e3:>9.2f}{rps:>9.1f}")
-        added_p50 = (statistics.median(results["gateway"]) - statistics.median(results["direct"])) * 1e3
-        added_p99 = (percentile(results["gateway"], 99) - percentile(results["direct"], 99)) * 1e3
-        ratio = statistics.median(results["gateway"]) / statistics.median(results["direct"])
-        print(f"{label:<22}{'added':<10}{added_p50:>9.2f}{added_p99:>9.2f}   gateway/direct p50 = {ratio:.2f}x")
+    parser.add_argument("--requests", type=int, default=600, help="timed requests per arm and concurrency")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per concurrency")
+    parser.add_argument("--arms", nargs="+", choices=ARMS[1:], default=list(ARMS[1:]),
+                        help="gateways to measure (the engine arm always runs)")
+    parser.add_argument("--engine", choices=("stub", "sim"), default="stub")
+    parser.add_argument("--width", type=int, default=1056)
+    parser.add_argument("--height", type=int, default=640)
+    parser.add_argument("--litellm-workers", type=int, default=1)
+    parser.add_argument("--gateway-env", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra MODGATE_* settings for the gateway under test")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    report = run(args)
+    setup = report["setup"]
+    print(f"engine: {setup['engine']}; frame {setup['frame']} ({setup['image_tokens']} image tokens), thinking "
+          f"off; {args.requests} timed requests per arm and concurrency in {args.rounds} interleaved rounds; "
+          f"LiteLLM {LITELLM_VERSION} ({args.litellm_workers} worker); {setup['cpus']} CPUs, load average "
+          f"{setup['load_before'][0]:.1f} before, {setup['load_after'][0]:.1f} after")
+    if setup["stub"]:
+        print(f"engine stub: {setup['stub']['distinct_bodies']} distinct request bodies, "
+              f"{setup['stub']['replays']} replayed answers")
+    print_table(report["results"])
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -53,8 +53,19 @@ def simulator(preset: str = "instant", time_scale: float = 0.0, *extra: str) -> 
     """``modgate engine-sim`` in a process of its own; yields its URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "gateway.cli", "engine-sim", "--port", str(port), "--preset", preset,
-            "--time-scale", str(time_scale), *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "engine-sim",
+        "--port",
+        str(port),
+        "--preset",
+        preset,
+        "--time-scale",
+        str(time_scale),
+        *extra,
+    ]
     with process(args, f"{url}/health"):
         yield url
 
@@ -65,5 +76,7 @@ def gateway(engine_url: str, **env: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
-    with process(args, f"{url}/readyz", {"MODGATE_ENGINE_URL": engine_url, "MODGATE_LOG_LEVEL": "warning", **env}):
+    with process(
+        args, f"{url}/readyz", {"MODGATE_ENGINE_URL": engine_url, "MODGATE_LOG_LEVEL": "warning", **env}
+    ):
         yield url

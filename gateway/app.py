@@ -14,7 +14,7 @@ from litestar.openapi import OpenAPIConfig
 
 from gateway.auth import KeyRing
 from gateway.error_handlers import EXCEPTION_HANDLERS
-from gateway.routes import admin, moderations, ops
+from gateway.routes import admin, jobs, moderations, ops, videos
 from gateway.services import Services, open_services
 from gateway.settings import Settings
 
@@ -27,7 +27,7 @@ def create_app(settings: Settings | None = None, engine_transport: httpx.AsyncBa
     ``engine_transport`` replaces the network under the engine client (tests use ``httpx.MockTransport``).
     """
     settings = settings or Settings()
-    keys = KeyRing(settings.tenant_keys(), settings.admin_token)
+    keys = KeyRing(settings.tenant_keys(), settings.admin_token, keys_in_store=settings.api_keys_from_redis)
     if keys.open:
         log.warning("MODGATE_API_KEYS is unset: business calls need NO API key. Set it before exposing the gateway.")
 
@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None, engine_transport: httpx.AsyncBa
         return services
 
     return Litestar(
-        route_handlers=[*moderations.ROUTES, *ops.ROUTES, *admin.ROUTES],
+        route_handlers=[*moderations.ROUTES, *videos.ROUTES, *jobs.ROUTES, *ops.ROUTES, *admin.ROUTES],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -12,10 +11,26 @@ from typing import Annotated
 import typer
 
 from deploy.cli import deploy_app
+from deploy.engine_cpu import engine_cpu as engine_cpu_command
+from gateway.cache_probe import cache_app
+from gateway.keys_store import keys_app
+from gateway.policy_cli import policy_app
+from gateway.prefix_cli import plan as cache_plan
+from gateway.stats_cli import stats
+from quality.cli import quality_app
 
 app = typer.Typer(help="modgate: a moderation gateway in front of a vision-language model on vLLM.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(deploy_app, name="deploy")
+app.add_typer(policy_app, name="policy")
+app.command("engine-cpu", help="Install, build and serve the real vLLM CPU engine (tiny generated model).")(
+    engine_cpu_command
+)
+cache_app.command("plan")(cache_plan)  # beside `cache probe`: what the prefix cache can ever reuse
+app.add_typer(cache_app, name="cache")
+app.add_typer(keys_app, name="keys")
+app.command("stats")(stats)
+app.add_typer(quality_app, name="quality")
 
 
 def _sample_body_file(url: str) -> Path:
@@ -39,6 +54,7 @@ def serve(
 
     from gateway.app import create_app
     from gateway.settings import Settings
+    from gateway.tracing import configure_logging
 
     try:
         settings = Settings()
@@ -46,7 +62,7 @@ def serve(
         typer.secho(f"invalid settings: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
     settings = settings.model_copy(update={"host": host or settings.host, "port": port or settings.port})
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
     url = f"http://{settings.host}:{settings.port}"
     sample = _sample_body_file(url)
     auth = "" if not settings.api_keys else " -H 'Authorization: Bearer <key>'"

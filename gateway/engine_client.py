@@ -16,7 +16,15 @@ from typing import Any
 import httpx
 import stamina
 
-from gateway.errors import EngineUnavailable, UpstreamError, UpstreamTimeout
+from gateway.circuit import CircuitBreaker
+from gateway.errors import EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
+
+ENGINE_REJECTED = "engine_rejected"  # the engine's own 4xx: our request was wrong, the engine is fine
+
+
+def engine_failed(exc: BaseException) -> bool:
+    """Whether an engine call's error says the engine is unhealthy (what a circuit breaker counts)."""
+    return isinstance(exc, ServerSideError) and exc.code != ENGINE_REJECTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +99,10 @@ class EngineClient:
         connect_retries: int,
         max_connections: int,
         transport: httpx.AsyncBaseTransport | None = None,
+        circuit: CircuitBreaker | None = None,
     ) -> None:
         self.base_url = base_url
+        self.circuit = circuit
         self.first_token_timeout_s = first_token_timeout_s
         self.total_timeout_s = total_timeout_s
         self.connect_retries = connect_retries
@@ -163,20 +173,38 @@ class EngineClient:
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
 
     async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
-        """One chat completion; streamed when the body asks for it."""
+        """One chat completion (streamed if the body asks); refused at once while the circuit is open."""
+        if self.circuit is None:
+            return await self._chat(body, request_id)
+        async with self.circuit.call(engine_failed):
+            return await self._chat(body, request_id)
+
+    async def _chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
         started = time.monotonic()
         state = _StreamState()
         try:
             async with asyncio.timeout(self.total_timeout_s):
                 try:
-                    response = await self._send(body, request_id)
+                    # Connecting (with its retries) and the engine's response headers count against the
+                    # first-token deadline too: a hung engine is found out at that deadline, not the total.
+                    async with asyncio.timeout(self.first_token_timeout_s):
+                        response = await self._send(body, request_id)
                 except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                    raise EngineUnavailable(f"cannot connect to the engine at {self.base_url}: {exc!r}") from exc
+                    raise EngineUnavailable(
+                        f"cannot connect to the engine at {self.base_url}: {exc!r}"
+                    ) from exc
+                except TimeoutError as exc:
+                    raise UpstreamTimeout(
+                        f"no answer from the engine within the first-token deadline"
+                        f" ({self.first_token_timeout_s:g} s)"
+                    ) from exc
                 try:
                     if response.status_code != 200:
                         await response.aread()
                         status = response.status_code
                         message = f"engine answered {status}: {_error_message(response)}"
+                        if 400 <= status < 500:
+                            raise UpstreamError(message, code=ENGINE_REJECTED)
                         raise (EngineUnavailable if status == 503 else UpstreamError)(message)
                     if body.get("stream"):
                         await self._read_stream(response, state, started)

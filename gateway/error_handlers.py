@@ -43,7 +43,14 @@ def unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Respons
     """Our own bug: logged with its traceback, answered 500 without details."""
     log.exception("unexpected error on %s", request.url.path, exc_info=exc)
     return Response(
-        {"error": {"message": "internal error", "type": "server_error", "param": None, "code": "internal_error"}},
+        {
+            "error": {
+                "message": "internal error",
+                "type": "server_error",
+                "param": None,
+                "code": "internal_error",
+            }
+        },
         status_code=500,
     )
 

@@ -5,22 +5,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
+import redis.asyncio as aioredis
 
 from gateway.admission import AdmissionQueue
 from gateway.auth import KeyRing
+from gateway.circuit import CircuitBreaker
 from gateway.embedded import ThreadedServer
 from gateway.engine_client import EngineClient
+from gateway.jobs import JobService, JobStore, MemoryJobStore, RedisJobStore, WebhookSender
+from gateway.keys_store import RedisKeyStore
 from gateway.moderation import ModerationService
-from gateway.policy import MemoryPolicyStore, PolicyStore
+from gateway.policy import PolicyStore
+from gateway.policy_store import MemoryPolicyStore, RedisPolicyStore
+from gateway.remote_images import RemoteImageFetcher
 from gateway.settings import Settings
-from gateway.telemetry import GatewayMetrics
-from shaping.prompt import load_system_prompt
+from gateway.stats import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
+from gateway.telemetry import GatewayMetrics, RequestRecorder
+from gateway.tracing import Telemetry, build_telemetry
+from gateway.verdict_cache import MemoryVerdictCache, NearDuplicateRule, RedisVerdictCache, VerdictCache
+from shaping.prefix import GuidanceTooShort
+from shaping.prompt import SystemPrompt, load_system_prompt
 
 log = logging.getLogger("modgate.gateway")
 
@@ -36,6 +47,11 @@ class Services:
     policies: PolicyStore
     metrics: GatewayMetrics
     moderation: ModerationService
+    telemetry: Telemetry  # this app's OpenTelemetry providers and tracer
+    recent: RecentRequests  # per-keyframe samples of the last telemetry.window_s seconds (GET /stats)
+    engine_cache: EngineCacheScraper  # the engine's prefix-cache counters, differenced between scrapes
+    circuit: CircuitBreaker  # the engine's circuit breaker
+    jobs: JobService  # keyframe batches worked in the background (durable with Redis)
 
 
 def _start_simulator(settings: Settings) -> ThreadedServer:
@@ -50,11 +66,83 @@ def _start_simulator(settings: Settings) -> ThreadedServer:
     return server
 
 
+def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
+    group = settings.remote_images
+    if not group.enabled:
+        return None
+    if not group.allowlist:
+        log.warning("MODGATE_REMOTE_IMAGES__ENABLED is on but its allowlist is empty: every URL is refused")
+    return RemoteImageFetcher(group.allowlist, max_bytes=group.max_bytes, timeout_s=group.timeout_s,
+                              max_redirects=group.max_redirects)
+
+
+def _job_service(
+    settings: Settings, state: aioredis.Redis | None, moderation: ModerationService,
+    executor: ThreadPoolExecutor, remote_images: RemoteImageFetcher | None,
+) -> JobService:
+    group = settings.jobs
+    store: JobStore = (
+        MemoryJobStore() if state is None
+        else RedisJobStore(state, claim_idle_s=group.claim_idle_s, ttl_s=group.result_ttl_s)
+    )
+    secret = group.webhook_secret
+    webhooks = None if secret is None else WebhookSender(
+        secret.get_secret_value(), timeout_s=group.webhook_timeout_s, attempts=group.webhook_attempts
+    )
+    return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks)
+
+
+def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictCache:
+    """Reused verdicts: shared in Redis when it is configured, else this process's memory."""
+    shaping = settings.shaping
+    rule = NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta)
+    if state is None:
+        return MemoryVerdictCache(shaping.verdict_cache_ttl_s, shaping.verdict_cache_max_entries, rule)
+    return RedisVerdictCache(state, shaping.verdict_cache_ttl_s, rule)
+
+
+async def _system_prompt(
+    settings: Settings, engine_url: str, transport: httpx.AsyncBaseTransport | None
+) -> SystemPrompt:
+    """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
+
+    Measured once at start on the engine's own /tokenize. An engine that cannot be measured leaves the plain
+    prompt in force (said loudly): the gateway still serves, the cache just cannot hit.
+    """
+    if not settings.shaping.block_filling_prefix:
+        return load_system_prompt()
+    from gateway.prefix_cli import PrefixPlanError, block_filled_prompt
+
+    try:
+        async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
+            prompt, filled = await block_filled_prompt(http, settings.shaping.prefix_block_size)
+    except (PrefixPlanError, GuidanceTooShort) as exc:
+        log.error("block-filling prefix OFF: %s; serving the plain system prompt", exc)
+        return load_system_prompt()
+    log.warning(
+        "block-filling prefix on: +%d tokens of policy guidance; shared prefix %d tokens (block %d, +%d)",
+        filled.added_tokens, filled.shared_tokens, filled.block_size, filled.overshoot,
+    )
+    return prompt
+
+
+def _policy_store(settings: Settings) -> PolicyStore:
+    if not settings.redis_url:
+        return MemoryPolicyStore()
+    group = settings.policy
+    return RedisPolicyStore(
+        settings.redis_url, key_prefix=group.key_prefix, reload_interval_s=group.reload_interval_s,
+        timeout_s=group.redis_timeout_s, reconnect_interval_s=group.reconnect_interval_s,
+        audit_max_entries=group.audit_max_entries,
+    )
+
+
 @asynccontextmanager
 async def open_services(
-    settings: Settings, keys: KeyRing, engine_transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings, keys: KeyRing, engine_transport: httpx.AsyncBaseTransport | None = None,
+    *, clock: Clock = time.monotonic,
 ) -> AsyncIterator[Services]:
-    """Build every client the handlers need; close them all on the way out."""
+    """Build every client the handlers need; close them all on the way out (``clock``: the stats windows')."""
     simulator: ThreadedServer | None = None
     executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
     if engine_transport is not None:
@@ -64,6 +152,7 @@ async def open_services(
     else:
         simulator = await asyncio.to_thread(_start_simulator, settings)
         engine_url = simulator.url
+    circuit = CircuitBreaker(engine_url, **settings.circuit.model_dump())
     engine = EngineClient(
         engine_url,
         connect_timeout_s=settings.engine.connect_timeout_s,
@@ -72,23 +161,57 @@ async def open_services(
         connect_retries=settings.engine.connect_retries,
         max_connections=settings.max_inflight * 2,
         transport=engine_transport,
+        circuit=circuit,
     )
+    # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
+    state = None if not settings.redis_url else aioredis.Redis.from_url(
+        settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
+    )
+    if state is not None and settings.api_keys_from_redis:
+        keys.store = RedisKeyStore(state)
+    remote_images = _remote_images(settings)
     admission = AdmissionQueue(settings.max_inflight, settings.admission.queue_size, settings.admission.queue_timeout_s)
-    policies = MemoryPolicyStore()
+    policies = _policy_store(settings)
     metrics = GatewayMetrics()
+    telemetry = build_telemetry(settings.telemetry)
+    recent = RecentRequests(settings.telemetry.window_s, clock=clock)
+    engine_cache = EngineCacheScraper(
+        engine.metrics_text, EngineCacheWindow(settings.telemetry.window_s, clock=clock),
+        interval_s=settings.telemetry.engine_scrape_interval_s,
+        on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
+    )
+    metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
     moderation = ModerationService(
         settings=settings,
         engine=engine,
         admission=admission,
         policies=policies,
         metrics=metrics,
-        system_prompt=load_system_prompt(),
+        system_prompt=await _system_prompt(settings, engine_url, engine_transport),
         executor=executor,
+        tracer=telemetry.tracer,
+        recorder=RequestRecorder(metrics, recent, telemetry.instruments),
+        remote_images=remote_images,
+        verdicts=_verdict_cache(settings, state),
     )
+    jobs = _job_service(settings, state, moderation, executor, remote_images)
+    await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
     try:
-        yield Services(settings, keys, engine, admission, policies, metrics, moderation)
+        engine_cache.start()
+        jobs.start()
+        yield Services(settings, keys, engine, admission, policies, metrics, moderation,
+                       telemetry=telemetry, recent=recent, engine_cache=engine_cache,
+                       circuit=circuit, jobs=jobs)
     finally:
+        await jobs.stop()
+        if remote_images is not None:
+            await remote_images.aclose()
+        if state is not None:
+            await state.aclose()
+        await engine_cache.stop()
+        await policies.stop()
         await engine.aclose()
         executor.shutdown(wait=False, cancel_futures=True)
         if simulator is not None:
             await asyncio.to_thread(simulator.stop)
+        await asyncio.to_thread(telemetry.shutdown)  # flushes spans and metrics to the OTLP endpoint, if any

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def _comma_separated(value: object) -> object:
+    """``"a.example,b.example"`` from the environment, or a list as given."""
+    if isinstance(value, str):
+        return [item.strip().lower() for item in value.split(",") if item.strip()]
+    return value
+
+
+HostList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
+"""Host names, comma-separated in the environment (``cdn.example.com,.img.example.org``)."""
 
 
 class EngineSettings(BaseModel):
@@ -33,13 +44,128 @@ class ShapingSettings(BaseModel):
     """How keyframes are shaped before they reach the engine."""
 
     pixels_per_token: Literal[28, 32] = 32
-    image_token_budget: int = Field(default=660, ge=4)
+    image_token_budget: int = Field(default=660, ge=64)  # Qwen3-VL's processor minimum is 64 tokens
     jpeg_quality: int = Field(default=90, ge=50, le=100)
     max_image_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     max_images_per_request: int = Field(default=16, ge=1)
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     animated: Literal["refuse", "first_frame"] = "refuse"
     user_text: str = "请审核这张视频关键帧截图。"
+    # --- request shaping that cuts the engine's work per keyframe (issue 4) ---
+    # Keyframes of one request (one tenant) packed into one engine request, one verdict each. K > 1 shares
+    # the system prompt among K frames but changes the model's task: measure agreement before raising it.
+    packing_k: int = Field(default=1, ge=1, le=16)
+    packed_user_text: str = "请按顺序审核以下{frames}张视频关键帧截图，每张给出一个判定。"
+    max_frames_per_batch: int = Field(default=64, ge=1, le=1024)  # POST /v1/videos/{video_id}/keyframes
+    # Verdict reuse: exact (same shaped bytes) and near duplicates (pHash within this many bits AND a
+    # 16×9 colour thumbnail within near_duplicate_colour_delta levels). -1: exact reuse only.
+    near_duplicate_distance: int = Field(default=4, ge=-1, le=16)
+    near_duplicate_colour_delta: int = Field(default=32, ge=0, le=255)
+    verdict_cache_ttl_s: float = Field(default=3600.0, ge=0)  # 0: no verdict is reused
+    verdict_cache_max_entries: int = Field(default=100_000, ge=1)  # in memory (no Redis): LRU beyond this
+    # Pad the system prompt with policy guidance (shaping/prompts/guidance.v1.txt) so that the shared prefix
+    # ends on a whole prefix-cache block of the engine, which the engine can then reuse in every request.
+    block_filling_prefix: bool = False
+    prefix_block_size: int | None = Field(default=None, ge=1)  # unset: the engine's vllm:cache_config_info
+
+    @field_validator("packed_user_text")
+    @classmethod
+    def _packed_text_names_the_frame_count(cls, value: str) -> str:
+        try:
+            value.format(frames=2)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"packed_user_text may use only the placeholder {{frames}}: {exc}") from exc
+        if "{frames}" not in value:
+            raise ValueError("packed_user_text must say how many frames follow: include {frames}")
+        return value
+
+
+class CircuitSettings(BaseModel):
+    """When the gateway stops calling a failing engine, and for how long (gateway/circuit.py)."""
+
+    consecutive_failures: int = Field(default=5, ge=1)
+    failure_rate: float = Field(default=0.5, gt=0, le=1)  # of the last ``window`` calls (``min_calls`` ran)
+    window: int = Field(default=20, ge=1)
+    min_calls: int = Field(default=10, ge=1)
+    cooldown_s: float = Field(default=5.0, gt=0)
+
+
+class LimitsSettings(BaseModel):
+    """Bounds on a request, checked before its body is parsed or its images decoded."""
+
+    # A moderation body nests 4 deep; the JSON parser gives up near 1,000 (a 500) — refuse far earlier.
+    max_json_depth: int = Field(default=32, ge=4, le=256)
+    # Decoded pixels per image; at most Pillow's decompression-bomb threshold (about 89 million).
+    max_image_pixels: int = Field(default=40_000_000, ge=1, le=89_000_000)
+
+
+class RemoteImageSettings(BaseModel):
+    """Opt-in fetching of ``http(s)`` image URLs (gateway/remote_images.py); off: only ``data:`` URLs."""
+
+    enabled: bool = False
+    allowlist: HostList = Field(default_factory=list)  # "cdn.example.com" exactly, ".example.com" subdomains
+    max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    timeout_s: float = Field(default=5.0, gt=0, le=60)  # the whole fetch: DNS, connect, redirects, body
+    max_redirects: int = Field(default=3, ge=0, le=10)
+
+
+class JobSettings(BaseModel):
+    """Keyframe batches submitted as jobs (gateway/jobs.py): durable in Redis streams when Redis is set."""
+
+    max_frames: int = Field(default=64, ge=1, le=1024)
+    max_backlog: int = Field(default=10_000, ge=1)  # jobs queued or running before a submission gets 429
+    concurrency: int = Field(default=2, ge=1, le=64)  # jobs worked at once by each gateway
+    priority: int = Field(default=5, ge=-10, le=10)  # admission priority of job frames (live calls use 0)
+    claim_idle_s: float = Field(default=60.0, gt=0)  # a job silent this long on its gateway is taken over
+    max_attempts: int = Field(default=5, ge=1, le=50)  # engine failures before a job is marked failed
+    retry_wait_s: float = Field(default=1.0, gt=0)  # first back-off between attempts (doubling, jittered)
+    result_ttl_s: int = Field(default=7 * 86400, ge=60)  # how long a finished job and its key are kept
+    webhook_secret: SecretStr | None = None  # signs webhooks; unset: webhook_url is refused
+    webhook_allowlist: HostList = Field(default_factory=list)  # hosts a webhook may go to (operator-trusted)
+    webhook_timeout_s: float = Field(default=10.0, gt=0)
+    webhook_attempts: int = Field(default=5, ge=1, le=20)
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _webhook_secret_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or value.get_secret_value() == "":
+            return None
+        if len(value.get_secret_value()) < 16:
+            raise ValueError("MODGATE_JOBS__WEBHOOK_SECRET must be at least 16 characters")
+        return value
+
+
+class TelemetrySettings(BaseModel):
+    """Traces, metrics, logs and the recent-window figures (gateway/tracing.py, gateway/stats.py)."""
+
+    otlp_endpoint: str | None = None  # "http://collector:4318": OTLP/HTTP traces and metrics; unset: none
+    service_name: str = "modgate"
+    # The window of GET /stats and of the windowed cache rates: long enough for stable percentiles, short
+    # enough that a burst of probes an hour ago does not colour what production gets now.
+    window_s: float = Field(default=300.0, gt=0, le=86400)
+    engine_scrape_interval_s: float = Field(default=15.0, ge=0)  # reads of the engine's /metrics; 0: never
+    json_logs: bool = False  # one JSON object per log line (request ids; never image bytes or keys)
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint_is_http(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"MODGATE_TELEMETRY__OTLP_ENDPOINT must start with http:// or https://, got {value!r}"
+            )
+        return value.rstrip("/")
+
+
+class PolicySettings(BaseModel):
+    """The thinking policy store: Redis (shared by every replica) when MODGATE_REDIS_URL is set."""
+
+    key_prefix: str = Field(default="modgate:thinking-policy", min_length=1)
+    reload_interval_s: float = Field(default=5.0, gt=0)  # re-read even without a pub/sub message (one lost)
+    redis_timeout_s: float = Field(default=1.0, gt=0)  # a flip against a dead Redis answers 503 this fast
+    reconnect_interval_s: float = Field(default=0.5, gt=0)
+    audit_max_entries: int = Field(default=10000, ge=10)
 
 
 class SimulatorSettings(BaseModel):
@@ -60,6 +186,7 @@ class Settings(BaseSettings):
     redis_url: str | None = None  # unset: in-memory state
     max_inflight: int = Field(default=8, ge=1, le=1024)
     api_keys: str | None = None  # "key1:tenant1,key2:tenant2"; unset: no key required (said loudly)
+    api_keys_from_redis: bool = False  # also accept keys added with `modgate keys add`; keys always required
     admin_token: str | None = None
     model_name: str = "modgate-moderation"  # the name answered in the moderation response
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -68,6 +195,12 @@ class Settings(BaseSettings):
     admission: AdmissionSettings = AdmissionSettings()
     shaping: ShapingSettings = ShapingSettings()
     simulator: SimulatorSettings = SimulatorSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
+    circuit: CircuitSettings = CircuitSettings()
+    limits: LimitsSettings = LimitsSettings()
+    remote_images: RemoteImageSettings = RemoteImageSettings()
+    jobs: JobSettings = JobSettings()
+    policy: PolicySettings = PolicySettings()
 
     @field_validator("engine_url")
     @classmethod
@@ -97,6 +230,12 @@ class Settings(BaseSettings):
         if len(value) < 16:
             raise ValueError("MODGATE_ADMIN_TOKEN must be at least 16 characters")
         return value
+
+    @model_validator(mode="after")
+    def _redis_keys_need_redis(self) -> Settings:
+        if self.api_keys_from_redis and not self.redis_url:
+            raise ValueError("MODGATE_API_KEYS_FROM_REDIS needs MODGATE_REDIS_URL")
+        return self
 
     def tenant_keys(self) -> dict[str, str]:
         """The configured API keys, mapped to their tenant."""

@@ -64,6 +64,7 @@ class ModerationDetails(BaseModel):
     queue_ms: float
     shaping_ms: float
     ttft_ms: float | None
+    decode_ms: float | None = None  # engine time after the first token
     prompt_tokens: int
     cached_tokens: int
     image_tokens: int

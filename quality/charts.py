@@ -149,7 +149,7 @@ def category_chart(categories: Sequence[CategoryRow], policy: ReportPolicy) -> b
             positions + offset, values, height=height_bar, color=ARM_COLORS[arm], label=ARM_LABELS[arm]
         )
     right.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=1))
-    right.legend(loc="lower right", fontsize=7.5, frameon=False)
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncols=2, fontsize=7.5, frameon=False)
     right.tick_params(axis="y", labelleft=False)
     return _png(figure)
 

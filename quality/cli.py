@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import httpx
 import typer
@@ -34,13 +34,6 @@ from quality.records import (
     parse_iso_week,
     week_bounds,
 )
-from quality.report import (
-    ReportPolicy,
-    WeekSummary,
-    build_weekly_report,
-    load_previous_summaries,
-    write_report,
-)
 from quality.runner import (
     DatasetError,
     ProgressEvent,
@@ -50,6 +43,9 @@ from quality.runner import (
     parse_arms,
     run_offline,
 )
+
+if TYPE_CHECKING:
+    from quality.report import ReportPolicy, WeekSummary
 
 __all__ = ["quality_app"]
 
@@ -213,6 +209,8 @@ async def _trend(
     store: RecordStore, reports: Path, week: str, weeks: int, policy: ReportPolicy
 ) -> list[WeekSummary]:
     """Earlier weeks from reports already written; weeks without one are recomputed from the records."""
+    from quality.report import build_weekly_report, load_previous_summaries
+
     known = {s.week: s for s in load_previous_summaries(reports, week, limit=weeks)}
     year, number = parse_iso_week(week)
     start, _ = week_bounds(year, number)
@@ -250,6 +248,9 @@ def report(
     bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples (whole videos).")] = 2000,
 ) -> None:
     """Write the weekly quality report (HTML, Markdown, JSON), led by a recommendation."""
+    # matplotlib, scikit-learn and statsmodels take seconds to import: only this command pays for them
+    from quality.report import ReportPolicy, build_weekly_report, write_report
+
     try:
         label = resolve_week(week)
     except ValueError as exc:

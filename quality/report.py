@@ -719,7 +719,7 @@ def _details(report: WeeklyReport) -> list[str]:
         text = (
             f"Detecting a {size.drop * 100:g}-point drop from {pct(size.baseline)} "
             f"needs {count(size.frames)} "
-            f"frames a week (one-sided α {policy.alpha:g}, power {policy.power:.0%}"
+            f"frames a week (one-sided α {policy.alpha:g}, power {pct(policy.power, 0)}"
         )
         text += f", design effect {size.design_effect:.2f})" if size.design_effect > 1.005 else ")"
         if size.flagged_frames is not None and size.frames_for_flagged is not None:
@@ -865,7 +865,7 @@ def render_markdown(report: WeeklyReport) -> str:
     lines = [
         f"# Thinking-off quality, {report.week}",
         "",
-        f"_{report.week_start:%d %b %Y} – {report.week_end:%d %b %Y} (UTC), generated "
+        f"_{report.week_start:%d %b %Y} – {report.last_day:%d %b %Y} (UTC), generated "
         f"{report.generated_at:%Y-%m-%d %H:%M} UTC_",
         "",
         f"## {rec.title}",

@@ -209,9 +209,14 @@ class _ModgateFields(BaseModel):
     cached_tokens: int = Field(default=0, ge=0)
     completion_tokens: int = Field(ge=0)
     reasoning_tokens: int = Field(default=0, ge=0)
-    frame_sha256: str
+    frame_sha256: str | None = None
     request_id: str
-    reused: bool = False
+    # the gateway says how a verdict was reused ("exact", "near") or null; a bool is accepted too
+    reused: bool | Literal["exact", "near"] | None = None
+
+    @property
+    def was_reused(self) -> bool:
+        return self.reused not in (None, False)
 
 
 class _ModerationResult(BaseModel):
@@ -299,7 +304,15 @@ class _Run:
         if arm == "thinking_on_rerun":
             # A re-run must reach the engine: a cached thinking-on verdict would fake a zero noise floor.
             headers["Cache-Control"] = "no-cache"
-        body = {"model": self.model, "input": [{"type": "image_url", "image_url": {"url": data_url}}]}
+        # The header is the documented switch; the body options say the same for gateways that read those.
+        options: dict[str, str] = {"thinking": THINKING_HEADER[arm]}
+        if keyframe.video_id is not None:
+            options["video_id"] = keyframe.video_id
+        body = {
+            "model": self.model,
+            "input": [{"type": "image_url", "image_url": {"url": data_url}}],
+            "modgate": options,
+        }
         for attempt, delay in enumerate([*self.retry_delays, None]):
             try:
                 response = await self.client.post("/v1/moderations", json=body, headers=headers)
@@ -344,9 +357,10 @@ class _Run:
                 self._report(ProgressEvent(keyframe, arm, "failed", str(exc)))
                 continue
             fields = result.modgate
-            label = self.labels.find(keyframe, input_sha, fields.frame_sha256.lower())
+            frame_sha = (fields.frame_sha256 or input_sha).lower()
+            label = self.labels.find(keyframe, input_sha, frame_sha)
             record = VerdictRecord(
-                frame_sha256=fields.frame_sha256.lower(),
+                frame_sha256=frame_sha,
                 video_id=keyframe.video_id,
                 tenant=self.tenant,
                 arm=arm,
@@ -363,7 +377,7 @@ class _Run:
                 recorded_at=datetime.now(UTC),
                 source="offline",
                 request_id=fields.request_id,
-                reused=fields.reused,
+                reused=fields.was_reused,
                 input_sha256=input_sha,
                 human_label=label,
             )

@@ -170,9 +170,8 @@ def shape_image(data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quali
         # Pillow's reading is the one decoding will follow: check it too, should it differ from ours.
         stored_size = image.size
         _check_dimensions(label, *stored_size, limits)
-        target = smart_resize(
-            *stored_size, grid
-        )  # symmetric: the stored orientation's target, transposed later
+        # smart_resize is symmetric: the target in stored orientation, transposed with the pixels at the end.
+        target = smart_resize(*stored_size, grid)
         _check_frames(image, image_format, label, limits)
         if image_format == "JPEG":
             if image.size == target and image.mode == "RGB" and _orientation(image) == 1:

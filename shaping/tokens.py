@@ -40,6 +40,8 @@ class TokenGrid:
     verdict quality was judged on. A 16:9 frame lands on 1088×608 = 646 tokens. With thinking off the
     engine is prefill-bound, so a smaller budget buys throughput almost linearly, but it changes what the
     model sees: lower it only after the quality module has measured verdict agreement at the new budget.
+    Keep the budget well above ``min_pixels`` (say twice): rounding down to whole tokens can land a frame
+    a little under a budget, and under ``min_pixels`` the engine would upscale it and count more tokens.
     """
 
     pixels_per_token: int = _QWEN3_VL[0]

@@ -77,7 +77,7 @@ def verdict_regex() -> str:
     category = "|".join(re.escape(c) for c in MODEL_CATEGORIES)
     item = f'"({category})"'
     return (
-        r'\{"verdict":"(allow|review|block)","categories":\[(' + item + "(," + item + r')*)?\],'
+        r'\{"verdict":"(allow|review|block)","categories":\[(' + item + "(," + item + r")*)?\],"
         r'"confidence":(0(\.[0-9]{1,2})?|1(\.0)?)\}'
     )
 
@@ -85,7 +85,10 @@ def verdict_regex() -> str:
 def response_format(frames: int = 1) -> dict[str, Any]:
     """The OpenAI ``response_format`` that holds the engine to the verdict schema."""
     schema = verdict_schema() if frames == 1 else packed_verdict_schema(frames)
-    return {"type": "json_schema", "json_schema": {"name": "keyframe_verdict", "schema": schema, "strict": True}}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "keyframe_verdict", "schema": schema, "strict": True},
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +170,9 @@ def parse_engine_output(
         return ParsedOutput((verdict,) * frames, reasoning, content or "", (problem,))
 
     if finish_reason == "length":
-        return fallback("truncated_output", "the engine stopped at max_completion_tokens before the verdict ended")
+        return fallback(
+            "truncated_output", "the engine stopped at max_completion_tokens before the verdict ended"
+        )
     if not text:
         return fallback("empty_output", "the engine returned no answer after its reasoning")
     try:

@@ -35,6 +35,7 @@ from deploy.keyframes import Label, read_label
 from deploy.simulator.engine import FinishEvent, Sequence, SimEngine, TokenEvent
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.tokenizer import ImageSlot, Token, render_chat, split_text, token_id
+from shaping.errors import ImageRejected
 from shaping.tokens import TokenGrid, image_tokens
 
 MODEL_CATEGORIES_FOR_SIM = ("violence",)  # the category a thinking-off false positive names
@@ -88,7 +89,7 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str
+    model: str | None = None  # as vLLM: no model means the served one
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -119,11 +120,17 @@ class SimMetrics:
         names = list(self.labels)
         buckets = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
         self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token.", names, buckets=buckets,
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            names,
+            buckets=buckets,
             registry=self.registry,
         ).labels(**self.labels)
         self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds", "End-to-end request latency.", names, buckets=buckets,
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency.",
+            names,
+            buckets=buckets,
             registry=self.registry,
         ).labels(**self.labels)
 
@@ -135,7 +142,11 @@ class SimMetrics:
             def collect(self) -> Iterator[Metric]:
                 counters = engine.counters
                 for name, doc, total in (
-                    ("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", counters.prefix_cache_queries),
+                    (
+                        "vllm:prefix_cache_queries",
+                        "Prefix cache queries, in tokens.",
+                        counters.prefix_cache_queries,
+                    ),
                     ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", counters.prefix_cache_hits),
                     ("vllm:prompt_tokens", "Prefill tokens processed.", counters.prompt_tokens),
                     ("vllm:generation_tokens", "Generation tokens processed.", counters.generation_tokens),
@@ -155,7 +166,8 @@ class SimMetrics:
 
         self.registry.register(EngineCollector())
         info = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig.",
             labels=["block_size", "enable_prefix_caching", "num_gpu_blocks"],
         )
         info.add_metric([str(engine.preset.block_size), "True", str(engine.preset.kv_cache_blocks)], 1.0)
@@ -187,7 +199,11 @@ def _decode_image(url: str, explicit_uuid: str | None, grid: TokenGrid) -> Decod
     except (binascii.Error, UnidentifiedImageError, OSError, ValueError) as exc:
         raise EngineError(400, f"failed to load image: {exc}", "messages") from exc
     identity = explicit_uuid or f"{zlib.crc32(raw):08x}-{len(raw)}"
-    return DecodedImage(identity=identity, tokens=image_tokens(width, height, grid), label=label)
+    try:
+        tokens = image_tokens(width, height, grid)
+    except ImageRejected as exc:  # e.g. an aspect ratio over 200:1, which the model's processor refuses
+        raise EngineError(400, f"failed to process image: {exc}", "messages") from exc
+    return DecodedImage(identity=identity, tokens=tokens, label=label)
 
 
 def _user_parts(content: Any, grid: TokenGrid) -> tuple[list[Token | str], list[DecodedImage]]:
@@ -264,7 +280,9 @@ class SimulatedEngine:
         # module's ground truth for "how much does thinking off change verdicts".
         draw = zlib.crc32(f"{image.identity}:thinking-off".encode()) / 2**32
         if not enable_thinking and draw < self.preset.thinking_off_disagreement:
-            action, categories = ("block", list(MODEL_CATEGORIES_FOR_SIM)) if action == "allow" else ("allow", [])
+            action, categories = (
+                ("block", list(MODEL_CATEGORIES_FOR_SIM)) if action == "allow" else ("allow", [])
+            )
         confidence = round(0.8 + 0.19 * (zlib.crc32(image.identity.encode()) % 100) / 100, 2)
         return {"verdict": action, "categories": categories, "confidence": confidence}
 
@@ -329,7 +347,7 @@ def _parse_chat(body: bytes, served_model: str) -> ChatRequest:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())) or None
         raise EngineError(400, f"{param}: {first.get('msg')}", param) from exc
-    if request.model != served_model:
+    if request.model is not None and request.model != served_model:
         raise EngineError(404, f"The model `{request.model}` does not exist.", "model")
     if request.stream_options is not None and not request.stream:
         raise EngineError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
@@ -358,7 +376,8 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     tokens, images, enable_thinking = sim.prompt_tokens(body)
     if len(tokens) >= sim.preset.max_model_len:
         raise EngineError(400, f"prompt is {len(tokens)} tokens, over max_model_len", "messages")
-    request_id = request.headers.get("x-request-id") or f"chatcmpl-{uuid.uuid4().hex}"
+    # As vLLM: an X-Request-Id becomes the completion's id (prefixed), and the header is not echoed.
+    request_id = f"chatcmpl-{request.headers.get('x-request-id') or uuid.uuid4().hex}"
     max_tokens = body.max_completion_tokens or body.max_tokens or sim.preset.max_model_len - len(tokens)
     sequence = Sequence(
         request_id=request_id,
@@ -370,7 +389,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     slow = faults.slow_s if faults.slow_rate and sim._rng.random() < faults.slow_rate else 0.0
     cut = bool(faults.cut_stream_rate) and sim._rng.random() < faults.cut_stream_rate
     created = int(time.time())
-    headers = {"X-Request-Id": request_id}
+    headers: dict[str, str] = {}
     model = sim.preset.model
 
     if body.stream:
@@ -391,8 +410,12 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
                 yield _chunk(request_id, model, created, {}, event.finish_reason)
                 if include_usage:
                     usage_chunk = {
-                        "id": request_id, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "choices": [], "usage": sim.usage(event, images),
+                        "id": request_id,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": sim.usage(event, images),
                     }
                     yield b"data: " + json.dumps(usage_chunk).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
@@ -410,8 +433,11 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
             finish = event
     assert finish is not None  # generate() always ends with a FinishEvent
     if cut:
-        return Response(b'{"id": "' + request_id.encode() + b'", "choices": [', headers=headers,
-                        media_type="application/json")
+        return Response(
+            b'{"id": "' + request_id.encode() + b'", "choices": [',
+            headers=headers,
+            media_type="application/json",
+        )
     message = {
         "role": "assistant",
         "content": "".join(content) if content else None,
@@ -424,7 +450,9 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish.finish_reason}],
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish.finish_reason}
+            ],
             "usage": sim.usage(finish, images),
         },
         headers=headers,
@@ -439,8 +467,13 @@ async def models(state: State) -> dict[str, Any]:
         "object": "list",
         "data": [
             {
-                "id": sim.preset.model, "object": "model", "created": int(sim.started), "owned_by": "vllm",
-                "root": sim.preset.model, "parent": None, "max_model_len": sim.preset.max_model_len,
+                "id": sim.preset.model,
+                "object": "model",
+                "created": int(sim.started),
+                "owned_by": "vllm",
+                "root": sim.preset.model,
+                "parent": None,
+                "max_model_len": sim.preset.max_model_len,
             }
         ],
     }
@@ -470,8 +503,9 @@ async def tokenize(request: Request[Any, Any, Any], state: State) -> dict[str, A
     if not isinstance(raw, dict):
         raise EngineError(400, "expected a JSON object")
     if "messages" in raw:
-        chat = _parse_chat(json.dumps({"model": raw.get("model", sim.preset.model), **raw}).encode(),
-                           sim.preset.model)
+        chat = _parse_chat(
+            json.dumps({"model": raw.get("model", sim.preset.model), **raw}).encode(), sim.preset.model
+        )
         tokens, _, _ = sim.prompt_tokens(chat)
         if not raw.get("add_generation_prompt", True):
             tokens = tokens[: len(tokens) - (3 if chat.chat_template_kwargs is None else 7)]
@@ -479,8 +513,12 @@ async def tokenize(request: Request[Any, Any, Any], state: State) -> dict[str, A
         tokens = list(split_text(raw["prompt"]))
     else:
         raise EngineError(400, "either 'prompt' or 'messages' is required")
-    return {"count": len(tokens), "max_model_len": sim.preset.max_model_len,
-            "tokens": [token_id(t) for t in tokens], "token_strs": None}
+    return {
+        "count": len(tokens),
+        "max_model_len": sim.preset.max_model_len,
+        "tokens": [token_id(t) for t in tokens],
+        "token_strs": None,
+    }
 
 
 @get("/sim/faults")
@@ -508,8 +546,11 @@ async def info(state: State) -> dict[str, Any]:
     """The preset and scheduler state, for tests and benchmarks."""
     sim: SimulatedEngine = state.sim
     return {
-        "preset": asdict(sim.preset), "time_scale": sim.time_scale, "peak_running": sim.engine.peak_running,
-        "running": sim.engine.num_running, "waiting": sim.engine.num_waiting,
+        "preset": asdict(sim.preset),
+        "time_scale": sim.time_scale,
+        "peak_running": sim.engine.peak_running,
+        "running": sim.engine.num_running,
+        "waiting": sim.engine.num_waiting,
     }
 
 
@@ -524,8 +565,17 @@ def create_sim_app(preset: SimPreset, time_scale: float, faults: Faults | None =
         await sim.engine.stop()
 
     return Litestar(
-        route_handlers=[chat_completions, models, health, metrics, tokenize, get_faults, set_faults,
-                        reset_prefix_cache, info],
+        route_handlers=[
+            chat_completions,
+            models,
+            health,
+            metrics,
+            tokenize,
+            get_faults,
+            set_faults,
+            reset_prefix_cache,
+            info,
+        ],
         state=State({"sim": sim}),
         on_startup=[start],
         on_shutdown=[stop],
@@ -534,4 +584,3 @@ def create_sim_app(preset: SimPreset, time_scale: float, faults: Faults | None =
         logging_config=None,  # the process owns logging; an app must not reconfigure the root logger
         debug=False,
     )
-

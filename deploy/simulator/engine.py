@@ -9,6 +9,7 @@ so aggregate decode stays flat whatever the batch, as on the Spark's MoE.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import time
@@ -175,10 +176,8 @@ class SimEngine:
         """Stop the scheduler loop."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
 
     async def generate(self, sequence: Sequence) -> AsyncIterator[Event]:

@@ -11,7 +11,9 @@ import re
 import zlib
 from dataclasses import dataclass
 
-_TOKEN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]{1,2}|[A-Za-z]{1,8}|[0-9]|\n|[ \t]+|[^\sA-Za-z0-9\u3400-\u9fff]")
+_TOKEN = re.compile(
+    r"[\u3400-\u9fff\uf900-\ufaff]{1,2}|[A-Za-z]{1,8}|[0-9]|\n|[ \t]+|[^\sA-Za-z0-9\u3400-\u9fff]"
+)
 VOCAB_SIZE = 151_936
 
 

@@ -1,15 +1,16 @@
-"""Health, readiness and metrics."""
+"""Health, readiness, metrics and recent stats."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from litestar.di import NamedDependency
 from litestar import Response, get
+from litestar.di import NamedDependency
 from prometheus_client import generate_latest
 
 from gateway.errors import ModgateError
 from gateway.services import Services
+from gateway.stats import stats_document
 
 
 @get("/healthz")
@@ -39,4 +40,14 @@ async def metrics(services: NamedDependency[Services]) -> bytes:
     return generate_latest(services.metrics.registry)
 
 
-ROUTES = [healthz, readyz, metrics]
+@get("/stats")
+async def stats(services: NamedDependency[Services]) -> dict[str, Any]:
+    """Latency percentiles, keyframes per minute, thinking share and cache rates over the recent window."""
+    document = stats_document(services.recent, services.engine_cache)
+    document["inflight"] = services.admission.inflight
+    document["queued"] = services.admission.queued
+    document["thinking_default"] = services.policies.current().default_mode
+    return document
+
+
+ROUTES = [healthz, readyz, metrics, stats]

@@ -24,8 +24,9 @@ _boot_report: list[str] = []
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give tests that use the real engine the boot budget, unless they set their own timeout."""
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if "real_engine_url" in fixtures and item.get_closest_marker("timeout") is None:
+        # The vllm marker too: a test may ask for the engine late, via request.getfixturevalue.
+        asks = "real_engine_url" in getattr(item, "fixturenames", ())
+        if (asks or item.get_closest_marker("vllm")) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT_S))
 
 
@@ -40,7 +41,11 @@ def real_engine_url() -> Iterator[str]:
     try:
         engine, timings = boot_engine()
     except EngineError as exc:
-        pytest.fail(f"the real vLLM CPU engine did not start: {exc}", pytrace=False)
+        failure = str(exc)  # failed outside the except block: the log tail once, not twice chained
+    else:
+        failure = ""
+    if failure:
+        pytest.fail(f"the real vLLM CPU engine did not start: {failure}", pytrace=False)
     _boot_report.append(
         f"real vLLM engine at {engine.url}: {timings.summary()}, "
         f"RSS {engine.rss_bytes() / 2**20:.0f} MiB, log {engine.log_path}"

@@ -24,9 +24,15 @@ from shaping.verdict import verdict_regex
 from tests.support import SimFactory
 
 METRIC_NAMES = (
-    "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_requests_running",
-    "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds",
-    "vllm:e2e_request_latency_seconds", "vllm:prompt_tokens", "vllm:generation_tokens",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
 )
 
 
@@ -49,18 +55,33 @@ def engine(request: pytest.FixtureRequest, start_sim: SimFactory) -> Iterator[En
     else:
         url = request.getfixturevalue("real_engine_url")
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-    yield Engine(request.param, url, model)
+    return Engine(request.param, url, model)
 
 
-def keyframe_request(engine: Engine, *, thinking: bool, stream: bool = False, max_tokens: int = 48,
-                     constraint: str = "regex", seed: int = 1) -> dict[str, Any]:
+def keyframe_request(
+    engine: Engine,
+    *,
+    thinking: bool,
+    stream: bool = False,
+    max_tokens: int = 48,
+    constraint: str = "regex",
+    seed: int = 1,
+) -> dict[str, Any]:
     """The gateway's own engine request for one shaped keyframe."""
-    shaped = shape_image(make_keyframe("block:violence", 640, 360, seed=seed), ImageLimits(),
-                         TokenGrid(token_budget=64))
+    shaped = shape_image(
+        make_keyframe("block:violence", 640, 360, seed=seed), ImageLimits(), TokenGrid(token_budget=128)
+    )
     return build_chat_request(
-        load_system_prompt(), [shaped], "请审核这张视频关键帧截图。",
-        RequestOptions(model=engine.model, enable_thinking=thinking, max_completion_tokens=max_tokens,
-                       constraint=constraint, stream=stream),
+        load_system_prompt(),
+        [shaped],
+        "请审核这张视频关键帧截图。",
+        RequestOptions(
+            model=engine.model,
+            enable_thinking=thinking,
+            max_completion_tokens=max_tokens,
+            constraint=constraint,
+            stream=stream,
+        ),
     )
 
 
@@ -76,6 +97,14 @@ def stream_events(response: httpx.Response) -> list[str]:
     return [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
 
 
+def test_a_request_without_a_model_uses_the_served_one(engine: Engine) -> None:
+    body = keyframe_request(engine, thinking=False, max_tokens=8)
+    del body["model"]
+    response = engine.post(body)
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == engine.model
+
+
 def test_the_gateway_request_is_accepted_as_built(engine: Engine) -> None:
     response = engine.post(keyframe_request(engine, thinking=False))
     assert response.status_code == 200, response.text
@@ -87,7 +116,8 @@ def test_the_gateway_request_is_accepted_as_built(engine: Engine) -> None:
 def test_thinking_off_gives_no_reasoning(engine: Engine) -> None:
     body = engine.post(keyframe_request(engine, thinking=False)).json()
     message = body["choices"][0]["message"]
-    assert not message.get("reasoning") and not message.get("reasoning_content")
+    assert not message.get("reasoning")
+    assert not message.get("reasoning_content")
     assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
 
 
@@ -125,17 +155,22 @@ def test_metrics_carry_the_names_and_labels_the_gateway_reads(engine: Engine) ->
     for name in METRIC_NAMES:
         assert name in families, f"{name} missing from /metrics"
         labels = families[name].samples[0].labels
-        assert labels.get("model_name") == engine.model and "engine" in labels, (name, labels)
+        assert labels.get("model_name") == engine.model, (name, labels)
+        assert "engine" in labels, (name, labels)
 
 
 @pytest.mark.parametrize(
     "body",
     [
-        {"messages": [{"role": "user", "content": "hi"}]},  # no model
-        {"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}},
+        {"model": "MODEL"},  # no messages
+        {
+            "model": "MODEL",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream_options": {"include_usage": True},
+        },
         {"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1},
     ],
-    ids=["no-model", "stream-options-without-stream", "negative-max-tokens"],
+    ids=["no-messages", "stream-options-without-stream", "negative-max-tokens"],
 )
 def test_a_malformed_request_gets_the_openai_error_shape(engine: Engine, body: dict[str, Any]) -> None:
     body = json.loads(json.dumps(body).replace("MODEL", engine.model))
@@ -151,10 +186,13 @@ def test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done(engine: 
     events = stream_events(response)
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
-    assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0
+    assert last["choices"] == []
+    assert last["usage"]["completion_tokens"] > 0
     deltas = [json.loads(e)["choices"][0]["delta"] for e in events[:-2] if json.loads(e)["choices"]]
     assert any(d.get("reasoning") for d in deltas)
-    finishes = [json.loads(e)["choices"][0].get("finish_reason") for e in events[:-2] if json.loads(e)["choices"]]
+    finishes = [
+        json.loads(e)["choices"][0].get("finish_reason") for e in events[:-2] if json.loads(e)["choices"]
+    ]
     assert finishes[-1] in ("stop", "length")
 
 
@@ -168,7 +206,9 @@ def test_the_regex_verdict_constraint_is_honoured(engine: Engine) -> None:
 
 
 def test_the_json_schema_verdict_constraint_is_honoured(engine: Engine) -> None:
-    body = engine.post(keyframe_request(engine, thinking=False, max_tokens=128, constraint="json_schema")).json()
+    body = engine.post(
+        keyframe_request(engine, thinking=False, max_tokens=128, constraint="json_schema")
+    ).json()
     choice = body["choices"][0]
     content = choice["message"]["content"] or ""
     if choice["finish_reason"] == "stop":

@@ -38,7 +38,9 @@ async def test_waiters_are_served_by_priority_then_arrival() -> None:
         async with queue.slot(priority=priority):
             order.append(name)
 
-    tasks = [asyncio.create_task(wait(name, prio)) for name, prio in (("low", 5), ("high-a", -1), ("high-b", -1))]
+    tasks = [
+        asyncio.create_task(wait(name, prio)) for name, prio in (("low", 5), ("high-a", -1), ("high-b", -1))
+    ]
     await asyncio.sleep(0.01)
     assert queue.queued == 3
     queue.release(0.01)

@@ -28,19 +28,22 @@ def test_the_openai_client_gets_one_result_per_image(gateway: ThreadedServer) ->
     assert response.id.startswith("modr-")
     assert response.model == "modgate-moderation"
     blocked, allowed = response.results
-    assert blocked.flagged and blocked.categories.violence
+    assert blocked.flagged
+    assert blocked.categories.violence
     assert blocked.category_scores.violence > 0.5
     assert blocked.category_applied_input_types.violence == ["image"]
-    assert not allowed.flagged and not any(allowed.categories.model_dump().values())
+    assert not allowed.flagged
+    assert not any(allowed.categories.model_dump().values())
 
 
 def test_each_result_carries_the_project_field(gateway: ThreadedServer) -> None:
-    response = moderate(gateway, 
-        model="modgate-moderation", input=image_input(make_keyframe("review", 640, 360, seed=3))
+    response = moderate(
+        gateway, model="modgate-moderation", input=image_input(make_keyframe("review", 640, 360, seed=3))
     )
     details = response.results[0].model_extra["modgate"]
     assert details["action"] == "review"
-    assert details["thinking"] == "on" and details["thinking_rule"] == "default"
+    assert details["thinking"] == "on"
+    assert details["thinking_rule"] == "default"
     assert details["policy_version"] == 1
     assert details["latency_ms"] > 0
     assert details["cached_tokens"] >= 0
@@ -50,7 +53,8 @@ def test_each_result_carries_the_project_field(gateway: ThreadedServer) -> None:
 
 
 def test_a_caller_can_ask_for_thinking_off(gateway: ThreadedServer) -> None:
-    response = moderate(gateway, 
+    response = moderate(
+        gateway,
         model="modgate-moderation",
         input=image_input(make_keyframe("allow", 640, 360, seed=4)),
         extra_headers={"X-Modgate-Thinking": "off"},
@@ -84,15 +88,24 @@ def test_listed_keys_are_required_when_configured(start_gateway: GatewayFactory,
         (b'{"input": 5}', 400, "input"),
         (b'{"input": [{"type": "video", "url": "x"}]}', 400, "input"),
         (b'{"input": "x", "surprise": 1}', 400, "surprise"),
-        (b'{"input": [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,@@@"}}]}', 400, "base64"),
-        (b'{"input": [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,aGVsbG8="}}]}', 415, ""),
+        (
+            b'{"input": [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,@@@"}}]}',
+            400,
+            "base64",
+        ),
+        (
+            b'{"input": [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,aGVsbG8="}}]}',
+            415,
+            "",
+        ),
     ],
 )
 def test_bad_requests_get_a_4xx_in_the_openai_error_shape(
     gateway: ThreadedServer, body: bytes, status: int, fragment: str
 ) -> None:
-    response = httpx.post(f"{gateway.url}/v1/moderations", content=body,
-                          headers={"Content-Type": "application/json"})
+    response = httpx.post(
+        f"{gateway.url}/v1/moderations", content=body, headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -105,9 +118,7 @@ def test_unparsable_engine_output_becomes_review_and_is_counted(
 ) -> None:
     sim = start_sim(faults=Faults(malformed_rate=1.0))
     gateway = start_gateway(engine_url=sim.url)
-    response = moderate(gateway, 
-        model="m", input=image_input(make_keyframe("block:hate", 320, 180))
-    )
+    response = moderate(gateway, model="m", input=image_input(make_keyframe("block:hate", 320, 180)))
     details = response.results[0].model_extra["modgate"]
     assert details["action"] == "review"
     assert "not JSON" in details["reason"]
@@ -124,7 +135,8 @@ def test_unparsable_engine_output_becomes_review_and_is_counted(
 def test_healthz_and_readyz(gateway: ThreadedServer) -> None:
     assert httpx.get(f"{gateway.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{gateway.url}/readyz")
-    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready"
 
 
 def test_readyz_is_503_while_the_engine_is_down(start_gateway: GatewayFactory) -> None:
@@ -147,8 +159,10 @@ class RecordingEngine:
         chunks = [
             {"choices": [{"index": 0, "delta": {"content": verdict}, "finish_reason": None}]},
             {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-            {"choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 12,
-                                      "prompt_tokens_details": None}},
+            {
+                "choices": [],
+                "usage": {"prompt_tokens": 1000, "completion_tokens": 12, "prompt_tokens_details": None},
+            },
         ]
         body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
         return httpx.Response(200, content=body.encode(), headers={"content-type": "text/event-stream"})
@@ -162,8 +176,10 @@ def test_the_engine_request_is_built_as_the_production_engine_expects() -> None:
     app = create_app(Settings(), engine_transport=httpx.MockTransport(engine))
     with ThreadedServer(app) as gateway:
         for seed, thinking in ((1, "on"), (2, "off")):
-            moderate(gateway, 
-                model="m", input=image_input(make_keyframe("allow", 640, 360, seed=seed)),
+            moderate(
+                gateway,
+                model="m",
+                input=image_input(make_keyframe("allow", 640, 360, seed=seed)),
                 extra_headers={"X-Modgate-Thinking": thinking},
             )
     (headers_on, on), (headers_off, off) = engine.requests
@@ -178,5 +194,6 @@ def test_the_engine_request_is_built_as_the_production_engine_expects() -> None:
     assert off["chat_template_kwargs"] == {"enable_thinking": False}
     assert on["response_format"]["type"] == "json_schema"
     assert on["max_completion_tokens"] > off["max_completion_tokens"]
-    assert on["stream"] is True and on["stream_options"] == {"include_usage": True}
+    assert on["stream"] is True
+    assert on["stream_options"] == {"include_usage": True}
     assert headers_on["x-request-id"] != headers_off["x-request-id"]

@@ -56,6 +56,8 @@ def synthesize_week(
     video_of = np.sort(rng.integers(0, videos, size=frames))
 
     def beta(mean: float) -> np.ndarray:
+        if mean in (0.0, 1.0):
+            return np.full(videos, mean)
         return rng.beta(mean * concentration, (1 - mean) * concentration, size=videos)
 
     video_flag = beta(flag_rate)
@@ -189,7 +191,7 @@ class FakeGateway:
                 "reasoning_tokens": 88 if thinking == "on" else 0,
                 "frame_sha256": sha,
                 "request_id": f"req-{len(self.calls)}",
-                "reused": reused,
+                "reused": "exact" if reused else None,
             },
         }
         return httpx.Response(

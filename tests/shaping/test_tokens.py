@@ -46,7 +46,9 @@ def grids(draw: st.DrawFn) -> TokenGrid:
 @st.composite
 def sizes(draw: st.DrawFn) -> tuple[int, int]:
     width = draw(st.integers(1, 20_000))
-    height = draw(st.integers(max(1, math.ceil(width / MAX_ASPECT_RATIO)), min(20_000, width * MAX_ASPECT_RATIO)))
+    height = draw(
+        st.integers(max(1, math.ceil(width / MAX_ASPECT_RATIO)), min(20_000, width * MAX_ASPECT_RATIO))
+    )
     return width, height
 
 
@@ -89,7 +91,8 @@ def test_an_aspect_ratio_over_200_to_1_is_refused_as_the_model_would() -> None:
 
 def test_an_aspect_ratio_of_exactly_200_to_1_is_accepted() -> None:
     width, height = smart_resize(6400, 32, TokenGrid())
-    assert width % 32 == 0 and height % 32 == 0
+    assert width % 32 == 0
+    assert height % 32 == 0
 
 
 def test_rounding_never_pushes_a_200_to_1_image_past_200_to_1() -> None:
@@ -125,11 +128,15 @@ def test_an_extreme_aspect_ratio_stays_within_a_tiny_budget() -> None:
 
 
 @given(grid=grids(), size=sizes())
-def test_smart_resize_always_gives_whole_tokens_within_the_budget(grid: TokenGrid, size: tuple[int, int]) -> None:
+def test_smart_resize_always_gives_whole_tokens_within_the_budget(
+    grid: TokenGrid, size: tuple[int, int]
+) -> None:
     width, height = smart_resize(*size, grid)
     factor = grid.pixels_per_token
-    assert width % factor == 0 and height % factor == 0
-    assert width >= factor and height >= factor
+    assert width % factor == 0
+    assert height % factor == 0
+    assert width >= factor
+    assert height >= factor
     assert width * height <= grid.effective_max_pixels
     if grid.token_budget is not None:
         assert image_tokens(*size, grid) <= grid.token_budget
@@ -155,13 +162,17 @@ def test_smart_resize_is_symmetric_under_rotation(grid: TokenGrid, size: tuple[i
 
 
 @given(grid=grids(), size=sizes())
-def test_a_shaped_frame_is_never_longer_than_the_engine_accepts(grid: TokenGrid, size: tuple[int, int]) -> None:
+def test_a_shaped_frame_is_never_longer_than_the_engine_accepts(
+    grid: TokenGrid, size: tuple[int, int]
+) -> None:
     width, height = smart_resize(*size, grid)
     assert max(width, height) <= MAX_ASPECT_RATIO * min(width, height)
 
 
 @given(grid=grids(), size=sizes())
-def test_the_engine_resizes_nothing_a_shaped_frame_already_fits(grid: TokenGrid, size: tuple[int, int]) -> None:
+def test_the_engine_resizes_nothing_a_shaped_frame_already_fits(
+    grid: TokenGrid, size: tuple[int, int]
+) -> None:
     width, height = smart_resize(*size, grid)
     assume(width * height >= grid.min_pixels)  # only an impossible budget/minimum pair can break this
     engine = TokenGrid(

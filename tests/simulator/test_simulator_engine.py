@@ -16,11 +16,21 @@ def chat(image: bytes, thinking: bool, model: str = "qwen3-vl-moe-sim") -> dict[
     url = "data:image/jpeg;base64," + base64.b64encode(image).decode()
     return {
         "model": model,
-        "messages": [{"role": "system", "content": "You moderate."},
-                     {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                  {"type": "text", "text": "check"}]}],
+        "messages": [
+            {"role": "system", "content": "You moderate."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": "check"},
+                ],
+            },
+        ],
         "chat_template_kwargs": {"enable_thinking": thinking},
-        "response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": {"type": "object"}}},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "v", "schema": {"type": "object"}},
+        },
     }
 
 
@@ -42,13 +52,21 @@ def test_a_changed_early_token_invalidates_every_later_block() -> None:
     assert cache.lookup(changed, 13) == 0
 
 
-def test_the_oracle_reads_the_label_and_thinking_off_flips_the_configured_share(start_sim: SimFactory) -> None:
+def test_the_oracle_reads_the_label_and_thinking_off_flips_the_configured_share(
+    start_sim: SimFactory,
+) -> None:
     sim = start_sim(thinking_off_disagreement=0.2)
     with httpx.Client(base_url=sim.url) as client:
-        on = [client.post("/v1/chat/completions", json=chat(make_keyframe("block:hate", 160, 90, seed=s), True))
-              for s in range(60)]
-        off = [client.post("/v1/chat/completions", json=chat(make_keyframe("block:hate", 160, 90, seed=s), False))
-               for s in range(60)]
+        on = [
+            client.post("/v1/chat/completions", json=chat(make_keyframe("block:hate", 160, 90, seed=s), True))
+            for s in range(60)
+        ]
+        off = [
+            client.post(
+                "/v1/chat/completions", json=chat(make_keyframe("block:hate", 160, 90, seed=s), False)
+            )
+            for s in range(60)
+        ]
     verdicts_on = [r.json()["choices"][0]["message"]["content"] for r in on]
     assert all('"verdict":"block"' in v and "hate" in v for v in verdicts_on)
     flipped = sum('"verdict":"allow"' in r.json()["choices"][0]["message"]["content"] for r in off)
@@ -59,8 +77,9 @@ async def test_spark_pace_runs_eight_and_queues_the_rest(start_sim: SimFactory) 
     sim = start_sim("spark", time_scale=0.01)
     frame = make_keyframe("allow", 640, 360)
     async with httpx.AsyncClient(base_url=sim.url, timeout=60) as client:
-        results = await asyncio.gather(*(client.post("/v1/chat/completions", json=chat(frame, True))
-                                         for _ in range(12)))
+        results = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=chat(frame, True)) for _ in range(12))
+        )
         info = (await client.get("/sim/info")).json()
         metrics = (await client.get("/metrics")).text
     assert all(r.status_code == 200 for r in results)

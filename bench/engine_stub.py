@@ -1,0 +1,140 @@
+"""An engine that costs next to nothing: the instant simulator's answers, replayed per distinct request body.
+
+Why not the simulator itself: at time scale 0 it still decodes every JPEG to read its label, renders ~1,100
+prompt tokens and streams ~20 chunks through Litestar — about 10 ms of CPU a request on these machines, as
+much as the gateway overhead being measured, on the same two cores. Here the first request with a given
+body goes through the real simulator (``create_sim_app``, instant preset, time scale 0) and its whole
+response is kept; every later request with the same bytes gets those bytes back as one write. The answers
+are the simulator's, byte for byte (verdict, reasoning, usage, SSE framing), so the gateways parse exactly
+what they would; only the cost is gone. Everything else (``/health``, ``/v1/models``, ``/tokenize``,
+``/metrics``) is the simulator's, unmemoized.
+
+    python -m bench.engine_stub --port 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from deploy.simulator import PRESETS, create_sim_app
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+REPLAYED_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """One whole response of the simulator."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+async def _record(app: ASGIApp, scope: Scope, body: bytes) -> Recorded:
+    """Run one request through the simulator and keep its whole response."""
+    delivered = False
+    never = asyncio.Event()  # the simulator may listen for a disconnect while it streams: none comes
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await never.wait()
+        return {"type": "http.disconnect"}  # pragma: no cover - never reached
+
+    status = 500
+    headers: list[tuple[bytes, bytes]] = []
+    parts: list[bytes] = []
+
+    async def send(message: Message) -> None:
+        nonlocal status, headers
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() not in _FRAMING]
+        elif message["type"] == "http.response.body":
+            parts.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return Recorded(status, headers, b"".join(parts))
+
+
+_FRAMING = {b"content-length", b"transfer-encoding"}
+
+
+class ReplayingEngine:
+    """ASGI app: chat completions replayed per distinct body, the rest passed to the simulator."""
+
+    def __init__(self, simulator: ASGIApp) -> None:
+        self.simulator = simulator
+        self.recorded: dict[bytes, Recorded] = {}
+        self.replays = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one ASGI connection event."""
+        if scope["type"] != "http" or scope["path"] != REPLAYED_PATH or scope["method"] != "POST":
+            if scope["type"] == "http" and scope["path"] == "/stub/info":
+                await self._info(send)
+                return
+            await self.simulator(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        answer = self.recorded.get(body)
+        if answer is None:
+            answer = await _record(self.simulator, scope, body)
+            if answer.status == 200:
+                self.recorded[body] = answer
+        else:
+            self.replays += 1
+        headers = [*answer.headers, (b"content-length", str(len(answer.body)).encode())]
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await send({"type": "http.response.body", "body": answer.body, "more_body": False})
+
+    async def _info(self, send: Send) -> None:
+        body = f'{{"distinct_bodies": {len(self.recorded)}, "replays": {self.replays}}}'.encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def create_stub_app() -> ReplayingEngine:
+    """The replaying engine in front of the instant simulator at time scale 0."""
+    return ReplayingEngine(create_sim_app(PRESETS["instant"], 0.0))
+
+
+def main() -> None:
+    """Serve the stub (uvicorn, uvloop, httptools: the fastest stack at hand, so the stub stays cheap)."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    uvicorn.run(create_stub_app(), host=args.host, port=args.port, log_level="warning", access_log=False,
+                loop="uvloop", http="httptools")
+
+
+if __name__ == "__main__":
+    main()

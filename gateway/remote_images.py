@@ -1,0 +1,254 @@
+"""Opt-in fetching of ``http(s)`` keyframe URLs, without letting a caller reach what the gateway can reach.
+
+A URL the caller sends makes the gateway open a connection; unchecked, that is a door into the gateway's
+network (server-side request forgery). So, for every hop (the first URL and each redirect):
+
+1. the scheme is ``http`` or ``https``, the URL has no user or password, and the host is on the operator's
+   allowlist (``cdn.example.com`` exactly, ``.example.com`` for its subdomains);
+2. the host is resolved once, and every address it resolves to must be a public one: private, loopback,
+   link-local, multicast, reserved, unspecified, shared (CGNAT), IPv4-mapped or IPv4-tunnelled IPv6 are
+   all refused, because a name can resolve to several and the connection may pick any of them;
+3. the connection goes to the checked address itself (``Host`` header and TLS server name carry the
+   name): the name is never resolved a second time, so a DNS answer that changes between check and
+   connect (DNS rebinding) gains nothing;
+4. redirects are followed by hand, at most ``max_redirects``, each one checked as a new URL;
+5. the body is read as a stream and dropped past ``max_bytes``; compressed bodies are refused (no
+   decompression bomb), and the whole fetch (DNS, connects, redirects, body) has one time limit.
+
+No proxy from the environment applies and no cookie is kept: the transport is used directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+import httpx
+
+from gateway.errors import InvalidRequest, PayloadTooLarge, UnprocessableImage
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+"""``(host, port)`` → the addresses the name resolves to."""
+
+_REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
+_ADDRESS_CHECKS: Final = (
+    ("is_loopback", "a loopback address"),
+    ("is_private", "a private address"),
+    ("is_link_local", "a link-local address"),
+    ("is_multicast", "a multicast address"),
+    ("is_reserved", "a reserved address"),
+    ("is_unspecified", "the unspecified address"),
+)
+
+
+class RemoteImageRefused(InvalidRequest):
+    """The URL may not be fetched: not allowed by the operator, or it leads somewhere private."""
+
+    default_code = "remote_image_refused"
+
+
+class RemoteImageUnavailable(UnprocessableImage):
+    """The URL was allowed, but no image could be fetched from it."""
+
+    default_code = "remote_image_unavailable"
+
+
+class RemoteImageTooLarge(PayloadTooLarge):
+    """The remote image is larger than the fetch limit."""
+
+    default_code = "remote_image_too_large"
+
+
+def is_remote_url(url: str) -> bool:
+    """An ``http://`` or ``https://`` URL (anything else is left to the ``data:`` URL decoder)."""
+    return url[:8].lower().startswith(("http://", "https://"))
+
+
+def host_allowed(host: str, allowlist: Sequence[str]) -> bool:
+    """``host`` is an entry of ``allowlist``, or a subdomain of an entry written with a leading dot."""
+    host = host.lower().rstrip(".")
+    for entry in allowlist:
+        entry = entry.lower().rstrip(".")
+        if entry.startswith("."):
+            if host.endswith(entry) and len(host) > len(entry):
+                return True
+        elif host == entry:
+            return True
+    return False
+
+
+def forbidden_address(address: IPAddress) -> str | None:
+    """Why the gateway must not connect to ``address``, or None for a public address."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return "an IPv4-mapped IPv6 address"
+        if address.sixtofour is not None or address.teredo is not None:
+            return "an IPv6 address tunnelling IPv4"
+    for check, words in _ADDRESS_CHECKS:
+        if getattr(address, check):
+            return words
+    if not address.is_global:
+        return "an address that is not globally routable"
+    return None
+
+
+async def resolve_host(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to (the system resolver, off the event loop)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+class RemoteImageFetcher:
+    """Fetches allowlisted image URLs, checking every address it is about to connect to."""
+
+    def __init__(
+        self,
+        allowlist: Sequence[str],
+        *,
+        max_bytes: int,
+        timeout_s: float,
+        max_redirects: int,
+        resolve: Resolver = resolve_host,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.allowlist = tuple(allowlist)
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.max_redirects = max_redirects
+        self._resolve = resolve
+        # The bare transport: no environment proxies, no cookie jar, no automatic redirects.
+        self._transport = transport or httpx.AsyncHTTPTransport(retries=0)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._transport.aclose()
+
+    async def fetch(self, url: str) -> bytes:
+        """The bytes at ``url``; a :class:`~gateway.errors.ClientError` when refused or unavailable."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._follow(url)
+        except TimeoutError as exc:
+            raise RemoteImageUnavailable(
+                f"fetching the image took longer than {self.timeout_s:g} s", param="input"
+            ) from exc
+
+    async def _follow(self, url: str) -> bytes:
+        current = self.check_url(url)
+        for _ in range(self.max_redirects + 1):
+            address = await self._checked_address(current)
+            response = await self._get(current, address)
+            try:
+                if response.status_code in _REDIRECTS:
+                    location = response.headers.get("location")
+                    if not location:
+                        raise RemoteImageUnavailable("the image URL redirected nowhere", param="input")
+                    current = self.check_url(str(current.join(location)))
+                    continue
+                if response.status_code != 200:
+                    raise RemoteImageUnavailable(
+                        f"the image URL answered HTTP {response.status_code}", param="input"
+                    )
+                return await self._read_capped(response)
+            finally:
+                await response.aclose()
+        raise RemoteImageUnavailable(
+            f"the image URL redirected more than {self.max_redirects} times", param="input"
+        )
+
+    def check_url(self, url: str) -> httpx.URL:
+        """The parsed URL if its scheme and host may be fetched (addresses are checked when fetching)."""
+        try:
+            parsed = httpx.URL(url)
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise RemoteImageRefused("the image URL is not a valid URL", param="input") from exc
+        if parsed.scheme not in ("http", "https"):
+            raise RemoteImageRefused(
+                f"only http and https image URLs are fetched, not {parsed.scheme!r}", param="input"
+            )
+        if parsed.userinfo:
+            raise RemoteImageRefused("image URLs with a user name or password are refused", param="input")
+        host = parsed.raw_host.decode("ascii", "replace")  # IDNA (punycode) form, as the allowlist is written
+        if not host or not host_allowed(host, self.allowlist):
+            raise RemoteImageRefused(f"the host {host[:100]!r} is not on the image allowlist", param="input")
+        return parsed
+
+    async def _checked_address(self, url: httpx.URL) -> str:
+        """The address to connect to, once every address of the host has been found public."""
+        host = url.raw_host.decode("ascii")
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            addresses = [ipaddress.ip_address(host)]
+        except ValueError:
+            try:
+                resolved = await self._resolve(host, port)
+            except OSError as exc:
+                raise RemoteImageUnavailable(
+                    f"the image host {host!r} does not resolve", param="input"
+                ) from exc
+            addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in resolved]
+        if not addresses:
+            raise RemoteImageUnavailable(f"the image host {host!r} has no address", param="input")
+        for address in addresses:
+            why = forbidden_address(address)
+            if why is not None:
+                raise RemoteImageRefused(f"the image host {host!r} resolves to {why}; refused", param="input")
+        return str(addresses[0])
+
+    async def _get(self, url: httpx.URL, address: str) -> httpx.Response:
+        host = url.raw_host.decode("ascii")
+        request = httpx.Request(
+            "GET",
+            url.copy_with(host=address),
+            headers={
+                "Host": url.netloc.decode("ascii"),
+                "Accept": "image/jpeg, image/png, image/webp",
+                "Accept-Encoding": "identity",
+                "User-Agent": "modgate-image-fetcher",
+            },
+            extensions={
+                "sni_hostname": host,  # TLS is verified against the name, though we dial the address
+                "timeout": {
+                    "connect": self.timeout_s,
+                    "read": self.timeout_s,
+                    "write": self.timeout_s,
+                    "pool": self.timeout_s,
+                },
+            },
+        )
+        try:
+            response = await self._transport.handle_async_request(request)
+        except httpx.TransportError as exc:
+            raise RemoteImageUnavailable(
+                f"the image URL could not be fetched ({type(exc).__name__})", param="input"
+            ) from exc
+        response.request = request
+        return response
+
+    async def _read_capped(self, response: httpx.Response) -> bytes:
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise RemoteImageUnavailable(f"the image was sent {encoding}-compressed; refused", param="input")
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            raise RemoteImageTooLarge(
+                f"the remote image is {int(declared):,} bytes, over the {self.max_bytes:,}-byte limit",
+                param="input",
+            )
+        body = bytearray()
+        try:
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if len(body) > self.max_bytes:
+                    raise RemoteImageTooLarge(
+                        f"the remote image is over the {self.max_bytes:,}-byte limit", param="input"
+                    )
+        except httpx.TransportError as exc:
+            raise RemoteImageUnavailable(
+                f"the image download broke off ({type(exc).__name__})", param="input"
+            ) from exc
+        return bytes(body)

@@ -1,0 +1,36 @@
+"""The gateway end to end against the real vLLM: the official client gets a well-formed verdict."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from deploy.keyframes import make_keyframe
+from tests.support import GatewayFactory, image_input
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.mark.parametrize("thinking", ["on", "off"])
+def test_a_keyframe_through_the_gateway_to_real_vllm_gets_a_well_formed_result(
+    real_engine_url: str, start_gateway: GatewayFactory, thinking: str
+) -> None:
+    gateway = start_gateway(engine_url=real_engine_url)
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        response = client.moderations.create(
+            model="modgate-moderation",
+            input=image_input(make_keyframe("block:violence", 640, 360, seed=9)),
+            extra_headers={"X-Modgate-Thinking": thinking},
+        )
+    (result,) = response.results
+    details = result.model_extra["modgate"]
+    # Random weights: any action is a correct answer, as long as it is one of the three and says why when
+    # the output could not be used.
+    assert details["action"] in ("allow", "review", "block")
+    if details["action"] == "review":
+        assert details["reason"]
+    assert details["thinking"] == thinking
+    assert details["prompt_tokens"] > details["image_tokens"] > 0
+    assert details["ttft_ms"] is not None
+    assert (details["reasoning_tokens"] > 0) == (thinking == "on")
+    assert isinstance(result.flagged, bool)

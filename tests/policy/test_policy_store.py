@@ -1,0 +1,195 @@
+"""Policy stores: versions, audit, history and rollback in memory and in a real Redis; replicas in step."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from bench.servers import free_port
+from gateway.errors import Conflict, NotFound, StateUnavailable
+from gateway.policy import PolicyStore, ThinkingPolicy
+from gateway.policy_store import MemoryPolicyStore, RedisPolicyStore
+
+PREFIX = "modgate:thinking-policy"
+StoreFactory = Callable[[], Awaitable[RedisPolicyStore]]
+
+
+@pytest.fixture
+async def open_redis_store(redis_url: str) -> AsyncIterator[StoreFactory]:
+    """Start Redis-backed stores (each one a replica) on the test database; stopped after the test."""
+    stores: list[RedisPolicyStore] = []
+
+    async def open_store() -> RedisPolicyStore:
+        store = RedisPolicyStore(redis_url, key_prefix=PREFIX, reload_interval_s=30.0)
+        await store.start()
+        stores.append(store)
+        return store
+
+    yield open_store
+    for store in stores:
+        await store.stop()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> PolicyStore:
+    """Each behaviour both stores share, run against each."""
+    if request.param == "memory":
+        return MemoryPolicyStore()
+    factory: StoreFactory = request.getfixturevalue("open_redis_store")
+    return await factory()
+
+
+async def eventually(condition: Callable[[], Any], timeout_s: float = 1.0) -> None:
+    """Poll ``condition`` until it holds; fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s:g} s")
+        await asyncio.sleep(0.01)
+
+
+async def test_a_flip_installs_the_next_version_and_audits_who_why_and_what(store: PolicyStore) -> None:
+    update = await store.replace(ThinkingPolicy(default_mode="off"), "alice (admin:1234)", "queue too long")
+    assert update.changed
+    assert store.current().version == update.policy.version == 2
+    assert store.current().default_mode == "off"
+    assert (store.current().updated_by, store.current().reason) == ("alice (admin:1234)", "queue too long")
+    entry = (await store.audit(10))[0]
+    assert (entry.actor, entry.action, entry.reason) == ("alice (admin:1234)", "set", "queue too long")
+    assert (entry.old_version, entry.new_version) == (1, 2)
+    assert entry.new_hash == store.current().content_hash() != entry.old_hash
+    assert entry.changes == {"default_mode": {"old": "on", "new": "off"}}
+
+
+async def test_a_flip_that_changes_nothing_makes_no_version(store: PolicyStore) -> None:
+    update = await store.replace(ThinkingPolicy(), "alice", "same as before")
+    assert not update.changed
+    assert store.current().version == 1
+    assert all(entry.action != "set" for entry in await store.audit(10))
+
+
+async def test_a_flip_made_from_a_stale_version_is_refused_and_changes_nothing(store: PolicyStore) -> None:
+    await store.replace(ThinkingPolicy(default_mode="off"), "alice", "first", expected_version=1)
+    with pytest.raises(Conflict) as refused:
+        await store.replace(ThinkingPolicy(shadow_share=0.2), "bob", "second", expected_version=1)
+    assert refused.value.status == 409
+    assert (store.current().version, store.current().shadow_share) == (2, 0.0)
+
+
+async def test_a_rollback_restores_an_earlier_content_as_a_new_version(store: PolicyStore) -> None:
+    await store.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
+    await store.replace(ThinkingPolicy(default_mode="off", shadow_share=0.1), "alice", "measure")
+    update = await store.rollback(None, "bob", "undo the shadow share")
+    assert (update.policy.version, update.policy.default_mode, update.policy.shadow_share) == (4, "off", 0.0)
+    assert (await store.audit(1))[0].action == "rollback"
+    back_to_first = await store.rollback(1, "bob", "all the way back")
+    assert (back_to_first.policy.version, back_to_first.policy.default_mode) == (5, "on")
+
+
+async def test_a_rollback_to_a_version_that_does_not_exist_is_a_404(store: PolicyStore) -> None:
+    with pytest.raises(NotFound):
+        await store.rollback(None, "bob", "nothing before version 1")
+    await store.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
+    with pytest.raises(NotFound):
+        await store.rollback(7, "bob", "a version from the future")
+
+
+async def test_the_history_lists_documents_newest_first(store: PolicyStore) -> None:
+    for share in (0.1, 0.2):
+        await store.replace(ThinkingPolicy(shadow_share=share), "alice", f"share {share}")
+    history = await store.history(10)
+    assert [(doc.version, doc.shadow_share) for doc in history] == [(3, 0.2), (2, 0.1), (1, 0.0)]
+    assert [doc.version for doc in await store.history(2)] == [3, 2]
+
+
+async def test_a_flip_through_one_replica_reaches_the_other_through_pub_sub(open_redis_store: StoreFactory) -> None:
+    first, second = await open_redis_store(), await open_redis_store()
+    await first.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
+    # The periodic reload is 30 s away: only the published message can make this in time.
+    await eventually(lambda: second.current().version == 2 and second.current().default_mode == "off")
+
+
+async def test_concurrent_flips_from_the_same_version_cannot_both_win(open_redis_store: StoreFactory) -> None:
+    first, second = await open_redis_store(), await open_redis_store()
+    outcomes = await asyncio.gather(
+        first.replace(ThinkingPolicy(default_mode="off"), "alice", "from one", expected_version=1),
+        second.replace(ThinkingPolicy(shadow_share=0.3), "bob", "from two", expected_version=1),
+        return_exceptions=True,
+    )
+    assert sorted(type(outcome).__name__ for outcome in outcomes) == ["Conflict", "PolicyUpdate"]
+    assert [entry.new_version for entry in await first.audit(10) if entry.action == "set"] == [2]
+
+
+async def test_concurrent_flips_without_a_version_both_land_one_after_the_other(
+    open_redis_store: StoreFactory,
+) -> None:
+    first, second = await open_redis_store(), await open_redis_store()
+    updates = await asyncio.gather(*(
+        replica.replace(ThinkingPolicy(shadow_share=share), who, "race")
+        for replica, share, who in ((first, 0.1, "alice"), (second, 0.2, "bob"), (first, 0.3, "carol"))
+    ))
+    assert sorted(update.policy.version for update in updates) == [2, 3, 4]
+    audited = [(entry.old_version, entry.new_version) for entry in await first.audit(10) if entry.action == "set"]
+    assert audited == [(3, 4), (2, 3), (1, 2)]
+
+
+async def test_a_replica_started_later_takes_the_shared_document(open_redis_store: StoreFactory) -> None:
+    first = await open_redis_store()
+    await first.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
+    late = await open_redis_store()
+    assert (late.current().version, late.current().default_mode) == (2, "off")
+
+
+async def test_redis_that_lost_its_data_is_reseeded_with_the_last_known_policy(
+    open_redis_store: StoreFactory, redis_url: str
+) -> None:
+    replica = await open_redis_store()
+    await replica.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        await client.flushdb()  # what a restart without persistence looks like
+        await replica.sync()
+        assert await client.hget(PREFIX, "version") == "2"
+        assert ThinkingPolicy.model_validate_json(await client.hget(PREFIX, "document") or "").default_mode == "off"
+        (seed,) = [entry for entry in await replica.audit(10)]
+        assert (seed.action, seed.new_version) == ("seed", 2)
+    finally:
+        await client.aclose()
+
+
+async def test_an_unreadable_shared_document_leaves_the_policy_in_force(
+    open_redis_store: StoreFactory, redis_url: str
+) -> None:
+    replica = await open_redis_store()
+    await replica.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        await client.hset(PREFIX, mapping={"version": 3, "document": '{"default_mode": "sometimes"}'})
+        await replica.sync()
+        assert (replica.current().version, replica.current().default_mode) == (2, "off")
+        update = await replica.replace(ThinkingPolicy(default_mode="on"), "alice", "repair it")
+        assert update.policy.version == 4  # past the unreadable version 3: versions only go up
+    finally:
+        await client.aclose()
+
+
+async def test_a_store_whose_redis_is_unreachable_serves_the_default_and_refuses_flips() -> None:
+    replica = RedisPolicyStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
+    await replica.start()
+    try:
+        assert (replica.current().version, replica.current().default_mode) == (1, "on")
+        status = replica.status()
+        assert not status.available and "unreachable" in (status.detail or "")
+        with pytest.raises(StateUnavailable) as refused:
+            await replica.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
+        assert refused.value.status == 503 and refused.value.code == "policy_store_unavailable"
+        assert replica.current().default_mode == "on"
+        with pytest.raises(StateUnavailable):
+            await replica.audit(10)
+    finally:
+        await replica.stop()

@@ -1,0 +1,67 @@
+"""``modgate cache plan`` on the simulator: what the prefix cache can ever reuse, and the fill that makes it."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from gateway.cli import app
+from tests.support import SimFactory
+
+runner = CliRunner()
+
+
+def test_on_the_spark_preset_no_request_can_hit_and_the_fill_is_named() -> None:
+    result = runner.invoke(app, ["cache", "plan"])
+    assert result.exit_code == 0, result.output
+    assert "prefix-cache block 2,960 tokens" in result.output
+    assert "< block 2,960: no request can hit" in result.output
+    assert "fill the shared prefix with" in result.output
+    assert "from the cache         0 tokens per request" in result.output
+
+
+def test_the_fill_makes_every_later_request_with_its_own_keyframe_hit_a_whole_block() -> None:
+    result = runner.invoke(app, ["cache", "plan", "--fill", "--verify", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert [call["cached_tokens"] for call in report["verified"]] == [0, 0, 0]
+    filled = [call["cached_tokens"] for call in report["verified_filled"]]
+    assert filled == [0, 2960, 2960]  # the first request computes the block; every later one reuses it
+    assert report["filled_plan"]["cacheable_tokens"] == 2960
+    assert report["filled"]["shared_tokens"] >= 2960
+    after = report["verified_filled"][1]["prompt_tokens"] - 2960
+    assert after < report["verified"][1]["prompt_tokens"]  # fewer tokens computed per keyframe
+
+
+def test_packing_divides_the_prompt_among_the_frames(start_sim: SimFactory) -> None:
+    engine = start_sim("spark")
+    one = json.loads(runner.invoke(app, ["cache", "plan", "--engine-url", engine.url, "--json"]).output)
+    four = json.loads(runner.invoke(
+        app, ["cache", "plan", "--engine-url", engine.url, "--frames-per-request", "4", "--json"]
+    ).output)
+    per_frame_one = one["plan"]["shape"]["prompt_tokens"]
+    per_frame_four = four["plan"]["shape"]["prompt_tokens"] / 4
+    assert per_frame_four < per_frame_one
+    assert four["plan"]["shape"]["shared_prefix_tokens"] == one["plan"]["shape"]["shared_prefix_tokens"]
+
+
+def test_the_engines_block_size_can_be_overridden(start_sim: SimFactory) -> None:
+    engine = start_sim("instant")  # block 16
+    result = runner.invoke(app, ["cache", "plan", "--engine-url", engine.url, "--block-size", "128", "--json"])
+    report = json.loads(result.output)
+    assert report["block_size"] == 128
+    shared = report["plan"]["shape"]["shared_prefix_tokens"]
+    assert report["plan"]["cacheable_tokens"] == shared // 128 * 128
+
+
+def test_a_malformed_frame_size_is_refused() -> None:
+    result = runner.invoke(app, ["cache", "plan", "--frame", "1280by720"])
+    assert result.exit_code == 2
+    assert "1280x720" in result.output
+
+
+def test_an_engine_that_does_not_answer_fails_with_a_message() -> None:
+    result = runner.invoke(app, ["cache", "plan", "--engine-url", "http://127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert "cache plan failed" in result.output

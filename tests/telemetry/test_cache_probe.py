@@ -1,0 +1,76 @@
+"""``modgate cache probe``: per-request cached_tokens, counter deltas and a diagnosis, against simulators
+with the Spark's 2,960-token block, a 512-token block (identical requests hit, production cannot) and a
+16-token block (the shared prefix hits)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from typer.testing import CliRunner
+
+from gateway.cache_probe import max_reusable_tokens, probe_engine
+from gateway.cli import app
+from tests.support import SimFactory
+
+
+def probe_output(*args: str) -> str:
+    result = CliRunner().invoke(app, ["cache", "probe", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_the_sparks_block_is_diagnosed_as_one_the_cache_cannot_hit(start_sim: SimFactory) -> None:
+    sim = start_sim("spark", time_scale=0.0)
+    output = probe_output("--engine-url", sim.url)
+    assert "KV block: 2,960 tokens (vllm:cache_config_info)" in output
+    assert re.search(r"block 2,960 > request 1,\d{3} tokens: the prefix cache cannot hit", output), output
+    assert re.search(r"block 2,960 > shared prefix \d{3} tokens", output), output
+    assert re.search(r"production-shaped\s+1,\d{3}\s+0\n", output), output
+
+
+def test_a_block_between_the_shared_prefix_and_the_request_hits_only_for_identical_requests(
+    start_sim: SimFactory,
+) -> None:
+    sim = start_sim("instant", block_size=512)
+    result = CliRunner().invoke(app, ["cache", "probe", "--engine-url", sim.url, "--json", "--repeats", "3"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    first, *again = report["repeated"]
+    assert first["cached_tokens"] == 0
+    assert [call["cached_tokens"] for call in again] == [1024, 1024]
+    assert report["production"]["cached_tokens"] == 0
+    assert report["counter_hits"] == 2048
+    assert report["counter_queries"] == 4 * report["production"]["prompt_tokens"]
+    assert report["diagnosis"][0].startswith("the repeated probe reused 1,024 of")
+    assert report["diagnosis"][1].startswith("block 512 > shared prefix")
+
+
+async def test_a_small_block_lets_production_requests_reuse_the_shared_prefix(start_sim: SimFactory) -> None:
+    sim = start_sim("instant")  # 16-token blocks
+    report = await probe_engine(sim.url, seed=3)
+    assert report.block_size == 16 and report.block_size_from == "engine"
+    assert report.shared_prefix_tokens is not None
+    assert report.production.cached_tokens >= max_reusable_tokens(
+        report.production.prompt_tokens, 16, report.shared_prefix_tokens
+    ) > 0
+    assert any("the shared prefix hits" in line for line in report.diagnosis)
+
+
+async def test_a_block_size_given_by_flag_wins_over_the_engines(start_sim: SimFactory) -> None:
+    sim = start_sim("instant")
+    report = await probe_engine(sim.url, block_size=4096, seed=3)
+    assert report.block_size == 4096 and report.block_size_from == "flag"
+
+
+def test_the_most_a_request_can_reuse_is_whole_blocks_before_its_last_token() -> None:
+    assert max_reusable_tokens(1076, 2960) == 0
+    assert max_reusable_tokens(271, 128) == 256  # the real CPU vLLM's figure (engine/README.md)
+    assert max_reusable_tokens(257, 128) == 256 and max_reusable_tokens(256, 128) == 128
+    assert max_reusable_tokens(1076, 128, shared_tokens=416) == 384
+
+
+def test_an_unreachable_engine_is_reported_without_a_traceback() -> None:
+    result = CliRunner().invoke(app, ["cache", "probe", "--engine-url", "http://127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert "cache probe failed" in result.output
