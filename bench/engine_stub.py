@@ -55,15 +55,15 @@ async def _read_body(receive: Receive) -> bytes:
 async def _record(app: ASGIApp, scope: Scope, body: bytes) -> Recorded:
     """Run one request through the simulator and keep its whole response."""
     delivered = False
-    never = asyncio.Event()  # the simulator may listen for a disconnect while it streams: none comes
+    finished = asyncio.Event()  # a server says "disconnect" once the response is out; Litestar waits for it
 
     async def receive() -> Message:
         nonlocal delivered
         if not delivered:
             delivered = True
             return {"type": "http.request", "body": body, "more_body": False}
-        await never.wait()
-        return {"type": "http.disconnect"}  # pragma: no cover - never reached
+        await finished.wait()
+        return {"type": "http.disconnect"}
 
     status = 500
     headers: list[tuple[bytes, bytes]] = []
@@ -76,6 +76,8 @@ async def _record(app: ASGIApp, scope: Scope, body: bytes) -> Recorded:
             headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() not in _FRAMING]
         elif message["type"] == "http.response.body":
             parts.append(message.get("body", b""))
+            if not message.get("more_body"):
+                finished.set()
 
     await app(scope, receive, send)
     return Recorded(status, headers, b"".join(parts))

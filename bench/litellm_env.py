@@ -59,8 +59,12 @@ def ensure_litellm(version: str = LITELLM_VERSION) -> Path:
     return executable
 
 
-def proxy_config(engine_url: str, model: str) -> dict[str, object]:
-    """One model on an OpenAI-compatible backend; nothing on that costs per request beyond the proxying."""
+def proxy_config(engine_url: str, model: str, master_key: str) -> dict[str, object]:
+    """One model on an OpenAI-compatible backend; nothing on that costs per request beyond the proxying.
+
+    A master key is required (LiteLLM refuses to start without one); callers send it as their bearer key,
+    as modgate's callers send theirs.
+    """
     return {
         "model_list": [
             {
@@ -77,7 +81,7 @@ def proxy_config(engine_url: str, model: str) -> dict[str, object]:
             "set_verbose": False,
             "request_timeout": 60,
         },
-        "general_settings": {"disable_spend_logs": True},
+        "general_settings": {"master_key": master_key, "disable_spend_logs": True},
     }
 
 
@@ -93,14 +97,14 @@ def proxy_environment() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def litellm_proxy(engine_url: str, model: str, workers: int = 1) -> Iterator[str]:
+def litellm_proxy(engine_url: str, model: str, master_key: str, workers: int = 1) -> Iterator[str]:
     """LiteLLM's proxy in a process of its own, in front of ``engine_url``; yields its URL."""
     executable = ensure_litellm()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="modgate-litellm-") as tmp:
         config = Path(tmp) / "config.yaml"
-        config.write_text(yaml.safe_dump(proxy_config(engine_url, model)))
+        config.write_text(yaml.safe_dump(proxy_config(engine_url, model, master_key)))
         args = [str(executable), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
         if workers > 1:
             args += ["--num_workers", str(workers)]

@@ -28,6 +28,7 @@ import base64
 import contextlib
 import json
 import os
+import secrets
 import statistics
 import sys
 import time
@@ -37,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvloop
 
+from bench.keepalive import KeepAliveConnection, encode_request
 from bench.litellm_env import LITELLM_VERSION, SERVED_NAME, litellm_proxy
 from bench.servers import free_port, gateway, process, simulator
 from deploy.keyframes import make_keyframe
@@ -49,6 +52,9 @@ from shaping.tokens import TokenGrid
 
 ARMS = ("engine", "modgate", "litellm")
 MODEL = PRESETS["instant"].model
+# Both gateways check a bearer key, as in production (LiteLLM will not start without its master key).
+MODGATE_KEY = "bench-" + secrets.token_hex(16)
+LITELLM_KEY = "sk-bench-" + secrets.token_hex(16)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -75,24 +81,44 @@ class ArmRun:
         }
 
 
-async def closed_loop(call: Callable[[], Awaitable[bool]], requests: int, concurrency: int, run: ArmRun) -> None:
-    """``requests`` calls made by ``concurrency`` clients back to back, added to ``run``."""
+async def closed_loop(arm: Arm, requests: int, concurrency: int, run: ArmRun) -> None:
+    """``requests`` calls made by ``concurrency`` clients back to back (one connection each), added to ``run``."""
     remaining = requests
 
-    async def client() -> None:
+    async def client(connection: KeepAliveConnection) -> None:
         nonlocal remaining
         while remaining > 0:
             remaining -= 1
             started = time.perf_counter()
-            ok = await call()
-            if ok:
+            reply = await connection.request(arm.request)
+            if reply.status == 200:
                 run.latencies.append(time.perf_counter() - started)
             else:
                 run.errors += 1
 
     started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
+    await asyncio.gather(*(client(connection) for connection in arm.connections(concurrency)))
     run.elapsed_s += time.perf_counter() - started
+
+
+@dataclass
+class Arm:
+    """One way to get a keyframe judged: where to post, the request bytes, and the clients' connections."""
+
+    url: str
+    request: bytes
+    pool: list[KeepAliveConnection] = field(default_factory=list)
+
+    def connections(self, concurrency: int) -> list[KeepAliveConnection]:
+        """``concurrency`` connections, kept from one round to the next."""
+        while len(self.pool) < concurrency:
+            self.pool.append(KeepAliveConnection(self.url))
+        return self.pool[:concurrency]
+
+    async def close(self) -> None:
+        """Close every connection."""
+        await asyncio.gather(*(connection.close() for connection in self.pool))
+        self.pool.clear()
 
 
 def shaped_frame(width: int, height: int) -> ShapedImage:
@@ -153,46 +179,38 @@ def gateway_environment(max_concurrency: int, extra: dict[str, str]) -> dict[str
         "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",
         "MODGATE_MAX_INFLIGHT": str(max(8, max_concurrency)),
         "MODGATE_ADMISSION__QUEUE_SIZE": str(max(256, 4 * max_concurrency)),
+        "MODGATE_API_KEYS": f"{MODGATE_KEY}:bench",
         **extra,
     }
 
 
-def _calls(http: httpx.AsyncClient, urls: dict[str, str], bodies: Requests) -> dict[str, Callable[[], Awaitable[bool]]]:
-    engine_body = json.dumps(bodies.chat).encode()
-    litellm_body = json.dumps({**bodies.chat, "model": SERVED_NAME}).encode()
-    moderation_body = json.dumps(bodies.moderation).encode()
-    json_type = {"Content-Type": "application/json"}
-
-    def poster(url: str, body: bytes, headers: dict[str, str]) -> Callable[[], Awaitable[bool]]:
-        async def call() -> bool:
-            response = await http.post(url, content=body, headers=headers)
-            return response.status_code == 200
-
-        return call
-
-    calls: dict[str, Callable[[], Awaitable[bool]]] = {}
-    if "engine" in urls:
-        calls["engine"] = poster(f"{urls['engine']}/v1/chat/completions", engine_body, json_type)
-    if "modgate" in urls:
-        calls["modgate"] = poster(f"{urls['modgate']}/v1/moderations", moderation_body,
-                                  {**json_type, "X-Modgate-Thinking": "off"})
-    if "litellm" in urls:
-        calls["litellm"] = poster(f"{urls['litellm']}/v1/chat/completions", litellm_body,
-                                  {**json_type, "Authorization": "Bearer none"})
-    return calls
+def arms_for(urls: dict[str, str], bodies: Requests) -> dict[str, Arm]:
+    """The arms to time, with their request bytes encoded once."""
+    arms: dict[str, Arm] = {}
+    for name, base in urls.items():
+        if name == "engine":
+            url, body, headers = f"{base}/v1/chat/completions", bodies.chat, {}
+        elif name.startswith("modgate"):
+            url, body = f"{base}/v1/moderations", bodies.moderation
+            headers = {"X-Modgate-Thinking": "off", "Authorization": f"Bearer {MODGATE_KEY}"}
+        else:
+            url, body = f"{base}/v1/chat/completions", {**bodies.chat, "model": SERVED_NAME}
+            headers = {"Authorization": f"Bearer {LITELLM_KEY}"}
+        arms[name] = Arm(url, encode_request(url, json.dumps(body).encode(), headers))
+    return arms
 
 
 async def check_answers(http: httpx.AsyncClient, urls: dict[str, str], bodies: Requests) -> None:
     """Each arm gives a real answer before it is timed (a fast error is not a fast gateway)."""
     for arm, url in urls.items():
-        if arm == "modgate":
+        if arm.startswith("modgate"):
             response = await http.post(f"{url}/v1/moderations", json=bodies.moderation,
-                                       headers={"X-Modgate-Thinking": "off"})
+                                       headers={"X-Modgate-Thinking": "off", "Authorization": f"Bearer {MODGATE_KEY}"})
             ok = response.status_code == 200 and response.json()["results"][0]["modgate"]["action"] == "allow"
         else:
             body = bodies.chat if arm == "engine" else {**bodies.chat, "model": SERVED_NAME}
             response = await http.post(f"{url}/v1/chat/completions", json=body,
-                                       headers={"Authorization": "Bearer none"})
+                                       headers={"Authorization": f"Bearer {LITELLM_KEY}"})
             ok = response.status_code == 200 and "[DONE]" in response.text and '"stop"' in response.text
         if not ok:
             raise RuntimeError(f"{arm} did not answer the keyframe: {response.status_code} {response.text[:300]}")
@@ -201,22 +219,21 @@ async def check_answers(http: httpx.AsyncClient, urls: dict[str, str], bodies: R
 async def measure(urls: dict[str, str], bodies: Requests, requests: int, concurrencies: list[int],
                   rounds: int) -> dict[int, dict[str, ArmRun]]:
     """Every arm at every concurrency, in interleaved rounds."""
-    results: dict[int, dict[str, ArmRun]] = {}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+    async with httpx.AsyncClient(timeout=120) as http:
         await check_answers(http, urls, bodies)
-        calls = _calls(http, urls, bodies)
-        arms = list(calls)
-        for concurrency in concurrencies:
-            runs = {arm: ArmRun() for arm in arms}
-            for arm in arms:  # warm every pool and code path at this concurrency
-                await closed_loop(calls[arm], 2 * concurrency, concurrency, ArmRun())
-            per_round = max(concurrency, requests // rounds)
-            for round_no in range(rounds):
-                order = arms[round_no % len(arms):] + arms[: round_no % len(arms)]
-                for arm in order:
-                    await closed_loop(calls[arm], per_round, concurrency, runs[arm])
-            results[concurrency] = runs
+    arms = arms_for(urls, bodies)
+    names = list(arms)
+    results: dict[int, dict[str, ArmRun]] = {}
+    for concurrency in concurrencies:
+        runs = {name: ArmRun() for name in names}
+        for name in names:  # warm every connection and code path at this concurrency
+            await closed_loop(arms[name], 2 * concurrency, concurrency, ArmRun())
+        per_round = max(concurrency, requests // rounds)
+        for round_no in range(rounds):
+            for name in names[round_no % len(names):] + names[: round_no % len(names)]:
+                await closed_loop(arms[name], per_round, concurrency, runs[name])
+        results[concurrency] = runs
+    await asyncio.gather(*(arm.close() for arm in arms.values()))
     return results
 
 
@@ -244,13 +261,13 @@ def summarize(results: dict[int, dict[str, ArmRun]]) -> dict[str, Any]:
 
 def print_table(table: dict[str, Any]) -> None:
     """One row per concurrency and arm, then the modgate-to-LiteLLM ratios."""
-    print(f"{'clients':>7}  {'arm':<8}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'added p50':>11}{'added p99':>11}")
+    print(f"{'clients':>7}  {'arm':<16}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'added p50':>11}{'added p99':>11}")
     for concurrency, entry in table.items():
         for arm, row in entry["arms"].items():
             added = (f"{row['added_p50_ms']:>11.2f}{row['added_p99_ms']:>11.2f}" if "added_p50_ms" in row
                      else f"{'-':>11}{'-':>11}")
             errors = f"   {row['errors']:.0f} errors" if row["errors"] else ""
-            print(f"{concurrency:>7}  {arm:<8}{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['rps']:>9.1f}"
+            print(f"{concurrency:>7}  {arm:<16}{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['rps']:>9.1f}"
                   f"{added}{errors}")
         ratios = entry["modgate_over_litellm"]
         if ratios:
@@ -281,9 +298,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             urls["modgate"] = stack.enter_context(
                 gateway(engine_url, **gateway_environment(max(args.concurrency), extra_env))
             )
+        for label, *settings in args.variant:  # modgate again, with other settings, as arms of their own
+            urls[f"modgate:{label}"] = stack.enter_context(gateway(engine_url, **gateway_environment(
+                max(args.concurrency), {**extra_env, **dict(item.split("=", 1) for item in settings)}
+            )))
         if "litellm" in args.arms:
-            urls["litellm"] = stack.enter_context(litellm_proxy(engine_url, MODEL, args.litellm_workers))
-        results = asyncio.run(measure(urls, bodies, args.requests, args.concurrency, args.rounds))
+            urls["litellm"] = stack.enter_context(litellm_proxy(engine_url, MODEL, LITELLM_KEY, args.litellm_workers))
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the load generator as lean as can be
+            results = runner.run(measure(urls, bodies, args.requests, args.concurrency, args.rounds))
         stub_info = httpx.get(f"{engine_url}/stub/info").json() if args.engine == "stub" else None
     return {
         "setup": {
@@ -318,6 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--litellm-workers", type=int, default=1)
     parser.add_argument("--gateway-env", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra MODGATE_* settings for the gateway under test")
+    parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="LABEL KEY=VALUE",
+                        help="another modgate arm with these settings, e.g. --variant granian MODGATE_SERVER=granian")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     report = run(args)

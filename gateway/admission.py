@@ -13,7 +13,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -25,6 +25,11 @@ class _Waiter:
     priority: int
     order: int
     future: asyncio.Future[None] = field(compare=False)
+
+
+def _granted(future: asyncio.Future[None]) -> bool:
+    """Whether a waiter was handed a slot (not refused with :meth:`AdmissionQueue.fail_waiters`)."""
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +64,7 @@ class AdmissionQueue:
     def retry_after_s(self) -> int:
         """A fair guess at when a slot frees for a newcomer."""
         backlog = self.queued + 1
-        return max(1, math.ceil(self._service_ewma_s * backlog / self.max_inflight))
+        return max(1, math.ceil(self._service_ewma_s * backlog / max(1, self.max_inflight)))
 
     def _take(self) -> None:
         self.inflight += 1
@@ -83,7 +88,7 @@ class AdmissionQueue:
             async with asyncio.timeout(timeout_s if timeout_s is not None else self.queue_timeout_s):
                 await waiter.future
         except TimeoutError:
-            if waiter.future.done() and not waiter.future.cancelled():
+            if _granted(waiter.future):
                 self.release(0.0)  # the slot was handed over just as the deadline passed: give it back
             raise Overloaded(
                 f"no engine slot freed within {timeout_s or self.queue_timeout_s:g} s",
@@ -91,7 +96,7 @@ class AdmissionQueue:
                 code="queue_timeout",
             ) from None
         except asyncio.CancelledError:
-            if waiter.future.done() and not waiter.future.cancelled():
+            if _granted(waiter.future):
                 self.release(0.0)
             else:
                 waiter.future.cancel()
@@ -110,12 +115,31 @@ class AdmissionQueue:
         if held_s > 0:
             self._service_ewma_s = 0.9 * self._service_ewma_s + 0.1 * held_s
         self.inflight -= 1
-        while self._waiters:
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give free slots to the best waiters."""
+        while self._waiters and self.inflight < self.max_inflight:
             waiter = heapq.heappop(self._waiters)
             if not waiter.future.done():
                 self._take()
                 waiter.future.set_result(None)
-                return
+
+    def resize(self, max_inflight: int) -> None:
+        """Change the number of slots (an engine pool's engines going down and coming back).
+
+        New room goes to waiters at once; fewer slots than in flight just means no hand-over until enough
+        calls finish.
+        """
+        self.max_inflight = max_inflight
+        self._hand_over()
+
+    def fail_waiters(self, error: Callable[[], Exception]) -> None:
+        """Wake every waiter with ``error()`` (no slot can free: every engine is down)."""
+        while self._waiters:
+            waiter = heapq.heappop(self._waiters)
+            if not waiter.future.done():
+                waiter.future.set_exception(error())
 
     @asynccontextmanager
     async def slot(self, priority: int = 0, timeout_s: float | None = None) -> AsyncIterator[Admission]:

@@ -14,7 +14,7 @@ from litestar.openapi import OpenAPIConfig
 
 from gateway.auth import KeyRing
 from gateway.error_handlers import EXCEPTION_HANDLERS
-from gateway.routes import admin, jobs, moderations, ops, videos
+from gateway.routes import admin, console, jobs, moderations, ops, videos
 from gateway.services import Services, open_services
 from gateway.settings import Settings
 
@@ -42,7 +42,9 @@ def create_app(settings: Settings | None = None, engine_transport: httpx.AsyncBa
         return services
 
     return Litestar(
-        route_handlers=[*moderations.ROUTES, *videos.ROUTES, *jobs.ROUTES, *ops.ROUTES, *admin.ROUTES],
+        route_handlers=[
+            *moderations.ROUTES, *videos.ROUTES, *jobs.ROUTES, *ops.ROUTES, *admin.ROUTES, *console.ROUTES,
+        ],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,

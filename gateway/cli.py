@@ -6,7 +6,7 @@ import base64
 import json
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,9 @@ from gateway.policy_cli import policy_app
 from gateway.prefix_cli import plan as cache_plan
 from gateway.stats_cli import stats
 from quality.cli import quality_app
+
+if TYPE_CHECKING:
+    from litestar import Litestar
 
 app = typer.Typer(help="modgate: a moderation gateway in front of a vision-language model on vLLM.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -44,10 +47,29 @@ def _sample_body_file(url: str) -> Path:
     return path
 
 
+def served_app() -> Litestar:
+    """The app as a worker process builds it (several workers, or granian): settings from the environment."""
+    from gateway.app import create_app
+    from gateway.settings import Settings
+    from gateway.tracing import configure_logging
+
+    settings = Settings()
+    configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
+    return create_app(settings)
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on (default MODGATE_HOST or 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default MODGATE_PORT or 8080).")] = None,
+    server: Annotated[str, typer.Option(
+        envvar="MODGATE_SERVER", help="ASGI server: uvicorn or granian."
+    )] = "uvicorn",
+    workers: Annotated[int, typer.Option(
+        envvar="MODGATE_WORKERS", min=1,
+        help="Worker processes. Each keeps its own in-flight cap and, without MODGATE_REDIS_URL, its own "
+             "policy, keys, jobs and verdict cache: more than 1 needs Redis.",
+    )] = 1,
 ) -> None:
     """Serve the gateway; with MODGATE_ENGINE_URL unset it starts the simulated engine itself."""
     import uvicorn
@@ -56,11 +78,19 @@ def serve(
     from gateway.settings import Settings
     from gateway.tracing import configure_logging
 
+    if server not in ("uvicorn", "granian"):
+        raise typer.BadParameter(f"unknown server {server!r}; choose uvicorn or granian",
+                                 param_hint="--server")
     try:
         settings = Settings()
     except ValueError as exc:
         typer.secho(f"invalid settings: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
+    if workers > 1 and not settings.redis_url:
+        typer.secho("--workers above 1 needs MODGATE_REDIS_URL: without it every worker process would keep "
+                    "its own thinking policy, keys, jobs and verdict cache, and a policy flip would reach "
+                    "only one.", fg="red", err=True)
+        raise typer.Exit(2)
     settings = settings.model_copy(update={"host": host or settings.host, "port": port or settings.port})
     configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
     url = f"http://{settings.host}:{settings.port}"
@@ -70,8 +100,24 @@ def serve(
     typer.echo(f"engine: {settings.engine_url or 'built-in simulator (spark preset)'}; "
                f"state: {settings.redis_url or 'in memory'}")
     typer.echo(f"try: curl -s {url}/v1/moderations -H 'Content-Type: application/json'{auth} -d @{sample}")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, loop="uvloop", http="httptools")
+    if workers > 1:
+        typer.secho(f"{workers} workers: each admits up to MODGATE_MAX_INFLIGHT={settings.max_inflight} "
+                    f"engine requests, {workers * settings.max_inflight} in all; lower it to keep the "
+                    "engine's cap.", fg="yellow", err=True)
+    if server == "granian":
+        from granian import Granian
+        from granian.constants import Interfaces, Loops
+        from granian.log import LogLevels
+
+        Granian("gateway.cli:served_app", address=settings.host, port=settings.port,
+                interface=Interfaces.ASGI, workers=workers, loop=Loops.uvloop, factory=True,
+                log_level=LogLevels(settings.log_level), log_access=False).serve()
+        return
+    # JSON logs: uvicorn keeps no handlers of its own, so its lines reach the JSON formatter too.
+    log_config = None if settings.telemetry.json_logs else uvicorn.config.LOGGING_CONFIG
+    target: Litestar | str = create_app(settings) if workers == 1 else "gateway.cli:served_app"
+    uvicorn.run(target, host=settings.host, port=settings.port, log_level=settings.log_level, workers=workers,
+                factory=workers > 1, access_log=False, loop="uvloop", http="httptools", log_config=log_config)
 
 
 @app.command("engine-sim")

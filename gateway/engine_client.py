@@ -8,6 +8,7 @@ exception tree here, at the boundary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -285,5 +286,12 @@ class EngineClient:
                     state.first_token_at = time.monotonic()
                 if choice.get("finish_reason"):
                     state.finish_reason = choice["finish_reason"]
+        if state.done:
+            # Read past [DONE] to the end of the body (the chunked terminator follows it): a response closed
+            # unread is a connection closed, and the pool would open a new one for every engine request.
+            with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                async with asyncio.timeout(1.0):
+                    async for _ in lines:
+                        pass
         if not state.done or state.finish_reason is None:
             raise UpstreamError("the engine's stream ended before the answer was complete")

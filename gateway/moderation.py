@@ -16,6 +16,7 @@ from opentelemetry import trace
 from gateway.admission import AdmissionQueue
 from gateway.auth import Caller
 from gateway.engine_client import EngineAnswer, EngineClient, Usage
+from gateway.engine_pool import EnginePool
 from gateway.errors import (
     ClientError,
     InvalidRequest,
@@ -96,11 +97,14 @@ class ModerationService:
         recorder: RequestRecorder | None = None,
         remote_images: RemoteImageFetcher | None = None,
         verdicts: VerdictCache | None = None,
+        engines: EnginePool | None = None,
     ) -> None:
         self.settings = settings
         self.remote_images = remote_images  # None: only data: URLs (MODGATE_REMOTE_IMAGES__ENABLED off)
         self.engine = engine
         self.admission = admission
+        # Every engine behind the shared queue; without a pool given, ``engine`` alone with ``admission``.
+        self.engines = engines or EnginePool.of_one(engine, admission)
         self.policies = policies
         self.load = QueueLoad(lambda: admission.queued)  # the load rule's signal and hysteresis (per replica)
         self.metrics = metrics
@@ -126,7 +130,7 @@ class ModerationService:
     async def engine_model(self) -> str:
         """The engine's model id, asked once (``MODGATE_ENGINE__MODEL=auto``)."""
         if self.model_id is None:
-            models = await self.engine.model_ids()
+            models = await self.engines.any_up().model_ids()
             if not models:
                 raise InvalidRequest("the engine serves no model")
             self.model_id = models[0]
@@ -202,7 +206,7 @@ class ModerationService:
             latency_s = time.monotonic() - started
             self.metrics.e2e.observe(latency_s)
             results.append(self._result(outcome, frame, latency_s, shaping_s if frame else 0.0))
-            self.recorder.record(results[-1].modgate)
+            self.recorder.record(results[-1].modgate, request_id)
         self.metrics.requests.labels("moderations", "ok").inc()
         return ModerationResponse(id=request_id, model=request.model or self.settings.model_name, results=results)
 
@@ -236,22 +240,26 @@ class ModerationService:
             RequestOptions(
                 model=await self.engine_model(),
                 enable_thinking=decision.mode == "on",
-                max_completion_tokens=decision.max_completion_tokens,
+                # the policy's cap is per keyframe: K packed frames need K answers (and K times the thought)
+                max_completion_tokens=decision.max_completion_tokens * max(1, len(frames)),
                 constraint=self.settings.engine.verdict_constraint,
                 stream=True,
                 priority=context.priority if self.settings.engine.use_priority else None,
-                thinking_token_budget=decision.thinking_token_budget,
+                thinking_token_budget=(
+                    None if decision.thinking_token_budget is None
+                    else decision.thinking_token_budget * max(1, len(frames))
+                ),
             ),
         )
         prediction = await self._predict_prompt_tokens(frames, user_text, decision.mode == "on")
         queued_at = time.time_ns()  # span times are wall-clock nanoseconds
         try:
-            async with self.admission.slot(priority=context.priority) as admission:
+            async with self.engines.slot(priority=context.priority) as admission:
                 self.tracer.start_span("queue", start_time=queued_at).end()
                 self.metrics.queue_wait.observe(admission.queue_seconds)
                 self.load.observe_queue_wait(admission.queue_seconds)
                 with self.tracer.start_as_current_span("engine") as engine_span:
-                    answer = await self.engine.chat(body, request_id)
+                    answer = await admission.chat(body, request_id)
                     usage = answer.usage
                     engine_span.set_attributes(engine_span_attributes(
                         request_id, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
@@ -332,7 +340,8 @@ class ModerationService:
                 try:
                     for _ in range(3):  # the image overhead is measured after the scaffold it is relative to
                         for measurement in accountant.pending(enable_thinking, user_text, frames):
-                            accountant.record(measurement, await self.engine.tokenize(measurement.body))
+                            counted = await self.engines.any_up().tokenize(measurement.body)
+                            accountant.record(measurement, counted)
                 except (ModgateError, KeyError, ValueError, TypeError) as exc:
                     self._accounting_paused_until = time.monotonic() + 60.0
                     log.warning("token prediction paused for 60 s: engine /tokenize failed: %s", exc)

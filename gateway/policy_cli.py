@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -35,6 +36,19 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the gateway's JSON i
 Reason = Annotated[str, typer.Option("--reason", help="Why: kept in the audit trail (required).")]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """YAML with 1.2 booleans (true/false only): ``default_mode: off`` stays the string "off"."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def _console() -> Console:
@@ -95,13 +109,18 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _when(value: Any) -> str:
+    """An ISO timestamp from the gateway, to the second (UTC)."""
+    return "—" if not value else f"{str(value)[:19].replace('T', ' ')} UTC"
+
+
 def _print_policy(doc: dict[str, Any]) -> None:
     console = _console()
     store = doc.get("store") or {}
     state = "available" if store.get("available") else f"[red]UNAVAILABLE[/red] ({store.get('detail')})"
     console.print(f"thinking policy [bold]version {doc['version']}[/bold]  hash {doc['content_hash']}  "
                   f"store {store.get('backend')} {state}")
-    console.print(f"changed {doc.get('updated_at') or '—'} by {doc.get('updated_by') or '—'}: "
+    console.print(f"changed {_when(doc.get('updated_at'))} by {doc.get('updated_by') or '—'}: "
                   f"{doc.get('reason') or '—'}")
     table = Table("setting", "value", show_header=False, box=None, pad_edge=False)
     for name in ("default_mode", "allow_caller_choice", "max_completion_tokens_on",
@@ -150,10 +169,12 @@ def _read_fields(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         _fail(f"cannot read {path}: {exc}", code=2)
+    is_yaml = path.suffix in (".yaml", ".yml")
     try:
-        fields = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+        # A SafeLoader subclass: it builds plain values only, like yaml.safe_load.
+        fields = yaml.load(text, Loader=_Yaml12Loader) if is_yaml else json.loads(text)  # noqa: S506
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        _fail(f"{path} is not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {exc}", code=2)
+        _fail(f"{path} is not valid {'YAML' if is_yaml else 'JSON'}: {exc}", code=2)
     if not isinstance(fields, dict):
         _fail(f"{path} must hold an object of policy fields", code=2)
     return fields
@@ -196,7 +217,8 @@ def set_policy(
     file: Annotated[Path | None, typer.Option(
         "--file", "-f", help="JSON or YAML object of policy fields, applied over the policy in force.")
     ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing.")
+                       ] = False,
     url: Url = DEFAULT_URL,
     token: Token = None,
     operator: Operator = None,
@@ -277,13 +299,13 @@ def history(
     if as_json:
         typer.echo(json.dumps(answer["data"], indent=2, ensure_ascii=False))
         return
-    table = Table("version", "changed at", "by", "default", "caller choice", "rules", "load rule", "hash",
-                  "reason")
+    table = Table("version", "changed at (UTC)", "by", "default", "rules", "load rule", "hash", "reason")
     for doc in answer["data"]:
         load_rule = "on" if (doc.get("load") or {}).get("enabled") else "off"
-        table.add_row(str(doc["version"]), _cell(doc.get("updated_at"))[:19], _cell(doc.get("updated_by")),
-                      doc["default_mode"], _cell(doc["allow_caller_choice"]), str(len(doc.get("rules") or [])),
-                      load_rule, doc["content_hash"], _cell(doc.get("reason")))
+        rules = str(len(doc.get("rules") or []))
+        changed_at = _when(doc.get("updated_at")).removesuffix(" UTC")
+        table.add_row(str(doc["version"]), changed_at, _cell(doc.get("updated_by")), doc["default_mode"],
+                      rules, load_rule, doc["content_hash"], _cell(doc.get("reason")))
     _console().print(table)
 
 
@@ -299,7 +321,7 @@ def audit(
     if as_json:
         typer.echo(json.dumps(answer["data"], indent=2, ensure_ascii=False))
         return
-    table = Table("at", "who", "action", "version", "reason", "changes")
+    table = Table("at (UTC)", "who", "action", "version", "reason", "changes")
     for raw in answer["data"]:
         entry = AuditEntry.model_validate(raw)
         versions = f"{_cell(entry.old_version)} → {entry.new_version}"

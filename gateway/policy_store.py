@@ -194,6 +194,7 @@ class RedisPolicyStore:
         self._last_sync_at: datetime | None = None
         self._detail: str | None = "not started"
         self._follower: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def current(self) -> ThinkingPolicy:
         """The last document this replica read (or wrote): serving never waits on Redis."""
@@ -217,6 +218,9 @@ class RedisPolicyStore:
 
     async def stop(self) -> None:
         """Stop following and close the connections."""
+        # The flag as well as the cancel: Python 3.11's asyncio.timeout (inside redis-py) can turn a cancel
+        # that lands as its deadline passes into a TimeoutError, which the follower would take for Redis down.
+        self._stopping = True
         if self._follower is not None:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -263,24 +267,26 @@ class RedisPolicyStore:
     async def _follow(self) -> None:
         """Apply flips published on the channel; re-read periodically; reconnect while Redis is away."""
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._stopping:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self._channel)
                 await self.sync()  # catch up on whatever changed while we were not subscribed
                 next_reload = loop.time() + self._reload_interval_s
-                while True:
+                while not self._stopping:
                     wait_s = min(1.0, max(0.0, next_reload - loop.time()))
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait_s)
                     if message is not None or loop.time() >= next_reload:
                         await self.sync()
                         next_reload = loop.time() + self._reload_interval_s
             except _REDIS_DOWN as exc:
-                self._mark_down(exc)
+                if not self._stopping:
+                    self._mark_down(exc)
             finally:
                 with contextlib.suppress(*_REDIS_DOWN):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-            await asyncio.sleep(self._reconnect_interval_s)
+            if not self._stopping:
+                await asyncio.sleep(self._reconnect_interval_s)
 
     def _parse(self, document: str | bytes | None) -> ThinkingPolicy | None:
         if document is None:

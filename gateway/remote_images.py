@@ -241,7 +241,7 @@ class RemoteImageFetcher:
             )
         body = bytearray()
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_bytes():  # identity only (checked above): the raw bytes
                 body += chunk
                 if len(body) > self.max_bytes:
                     raise RemoteImageTooLarge(

@@ -19,6 +19,7 @@ from gateway.auth import KeyRing
 from gateway.circuit import CircuitBreaker
 from gateway.embedded import ThreadedServer
 from gateway.engine_client import EngineClient
+from gateway.engine_pool import EnginePool, build_engine_pool
 from gateway.jobs import JobService, JobStore, MemoryJobStore, RedisJobStore, WebhookSender
 from gateway.keys_store import RedisKeyStore
 from gateway.moderation import ModerationService
@@ -52,6 +53,7 @@ class Services:
     engine_cache: EngineCacheScraper  # the engine's prefix-cache counters, differenced between scrapes
     circuit: CircuitBreaker  # the engine's circuit breaker
     jobs: JobService  # keyframe batches worked in the background (durable with Redis)
+    engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
 
 
 def _start_simulator(settings: Settings) -> ThreadedServer:
@@ -146,23 +148,16 @@ async def open_services(
     simulator: ThreadedServer | None = None
     executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
     if engine_transport is not None:
-        engine_url = "http://engine.test"
+        engine_urls = ["http://engine.test"]
     elif settings.engine_url:
-        engine_url = settings.engine_url
+        engine_urls = settings.engine_urls()
     else:
         simulator = await asyncio.to_thread(_start_simulator, settings)
-        engine_url = simulator.url
-    circuit = CircuitBreaker(engine_url, **settings.circuit.model_dump())
-    engine = EngineClient(
-        engine_url,
-        connect_timeout_s=settings.engine.connect_timeout_s,
-        first_token_timeout_s=settings.engine.first_token_timeout_s,
-        total_timeout_s=settings.engine.total_timeout_s,
-        connect_retries=settings.engine.connect_retries,
-        max_connections=settings.max_inflight * 2,
-        transport=engine_transport,
-        circuit=circuit,
-    )
+        engine_urls = [simulator.url]
+    engine_url = engine_urls[0]
+    # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine_pool.py).
+    engines = build_engine_pool(settings, engine_urls, engine_transport)
+    engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
     # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
     state = None if not settings.redis_url else aioredis.Redis.from_url(
         settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
@@ -170,7 +165,6 @@ async def open_services(
     if state is not None and settings.api_keys_from_redis:
         keys.store = RedisKeyStore(state)
     remote_images = _remote_images(settings)
-    admission = AdmissionQueue(settings.max_inflight, settings.admission.queue_size, settings.admission.queue_timeout_s)
     policies = _policy_store(settings)
     metrics = GatewayMetrics()
     telemetry = build_telemetry(settings.telemetry)
@@ -181,6 +175,7 @@ async def open_services(
         on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
     )
     metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
+    engines.register_metrics(metrics.registry)
     moderation = ModerationService(
         settings=settings,
         engine=engine,
@@ -193,15 +188,17 @@ async def open_services(
         recorder=RequestRecorder(metrics, recent, telemetry.instruments),
         remote_images=remote_images,
         verdicts=_verdict_cache(settings, state),
+        engines=engines,
     )
     jobs = _job_service(settings, state, moderation, executor, remote_images)
     await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
     try:
+        engines.start()
         engine_cache.start()
         jobs.start()
         yield Services(settings, keys, engine, admission, policies, metrics, moderation,
                        telemetry=telemetry, recent=recent, engine_cache=engine_cache,
-                       circuit=circuit, jobs=jobs)
+                       circuit=circuit, jobs=jobs, engines=engines)
     finally:
         await jobs.stop()
         if remote_images is not None:
@@ -210,7 +207,7 @@ async def open_services(
             await state.aclose()
         await engine_cache.stop()
         await policies.stop()
-        await engine.aclose()
+        await engines.aclose()  # every engine's connections, and this replica's leases given back
         executor.shutdown(wait=False, cancel_futures=True)
         if simulator is not None:
             await asyncio.to_thread(simulator.stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
@@ -168,6 +169,35 @@ class PolicySettings(BaseModel):
     audit_max_entries: int = Field(default=10000, ge=10)
 
 
+class ConsoleSettings(BaseModel):
+    """The operations page at ``/console`` (gateway/routes/console.py), signed in with the admin token."""
+
+    reports_dir: Path = Path("var/quality/reports")  # where `modgate quality report` writes its JSON
+    session_ttl_s: float = Field(default=8 * 3600, ge=60, le=7 * 86400)  # a sign-in lasts a working day
+    # Browsers keep a Secure cookie only from HTTPS (or localhost): turn off only behind plain HTTP on a
+    # network you trust, where the session cookie could otherwise be read off the wire.
+    cookie_secure: bool = True
+    poll_interval_s: float = Field(default=3.0, ge=1, le=60)  # how often the open page refreshes its panels
+    audit_rows: int = Field(default=15, ge=1, le=200)
+
+
+class LeaseSettings(BaseModel):
+    """Engine slots shared by gateway replicas in Redis (gateway/leases.py) when MODGATE_REDIS_URL is set."""
+
+    enabled: bool = True  # off: each replica keeps each engine's cap on its own (N replicas, N × the cap)
+    key_prefix: str = Field(default="modgate:engine-leases", min_length=1)
+    ttl_s: float = Field(default=10.0, gt=0)  # a crashed replica's slots free themselves within this
+    renew_every_s: float = Field(default=3.0, gt=0)
+    redis_timeout_s: float = Field(default=0.5, gt=0)
+    retry_after_failure_s: float = Field(default=5.0, gt=0)  # local caps only, this long after Redis failed
+
+    @model_validator(mode="after")
+    def _renewed_before_expiry(self) -> LeaseSettings:
+        if self.renew_every_s >= self.ttl_s:
+            raise ValueError("MODGATE_LEASES__RENEW_EVERY_S must be shorter than MODGATE_LEASES__TTL_S")
+        return self
+
+
 class SimulatorSettings(BaseModel):
     """The built-in simulated engine, started when no engine URL is set."""
 
@@ -182,7 +212,8 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
-    engine_url: str | None = None  # unset: the built-in simulated engine
+    engine_url: str | None = None  # unset: the built-in simulated engine; "http://a:8000,http://b:8000": two
+    engine_caps: str | None = None  # "http://a:8000=8,http://b:8000=4"; an engine not listed: max_inflight
     redis_url: str | None = None  # unset: in-memory state
     max_inflight: int = Field(default=8, ge=1, le=1024)
     api_keys: str | None = None  # "key1:tenant1,key2:tenant2"; unset: no key required (said loudly)
@@ -201,15 +232,54 @@ class Settings(BaseSettings):
     remote_images: RemoteImageSettings = RemoteImageSettings()
     jobs: JobSettings = JobSettings()
     policy: PolicySettings = PolicySettings()
+    console: ConsoleSettings = ConsoleSettings()
+    leases: LeaseSettings = LeaseSettings()
 
     @field_validator("engine_url")
     @classmethod
     def _engine_url_is_http(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"MODGATE_ENGINE_URL must start with http:// or https://, got {value!r}")
-        return value.rstrip("/")
+        urls = [url.strip().rstrip("/") for url in value.split(",") if url.strip()]
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"MODGATE_ENGINE_URL must start with http:// or https://, got {url!r}")
+        if len(set(urls)) != len(urls):
+            raise ValueError("MODGATE_ENGINE_URL lists an engine twice")
+        return ",".join(urls) or None
+
+    @field_validator("engine_caps")
+    @classmethod
+    def _engine_caps_well_formed(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        for item in value.split(","):
+            url, sep, cap = item.strip().rpartition("=")
+            if not sep or not url or not cap.strip().isdigit() or int(cap) < 1:
+                raise ValueError("MODGATE_ENGINE_CAPS must look like 'http://a:8000=8,http://b:8000=4'")
+        return value
+
+    @model_validator(mode="after")
+    def _caps_name_configured_engines(self) -> Settings:
+        unknown = set(self.engine_cap_map()) - set(self.engine_urls())
+        if unknown:
+            raise ValueError(f"MODGATE_ENGINE_CAPS names engines MODGATE_ENGINE_URL lacks: {sorted(unknown)}")
+        return self
+
+    def engine_urls(self) -> list[str]:
+        """The configured engines, in order (empty: the built-in simulated engine)."""
+        return self.engine_url.split(",") if self.engine_url else []
+
+    def engine_cap_map(self) -> dict[str, int]:
+        """Caps set in MODGATE_ENGINE_CAPS, by engine URL."""
+        if self.engine_caps is None:
+            return {}
+        pairs = (item.strip().rpartition("=") for item in self.engine_caps.split(","))
+        return {url.strip().rstrip("/"): int(cap) for url, _, cap in pairs}
+
+    def engine_cap(self, url: str) -> int:
+        """An engine's in-flight cap: its MODGATE_ENGINE_CAPS entry, else MODGATE_MAX_INFLIGHT."""
+        return self.engine_cap_map().get(url, self.max_inflight)
 
     @field_validator("api_keys")
     @classmethod

@@ -40,7 +40,7 @@ _HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
 class RequestSample:
     """One moderated keyframe: its timings in seconds and its token counts."""
 
-    request_id: str
+    request_id: str  # the id the caller got (``modr-…``)
     action: str
     thinking: str
     reused: str | None  # "exact" / "near" when the verdict came from the cache (no engine call)
@@ -56,11 +56,11 @@ class RequestSample:
     reasoning_tokens: int
 
     def latency(self, name: str) -> float | None:
-        """One of :data:`LATENCIES`, in seconds."""
+        """One of :data:`LATENCIES`, in seconds (None where it does not apply: reused ones never queued)."""
         return {
             "end_to_end": self.end_to_end_s,
             "ttft": self.ttft_s,
-            "queue_wait": self.queue_wait_s,
+            "queue_wait": self.queue_wait_s if self.reused is None else None,
             "shaping": self.shaping_s,
             "decode": self.decode_s,
         }[name]

@@ -143,10 +143,10 @@ class RequestRecorder:
         self.recent = recent
         self.instruments = instruments
 
-    def record(self, details: ModerationDetails) -> RequestSample:
-        """Record one result (the timings and tokens its ``modgate`` field carries)."""
+    def record(self, details: ModerationDetails, request_id: str) -> RequestSample:
+        """Record one result of request ``request_id``: the timings and tokens of its ``modgate`` field."""
         sample = RequestSample(
-            request_id=details.request_id,
+            request_id=request_id,
             action=details.action,
             thinking=details.thinking,
             reused=details.reused,
@@ -171,7 +171,8 @@ class RequestRecorder:
             details.request_id, details.action, details.thinking, details.latency_ms, details.ttft_ms,
             details.prompt_tokens, details.cached_tokens, details.completion_tokens,
             extra={
-                "request_id": details.request_id,
+                "request_id": request_id,
+                "engine_request_id": details.request_id,  # for a reused verdict: the call that made it
                 "outcome": "ok",
                 "action": details.action,
                 "thinking": details.thinking,

@@ -146,8 +146,11 @@ def engine_span_attributes(
     return attributes
 
 
-# LogRecord's own attributes: everything else on a record came from ``extra=`` and is logged as a field.
-_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+# LogRecord's own attributes: everything else on a record came from ``extra=`` and is logged as a field
+# (but uvicorn's "color_message", the message again with terminal colour codes).
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message", "asctime", "color_message",
+}
 # Never logged, whatever a caller passes: credentials and image payloads.
 _SECRET_FIELDS = frozenset({"authorization", "api_key", "key", "token", "admin_token", "image", "image_bytes",
                             "data_url", "url", "secret", "password"})

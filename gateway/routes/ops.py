@@ -21,14 +21,16 @@ async def healthz() -> dict[str, str]:
 
 @get("/readyz")
 async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]]:
-    """Ready only when the engine answers ``/health`` and its model is known."""
-    ready = await services.engine.healthy()
+    """Ready when at least one engine is up (answers ``/health``, circuit not open) and the model is known."""
+    engines = await services.engines.readiness()
+    ready = any(engine["up"] for engine in engines)
     if ready:
         try:
             await services.moderation.engine_model()
         except ModgateError:
             ready = False
-    body = {"status": "ready" if ready else "not ready", "engine": services.engine.base_url}
+    status = "ready" if ready else "not ready"
+    body = {"status": status, "engine": services.engine.base_url, "engines": engines}  # engine: the first
     return Response(body, status_code=200 if ready else 503)
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from litestar import Request, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody
+from litestar.params import FromPath, JSONBody
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import InvalidRequest
@@ -107,7 +107,7 @@ def video_verdict(frames: list[KeyframeResult]) -> VideoVerdict:
 @post("/v1/videos/{video_id:str}/keyframes", status_code=200, before_request=refuse_deep_json)
 async def moderate_keyframes(
     request: Request[Any, Any, Any],
-    video_id: str,
+    video_id: FromPath[str],
     data: JSONBody[KeyframeBatchRequest],
     services: NamedDependency[Services],
 ) -> KeyframeBatchResponse:

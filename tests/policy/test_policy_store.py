@@ -36,12 +36,15 @@ async def open_redis_store(redis_url: str) -> AsyncIterator[StoreFactory]:
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> PolicyStore:
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[PolicyStore]:
     """Each behaviour both stores share, run against each."""
     if request.param == "memory":
-        return MemoryPolicyStore()
-    factory: StoreFactory = request.getfixturevalue("open_redis_store")
-    return await factory()
+        yield MemoryPolicyStore()
+        return
+    redis_store = RedisPolicyStore(request.getfixturevalue("redis_url"), key_prefix=PREFIX)
+    await redis_store.start()
+    yield redis_store
+    await redis_store.stop()
 
 
 async def eventually(condition: Callable[[], Any], timeout_s: float = 1.0) -> None:
@@ -107,7 +110,9 @@ async def test_the_history_lists_documents_newest_first(store: PolicyStore) -> N
     assert [doc.version for doc in await store.history(2)] == [3, 2]
 
 
-async def test_a_flip_through_one_replica_reaches_the_other_through_pub_sub(open_redis_store: StoreFactory) -> None:
+async def test_a_flip_through_one_replica_reaches_the_other_through_pub_sub(
+    open_redis_store: StoreFactory,
+) -> None:
     first, second = await open_redis_store(), await open_redis_store()
     await first.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
     # The periodic reload is 30 s away: only the published message can make this in time.
@@ -134,7 +139,8 @@ async def test_concurrent_flips_without_a_version_both_land_one_after_the_other(
         for replica, share, who in ((first, 0.1, "alice"), (second, 0.2, "bob"), (first, 0.3, "carol"))
     ))
     assert sorted(update.policy.version for update in updates) == [2, 3, 4]
-    audited = [(entry.old_version, entry.new_version) for entry in await first.audit(10) if entry.action == "set"]
+    audited = [(entry.old_version, entry.new_version)
+               for entry in await first.audit(10) if entry.action == "set"]
     assert audited == [(3, 4), (2, 3), (1, 2)]
 
 
@@ -155,8 +161,9 @@ async def test_redis_that_lost_its_data_is_reseeded_with_the_last_known_policy(
         await client.flushdb()  # what a restart without persistence looks like
         await replica.sync()
         assert await client.hget(PREFIX, "version") == "2"
-        assert ThinkingPolicy.model_validate_json(await client.hget(PREFIX, "document") or "").default_mode == "off"
-        (seed,) = [entry for entry in await replica.audit(10)]
+        stored = ThinkingPolicy.model_validate_json(await client.hget(PREFIX, "document") or "")
+        assert stored.default_mode == "off"
+        (seed,) = list(await replica.audit(10))
         assert (seed.action, seed.new_version) == ("seed", 2)
     finally:
         await client.aclose()
@@ -184,10 +191,12 @@ async def test_a_store_whose_redis_is_unreachable_serves_the_default_and_refuses
     try:
         assert (replica.current().version, replica.current().default_mode) == (1, "on")
         status = replica.status()
-        assert not status.available and "unreachable" in (status.detail or "")
+        assert not status.available
+        assert "unreachable" in (status.detail or "")
         with pytest.raises(StateUnavailable) as refused:
             await replica.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
-        assert refused.value.status == 503 and refused.value.code == "policy_store_unavailable"
+        assert refused.value.status == 503
+        assert refused.value.code == "policy_store_unavailable"
         assert replica.current().default_mode == "on"
         with pytest.raises(StateUnavailable):
             await replica.audit(10)

@@ -1,4 +1,4 @@
-"""``modgate cache plan`` on the simulator: what the prefix cache can ever reuse, and the fill that makes it."""
+"""``modgate cache plan`` on the simulator: what the prefix cache can ever reuse, and the fill that hits."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_packing_divides_the_prompt_among_the_frames(start_sim: SimFactory) -> N
 
 def test_the_engines_block_size_can_be_overridden(start_sim: SimFactory) -> None:
     engine = start_sim("instant")  # block 16
-    result = runner.invoke(app, ["cache", "plan", "--engine-url", engine.url, "--block-size", "128", "--json"])
+    arguments = ["cache", "plan", "--engine-url", engine.url, "--block-size", "128", "--json"]
+    result = runner.invoke(app, arguments)
     report = json.loads(result.output)
     assert report["block_size"] == 128
     shared = report["plan"]["shape"]["shared_prefix_tokens"]

@@ -76,7 +76,9 @@ def test_packed_frames_share_the_prefix_cost() -> None:
 @given(
     shared=st.integers(0, 20_000), extra=st.integers(0, 20_000), block=st.integers(1, 4096)
 )
-def test_cacheable_tokens_are_whole_shared_blocks_short_of_the_last_token(shared: int, extra: int, block: int) -> None:
+def test_cacheable_tokens_are_whole_shared_blocks_short_of_the_last_token(
+    shared: int, extra: int, block: int
+) -> None:
     prompt = shared + extra
     cached = cacheable_tokens(shared, prompt, block)
     assert cached % block == 0
@@ -99,7 +101,8 @@ def test_the_block_boundary_is_the_next_whole_block() -> None:
 
 def test_the_guidance_file_is_policy_text_cut_only_after_clause_marks() -> None:
     lines = load_guidance()
-    assert lines and not any(line.startswith("#") for line in lines)
+    assert lines
+    assert not any(line.startswith("#") for line in lines)
     pieces = guidance_pieces(lines)
     assert join_pieces(pieces) == "\n".join(lines)
     ends = {piece[-1] for _, piece in pieces}
@@ -127,7 +130,8 @@ def test_the_filled_prompt_is_what_load_system_prompt_builds_from_the_guidance()
 def test_the_fill_reaches_the_next_boundary_with_the_least_guidance(block: int) -> None:
     search = fill_with(simulator_shared_prefix, block)[0]
     filled = search.result()
-    assert filled.shared_tokens >= filled.target_tokens == next_block_boundary(filled.base_shared_tokens, block)
+    assert filled.target_tokens == next_block_boundary(filled.base_shared_tokens, block)
+    assert filled.shared_tokens >= filled.target_tokens
     fewer = guidance_pieces(load_guidance())
     used = len(guidance_pieces(filled.guidance.split("\n")))
     if used:

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.servers import free_port, wait_until_ready
 
@@ -235,3 +236,12 @@ def error_body(response: httpx.Response) -> dict[str, Any]:
     assert body["error"]["message"]
     error: dict[str, Any] = body["error"]
     return error
+
+
+def engine_counter(metrics_text: str, name: str) -> float:
+    """A counter's value from Prometheus text."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in (name, f"{name}_total"):
+                return float(sample.value)
+    raise AssertionError(f"no {name} in the engine's metrics")

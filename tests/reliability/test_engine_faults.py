@@ -14,14 +14,13 @@ from typing import Any
 import httpx
 import pytest
 from litestar.testing import AsyncTestClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.servers import free_port, wait_until_ready
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
 from gateway.app import create_app
 from gateway.settings import Settings
-from tests.reliability.conftest import error_body, poll, poll_async
+from tests.reliability.conftest import engine_counter, error_body, poll, poll_async
 from tests.support import GatewayFactory, SimFactory, image_input
 
 BODY = {"input": image_input(make_keyframe("allow", 320, 180))}
@@ -261,15 +260,6 @@ async def test_the_engine_killed_mid_stream_fails_those_requests_cleanly_and_the
                 return (await client.post("/v1/moderations", json=BODY)).status_code == 200
 
             await poll_async(answered, 30, "the gateway to use the restarted engine")
-
-
-def engine_counter(metrics_text: str, name: str) -> float:
-    """A counter's value from Prometheus text."""
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if sample.name in (name, f"{name}_total"):
-                return float(sample.value)
-    raise AssertionError(f"no {name} in the engine's metrics")
 
 
 async def test_a_client_that_disconnects_cancels_its_engine_request(

@@ -49,7 +49,8 @@ def test_a_block_between_the_shared_prefix_and_the_request_hits_only_for_identic
 async def test_a_small_block_lets_production_requests_reuse_the_shared_prefix(start_sim: SimFactory) -> None:
     sim = start_sim("instant")  # 16-token blocks
     report = await probe_engine(sim.url, seed=3)
-    assert report.block_size == 16 and report.block_size_from == "engine"
+    assert report.block_size == 16
+    assert report.block_size_from == "engine"
     assert report.shared_prefix_tokens is not None
     assert report.production.cached_tokens >= max_reusable_tokens(
         report.production.prompt_tokens, 16, report.shared_prefix_tokens
@@ -60,13 +61,15 @@ async def test_a_small_block_lets_production_requests_reuse_the_shared_prefix(st
 async def test_a_block_size_given_by_flag_wins_over_the_engines(start_sim: SimFactory) -> None:
     sim = start_sim("instant")
     report = await probe_engine(sim.url, block_size=4096, seed=3)
-    assert report.block_size == 4096 and report.block_size_from == "flag"
+    assert report.block_size == 4096
+    assert report.block_size_from == "flag"
 
 
 def test_the_most_a_request_can_reuse_is_whole_blocks_before_its_last_token() -> None:
     assert max_reusable_tokens(1076, 2960) == 0
     assert max_reusable_tokens(271, 128) == 256  # the real CPU vLLM's figure (engine/README.md)
-    assert max_reusable_tokens(257, 128) == 256 and max_reusable_tokens(256, 128) == 128
+    assert max_reusable_tokens(257, 128) == 256
+    assert max_reusable_tokens(256, 128) == 128
     assert max_reusable_tokens(1076, 128, shared_tokens=416) == 384
 
 

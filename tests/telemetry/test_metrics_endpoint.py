@@ -83,17 +83,17 @@ def test_a_failed_request_is_counted_by_its_outcome(gateway: ThreadedServer) -> 
     assert 400 <= response.status_code < 500
     families = samples(gateway)
     failed = [s for s in families["modgate_requests"] if s.name == "modgate_requests_total" and s.value == 1]
-    assert [s.labels["outcome"] for s in failed] != ["ok"] and len(failed) == 1
+    assert [s.labels["outcome"] for s in failed] != ["ok"]
+    assert len(failed) == 1
 
 
 def test_stats_give_percentiles_throughput_thinking_share_and_windowed_cache_rates(
     start_gateway: GatewayFactory, start_sim: SimFactory
 ) -> None:
-    sim = start_sim("instant", block_size=128)
+    sim = start_sim("instant")  # 16-token blocks: the ~390-token prefix before each keyframe is reused
     gateway = start_gateway(engine_url=sim.url, telemetry={"engine_scrape_interval_s": 0.05})
-    frame = make_keyframe("review", seed=5)
-    for _ in range(4):  # the same keyframe: from the second call on, its full blocks come from the cache
-        assert moderate(gateway, frame).status_code == 200
+    for seed in range(4):
+        assert moderate(gateway, make_keyframe("review", seed=20 + seed)).status_code == 200
     document = stats_when(gateway, lambda d: (d["cache"]["engine_window_queries"] or 0) >= 4 * 1000)
     assert document["keyframes"] == 4
     assert document["keyframes_per_minute"] > 0
@@ -104,9 +104,9 @@ def test_stats_give_percentiles_throughput_thinking_share_and_windowed_cache_rat
         assert row["p50"] <= row["p95"] <= row["p99"], name
     assert document["latency_ms"]["ttft"]["p99"] <= document["latency_ms"]["end_to_end"]["p99"]
     cache = document["cache"]
-    assert cache["engine_block_size"] == 128
-    assert 0.5 < cache["gateway_cached_share"] < 1.0  # 3 of 4 calls reuse all full blocks
-    assert 0.5 < cache["engine_window_hit_rate"] < 1.0
+    assert cache["engine_block_size"] == 16
+    assert 0.2 < cache["gateway_cached_share"] < 0.5  # 3 of 4 calls reuse the shared prefix, ~36 % each
+    assert 0.2 < cache["engine_window_hit_rate"] < 0.5
     assert document["tokens"]["prompt"] > document["tokens"]["cached"] > 0
     assert (document["inflight"], document["queued"], document["thinking_default"]) == (0, 0, "on")
 

@@ -30,7 +30,8 @@ def sample(e2e_s: float = 1.0, *, prompt: int = 1000, cached: int = 0, thinking:
     return RequestSample(
         request_id="modr-x-0", action="allow", thinking=thinking, reused=reused, end_to_end_s=e2e_s,
         queue_wait_s=0.0, shaping_s=0.01, ttft_s=ttft_s, decode_s=None if ttft_s is None else e2e_s - ttft_s,
-        prompt_tokens=prompt, cached_tokens=cached, image_tokens=600, completion_tokens=90, reasoning_tokens=80,
+        prompt_tokens=prompt, cached_tokens=cached, image_tokens=600, completion_tokens=90,
+        reasoning_tokens=80,
     )
 
 
@@ -72,13 +73,16 @@ def test_thinking_share_and_token_sums_leave_out_reused_verdicts() -> None:
     summary = recent.summary()
     assert summary.thinking_share == 0.5
     assert summary.reused_share == pytest.approx(1 / 3)
-    assert summary.prompt_tokens == 2000 and summary.cached_tokens == 100
-    assert summary.latencies["ttft"].count == 2
+    assert summary.prompt_tokens == 2000
+    assert summary.cached_tokens == 100
+    assert summary.latencies["ttft"].count == summary.latencies["queue_wait"].count == 2  # reused: no engine
+    assert summary.latencies["end_to_end"].count == 3
 
 
 def test_an_empty_window_has_no_rates_rather_than_zero_rates() -> None:
     summary = RecentRequests(window_s=60, clock=FakeClock()).summary()
-    assert summary.cached_share is None and summary.thinking_share is None
+    assert summary.cached_share is None
+    assert summary.thinking_share is None
     assert summary.latencies["end_to_end"].p50 is None
 
 
@@ -91,7 +95,8 @@ def test_the_engine_rate_is_the_increase_between_scrapes_not_the_totals() -> Non
     rate = window.window_rate()
     assert (rate.hits, rate.queries) == (500, 10_000)
     assert rate.ratio == pytest.approx(0.05)
-    assert window.latest is not None and window.latest.since_start_ratio == pytest.approx(0.8227, abs=1e-3)
+    assert window.latest is not None
+    assert window.latest.since_start_ratio == pytest.approx(0.8227, abs=1e-3)
 
 
 def test_the_window_keeps_one_scrape_before_its_start_as_the_base() -> None:

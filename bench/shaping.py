@@ -1,0 +1,292 @@
+"""Request shaping against the engine's work per keyframe, on the simulator's Spark preset.
+
+For the seed's request shape (one 1280×720 keyframe per request, shaped to a 660-token budget = 1088×608 =
+646 image tokens, the canonical system prompt, thinking on) and each shaping option (token budget, packing
+K frames per request, the block-filling prefix, thinking off), it measures:
+
+- uncached prefill tokens per keyframe: ``prompt_tokens - cached_tokens`` from the engine's usage, / frames;
+- output tokens per keyframe: ``completion_tokens`` / frames;
+- keyframes per minute: a closed loop of ``--clients`` clients (twice the 8 engine slots, so the engine
+  never idles) for a measured window after a warm-up, scaled back from ``--time-scale`` to the Spark's pace;
+- shaping cost per keyframe: ``shape_image`` (median and p99 ms, one core) on photo-like 1280×720 and
+  1920×1080 JPEGs (q90) at the row's token budget.
+
+Engine requests are built by the gateway's own request builder (``shaping.prompt.build_chat_request``, the
+gateway's user texts and per-keyframe output caps) and sent straight to the simulator, so the figures are
+the engine's work without the gateway's CPU in the loop (it shares the machine's two cores). The simulator
+runs in a process of its own.
+
+    python -m bench.shaping [--time-scale 0.05] [--window-s 240] [--clients 16] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from bench.servers import simulator
+from deploy.keyframes import LABELS, make_keyframe
+from gateway.policy import ThinkingPolicy
+from gateway.prefix_cli import EngineTokens, fill_prefix
+from gateway.settings import ShapingSettings
+from gateway.verdict_cache import colour_thumbnail
+from shaping.image import ImageLimits, ShapedImage, shape_image
+from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request, load_system_prompt
+from shaping.tokens import TokenGrid
+
+MODEL = "qwen3-vl-moe-sim"
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One shaping configuration: a row of the table."""
+
+    name: str
+    budget: int = 660
+    packing: int = 1
+    fill: bool = False
+    thinking: bool = True
+
+
+OPTIONS = (
+    Option("seed (budget 660, K=1, no fill, thinking on)"),
+    Option("budget 330", budget=330),
+    Option("packing K=2", packing=2),
+    Option("packing K=4", packing=4),
+    Option("block-filling prefix", fill=True),
+    Option("thinking off", thinking=False),
+    Option("thinking off + budget 330", budget=330, thinking=False),
+    Option("thinking off + budget 160", budget=160, thinking=False),
+    Option("thinking off + K=4", packing=4, thinking=False),
+    Option("thinking off + fill", fill=True, thinking=False),
+    Option("thinking off + fill + K=4", packing=4, fill=True, thinking=False),
+    Option("thinking off + fill + budget 330", budget=330, fill=True, thinking=False),
+)
+
+
+@dataclass
+class Run:
+    """What one option's measured window saw."""
+
+    frames: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    unusable: int = 0
+    elapsed_s: float = 0.0
+    e2e_s: list[float] = field(default_factory=list)
+
+
+def keyframes(budget: int, count: int) -> list[ShapedImage]:
+    """Distinct 1280×720 keyframes (every label), shaped as the gateway shapes them at this budget."""
+    grid = TokenGrid(token_budget=budget)
+    return [
+        shape_image(make_keyframe(LABELS[i % len(LABELS)], 1280, 720, seed=1000 + i), ImageLimits(), grid)
+        for i in range(count)
+    ]
+
+
+def request_body(system: SystemPrompt, frames: list[ShapedImage], option: Option) -> dict[str, Any]:
+    """The engine request the gateway builds for these frames (output cap per keyframe, times K)."""
+    shaping, policy = ShapingSettings(), ThinkingPolicy()
+    k = len(frames)
+    text = shaping.user_text if k == 1 else shaping.packed_user_text.format(frames=k)
+    cap = policy.max_completion_tokens_on if option.thinking else policy.max_completion_tokens_off
+    options = RequestOptions(model=MODEL, enable_thinking=option.thinking, max_completion_tokens=cap * k,
+                             stream=False)
+    return build_chat_request(system, frames, text, options)
+
+
+async def closed_loop(
+    http: httpx.AsyncClient, next_body: Callable[[], dict[str, Any]], frames_per_body: int, clients: int,
+    warmup_s: float, window_s: float,
+) -> Run:
+    """``clients`` loops posting ``next_body()`` back to back; counts what completes inside the window."""
+    run = Run()
+    window_start = time.monotonic() + warmup_s
+    window_end = window_start + window_s
+
+    async def client() -> None:
+        while time.monotonic() < window_end:
+            body = next_body()
+            started = time.monotonic()
+            response = await http.post("/v1/chat/completions", json=body)
+            finished = time.monotonic()
+            response.raise_for_status()
+            if not window_start <= finished <= window_end:
+                continue
+            answer = response.json()
+            usage = answer["usage"]
+            run.requests += 1
+            run.frames += frames_per_body
+            run.prompt_tokens += usage["prompt_tokens"]
+            run.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            run.completion_tokens += usage["completion_tokens"]
+            run.unusable += answer["choices"][0]["finish_reason"] != "stop"
+            run.e2e_s.append(finished - started)
+
+    tasks = [asyncio.create_task(client()) for _ in range(clients)]
+    await asyncio.sleep(max(0.0, window_end - time.monotonic()))
+    for task in tasks:  # what is still in flight at the window's end is not counted: abort it
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    run.elapsed_s = window_s
+    return run
+
+
+def shaping_cost(budget: int, width: int, height: int, rounds: int) -> tuple[float, float]:
+    """Median and p99 ms of ``shape_image`` for photo-like JPEGs of this size (different frames in turn)."""
+    from bench.shaping_cost import photo_jpeg
+
+    sources = [photo_jpeg(width, height, noise=6.0, seed=seed) for seed in range(8)]
+    grid, limits = TokenGrid(token_budget=budget), ImageLimits()
+    for data in sources:
+        shape_image(data, limits, grid)  # warm-up
+    times = []
+    for i in range(rounds):
+        started = time.perf_counter()
+        shape_image(sources[i % len(sources)], limits, grid)
+        times.append((time.perf_counter() - started) * 1000)
+    times.sort()
+    return statistics.median(times), times[min(len(times) - 1, round(0.99 * len(times)) - 1)]
+
+
+@contextlib.contextmanager
+def engine(time_scale: float) -> Iterator[str]:
+    """The simulator (Spark preset) in a process of its own."""
+    with simulator("spark", time_scale) as url:
+        yield url
+
+
+Row = tuple[Option, Run, dict[str, tuple[float, float]]]
+
+
+async def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
+    """Every option on one simulator, one after the other; also answers the simulator's preset."""
+    scale = args.time_scale
+    frames_by_budget = {budget: keyframes(budget, 48) for budget in sorted({o.budget for o in OPTIONS})}
+    sizes = {"1280x720": (1280, 720), "1920x1080": (1920, 1080)}
+    costs = {
+        budget: {size: shaping_cost(budget, *dims, args.shaping_rounds) for size, dims in sizes.items()}
+        for budget in frames_by_budget
+    }
+    rows: list[Row] = []
+    with engine(scale) as url:
+        limits = httpx.Limits(max_connections=args.clients * 2, max_keepalive_connections=args.clients * 2)
+        async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+            preset = (await http.get("/sim/info")).json()["preset"]
+            plain = load_system_prompt()
+            filled_prefix = await fill_prefix(await EngineTokens.connect(http), plain, preset["block_size"])
+            filled = load_system_prompt(extra_guidance=filled_prefix.guidance)
+            for option in OPTIONS:
+                await http.post("/sim/reset_prefix_cache")  # every option starts cold and warms up
+                rng = random.Random(0)
+
+                def next_body(
+                    system: SystemPrompt = filled if option.fill else plain,
+                    frames: list[ShapedImage] = frames_by_budget[option.budget],
+                    option: Option = option,
+                    rng: random.Random = rng,
+                ) -> dict[str, Any]:
+                    # Frames drawn afresh for every request: no two requests share an image prefix, so only
+                    # the shared system prompt can come from the cache, as in production.
+                    return request_body(system, rng.sample(frames, option.packing), option)
+
+                run = await closed_loop(
+                    http, next_body, option.packing, args.clients,
+                    warmup_s=args.warmup_s * scale, window_s=args.window_s * scale,
+                )
+                rows.append((option, run, costs[option.budget]))
+                print(f"  measured: {option.name}", flush=True)
+    return rows, preset
+
+
+def table(rows: list[Row], scale: float, preset: dict[str, Any], markdown: bool) -> str:
+    """One table: engine work per keyframe, throughput (measured, and the simulator's cost model), shaping."""
+    head = ("option", "image tok", "uncached prefill tok/frame", "output tok/frame", "keyframes/min",
+            "model bound /min", "shaping 1280x720 p50/p99 ms", "shaping 1920x1080 p50/p99 ms")
+    lines = []
+    seed_rate = None
+    for option, run, cost in rows:
+        frames = max(1, run.frames)
+        uncached = (run.prompt_tokens - run.cached_tokens) / frames
+        output = run.completion_tokens / frames
+        rate = run.frames / (run.elapsed_s / scale) * 60
+        seed_rate = seed_rate or rate
+        # The simulator charges every step its prefill tokens at one rate and one token per running sequence
+        # at another: a keyframe costs uncached/prefill_rate + output/decode_rate seconds of engine time.
+        bound = 60 / (uncached / preset["prefill_tokens_per_s"] + output / preset["decode_tokens_per_s"])
+        truncated = f" [{run.unusable} truncated]" if run.unusable else ""
+        lines.append((
+            option.name,
+            f"{smart_tokens(option.budget)}",
+            f"{uncached:,.0f}",
+            f"{output:,.1f}",
+            f"{rate:,.1f} ({rate / seed_rate:.2f}x){truncated}",
+            f"{bound:,.0f}",
+            "{:.1f} / {:.1f}".format(*cost["1280x720"]),
+            "{:.1f} / {:.1f}".format(*cost["1920x1080"]),
+        ))
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(line) + " |" for line in lines]
+        return "\n".join(out)
+    widths = [max(len(head[i]), *(len(line[i]) for line in lines)) for i in range(len(head))]
+    fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    return "\n".join([fmt.format(*head), *(fmt.format(*line) for line in lines)])
+
+
+def smart_tokens(budget: int) -> int:
+    """Image tokens of a 1280×720 frame at this budget."""
+    from shaping.tokens import image_tokens
+
+    return image_tokens(1280, 720, TokenGrid(token_budget=budget))
+
+
+def thumbnail_ms(rounds: int = 50) -> float:
+    """Median ms of the verdict cache's colour thumbnail of a shaped 1088×608 frame."""
+    frame = shape_image(make_keyframe("allow", 1280, 720, seed=3), ImageLimits(), TokenGrid()).data
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        colour_thumbnail(frame)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    """Measure every option and print one table."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--time-scale", type=float, default=0.05, help="simulated durations × this")
+    parser.add_argument("--window-s", type=float, default=240.0, help="measured window, Spark seconds")
+    parser.add_argument("--warmup-s", type=float, default=40.0, help="warm-up before it, Spark seconds")
+    parser.add_argument("--clients", type=int, default=16, help="closed-loop clients (8 engine slots)")
+    parser.add_argument("--shaping-rounds", type=int, default=200, help="shape_image calls per size, budget")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    args = parser.parse_args()
+    print(f"simulator spark preset, time scale {args.time_scale:g} (figures scaled back to the Spark's "
+          f"pace); {args.clients} clients in a closed loop; {args.window_s:g} s window after "
+          f"{args.warmup_s:g} s warm-up")
+    rows, preset = asyncio.run(measure(args))
+    print()
+    print(table(rows, args.time_scale, preset, args.markdown))
+    print()
+    print(f"verdict-cache identity (colour thumbnail of a shaped 1088x608 frame): {thumbnail_ms():.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""Engine slots shared by every gateway replica: a lease-based semaphore per engine in Redis.
+
+Each engine has a sorted set ``<prefix>:<engine url>`` whose members are the slots held right now, scored
+by when their lease expires (Redis server time, in milliseconds, so replicas' clocks do not matter).
+
+- acquire: one Lua script drops expired members, then adds ours only if fewer than ``cap`` remain —
+  atomic, so two replicas can never both take the last slot;
+- release: ``ZREM``;
+- renewal: a background task pushes the expiry of every lease this replica holds ``ttl_s`` ahead again,
+  every ``renew_every_s`` seconds. A replica that dies (``kill -9``, a lost node) stops renewing, and its
+  slots free themselves within ``ttl_s``: nobody has to clean up after it.
+
+A lease found gone at renewal (this replica stalled for longer than ``ttl_s``, or Redis lost its data) is
+logged and dropped, not re-added: re-adding could push the engine past its cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import socket
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+log = logging.getLogger("modgate.leases")
+
+LEASE_STORE_DOWN = (RedisError, OSError, TimeoutError)
+"""What a call to an unreachable or failing Redis raises."""
+
+# KEYS[1] the engine's set; ARGV: cap, ttl in ms, our member. Returns 1 when the slot is ours.
+_ACQUIRE = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ttl)
+return 1
+"""
+
+# KEYS[1] the engine's set; ARGV: ttl in ms, then our members. Extends the members still there (never
+# re-adds an expired one) and returns the members that were gone.
+_RENEW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local lost = {}
+for i = 2, #ARGV do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i])
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+return lost
+"""
+
+# KEYS[1] the engine's set. Live members only.
+_COUNT = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
+def replica_name() -> str:
+    """This process's name in lease members: host, pid and a random tag (pids repeat across restarts)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class EngineLeases:
+    """Cross-replica engine slots in Redis; ``try_acquire`` never waits, the caller decides how to wait.
+
+    Every call raises one of :data:`LEASE_STORE_DOWN` when Redis cannot answer; what to do then (serve on
+    the local cap alone) is the engine pool's decision, not this class's.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        key_prefix: str = "modgate:engine-leases",
+        ttl_s: float = 10.0,
+        renew_every_s: float = 3.0,
+        replica: str | None = None,
+    ) -> None:
+        if not 0 < renew_every_s < ttl_s:
+            raise ValueError("leases must be renewed more often than they expire (0 < renew_every_s < ttl_s)")
+        self._redis = redis
+        self.key_prefix = key_prefix
+        self.ttl_s = ttl_s
+        self.renew_every_s = renew_every_s
+        self.replica = replica or replica_name()
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._renew = redis.register_script(_RENEW)
+        self._count = redis.register_script(_COUNT)
+        self._ids = itertools.count(1)
+        self._held: dict[str, set[str]] = {}  # engine key -> our members
+        self._renewer: asyncio.Task[None] | None = None
+        self.lost = 0  # leases found expired at renewal
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, timeout_s: float = 0.5, key_prefix: str = "modgate:engine-leases",
+        ttl_s: float = 10.0, renew_every_s: float = 3.0,
+    ) -> EngineLeases:
+        """Leases on their own Redis client: short timeouts and no retries, so a dead Redis costs little."""
+        redis = Redis.from_url(
+            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+        return cls(redis, key_prefix=key_prefix, ttl_s=ttl_s, renew_every_s=renew_every_s)
+
+    def key(self, engine: str) -> str:
+        """The sorted set of ``engine``'s slots (every replica must name the engine by the same URL)."""
+        return f"{self.key_prefix}:{engine}"
+
+    def held(self, engine: str) -> int:
+        """Leases this replica holds on ``engine``."""
+        return len(self._held.get(engine, ()))
+
+    async def try_acquire(self, engine: str, cap: int) -> str | None:
+        """A slot of ``engine`` if fewer than ``cap`` are held across replicas: its lease id, else None."""
+        member = f"{self.replica}/{next(self._ids)}"
+        taken = await self._acquire(keys=[self.key(engine)], args=[cap, round(self.ttl_s * 1000), member])
+        if not taken:
+            return None
+        self._held.setdefault(engine, set()).add(member)
+        return member
+
+    async def release(self, engine: str, lease: str) -> None:
+        """Give a slot back (stops its renewal first: if Redis is down now, the lease still expires)."""
+        self._held.get(engine, set()).discard(lease)
+        await self._redis.zrem(self.key(engine), lease)
+
+    async def count(self, engine: str) -> int:
+        """Slots of ``engine`` held by all replicas now."""
+        return int(await self._count(keys=[self.key(engine)]))
+
+    async def renew(self) -> None:
+        """Push every held lease's expiry ``ttl_s`` ahead; drop (and count) the ones that had expired."""
+        ttl_ms = round(self.ttl_s * 1000)
+        for engine, members in list(self._held.items()):
+            if not members:
+                continue
+            lost = await self._renew(keys=[self.key(engine)], args=[ttl_ms, *sorted(members)])
+            for member in lost:
+                members.discard(member)
+                self.lost += 1
+                log.error(
+                    "engine %s: lease %s expired before it was renewed (this replica stalled, or Redis lost"
+                    " it); its call runs on without a shared slot, so the engine may briefly exceed its cap",
+                    engine, member,
+                )
+
+    def start(self) -> None:
+        """Renew held leases every ``renew_every_s`` seconds in the background."""
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew_forever(), name="engine-lease-renewal")
+
+    async def _renew_forever(self) -> None:
+        failing = False
+        while True:
+            await asyncio.sleep(self.renew_every_s)
+            try:
+                await self.renew()
+            except LEASE_STORE_DOWN as exc:
+                if not failing:
+                    log.error("cannot renew engine leases in Redis (%s): they lapse in %g s", exc, self.ttl_s)
+                failing = True
+            else:
+                if failing:
+                    log.warning("engine leases renewed again")
+                failing = False
+
+    async def aclose(self) -> None:
+        """Stop renewing, give back what is still held (best effort) and close the client."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        with contextlib.suppress(*LEASE_STORE_DOWN):
+            for engine, members in self._held.items():
+                if members:
+                    await self._redis.zrem(self.key(engine), *members)
+        self._held.clear()
+        await self._redis.aclose()

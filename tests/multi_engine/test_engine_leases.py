@@ -1,0 +1,163 @@
+"""Engine slots shared by replicas in a real Redis: the cap across replicas, expiry, renewal, fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.admission import AdmissionQueue
+from gateway.circuit import CircuitBreaker
+from gateway.engine_client import EngineClient
+from gateway.engine_pool import EnginePool, EngineSlot
+from gateway.errors import Overloaded
+from gateway.leases import EngineLeases
+
+ENGINE = "http://engine-a.test"
+PREFIX = "test:engine-leases"
+
+
+async def poll(condition: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
+    """Await ``condition`` until it answers something truthy, or fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def replicas(redis_url: str) -> AsyncIterator[Callable[..., EngineLeases]]:
+    """``replicas(ttl_s=..., renew_every_s=...)``: lease holders on the test Redis, closed afterwards."""
+    made: list[EngineLeases] = []
+
+    def make(ttl_s: float = 10.0, renew_every_s: float = 3.0) -> EngineLeases:
+        leases = EngineLeases.from_url(redis_url, key_prefix=PREFIX, ttl_s=ttl_s, renew_every_s=renew_every_s)
+        made.append(leases)
+        return leases
+
+    yield make
+    for leases in made:
+        await leases.aclose()
+
+
+def pool_with(leases: EngineLeases | None, cap: int = 2) -> EnginePool:
+    client = EngineClient(ENGINE, connect_timeout_s=1, first_token_timeout_s=5, total_timeout_s=5,
+                          connect_retries=0, max_connections=4,
+                          transport=httpx.MockTransport(lambda request: httpx.Response(200)))
+    engine = EngineSlot(client, cap, CircuitBreaker(ENGINE))
+    return EnginePool([engine], AdmissionQueue(cap, 10, 5.0), leases)
+
+
+async def test_no_more_leases_than_the_cap_are_granted_across_replicas(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    one, two = replicas(), replicas()
+    granted = [await holder.try_acquire(ENGINE, 3) for holder in (one, two, one)]
+    assert all(granted)
+    assert await two.try_acquire(ENGINE, 3) is None
+    assert await one.try_acquire(ENGINE, 3) is None
+    assert await one.count(ENGINE) == 3
+    assert (one.held(ENGINE), two.held(ENGINE)) == (2, 1)
+
+
+async def test_concurrent_acquires_never_pass_the_cap(replicas: Callable[..., EngineLeases]) -> None:
+    holders = [replicas() for _ in range(4)]
+    granted = await asyncio.gather(*(h.try_acquire(ENGINE, 5) for h in holders for _ in range(10)))
+    assert sum(1 for lease in granted if lease) == 5
+
+
+async def test_a_released_lease_frees_its_slot_for_another_replica(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    one, two = replicas(), replicas()
+    lease = await one.try_acquire(ENGINE, 1)
+    assert lease is not None
+    assert await two.try_acquire(ENGINE, 1) is None
+    await one.release(ENGINE, lease)
+    assert await two.try_acquire(ENGINE, 1) is not None
+
+
+async def test_a_lease_nobody_renews_expires_and_frees_its_slot(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    crashed, survivor = replicas(ttl_s=0.3, renew_every_s=0.1), replicas()
+    assert await crashed.try_acquire(ENGINE, 1) is not None  # never renewed: its renewer was never started
+    assert await survivor.try_acquire(ENGINE, 1) is None
+    await poll(lambda: survivor.try_acquire(ENGINE, 1), 5, "the unrenewed lease to expire")
+
+
+async def test_renewal_pushes_the_expiry_ahead(replicas: Callable[..., EngineLeases], redis_url: str) -> None:
+    leases = replicas(ttl_s=5.0, renew_every_s=1.0)
+    lease = await leases.try_acquire(ENGINE, 1)
+    assert lease is not None
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        seconds, micros = await redis.time()
+        almost_lapsed = seconds * 1000 + micros // 1000 + 200  # the score is the expiry, in Redis epoch ms
+        await redis.zadd(leases.key(ENGINE), {lease: almost_lapsed})
+        await leases.renew()
+        renewed = await redis.zscore(leases.key(ENGINE), lease)
+    finally:
+        await redis.aclose()
+    assert renewed is not None
+    assert renewed >= almost_lapsed + 4000  # about ttl_s from now again
+    assert leases.lost == 0
+
+
+async def test_a_lease_that_lapsed_is_not_renewed_back(replicas: Callable[..., EngineLeases]) -> None:
+    stalled, other = replicas(ttl_s=0.3, renew_every_s=0.1), replicas()
+    assert await stalled.try_acquire(ENGINE, 1) is not None
+    await poll(lambda: other.try_acquire(ENGINE, 1), 5, "the stalled replica's lease to lapse")
+    await stalled.renew()
+    assert stalled.lost == 1
+    assert stalled.held(ENGINE) == 0
+    assert await stalled.count(ENGINE) == 1  # only the other replica's
+
+
+async def test_a_pool_waits_for_a_slot_another_replica_gives_back(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    first, second = pool_with(replicas()), pool_with(replicas())
+    async with AsyncExitStack() as stack:
+        held = [await stack.enter_async_context(first.slot()) for _ in range(2)]
+        with pytest.raises(Overloaded):  # its own local slots are free, the engine's shared ones are not
+            async with second.slot(timeout_s=0.2):
+                pass
+
+        async def take() -> str:
+            async with second.slot() as slot:
+                return slot.lease
+
+        waiting = asyncio.create_task(take())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await stack.aclose()
+        assert held[0].lease  # a Redis lease, not a local-only slot
+    assert await waiting
+    assert second.engines[0].inflight == 0
+
+
+async def test_with_redis_unreachable_a_pool_serves_on_its_local_cap_and_says_so() -> None:
+    unreachable = EngineLeases.from_url("redis://127.0.0.1:1/0", key_prefix=PREFIX, timeout_s=0.2)
+    pool = pool_with(unreachable, cap=2)
+    try:
+        async with AsyncExitStack() as stack:
+            held = [await stack.enter_async_context(pool.slot()) for _ in range(2)]
+            assert [slot.lease for slot in held] == ["", ""]  # local-only slots
+            assert pool.leases_local_only
+            with pytest.raises(Overloaded):  # the local cap still holds
+                async with pool.slot(timeout_s=0.05):
+                    pass
+    finally:
+        await pool.aclose()
+    assert pool.engines[0].inflight == 0

@@ -1,0 +1,155 @@
+"""On loopback: two simulated engines behind one gateway, and two gateway processes sharing one real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import redis
+
+from deploy.keyframes import make_keyframe
+from deploy.simulator import PRESETS, create_sim_app
+from gateway.embedded import ThreadedServer
+from tests.multi_engine.conftest import GatewayProcess, poll
+from tests.support import GatewayFactory, SimFactory, image_input
+
+# The Spark's pace at 1/10: a thinking-on keyframe takes about a second, long enough to overlap in a burst.
+SPARK_PACE = {"preset": "spark", "time_scale": 0.1, "max_num_seqs": 64}  # the engine never caps: we must
+LEASE_KEY = "modgate:engine-leases:{url}"
+GatewayProcesses = Callable[..., list[GatewayProcess]]
+
+
+def frame_body(seed: int) -> dict[str, Any]:
+    """One small keyframe, different per seed."""
+    return {"input": image_input(make_keyframe("allow", 320, 180, seed=seed))}
+
+
+def sim_info(sim_url: str) -> dict[str, Any]:
+    info: dict[str, Any] = httpx.get(f"{sim_url}/sim/info", timeout=10).json()
+    return info
+
+
+def metric(gateway_url: str, line_start: str) -> float | None:
+    """The value of the first /metrics line that starts with ``line_start``."""
+    for line in httpx.get(f"{gateway_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+@contextmanager
+def burst(targets: list[str], count: int, workers: int = 48) -> Iterator[list[Future[int]]]:
+    """``count`` moderation calls at once, spread over ``targets`` in turn; yields their status futures."""
+    client = httpx.Client(timeout=120, limits=httpx.Limits(max_connections=workers))
+
+    def call(index: int) -> int:
+        try:
+            target = targets[index % len(targets)]
+            return client.post(f"{target}/v1/moderations", json=frame_body(index)).status_code
+        except httpx.HTTPError:
+            return 0  # the gateway went away mid-call (killed on purpose)
+
+    with client, ThreadPoolExecutor(max_workers=workers) as pool:
+        yield [pool.submit(call, index) for index in range(count)]
+
+
+def test_two_engines_each_get_no_more_than_their_own_cap_and_both_are_used(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    small, large = start_sim(**SPARK_PACE), start_sim(**SPARK_PACE)
+    gateway = start_gateway(engine_url=f"{small.url},{large.url}", engine_caps=f"{small.url}=2,{large.url}=3",
+                            shaping={"verdict_cache_ttl_s": 0})
+    with burst([gateway.url], 20) as calls:
+        statuses = [call.result() for call in calls]
+    assert statuses == [200] * 20
+    assert sim_info(small.url)["peak_running"] == 2
+    assert sim_info(large.url)["peak_running"] == 3
+    ready = httpx.get(f"{gateway.url}/readyz", timeout=10).json()
+    engines = [(e["url"], e["up"], e["cap"]) for e in ready["engines"]]
+    assert engines == [(small.url, True, 2), (large.url, True, 3)]
+    assert metric(gateway.url, f'modgate_engine_slot_cap{{engine="{large.url}"}}') == 3
+    assert metric(gateway.url, f'modgate_engine_slot_inflight{{engine="{small.url}"}}') == 0
+
+
+def test_a_stopped_engine_is_marked_down_its_calls_go_to_the_other_and_it_is_used_again_when_back(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    flaky, steady = start_sim(), start_sim()
+    # One failure opens the circuit here: calls one at a time always find the other engine idle, and the
+    # tie-break steers them away from the engine that failed, so a second failure would never come.
+    gateway = start_gateway(engine_url=f"{flaky.url},{steady.url}",
+                            circuit={"consecutive_failures": 1, "cooldown_s": 0.5})
+
+    def flaky_circuit() -> str:
+        engines = httpx.get(f"{gateway.url}/readyz", timeout=10).json()["engines"]
+        return str(engines[0]["circuit"])
+
+    with httpx.Client(base_url=gateway.url, timeout=30) as client:
+        assert client.post("/v1/moderations", json=frame_body(0)).status_code == 200
+        flaky.stop()
+        statuses = [client.post("/v1/moderations", json=frame_body(seed)).status_code for seed in range(1, 7)]
+        assert statuses == [200] * 6  # every call the stopped engine could not take went to the other
+        poll(lambda: metric(gateway.url, f'modgate_engine_up{{engine="{flaky.url}"}}') == 0, 20,
+             "the stopped engine to be marked down")
+        ready = client.get("/readyz")
+        assert ready.status_code == 200  # one engine up is enough
+        assert [e["up"] for e in ready.json()["engines"]] == [False, True]
+        assert flaky_circuit() != "closed"
+        back = ThreadedServer(create_sim_app(PRESETS["instant"], 0.0), port=flaky.port).start()
+        try:
+            def back_in_use() -> bool:
+                assert client.post("/v1/moderations", json=frame_body(100)).status_code == 200
+                return bool(sim_info(back.url)["peak_running"] >= 1)
+
+            poll(back_in_use, 30, "the engine to be probed and used again once it is back")
+            assert flaky_circuit() == "closed"
+        finally:
+            back.stop()
+
+
+def test_two_gateway_replicas_sharing_redis_keep_one_engine_cap_across_both(
+    start_sim: SimFactory, gateway_processes: GatewayProcesses, redis_url: str
+) -> None:
+    engine = start_sim(**SPARK_PACE)
+    replicas = gateway_processes(2, MODGATE_ENGINE_URL=engine.url, MODGATE_REDIS_URL=redis_url,
+                                 MODGATE_MAX_INFLIGHT="8", MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0",
+                                 MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0")
+    with burst([replica.url for replica in replicas], 40) as calls:
+        statuses = [call.result() for call in calls]
+    assert statuses == [200] * 40
+    assert sim_info(engine.url)["peak_running"] == 8  # each replica alone would have sent 8
+
+
+def test_a_killed_replicas_slots_free_themselves_and_the_other_replica_uses_all_of_them(
+    start_sim: SimFactory, gateway_processes: GatewayProcesses, redis_url: str
+) -> None:
+    engine = start_sim(**SPARK_PACE)
+    survivor, doomed = gateway_processes(
+        2, MODGATE_ENGINE_URL=engine.url, MODGATE_REDIS_URL=redis_url, MODGATE_MAX_INFLIGHT="8",
+        MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0", MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0",
+        MODGATE_LEASES__TTL_S="3", MODGATE_LEASES__RENEW_EVERY_S="1",
+    )
+    store = redis.Redis.from_url(redis_url, decode_responses=True)
+    key = LEASE_KEY.format(url=engine.url)
+    try:
+        with burst([doomed.url], 12):
+            doomed_leases = set(poll(lambda: len(members := store.zrange(key, 0, -1)) == 8 and members, 30,
+                                     "the doomed replica to hold all 8 slots"))
+            doomed.kill()
+        assert store.zcard(key) == 8  # nobody gave them back: only their expiry can free them
+
+        def survivor_holds_all_eight() -> bool:
+            members = set(store.zrange(key, 0, -1))
+            return len(members) == 8 and not members & doomed_leases
+
+        with burst([survivor.url], 40) as calls:
+            poll(survivor_holds_all_eight, 30,
+                 "the killed replica's leases to expire and the survivor to take all 8", every_s=0.02)
+            statuses = [call.result() for call in calls]
+        assert statuses == [200] * 40
+        assert sim_info(engine.url)["peak_running"] <= 8
+    finally:
+        store.close()

@@ -1,0 +1,157 @@
+"""Token accounting: each request's prompt tokens predicted, compared with the engine's usage afterwards."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.keyframes import make_keyframe
+from gateway.app import create_app
+from gateway.embedded import ThreadedServer
+from gateway.settings import Settings
+from shaping.accounting import Measurement, PromptPrediction, TokenAccountant, compare_usage
+from tests.support import GatewayFactory, SimFactory, image_input
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What the accountant reads of a shaped keyframe."""
+
+    data_url: str = "data:image/jpeg;base64,AAAA"
+    sha256: str = "f" * 64
+    image_tokens: int = 646
+
+
+def counter(gateway: ThreadedServer, name: str) -> float:
+    """A counter's value on the gateway's /metrics."""
+    text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
+    raise AssertionError(f"{name} is not on /metrics")
+
+
+def post(gateway: ThreadedServer, body: dict[str, Any], thinking: str = "on") -> dict[str, Any]:
+    response = httpx.post(f"{gateway.url}/v1/moderations", json={"model": "m", **body}, timeout=60,
+                          headers={"X-Modgate-Thinking": thinking})
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+# --- the accountant, alone -------------------------------------------------------------------------------
+
+
+def test_the_accountant_asks_for_the_scaffold_and_the_text_then_the_image_overhead() -> None:
+    accountant = TokenAccountant("system prompt", "model-a")
+    first = accountant.pending(True, "请审核", [Frame()])
+    assert [m.kind for m in first] == ["scaffold", "text"]
+    scaffold, text = first
+    assert scaffold.body["messages"][0] == {"role": "system", "content": "system prompt"}
+    assert scaffold.body["messages"][1]["content"] == [{"type": "text", "text": ""}]
+    assert scaffold.body["chat_template_kwargs"] == {"enable_thinking": True}
+    assert text.body == {"model": "model-a", "prompt": "请审核", "add_special_tokens": False}
+    accountant.record(scaffold, 390)
+    accountant.record(text, 5)
+    (image,) = accountant.pending(True, "请审核", [Frame()])
+    assert image.kind == "image_overhead"
+    assert image.body["messages"][1]["content"][0]["uuid"] == "f" * 64
+    accountant.record(image, 390 + 646 + 2)
+    assert accountant.pending(True, "请审核", [Frame(), Frame()]) == []
+    assert accountant.predict(True, "请审核", [Frame(), Frame()]) == PromptPrediction(390, 5, 1292, 4)
+
+
+def test_each_thinking_mode_has_its_own_scaffold() -> None:
+    accountant = TokenAccountant("s", "m")
+    accountant.record(Measurement("scaffold", "on", {}), 400)
+    assert accountant.predict(True, "", []) == PromptPrediction(400, 0, 0, 0)
+    assert accountant.predict(False, "", []) is None
+    assert [m.key for m in accountant.pending(False, "", [])] == ["off"]
+
+
+def test_a_prediction_the_engine_agrees_with_is_no_mismatch() -> None:
+    predicted = PromptPrediction(scaffold=390, text=5, image=646, image_overhead=2)
+    assert compare_usage(predicted, prompt_tokens=1043, image_tokens=646) is None
+    assert compare_usage(predicted, prompt_tokens=1043, image_tokens=0) is None  # an older server: no detail
+    assert compare_usage(predicted, prompt_tokens=0, image_tokens=0) is None  # no usage at all
+
+
+def test_a_wrong_image_count_is_a_mismatch_even_when_the_total_agrees() -> None:
+    predicted = PromptPrediction(scaffold=390, text=5, image=60, image_overhead=23)
+    mismatch = compare_usage(predicted, prompt_tokens=478, image_tokens=83)
+    assert mismatch is not None
+    assert mismatch.difference == 0
+    assert "image tokens predicted 60, engine counted 83" in mismatch.describe()
+
+
+def test_a_mismatch_says_each_part_and_the_difference() -> None:
+    mismatch = compare_usage(PromptPrediction(390, 5, 646, 2), prompt_tokens=1050, image_tokens=646)
+    assert mismatch is not None
+    assert mismatch.describe() == (
+        "prompt tokens: predicted 1,043 (scaffold 390 + text 5 + image 646 + image overhead 2), "
+        "engine counted 1,050 (+7)"
+    )
+
+
+# --- through the gateway, against the simulator ----------------------------------------------------------
+
+
+def test_predictions_match_the_simulator_for_every_request_shape(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    engine = start_sim("instant")
+    gateway = start_gateway(engine_url=engine.url, shaping={"packing_k": 2})
+    frames = [make_keyframe("allow", 640, 360, seed=seed) for seed in range(1, 4)]
+    post(gateway, {"input": image_input(frames[0])}, thinking="on")
+    post(gateway, {"input": image_input(frames[1])}, thinking="off")
+    caption = {"type": "text", "text": "caption: 街头"}
+    post(gateway, {"input": [*image_input(*frames), caption]})  # packed 2 + 1, with caller text
+    post(gateway, {"input": "a text only request"})
+    assert counter(gateway, "modgate_prompt_tokens") > 0
+    assert counter(gateway, "modgate_token_prediction_mismatches") == 0
+
+
+def test_an_engine_that_counts_other_image_tokens_is_counted_and_logged(
+    start_sim: SimFactory, start_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = start_sim("instant")  # 32×32 pixels per token
+    gateway = start_gateway(engine_url=engine.url, shaping={"pixels_per_token": 28})  # shapes for 28×28
+    with caplog.at_level(logging.WARNING, logger="modgate.moderation"):
+        post(gateway, {"input": image_input(make_keyframe("allow", 1280, 720, seed=5))})
+        post(gateway, {"input": image_input(make_keyframe("allow", 1280, 720, seed=6))})
+    assert counter(gateway, "modgate_token_prediction_mismatches") == 2
+    messages = [r.getMessage() for r in caplog.records if "token prediction mismatch" in r.getMessage()]
+    assert len(messages) == 2
+    assert "image tokens predicted" in messages[0]
+
+
+@pytest.fixture
+def engine_without_tokenize(start_sim: SimFactory) -> Iterator[ThreadedServer]:
+    """A gateway whose engine answers everything but /tokenize (404), as some servers do."""
+    engine = start_sim("instant")
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            return httpx.Response(404, json={"error": {"message": "Not Found", "type": "NotFoundError",
+                                                       "param": None, "code": 404}})
+        async with httpx.AsyncClient(base_url=engine.url, timeout=30) as http:
+            upstream = await http.request(request.method, request.url.path, content=request.content,
+                                          headers={"content-type": "application/json"})
+        return httpx.Response(upstream.status_code, content=upstream.content, headers=upstream.headers)
+
+    app = create_app(Settings(), engine_transport=httpx.MockTransport(handler))
+    with ThreadedServer(app) as gateway:
+        yield gateway
+
+
+def test_a_failing_tokenize_never_fails_a_moderation(engine_without_tokenize: ThreadedServer) -> None:
+    frame = make_keyframe("block:hate", 640, 360, seed=2)
+    answer = post(engine_without_tokenize, {"input": image_input(frame)})
+    assert answer["results"][0]["modgate"]["action"] == "block"
+    assert counter(engine_without_tokenize, "modgate_token_prediction_mismatches") == 0

@@ -1,0 +1,182 @@
+"""Repeated keyframes reuse a verdict made in the same scope: in memory, and shared in a real Redis."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.keyframes import make_keyframe
+from gateway.embedded import ThreadedServer
+from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
+
+SCENE = make_keyframe("allow", 1280, 720, seed=21)
+SCENE_REENCODED = make_keyframe("allow", 1280, 720, seed=21, quality=70)  # other bytes, same picture
+SCENE_WITH_VIOLENCE = make_keyframe("block:violence", 1280, 720, seed=21)  # pHash 2 bits from SCENE
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Gateway settings for each verdict store: this process's memory, or a real Redis."""
+    if request.param == "memory":
+        return {}
+    return {"redis_url": request.getfixturevalue("redis_url")}
+
+
+def engine_requests(engine: ThreadedServer) -> float:
+    """Chat completions the engine has finished."""
+    for family in text_string_to_metric_families(httpx.get(f"{engine.url}/metrics", timeout=10).text):
+        if family.name == "vllm:request_success":
+            return sum(sample.value for sample in family.samples)
+    raise AssertionError("no vllm:request_success on the engine")
+
+
+def moderate(
+    gateway: ThreadedServer, frame: bytes, *, key: str | None = None, thinking: str = "off"
+) -> dict[str, Any]:
+    headers = {"X-Modgate-Thinking": thinking}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    response = httpx.post(f"{gateway.url}/v1/moderations", json={"model": "m", "input": image_input(frame)},
+                          headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    details: dict[str, Any] = response.json()["results"][0]["modgate"]
+    return details
+
+
+def test_the_same_frame_again_reuses_the_verdict_without_the_engine(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, **store)
+    first = moderate(gateway, make_keyframe("block:hate", 640, 360, seed=3))
+    calls = engine_requests(sim)
+    again = moderate(gateway, make_keyframe("block:hate", 640, 360, seed=3))
+    assert first["reused"] is None
+    assert again["reused"] == "exact"
+    assert again["action"] == first["action"] == "block"
+    assert again["prompt_tokens"] == again["completion_tokens"] == 0
+    assert again["request_id"] == first["request_id"]  # the engine request that made the verdict
+    assert engine_requests(sim) == calls
+
+
+def test_a_re_encoded_frame_reuses_the_verdict_as_a_near_duplicate(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, **store)
+    moderate(gateway, SCENE)
+    near = moderate(gateway, SCENE_REENCODED)
+    assert near["reused"] == "near"
+    assert near["frame_sha256"] != moderate(gateway, SCENE)["frame_sha256"]
+
+
+def test_the_same_scene_with_a_violation_added_is_judged_afresh(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, **store)
+    assert moderate(gateway, SCENE)["action"] == "allow"
+    violent = moderate(gateway, SCENE_WITH_VIOLENCE)  # close in pHash, far apart in colour
+    assert violent["reused"] is None
+    assert violent["action"] == "block"
+
+
+def test_near_duplicates_can_be_switched_off(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, shaping={"near_duplicate_distance": -1}, **store)
+    moderate(gateway, SCENE)
+    assert moderate(gateway, SCENE_REENCODED)["reused"] is None
+    assert moderate(gateway, SCENE)["reused"] == "exact"
+
+
+def test_a_verdict_is_not_reused_under_the_other_thinking_mode(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, **store)
+    moderate(gateway, SCENE, thinking="off")
+    on = moderate(gateway, SCENE, thinking="on")
+    assert on["reused"] is None
+    assert on["thinking"] == "on"
+    assert moderate(gateway, SCENE, thinking="on")["reused"] == "exact"
+
+
+def test_a_verdict_is_not_reused_under_a_new_policy_version(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, **store)
+    before = moderate(gateway, SCENE)["policy_version"]
+    flip = httpx.put(f"{gateway.url}/admin/thinking-policy", timeout=10,
+                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                     json={"default_mode": "on", "max_completion_tokens_on": 600, "reason": "reuse test"})
+    assert flip.status_code == 200, flip.text
+    after = moderate(gateway, SCENE)
+    assert after["policy_version"] > before
+    assert after["reused"] is None
+
+
+def test_a_tenant_never_reuses_another_tenants_verdict(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, api_keys="k-a:tenant-a,k-b:tenant-b", **store)
+    moderate(gateway, SCENE, key="k-a")
+    assert moderate(gateway, SCENE, key="k-b")["reused"] is None
+    assert moderate(gateway, SCENE, key="k-a")["reused"] == "exact"
+
+
+def test_a_verdict_expires_after_its_ttl(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, shaping={"verdict_cache_ttl_s": 0.5}, **store)
+    moderate(gateway, SCENE)
+    deadline = time.monotonic() + 10
+    while moderate(gateway, SCENE)["reused"] is not None:  # each miss stores it again: one is enough
+        assert time.monotonic() < deadline, "the verdict outlived its TTL"
+        time.sleep(0.1)
+
+
+def test_a_zero_ttl_reuses_nothing(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, shaping={"verdict_cache_ttl_s": 0}, **store)
+    moderate(gateway, SCENE)
+    assert moderate(gateway, SCENE)["reused"] is None
+
+
+def test_an_unusable_answer_is_not_stored_for_reuse(
+    store: dict[str, Any], start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    from deploy.simulator import Faults
+
+    engine = start_sim("instant", faults=Faults(malformed_rate=1.0))
+    gateway = start_gateway(engine_url=engine.url, **store)
+    first = moderate(gateway, SCENE)
+    assert first["action"] == "review"
+    assert first["reason"]
+    assert moderate(gateway, SCENE)["reused"] is None
+
+
+def test_gateways_sharing_a_redis_reuse_each_others_verdicts(
+    redis_url: str, sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    one = start_gateway(engine_url=sim.url, redis_url=redis_url)
+    two = start_gateway(engine_url=sim.url, redis_url=redis_url)
+    made = moderate(one, SCENE)
+    reused = moderate(two, SCENE_REENCODED)
+    assert reused["reused"] == "near"
+    assert reused["request_id"] == made["request_id"]
+
+
+def test_redis_keys_carry_the_ttl(redis_url: str, sim: ThreadedServer, start_gateway: GatewayFactory) -> None:
+    gateway = start_gateway(engine_url=sim.url, redis_url=redis_url, shaping={"verdict_cache_ttl_s": 120})
+    moderate(gateway, SCENE)
+    client = redis.Redis.from_url(redis_url)
+    keys = [key.decode() for key in client.scan_iter("modgate:verdict*")]
+    entries = [key for key in keys if key.startswith("modgate:verdict:")]
+    bands = [key for key in keys if key.startswith("modgate:verdict-near:")]
+    assert len(entries) == 1
+    assert len(bands) == 5
+    assert all(0 < client.pttl(key) <= 120_000 for key in keys)
+    client.close()
