@@ -116,21 +116,23 @@ class ReplayingEngine:
 
     async def _info(self, send: Send) -> None:
         body = f'{{"distinct_bodies": {len(self.recorded)}, "replays": {self.replays}}}'.encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 
 def create_stub_app() -> ReplayingEngine:
     """The replaying engine in front of the instant simulator at time scale 0."""
-    return ReplayingEngine(create_sim_app(PRESETS["instant"], 0.0))
+    simulator: Any = create_sim_app(PRESETS["instant"], 0.0)  # Litestar types its ASGI call more narrowly
+    return ReplayingEngine(simulator)
 
 
 def main() -> None:
     """Serve the stub (uvicorn, uvloop, httptools: the fastest stack at hand, so the stub stays cheap)."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()

@@ -10,6 +10,7 @@ body (``Content-Length`` or chunked), like a real caller, and nothing more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -90,7 +91,7 @@ class KeepAliveConnection:
 
     @staticmethod
     async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             size = int((await reader.readline()).split(b";", 1)[0], 16)
             if size == 0:
@@ -103,8 +104,6 @@ class KeepAliveConnection:
         """Close the connection (the next request opens a new one)."""
         if self._writer is not None:
             self._writer.close()
-            try:
+            with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
-            except OSError:
-                pass
         self._reader = self._writer = None

@@ -51,7 +51,7 @@ def ensure_litellm(version: str = LITELLM_VERSION) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     print(f"installing litellm[proxy]=={version} into {root} (once; takes a few minutes)", file=sys.stderr)
     venv.EnvBuilder(with_pip=True, clear=True).create(root)
-    subprocess.run(  # noqa: S603 - our own venv's pip with a pinned requirement
+    subprocess.run(
         [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", f"litellm[proxy]=={version}"],
         check=True,
     )
@@ -109,7 +109,7 @@ def litellm_proxy(engine_url: str, model: str, master_key: str, workers: int = 1
         if workers > 1:
             args += ["--num_workers", str(workers)]
         log = (Path(tmp) / "litellm.log").open("wb")
-        proc = subprocess.Popen(  # noqa: S603 - our own venv's executable
+        proc = subprocess.Popen(
             args, env={**os.environ, **proxy_environment()}, stdout=log, stderr=subprocess.STDOUT
         )
         try:

@@ -32,8 +32,8 @@ import secrets
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,7 @@ class ArmRun:
 
 
 async def closed_loop(arm: Arm, requests: int, concurrency: int, run: ArmRun) -> None:
-    """``requests`` calls made by ``concurrency`` clients back to back (one connection each), added to ``run``."""
+    """``requests`` calls by ``concurrency`` clients back to back (a connection each), added to ``run``."""
     remaining = requests
 
     async def client(connection: KeepAliveConnection) -> None:
@@ -168,20 +168,11 @@ def engine_stub() -> Iterator[str]:
         yield url
 
 
-def gateway_environment(max_concurrency: int, extra: dict[str, str]) -> dict[str, str]:
-    """modgate as benchmarked: production defaults, except what would make the comparison unfair.
-
-    - no verdict reuse: every request must reach the engine, as it does through the other arms;
-    - the in-flight cap at least the clients' concurrency: the cap protects a real engine, and with an
-      instant one it would only measure queueing that the other arms do not do.
+def gateway_environment(extra: dict[str, str]) -> dict[str, str]:
+    """modgate as benchmarked: production defaults (the in-flight cap of 8 included), an API key, and no
+    verdict reuse: every request must reach the engine, as it does through the other arms.
     """
-    return {
-        "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",
-        "MODGATE_MAX_INFLIGHT": str(max(8, max_concurrency)),
-        "MODGATE_ADMISSION__QUEUE_SIZE": str(max(256, 4 * max_concurrency)),
-        "MODGATE_API_KEYS": f"{MODGATE_KEY}:bench",
-        **extra,
-    }
+    return {"MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0", "MODGATE_API_KEYS": f"{MODGATE_KEY}:bench", **extra}
 
 
 def arms_for(urls: dict[str, str], bodies: Requests) -> dict[str, Arm]:
@@ -205,7 +196,8 @@ async def check_answers(http: httpx.AsyncClient, urls: dict[str, str], bodies: R
     for arm, url in urls.items():
         if arm.startswith("modgate"):
             response = await http.post(f"{url}/v1/moderations", json=bodies.moderation,
-                                       headers={"X-Modgate-Thinking": "off", "Authorization": f"Bearer {MODGATE_KEY}"})
+                                       headers={"X-Modgate-Thinking": "off",
+                                                "Authorization": f"Bearer {MODGATE_KEY}"})
             ok = response.status_code == 200 and response.json()["results"][0]["modgate"]["action"] == "allow"
         else:
             body = bodies.chat if arm == "engine" else {**bodies.chat, "model": SERVED_NAME}
@@ -213,7 +205,8 @@ async def check_answers(http: httpx.AsyncClient, urls: dict[str, str], bodies: R
                                        headers={"Authorization": f"Bearer {LITELLM_KEY}"})
             ok = response.status_code == 200 and "[DONE]" in response.text and '"stop"' in response.text
         if not ok:
-            raise RuntimeError(f"{arm} did not answer the keyframe: {response.status_code} {response.text[:300]}")
+            raise RuntimeError(f"{arm} did not answer the keyframe: {response.status_code} "
+                               f"{response.text[:300]}")
 
 
 async def measure(urls: dict[str, str], bodies: Requests, requests: int, concurrencies: list[int],
@@ -237,6 +230,10 @@ async def measure(urls: dict[str, str], bodies: Requests, requests: int, concurr
     return results
 
 
+def _ratio(ours: float, theirs: float) -> float:
+    return ours / theirs if theirs > 0 else float("nan")
+
+
 def summarize(results: dict[int, dict[str, ArmRun]]) -> dict[str, Any]:
     """Figures per concurrency and arm, with added latency over the engine and modgate-to-LiteLLM ratios."""
     table: dict[str, Any] = {}
@@ -251,9 +248,9 @@ def summarize(results: dict[int, dict[str, ArmRun]]) -> dict[str, Any]:
         if "modgate" in figures and "litellm" in figures and base is not None:
             mod, lite = figures["modgate"], figures["litellm"]
             ratios = {
-                "added_p50": mod["added_p50_ms"] / lite["added_p50_ms"] if lite["added_p50_ms"] > 0 else float("nan"),
-                "added_p99": mod["added_p99_ms"] / lite["added_p99_ms"] if lite["added_p99_ms"] > 0 else float("nan"),
-                "rps": mod["rps"] / lite["rps"],
+                "added_p50": _ratio(mod["added_p50_ms"], lite["added_p50_ms"]),
+                "added_p99": _ratio(mod["added_p99_ms"], lite["added_p99_ms"]),
+                "rps": _ratio(mod["rps"], lite["rps"]),
             }
         table[str(concurrency)] = {"arms": figures, "modgate_over_litellm": ratios}
     return table
@@ -261,7 +258,8 @@ def summarize(results: dict[int, dict[str, ArmRun]]) -> dict[str, Any]:
 
 def print_table(table: dict[str, Any]) -> None:
     """One row per concurrency and arm, then the modgate-to-LiteLLM ratios."""
-    print(f"{'clients':>7}  {'arm':<16}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'added p50':>11}{'added p99':>11}")
+    print(f"{'clients':>7}  {'arm':<16}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}"
+          f"{'added p50':>11}{'added p99':>11}")
     for concurrency, entry in table.items():
         for arm, row in entry["arms"].items():
             added = (f"{row['added_p50_ms']:>11.2f}{row['added_p99_ms']:>11.2f}" if "added_p50_ms" in row
@@ -296,15 +294,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         urls = {"engine": engine_url}
         if "modgate" in args.arms:
             urls["modgate"] = stack.enter_context(
-                gateway(engine_url, **gateway_environment(max(args.concurrency), extra_env))
+                gateway(engine_url, **gateway_environment(extra_env))
             )
         for label, *settings in args.variant:  # modgate again, with other settings, as arms of their own
             urls[f"modgate:{label}"] = stack.enter_context(gateway(engine_url, **gateway_environment(
-                max(args.concurrency), {**extra_env, **dict(item.split("=", 1) for item in settings)}
+                {**extra_env, **dict(item.split("=", 1) for item in settings)}
             )))
         if "litellm" in args.arms:
-            urls["litellm"] = stack.enter_context(litellm_proxy(engine_url, MODEL, LITELLM_KEY, args.litellm_workers))
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the load generator as lean as can be
+            urls["litellm"] = stack.enter_context(
+                litellm_proxy(engine_url, MODEL, LITELLM_KEY, args.litellm_workers)
+            )
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the load generator kept lean
             results = runner.run(measure(urls, bodies, args.requests, args.concurrency, args.rounds))
         stub_info = httpx.get(f"{engine_url}/stub/info").json() if args.engine == "stub" else None
     return {
@@ -328,7 +328,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """Print the table (and write it as JSON with ``--json``)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=600, help="timed requests per arm and concurrency")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per concurrency")
@@ -341,13 +342,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gateway-env", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra MODGATE_* settings for the gateway under test")
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="LABEL KEY=VALUE",
-                        help="another modgate arm with these settings, e.g. --variant granian MODGATE_SERVER=granian")
+                        help="another modgate arm with these settings, "
+                             "e.g. --variant redis MODGATE_REDIS_URL=redis://127.0.0.1:6379/14")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     report = run(args)
     setup = report["setup"]
-    print(f"engine: {setup['engine']}; frame {setup['frame']} ({setup['image_tokens']} image tokens), thinking "
-          f"off; {args.requests} timed requests per arm and concurrency in {args.rounds} interleaved rounds; "
+    print(f"engine: {setup['engine']}; frame {setup['frame']} ({setup['image_tokens']} image tokens), "
+          f"thinking off; {args.requests} timed requests per arm and concurrency, {args.rounds} interleaved "
+          "rounds; "
           f"LiteLLM {LITELLM_VERSION} ({args.litellm_workers} worker); {setup['cpus']} CPUs, load average "
           f"{setup['load_before'][0]:.1f} before, {setup['load_after'][0]:.1f} after")
     if setup["stub"]:

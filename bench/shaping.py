@@ -8,6 +8,8 @@ K frames per request, the block-filling prefix, thinking off), it measures:
 - output tokens per keyframe: ``completion_tokens`` / frames;
 - keyframes per minute: a closed loop of ``--clients`` clients (twice the 8 engine slots, so the engine
   never idles) for a measured window after a warm-up, scaled back from ``--time-scale`` to the Spark's pace;
+  beside it the bound the simulator's cost model gives for the measured tokens (a keyframe costs
+  uncached/prefill_rate + output/decode_rate of engine time), which the measurement should approach;
 - shaping cost per keyframe: ``shape_image`` (median and p99 ms, one core) on photo-like 1280×720 and
   1920×1080 JPEGs (q90) at the row's token budget.
 
@@ -16,7 +18,13 @@ gateway's user texts and per-keyframe output caps) and sent straight to the simu
 the engine's work without the gateway's CPU in the loop (it shares the machine's two cores). The simulator
 runs in a process of its own.
 
-    python -m bench.shaping [--time-scale 0.05] [--window-s 240] [--clients 16] [--markdown]
+Time scale: every real millisecond the simulator spends on a request (parsing a 100 KB body, decoding the
+JPEG to read its label, tokenizing and hashing the prompt) counts as 1/time_scale milliseconds of Spark
+time. At 0.05 on a loaded two-core machine that cut the measured rates 25-35 % below the cost model (more
+for K=4, whose requests carry four JPEGs); at 0.25 they land within a few per cent of it. Hence 0.25 by
+default: about 13 minutes for the whole table.
+
+    python -m bench.shaping [--time-scale 0.25] [--window-s 180] [--clients 16] [--markdown]
 """
 
 from __future__ import annotations
@@ -271,8 +279,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--time-scale", type=float, default=0.05, help="simulated durations × this")
-    parser.add_argument("--window-s", type=float, default=240.0, help="measured window, Spark seconds")
+    parser.add_argument("--time-scale", type=float, default=0.25, help="simulated durations × this")
+    parser.add_argument("--window-s", type=float, default=180.0, help="measured window, Spark seconds")
     parser.add_argument("--warmup-s", type=float, default=40.0, help="warm-up before it, Spark seconds")
     parser.add_argument("--clients", type=int, default=16, help="closed-loop clients (8 engine slots)")
     parser.add_argument("--shaping-rounds", type=int, default=200, help="shape_image calls per size, budget")

@@ -48,7 +48,7 @@ def _sample_body_file(url: str) -> Path:
 
 
 def served_app() -> Litestar:
-    """The app as a worker process builds it (several workers, or granian): settings from the environment."""
+    """The app as each worker process builds it (``--workers`` above 1): settings from the environment."""
     from gateway.app import create_app
     from gateway.settings import Settings
     from gateway.tracing import configure_logging
@@ -62,9 +62,6 @@ def served_app() -> Litestar:
 def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on (default MODGATE_HOST or 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default MODGATE_PORT or 8080).")] = None,
-    server: Annotated[str, typer.Option(
-        envvar="MODGATE_SERVER", help="ASGI server: uvicorn or granian."
-    )] = "uvicorn",
     workers: Annotated[int, typer.Option(
         envvar="MODGATE_WORKERS", min=1,
         help="Worker processes. Each keeps its own in-flight cap and, without MODGATE_REDIS_URL, its own "
@@ -78,9 +75,6 @@ def serve(
     from gateway.settings import Settings
     from gateway.tracing import configure_logging
 
-    if server not in ("uvicorn", "granian"):
-        raise typer.BadParameter(f"unknown server {server!r}; choose uvicorn or granian",
-                                 param_hint="--server")
     try:
         settings = Settings()
     except ValueError as exc:
@@ -104,15 +98,6 @@ def serve(
         typer.secho(f"{workers} workers: each admits up to MODGATE_MAX_INFLIGHT={settings.max_inflight} "
                     f"engine requests, {workers * settings.max_inflight} in all; lower it to keep the "
                     "engine's cap.", fg="yellow", err=True)
-    if server == "granian":
-        from granian import Granian
-        from granian.constants import Interfaces, Loops
-        from granian.log import LogLevels
-
-        Granian("gateway.cli:served_app", address=settings.host, port=settings.port,
-                interface=Interfaces.ASGI, workers=workers, loop=Loops.uvloop, factory=True,
-                log_level=LogLevels(settings.log_level), log_access=False).serve()
-        return
     # JSON logs: uvicorn keeps no handlers of its own, so its lines reach the JSON formatter too.
     log_config = None if settings.telemetry.json_logs else uvicorn.config.LOGGING_CONFIG
     target: Litestar | str = create_app(settings) if workers == 1 else "gateway.cli:served_app"

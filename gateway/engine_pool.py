@@ -2,8 +2,8 @@
 
 ``async with pool.slot(priority) as held: await held.chat(body, request_id)``
 
-- Choice: the least-loaded engine that has room (in flight / cap, ties to the one with fewer recent
-  failures, then to the one listed first).
+- Choice: a half-open engine's probe first, else the least-loaded engine that has room (in flight / cap,
+  ties to the one with fewer recent failures, then to the one listed first).
 - Waiting: when every engine is full, requests wait in ONE :class:`AdmissionQueue` (priority, deadline,
   429 with ``Retry-After`` when full), whose size the pool keeps equal to the engines' in-flight work plus
   their free room. A request is granted a place there first, then given an engine with room.
@@ -13,7 +13,9 @@
 - Failover: a call its engine never took (connection refused, 503, circuit open) moves to another engine
   with room, once per engine; anything the engine may have started (timeouts, cut streams) is not retried.
 - Replicas: with :class:`EngineLeases` (Redis) a request also needs a lease on its engine, so the engine's
-  cap holds across every replica. When Redis cannot be reached the pool serves on this replica's local caps
+  cap holds across every replica. A request whose engines' shared slots are all taken by other replicas
+  asks Redis again (10 ms, doubling to 100 ms) until its deadline: priority order holds within a replica,
+  not across replicas. When Redis cannot be reached the pool serves on this replica's local caps
   alone (logged loudly, ``modgate_engine_leases_local_only`` 1) rather than refusing traffic: with N
   replicas an engine may then see up to N × its cap, which it survives by queueing inside vLLM; refusing
   every request because the coordination store is down would be the worse failure.
@@ -26,10 +28,10 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -39,11 +41,13 @@ from prometheus_client.registry import Collector
 from gateway.admission import AdmissionQueue
 from gateway.circuit import CircuitBreaker, CircuitOpen, CircuitState
 from gateway.engine_client import EngineAnswer, EngineClient, engine_failed
-from gateway.errors import EngineUnavailable, Overloaded
+from gateway.errors import EngineUnavailable, Overloaded, ServerSideError
 from gateway.leases import LEASE_STORE_DOWN, EngineLeases
 from gateway.settings import Settings
 
 log = logging.getLogger("modgate.engine_pool")
+
+T = TypeVar("T")
 
 LOCAL_ONLY = ""
 """The lease of a slot taken without Redis (none configured, or Redis unreachable): nothing to give back."""
@@ -186,12 +190,34 @@ class EnginePool:
 
     # --- what the rest of the gateway reads ---
 
-    def any_up(self) -> EngineClient:
-        """An engine for calls that need no slot (models, tokenize): the first one up, else the first."""
-        for engine in self.engines:
-            if engine.state != "open":
-                return engine.client
-        return self.engines[0].client
+    async def model_ids(self) -> list[str]:
+        """The served models (``GET /v1/models``) of the first engine that answers."""
+        return await self._ask_any(lambda client: client.model_ids())
+
+    async def tokenize(self, body: dict[str, Any]) -> int:
+        """A prompt's token count (``POST /tokenize``) from the first engine that answers."""
+        return await self._ask_any(lambda client: client.tokenize(body))
+
+    async def _ask_any(self, call: Callable[[EngineClient], Awaitable[T]]) -> T:
+        """A call that needs no slot, to each engine (open circuits last) until one answers.
+
+        Every engine serves the same model, so any answer will do; a dead engine whose circuit has not opened
+        yet (nothing has called it) must not hold up readiness while another one answers.
+        """
+        ordered = sorted(self.engines, key=lambda engine: engine.state == "open")
+        failure: ServerSideError | None = None
+        for engine in ordered:
+            try:
+                return await call(engine.client)
+            except ServerSideError as exc:
+                failure = exc
+        assert failure is not None  # a pool has at least one engine
+        raise failure
+
+    def has_spare_capacity(self) -> bool:
+        """A free slot and nobody waiting: what background work may use (see :meth:`spare_slot`)."""
+        self.refresh()
+        return self.queue.has_spare_capacity()
 
     async def readiness(self) -> list[dict[str, Any]]:
         """Each engine: answers ``/health``, its circuit, in flight and cap (``up``: it would take calls)."""
@@ -220,8 +246,9 @@ class EnginePool:
 
     def _refusal(self) -> CircuitOpen:
         soonest = min(engine.circuit.retry_after_s() for engine in self.engines)
-        which = self.engines[0].url if len(self.engines) == 1 else f"all {len(self.engines)} engines"
-        return CircuitOpen(f"{which} failing; calls are held off while they recover", retry_after=soonest)
+        which = (f"the engine at {self.engines[0].url} is" if len(self.engines) == 1
+                 else f"all {len(self.engines)} engines are")
+        return CircuitOpen(f"{which} failing; calls are held off until the next probe", retry_after=soonest)
 
     def _candidates(self, exclude: list[EngineSlot] | tuple[()] = ()) -> list[EngineSlot]:
         """Engines with room: a half-open one's probe first, then least loaded, fewer recent failures, listed.

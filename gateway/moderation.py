@@ -130,7 +130,7 @@ class ModerationService:
     async def engine_model(self) -> str:
         """The engine's model id, asked once (``MODGATE_ENGINE__MODEL=auto``)."""
         if self.model_id is None:
-            models = await self.engines.any_up().model_ids()
+            models = await self.engines.model_ids()
             if not models:
                 raise InvalidRequest("the engine serves no model")
             self.model_id = models[0]
@@ -340,7 +340,7 @@ class ModerationService:
                 try:
                     for _ in range(3):  # the image overhead is measured after the scaffold it is relative to
                         for measurement in accountant.pending(enable_thinking, user_text, frames):
-                            counted = await self.engines.any_up().tokenize(measurement.body)
+                            counted = await self.engines.tokenize(measurement.body)
                             accountant.record(measurement, counted)
                 except (ModgateError, KeyError, ValueError, TypeError) as exc:
                     self._accounting_paused_until = time.monotonic() + 60.0

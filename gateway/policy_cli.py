@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -19,6 +20,7 @@ import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gateway.policy import AuditEntry, ThinkingPolicy, policy_changes
 
@@ -51,12 +53,15 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
-def _console() -> Console:
-    return Console(width=120, soft_wrap=False, highlight=False)
+def _console(stderr: bool = False) -> Console:
+    # At least 120 columns, so tables stay readable when piped; wider when the terminal is.
+    width = max(120, shutil.get_terminal_size((120, 40)).columns)
+    # No markup: reasons, names and the gateway's messages are printed as they are, brackets and all.
+    return Console(width=width, highlight=False, markup=False, stderr=stderr)
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    Console(stderr=True, highlight=False).print(f"[red]error:[/red] {message}")
+    _console(stderr=True).print(Text.assemble(("error:", "red"), f" {message}"))
     raise typer.Exit(code)
 
 
@@ -101,9 +106,31 @@ class AdminClient:
         return answer
 
 
+def _rule_text(rule: dict[str, Any]) -> str:
+    """A rule in one line: ``appeals (tag appeal: thinking on, kept under load)``."""
+    match = []
+    if rule.get("tenants"):
+        match.append("tenant " + "|".join(rule["tenants"]))
+    if rule.get("tags"):
+        match.append("tag " + "|".join(rule["tags"]))
+    low, high = rule.get("priority_at_least"), rule.get("priority_at_most")
+    if low is not None or high is not None:
+        match.append(f"priority {'' if low is None else low}..{'' if high is None else high}")
+    effects = []
+    if rule.get("mode"):
+        effects.append(f"thinking {rule['mode']}")
+    if rule.get("allow_caller_choice") is not None:
+        effects.append("caller may choose" if rule["allow_caller_choice"] else "caller may not choose")
+    if rule.get("keep_under_load"):
+        effects.append("kept under load")
+    return f"{rule.get('name')} ({' & '.join(match)}: {', '.join(effects)})"
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "—"
+    if isinstance(value, list) and all(isinstance(item, dict) and "name" in item for item in value):
+        return "; ".join(_rule_text(rule) for rule in value) or "none"
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False)
     return str(value)
@@ -117,9 +144,10 @@ def _when(value: Any) -> str:
 def _print_policy(doc: dict[str, Any]) -> None:
     console = _console()
     store = doc.get("store") or {}
-    state = "available" if store.get("available") else f"[red]UNAVAILABLE[/red] ({store.get('detail')})"
-    console.print(f"thinking policy [bold]version {doc['version']}[/bold]  hash {doc['content_hash']}  "
-                  f"store {store.get('backend')} {state}")
+    state = Text("available") if store.get("available") else Text.assemble(
+        ("UNAVAILABLE", "bold red"), f" ({store.get('detail')}): flips are refused")
+    console.print(Text.assemble("thinking policy ", (f"version {doc['version']}", "bold"),
+                                f"  hash {doc['content_hash']}  store {store.get('backend')} ", state))
     console.print(f"changed {_when(doc.get('updated_at'))} by {doc.get('updated_by') or '—'}: "
                   f"{doc.get('reason') or '—'}")
     table = Table("setting", "value", show_header=False, box=None, pad_edge=False)
@@ -259,7 +287,7 @@ def set_policy(
     if not answer.get("changed"):
         console.print(f"no change: version {answer['version']} already decides this")
         return
-    console.print(f"thinking policy version {current_doc['version']} → [bold]{answer['version']}[/bold] "
+    console.print(f"thinking policy version {current_doc['version']} → {answer['version']} "
                   f"(hash {answer['content_hash']})")
     _print_changes(changes)
 
@@ -282,7 +310,7 @@ def rollback(
         console.print(f"no change: version {answer['version']} already decides like "
                       f"version {to or int(before['version']) - 1}")
         return
-    console.print(f"thinking policy version {before['version']} → [bold]{answer['version']}[/bold] "
+    console.print(f"thinking policy version {before['version']} → {answer['version']} "
                   f"(content of version {to or int(before['version']) - 1}, hash {answer['content_hash']})")
     _print_changes(policy_changes(_parse(_document(before), "before"), _parse(_document(answer), "after")))
 
@@ -299,12 +327,17 @@ def history(
     if as_json:
         typer.echo(json.dumps(answer["data"], indent=2, ensure_ascii=False))
         return
-    table = Table("version", "changed at (UTC)", "by", "default", "rules", "load rule", "hash", "reason")
+    table = Table("version", "changed at (UTC)", "by", "default", "rules", "load rule", "hash", "reason",
+                  expand=True)
+    for column in table.columns[:7]:
+        column.no_wrap = True
+    table.columns[7].ratio = 1
     for doc in answer["data"]:
         load_rule = "on" if (doc.get("load") or {}).get("enabled") else "off"
         rules = str(len(doc.get("rules") or []))
         changed_at = _when(doc.get("updated_at")).removesuffix(" UTC")
-        table.add_row(str(doc["version"]), changed_at, _cell(doc.get("updated_by")), doc["default_mode"],
+        by = _cell(doc.get("updated_by")).split(" (admin:")[0]  # the audit trail has the token's id too
+        table.add_row(str(doc["version"]), changed_at, by, doc["default_mode"],
                       rules, load_rule, doc["content_hash"], _cell(doc.get("reason")))
     _console().print(table)
 
@@ -321,12 +354,15 @@ def audit(
     if as_json:
         typer.echo(json.dumps(answer["data"], indent=2, ensure_ascii=False))
         return
-    table = Table("at (UTC)", "who", "action", "version", "reason", "changes")
+    table = Table("at (UTC)", "who", "action", "version", "reason", "changes", expand=True)
+    for column in table.columns[:4]:
+        column.no_wrap = True
+    table.columns[4].ratio, table.columns[5].ratio = 1, 2
     for raw in answer["data"]:
         entry = AuditEntry.model_validate(raw)
         versions = f"{_cell(entry.old_version)} → {entry.new_version}"
-        changes = "; ".join(f"{field}: {_cell(change['old'])} → {_cell(change['new'])}"
-                            for field, change in entry.changes.items())
+        changes = "\n".join(f"{field}: {_cell(change['old'])} → {_cell(change['new'])}"
+                             for field, change in entry.changes.items())
         table.add_row(entry.at.strftime("%Y-%m-%d %H:%M:%S"), entry.actor, entry.action, versions,
                       entry.reason, changes or "—")
     _console().print(table)

@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
 import uuid
 from datetime import UTC, datetime
 from typing import Protocol
 
-from gateway.admission import AdmissionQueue
-from gateway.engine_client import EngineAnswer, EngineClient
+from gateway.engine_client import EngineAnswer
+from gateway.engine_pool import EnginePool
 from gateway.errors import ModgateError
 from gateway.policy import Mode, ThinkingPolicy
 from quality.records import Arm, RecordStore, VerdictRecord
@@ -48,8 +47,7 @@ class ShadowSampler:
     def __init__(
         self,
         *,
-        engine: EngineClient,
-        admission: AdmissionQueue,
+        engines: EnginePool,
         store: RecordStore,
         system_prompt: SystemPrompt,
         user_text: str,
@@ -59,8 +57,7 @@ class ShadowSampler:
         counters: ShadowCounters | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.engine = engine
-        self.admission = admission
+        self.engines = engines
         self.store = store
         self.system_prompt = system_prompt
         self.user_text = user_text
@@ -89,7 +86,7 @@ class ShadowSampler:
         """Maybe start a shadow judgement of ``frame``; answers whether one was started."""
         if policy.shadow_share <= 0 or self._rng.random() >= policy.shadow_share:
             return False
-        if not self.admission.try_acquire_spare():
+        if not self.engines.has_spare_capacity():
             self._count("skipped_busy")
             return False
         live = self._record(frame, live_mode, live_verdict, live_answer, policy.version, tenant, video_id)
@@ -101,33 +98,39 @@ class ShadowSampler:
         return True
 
     async def _run(
-        self, policy: ThinkingPolicy, frame: ShapedImage, mode: Mode, live: VerdictRecord, tenant: str,
+        self,
+        policy: ThinkingPolicy,
+        frame: ShapedImage,
+        mode: Mode,
+        live: VerdictRecord,
+        tenant: str,
         video_id: str | None,
     ) -> None:
-        started = time.monotonic()
-        try:
-            body = build_chat_request(
-                self.system_prompt,
-                [frame],
-                self.user_text,
-                RequestOptions(
-                    model=self.model,
-                    enable_thinking=mode == "on",
-                    max_completion_tokens=(
-                        policy.max_completion_tokens_on if mode == "on" else policy.max_completion_tokens_off
-                    ),
-                    constraint=self.constraint,
-                    priority=LOWEST_PRIORITY if self.use_priority else None,
-                    thinking_token_budget=policy.thinking_token_budget if mode == "on" else None,
+        body = build_chat_request(
+            self.system_prompt,
+            [frame],
+            self.user_text,
+            RequestOptions(
+                model=self.model,
+                enable_thinking=mode == "on",
+                max_completion_tokens=(
+                    policy.max_completion_tokens_on if mode == "on" else policy.max_completion_tokens_off
                 ),
-            )
-            answer = await self.engine.chat(body, f"shadow-{uuid.uuid4().hex}")
+                constraint=self.constraint,
+                priority=LOWEST_PRIORITY if self.use_priority else None,
+                thinking_token_budget=policy.thinking_token_budget if mode == "on" else None,
+            ),
+        )
+        try:
+            async with self.engines.spare_slot() as held:
+                if held is None:  # live work took the slot since consider(): skip, never wait
+                    self._count("skipped_busy")
+                    return
+                answer = await held.chat(body, f"shadow-{uuid.uuid4().hex}")
         except ModgateError as exc:
             self._count("engine_error")
             log.warning("shadow judgement failed: %s", exc.message)
             return
-        finally:
-            self.admission.release(time.monotonic() - started)
         verdict = parse_engine_output(answer.content, answer.reasoning, answer.finish_reason).verdicts[0]
         shadow = self._record(frame, mode, verdict, answer, policy.version, tenant, video_id)
         try:
@@ -140,8 +143,14 @@ class ShadowSampler:
         self._count("recorded")
 
     def _record(
-        self, frame: ShapedImage, mode: Mode, verdict: KeyframeVerdict, answer: EngineAnswer, policy_version: int,
-        tenant: str, video_id: str | None,
+        self,
+        frame: ShapedImage,
+        mode: Mode,
+        verdict: KeyframeVerdict,
+        answer: EngineAnswer,
+        policy_version: int,
+        tenant: str,
+        video_id: str | None,
     ) -> VerdictRecord:
         usage = answer.usage
         return VerdictRecord(

@@ -8,6 +8,7 @@ whole shared prefix.
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import httpx
@@ -58,9 +59,12 @@ def test_the_filled_prefix_is_reused_whole_by_requests_with_their_own_keyframes(
     block, filled = found["block"], found["filled"]
     assert filled.shared_tokens >= filled.target_tokens
     assert filled.target_tokens % block == 0
-    _, plain_calls, plain_shared = asyncio.run(sent(real_engine_url, load_system_prompt(), [101, 102, 103]))
+    # Keyframes never sent before, even to an engine that outlives the test session: a repeated keyframe
+    # would also reuse the block where the shared prefix meets its image.
+    seeds = random.Random().sample(range(10**6, 10**9), 6)
+    _, plain_calls, plain_shared = asyncio.run(sent(real_engine_url, load_system_prompt(), seeds[:3]))
     system = load_system_prompt(extra_guidance=filled.guidance)
-    _, filled_calls, filled_shared = asyncio.run(sent(real_engine_url, system, [201, 202, 203]))
+    _, filled_calls, filled_shared = asyncio.run(sent(real_engine_url, system, seeds[3:]))
     assert filled_shared == filled.shared_tokens
     # After the first request of each prompt, every one reuses the shared prefix's whole blocks, no more.
     plain_expected = cacheable_tokens(plain_shared, plain_calls[-1].prompt_tokens, block)

@@ -154,6 +154,10 @@ class RecordingEngine:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "served-model"}]})
+        if request.url.path == "/tokenize":  # the gateway learns its token accounting once per engine
+            return httpx.Response(200, json={"count": 400, "max_model_len": 4096, "tokens": []})
+        if request.url.path != "/v1/chat/completions":  # /metrics scrapes, /health: nothing to record
+            return httpx.Response(404, json={"error": {"message": "not here"}})
         self.requests.append((dict(request.headers), json.loads(request.content)))
         verdict = '{"verdict":"allow","categories":[],"confidence":0.9}'
         chunks = [

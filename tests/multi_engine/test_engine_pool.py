@@ -16,7 +16,7 @@ from gateway.admission import AdmissionQueue
 from gateway.circuit import CircuitBreaker, CircuitOpen
 from gateway.engine_client import EngineClient
 from gateway.engine_pool import EnginePool, EngineSlot, HeldEngine
-from gateway.errors import Overloaded
+from gateway.errors import EngineUnavailable, Overloaded
 from gateway.settings import Settings
 
 A, B = "http://engine-a.test", "http://engine-b.test"
@@ -237,3 +237,17 @@ async def test_readiness_reports_each_engine_and_only_a_healthy_closed_one_is_up
     ]
     pool.engines[0].circuit.record_failure()
     assert [engine["up"] for engine in await pool.readiness()] == [False, False]
+
+
+async def test_calls_without_a_slot_are_answered_by_the_first_engine_that_can() -> None:
+    def models(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"count": 7})
+        return httpx.Response(200, json={"data": [{"id": "served-model"}]})
+
+    pool = pool_of(engine_slot(A, 2, refusing), engine_slot(B, 2, models))
+    assert await pool.model_ids() == ["served-model"]  # A is dead but its circuit has not opened yet
+    assert await pool.tokenize({"prompt": "x"}) == 7
+    dead = pool_of(engine_slot(A, 2, refusing))
+    with pytest.raises(EngineUnavailable):
+        await dead.model_ids()

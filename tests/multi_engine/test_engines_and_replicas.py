@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import redis
 
+from bench.servers import free_port
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from gateway.embedded import ThreadedServer
@@ -80,7 +81,7 @@ def test_a_stopped_engine_is_marked_down_its_calls_go_to_the_other_and_it_is_use
     flaky, steady = start_sim(), start_sim()
     # One failure opens the circuit here: calls one at a time always find the other engine idle, and the
     # tie-break steers them away from the engine that failed, so a second failure would never come.
-    gateway = start_gateway(engine_url=f"{flaky.url},{steady.url}",
+    gateway = start_gateway(engine_url=f"{flaky.url},{steady.url}", shaping={"verdict_cache_ttl_s": 0},
                             circuit={"consecutive_failures": 1, "cooldown_s": 0.5})
 
     def flaky_circuit() -> str:
@@ -99,15 +100,29 @@ def test_a_stopped_engine_is_marked_down_its_calls_go_to_the_other_and_it_is_use
         assert [e["up"] for e in ready.json()["engines"]] == [False, True]
         assert flaky_circuit() != "closed"
         back = ThreadedServer(create_sim_app(PRESETS["instant"], 0.0), port=flaky.port).start()
+        seeds = iter(range(100, 10_000))
         try:
             def back_in_use() -> bool:
-                assert client.post("/v1/moderations", json=frame_body(100)).status_code == 200
+                assert client.post("/v1/moderations", json=frame_body(next(seeds))).status_code == 200
                 return bool(sim_info(back.url)["peak_running"] >= 1)
 
             poll(back_in_use, 30, "the engine to be probed and used again once it is back")
             assert flaky_circuit() == "closed"
         finally:
             back.stop()
+
+
+def test_a_gateway_whose_first_engine_is_dead_at_start_is_ready_and_serves_on_the_second(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    alive = start_sim()
+    gateway = start_gateway(engine_url=f"{dead},{alive.url}")
+    ready = httpx.get(f"{gateway.url}/readyz", timeout=30)
+    assert ready.status_code == 200
+    assert [engine["up"] for engine in ready.json()["engines"]] == [False, True]
+    answered = httpx.post(f"{gateway.url}/v1/moderations", json=frame_body(1), timeout=30)
+    assert answered.status_code == 200
 
 
 def test_two_gateway_replicas_sharing_redis_keep_one_engine_cap_across_both(

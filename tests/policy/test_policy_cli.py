@@ -158,3 +158,11 @@ def test_an_unreachable_gateway_is_a_readable_error(command: str) -> None:
     result = CliRunner().invoke(app, ["policy", command, "--url", f"http://127.0.0.1:{free_port()}"], env=env)
     assert result.exit_code == 1
     assert "cannot reach the gateway" in result.output
+
+
+def test_reasons_are_printed_as_written_brackets_and_all(gateway: ThreadedServer) -> None:
+    reason = "[/urgent] [bold]evening peak"
+    assert modgate(gateway, "set", "--default-mode", "off", "--reason", reason).exit_code == 0
+    shown = modgate(gateway, "show")
+    assert shown.exit_code == 0, shown.output
+    assert reason in shown.output

@@ -168,12 +168,13 @@ def test_a_flip_without_the_admin_token_changes_nothing_on_any_gateway(
     env = gateway_env(redis_url)
     with gateway_process(sim.url, **env) as first, gateway_process(sim.url, **env) as second:
         refused = put_policy(first, headers=headers, default_mode="off")
-        assert refused.status_code == status
-        for url in (first, second):
-            assert (policy_of(url)["version"], policy_of(url)["default_mode"]) == (1, "on")
-            assert moderation_details(url)["thinking"] == "on"
+        assert refused.status_code == status, refused.text
         audit = httpx.get(f"{second}/admin/audit", headers=ADMIN, timeout=5).json()["data"]
-        assert [entry["action"] for entry in audit] == ["seed"]
+        assert [entry["action"] for entry in audit] == ["seed"], audit
+        for url in (first, second):
+            shown = policy_of(url)
+            assert (shown["version"], shown["default_mode"]) == (1, "on"), shown
+            assert moderation_details(url)["thinking"] == "on"
 
 
 def test_while_redis_is_down_serving_goes_on_and_flips_are_refused_then_work_again(
