@@ -7,6 +7,7 @@ from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ExceptionHandlersMap
 
 from gateway.errors import InvalidRequest, ModgateError
 
@@ -55,7 +56,7 @@ def unexpected_error(request: Request[Any, Any, Any], exc: Exception) -> Respons
     )
 
 
-EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     ModgateError: modgate_error,
     ValidationException: validation_error,
     HTTPException: http_error,

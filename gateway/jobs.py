@@ -393,6 +393,7 @@ class RedisJobStore:
         self.claim_idle_ms = max(1, int(claim_idle_s * 1000))
         self.ttl_s = ttl_s
         self._group_ready = False
+        self._claim_cursor = "0-0"
         self._submit = client.register_script(_SUBMIT)
         self._start_attempt = client.register_script(_START_ATTEMPT)
         self._complete = client.register_script(_COMPLETE)
@@ -464,7 +465,12 @@ class RedisJobStore:
 
     async def _take(self, consumer: str, block_s: float) -> list[Delivery]:
         await self._ensure_group()
-        claimed = await self._redis.xautoclaim(STREAM, GROUP, consumer, self.claim_idle_ms, "0-0", count=1)
+        # The cursor walks the whole pending list over successive calls (each call scans only a few
+        # entries), so an idle entry behind many busy ones is still found.
+        claimed = await self._redis.xautoclaim(
+            STREAM, GROUP, consumer, self.claim_idle_ms, self._claim_cursor, count=1
+        )
+        self._claim_cursor = _text(claimed[0]) if claimed else "0-0"
         entries = claimed[1] if len(claimed) > 1 else []
         if not entries:
             answer: Any = await self._redis.xreadgroup(
@@ -719,8 +725,6 @@ class JobWorker:
                     self._moderation_request(record), Caller(tenant=record.tenant, key_id="job"), None
                 )
             except (ServerSideError, Overloaded) as exc:
-                if isinstance(exc, StateUnavailable):
-                    raise
                 if attempt >= self.settings.max_attempts:
                     await self._fail(job_id, exc)
                     return record

@@ -28,6 +28,7 @@ from gateway.errors import (
 from gateway.policy import Mode, PolicyStore, QueueLoad, RequestContext, ThinkingDecision, decide
 from gateway.remote_images import RemoteImageFetcher, is_remote_url
 from gateway.settings import Settings
+from gateway.shadow import ShadowSampler
 from gateway.stats import RecentRequests
 from gateway.telemetry import GatewayMetrics, RequestRecorder
 from gateway.tracing import engine_span_attributes
@@ -123,6 +124,7 @@ class ModerationService:
             shaping.verdict_cache_ttl_s, shaping.verdict_cache_max_entries,
             NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta),
         )
+        self.shadow: ShadowSampler | None = None  # set by open_services: shadow pairs for the quality module
         self.accountant: TokenAccountant | None = None  # built with the first request (needs the model id)
         self._accounting_lock = asyncio.Lock()
         self._accounting_paused_until = 0.0  # after a failed /tokenize: no prediction until then
@@ -197,6 +199,12 @@ class ModerationService:
         if shaped:
             k = packing or self.settings.shaping.packing_k
             outcomes = await self._judge_frames(list(shaped), extra_text, decision, context, request_id, k)
+            if self.shadow is not None and not extra_text:
+                video_id = options.video_id if options else None
+                for judged_frame, outcome in zip(shaped, outcomes, strict=True):
+                    if outcome.reused is None and outcome.packed == 1:  # an engine verdict on this frame alone
+                        self.shadow.consider(policy, judged_frame, decision.mode, outcome.verdict, outcome.answer,
+                                             tenant=caller.tenant, video_id=video_id)
         else:
             text_request = f"请审核以下文本：\n{extra_text}"
             outcomes = [await self._judge([], text_request, decision, context, f"{request_id}-0")]

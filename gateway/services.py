@@ -27,9 +27,11 @@ from gateway.policy import PolicyStore
 from gateway.policy_store import MemoryPolicyStore, RedisPolicyStore
 from gateway.remote_images import RemoteImageFetcher
 from gateway.settings import Settings
+from gateway.shadow import ShadowSampler
 from gateway.stats import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
 from gateway.telemetry import GatewayMetrics, RequestRecorder
 from gateway.tracing import Telemetry, build_telemetry
+from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from gateway.verdict_cache import MemoryVerdictCache, NearDuplicateRule, RedisVerdictCache, VerdictCache
 from shaping.prefix import GuidanceTooShort
 from shaping.prompt import SystemPrompt, load_system_prompt
@@ -128,6 +130,14 @@ async def _system_prompt(
     return prompt
 
 
+def _quality_records(settings: Settings, state: aioredis.Redis | None) -> RecordStore:
+    """Shadow pairs: weekly JSONL files, mirrored to a Redis stream when Redis is configured."""
+    files = JsonlRecordStore(settings.quality.records_dir)
+    if state is None:
+        return files
+    return MirroredRecordStore(files, RedisRecordStore(state, stream=settings.quality.redis_stream))
+
+
 def _policy_store(settings: Settings) -> PolicyStore:
     if not settings.redis_url:
         return MemoryPolicyStore()
@@ -190,6 +200,13 @@ async def open_services(
         verdicts=_verdict_cache(settings, state),
         engines=engines,
     )
+    records = _quality_records(settings, state)
+    moderation.shadow = ShadowSampler(
+        engines=engines, store=records, system_prompt=moderation.system_prompt,
+        user_text=settings.shaping.user_text, model=moderation.engine_model,
+        use_priority=settings.engine.use_priority, constraint=settings.engine.verdict_constraint,
+        counters=metrics,
+    )
     jobs = _job_service(settings, state, moderation, executor, remote_images)
     await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
     try:
@@ -201,6 +218,8 @@ async def open_services(
                        circuit=circuit, jobs=jobs, engines=engines)
     finally:
         await jobs.stop()
+        await moderation.shadow.drain(timeout_s=10.0)
+        await records.aclose()
         if remote_images is not None:
             await remote_images.aclose()
         if state is not None:

@@ -198,6 +198,13 @@ class LeaseSettings(BaseModel):
         return self
 
 
+class QualitySettings(BaseModel):
+    """Where shadow pairs (the policy's ``shadow_share`` of live frames, judged in both modes) are kept."""
+
+    records_dir: Path = Path("var/quality/records")  # one JSONL file per ISO week, read by the weekly report
+    redis_stream: str = "modgate:quality:records"  # mirrored there when MODGATE_REDIS_URL is set
+
+
 class SimulatorSettings(BaseModel):
     """The built-in simulated engine, started when no engine URL is set."""
 
@@ -234,6 +241,7 @@ class Settings(BaseSettings):
     policy: PolicySettings = PolicySettings()
     console: ConsoleSettings = ConsoleSettings()
     leases: LeaseSettings = LeaseSettings()
+    quality: QualitySettings = QualitySettings()
 
     @field_validator("engine_url")
     @classmethod

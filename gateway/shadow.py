@@ -13,6 +13,7 @@ import asyncio
 import logging
 import random
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -51,7 +52,7 @@ class ShadowSampler:
         store: RecordStore,
         system_prompt: SystemPrompt,
         user_text: str,
-        model: str,
+        model: Callable[[], Awaitable[str]],
         use_priority: bool,
         constraint: str,
         counters: ShadowCounters | None = None,
@@ -111,7 +112,7 @@ class ShadowSampler:
             [frame],
             self.user_text,
             RequestOptions(
-                model=self.model,
+                model=await self.model(),
                 enable_thinking=mode == "on",
                 max_completion_tokens=(
                     policy.max_completion_tokens_on if mode == "on" else policy.max_completion_tokens_off

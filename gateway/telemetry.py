@@ -73,6 +73,16 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        self.shadow_pairs = Counter(
+            "modgate_shadow_pairs",
+            "Shadow judgements for the quality module, by outcome (recorded, skipped_busy, engine_error, ...).",
+            ["outcome"], registry=registry,
+        )
+
+    def shadow(self, outcome: str) -> None:
+        """Count one shadow judgement's outcome."""
+        self.shadow_pairs.labels(outcome).inc()
+
     def watch(
         self, recent: RecentRequests, engine_cache: EngineCacheWindow, thinking_default_on: Callable[[], bool]
     ) -> None:

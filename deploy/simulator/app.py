@@ -424,7 +424,8 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
 
     if slow:
         await asyncio.sleep(slow)
-    reasoning, content = [], []
+    reasoning: list[str] = []
+    content: list[str] = []
     finish: FinishEvent | None = None
     async for event in sim.engine.generate(sequence):
         if isinstance(event, TokenEvent):
@@ -438,7 +439,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
             headers=headers,
             media_type="application/json",
         )
-    message = {
+    message: dict[str, Any] = {
         "role": "assistant",
         "content": "".join(content) if content else None,
         "reasoning": "".join(reasoning) if reasoning else None,

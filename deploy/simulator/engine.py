@@ -228,7 +228,7 @@ class SimEngine:
             self._admit()
             decoding = [s for s in self._running if s.prefill_done]
             budget = self.preset.max_num_batched_tokens - len(decoding)
-            prefill_tokens, prefilled_now = 0, []
+            prefill_tokens, prefilled_now = 0, list[Sequence]()
             for sequence in self._running:
                 if sequence.prefill_done or budget <= 0:
                     continue
