@@ -29,6 +29,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -244,68 +245,68 @@ async def job_submitter(client: httpx.AsyncClient, tally: Tally, frames: list[by
 def soak_stack(args: argparse.Namespace, log_dir: Path, webhook_url: str) -> Iterator[dict[str, Any]]:
     """Redis, the simulator and the gateway, each in a process of its own; stopped on the way out."""
     processes: dict[str, Process] = {}
-    redis_port, sim_port, gateway_port = free_port(), free_port(), free_port()
-    redis_dir = log_dir / "redis"
-    redis_dir.mkdir(exist_ok=True)
-    processes["redis"] = spawn("redis", [
-        "/usr/bin/redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--dir", str(redis_dir),
-        "--appendonly", "yes", "--save", "",
-    ], log_dir)
-    sim_url = f"http://127.0.0.1:{sim_port}"
-    processes["simulator"] = spawn("simulator", [
-        sys.executable, "-m", "gateway.cli", "engine-sim", "--port", str(sim_port), "--preset", "spark",
-        "--time-scale", str(args.time_scale), "--error-rate", str(args.error_rate),
-        "--slow-rate", str(args.slow_rate), "--slow-s", str(args.slow_s),
-        "--cut-stream-rate", str(args.cut_stream_rate), "--malformed-rate", str(args.malformed_rate),
-    ], log_dir)
-    wait_until_ready(f"{sim_url}/health", processes["simulator"].popen)
-    redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    client = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.RedisError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-    gateway_url = f"http://127.0.0.1:{gateway_port}"
-    gateway_env = {
-        "MODGATE_ENGINE_URL": sim_url,
-        "MODGATE_REDIS_URL": redis_url,
-        "MODGATE_LOG_LEVEL": "warning",
-        "MODGATE_ENGINE__FIRST_TOKEN_TIMEOUT_S": str(args.first_token_timeout_s),
-        "MODGATE_ADMISSION__QUEUE_SIZE": str(args.queue_size),
-        "MODGATE_ADMISSION__QUEUE_TIMEOUT_S": "10",
-        "MODGATE_JOBS__CLAIM_IDLE_S": "5",
-        "MODGATE_JOBS__RETRY_WAIT_S": "0.5",
-        "MODGATE_JOBS__MAX_ATTEMPTS": "10",
-        "MODGATE_JOBS__WEBHOOK_SECRET": WEBHOOK_SECRET,
-        "MODGATE_JOBS__WEBHOOK_ALLOWLIST": "127.0.0.1",
-        # Real keyframes are almost all distinct; a small pool here would be served from the verdict cache
-        # and spare the engine (and its faults) the work. Off unless asked for.
-        "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "3600" if args.verdict_cache else "0",
-    }
     gateways: list[Process] = []
+    client: redis.Redis | None = None
+    try:  # whatever started is stopped, even when a later part fails to start
+        redis_port, sim_port, gateway_port = free_port(), free_port(), free_port()
+        redis_dir = log_dir / "redis"
+        redis_dir.mkdir(exist_ok=True)
+        processes["redis"] = spawn("redis", [
+            shutil.which("redis-server") or "/usr/bin/redis-server", "--port", str(redis_port),
+            "--bind", "127.0.0.1", "--dir", str(redis_dir), "--appendonly", "yes", "--save", "",
+        ], log_dir)
+        sim_url = f"http://127.0.0.1:{sim_port}"
+        processes["simulator"] = spawn("simulator", [
+            sys.executable, "-m", "gateway.cli", "engine-sim", "--port", str(sim_port), "--preset", "spark",
+            "--time-scale", str(args.time_scale), "--error-rate", str(args.error_rate),
+            "--slow-rate", str(args.slow_rate), "--slow-s", str(args.slow_s),
+            "--cut-stream-rate", str(args.cut_stream_rate), "--malformed-rate", str(args.malformed_rate),
+        ], log_dir)
+        wait_until_ready(f"{sim_url}/health", processes["simulator"].popen)
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        client = redis.Redis.from_url(redis_url)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        gateway_env = {
+            "MODGATE_ENGINE_URL": sim_url,
+            "MODGATE_REDIS_URL": redis_url,
+            "MODGATE_LOG_LEVEL": "warning",
+            "MODGATE_ENGINE__FIRST_TOKEN_TIMEOUT_S": str(args.first_token_timeout_s),
+            "MODGATE_ADMISSION__QUEUE_SIZE": str(args.queue_size),
+            "MODGATE_ADMISSION__QUEUE_TIMEOUT_S": "10",
+            "MODGATE_JOBS__CLAIM_IDLE_S": "5",
+            "MODGATE_JOBS__RETRY_WAIT_S": "0.5",
+            "MODGATE_JOBS__MAX_ATTEMPTS": "10",
+            "MODGATE_JOBS__WEBHOOK_SECRET": WEBHOOK_SECRET,
+            "MODGATE_JOBS__WEBHOOK_ALLOWLIST": "127.0.0.1",
+            # Real keyframes are almost all distinct; a small pool here would be served from the verdict
+            # cache and spare the engine (and its faults) the work. Off unless asked for.
+            "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "3600" if args.verdict_cache else "0",
+        }
 
-    def start_gateway() -> Process:
-        gateway = spawn(f"gateway-{len(gateways)}", [sys.executable, "-m", "gateway.cli", "serve", "--port",
-                                                    str(gateway_port)], log_dir, gateway_env)
-        gateways.append(gateway)
-        wait_until_ready(f"{gateway_url}/readyz", gateway.popen)
-        return gateway
+        def start_gateway() -> Process:
+            command = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(gateway_port)]
+            gateway = spawn(f"gateway-{len(gateways)}", command, log_dir, gateway_env)
+            gateways.append(gateway)
+            wait_until_ready(f"{gateway_url}/readyz", gateway.popen)
+            return gateway
 
-    start_gateway()
-    try:
+        start_gateway()
         yield {"gateway_url": gateway_url, "sim_url": sim_url, "redis": client, "gateways": gateways,
                "start_gateway": start_gateway, "processes": processes}
     finally:
-        for gateway in gateways:
-            gateway.stop()
-        for name in ("simulator", "redis"):
-            processes[name].stop()
-        client.close()
+        for process in [*gateways, *processes.values()]:
+            process.stop()
+        if client is not None:
+            client.close()
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

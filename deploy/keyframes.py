@@ -110,3 +110,35 @@ def read_label(image: Image.Image) -> Label:
         if distance < best_distance:
             best, best_distance = name, distance
     return Label.parse(best) if best_distance < 40 else Label("allow")
+
+
+def write_dataset(directory: str, videos: int, frames_per_video: int, seed: int = 0) -> int:
+    """A folder per video of labelled JPEG keyframes (mostly allow, as live traffic is); answers the count."""
+    import random
+    from pathlib import Path
+
+    rng = random.Random(seed)
+    weights = [0.9, 0.03] + [0.07 / (len(LABELS) - 2)] * (len(LABELS) - 2)
+    written = 0
+    for video in range(videos):
+        folder = Path(directory) / f"video-{video:04d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for frame in range(frames_per_video):
+            label = rng.choices(LABELS, weights)[0]
+            name = f"{frame:03d}-{label.replace(':', '-').replace('/', '_')}.jpg"
+            (folder / name).write_bytes(make_keyframe(label, 640, 360, seed=seed * 1_000_003 + written))
+            written += 1
+    return written
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a folder of synthetic, labelled keyframes.")
+    parser.add_argument("directory")
+    parser.add_argument("--videos", type=int, default=40)
+    parser.add_argument("--frames", type=int, default=10, help="keyframes per video")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    count = write_dataset(args.directory, args.videos, args.frames, args.seed)
+    print(f"wrote {count} keyframes in {args.videos} video folders under {args.directory}")

@@ -1,4 +1,4 @@
-"""The gateway's Litestar app: ``create_app(settings)`` with an explicit route list and lifespan-managed clients."""
+"""The gateway's Litestar app: ``create_app(settings)``, an explicit route list, lifespan-managed clients."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from gateway.settings import Settings
 log = logging.getLogger("modgate.gateway")
 
 
-def create_app(settings: Settings | None = None, engine_transport: httpx.AsyncBaseTransport | None = None) -> Litestar:
+def create_app(
+    settings: Settings | None = None, engine_transport: httpx.AsyncBaseTransport | None = None
+) -> Litestar:
     """The gateway app; settings are passed in (tests) or read from ``MODGATE_*``.
 
     ``engine_transport`` replaces the network under the engine client (tests use ``httpx.MockTransport``).
@@ -29,7 +31,9 @@ def create_app(settings: Settings | None = None, engine_transport: httpx.AsyncBa
     settings = settings or Settings()
     keys = KeyRing(settings.tenant_keys(), settings.admin_token, keys_in_store=settings.api_keys_from_redis)
     if keys.open:
-        log.warning("MODGATE_API_KEYS is unset: business calls need NO API key. Set it before exposing the gateway.")
+        log.warning(
+            "MODGATE_API_KEYS is unset: business calls need NO API key. Set it before exposing the gateway."
+        )
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -43,7 +47,12 @@ def create_app(settings: Settings | None = None, engine_transport: httpx.AsyncBa
 
     return Litestar(
         route_handlers=[
-            *moderations.ROUTES, *videos.ROUTES, *jobs.ROUTES, *ops.ROUTES, *admin.ROUTES, *console.ROUTES,
+            *moderations.ROUTES,
+            *videos.ROUTES,
+            *jobs.ROUTES,
+            *ops.ROUTES,
+            *admin.ROUTES,
+            *console.ROUTES,
         ],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         lifespan=[lifespan],

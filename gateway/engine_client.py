@@ -145,7 +145,9 @@ class EngineClient:
         except httpx.HTTPError as exc:
             raise EngineUnavailable(f"engine /tokenize failed: {exc!r}") from exc
         if response.status_code != 200:
-            raise UpstreamError(f"engine /tokenize answered {response.status_code}: {_error_message(response)}")
+            raise UpstreamError(
+                f"engine /tokenize answered {response.status_code}: {_error_message(response)}"
+            )
         return int(response.json()["count"])
 
     async def _get(self, path: str) -> httpx.Response:

@@ -116,12 +116,16 @@ class ModerationService:
         self.model_id: str | None = None if settings.engine.model == "auto" else settings.engine.model
         shaping = settings.shaping
         self.limits = ImageLimits(
-            max_bytes=shaping.max_image_bytes, animated=shaping.animated,
+            max_bytes=shaping.max_image_bytes,
+            animated=shaping.animated,
             max_pixels_decoded=settings.limits.max_image_pixels,
         )
-        self.grid = TokenGrid(pixels_per_token=shaping.pixels_per_token, token_budget=shaping.image_token_budget)
+        self.grid = TokenGrid(
+            pixels_per_token=shaping.pixels_per_token, token_budget=shaping.image_token_budget
+        )
         self.verdicts: VerdictCache = verdicts or MemoryVerdictCache(
-            shaping.verdict_cache_ttl_s, shaping.verdict_cache_max_entries,
+            shaping.verdict_cache_ttl_s,
+            shaping.verdict_cache_max_entries,
             NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta),
         )
         self.shadow: ShadowSampler | None = None  # set by open_services: shadow pairs for the quality module
@@ -152,16 +156,23 @@ class ModerationService:
             raise image_rejection(exc) from exc
 
     async def moderate(
-        self, request: ModerationRequest, caller: Caller, requested: Mode | None, packing: int | None = None
+        self,
+        request: ModerationRequest,
+        caller: Caller,
+        requested: Mode | None,
+        packing: int | None = None,
+        *,
+        fresh: bool = False,
     ) -> ModerationResponse:
         """Answer one moderation request, as one trace; a request that fails is counted by its outcome.
 
-        ``packing``: keyframes per engine request (default ``MODGATE_SHAPING__PACKING_K``).
+        ``packing``: keyframes per engine request (default ``MODGATE_SHAPING__PACKING_K``). ``fresh``: do
+        not reuse stored verdicts (``Cache-Control: no-cache``, e.g. the quality module's re-runs).
         """
         request_id = f"modr-{uuid.uuid4().hex}"
         with self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id}):
             try:
-                return await self._moderate(request, caller, requested, request_id, packing)
+                return await self._moderate(request, caller, requested, request_id, packing, fresh=fresh)
             except ModgateError as exc:
                 self.recorder.failed(request_id, exc.default_code, exc.message)
                 raise
@@ -173,8 +184,14 @@ class ModerationService:
                 raise
 
     async def _moderate(
-        self, request: ModerationRequest, caller: Caller, requested: Mode | None, request_id: str,
+        self,
+        request: ModerationRequest,
+        caller: Caller,
+        requested: Mode | None,
+        request_id: str,
         packing: int | None = None,
+        *,
+        fresh: bool = False,
     ) -> ModerationResponse:
         """One result per image (or one for a text-only input)."""
         started = time.monotonic()
@@ -198,13 +215,24 @@ class ModerationService:
         extra_text = "\n".join(texts)
         if shaped:
             k = packing or self.settings.shaping.packing_k
-            outcomes = await self._judge_frames(list(shaped), extra_text, decision, context, request_id, k)
+            outcomes = await self._judge_frames(
+                list(shaped), extra_text, decision, context, request_id, k, fresh=fresh
+            )
             if self.shadow is not None and not extra_text:
                 video_id = options.video_id if options else None
                 for judged_frame, outcome in zip(shaped, outcomes, strict=True):
-                    if outcome.reused is None and outcome.packed == 1:  # an engine verdict on this frame alone
-                        self.shadow.consider(policy, judged_frame, decision.mode, outcome.verdict, outcome.answer,
-                                             tenant=caller.tenant, video_id=video_id)
+                    if (
+                        outcome.reused is None and outcome.packed == 1
+                    ):  # an engine verdict on this frame alone
+                        self.shadow.consider(
+                            policy,
+                            judged_frame,
+                            decision.mode,
+                            outcome.verdict,
+                            outcome.answer,
+                            tenant=caller.tenant,
+                            video_id=video_id,
+                        )
         else:
             text_request = f"请审核以下文本：\n{extra_text}"
             outcomes = [await self._judge([], text_request, decision, context, f"{request_id}-0")]
@@ -216,7 +244,9 @@ class ModerationService:
             results.append(self._result(outcome, frame, latency_s, shaping_s if frame else 0.0))
             self.recorder.record(results[-1].modgate, request_id)
         self.metrics.requests.labels("moderations", "ok").inc()
-        return ModerationResponse(id=request_id, model=request.model or self.settings.model_name, results=results)
+        return ModerationResponse(
+            id=request_id, model=request.model or self.settings.model_name, results=results
+        )
 
     @staticmethod
     def _split_input(request: ModerationRequest) -> tuple[list[str], list[str]]:
@@ -254,7 +284,8 @@ class ModerationService:
                 stream=True,
                 priority=context.priority if self.settings.engine.use_priority else None,
                 thinking_token_budget=(
-                    None if decision.thinking_token_budget is None
+                    None
+                    if decision.thinking_token_budget is None
                     else decision.thinking_token_budget * max(1, len(frames))
                 ),
             ),
@@ -269,10 +300,16 @@ class ModerationService:
                 with self.tracer.start_as_current_span("engine") as engine_span:
                     answer = await admission.chat(body, request_id)
                     usage = answer.usage
-                    engine_span.set_attributes(engine_span_attributes(
-                        request_id, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
-                        answer.ttft_s, answer.streamed,
-                    ))
+                    engine_span.set_attributes(
+                        engine_span_attributes(
+                            request_id,
+                            usage.prompt_tokens,
+                            usage.cached_tokens,
+                            usage.completion_tokens,
+                            answer.ttft_s,
+                            answer.streamed,
+                        )
+                    )
         except ModgateError as exc:
             self.metrics.engine_errors.labels(type(exc).__name__).inc()
             raise
@@ -290,9 +327,14 @@ class ModerationService:
             log.warning("unusable engine output", extra={"request_id": request_id, "problem": problem})
         for judged in parsed.verdicts:
             self.metrics.frames.labels(judged.action, decision.mode).inc()
-        return FrameOutcome(verdict=parsed.verdicts[0], answer=answer, decision=decision,
-                            queue_s=admission.queue_seconds, verdicts=parsed.verdicts,
-                            packed=max(1, len(frames)))
+        return FrameOutcome(
+            verdict=parsed.verdicts[0],
+            answer=answer,
+            decision=decision,
+            queue_s=admission.queue_seconds,
+            verdicts=parsed.verdicts,
+            packed=max(1, len(frames)),
+        )
 
     def _result(
         self, outcome: FrameOutcome, frame: ShapedImage | None, latency_s: float, shaping_s: float
@@ -305,8 +347,10 @@ class ModerationService:
         return ModerationResult(
             flagged=verdict.flagged,
             categories={c: c in named and verdict.action == "block" for c in OPENAI_CATEGORIES},
-            category_scores={c: round(verdict.confidence * weight, 4) if c in named else 0.0 for c in OPENAI_CATEGORIES},
-            category_applied_input_types={c: input_type for c in OPENAI_CATEGORIES},  # type: ignore[misc]
+            category_scores={
+                c: round(verdict.confidence * weight, 4) if c in named else 0.0 for c in OPENAI_CATEGORIES
+            },
+            category_applied_input_types=dict.fromkeys(OPENAI_CATEGORIES, input_type),  # type: ignore[misc]
             modgate=ModerationDetails(
                 action=verdict.action,
                 reason=verdict.detail or None,
@@ -365,8 +409,9 @@ class ModerationService:
         mismatch = compare_usage(prediction, answer.usage.prompt_tokens, answer.usage.image_tokens)
         if mismatch is not None:
             self.metrics.token_mismatches.inc()
-            log.warning("token prediction mismatch: %s", mismatch.describe(),
-                        extra={"request_id": request_id})
+            log.warning(
+                "token prediction mismatch: %s", mismatch.describe(), extra={"request_id": request_id}
+            )
 
     def _instruction(self, frames: int, extra_text: str) -> str:
         """The user text of an engine request judging ``frames`` keyframes (plus any caller text)."""
@@ -408,9 +453,12 @@ class ModerationService:
             return total // k + (1 if position < total % k else 0)
 
         shared = Usage(
-            prompt_tokens=part(usage.prompt_tokens), completion_tokens=part(usage.completion_tokens),
-            cached_tokens=part(usage.cached_tokens), created_cache_tokens=part(usage.created_cache_tokens),
-            image_tokens=part(usage.image_tokens), reasoning_tokens=part(usage.reasoning_tokens),
+            prompt_tokens=part(usage.prompt_tokens),
+            completion_tokens=part(usage.completion_tokens),
+            cached_tokens=part(usage.cached_tokens),
+            created_cache_tokens=part(usage.created_cache_tokens),
+            image_tokens=part(usage.image_tokens),
+            reasoning_tokens=part(usage.reasoning_tokens),
         )
         verdict = outcome.verdicts[position] if position < len(outcome.verdicts) else outcome.verdict
         return replace(outcome, verdict=verdict, answer=replace(outcome.answer, usage=shared))
@@ -421,8 +469,14 @@ class ModerationService:
     ) -> FrameOutcome:
         """A verdict not asked of the engine for this frame: no tokens, the engine request that made it."""
         answer = EngineAnswer(
-            content=None, reasoning=None, finish_reason="stop", usage=Usage(), ttft_s=None, total_s=0.0,
-            request_id=source_request_id, streamed=False,
+            content=None,
+            reasoning=None,
+            finish_reason="stop",
+            usage=Usage(),
+            ttft_s=None,
+            total_s=0.0,
+            request_id=source_request_id,
+            streamed=False,
         )
         return FrameOutcome(verdict=verdict, answer=answer, decision=decision, queue_s=0.0, reused=how)
 
@@ -434,6 +488,8 @@ class ModerationService:
         context: RequestContext,
         request_id: str,
         packing: int,
+        *,
+        fresh: bool = False,
     ) -> list[FrameOutcome]:
         """One outcome per frame, in order, asking the engine only about frames it has not judged.
 
@@ -447,7 +503,7 @@ class ModerationService:
         identities = await self._identities(frames)
         rule = self.verdicts.rule
         hits: list[ReusedVerdict | None] = [None] * len(frames)
-        if self.settings.shaping.verdict_cache_ttl_s > 0:
+        if self.settings.shaping.verdict_cache_ttl_s > 0 and not fresh:
             hits = list(await asyncio.gather(*(self.verdicts.lookup(scope, frame) for frame in identities)))
         outcomes: list[FrameOutcome | None] = [None] * len(frames)
         leaders: list[int] = []  # frames the engine judges
@@ -471,11 +527,18 @@ class ModerationService:
             else:
                 followers[index] = twin
         chunks = [leaders[start : start + packing] for start in range(0, len(leaders), packing)]
-        judged = await asyncio.gather(*(
-            self._judge([frames[i] for i in chunk], self._instruction(len(chunk), extra_text), decision,
-                        context, f"{request_id}-{chunk[0]}")
-            for chunk in chunks
-        ))
+        judged = await asyncio.gather(
+            *(
+                self._judge(
+                    [frames[i] for i in chunk],
+                    self._instruction(len(chunk), extra_text),
+                    decision,
+                    context,
+                    f"{request_id}-{chunk[0]}",
+                )
+                for chunk in chunks
+            )
+        )
         for chunk, outcome in zip(chunks, judged, strict=True):
             for position, index in enumerate(chunk):
                 outcomes[index] = self._share(outcome, position)
@@ -488,9 +551,13 @@ class ModerationService:
             made_at = time.time()
             fresh = [
                 StoredVerdict(
-                    action=made.verdict.action, categories=made.verdict.categories,
-                    confidence=made.verdict.confidence, sha256=identities[index].sha256,
-                    phash=identities[index].phash, thumbnail=identities[index].thumbnail, made_at=made_at,
+                    action=made.verdict.action,
+                    categories=made.verdict.categories,
+                    confidence=made.verdict.confidence,
+                    sha256=identities[index].sha256,
+                    phash=identities[index].phash,
+                    thumbnail=identities[index].thumbnail,
+                    made_at=made_at,
                     request_id=made.answer.request_id,
                 )
                 for index in leaders

@@ -31,8 +31,8 @@ from gateway.shadow import ShadowSampler
 from gateway.stats import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
 from gateway.telemetry import GatewayMetrics, RequestRecorder
 from gateway.tracing import Telemetry, build_telemetry
-from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from gateway.verdict_cache import MemoryVerdictCache, NearDuplicateRule, RedisVerdictCache, VerdictCache
+from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from shaping.prefix import GuidanceTooShort
 from shaping.prompt import SystemPrompt, load_system_prompt
 
@@ -65,7 +65,9 @@ def _start_simulator(settings: Settings) -> ThreadedServer:
     server = ThreadedServer(create_sim_app(preset, settings.simulator.time_scale)).start()
     log.warning(
         "MODGATE_ENGINE_URL is unset: using the built-in simulated engine at %s (%s preset, time scale %g)",
-        server.url, preset.name, settings.simulator.time_scale,
+        server.url,
+        preset.name,
+        settings.simulator.time_scale,
     )
     return server
 
@@ -76,22 +78,34 @@ def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
         return None
     if not group.allowlist:
         log.warning("MODGATE_REMOTE_IMAGES__ENABLED is on but its allowlist is empty: every URL is refused")
-    return RemoteImageFetcher(group.allowlist, max_bytes=group.max_bytes, timeout_s=group.timeout_s,
-                              max_redirects=group.max_redirects)
+    return RemoteImageFetcher(
+        group.allowlist,
+        max_bytes=group.max_bytes,
+        timeout_s=group.timeout_s,
+        max_redirects=group.max_redirects,
+    )
 
 
 def _job_service(
-    settings: Settings, state: aioredis.Redis | None, moderation: ModerationService,
-    executor: ThreadPoolExecutor, remote_images: RemoteImageFetcher | None,
+    settings: Settings,
+    state: aioredis.Redis | None,
+    moderation: ModerationService,
+    executor: ThreadPoolExecutor,
+    remote_images: RemoteImageFetcher | None,
 ) -> JobService:
     group = settings.jobs
     store: JobStore = (
-        MemoryJobStore() if state is None
+        MemoryJobStore()
+        if state is None
         else RedisJobStore(state, claim_idle_s=group.claim_idle_s, ttl_s=group.result_ttl_s)
     )
     secret = group.webhook_secret
-    webhooks = None if secret is None else WebhookSender(
-        secret.get_secret_value(), timeout_s=group.webhook_timeout_s, attempts=group.webhook_attempts
+    webhooks = (
+        None
+        if secret is None
+        else WebhookSender(
+            secret.get_secret_value(), timeout_s=group.webhook_timeout_s, attempts=group.webhook_attempts
+        )
     )
     return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks)
 
@@ -125,7 +139,10 @@ async def _system_prompt(
         return load_system_prompt()
     log.warning(
         "block-filling prefix on: +%d tokens of policy guidance; shared prefix %d tokens (block %d, +%d)",
-        filled.added_tokens, filled.shared_tokens, filled.block_size, filled.overshoot,
+        filled.added_tokens,
+        filled.shared_tokens,
+        filled.block_size,
+        filled.overshoot,
     )
     return prompt
 
@@ -143,16 +160,22 @@ def _policy_store(settings: Settings) -> PolicyStore:
         return MemoryPolicyStore()
     group = settings.policy
     return RedisPolicyStore(
-        settings.redis_url, key_prefix=group.key_prefix, reload_interval_s=group.reload_interval_s,
-        timeout_s=group.redis_timeout_s, reconnect_interval_s=group.reconnect_interval_s,
+        settings.redis_url,
+        key_prefix=group.key_prefix,
+        reload_interval_s=group.reload_interval_s,
+        timeout_s=group.redis_timeout_s,
+        reconnect_interval_s=group.reconnect_interval_s,
         audit_max_entries=group.audit_max_entries,
     )
 
 
 @asynccontextmanager
 async def open_services(
-    settings: Settings, keys: KeyRing, engine_transport: httpx.AsyncBaseTransport | None = None,
-    *, clock: Clock = time.monotonic,
+    settings: Settings,
+    keys: KeyRing,
+    engine_transport: httpx.AsyncBaseTransport | None = None,
+    *,
+    clock: Clock = time.monotonic,
 ) -> AsyncIterator[Services]:
     """Build every client the handlers need; close them all on the way out (``clock``: the stats windows')."""
     simulator: ThreadedServer | None = None
@@ -169,8 +192,12 @@ async def open_services(
     engines = build_engine_pool(settings, engine_urls, engine_transport)
     engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
     # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
-    state = None if not settings.redis_url else aioredis.Redis.from_url(
-        settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
+    state = (
+        None
+        if not settings.redis_url
+        else aioredis.Redis.from_url(
+            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
+        )
     )
     if state is not None and settings.api_keys_from_redis:
         keys.store = RedisKeyStore(state)
@@ -180,7 +207,8 @@ async def open_services(
     telemetry = build_telemetry(settings.telemetry)
     recent = RecentRequests(settings.telemetry.window_s, clock=clock)
     engine_cache = EngineCacheScraper(
-        engine.metrics_text, EngineCacheWindow(settings.telemetry.window_s, clock=clock),
+        engine.metrics_text,
+        EngineCacheWindow(settings.telemetry.window_s, clock=clock),
         interval_s=settings.telemetry.engine_scrape_interval_s,
         on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
     )
@@ -202,9 +230,13 @@ async def open_services(
     )
     records = _quality_records(settings, state)
     moderation.shadow = ShadowSampler(
-        engines=engines, store=records, system_prompt=moderation.system_prompt,
-        user_text=settings.shaping.user_text, model=moderation.engine_model,
-        use_priority=settings.engine.use_priority, constraint=settings.engine.verdict_constraint,
+        engines=engines,
+        store=records,
+        system_prompt=moderation.system_prompt,
+        user_text=settings.shaping.user_text,
+        model=moderation.engine_model,
+        use_priority=settings.engine.use_priority,
+        constraint=settings.engine.verdict_constraint,
         counters=metrics,
     )
     jobs = _job_service(settings, state, moderation, executor, remote_images)
@@ -213,9 +245,21 @@ async def open_services(
         engines.start()
         engine_cache.start()
         jobs.start()
-        yield Services(settings, keys, engine, admission, policies, metrics, moderation,
-                       telemetry=telemetry, recent=recent, engine_cache=engine_cache,
-                       circuit=circuit, jobs=jobs, engines=engines)
+        yield Services(
+            settings,
+            keys,
+            engine,
+            admission,
+            policies,
+            metrics,
+            moderation,
+            telemetry=telemetry,
+            recent=recent,
+            engine_cache=engine_cache,
+            circuit=circuit,
+            jobs=jobs,
+            engines=engines,
+        )
     finally:
         await jobs.stop()
         await moderation.shadow.drain(timeout_s=10.0)

@@ -21,7 +21,23 @@ from gateway.wire import ModerationDetails
 request_log = logging.getLogger("modgate.requests")
 
 LATENCY_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    30.0,
+    60.0,
 )
 
 
@@ -39,11 +55,15 @@ class GatewayMetrics:
             "modgate_requests", "Moderation requests by outcome.", ["route", "outcome"], registry=registry
         )
         self.frames = Counter(
-            "modgate_frames", "Keyframes moderated, by action and thinking mode.", ["action", "thinking"],
+            "modgate_frames",
+            "Keyframes moderated, by action and thinking mode.",
+            ["action", "thinking"],
             registry=registry,
         )
         self.unparsable = Counter(
-            "modgate_unparsable_outputs", "Engine outputs that could not be used as a verdict.", ["problem"],
+            "modgate_unparsable_outputs",
+            "Engine outputs that could not be used as a verdict.",
+            ["problem"],
             registry=registry,
         )
         self.reused = Counter(
@@ -69,14 +89,17 @@ class GatewayMetrics:
             registry=registry,
         )
         self.engine_scrape_errors = Counter(
-            "modgate_engine_scrape_errors", "Failed reads of the engine's /metrics.", ["kind"],
+            "modgate_engine_scrape_errors",
+            "Failed reads of the engine's /metrics.",
+            ["kind"],
             registry=registry,
         )
 
         self.shadow_pairs = Counter(
             "modgate_shadow_pairs",
-            "Shadow judgements for the quality module, by outcome (recorded, skipped_busy, engine_error, ...).",
-            ["outcome"], registry=registry,
+            "Shadow judgements for the quality module, by outcome (recorded, skipped_busy, engine_error).",
+            ["outcome"],
+            registry=registry,
         )
 
     def shadow(self, outcome: str) -> None:
@@ -109,8 +132,11 @@ class _WindowCollector(Collector):
         """Read the windows now."""
         summary = self.recent.summary()
         engine = self.engine_cache.window_rate()
-        yield _gauge("modgate_window_seconds", "Length of the window the modgate_window_* gauges cover.",
-                     summary.window_s)
+        yield _gauge(
+            "modgate_window_seconds",
+            "Length of the window the modgate_window_* gauges cover.",
+            summary.window_s,
+        )
         yield _gauge(
             "modgate_window_prompt_cached_ratio",
             "Cached / prompt tokens of the gateway's own engine calls over the window (NaN: no calls).",
@@ -122,21 +148,32 @@ class _WindowCollector(Collector):
             "between scrapes of the engine across the window (NaN: nothing queried). Never since start.",
             engine.ratio,
         )
-        yield _gauge("modgate_window_engine_prefix_cache_queries_tokens",
-                     "Prompt tokens the engine looked up in its prefix cache over the window.",
-                     engine.queries)
-        yield _gauge("modgate_window_keyframes_per_minute", "Keyframes answered per minute over the window.",
-                     summary.keyframes_per_minute)
-        yield _gauge("modgate_window_thinking_share",
-                     "Share of engine-judged keyframes with thinking on over the window (NaN: none).",
-                     summary.thinking_share)
-        yield _gauge("modgate_thinking_default_on",
-                     "1 when the thinking policy's default mode is on, else 0.",
-                     1.0 if self.thinking_default_on() else 0.0)
+        yield _gauge(
+            "modgate_window_engine_prefix_cache_queries_tokens",
+            "Prompt tokens the engine looked up in its prefix cache over the window.",
+            engine.queries,
+        )
+        yield _gauge(
+            "modgate_window_keyframes_per_minute",
+            "Keyframes answered per minute over the window.",
+            summary.keyframes_per_minute,
+        )
+        yield _gauge(
+            "modgate_window_thinking_share",
+            "Share of engine-judged keyframes with thinking on over the window (NaN: none).",
+            summary.thinking_share,
+        )
+        yield _gauge(
+            "modgate_thinking_default_on",
+            "1 when the thinking policy's default mode is on, else 0.",
+            1.0 if self.thinking_default_on() else 0.0,
+        )
         if self.engine_cache.block_size is not None:
-            yield _gauge("modgate_engine_kv_block_size_tokens",
-                         "The engine's KV block size (vllm:cache_config_info): shorter prefixes never hit.",
-                         self.engine_cache.block_size)
+            yield _gauge(
+                "modgate_engine_kv_block_size_tokens",
+                "The engine's KV block size (vllm:cache_config_info): shorter prefixes never hit.",
+                self.engine_cache.block_size,
+            )
 
 
 def _seconds(ms: float | None) -> float | None:
@@ -178,8 +215,14 @@ class RequestRecorder:
             self.instruments.record(sample)
         request_log.info(
             "%s %s thinking=%s e2e_ms=%.1f ttft_ms=%s prompt=%d cached=%d completion=%d",
-            details.request_id, details.action, details.thinking, details.latency_ms, details.ttft_ms,
-            details.prompt_tokens, details.cached_tokens, details.completion_tokens,
+            details.request_id,
+            details.action,
+            details.thinking,
+            details.latency_ms,
+            details.ttft_ms,
+            details.prompt_tokens,
+            details.cached_tokens,
+            details.completion_tokens,
             extra={
                 "request_id": request_id,
                 "engine_request_id": details.request_id,  # for a reused verdict: the call that made it
@@ -207,5 +250,9 @@ class RequestRecorder:
     def failed(self, request_id: str, outcome: str, message: str) -> None:
         """A request that got no answer: counted by outcome and logged."""
         self.metrics.requests.labels("moderations", outcome).inc()
-        request_log.info("%s failed: %s", request_id, outcome,
-                         extra={"request_id": request_id, "outcome": outcome, "error": message})
+        request_log.info(
+            "%s failed: %s",
+            request_id,
+            outcome,
+            extra={"request_id": request_id, "outcome": outcome, "error": message},
+        )

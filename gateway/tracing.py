@@ -212,3 +212,5 @@ def configure_logging(level: str, json_logs: bool) -> None:
     plain = logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
     handler.setFormatter(JsonLogFormatter() if json_logs else plain)
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # httpx logs every request at INFO: one line per engine call and scrape drowns the gateway's own lines.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -91,7 +91,11 @@ async def create_moderation(
         raise InvalidRequest("input is empty: send at least one image or text", param="input")
     if isinstance(data.input, list) and len(data.input) > max_images:
         raise InvalidRequest(f"at most {max_images} inputs per request, got {len(data.input)}", param="input")
-    return await cancel_on_disconnect(request, services.moderation.moderate(data, caller, requested))
+    # Cache-Control: no-cache asks for a fresh engine verdict (the quality module's re-runs need one).
+    fresh = "no-cache" in request.headers.get("cache-control", "").lower()
+    return await cancel_on_disconnect(
+        request, services.moderation.moderate(data, caller, requested, fresh=fresh)
+    )
 
 
 ROUTES = [create_moderation]

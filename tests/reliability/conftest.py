@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.servers import free_port, wait_until_ready
 
-REDIS_SERVER = "/usr/bin/redis-server"
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 WEBHOOK_SECRET = "test-webhook-secret-0123456789"
 
 

@@ -56,7 +56,9 @@ def test_prose_becomes_review() -> None:
 
 
 def test_an_unknown_action_becomes_review() -> None:
-    verdict = parse_engine_output('{"verdict":"maybe","categories":[],"confidence":1}', None, "stop").verdicts[0]
+    verdict = parse_engine_output(
+        '{"verdict":"maybe","categories":[],"confidence":1}', None, "stop"
+    ).verdicts[0]
     assert (verdict.action, verdict.problem) == ("review", "schema_mismatch")
 
 
@@ -65,7 +67,9 @@ def test_a_code_fenced_answer_is_accepted() -> None:
 
 
 def test_packed_frames_give_one_verdict_each() -> None:
-    content = json.dumps({"frames": [json.loads(GOOD), {"verdict": "allow", "categories": [], "confidence": 0.9}]})
+    content = json.dumps(
+        {"frames": [json.loads(GOOD), {"verdict": "allow", "categories": [], "confidence": 0.9}]}
+    )
     parsed = parse_engine_output(content, None, "stop", frames=2)
     assert [v.action for v in parsed.verdicts] == ["block", "allow"]
 
@@ -82,18 +86,28 @@ def test_the_regex_constraint_accepts_every_schema_valid_compact_verdict() -> No
     assert not pattern.fullmatch('{"verdict":"allow","categories":["weather"],"confidence":0.5}')
 
 
-@given(st.text(max_size=300), st.one_of(st.none(), st.text(max_size=50)),
-       st.sampled_from([None, "stop", "length", "abort"]), st.integers(min_value=1, max_value=4))
-def test_any_output_parses_without_raising(content: str, reasoning: str | None, finish: str | None,
-                                           frames: int) -> None:
+@given(
+    st.text(max_size=300),
+    st.one_of(st.none(), st.text(max_size=50)),
+    st.sampled_from([None, "stop", "length", "abort"]),
+    st.integers(min_value=1, max_value=4),
+)
+def test_any_output_parses_without_raising(
+    content: str, reasoning: str | None, finish: str | None, frames: int
+) -> None:
     parsed = parse_engine_output(content, reasoning, finish, frames=frames)
     assert len(parsed.verdicts) == frames
     assert all(v.action in ("allow", "review", "block") for v in parsed.verdicts)
 
 
-@given(st.recursive(st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=10),
-                    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children,
-                                                                                        max_size=4)))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=10),
+        lambda children: (
+            st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+        ),
+    )
+)
 def test_any_json_value_parses_without_raising(value: object) -> None:
     verdict = parse_engine_output(json.dumps(value), None, "stop").verdicts[0]
     assert verdict.action in ("allow", "review", "block")
