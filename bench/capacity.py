@@ -22,7 +22,7 @@ Durations run at ``--time-scale`` and are scaled back to the Spark's pace; the g
 real, so it is inflated by 1/time-scale in the figures (~15 ms becomes ~60 ms at 0.25: small next to
 seconds, but measure on a quiet machine).
 
-    python -m bench.capacity [--time-scale 0.25] [--keyframes 60] [--config baseline off ...]
+    python -m bench.capacity [--time-scale 0.25] [--keyframes 80] [--config baseline off ...]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from gateway.settings import ShapingSettings
 
 SLO_P95_S = 3.0
 SPARK = {"keyframes_per_min": 46.7, "ttft_s": 0.468, "e2e_s": 8.56}
-DEFAULT_RATES = (30.0, 46.7, 60.0, 80.0, 100.0, 120.0, 140.0, 170.0, 200.0, 240.0, 290.0, 350.0)
+DEFAULT_RATES = (30.0, 46.7, 60.0, 75.0, 90.0, 105.0, 120.0, 140.0, 160.0, 190.0, 230.0, 280.0)
 ADMIN_TOKEN = "bench-admin-token-0123456789"  # noqa: S105 - a loopback benchmark's own gateway
 FRAME_POOL = 96  # distinct synthetic keyframes, drawn at random (verdict reuse is off unless measured)
 
@@ -80,12 +80,15 @@ CONFIGURATIONS = (
     Configuration("on-reasoning-32", "thinking on, reasoning capped at 32 tokens", "on", NO_REUSE,
                   thinking_token_budget=32),
     Configuration("off", "thinking off, 660 image tokens", "off", NO_REUSE),
-    Configuration("off-budget-400", "thinking off, 400 image tokens per keyframe", "off",
-                  {**NO_REUSE, "MODGATE_SHAPING__IMAGE_TOKEN_BUDGET": "400"}),
+    Configuration("off-budget-330", "thinking off, 330 image tokens per keyframe", "off",
+                  {**NO_REUSE, "MODGATE_SHAPING__IMAGE_TOKEN_BUDGET": "330"}),
     Configuration("off-block-prefix", "thinking off, system prompt filled to a whole cache block", "off",
                   {**NO_REUSE, "MODGATE_SHAPING__BLOCK_FILLING_PREFIX": "true"}),
     Configuration("off-packing-4", "thinking off, 4 keyframes per engine request", "off",
                   {**NO_REUSE, "MODGATE_SHAPING__PACKING_K": "4"}, frames_per_request=4),
+    Configuration("off-fill-330", "thinking off, block-filling prefix, 330 image tokens", "off",
+                  {**NO_REUSE, "MODGATE_SHAPING__BLOCK_FILLING_PREFIX": "true",
+                   "MODGATE_SHAPING__IMAGE_TOKEN_BUDGET": "330"}),
     Configuration("off-repeats-25", "thinking off, 25 % repeated keyframes, verdict cache on", "off",
                   {"MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "3600"}, repeat_share=0.25),
 )
@@ -114,6 +117,7 @@ class KeyframeSample:
 
     e2e_s: float
     ttft_s: float | None
+    gateway_ms: float  # real milliseconds of the caller's wait that were not the engine's nor the queue's
     cached_tokens: int
     prompt_tokens: int
     reused: bool
@@ -149,6 +153,7 @@ class RatePoint:
             "ttft_p50_s": percentile(ttft, 50),
             "ttft_p95_s": percentile(ttft, 95),
             "ttft_mean_s": statistics.mean(ttft) if ttft else float("nan"),
+            "gateway_ms_p50": percentile([s.gateway_ms for s in engine], 50),
             "prompt_tokens_mean": statistics.mean(s.prompt_tokens for s in engine) if engine else 0.0,
             "cached_tokens_mean": statistics.mean(s.cached_tokens for s in engine) if engine else 0.0,
             "reused_share": (len(self.samples) - len(engine)) / len(self.samples) if self.samples else 0.0,
@@ -162,13 +167,18 @@ def arrival_plan(config: Configuration, rate_per_min: float, keyframes: int, poo
     """(Spark-time offset, frames) per request: Poisson arrivals, ``frames_per_request`` keyframes each."""
     rng = random.Random(seed)
     k = config.frames_per_request
+    requests = max(1, round(keyframes / k))
+    # Exponential gaps, scaled so that the plan's mean rate is exactly the offered one: Poisson arrivals
+    # given their count (a short seeded run would otherwise offer 10-15 % more or less than it says).
+    gaps = [rng.expovariate(1.0) for _ in range(requests)]
+    unit = requests * 60 * k / rate_per_min / sum(gaps)
     fresh = list(range(len(pool)))
     rng.shuffle(fresh)
     recent: list[int] = []
     plan: list[tuple[float, list[str]]] = []
     at = 0.0
-    for _ in range(max(1, round(keyframes / k))):
-        at += rng.expovariate(rate_per_min / k / 60)
+    for gap in gaps:
+        at += gap * unit
         chosen = []
         for _ in range(k):
             if recent and rng.random() < config.repeat_share:
@@ -212,9 +222,11 @@ async def run_rate(http: httpx.AsyncClient, config: Configuration, rate_per_min:
         for result in response.json()["results"]:
             details = result["modgate"]
             ttft = None if details["ttft_ms"] is None else (details["ttft_ms"] + details["queue_ms"]) / 1e3
+            engine_ms = details["queue_ms"] + (details["ttft_ms"] or 0.0) + (details["decode_ms"] or 0.0)
             samples.append((index, done, KeyframeSample(
                 e2e_s=(done - sent) / time_scale,
                 ttft_s=None if ttft is None else ttft / time_scale,
+                gateway_ms=(done - sent) * 1e3 - engine_ms,
                 cached_tokens=int(details["cached_tokens"]),
                 prompt_tokens=int(details["prompt_tokens"]),
                 reused=details["reused"] is not None,
@@ -281,7 +293,8 @@ async def sweep(config: Configuration, gateway_url: str, args: argparse.Namespac
               f"{point['e2e_p50_s']:6.2f} p95 {point['e2e_p95_s']:6.2f} s  "
               f"TTFT p50 {point['ttft_p50_s']:5.2f} "
               f"p95 {point['ttft_p95_s']:5.2f} s  cached {point['cached_tokens_mean']:5.0f}/"
-              f"{point['prompt_tokens_mean']:5.0f} tok  reused {point['reused_share']:4.0%}"
+              f"{point['prompt_tokens_mean']:5.0f} tok  reused {point['reused_share']:4.0%}  "
+              f"gateway {point['gateway_ms_p50']:4.0f} ms real"
               + (f"  {point['errors']:.0f} errors" if point["errors"] else ""), flush=True)
         if saturated(point) or point["e2e_p95_s"] > 10 * SLO_P95_S:
             break
@@ -289,10 +302,21 @@ async def sweep(config: Configuration, gateway_url: str, args: argparse.Namespac
 
 
 def summarize(config: Configuration, points: list[dict[str, float]]) -> dict[str, Any]:
-    """The sustained rate under the SLO, and TTFT there (or at the highest rate the engine kept up with)."""
-    within = [p for p in points if not saturated(p) and p["e2e_p95_s"] <= SLO_P95_S]
-    kept_up = [p for p in points if not saturated(p)]
-    at = within[-1] if within else (kept_up[-1] if kept_up else points[0])
+    """The sustained rate under the SLO, and TTFT there.
+
+    Sustained: the highest rate that met the objective with every lower rate meeting it too (a p95 of 80
+    keyframes is noisy; one lucky run above a failed one does not count). A configuration that never meets
+    it is reported at the Spark's own 46.7/min (the business needs 45), or the nearest rate it kept up with.
+    """
+    within: list[dict[str, float]] = []
+    for point in points:
+        if saturated(point) or not point["e2e_p95_s"] <= SLO_P95_S:
+            break
+        within.append(point)
+    kept_up = [p for p in points if not saturated(p)] or points[:1]
+    at = within[-1] if within else min(
+        kept_up, key=lambda p: abs(p["offered_per_min"] - SPARK["keyframes_per_min"])
+    )
     return {
         "name": config.name,
         "description": config.description,
@@ -304,6 +328,7 @@ def summarize(config: Configuration, points: list[dict[str, float]]) -> dict[str
         "e2e_p95_s": at["e2e_p95_s"],
         "prompt_tokens_mean": at["prompt_tokens_mean"],
         "cached_tokens_mean": at["cached_tokens_mean"],
+        "gateway_ms_p50": at["gateway_ms_p50"],
         "points": points,
     }
 
@@ -367,14 +392,29 @@ def print_tables(report: dict[str, Any]) -> None:
         ):
             print(f"  {label:<24}{spark:>18.3f}{sim:>12.3f}{sim / spark:>8.2f}")
     print(f"\n{'configuration':<18}{'sustained/min':>14}{'max/min':>9}{'at/min':>8}{'TTFT p50':>10}"
-          f"{'TTFT p95':>10}{'e2e p95':>9}{'prompt tok':>11}{'cached':>8}  description")
+          f"{'TTFT p95':>10}{'e2e p95':>9}{'prompt tok':>11}{'cached':>8}{'gw ms':>7}  description")
     for row in report["configurations"]:
-        sustained = f"{row['sustained_per_min']:.1f}" if row["sustained_per_min"] is not None else "none"
-        print(f"{row['name']:<18}{sustained:>14}{row['max_achieved_per_min']:>9.1f}{row['reported_at_per_min']:>8.1f}"
-              f"{row['ttft_p50_s']:>10.3f}{row['ttft_p95_s']:>10.3f}{row['e2e_p95_s']:>9.2f}"
-              f"{row['prompt_tokens_mean']:>11.0f}{row['cached_tokens_mean']:>8.0f}  {row['description']}")
+        print(f"{row['name']:<18}{_sustained(row):>14}{row['max_achieved_per_min']:>9.1f}"
+              f"{row['reported_at_per_min']:>8.1f}{row['ttft_p50_s']:>10.3f}{row['ttft_p95_s']:>10.3f}"
+              f"{row['e2e_p95_s']:>9.2f}{row['prompt_tokens_mean']:>11.0f}{row['cached_tokens_mean']:>8.0f}"
+              f"{row['gateway_ms_p50']:>7.0f}  {row['description']}")
     for name, missing in report.get("skipped", {}).items():
         print(f"{name:<18}skipped: this gateway has no {', '.join(missing)}")
+
+
+def _sustained(row: dict[str, Any]) -> str:
+    return f"{row['sustained_per_min']:.1f}" if row["sustained_per_min"] is not None else "none"
+
+
+def print_markdown(report: dict[str, Any]) -> None:
+    """The same table in Markdown, for the README."""
+    print("\n| configuration | keyframes/min at p95 e2e ≤ 3 s | most finished /min | TTFT p50 / p95 (s) at "
+          "/min | e2e p95 (s) | prompt / cached tokens |\n| --- | --- | --- | --- | --- | --- |")
+    for row in report["configurations"]:
+        print(f"| {row['description']} | {_sustained(row)} | {row['max_achieved_per_min']:.1f} | "
+              f"{row['ttft_p50_s']:.2f} / {row['ttft_p95_s']:.2f} at {row['reported_at_per_min']:g} | "
+              f"{row['e2e_p95_s']:.2f} | {row['prompt_tokens_mean']:,.0f} / "
+              f"{row['cached_tokens_mean']:,.0f} |")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -411,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--time-scale", type=float, default=0.25)
-    parser.add_argument("--keyframes", type=int, default=60, help="measured keyframes per rate")
+    parser.add_argument("--keyframes", type=int, default=80, help="measured keyframes per rate")
     parser.add_argument("--warmup", type=int, default=8, help="keyframes sent first and left out")
     parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES),
                         help="offered keyframes per minute, rising")
@@ -421,6 +461,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="closed-loop callers of the baseline's calibration check")
     parser.add_argument("--frame-pool", type=int, default=FRAME_POOL, help="distinct keyframes to draw from")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
     args = parser.parse_args(argv)
     print(f"simulator spark preset at time scale {args.time_scale:g} (figures at the Spark's pace), "
           f"modgate in front; Poisson arrivals, {args.keyframes} keyframes per rate after {args.warmup} "
@@ -428,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
     report = run(args)
     print_tables(report)
+    if args.markdown:
+        print_markdown(report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -256,6 +256,23 @@ def summarize(results: dict[int, dict[str, ArmRun]]) -> dict[str, Any]:
     return table
 
 
+def print_markdown(table: dict[str, Any]) -> None:
+    """The table in Markdown, for the README: one row per concurrency, the arms side by side."""
+    print("\n| clients | engine p50 / p99 ms | modgate added p50 / p99 ms | LiteLLM added p50 / p99 ms | "
+          "modgate ÷ LiteLLM, added p50 / p99 | req/s engine / modgate / LiteLLM |\n"
+          "| --- | --- | --- | --- | --- | --- |")
+    for concurrency, entry in table.items():
+        arms, ratios = entry["arms"], entry["modgate_over_litellm"]
+        if not ratios:
+            continue
+        engine, mod, lite = arms["engine"], arms["modgate"], arms["litellm"]
+        print(f"| {concurrency} | {engine['p50_ms']:.2f} / {engine['p99_ms']:.2f} | "
+              f"{mod['added_p50_ms']:.1f} / {mod['added_p99_ms']:.1f} | "
+              f"{lite['added_p50_ms']:,.1f} / {lite['added_p99_ms']:,.1f} | "
+              f"{ratios['added_p50']:.2f} / {ratios['added_p99']:.2f} | "
+              f"{engine['rps']:,.0f} / {mod['rps']:,.0f} / {lite['rps']:,.0f} |")
+
+
 def print_table(table: dict[str, Any]) -> None:
     """One row per concurrency and arm, then the modgate-to-LiteLLM ratios."""
     print(f"{'clients':>7}  {'arm':<16}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}"
@@ -345,6 +362,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="another modgate arm with these settings, "
                              "e.g. --variant redis MODGATE_REDIS_URL=redis://127.0.0.1:6379/14")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
     args = parser.parse_args(argv)
     report = run(args)
     setup = report["setup"]
@@ -357,6 +375,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"engine stub: {setup['stub']['distinct_bodies']} distinct request bodies, "
               f"{setup['stub']['replays']} replayed answers")
     print_table(report["results"])
+    if args.markdown:
+        print_markdown(report["results"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -10,6 +10,7 @@ import time
 import uuid
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from opentelemetry import trace
 
@@ -340,7 +341,7 @@ class ModerationService:
         self, outcome: FrameOutcome, frame: ShapedImage | None, latency_s: float, shaping_s: float
     ) -> ModerationResult:
         verdict, answer, decision = outcome.verdict, outcome.answer, outcome.decision
-        input_type: list[str] = ["image"] if frame else ["text"]
+        input_type: list[Literal["text", "image"]] = ["image"] if frame else ["text"]
         named = set(verdict.categories)
         weight = 1.0 if verdict.action == "block" else 0.5
         usage = answer.usage
@@ -350,7 +351,7 @@ class ModerationService:
             category_scores={
                 c: round(verdict.confidence * weight, 4) if c in named else 0.0 for c in OPENAI_CATEGORIES
             },
-            category_applied_input_types=dict.fromkeys(OPENAI_CATEGORIES, input_type),  # type: ignore[misc]
+            category_applied_input_types=dict.fromkeys(OPENAI_CATEGORIES, input_type),
             modgate=ModerationDetails(
                 action=verdict.action,
                 reason=verdict.detail or None,
@@ -549,7 +550,7 @@ class ModerationService:
             self.metrics.reused.labels(how).inc()
         if self.settings.shaping.verdict_cache_ttl_s > 0:
             made_at = time.time()
-            fresh = [
+            to_store = [
                 StoredVerdict(
                     action=made.verdict.action,
                     categories=made.verdict.categories,
@@ -563,5 +564,5 @@ class ModerationService:
                 for index in leaders
                 if (made := outcomes[index]) is not None and made.verdict.problem is None
             ]
-            await asyncio.gather(*(self.verdicts.store(scope, stored) for stored in fresh))
+            await asyncio.gather(*(self.verdicts.store(scope, stored) for stored in to_store))
         return [outcome for outcome in outcomes if outcome is not None]

@@ -1,9 +1,10 @@
-"""Shared fixtures: servers on loopback ports (the simulator, the gateway) and a real Redis."""
+"""Shared fixtures: servers on loopback (the simulator, the gateway, gateway processes) and a real Redis."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from deploy.simulator import PRESETS, Faults, SimPreset, create_sim_app
 from gateway.app import create_app
 from gateway.embedded import ThreadedServer
 from gateway.settings import Settings
+from tests.processes import GatewayProcess, GatewayProcessesFactory
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory
 
 REDIS_URL = os.environ.get("MODGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -30,8 +32,12 @@ def start_sim() -> Iterator[SimFactory]:
     """Start simulators (``start_sim(preset=..., time_scale=..., faults=...)``), stopped after the test."""
     servers: list[ThreadedServer] = []
 
-    def start(preset: SimPreset | str = "instant", time_scale: float = 0.0, faults: Faults | None = None,
-              **changes: Any) -> ThreadedServer:
+    def start(
+        preset: SimPreset | str = "instant",
+        time_scale: float = 0.0,
+        faults: Faults | None = None,
+        **changes: Any,
+    ) -> ThreadedServer:
         chosen = PRESETS[preset] if isinstance(preset, str) else preset
         server = ThreadedServer(create_sim_app(chosen.scaled(**changes), time_scale, faults)).start()
         servers.append(server)
@@ -68,6 +74,25 @@ def start_gateway() -> Iterator[GatewayFactory]:
 def gateway(start_gateway: GatewayFactory, sim: ThreadedServer) -> ThreadedServer:
     """A gateway in front of the instant simulator."""
     return start_gateway(engine_url=sim.url)
+
+
+@pytest.fixture
+def gateway_processes(tmp_path: Path) -> Iterator[GatewayProcessesFactory]:
+    """``gateway_processes(count, ready_path="/readyz", **MODGATE_env)``: ``python -m gateway.cli serve``
+    processes started side by side (their imports overlap), each waited for until ``ready_path`` answers 200
+    (``/healthz`` where Redis or the engine may be away); all stopped after the test."""
+    started: list[GatewayProcess] = []
+
+    def start(count: int, ready_path: str = "/readyz", **env: str) -> list[GatewayProcess]:
+        batch = [GatewayProcess.spawn(tmp_path, env) for _ in range(count)]
+        started.extend(batch)
+        for gateway in batch:
+            gateway.wait_ready(ready_path)
+        return batch
+
+    yield start
+    for gateway in started:
+        gateway.stop()
 
 
 @pytest.fixture

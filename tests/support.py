@@ -6,6 +6,8 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
+import httpx
+
 from gateway.embedded import ThreadedServer
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
@@ -22,3 +24,16 @@ def data_url(image: bytes, mime: str = "image/jpeg") -> str:
 def image_input(*frames: bytes) -> list[dict[str, Any]]:
     """Moderation ``input`` parts for JPEG frames."""
     return [{"type": "image_url", "image_url": {"url": data_url(frame)}} for frame in frames]
+
+
+async def forward(request: httpx.Request, base_url: str) -> httpx.Response:
+    """Send ``request`` on to the server at ``base_url`` and answer what it answers: an engine transport
+    (``httpx.MockTransport``) that records or alters some calls passes the others to a real simulator."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+        upstream = await http.request(
+            request.method,
+            request.url.path,
+            content=request.content,
+            headers={"content-type": "application/json"},
+        )
+    return httpx.Response(upstream.status_code, content=upstream.content, headers=upstream.headers)

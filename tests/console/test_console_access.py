@@ -128,7 +128,8 @@ def test_the_bearer_admin_token_opens_the_console_and_flips_without_a_csrf_token
     assert page.status_code == 200
     assert 'id="policy-mode"' in page.text
     response = httpx.post(
-        f"{console.url}/console/thinking", headers={**ADMIN, "X-Modgate-Operator": "ci-bot"},
+        f"{console.url}/console/thinking",
+        headers={**ADMIN, "X-Modgate-Operator": "ci-bot"},
         data={"mode": "off", "reason": "nightly drill", "version": "1"},
     )
     assert response.status_code == 303

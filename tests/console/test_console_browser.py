@@ -4,7 +4,6 @@ entry, and check that the gateway's next engine request carries thinking off. Sa
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -15,28 +14,15 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 import pytest
-from playwright.sync_api import ConsoleMessage, Request, expect, sync_playwright
+from playwright.sync_api import expect
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from gateway.embedded import ThreadedServer
 from quality.report import ReportPolicy, build_weekly_report, write_report
+from tests.browser import ARTIFACTS, chromium_page
 from tests.quality.fakes import synthesize_week
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO / "artifacts"
-DOCS = REPO / "docs"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -85,6 +71,7 @@ def recording_engine() -> Iterator[tuple[ThreadedServer, RecordingEngine]]:
 
 def moderate_frames(gateway: ThreadedServer, labels_and_seeds: list[tuple[str, int]]) -> list[Any]:
     """One keyframe per call, four callers at once, through the official client; the results in order."""
+
     def one(label_seed: tuple[str, int]) -> Any:
         label, seed = label_seed
         with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as client:
@@ -117,9 +104,6 @@ def test_an_operator_flips_thinking_off_in_chromium_and_the_next_engine_request_
     recording_engine: tuple[ThreadedServer, RecordingEngine],  # before the gateway: stopped after it
     start_gateway: GatewayFactory,
 ) -> None:
-    assert Path(CHROMIUM).exists(), (
-        f"Debian's Chromium is missing at {CHROMIUM}: apt-get update && apt-get install -y chromium"
-    )
     reports = tmp_path / "reports"
     recommendation = weekly_report(reports)
     sim, engine = recording_engine
@@ -132,77 +116,58 @@ def test_an_operator_flips_thinking_off_in_chromium_and_the_next_engine_request_
     assert {result.model_extra["modgate"]["thinking"] for result in before} == {"on"}
 
     reason = "Evening peak: queue over 40, shedding reasoning until 22:00"
-    problems: list[str] = []
-    foreign: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+    with chromium_page(1280, 900) as watched:
+        page = watched.page
 
-            def on_console(message: ConsoleMessage) -> None:
-                if message.type in ("error", "warning"):
-                    problems.append(f"{message.type}: {message.text}")
+        # Sign in: the form, then the console with thinking on.
+        page.goto(f"{gateway.url}/console")
+        expect(page.locator("#sign-in-form")).to_be_visible()
+        page.fill("#operator", "alice")
+        page.fill("#token", ADMIN_TOKEN)
+        page.click("#sign-in-form button[type=submit]")
+        expect(page.locator("#policy-mode")).to_have_text("thinking ON")
+        expect(page.locator("#audit-empty")).to_be_visible()
+        expect(page.locator("#quality-decision")).to_have_text(recommendation)
+        expect(page.locator("#health-ready")).to_have_text("yes")
+        session = next(c for c in page.context.cookies() if c["name"] == "modgate_console")
+        assert session["httpOnly"]
+        assert session["sameSite"] == "Strict"
+        assert ADMIN_TOKEN not in session["value"]
 
-            def on_request(request: Request) -> None:
-                if urlsplit(request.url).netloc != urlsplit(gateway.url).netloc:
-                    foreign.append(request.url)
+        # Flip thinking off with a reason: the audit entry appears, naming the operator.
+        page.fill("#reason", reason)
+        page.click("#flip-button")
+        expect(page.locator("#notice")).to_contain_text("thinking OFF")
+        expect(page.locator("#policy-mode")).to_have_text("thinking OFF")
+        newest = page.locator("#audit-table tbody tr").first
+        expect(newest).to_contain_text("alice (admin:")
+        expect(newest).to_contain_text("default_mode on → off")
+        expect(newest).to_contain_text(reason)
 
-            page.on("console", on_console)
-            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            page.on("request", on_request)
+        # The gateway's next engine request carries thinking off.
+        sent_before = len(engine.chat_requests)
+        (after,) = moderate_frames(gateway, [("allow", 500)])
+        assert after.model_extra["modgate"]["thinking"] == "off"
+        assert after.model_extra["modgate"]["thinking_rule"] == "default"
+        assert after.model_extra["modgate"]["policy_version"] == 2
+        (next_request,) = engine.chat_requests[sent_before:]
+        assert next_request["chat_template_kwargs"]["enable_thinking"] is False
 
-            # Sign in: the form, then the console with thinking on.
-            page.goto(f"{gateway.url}/console")
-            expect(page.locator("#sign-in-form")).to_be_visible()
-            page.fill("#operator", "alice")
-            page.fill("#token", ADMIN_TOKEN)
-            page.click("#sign-in-form button[type=submit]")
-            expect(page.locator("#policy-mode")).to_have_text("thinking ON")
-            expect(page.locator("#audit-empty")).to_be_visible()
-            expect(page.locator("#quality-decision")).to_have_text(recommendation)
-            expect(page.locator("#health-ready")).to_have_text("yes")
-            session = next(c for c in page.context.cookies() if c["name"] == "modgate_console")
-            assert session["httpOnly"]
-            assert session["sameSite"] == "Strict"
-            assert ADMIN_TOKEN not in session["value"]
+        # More traffic with thinking off; the live panels pick it up without a reload.
+        moderate_frames(gateway, traffic(600, 7))
+        expect(page.locator("#fig-keyframes")).to_contain_text("24 (", timeout=15_000)
+        expect(page.locator("#fig-thinking")).not_to_contain_text("100 %")
+        expect(page.locator("#fig-cache")).not_to_contain_text("–", timeout=15_000)
+        page.locator("#reason").blur()
 
-            # Flip thinking off with a reason: the audit entry appears, naming the operator.
-            page.fill("#reason", reason)
-            page.click("#flip-button")
-            expect(page.locator("#notice")).to_contain_text("thinking OFF")
-            expect(page.locator("#policy-mode")).to_have_text("thinking OFF")
-            newest = page.locator("#audit-table tbody tr").first
-            expect(newest).to_contain_text("alice (admin:")
-            expect(newest).to_contain_text("default_mode on → off")
-            expect(newest).to_contain_text(reason)
-
-            # The gateway's next engine request carries thinking off.
-            sent_before = len(engine.chat_requests)
-            (after,) = moderate_frames(gateway, [("allow", 500)])
-            assert after.model_extra["modgate"]["thinking"] == "off"
-            assert after.model_extra["modgate"]["thinking_rule"] == "default"
-            assert after.model_extra["modgate"]["policy_version"] == 2
-            (next_request,) = engine.chat_requests[sent_before:]
-            assert next_request["chat_template_kwargs"]["enable_thinking"] is False
-
-            # More traffic with thinking off; the live panels pick it up without a reload.
-            moderate_frames(gateway, traffic(600, 7))
-            expect(page.locator("#fig-keyframes")).to_contain_text("24 (", timeout=15_000)
-            expect(page.locator("#fig-thinking")).not_to_contain_text("100 %")
-            expect(page.locator("#fig-cache")).not_to_contain_text("–", timeout=15_000)
-            page.locator("#reason").blur()
-
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "console.png"), full_page=True)
-        finally:
-            browser.close()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "console.png"), full_page=True)
 
     audit = httpx.get(f"{gateway.url}/admin/audit", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
     (entry,) = audit["data"]
     assert entry["actor"].startswith("alice (admin:")
     assert entry["reason"] == reason
     assert entry["changes"] == {"default_mode": {"old": "on", "new": "off"}}
-    assert problems == []
+    assert watched.problems == []
+    foreign = [url for url in watched.requests if urlsplit(url).netloc != urlsplit(gateway.url).netloc]
     assert foreign == []
-    DOCS.mkdir(exist_ok=True)
-    shutil.copyfile(ARTIFACTS / "console.png", DOCS / "console.png")

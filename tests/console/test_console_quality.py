@@ -25,7 +25,10 @@ def minimal_report(directory: Path, week: str, title: str) -> None:
         "week": week,
         "generated_at": "2026-11-30T06:15:00Z",
         "recommendation": {
-            "decision": "inconclusive", "title": title, "headline": f"{title}.", "details": [],
+            "decision": "inconclusive",
+            "title": title,
+            "headline": f"{title}.",
+            "details": [],
         },
         "trend": [{"week": week, "frames": 100, "agreement": 0.98}],
     }
@@ -60,7 +63,10 @@ def test_an_unreadable_newer_report_is_skipped_and_named(tmp_path: Path) -> None
 def test_a_report_written_by_the_quality_module_gives_its_recommendation_and_figures(tmp_path: Path) -> None:
     week = synthesize_week(frames=600, videos=50, rerun_fraction=0.15, labels_fraction=0.1, seed=7)
     report = build_weekly_report(
-        week.records, "2026-W48", ReportPolicy(bootstrap_resamples=200), [],
+        week.records,
+        "2026-W48",
+        ReportPolicy(bootstrap_resamples=200),
+        [],
         generated_at=datetime(2026, 11, 30, 6, 15, tzinfo=UTC),
     )
     write_report(report, tmp_path)

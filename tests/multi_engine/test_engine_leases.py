@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
-from typing import Any
 
 import httpx
 import pytest
@@ -18,21 +16,10 @@ from gateway.engine_client import EngineClient
 from gateway.engine_pool import EnginePool, EngineSlot
 from gateway.errors import Overloaded
 from gateway.leases import EngineLeases
+from tests.processes import poll_async
 
 ENGINE = "http://engine-a.test"
 PREFIX = "test:engine-leases"
-
-
-async def poll(condition: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
-    """Await ``condition`` until it answers something truthy, or fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -51,9 +38,15 @@ async def replicas(redis_url: str) -> AsyncIterator[Callable[..., EngineLeases]]
 
 
 def pool_with(leases: EngineLeases | None, cap: int = 2) -> EnginePool:
-    client = EngineClient(ENGINE, connect_timeout_s=1, first_token_timeout_s=5, total_timeout_s=5,
-                          connect_retries=0, max_connections=4,
-                          transport=httpx.MockTransport(lambda request: httpx.Response(200)))
+    client = EngineClient(
+        ENGINE,
+        connect_timeout_s=1,
+        first_token_timeout_s=5,
+        total_timeout_s=5,
+        connect_retries=0,
+        max_connections=4,
+        transport=httpx.MockTransport(lambda request: httpx.Response(200)),
+    )
     engine = EngineSlot(client, cap, CircuitBreaker(ENGINE))
     return EnginePool([engine], AdmissionQueue(cap, 10, 5.0), leases)
 
@@ -93,7 +86,7 @@ async def test_a_lease_nobody_renews_expires_and_frees_its_slot(
     crashed, survivor = replicas(ttl_s=0.3, renew_every_s=0.1), replicas()
     assert await crashed.try_acquire(ENGINE, 1) is not None  # never renewed: its renewer was never started
     assert await survivor.try_acquire(ENGINE, 1) is None
-    await poll(lambda: survivor.try_acquire(ENGINE, 1), 5, "the unrenewed lease to expire")
+    await poll_async(lambda: survivor.try_acquire(ENGINE, 1), 5, "the unrenewed lease to expire")
 
 
 async def test_renewal_pushes_the_expiry_ahead(replicas: Callable[..., EngineLeases], redis_url: str) -> None:
@@ -117,7 +110,7 @@ async def test_renewal_pushes_the_expiry_ahead(replicas: Callable[..., EngineLea
 async def test_a_lease_that_lapsed_is_not_renewed_back(replicas: Callable[..., EngineLeases]) -> None:
     stalled, other = replicas(ttl_s=0.3, renew_every_s=0.1), replicas()
     assert await stalled.try_acquire(ENGINE, 1) is not None
-    await poll(lambda: other.try_acquire(ENGINE, 1), 5, "the stalled replica's lease to lapse")
+    await poll_async(lambda: other.try_acquire(ENGINE, 1), 5, "the stalled replica's lease to lapse")
     await stalled.renew()
     assert stalled.lost == 1
     assert stalled.held(ENGINE) == 0

@@ -45,13 +45,21 @@ def refusing(request: httpx.Request) -> httpx.Response:
 
 
 def engine_slot(
-    url: str, cap: int, handler: Callable[[httpx.Request], httpx.Response] = answering,
+    url: str,
+    cap: int,
+    handler: Callable[[httpx.Request], httpx.Response] = answering,
     clock: FakeClock | None = None,
 ) -> EngineSlot:
     circuit = CircuitBreaker(url, consecutive_failures=1, cooldown_s=5, clock=clock or FakeClock())
     client = EngineClient(
-        url, connect_timeout_s=1, first_token_timeout_s=5, total_timeout_s=5, connect_retries=0,
-        max_connections=4, transport=httpx.MockTransport(handler), circuit=circuit,
+        url,
+        connect_timeout_s=1,
+        first_token_timeout_s=5,
+        total_timeout_s=5,
+        connect_retries=0,
+        max_connections=4,
+        transport=httpx.MockTransport(handler),
+        circuit=circuit,
     )
     return EngineSlot(client, cap, circuit)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -14,13 +14,12 @@ from bench.servers import free_port
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from gateway.embedded import ThreadedServer
-from tests.multi_engine.conftest import GatewayProcess, poll
+from tests.processes import GatewayProcessesFactory, poll
 from tests.support import GatewayFactory, SimFactory, image_input
 
 # The Spark's pace at 1/10: a thinking-on keyframe takes about a second, long enough to overlap in a burst.
 SPARK_PACE = {"preset": "spark", "time_scale": 0.1, "max_num_seqs": 64}  # the engine never caps: we must
 LEASE_KEY = "modgate:engine-leases:{url}"
-GatewayProcesses = Callable[..., list[GatewayProcess]]
 
 
 def frame_body(seed: int) -> dict[str, Any]:
@@ -61,8 +60,11 @@ def test_two_engines_each_get_no_more_than_their_own_cap_and_both_are_used(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     small, large = start_sim(**SPARK_PACE), start_sim(**SPARK_PACE)
-    gateway = start_gateway(engine_url=f"{small.url},{large.url}", engine_caps=f"{small.url}=2,{large.url}=3",
-                            shaping={"verdict_cache_ttl_s": 0})
+    gateway = start_gateway(
+        engine_url=f"{small.url},{large.url}",
+        engine_caps=f"{small.url}=2,{large.url}=3",
+        shaping={"verdict_cache_ttl_s": 0},
+    )
     with burst([gateway.url], 20) as calls:
         statuses = [call.result() for call in calls]
     assert statuses == [200] * 20
@@ -81,8 +83,11 @@ def test_a_stopped_engine_is_marked_down_its_calls_go_to_the_other_and_it_is_use
     flaky, steady = start_sim(), start_sim()
     # One failure opens the circuit here: calls one at a time always find the other engine idle, and the
     # tie-break steers them away from the engine that failed, so a second failure would never come.
-    gateway = start_gateway(engine_url=f"{flaky.url},{steady.url}", shaping={"verdict_cache_ttl_s": 0},
-                            circuit={"consecutive_failures": 1, "cooldown_s": 0.5})
+    gateway = start_gateway(
+        engine_url=f"{flaky.url},{steady.url}",
+        shaping={"verdict_cache_ttl_s": 0},
+        circuit={"consecutive_failures": 1, "cooldown_s": 0.5},
+    )
 
     def flaky_circuit() -> str:
         engines = httpx.get(f"{gateway.url}/readyz", timeout=10).json()["engines"]
@@ -93,8 +98,11 @@ def test_a_stopped_engine_is_marked_down_its_calls_go_to_the_other_and_it_is_use
         flaky.stop()
         statuses = [client.post("/v1/moderations", json=frame_body(seed)).status_code for seed in range(1, 7)]
         assert statuses == [200] * 6  # every call the stopped engine could not take went to the other
-        poll(lambda: metric(gateway.url, f'modgate_engine_up{{engine="{flaky.url}"}}') == 0, 20,
-             "the stopped engine to be marked down")
+        poll(
+            lambda: metric(gateway.url, f'modgate_engine_up{{engine="{flaky.url}"}}') == 0,
+            20,
+            "the stopped engine to be marked down",
+        )
         ready = client.get("/readyz")
         assert ready.status_code == 200  # one engine up is enough
         assert [e["up"] for e in ready.json()["engines"]] == [False, True]
@@ -102,6 +110,7 @@ def test_a_stopped_engine_is_marked_down_its_calls_go_to_the_other_and_it_is_use
         back = ThreadedServer(create_sim_app(PRESETS["instant"], 0.0), port=flaky.port).start()
         seeds = iter(range(100, 10_000))
         try:
+
             def back_in_use() -> bool:
                 assert client.post("/v1/moderations", json=frame_body(next(seeds))).status_code == 200
                 return bool(sim_info(back.url)["peak_running"] >= 1)
@@ -126,12 +135,17 @@ def test_a_gateway_whose_first_engine_is_dead_at_start_is_ready_and_serves_on_th
 
 
 def test_two_gateway_replicas_sharing_redis_keep_one_engine_cap_across_both(
-    start_sim: SimFactory, gateway_processes: GatewayProcesses, redis_url: str
+    start_sim: SimFactory, gateway_processes: GatewayProcessesFactory, redis_url: str
 ) -> None:
     engine = start_sim(**SPARK_PACE)
-    replicas = gateway_processes(2, MODGATE_ENGINE_URL=engine.url, MODGATE_REDIS_URL=redis_url,
-                                 MODGATE_MAX_INFLIGHT="8", MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0",
-                                 MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0")
+    replicas = gateway_processes(
+        2,
+        MODGATE_ENGINE_URL=engine.url,
+        MODGATE_REDIS_URL=redis_url,
+        MODGATE_MAX_INFLIGHT="8",
+        MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0",
+        MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0",
+    )
     with burst([replica.url for replica in replicas], 40) as calls:
         statuses = [call.result() for call in calls]
     assert statuses == [200] * 40
@@ -139,20 +153,30 @@ def test_two_gateway_replicas_sharing_redis_keep_one_engine_cap_across_both(
 
 
 def test_a_killed_replicas_slots_free_themselves_and_the_other_replica_uses_all_of_them(
-    start_sim: SimFactory, gateway_processes: GatewayProcesses, redis_url: str
+    start_sim: SimFactory, gateway_processes: GatewayProcessesFactory, redis_url: str
 ) -> None:
     engine = start_sim(**SPARK_PACE)
     survivor, doomed = gateway_processes(
-        2, MODGATE_ENGINE_URL=engine.url, MODGATE_REDIS_URL=redis_url, MODGATE_MAX_INFLIGHT="8",
-        MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0", MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0",
-        MODGATE_LEASES__TTL_S="3", MODGATE_LEASES__RENEW_EVERY_S="1",
+        2,
+        MODGATE_ENGINE_URL=engine.url,
+        MODGATE_REDIS_URL=redis_url,
+        MODGATE_MAX_INFLIGHT="8",
+        MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0",
+        MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0",
+        MODGATE_LEASES__TTL_S="3",
+        MODGATE_LEASES__RENEW_EVERY_S="1",
     )
     store = redis.Redis.from_url(redis_url, decode_responses=True)
     key = LEASE_KEY.format(url=engine.url)
     try:
         with burst([doomed.url], 12):
-            doomed_leases = set(poll(lambda: len(members := store.zrange(key, 0, -1)) == 8 and members, 30,
-                                     "the doomed replica to hold all 8 slots"))
+            doomed_leases = set(
+                poll(
+                    lambda: len(members := store.zrange(key, 0, -1)) == 8 and members,
+                    30,
+                    "the doomed replica to hold all 8 slots",
+                )
+            )
             doomed.kill()
         assert store.zcard(key) == 8  # nobody gave them back: only their expiry can free them
 
@@ -161,8 +185,12 @@ def test_a_killed_replicas_slots_free_themselves_and_the_other_replica_uses_all_
             return len(members) == 8 and not members & doomed_leases
 
         with burst([survivor.url], 40) as calls:
-            poll(survivor_holds_all_eight, 30,
-                 "the killed replica's leases to expire and the survivor to take all 8", every_s=0.02)
+            poll(
+                survivor_holds_all_eight,
+                30,
+                "the killed replica's leases to expire and the survivor to take all 8",
+                every_s=0.02,
+            )
             statuses = [call.result() for call in calls]
         assert statuses == [200] * 40
         assert sim_info(engine.url)["peak_running"] <= 8

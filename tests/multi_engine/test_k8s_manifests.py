@@ -78,8 +78,15 @@ def test_the_kustomization_lists_every_manifest_but_the_secret_example() -> None
     present = {path.name for path in K8S.glob("*.yaml")} - {"kustomization.yaml", "secret.example.yaml"}
     assert listed == present
     assert {kind for kind, _ in base()} == {
-        "ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "StatefulSet",
-        "NetworkPolicy", "PersistentVolumeClaim", "CronJob",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "StatefulSet",
+        "NetworkPolicy",
+        "PersistentVolumeClaim",
+        "CronJob",
     }
 
 
@@ -131,8 +138,11 @@ def test_the_gateway_reads_its_environment_from_the_configmap_and_secrets_that_e
 
 
 def test_the_gateway_configuration_is_valid_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    environment = {**one("ConfigMap", "modgate-gateway")["data"], **example_secrets()["modgate-gateway"],
-                   "MODGATE_REDIS_URL": example_secrets()["modgate-redis"]["url"]}
+    environment = {
+        **one("ConfigMap", "modgate-gateway")["data"],
+        **example_secrets()["modgate-gateway"],
+        "MODGATE_REDIS_URL": example_secrets()["modgate-redis"]["url"],
+    }
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     settings = Settings()
@@ -179,7 +189,9 @@ def test_the_autoscaler_and_disruption_budget_target_the_gateway() -> None:
     hpa = one("HorizontalPodAutoscaler", "modgate-gateway")
     target = hpa["spec"]["scaleTargetRef"]
     assert (target["apiVersion"], target["kind"], target["name"]) == (
-        deployment["apiVersion"], deployment["kind"], deployment["metadata"]["name"]
+        deployment["apiVersion"],
+        deployment["kind"],
+        deployment["metadata"]["name"],
     )
     assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
@@ -205,6 +217,9 @@ def test_the_weekly_report_cronjob_is_deploy_schedules_and_its_volume_is_claimed
     (copy,) = load(K8S / "quality-report-cronjob.yaml")
     assert copy == load(SCHEDULE_CRONJOB)[0]
     assert copy["spec"]["schedule"] == "15 6 * * 1"
-    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod_spec(copy)["volumes"]
-              if "persistentVolumeClaim" in v}
+    claims = {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod_spec(copy)["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     assert claims <= {name for kind, name in base() if kind == "PersistentVolumeClaim"}

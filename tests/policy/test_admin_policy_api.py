@@ -12,17 +12,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
 from gateway.embedded import ThreadedServer
+from tests.processes import poll
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 KEYS = "k-archive-0123:archive,k-live-0123:live"
 
 
-def admin(gateway: ThreadedServer, method: str, path: str, body: dict[str, Any] | None = None,
-          headers: dict[str, str] | None = None) -> httpx.Response:
+def admin(
+    gateway: ThreadedServer,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
     """One admin call (the admin token unless ``headers`` says otherwise)."""
-    return httpx.request(method, f"{gateway.url}{path}", json=body,
-                         headers=ADMIN if headers is None else headers, timeout=10)
+    return httpx.request(
+        method, f"{gateway.url}{path}", json=body, headers=ADMIN if headers is None else headers, timeout=10
+    )
 
 
 def flip(gateway: ThreadedServer, reason: str = "test flip", **fields: Any) -> dict[str, Any]:
@@ -34,8 +41,9 @@ def flip(gateway: ThreadedServer, reason: str = "test flip", **fields: Any) -> d
     return answer
 
 
-def moderated(gateway: ThreadedServer, key: str | None = None, seed: int = 1,
-              **options: Any) -> dict[str, Any]:
+def moderated(
+    gateway: ThreadedServer, key: str | None = None, seed: int = 1, **options: Any
+) -> dict[str, Any]:
     """The ``modgate`` details of one keyframe's result."""
     body: dict[str, Any] = {"model": "m", "input": image_input(make_keyframe("allow", 320, 180, seed=seed))}
     if options:
@@ -91,8 +99,9 @@ def test_a_flip_needs_a_reason(gateway: ThreadedServer) -> None:
         ({"thinking": "off"}, "thinking"),
     ],
 )
-def test_an_invalid_policy_is_a_400_naming_the_field(gateway: ThreadedServer, body: dict[str, Any],
-                                                     param: str) -> None:
+def test_an_invalid_policy_is_a_400_naming_the_field(
+    gateway: ThreadedServer, body: dict[str, Any], param: str
+) -> None:
     refused = admin(gateway, "PUT", "/admin/thinking-policy", {**body, "reason": "try it"})
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == param
@@ -125,8 +134,12 @@ def test_the_document_shows_its_version_hash_and_store(gateway: ThreadedServer) 
 
 
 def test_each_answer_says_which_mode_and_rule_the_policy_chose(keyed_gateway: ThreadedServer) -> None:
-    flip(keyed_gateway, default_mode="off", allow_caller_choice=False,
-         rules=[{"name": "archive-thinks", "tenants": ["archive"], "mode": "on"}])
+    flip(
+        keyed_gateway,
+        default_mode="off",
+        allow_caller_choice=False,
+        rules=[{"name": "archive-thinks", "tenants": ["archive"], "mode": "on"}],
+    )
     live = moderated(keyed_gateway, "k-live-0123")
     assert (live["thinking"], live["thinking_rule"], live["policy_version"]) == ("off", "default", 2)
     assert live["reasoning_tokens"] == 0
@@ -138,8 +151,12 @@ def test_each_answer_says_which_mode_and_rule_the_policy_chose(keyed_gateway: Th
 
 
 def test_a_tag_rule_can_let_callers_choose(keyed_gateway: ThreadedServer) -> None:
-    flip(keyed_gateway, default_mode="off", allow_caller_choice=False,
-         rules=[{"name": "appeals", "tags": ["appeal"], "allow_caller_choice": True}])
+    flip(
+        keyed_gateway,
+        default_mode="off",
+        allow_caller_choice=False,
+        rules=[{"name": "appeals", "tags": ["appeal"], "allow_caller_choice": True}],
+    )
     appeal = moderated(keyed_gateway, "k-live-0123", thinking="on", tags=["appeal"])
     assert (appeal["thinking"], appeal["thinking_rule"]) == ("on", "caller")
     assert moderated(keyed_gateway, "k-live-0123", thinking="on", tags=["feed"])["thinking"] == "off"
@@ -153,9 +170,15 @@ def test_the_audit_trail_records_who_when_why_and_the_difference(gateway: Thread
     (entry,) = admin(gateway, "GET", "/admin/audit").json()["data"]
     assert entry["actor"].startswith("alice (admin:")
     assert (entry["action"], entry["reason"], entry["old_version"], entry["new_version"]) == (
-        "set", "evening peak", 1, 2)
-    assert entry["changes"] == {"default_mode": {"old": "on", "new": "off"},
-                                "max_completion_tokens_off": {"old": 64, "new": 32}}
+        "set",
+        "evening peak",
+        1,
+        2,
+    )
+    assert entry["changes"] == {
+        "default_mode": {"old": "on", "new": "off"},
+        "max_completion_tokens_off": {"old": 64, "new": 32},
+    }
     assert entry["at"].startswith(time.strftime("%Y-", time.gmtime()))
 
 
@@ -195,10 +218,8 @@ def test_the_load_rule_turns_thinking_off_while_the_queue_is_long_and_back_on_af
     flip(gateway, load={"enabled": True, "queue_depth_high": 1, "queue_depth_low": 0})
     with ThreadPoolExecutor(max_workers=4) as pool:
         backlog = [pool.submit(moderated, gateway, None, seed) for seed in (11, 12, 13)]
-        deadline = time.monotonic() + 30
-        while queued(gateway) < 2:  # one in the engine, two waiting: above the high mark of 1
-            assert time.monotonic() < deadline, "the queue never built up"
-            time.sleep(0.02)
+        # One in the engine, two waiting: above the high mark of 1.
+        poll(lambda: queued(gateway) >= 2, 30, "the queue to build up", every_s=0.02)
         shed = moderated(gateway, seed=14)
         early = [future.result() for future in backlog]
     assert (shed["thinking"], shed["thinking_rule"]) == ("off", "load")

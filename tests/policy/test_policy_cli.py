@@ -81,16 +81,26 @@ def test_set_takes_rules_from_a_yaml_file(gateway: ThreadedServer, tmp_path: Pat
     assert result.exit_code == 0, result.output
     shown = served_policy(gateway)
     assert shown["default_mode"] == "off"
-    assert shown["rules"] == [{"name": "appeals", "tenants": [], "tags": ["appeal"],
-                               "priority_at_least": None, "priority_at_most": None, "mode": "on",
-                               "allow_caller_choice": None, "keep_under_load": True}]
+    assert shown["rules"] == [
+        {
+            "name": "appeals",
+            "tenants": [],
+            "tags": ["appeal"],
+            "priority_at_least": None,
+            "priority_at_most": None,
+            "mode": "on",
+            "allow_caller_choice": None,
+            "keep_under_load": True,
+        }
+    ]
     shown_text = modgate(gateway, "show").output
     assert "appeals" in shown_text
     assert "queue depth off above 16, on below 4" in shown_text
 
 
-def test_set_refuses_an_invalid_file_before_calling_the_gateway(gateway: ThreadedServer,
-                                                                tmp_path: Path) -> None:
+def test_set_refuses_an_invalid_file_before_calling_the_gateway(
+    gateway: ThreadedServer, tmp_path: Path
+) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"default_mode": "sometimes"}))
     result = modgate(gateway, "set", "--file", str(bad), "--reason", "typo")
@@ -120,7 +130,10 @@ def test_history_audit_and_rollback_read_back_the_flips(gateway: ThreadedServer)
     audit = modgate(gateway, "audit", "--json")
     entries = json.loads(audit.output)
     assert [(e["action"], e["reason"]) for e in entries] == [
-        ("rollback", "peak is over"), ("set", "shorter"), ("set", "evening peak")]
+        ("rollback", "peak is over"),
+        ("set", "shorter"),
+        ("set", "evening peak"),
+    ]
     assert entries[2]["changes"] == {"default_mode": {"old": "on", "new": "off"}}
     table = modgate(gateway, "audit").output
     assert "default_mode: on → off" in table
@@ -133,16 +146,18 @@ def test_without_a_token_the_command_says_how_to_give_one(gateway: ThreadedServe
 
 
 def test_a_refused_token_prints_the_gateways_reason_and_changes_nothing(gateway: ThreadedServer) -> None:
-    result = modgate(gateway, "set", "--default-mode", "off", "--reason", "x y z",
-                     token="not-the-token-at-all")
+    result = modgate(
+        gateway, "set", "--default-mode", "off", "--reason", "x y z", token="not-the-token-at-all"
+    )
     assert result.exit_code == 1
     assert "401" in result.output
     assert "invalid admin token" in result.output
     assert served_policy(gateway)["version"] == 1
 
 
-def test_a_flip_while_redis_is_unreachable_prints_the_503(start_gateway: GatewayFactory,
-                                                          sim: ThreadedServer) -> None:
+def test_a_flip_while_redis_is_unreachable_prints_the_503(
+    start_gateway: GatewayFactory, sim: ThreadedServer
+) -> None:
     gateway = start_gateway(engine_url=sim.url, redis_url=f"redis://127.0.0.1:{free_port()}/0")
     shown = modgate(gateway, "show")
     assert "UNAVAILABLE" in shown.output

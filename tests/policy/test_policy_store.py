@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -14,6 +12,7 @@ from bench.servers import free_port
 from gateway.errors import Conflict, NotFound, StateUnavailable
 from gateway.policy import PolicyStore, ThinkingPolicy
 from gateway.policy_store import MemoryPolicyStore, RedisPolicyStore
+from tests.processes import poll_async
 
 PREFIX = "modgate:thinking-policy"
 StoreFactory = Callable[[], Awaitable[RedisPolicyStore]]
@@ -47,13 +46,12 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[PolicyStore]:
     await redis_store.stop()
 
 
-async def eventually(condition: Callable[[], Any], timeout_s: float = 1.0) -> None:
-    """Poll ``condition`` until it holds; fail at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s:g} s")
-        await asyncio.sleep(0.01)
+@pytest.fixture
+async def shared_redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A plain client on the Redis the replicas share, to do to it what no replica would."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    await client.aclose()
 
 
 async def test_a_flip_installs_the_next_version_and_audits_who_why_and_what(store: PolicyStore) -> None:
@@ -116,7 +114,12 @@ async def test_a_flip_through_one_replica_reaches_the_other_through_pub_sub(
     first, second = await open_redis_store(), await open_redis_store()
     await first.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
     # The periodic reload is 30 s away: only the published message can make this in time.
-    await eventually(lambda: second.current().version == 2 and second.current().default_mode == "off")
+    await poll_async(
+        lambda: second.current().version == 2 and second.current().default_mode == "off",
+        1.0,
+        "the flip to reach the other replica",
+        every_s=0.01,
+    )
 
 
 async def test_concurrent_flips_from_the_same_version_cannot_both_win(open_redis_store: StoreFactory) -> None:
@@ -134,13 +137,16 @@ async def test_concurrent_flips_without_a_version_both_land_one_after_the_other(
     open_redis_store: StoreFactory,
 ) -> None:
     first, second = await open_redis_store(), await open_redis_store()
-    updates = await asyncio.gather(*(
-        replica.replace(ThinkingPolicy(shadow_share=share), who, "race")
-        for replica, share, who in ((first, 0.1, "alice"), (second, 0.2, "bob"), (first, 0.3, "carol"))
-    ))
+    updates = await asyncio.gather(
+        *(
+            replica.replace(ThinkingPolicy(shadow_share=share), who, "race")
+            for replica, share, who in ((first, 0.1, "alice"), (second, 0.2, "bob"), (first, 0.3, "carol"))
+        )
+    )
     assert sorted(update.policy.version for update in updates) == [2, 3, 4]
-    audited = [(entry.old_version, entry.new_version)
-               for entry in await first.audit(10) if entry.action == "set"]
+    audited = [
+        (entry.old_version, entry.new_version) for entry in await first.audit(10) if entry.action == "set"
+    ]
     assert audited == [(3, 4), (2, 3), (1, 2)]
 
 
@@ -152,37 +158,29 @@ async def test_a_replica_started_later_takes_the_shared_document(open_redis_stor
 
 
 async def test_redis_that_lost_its_data_is_reseeded_with_the_last_known_policy(
-    open_redis_store: StoreFactory, redis_url: str
+    open_redis_store: StoreFactory, shared_redis: aioredis.Redis
 ) -> None:
     replica = await open_redis_store()
     await replica.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        await client.flushdb()  # what a restart without persistence looks like
-        await replica.sync()
-        assert await client.hget(PREFIX, "version") == "2"
-        stored = ThinkingPolicy.model_validate_json(await client.hget(PREFIX, "document") or "")
-        assert stored.default_mode == "off"
-        (seed,) = list(await replica.audit(10))
-        assert (seed.action, seed.new_version) == ("seed", 2)
-    finally:
-        await client.aclose()
+    await shared_redis.flushdb()  # what a restart without persistence looks like
+    await replica.sync()
+    assert await shared_redis.hget(PREFIX, "version") == "2"
+    stored = ThinkingPolicy.model_validate_json(await shared_redis.hget(PREFIX, "document") or "")
+    assert stored.default_mode == "off"
+    (seed,) = list(await replica.audit(10))
+    assert (seed.action, seed.new_version) == ("seed", 2)
 
 
 async def test_an_unreadable_shared_document_leaves_the_policy_in_force(
-    open_redis_store: StoreFactory, redis_url: str
+    open_redis_store: StoreFactory, shared_redis: aioredis.Redis
 ) -> None:
     replica = await open_redis_store()
     await replica.replace(ThinkingPolicy(default_mode="off"), "alice", "busy")
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        await client.hset(PREFIX, mapping={"version": 3, "document": '{"default_mode": "sometimes"}'})
-        await replica.sync()
-        assert (replica.current().version, replica.current().default_mode) == (2, "off")
-        update = await replica.replace(ThinkingPolicy(default_mode="on"), "alice", "repair it")
-        assert update.policy.version == 4  # past the unreadable version 3: versions only go up
-    finally:
-        await client.aclose()
+    await shared_redis.hset(PREFIX, mapping={"version": 3, "document": '{"default_mode": "sometimes"}'})
+    await replica.sync()
+    assert (replica.current().version, replica.current().default_mode) == (2, "off")
+    update = await replica.replace(ThinkingPolicy(default_mode="on"), "alice", "repair it")
+    assert update.policy.version == 4  # past the unreadable version 3: versions only go up
 
 
 async def test_a_store_whose_redis_is_unreachable_serves_the_default_and_refuses_flips() -> None:

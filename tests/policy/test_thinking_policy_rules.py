@@ -53,16 +53,20 @@ def test_a_rule_that_pins_a_mode_may_still_let_callers_choose() -> None:
 
 
 def test_caller_choice_can_be_granted_to_one_tenant_only() -> None:
-    doc = policy(default_mode="off", allow_caller_choice=False,
-                 rules=[{"name": "trusted", "tenants": ["trust-and-safety"], "allow_caller_choice": True}])
+    doc = policy(
+        default_mode="off",
+        allow_caller_choice=False,
+        rules=[{"name": "trusted", "tenants": ["trust-and-safety"], "allow_caller_choice": True}],
+    )
     assert chosen(doc, tenant="trust-and-safety", requested="on") == ("on", "caller")
     assert chosen(doc, tenant="trust-and-safety") == ("off", "default")
     assert chosen(doc, tenant="ads", requested="on") == ("off", "default")
 
 
 def test_a_tag_rule_matches_any_of_its_tags() -> None:
-    doc = policy(default_mode="off",
-                 rules=[{"name": "appeals", "tags": ["appeal", "escalation"], "mode": "on"}])
+    doc = policy(
+        default_mode="off", rules=[{"name": "appeals", "tags": ["appeal", "escalation"], "mode": "on"}]
+    )
     assert chosen(doc, tags=("live", "escalation")) == ("on", "rule:appeals")
     assert chosen(doc, tags=("live",)) == ("off", "default")
 
@@ -74,10 +78,12 @@ def test_a_priority_rule_matches_within_its_bounds() -> None:
 
 
 def test_the_first_matching_rule_applies() -> None:
-    doc = policy(rules=[
-        {"name": "urgent", "priority_at_most": -5, "mode": "on"},
-        {"name": "bulk", "tenants": ["archive"], "mode": "off"},
-    ])
+    doc = policy(
+        rules=[
+            {"name": "urgent", "priority_at_most": -5, "mode": "on"},
+            {"name": "bulk", "tenants": ["archive"], "mode": "off"},
+        ]
+    )
     assert chosen(doc, tenant="archive", priority=-8) == ("on", "rule:urgent")
     assert chosen(doc, tenant="archive", priority=0) == ("off", "rule:bulk")
 
@@ -116,8 +122,15 @@ def test_the_decision_names_the_policy_version() -> None:
     [
         ({"rules": [{"name": "all", "mode": "off"}]}, "matches every request"),
         ({"rules": [{"name": "idle", "tenants": ["a"]}]}, "changes nothing"),
-        ({"rules": [{"name": "x", "tenants": ["a"], "mode": "on"},
-                    {"name": "x", "tags": ["b"], "mode": "off"}]}, "unique"),
+        (
+            {
+                "rules": [
+                    {"name": "x", "tenants": ["a"], "mode": "on"},
+                    {"name": "x", "tags": ["b"], "mode": "off"},
+                ]
+            },
+            "unique",
+        ),
         ({"rules": [{"name": "bad name!", "tenants": ["a"], "mode": "on"}]}, "pattern"),
         ({"rules": [{"name": "p", "priority_at_least": 3, "priority_at_most": 1, "mode": "on"}]}, "above"),
         ({"load": {"enabled": True}}, "needs queue_depth_high"),
@@ -144,8 +157,12 @@ def test_the_content_hash_ignores_bookkeeping_and_follows_what_is_decided() -> N
 
 def test_changes_name_each_field_that_differs_by_its_path() -> None:
     old = policy()
-    new = policy(default_mode="off", load={"enabled": True, "queue_depth_high": 8, "queue_depth_low": 2},
-                 version=4, reason="busy")
+    new = policy(
+        default_mode="off",
+        load={"enabled": True, "queue_depth_high": 8, "queue_depth_low": 2},
+        version=4,
+        reason="busy",
+    )
     assert policy_changes(old, new) == {
         "default_mode": {"old": "on", "new": "off"},
         "load.enabled": {"old": False, "new": True},

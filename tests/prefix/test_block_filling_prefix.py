@@ -16,8 +16,9 @@ from tests.support import GatewayFactory, SimFactory, image_input
 def moderate(gateway: ThreadedServer, seed: int) -> dict[str, Any]:
     """One keyframe of its own through the gateway, thinking off; its ``modgate`` details."""
     body = {"model": "m", "input": image_input(make_keyframe("allow", 1280, 720, seed=seed))}
-    response = httpx.post(f"{gateway.url}/v1/moderations", json=body, timeout=60,
-                          headers={"X-Modgate-Thinking": "off"})
+    response = httpx.post(
+        f"{gateway.url}/v1/moderations", json=body, timeout=60, headers={"X-Modgate-Thinking": "off"}
+    )
     assert response.status_code == 200, response.text
     details: dict[str, Any] = response.json()["results"][0]["modgate"]
     return details

@@ -37,9 +37,11 @@ def test_the_fill_makes_every_later_request_with_its_own_keyframe_hit_a_whole_bl
 def test_packing_divides_the_prompt_among_the_frames(start_sim: SimFactory) -> None:
     engine = start_sim("spark")
     one = json.loads(runner.invoke(app, ["cache", "plan", "--engine-url", engine.url, "--json"]).output)
-    four = json.loads(runner.invoke(
-        app, ["cache", "plan", "--engine-url", engine.url, "--frames-per-request", "4", "--json"]
-    ).output)
+    four = json.loads(
+        runner.invoke(
+            app, ["cache", "plan", "--engine-url", engine.url, "--frames-per-request", "4", "--json"]
+        ).output
+    )
     per_frame_one = one["plan"]["shape"]["prompt_tokens"]
     per_frame_four = four["plan"]["shape"]["prompt_tokens"] / 4
     assert per_frame_four < per_frame_one

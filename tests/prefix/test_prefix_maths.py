@@ -73,9 +73,7 @@ def test_packed_frames_share_the_prefix_cost() -> None:
     assert "(662 per keyframe)" in plan.changes[0]
 
 
-@given(
-    shared=st.integers(0, 20_000), extra=st.integers(0, 20_000), block=st.integers(1, 4096)
-)
+@given(shared=st.integers(0, 20_000), extra=st.integers(0, 20_000), block=st.integers(1, 4096))
 def test_cacheable_tokens_are_whole_shared_blocks_short_of_the_last_token(
     shared: int, extra: int, block: int
 ) -> None:

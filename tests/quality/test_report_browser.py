@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import ConsoleMessage, Request, sync_playwright
 
 from quality.report import ReportPolicy, WeekSummary, build_weekly_report, write_report
+from tests.browser import ARTIFACTS, chromium_page
 from tests.quality.fakes import synthesize_week
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
 def earlier_weeks() -> list[WeekSummary]:
@@ -49,9 +36,6 @@ def earlier_weeks() -> list[WeekSummary]:
 
 @pytest.mark.browser
 def test_the_weekly_report_opens_in_chromium_without_errors(tmp_path: Path) -> None:
-    assert shutil.which("chromium") or Path(CHROMIUM).exists(), (
-        "Debian's Chromium is missing: apt-get update && apt-get install -y chromium"
-    )
     week = synthesize_week(frames=4210, videos=312, rerun_fraction=0.15, labels_fraction=0.1, seed=48)
     report = build_weekly_report(
         week.records,
@@ -62,35 +46,16 @@ def test_the_weekly_report_opens_in_chromium_without_errors(tmp_path: Path) -> N
     )
     files = write_report(report, tmp_path)
 
-    problems: list[str] = []
-    requests: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900}, device_scale_factor=1)
+    with chromium_page(1200, 900) as watched:
+        page = watched.page
+        page.goto(files.html.as_uri(), wait_until="load")
+        images = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)")
+        headline = page.inner_text(".headline")
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "quality-report.png"), full_page=True)
 
-            def on_console(message: ConsoleMessage) -> None:
-                if message.type in ("error", "warning"):
-                    problems.append(f"{message.type}: {message.text}")
-
-            def on_request(request: Request) -> None:
-                requests.append(request.url)
-
-            page.on("console", on_console)
-            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-            page.on("request", on_request)
-            page.goto(files.html.as_uri(), wait_until="load")
-            images = page.eval_on_selector_all(
-                "img", "imgs => imgs.map(i => i.complete && i.naturalWidth > 0)"
-            )
-            headline = page.inner_text(".headline")
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "quality-report.png"), full_page=True)
-        finally:
-            browser.close()
-
-    assert problems == []
-    assert all(url.startswith(("file:", "data:")) for url in requests), requests
+    assert watched.problems == []
+    assert all(url.startswith(("file:", "data:")) for url in watched.requests), watched.requests
     assert images == [True, True, True, True]
     assert headline == report.recommendation.headline
     assert (ARTIFACTS / "quality-report.png").stat().st_size > 50_000

@@ -1,171 +1,41 @@
-"""Processes the reliability tests start and kill: gateways, a Redis of their own, a webhook receiver."""
+"""What the reliability tests start and kill (gateways, a Redis of their own, a webhook receiver), and
+checks of error bodies and engine counters."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.servers import free_port, wait_until_ready
+from tests.processes import GatewayProcess, GatewayProcessesFactory, GatewayProcessFactory, RedisServer
 
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 WEBHOOK_SECRET = "test-webhook-secret-0123456789"
 
 
-def poll(condition: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.05) -> Any:
-    """Call ``condition`` until it answers something truthy (and answer it), or fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(every_s)
-
-
-async def poll_async(condition: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
-    """``poll`` for coroutines: await ``condition`` until it answers something truthy."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-@dataclass
-class GatewayProcess:
-    """``modgate serve`` in a process of its own: it can be killed like a real deployment."""
-
-    url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def kill(self) -> None:
-        """``kill -9``: no shutdown hook runs."""
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self) -> None:
-        """Terminate if still running."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def peak_rss_bytes(self) -> int:
-        """The process's peak resident memory (``VmHWM``)."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        raise AssertionError("no VmHWM in /proc status")
-
-    def log(self) -> str:
-        """What the gateway printed (for failure messages)."""
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-
-GatewayProcessFactory = Callable[..., GatewayProcess]
-
-
 @pytest.fixture
-def gateway_process(tmp_path: Path) -> Iterator[GatewayProcessFactory]:
-    """Start ``modgate serve`` processes with ``MODGATE_*`` variables; all stopped after the test."""
-    started: list[GatewayProcess] = []
+def gateway_process(gateway_processes: GatewayProcessesFactory) -> GatewayProcessFactory:
+    """Start ``modgate serve`` processes with ``MODGATE_*`` variables, each ready once it answers /healthz;
+    all stopped after the test."""
 
     def start(**env: str) -> GatewayProcess:
-        port = free_port()
-        log_path = tmp_path / f"gateway-{port}.log"
-        variables = {
-            **os.environ,
-            "MODGATE_LOG_LEVEL": "warning",
-            **env,
-        }
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
-                env=variables, stdout=log, stderr=subprocess.STDOUT,
-            )
-        gateway = GatewayProcess(f"http://127.0.0.1:{port}", process, log_path)
-        started.append(gateway)
-        try:
-            wait_until_ready(f"{gateway.url}/healthz", process)
-        except RuntimeError as exc:
-            pytest.fail(f"{exc}\n{gateway.log()}")
+        (gateway,) = gateway_processes(1, "/healthz", **env)
         return gateway
 
-    yield start
-    for gateway in started:
-        gateway.stop()
-
-
-@dataclass
-class RedisServer:
-    """A redis-server of the test's own (not the machine's 6379); every write persisted (AOF, fsync)."""
-
-    directory: Path
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        """Start (again, on the same port and data directory) and wait until it answers PING."""
-        self.process = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
-
-        def answers() -> bool:
-            try:
-                return bool(client.ping())
-            except redis.RedisError:
-                return False
-
-        poll(answers, 20, f"redis-server on port {self.port}")
-        client.close()
-        return self
-
-    def stop(self) -> None:
-        """Shut down (SIGTERM: the append-only file is flushed first)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(20)
-        self.process = None
+    return start
 
 
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A Redis the test may stop and restart."""
-    directory = tmp_path / "redis"
-    directory.mkdir()
-    server = RedisServer(directory).start()
+    """A Redis the test may stop and restart; every write persisted (append-only file, fsync always)."""
+    server = RedisServer(tmp_path / "redis", persistent=True).start()
     yield server
     server.stop()
 

@@ -15,7 +15,8 @@ from deploy.keyframes import make_keyframe
 from gateway.cli import app as cli
 from gateway.embedded import ThreadedServer
 from gateway.keys_store import API_KEYS_HASH
-from tests.reliability.conftest import RedisServer, error_body
+from tests.processes import RedisServer
+from tests.reliability.conftest import error_body
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
 
 BODY = {"input": image_input(make_keyframe("allow", 320, 180))}
@@ -29,8 +30,9 @@ def keys(redis_url: str, *args: str) -> str:
 
 
 def moderate(gateway: ThreadedServer, key: str) -> httpx.Response:
-    return httpx.post(f"{gateway.url}/v1/moderations", json=BODY, headers={"Authorization": f"Bearer {key}"},
-                      timeout=30)
+    return httpx.post(
+        f"{gateway.url}/v1/moderations", json=BODY, headers={"Authorization": f"Bearer {key}"}, timeout=30
+    )
 
 
 def test_a_new_key_is_printed_once_and_only_its_digest_is_stored(redis_url: str) -> None:
@@ -58,8 +60,12 @@ def test_a_tenant_name_must_be_plain(redis_url: str) -> None:
 def test_a_key_added_with_the_cli_works_at_once_and_stops_working_when_revoked(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, redis_url=redis_url, api_keys_from_redis=True,
-                            api_keys="settings-key-123:tenant-s")
+    gateway = start_gateway(
+        engine_url=sim.url,
+        redis_url=redis_url,
+        api_keys_from_redis=True,
+        api_keys="settings-key-123:tenant-s",
+    )
     caplog.set_level(logging.DEBUG)
     key = keys(redis_url, "add", "--tenant", "acme").strip()
     assert moderate(gateway, key).status_code == 200
@@ -95,8 +101,12 @@ def test_with_redis_down_a_redis_key_gets_503_and_a_settings_key_still_works(
     start_gateway: GatewayFactory, sim: ThreadedServer, own_redis: RedisServer
 ) -> None:
     key = keys(own_redis.url, "add", "--tenant", "acme").strip()
-    gateway = start_gateway(engine_url=sim.url, redis_url=own_redis.url, api_keys_from_redis=True,
-                            api_keys="settings-key-123:tenant-s")
+    gateway = start_gateway(
+        engine_url=sim.url,
+        redis_url=own_redis.url,
+        api_keys_from_redis=True,
+        api_keys="settings-key-123:tenant-s",
+    )
     own_redis.stop()
     unverifiable = moderate(gateway, key)
     assert (unverifiable.status_code, error_body(unverifiable)["code"]) == (503, "state_unavailable")

@@ -31,9 +31,11 @@ def gateway() -> Iterator[httpx.Client]:
     """One gateway (with small limits, over the instant simulator) for every case here."""
     from deploy.simulator import PRESETS, create_sim_app
 
-    with ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)) as sim, ThreadedServer(
-        create_app(Settings(engine_url=sim.url, **LIMITS))
-    ) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+    with (
+        ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)) as sim,
+        ThreadedServer(create_app(Settings(engine_url=sim.url, **LIMITS))) as server,
+        httpx.Client(base_url=server.url, timeout=60) as client,
+    ):
         yield client
         # Whatever came before, the gateway still answers, and still moderates.
         assert client.get("/healthz").status_code == 200
@@ -100,27 +102,47 @@ CORPUS: list[tuple[str, Callable[[], bytes], int, str | None]] = [
     ("decompression bomb PNG", png_bomb, 413, "image_dimensions_too_large"),
     ("PNG claiming 100000x100000", lambda: png_claiming(100_000, 100_000), 413, "image_dimensions_too_large"),
     ("JPEG claiming 65000x65000", lambda: jpeg_claiming(65_000, 65_000), 413, "image_dimensions_too_large"),
-    ("over the pixel limit", lambda: encoded(Image.new("RGB", (3000, 2000)), "JPEG"), 413,
-     "image_dimensions_too_large"),
+    (
+        "over the pixel limit",
+        lambda: encoded(Image.new("RGB", (3000, 2000)), "JPEG"),
+        413,
+        "image_dimensions_too_large",
+    ),
     ("a PNG with zero width", lambda: png_claiming(0, 10), 400, "empty_image"),
-    ("a 1000:1 strip", lambda: encoded(Image.new("RGB", (4000, 4)), "PNG"), 422,
-     "image_aspect_ratio_too_large"),
+    (
+        "a 1000:1 strip",
+        lambda: encoded(Image.new("RGB", (4000, 4)), "PNG"),
+        422,
+        "image_aspect_ratio_too_large",
+    ),
     ("animated PNG", lambda: animated("PNG"), 422, "animated_image"),
     ("animated WebP", lambda: animated("WEBP"), 422, "animated_image"),
-    ("SVG", lambda: b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"><script/></svg>', 415,
-     "unsupported_image_format"),
+    (
+        "SVG",
+        lambda: b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"><script/></svg>',
+        415,
+        "unsupported_image_format",
+    ),
     ("GIF", lambda: encoded(Image.new("RGB", (64, 64)), "GIF"), 415, "unsupported_image_format"),
     ("BMP", lambda: encoded(Image.new("RGB", (64, 64)), "BMP"), 415, "unsupported_image_format"),
     ("TIFF", lambda: encoded(Image.new("RGB", (64, 64)), "TIFF"), 415, "unsupported_image_format"),
-    ("HTML behind JPEG magic", lambda: b"\xff\xd8\xff<html><script>alert(1)</script></html>", 400,
-     "image_decode_failed"),
+    (
+        "HTML behind JPEG magic",
+        lambda: b"\xff\xd8\xff<html><script>alert(1)</script></html>",
+        400,
+        "image_decode_failed",
+    ),
     ("over the byte limit", lambda: b"\xff\xd8\xff" + bytes(1024 * 1024), 413, "image_too_large"),
     # Unusual but valid: shaped from their pixels and moderated.
     ("CMYK JPEG", lambda: encoded(Image.new("CMYK", (320, 180), (0, 50, 100, 0)), "JPEG"), 200, None),
     ("16-bit grey PNG", sixteen_bit_png, 200, None),
     ("polyglot: JPEG with a ZIP appended", lambda: KEYFRAME + b"PK\x03\x04" + bytes(200), 200, None),
-    ("polyglot: PNG with HTML appended",
-     lambda: encoded(Image.new("RGB", (320, 180)), "PNG") + b"<html><script>alert(1)</script>", 200, None),
+    (
+        "polyglot: PNG with HTML appended",
+        lambda: encoded(Image.new("RGB", (320, 180)), "PNG") + b"<html><script>alert(1)</script>",
+        200,
+        None,
+    ),
 ]
 
 
@@ -170,7 +192,9 @@ def test_a_data_url_declaring_a_non_image_type_gets_415(gateway: httpx.Client) -
 
 
 def test_a_remote_url_is_refused_while_remote_images_are_off(gateway: httpx.Client) -> None:
-    response = gateway.post("/v1/moderations", json={"input": image_part("http://169.254.169.254/latest/meta-data")})
+    response = gateway.post(
+        "/v1/moderations", json={"input": image_part("http://169.254.169.254/latest/meta-data")}
+    )
     assert (response.status_code, error_body(response)["code"]) == (400, "invalid_data_url")
 
 
@@ -203,10 +227,30 @@ def test_brackets_inside_strings_do_not_count_as_depth(gateway: httpx.Client) ->
 
 @pytest.mark.parametrize(
     "body",
-    [b"", b"not json", b"{", b'{"input": 5}', b'{"input": "x", "unknown": 1}', b"[]", b'"text"',
-     b'{"input": [{"type": "video", "url": "x"}]}', b'{"input": "\\ud800"}', b"\xff\xfe\x00"],
-    ids=["empty", "not json", "unclosed", "wrong type", "unknown field", "array", "string", "unknown part",
-         "lone surrogate", "not utf-8"],
+    [
+        b"",
+        b"not json",
+        b"{",
+        b'{"input": 5}',
+        b'{"input": "x", "unknown": 1}',
+        b"[]",
+        b'"text"',
+        b'{"input": [{"type": "video", "url": "x"}]}',
+        b'{"input": "\\ud800"}',
+        b"\xff\xfe\x00",
+    ],
+    ids=[
+        "empty",
+        "not json",
+        "unclosed",
+        "wrong type",
+        "unknown field",
+        "array",
+        "string",
+        "unknown part",
+        "lone surrogate",
+        "not utf-8",
+    ],
 )
 def test_malformed_bodies_get_400(gateway: httpx.Client, body: bytes) -> None:
     response = post_json(gateway, body)

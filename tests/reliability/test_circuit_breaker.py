@@ -14,7 +14,8 @@ from gateway.app import create_app
 from gateway.circuit import CircuitBreaker, CircuitOpen
 from gateway.errors import UpstreamError
 from gateway.settings import Settings
-from tests.reliability.conftest import error_body, poll
+from tests.processes import poll
+from tests.reliability.conftest import error_body
 from tests.support import GatewayFactory, SimFactory, image_input
 
 
@@ -169,6 +170,9 @@ def test_the_circuit_closes_again_once_the_engine_recovers(
         statuses = [client.post("/v1/moderations", json=body).status_code for _ in range(3)]
         assert statuses == [502, 502, 503]
         assert client.post(f"{sim.url}/sim/faults", json={}).status_code == 200  # the engine is well again
-        recovered = poll(lambda: client.post("/v1/moderations", json=body).status_code == 200, 20,
-                         "the circuit to let a probe through and close")
+        recovered = poll(
+            lambda: client.post("/v1/moderations", json=body).status_code == 200,
+            20,
+            "the circuit to let a probe through and close",
+        )
     assert recovered

@@ -20,7 +20,8 @@ from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
 from gateway.app import create_app
 from gateway.settings import Settings
-from tests.reliability.conftest import engine_counter, error_body, poll, poll_async
+from tests.processes import poll, poll_async
+from tests.reliability.conftest import engine_counter, error_body
 from tests.support import GatewayFactory, SimFactory, image_input
 
 BODY = {"input": image_input(make_keyframe("allow", 320, 180))}
@@ -32,8 +33,15 @@ def sse(*chunks: dict[str, Any]) -> bytes:
 
 
 ANSWER = sse(
-    {"choices": [{"index": 0, "finish_reason": None,
-                  "delta": {"content": '{"verdict": "allow", "categories": [], "confidence": 0.9}'}}]},
+    {
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": None,
+                "delta": {"content": '{"verdict": "allow", "categories": [], "confidence": 0.9}'},
+            }
+        ]
+    },
     {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
 )
 
@@ -63,6 +71,16 @@ async def call_gateway(engine: ScriptedEngine, **settings: Any) -> httpx.Respons
     return response
 
 
+async def call_gateway_on_sim(
+    start_sim: SimFactory, start_gateway: GatewayFactory, faults: Faults, **settings: Any
+) -> httpx.Response:
+    """One moderation over HTTP through a gateway (``settings``) in front of a simulator with ``faults``."""
+    sim = start_sim(faults=faults)
+    gateway = start_gateway(engine_url=sim.url, **settings)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        return await client.post("/v1/moderations", json=BODY)
+
+
 def stream_of(*parts: bytes | BaseException | float) -> httpx.AsyncByteStream:
     """A response body that yields bytes, raises an exception, or sleeps (a float), in order."""
 
@@ -83,10 +101,7 @@ FIRST_CHUNK = b'data: {"choices": [{"index": 0, "delta": {"reasoning": "hm"}, "f
 
 
 async def test_an_engine_500_becomes_a_502(start_sim: SimFactory, start_gateway: GatewayFactory) -> None:
-    sim = start_sim(faults=Faults(error_rate=1.0))
-    gateway = start_gateway(engine_url=sim.url)
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-        response = await client.post("/v1/moderations", json=BODY)
+    response = await call_gateway_on_sim(start_sim, start_gateway, Faults(error_rate=1.0))
     assert response.status_code == 502
     error = error_body(response)
     assert (error["type"], error["code"]) == ("server_error", "engine_bad_response")
@@ -103,8 +118,11 @@ async def test_an_engine_503_becomes_a_503() -> None:
 
 async def test_a_malformed_stream_chunk_becomes_a_502() -> None:
     async def garbled(request: httpx.Request, call: int) -> httpx.Response:
-        return httpx.Response(200, stream=stream_of(FIRST_CHUNK, b"data: {not json\n\n"),
-                              headers={"content-type": "text/event-stream"})
+        return httpx.Response(
+            200,
+            stream=stream_of(FIRST_CHUNK, b"data: {not json\n\n"),
+            headers={"content-type": "text/event-stream"},
+        )
 
     response = await call_gateway(ScriptedEngine(garbled))
     assert response.status_code == 502
@@ -114,10 +132,7 @@ async def test_a_malformed_stream_chunk_becomes_a_502() -> None:
 async def test_a_stream_cut_in_the_middle_becomes_a_502(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
-    sim = start_sim(faults=Faults(cut_stream_rate=1.0))
-    gateway = start_gateway(engine_url=sim.url)
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-        response = await client.post("/v1/moderations", json=BODY)
+    response = await call_gateway_on_sim(start_sim, start_gateway, Faults(cut_stream_rate=1.0))
     assert response.status_code == 502
     assert "ended before the answer was complete" in error_body(response)["message"]
 
@@ -125,10 +140,7 @@ async def test_a_stream_cut_in_the_middle_becomes_a_502(
 async def test_a_model_answer_that_is_not_json_becomes_a_review_verdict(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
-    sim = start_sim(faults=Faults(malformed_rate=1.0))
-    gateway = start_gateway(engine_url=sim.url)
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-        response = await client.post("/v1/moderations", json=BODY)
+    response = await call_gateway_on_sim(start_sim, start_gateway, Faults(malformed_rate=1.0))
     assert response.status_code == 200
     details = response.json()["results"][0]["modgate"]
     assert details["action"] == "review"
@@ -149,10 +161,9 @@ async def test_an_engine_that_never_answers_gets_504_at_the_first_token_deadline
 async def test_a_slow_engine_past_the_first_token_deadline_gets_504(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
-    sim = start_sim(faults=Faults(slow_rate=1.0, slow_s=30.0))
-    gateway = start_gateway(engine_url=sim.url, engine={"first_token_timeout_s": 0.5})
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-        response = await client.post("/v1/moderations", json=BODY)
+    response = await call_gateway_on_sim(
+        start_sim, start_gateway, Faults(slow_rate=1.0, slow_s=30.0), engine={"first_token_timeout_s": 0.5}
+    )
     assert response.status_code == 504
     assert error_body(response)["code"] == "engine_timeout"
 
@@ -160,18 +171,18 @@ async def test_a_slow_engine_past_the_first_token_deadline_gets_504(
 async def test_a_slow_engine_within_the_deadline_is_answered(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
-    sim = start_sim(faults=Faults(slow_rate=1.0, slow_s=0.3))
-    gateway = start_gateway(engine_url=sim.url, engine={"first_token_timeout_s": 10})
-    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-        response = await client.post("/v1/moderations", json=BODY)
+    response = await call_gateway_on_sim(
+        start_sim, start_gateway, Faults(slow_rate=1.0, slow_s=0.3), engine={"first_token_timeout_s": 10}
+    )
     assert response.status_code == 200
     assert response.json()["results"][0]["modgate"]["action"] == "allow"
 
 
 async def test_an_engine_that_stalls_after_its_first_token_gets_504_at_the_total_deadline() -> None:
     async def stalls(request: httpx.Request, call: int) -> httpx.Response:
-        return httpx.Response(200, stream=stream_of(FIRST_CHUNK, 3600.0),
-                              headers={"content-type": "text/event-stream"})
+        return httpx.Response(
+            200, stream=stream_of(FIRST_CHUNK, 3600.0), headers={"content-type": "text/event-stream"}
+        )
 
     response = await call_gateway(ScriptedEngine(stalls), first_token_timeout_s=5, total_timeout_s=0.5)
     assert response.status_code == 504
@@ -203,8 +214,11 @@ async def test_refused_connections_give_503_once_the_retries_are_spent() -> None
 
 async def test_an_answer_cut_after_it_started_is_never_retried() -> None:
     async def cut(request: httpx.Request, call: int) -> httpx.Response:
-        return httpx.Response(200, stream=stream_of(FIRST_CHUNK, httpx.ReadError("connection reset")),
-                              headers={"content-type": "text/event-stream"})
+        return httpx.Response(
+            200,
+            stream=stream_of(FIRST_CHUNK, httpx.ReadError("connection reset")),
+            headers={"content-type": "text/event-stream"},
+        )
 
     engine = ScriptedEngine(cut)
     response = await call_gateway(engine, connect_retries=3)
@@ -217,7 +231,8 @@ def simulator_process(port: int, *args: str) -> Iterator[subprocess.Popen[bytes]
     """``modgate engine-sim`` in a process of its own (so it can be killed)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "engine-sim", "--port", str(port), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         wait_until_ready(f"http://127.0.0.1:{port}/health", process)
@@ -233,13 +248,18 @@ async def test_the_engine_killed_mid_stream_fails_those_requests_cleanly_and_the
 ) -> None:
     port = free_port()
     engine_url = f"http://127.0.0.1:{port}"
-    gateway = start_gateway(engine_url=engine_url, engine={"connect_retries": 1, "model": "qwen3-vl-moe-sim"},
-                            circuit={"cooldown_s": 0.5})
+    gateway = start_gateway(
+        engine_url=engine_url,
+        engine={"connect_retries": 1, "model": "qwen3-vl-moe-sim"},
+        circuit={"cooldown_s": 0.5},
+    )
     frames = [make_keyframe("allow", 320, 180, seed=i) for i in range(4)]
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
         with simulator_process(port, "--preset", "spark", "--time-scale", "1") as engine:
-            calls = [asyncio.create_task(client.post("/v1/moderations", json={"input": image_input(frame)}))
-                     for frame in frames]
+            calls = [
+                asyncio.create_task(client.post("/v1/moderations", json={"input": image_input(frame)}))
+                for frame in frames
+            ]
 
             async def all_streaming() -> bool:
                 info = (await client.get(f"{engine_url}/sim/info")).json()
@@ -256,6 +276,7 @@ async def test_the_engine_killed_mid_stream_fails_those_requests_cleanly_and_the
         down = await client.post("/v1/moderations", json=BODY)
         assert down.status_code == 503
         with simulator_process(port, "--preset", "instant", "--time-scale", "0"):
+
             async def answered() -> bool:
                 return (await client.post("/v1/moderations", json=BODY)).status_code == 200
 

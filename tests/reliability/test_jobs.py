@@ -16,7 +16,8 @@ from deploy.simulator import Faults
 from gateway.auth import Caller
 from gateway.embedded import ThreadedServer
 from gateway.jobs import GROUP, STREAM, JobRecord, MemoryJobStore, RedisJobStore, sign_webhook, verify_webhook
-from tests.reliability.conftest import WEBHOOK_SECRET, WebhookReceiver, engine_counter, error_body, poll_async
+from tests.processes import poll_async
+from tests.reliability.conftest import WEBHOOK_SECRET, WebhookReceiver, engine_counter, error_body
 from tests.support import GatewayFactory, SimFactory, image_input
 
 FRAMES = [make_keyframe("allow", 320, 180, seed=1), make_keyframe("block:violence", 320, 180, seed=2)]
@@ -56,8 +57,9 @@ async def test_the_same_idempotency_key_answers_the_same_job_and_runs_it_once(
     sim = start_sim()
     gateway = start_gateway(engine_url=sim.url)
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-        answers = [await client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "batch-42"})
-                   for _ in range(3)]
+        answers = [
+            await client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "batch-42"}) for _ in range(3)
+        ]
         assert [a.status_code for a in answers] == [202, 202, 202]
         assert len({a.json()["id"] for a in answers}) == 1
         assert [a.headers.get("idempotent-replayed") for a in answers] == [None, "true", "true"]
@@ -143,9 +145,11 @@ async def test_a_refusing_receiver_gets_the_webhook_again(
 
 @pytest.mark.parametrize(
     ("jobs", "url", "code"),
-    [(WEBHOOKS, "http://hooks.attacker.net/x", "webhook_refused"),
-     (WEBHOOKS, "ftp://127.0.0.1/x", "invalid_request"),
-     ({}, "http://127.0.0.1/x", "webhooks_disabled")],
+    [
+        (WEBHOOKS, "http://hooks.attacker.net/x", "webhook_refused"),
+        (WEBHOOKS, "ftp://127.0.0.1/x", "invalid_request"),
+        ({}, "http://127.0.0.1/x", "webhooks_disabled"),
+    ],
     ids=["host off the allowlist", "not http", "no secret configured"],
 )
 async def test_a_webhook_url_the_gateway_will_not_call_gets_400(
@@ -187,8 +191,9 @@ async def test_engine_failures_are_retried_until_the_job_succeeds(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim(faults=Faults(error_rate=1.0))
-    gateway = start_gateway(engine_url=sim.url, jobs={"retry_wait_s": 0.2, "max_attempts": 20},
-                            circuit={"cooldown_s": 0.2})
+    gateway = start_gateway(
+        engine_url=sim.url, jobs={"retry_wait_s": 0.2, "max_attempts": 20}, circuit={"cooldown_s": 0.2}
+    )
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         job = (await client.post("/v1/jobs", json=JOB)).json()
 
@@ -244,10 +249,12 @@ async def test_two_gateways_on_one_redis_share_idempotency_keys(
     first = start_gateway(engine_url=sim.url, redis_url=redis_url)
     second = start_gateway(engine_url=sim.url, redis_url=redis_url)
     async with httpx.AsyncClient(timeout=30) as client:
-        answers = await asyncio.gather(*(
-            client.post(f"{gateway.url}/v1/jobs", json=JOB, headers={"Idempotency-Key": "shared"})
-            for gateway in (first, second, first, second)
-        ))
+        answers = await asyncio.gather(
+            *(
+                client.post(f"{gateway.url}/v1/jobs", json=JOB, headers={"Idempotency-Key": "shared"})
+                for gateway in (first, second, first, second)
+            )
+        )
     assert len({a.json()["id"] for a in answers}) == 1
     assert sorted(a.headers.get("idempotent-replayed", "") for a in answers) == ["", "true", "true", "true"]
 
@@ -292,9 +299,9 @@ async def test_a_job_worked_twice_completes_once(kind: str, redis_url: str) -> N
         await store.submit(job_record(job_id), None)
         assert await store.start_attempt(job_id) == 1
         assert await store.start_attempt(job_id) == 2  # a takeover racing a slow gateway
-        outcomes = await asyncio.gather(*(
-            store.complete(job_id, "succeeded", result=json.dumps({"by": n}), error=None) for n in range(5)
-        ))
+        outcomes = await asyncio.gather(
+            *(store.complete(job_id, "succeeded", result=json.dumps({"by": n}), error=None) for n in range(5))
+        )
         record = await store.get(job_id)
         assert await store.start_attempt(job_id) == 0  # finished: no further attempt starts
     finally:

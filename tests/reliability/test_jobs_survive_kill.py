@@ -10,7 +10,8 @@ import redis
 
 from deploy.keyframes import make_keyframe
 from gateway.jobs import GROUP, STREAM, RedisJobStore, verify_webhook
-from tests.reliability.conftest import WEBHOOK_SECRET, GatewayProcessFactory, WebhookReceiver, poll
+from tests.processes import GatewayProcessFactory, poll
+from tests.reliability.conftest import WEBHOOK_SECRET, WebhookReceiver
 from tests.support import SimFactory, image_input
 
 JOBS = 6
@@ -18,7 +19,9 @@ FRAMES = 4  # per job
 
 
 def test_jobs_survive_a_gateway_killed_mid_work(
-    start_sim: SimFactory, gateway_process: GatewayProcessFactory, redis_url: str,
+    start_sim: SimFactory,
+    gateway_process: GatewayProcessFactory,
+    redis_url: str,
     webhook_receiver: WebhookReceiver,
 ) -> None:
     # The Spark's pace, sped up: a job's four frames take a few seconds, so the kill lands mid-work.
@@ -43,8 +46,10 @@ def test_jobs_survive_a_gateway_killed_mid_work(
 
     def submit_all(url: str) -> dict[str, str]:
         with httpx.Client(base_url=url, timeout=30) as client:
-            answers = {key: client.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
-                       for key, body in bodies.items()}
+            answers = {
+                key: client.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+                for key, body in bodies.items()
+            }
         assert {a.status_code for a in answers.values()} == {202}
         return {key: answer.json()["id"] for key, answer in answers.items()}
 
@@ -63,8 +68,11 @@ def test_jobs_survive_a_gateway_killed_mid_work(
     second = gateway_process(**env)
     assert submit_all(second.url) == ids  # the same keys answer the same jobs: nothing submitted twice
     poll(lambda: statuses(ids) == ["succeeded"] * JOBS, 120, "every job to succeed", every_s=0.2)
-    poll(lambda: state.xlen(STREAM) == 0 and state.xpending(STREAM, GROUP)["pending"] == 0, 30,
-         "every stream entry to be acknowledged")
+    poll(
+        lambda: state.xlen(STREAM) == 0 and state.xpending(STREAM, GROUP)["pending"] == 0,
+        30,
+        "every stream entry to be acknowledged",
+    )
     poll(lambda: len(webhook_receiver.by_job()) == JOBS, 30, "a webhook for every job")
 
     records = [state.hgetall(RedisJobStore.job_key(job_id)) for job_id in ids.values()]

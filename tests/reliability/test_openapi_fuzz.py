@@ -19,9 +19,10 @@ from tests.support import ADMIN_TOKEN
 @pytest.fixture(scope="module")
 def gateway_url() -> Iterator[str]:
     """A gateway (admin token set, in-memory state) in front of the instant simulator."""
-    with ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)) as sim, ThreadedServer(
-        create_app(Settings(engine_url=sim.url, admin_token=ADMIN_TOKEN))
-    ) as gateway:
+    with (
+        ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)) as sim,
+        ThreadedServer(create_app(Settings(engine_url=sim.url, admin_token=ADMIN_TOKEN))) as gateway,
+    ):
         yield gateway.url
 
 

@@ -8,7 +8,8 @@ import asyncio
 import httpx
 
 from deploy.keyframes import make_keyframe
-from tests.reliability.conftest import GatewayProcessFactory, error_body
+from tests.processes import GatewayProcessFactory
+from tests.reliability.conftest import error_body
 from tests.support import SimFactory, image_input
 
 CLIENTS = 200
@@ -20,8 +21,12 @@ async def test_two_hundred_clients_get_a_verdict_or_a_429_and_the_engine_never_s
 ) -> None:
     # The engine would run 64 at once: only the gateway's cap can hold it to 8.
     sim = start_sim("spark", time_scale=0.01, max_num_seqs=64)
-    gateway = gateway_process(MODGATE_ENGINE_URL=sim.url, MODGATE_MAX_INFLIGHT="8",
-                              MODGATE_ADMISSION__QUEUE_SIZE="64", MODGATE_ADMISSION__QUEUE_TIMEOUT_S="30")
+    gateway = gateway_process(
+        MODGATE_ENGINE_URL=sim.url,
+        MODGATE_MAX_INFLIGHT="8",
+        MODGATE_ADMISSION__QUEUE_SIZE="64",
+        MODGATE_ADMISSION__QUEUE_TIMEOUT_S="30",
+    )
     frames = [make_keyframe("allow", 320, 180, seed=i) for i in range(CLIENTS)]
     limits = httpx.Limits(max_connections=CLIENTS + 10, max_keepalive_connections=CLIENTS + 10)
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120, limits=limits) as client:

@@ -10,7 +10,8 @@ import redis
 
 from deploy.keyframes import make_keyframe
 from gateway.jobs import RedisJobStore
-from tests.reliability.conftest import RedisServer, error_body, poll
+from tests.processes import RedisServer, poll
+from tests.reliability.conftest import error_body
 from tests.support import GatewayFactory, SimFactory, image_input
 
 
@@ -25,8 +26,10 @@ def test_jobs_finish_exactly_once_across_a_redis_restart(
     sim = start_sim("spark", time_scale=0.2)
     gateway = start_gateway(engine_url=sim.url, redis_url=own_redis.url, jobs={"claim_idle_s": 2})
     with httpx.Client(base_url=gateway.url, timeout=30) as client:
-        ids = [client.post("/v1/jobs", json=job_body(n), headers={"Idempotency-Key": f"k{n}"}).json()["id"]
-               for n in range(4)]
+        ids = [
+            client.post("/v1/jobs", json=job_body(n), headers={"Idempotency-Key": f"k{n}"}).json()["id"]
+            for n in range(4)
+        ]
         poll(lambda: client.get(f"/v1/jobs/{ids[0]}").json()["status"] == "running", 30, "a running job")
 
         own_redis.stop()
@@ -47,6 +50,7 @@ def test_jobs_finish_exactly_once_across_a_redis_restart(
         # The jobs that were running finish their engine work while Redis is still down.
         poll(engine_idle, 30, "the engine to finish the running jobs' frames")
         own_redis.start()  # same port, same append-only file
+
         def submitted() -> httpx.Response | None:
             answer = client.post("/v1/jobs", json=job_body(4), headers={"Idempotency-Key": "k4"})
             return answer if answer.status_code == 202 else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 from typing import Any
@@ -37,10 +38,31 @@ FRAME = make_keyframe("block:violence", 320, 180, seed=5)
 
 @pytest.mark.parametrize(
     "address",
-    ["127.0.0.1", "127.8.8.8", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0",  # noqa: S104
-     "224.0.0.1", "240.0.0.1", "255.255.255.255", "100.64.0.1", "192.0.2.1", "::1", "::", "fe80::1",
-     "fc00::1", "ff02::1", "::ffff:127.0.0.1", "::ffff:93.184.216.34", "2002:7f00:1::1", "2001:0:7f00:1::1",
-     "64:ff9b::7f00:1", "2001:db8::1"],
+    [
+        "127.0.0.1",
+        "127.8.8.8",
+        "10.1.2.3",
+        "172.16.0.1",
+        "192.168.1.1",
+        "169.254.169.254",
+        "0.0.0.0",  # noqa: S104
+        "224.0.0.1",
+        "240.0.0.1",
+        "255.255.255.255",
+        "100.64.0.1",
+        "192.0.2.1",
+        "::1",
+        "::",
+        "fe80::1",
+        "fc00::1",
+        "ff02::1",
+        "::ffff:127.0.0.1",
+        "::ffff:93.184.216.34",
+        "2002:7f00:1::1",
+        "2001:0:7f00:1::1",
+        "64:ff9b::7f00:1",
+        "2001:db8::1",
+    ],
 )
 def test_non_public_addresses_are_refused(address: str) -> None:
     assert forbidden_address(ipaddress.ip_address(address)) is not None
@@ -53,9 +75,16 @@ def test_public_addresses_pass(address: str) -> None:
 
 @pytest.mark.parametrize(
     ("host", "allowed"),
-    [("cdn.example.com", True), ("CDN.Example.com.", True), ("img.example.org", True),
-     ("a.b.example.org", True), ("example.org", False), ("evil-example.org", False),
-     ("cdn.example.com.evil.net", False), ("example.com", False)],
+    [
+        ("cdn.example.com", True),
+        ("CDN.Example.com.", True),
+        ("img.example.org", True),
+        ("a.b.example.org", True),
+        ("example.org", False),
+        ("evil-example.org", False),
+        ("cdn.example.com.evil.net", False),
+        ("example.com", False),
+    ],
 )
 def test_the_allowlist_matches_exact_hosts_and_dotted_suffixes(host: str, allowed: bool) -> None:
     assert host_allowed(host, ["cdn.example.com", ".example.org"]) is allowed
@@ -90,8 +119,12 @@ class Origin:
 
 def fetcher(dns: FakeDns, origin: Origin, **limits: Any) -> RemoteImageFetcher:
     options: dict[str, Any] = {"max_bytes": 1 << 20, "timeout_s": 2.0, "max_redirects": 3, **limits}
-    return RemoteImageFetcher(["cdn.example.com", ".example.org", "169.254.169.254"], resolve=dns,
-                              transport=httpx.MockTransport(origin), **options)
+    return RemoteImageFetcher(
+        ["cdn.example.com", ".example.org", "169.254.169.254"],
+        resolve=dns,
+        transport=httpx.MockTransport(origin),
+        **options,
+    )
 
 
 async def serve_frame(request: httpx.Request) -> httpx.Response:
@@ -138,14 +171,21 @@ async def test_a_name_resolving_to_a_public_and_a_loopback_address_is_refused() 
 
 async def test_an_allowlisted_metadata_address_is_still_refused() -> None:
     origin = Origin(serve_frame)
-    assert "resolves to a" in await refused(fetcher(FakeDns({}), origin), "http://169.254.169.254/latest/meta-data")
+    assert "resolves to a" in await refused(
+        fetcher(FakeDns({}), origin), "http://169.254.169.254/latest/meta-data"
+    )
     assert origin.requests == []
 
 
 @pytest.mark.parametrize(
     "url",
-    ["ftp://cdn.example.com/x.jpg", "http://user:secret@cdn.example.com/x.jpg", "file:///etc/passwd",
-     "http://[::1]/x.jpg", "http://cdn.example.com\\@evil.net/"],
+    [
+        "ftp://cdn.example.com/x.jpg",
+        "http://user:secret@cdn.example.com/x.jpg",
+        "file:///etc/passwd",
+        "http://[::1]/x.jpg",
+        "http://cdn.example.com\\@evil.net/",
+    ],
 )
 async def test_urls_that_are_not_plain_http_to_an_allowed_host_are_refused(url: str) -> None:
     origin = Origin(serve_frame)
@@ -179,7 +219,9 @@ async def test_a_relative_redirect_to_an_allowed_place_is_followed() -> None:
         return await serve_frame(request)
 
     origin = Origin(moved)
-    assert await fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), origin).fetch("http://cdn.example.com/old.jpg")
+    assert await fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), origin).fetch(
+        "http://cdn.example.com/old.jpg"
+    )
     assert [r.url.path for r in origin.requests] == ["/old.jpg", "/new.jpg"]
 
 
@@ -188,8 +230,11 @@ async def test_too_many_redirects_give_up() -> None:
         return httpx.Response(302, headers={"location": "/again"})
 
     origin = Origin(loop)
-    message = await refused(fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), origin, max_redirects=2),
-                            "http://cdn.example.com/x.jpg", RemoteImageUnavailable)
+    message = await refused(
+        fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), origin, max_redirects=2),
+        "http://cdn.example.com/x.jpg",
+        RemoteImageUnavailable,
+    )
     assert "redirected more than 2" in message
     assert len(origin.requests) == 3
 
@@ -203,16 +248,22 @@ async def test_a_body_over_the_cap_is_dropped_while_streaming() -> None:
         return httpx.Response(200, content=chunks())
 
     origin = Origin(endless)
-    await refused(fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), origin, max_bytes=200_000),
-                  "http://cdn.example.com/x.jpg", RemoteImageTooLarge)
+    await refused(
+        fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), origin, max_bytes=200_000),
+        "http://cdn.example.com/x.jpg",
+        RemoteImageTooLarge,
+    )
 
 
 async def test_a_declared_length_over_the_cap_is_refused_before_reading() -> None:
     async def big(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=b"x" * 300_000)
 
-    await refused(fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), Origin(big), max_bytes=200_000),
-                  "http://cdn.example.com/x.jpg", RemoteImageTooLarge)
+    await refused(
+        fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), Origin(big), max_bytes=200_000),
+        "http://cdn.example.com/x.jpg",
+        RemoteImageTooLarge,
+    )
 
 
 async def test_a_compressed_body_is_refused() -> None:
@@ -222,8 +273,11 @@ async def test_a_compressed_body_is_refused() -> None:
 
         return httpx.Response(200, content=body(), headers={"content-encoding": "gzip"})
 
-    await refused(fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), Origin(gzipped)),
-                  "http://cdn.example.com/x.jpg", RemoteImageUnavailable)
+    await refused(
+        fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), Origin(gzipped)),
+        "http://cdn.example.com/x.jpg",
+        RemoteImageUnavailable,
+    )
 
 
 async def test_a_slow_origin_hits_the_time_cap() -> None:
@@ -231,8 +285,11 @@ async def test_a_slow_origin_hits_the_time_cap() -> None:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
 
-    message = await refused(fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), Origin(slow), timeout_s=0.3),
-                            "http://cdn.example.com/x.jpg", RemoteImageUnavailable)
+    message = await refused(
+        fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), Origin(slow), timeout_s=0.3),
+        "http://cdn.example.com/x.jpg",
+        RemoteImageUnavailable,
+    )
     assert "longer than 0.3 s" in message
 
 
@@ -240,19 +297,32 @@ async def test_an_error_status_is_unavailable() -> None:
     async def missing(request: httpx.Request) -> httpx.Response:
         return httpx.Response(404)
 
-    await refused(fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), Origin(missing)),
-                  "http://cdn.example.com/x.jpg", RemoteImageUnavailable)
+    await refused(
+        fetcher(FakeDns({"cdn.example.com": [PUBLIC]}), Origin(missing)),
+        "http://cdn.example.com/x.jpg",
+        RemoteImageUnavailable,
+    )
 
 
 # --- through the gateway -------------------------------------------------------------------------------
 
 
+@dataclass
+class LocalOrigin:
+    """A real HTTP server on loopback that answers every GET with the keyframe."""
+
+    port: int
+    hosts: list[str]  # the Host header of each request, in order
+
+
 @pytest.fixture
-def local_origin() -> Iterator[str]:
-    """A real HTTP server on loopback serving a keyframe at /frame.jpg."""
+def local_origin() -> Iterator[LocalOrigin]:
+    """A real HTTP server on loopback serving the keyframe at any path; stopped after the test."""
+    hosts: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            hosts.append(self.headers["host"])
             self.send_response(200)
             self.send_header("content-type", "image/jpeg")
             self.send_header("content-length", str(len(FRAME)))
@@ -264,7 +334,7 @@ def local_origin() -> Iterator[str]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     Thread(target=server.serve_forever, daemon=True).start()
-    yield f"localhost:{server.server_address[1]}"
+    yield LocalOrigin(server.server_address[1], hosts)
     server.shutdown()
     server.server_close()
 
@@ -274,11 +344,12 @@ def image_url_body(url: str) -> dict[str, Any]:
 
 
 async def test_the_gateway_refuses_an_allowlisted_name_that_resolves_to_loopback(
-    start_gateway: GatewayFactory, sim: ThreadedServer, local_origin: str
+    start_gateway: GatewayFactory, sim: ThreadedServer, local_origin: LocalOrigin
 ) -> None:
     gateway = start_gateway(engine_url=sim.url, remote_images={"enabled": True, "allowlist": ["localhost"]})
+    url = f"http://localhost:{local_origin.port}/frame.jpg"
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-        response = await client.post("/v1/moderations", json=image_url_body(f"http://{local_origin}/frame.jpg"))
+        response = await client.post("/v1/moderations", json=image_url_body(url))
     assert response.status_code == 400
     error = error_body(response)
     assert error["code"] == "remote_image_refused"
@@ -290,40 +361,29 @@ async def test_the_gateway_moderates_a_fetched_image(sim: ThreadedServer) -> Non
     app = create_app(settings)
     async with AsyncTestClient(app, timeout=30) as client:
         # The network is faked (a public address, an origin in memory); the gateway path is real.
-        app.state.services.moderation.remote_images = fetcher(FakeDns({"cdn.example.com": [PUBLIC]}),
-                                                              Origin(serve_frame))
+        app.state.services.moderation.remote_images = fetcher(
+            FakeDns({"cdn.example.com": [PUBLIC]}), Origin(serve_frame)
+        )
         response = await client.post("/v1/moderations", json=image_url_body("https://cdn.example.com/f.jpg"))
     assert response.status_code == 200, response.text
     assert response.json()["results"][0]["modgate"]["action"] == "block"
 
 
 async def test_over_a_real_socket_the_fetcher_dials_the_address_and_names_the_host(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, local_origin: LocalOrigin
 ) -> None:
-    seen: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(self.headers["host"])
-            self.send_response(200)
-            self.send_header("content-length", str(len(FRAME)))
-            self.end_headers()
-            self.wfile.write(FRAME)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
+    port = local_origin.port
     # Loopback stands in for a public origin here: only this test lets the address through.
     monkeypatch.setattr(remote_images, "forbidden_address", lambda address: None)
-    fetch = RemoteImageFetcher(["cdn.example.com"], max_bytes=1 << 20, timeout_s=5, max_redirects=0,
-                               resolve=FakeDns({"cdn.example.com": ["127.0.0.1"]}))
+    fetch = RemoteImageFetcher(
+        ["cdn.example.com"],
+        max_bytes=1 << 20,
+        timeout_s=5,
+        max_redirects=0,
+        resolve=FakeDns({"cdn.example.com": ["127.0.0.1"]}),
+    )
     try:
         assert await fetch.fetch(f"http://cdn.example.com:{port}/f.jpg") == FRAME
     finally:
         await fetch.aclose()
-        server.shutdown()
-        server.server_close()
-    assert seen == [f"cdn.example.com:{port}"]
+    assert local_origin.hosts == [f"cdn.example.com:{port}"]

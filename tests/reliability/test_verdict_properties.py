@@ -12,11 +12,15 @@ from hypothesis import strategies as st
 
 from shaping.verdict import ACTIONS, MODEL_CATEGORIES, parse_engine_output, verdict_regex
 
-verdicts = st.fixed_dictionaries({
-    "verdict": st.sampled_from(ACTIONS),
-    "categories": st.lists(st.sampled_from(MODEL_CATEGORIES), max_size=len(MODEL_CATEGORIES), unique=True),
-    "confidence": st.floats(min_value=0, max_value=1, allow_nan=False),
-})
+verdicts = st.fixed_dictionaries(
+    {
+        "verdict": st.sampled_from(ACTIONS),
+        "categories": st.lists(
+            st.sampled_from(MODEL_CATEGORIES), max_size=len(MODEL_CATEGORIES), unique=True
+        ),
+        "confidence": st.floats(min_value=0, max_value=1, allow_nan=False),
+    }
+)
 
 
 @given(verdicts)
@@ -24,7 +28,9 @@ def test_a_schema_valid_verdict_is_read_back_unchanged(verdict: dict[str, Any]) 
     (parsed,) = parse_engine_output(json.dumps(verdict), None, "stop").verdicts
     assert parsed.problem is None
     assert (parsed.action, list(parsed.categories), parsed.confidence) == (
-        verdict["verdict"], verdict["categories"], verdict["confidence"]
+        verdict["verdict"],
+        verdict["categories"],
+        verdict["confidence"],
     )
     assert parsed.flagged == (verdict["verdict"] != "allow")
 

@@ -16,7 +16,7 @@ from deploy.simulator import Faults
 from gateway.app import create_app
 from gateway.embedded import ThreadedServer
 from gateway.settings import Settings
-from tests.support import GatewayFactory, SimFactory, data_url, image_input
+from tests.support import GatewayFactory, SimFactory, data_url, forward, image_input
 
 
 def frames_body(*frames: bytes, **extra: Any) -> dict[str, Any]:
@@ -24,10 +24,18 @@ def frames_body(*frames: bytes, **extra: Any) -> dict[str, Any]:
     return {"frames": parts, **extra}
 
 
-def post_batch(gateway: ThreadedServer, body: dict[str, Any], video_id: str = "video-1",
-               headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.post(f"{gateway.url}/v1/videos/{video_id}/keyframes", json=body, timeout=60,
-                      headers={"X-Modgate-Thinking": "off", **(headers or {})})
+def post_batch(
+    gateway: ThreadedServer,
+    body: dict[str, Any],
+    video_id: str = "video-1",
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    return httpx.post(
+        f"{gateway.url}/v1/videos/{video_id}/keyframes",
+        json=body,
+        timeout=60,
+        headers={"X-Modgate-Thinking": "off", **(headers or {})},
+    )
 
 
 def engine_counter(engine: ThreadedServer, name: str) -> float:
@@ -53,8 +61,13 @@ def test_each_frame_gets_its_verdict_and_the_video_the_worst(gateway: ThreadedSe
     assert [f["timestamp_ms"] for f in answer["frames"]] == [0, 1000, 2000, 3000, 4000]
     assert answer["frames"][2]["categories"]["violence"] is True
     verdict = answer["verdict"]
-    assert verdict == {"action": "block", "flagged": True, "categories": ["hate", "violence"],
-                       "blocked_frames": [2, 4], "review_frames": [1]}
+    assert verdict == {
+        "action": "block",
+        "flagged": True,
+        "categories": ["hate", "violence"],
+        "blocked_frames": [2, 4],
+        "review_frames": [1],
+    }
     assert answer["packing"] == 1
     assert answer["engine_requests"] == 5
     assert answer["reused_frames"] == 0
@@ -103,8 +116,12 @@ def test_the_packing_setting_applies_to_moderations_too(
 ) -> None:
     gateway = start_gateway(engine_url=sim.url, shaping={"packing_k": 4})
     before = engine_counter(sim, "vllm:request_success")
-    response = httpx.post(f"{gateway.url}/v1/moderations", json={"model": "m", "input": image_input(*FRAMES)},
-                          timeout=60, headers={"X-Modgate-Thinking": "off"})
+    response = httpx.post(
+        f"{gateway.url}/v1/moderations",
+        json={"model": "m", "input": image_input(*FRAMES)},
+        timeout=60,
+        headers={"X-Modgate-Thinking": "off"},
+    )
     assert response.status_code == 200, response.text
     assert engine_counter(sim, "vllm:request_success") - before == 2
     actions = [r["modgate"]["action"] for r in response.json()["results"]]
@@ -179,10 +196,7 @@ def recorded_engine(sim: ThreadedServer) -> Iterator[tuple[ThreadedServer, list[
             body = json.loads(request.content)
             parts = body["messages"][1]["content"]
             seen.append({part["uuid"] for part in parts if part["type"] == "image_url"})
-        async with httpx.AsyncClient(base_url=sim.url, timeout=30) as http:
-            upstream = await http.request(request.method, request.url.path, content=request.content,
-                                          headers={"content-type": "application/json"})
-        return httpx.Response(upstream.status_code, content=upstream.content, headers=upstream.headers)
+        return await forward(request, sim.url)
 
     settings = Settings(api_keys="k-a:tenant-a,k-b:tenant-b", shaping={"packing_k": 4})  # type: ignore[arg-type]
     with ThreadedServer(create_app(settings, engine_transport=httpx.MockTransport(handler))) as gateway:
@@ -200,9 +214,13 @@ def test_frames_of_different_tenants_are_never_packed_together(
 
     async def post_all() -> dict[str, set[str]]:
         async with httpx.AsyncClient(timeout=60) as http:
+
             async def one(key: str, frames: list[bytes]) -> set[str]:
-                response = await http.post(f"{gateway.url}/v1/videos/v/keyframes", json=frames_body(*frames),
-                                           headers={"Authorization": f"Bearer {key}"})
+                response = await http.post(
+                    f"{gateway.url}/v1/videos/v/keyframes",
+                    json=frames_body(*frames),
+                    headers={"Authorization": f"Bearer {key}"},
+                )
                 assert response.status_code == 200, response.text
                 return {f["modgate"]["frame_sha256"] for f in response.json()["frames"]}
 

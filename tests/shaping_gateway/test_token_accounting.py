@@ -16,7 +16,7 @@ from gateway.app import create_app
 from gateway.embedded import ThreadedServer
 from gateway.settings import Settings
 from shaping.accounting import Measurement, PromptPrediction, TokenAccountant, compare_usage
-from tests.support import GatewayFactory, SimFactory, image_input
+from tests.support import GatewayFactory, SimFactory, forward, image_input
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,12 @@ def counter(gateway: ThreadedServer, name: str) -> float:
 
 
 def post(gateway: ThreadedServer, body: dict[str, Any], thinking: str = "on") -> dict[str, Any]:
-    response = httpx.post(f"{gateway.url}/v1/moderations", json={"model": "m", **body}, timeout=60,
-                          headers={"X-Modgate-Thinking": thinking})
+    response = httpx.post(
+        f"{gateway.url}/v1/moderations",
+        json={"model": "m", **body},
+        timeout=60,
+        headers={"X-Modgate-Thinking": thinking},
+    )
     assert response.status_code == 200, response.text
     result: dict[str, Any] = response.json()
     return result
@@ -138,12 +142,11 @@ def engine_without_tokenize(start_sim: SimFactory) -> Iterator[ThreadedServer]:
 
     async def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/tokenize":
-            return httpx.Response(404, json={"error": {"message": "Not Found", "type": "NotFoundError",
-                                                       "param": None, "code": 404}})
-        async with httpx.AsyncClient(base_url=engine.url, timeout=30) as http:
-            upstream = await http.request(request.method, request.url.path, content=request.content,
-                                          headers={"content-type": "application/json"})
-        return httpx.Response(upstream.status_code, content=upstream.content, headers=upstream.headers)
+            return httpx.Response(
+                404,
+                json={"error": {"message": "Not Found", "type": "NotFoundError", "param": None, "code": 404}},
+            )
+        return await forward(request, engine.url)
 
     app = create_app(Settings(), engine_transport=httpx.MockTransport(handler))
     with ThreadedServer(app) as gateway:

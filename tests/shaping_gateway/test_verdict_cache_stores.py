@@ -41,8 +41,16 @@ REENCODED = identity(make_keyframe("allow", seed=21, quality=70))  # other bytes
 
 
 def stored(frame: FrameIdentity, action: str = "allow", made_at: float = 1.0) -> StoredVerdict:
-    return StoredVerdict(action=action, categories=(), confidence=0.9, sha256=frame.sha256, phash=frame.phash,
-                         thumbnail=frame.thumbnail, made_at=made_at, request_id="modr-x-0")
+    return StoredVerdict(
+        action=action,
+        categories=(),
+        confidence=0.9,
+        sha256=frame.sha256,
+        phash=frame.phash,
+        thumbnail=frame.thumbnail,
+        made_at=made_at,
+        request_id="modr-x-0",
+    )
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -41,8 +41,12 @@ def moderate(
     headers = {"X-Modgate-Thinking": thinking}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    response = httpx.post(f"{gateway.url}/v1/moderations", json={"model": "m", "input": image_input(frame)},
-                          headers=headers, timeout=60)
+    response = httpx.post(
+        f"{gateway.url}/v1/moderations",
+        json={"model": "m", "input": image_input(frame)},
+        headers=headers,
+        timeout=60,
+    )
     assert response.status_code == 200, response.text
     details: dict[str, Any] = response.json()["results"][0]["modgate"]
     return details
@@ -108,9 +112,12 @@ def test_a_verdict_is_not_reused_under_a_new_policy_version(
 ) -> None:
     gateway = start_gateway(engine_url=sim.url, **store)
     before = moderate(gateway, SCENE)["policy_version"]
-    flip = httpx.put(f"{gateway.url}/admin/thinking-policy", timeout=10,
-                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                     json={"default_mode": "on", "max_completion_tokens_on": 600, "reason": "reuse test"})
+    flip = httpx.put(
+        f"{gateway.url}/admin/thinking-policy",
+        timeout=10,
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        json={"default_mode": "on", "max_completion_tokens_on": 600, "reason": "reuse test"},
+    )
     assert flip.status_code == 200, flip.text
     after = moderate(gateway, SCENE)
     assert after["policy_version"] > before

@@ -68,9 +68,7 @@ async def test_windowed_hit_rate_is_zero_for_production_while_the_since_start_ra
 ) -> None:
     sim = start_sim("instant", block_size=512)
     clock = FakeClock()
-    settings = Settings(
-        engine_url=sim.url, telemetry={"window_s": WINDOW_S, "engine_scrape_interval_s": 0}
-    )
+    settings = Settings(engine_url=sim.url, telemetry={"window_s": WINDOW_S, "engine_scrape_interval_s": 0})
     keys = KeyRing({}, None)
     async with open_services(settings, keys, clock=clock) as services:
         scraper = services.engine_cache

@@ -52,9 +52,11 @@ async def test_a_small_block_lets_production_requests_reuse_the_shared_prefix(st
     assert report.block_size == 16
     assert report.block_size_from == "engine"
     assert report.shared_prefix_tokens is not None
-    assert report.production.cached_tokens >= max_reusable_tokens(
-        report.production.prompt_tokens, 16, report.shared_prefix_tokens
-    ) > 0
+    assert (
+        report.production.cached_tokens
+        >= max_reusable_tokens(report.production.prompt_tokens, 16, report.shared_prefix_tokens)
+        > 0
+    )
     assert any("the shared prefix hits" in line for line in report.diagnosis)
 
 

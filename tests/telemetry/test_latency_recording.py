@@ -48,8 +48,11 @@ async def test_a_streamed_engine_call_records_ttft_decode_and_end_to_end(start_s
         assert details.decode_ms > 0
         assert details.ttft_ms + details.decode_ms <= details.latency_ms + 0.05  # rounding to 0.01 ms
         counts = histogram_counts(services.metrics)
-        for name in ("modgate_engine_ttft_seconds", "modgate_engine_decode_seconds",
-                     "modgate_request_seconds"):
+        for name in (
+            "modgate_engine_ttft_seconds",
+            "modgate_engine_decode_seconds",
+            "modgate_request_seconds",
+        ):
             assert counts[name] == 1, name
         summary = services.recent.summary()
         assert summary.latencies["ttft"].count == summary.latencies["end_to_end"].count == 1
@@ -61,12 +64,22 @@ def details_from(answer: EngineAnswer) -> ModerationDetails:
     assert answer.ttft_s is not None
     usage = answer.usage
     return ModerationDetails(
-        action="allow", thinking="on", thinking_rule="default", policy_version=1,
-        latency_ms=answer.total_s * 1000, queue_ms=0.0, shaping_ms=0.0, ttft_ms=answer.ttft_s * 1000,
-        decode_ms=(answer.total_s - answer.ttft_s) * 1000, prompt_tokens=usage.prompt_tokens,
-        cached_tokens=usage.cached_tokens, image_tokens=usage.image_tokens,
-        completion_tokens=usage.completion_tokens, reasoning_tokens=usage.reasoning_tokens,
-        frame_sha256=None, request_id=answer.request_id,
+        action="allow",
+        thinking="on",
+        thinking_rule="default",
+        policy_version=1,
+        latency_ms=answer.total_s * 1000,
+        queue_ms=0.0,
+        shaping_ms=0.0,
+        ttft_ms=answer.ttft_s * 1000,
+        decode_ms=(answer.total_s - answer.ttft_s) * 1000,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
+        image_tokens=usage.image_tokens,
+        completion_tokens=usage.completion_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
+        frame_sha256=None,
+        request_id=answer.request_id,
     )
 
 
@@ -77,8 +90,14 @@ async def test_streamed_and_non_streamed_engine_calls_both_give_a_first_token_ti
     shaping = Settings().shaping
     grid = TokenGrid(pixels_per_token=shaping.pixels_per_token, token_budget=shaping.image_token_budget)
     frame = shape_image(make_keyframe("allow", seed=12), ImageLimits(), grid)
-    engine = EngineClient(sim.url, connect_timeout_s=2, first_token_timeout_s=30, total_timeout_s=60,
-                          connect_retries=0, max_connections=2)
+    engine = EngineClient(
+        sim.url,
+        connect_timeout_s=2,
+        first_token_timeout_s=30,
+        total_timeout_s=60,
+        connect_retries=0,
+        max_connections=2,
+    )
     metrics = GatewayMetrics()
     recorder = RequestRecorder(metrics, RecentRequests(60))
     answers: dict[bool, EngineAnswer] = {}

@@ -123,8 +123,17 @@ def test_modgate_stats_prints_the_window_as_a_table(gateway: ThreadedServer) -> 
     assert moderate(gateway, make_keyframe("allow", seed=9)).status_code == 200
     result = CliRunner().invoke(app, ["stats", "--url", gateway.url])
     assert result.exit_code == 0, result.output
-    for label in ("end to end", "time to first token", "queue wait", "shaping", "decode", "p95",
-                  "keyframes per minute", "engine prefix-cache hit rate, window", "thinking on"):
+    for label in (
+        "end to end",
+        "time to first token",
+        "queue wait",
+        "shaping",
+        "decode",
+        "p95",
+        "keyframes per minute",
+        "engine prefix-cache hit rate, window",
+        "thinking on",
+    ):
         assert label in result.output, label
 
 

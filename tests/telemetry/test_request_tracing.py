@@ -93,7 +93,9 @@ class FakeCollector:
         self.posts: list[tuple[str, str, bytes]] = []
 
     async def __call__(
-        self, scope: dict[str, Any], receive: Callable[[], Awaitable[dict[str, Any]]],
+        self,
+        scope: dict[str, Any],
+        receive: Callable[[], Awaitable[dict[str, Any]]],
         send: Callable[[dict[str, Any]], Awaitable[None]],
     ) -> None:
         if scope["type"] == "lifespan":
@@ -112,8 +114,13 @@ class FakeCollector:
                 break
         headers = dict(scope["headers"])
         self.posts.append((scope["path"], headers.get(b"content-type", b"").decode(), body))
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/x-protobuf")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/x-protobuf")],
+            }
+        )
         await send({"type": "http.response.body", "body": b""})
 
 
@@ -150,10 +157,22 @@ def test_no_exporter_is_set_up_without_an_endpoint() -> None:
 
 def details(**changes: Any) -> ModerationDetails:
     fields: dict[str, Any] = {
-        "action": "allow", "thinking": "on", "thinking_rule": "default", "policy_version": 1,
-        "latency_ms": 900.0, "queue_ms": 5.0, "shaping_ms": 20.0, "ttft_ms": 300.0, "decode_ms": 570.0,
-        "prompt_tokens": 1076, "cached_tokens": 0, "image_tokens": 660, "completion_tokens": 95,
-        "reasoning_tokens": 80, "frame_sha256": "ab" * 32, "request_id": "modr-1-0",
+        "action": "allow",
+        "thinking": "on",
+        "thinking_rule": "default",
+        "policy_version": 1,
+        "latency_ms": 900.0,
+        "queue_ms": 5.0,
+        "shaping_ms": 20.0,
+        "ttft_ms": 300.0,
+        "decode_ms": 570.0,
+        "prompt_tokens": 1076,
+        "cached_tokens": 0,
+        "image_tokens": 660,
+        "completion_tokens": 95,
+        "reasoning_tokens": 80,
+        "frame_sha256": "ab" * 32,
+        "request_id": "modr-1-0",
     }
     return ModerationDetails(**{**fields, **changes})
 
@@ -171,7 +190,9 @@ def test_each_keyframe_is_recorded_as_opentelemetry_metrics() -> None:
     assert data is not None
     points: dict[str, Any] = {
         metric.name: metric.data.data_points
-        for rm in data.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
     }
     assert points["modgate.request.duration"][0].count == 2
     assert points["modgate.request.duration"][0].sum == 1.8
@@ -229,10 +250,14 @@ async def test_each_keyframe_is_one_json_log_line_with_ids_timings_and_tokens(st
 def test_the_json_formatter_never_writes_image_bytes_or_keys() -> None:
     with json_log_lines("modgate.test") as stream:
         logging.getLogger("modgate.test").info(
-            "posted %s", data_url(b"\xff\xd8" * 100),
+            "posted %s",
+            data_url(b"\xff\xd8" * 100),
             extra={
-                "authorization": "Bearer key1", "api_key": "key1", "body": {"image_url": {"url": "data:x"}},
-                "frame": b"\xff\xd8\xff", "request_id": "modr-9",
+                "authorization": "Bearer key1",
+                "api_key": "key1",
+                "body": {"image_url": {"url": "data:x"}},
+                "frame": b"\xff\xd8\xff",
+                "request_id": "modr-9",
             },
         )
     line = json.loads(stream.getvalue())

@@ -25,12 +25,29 @@ class FakeClock:
         return self.now
 
 
-def sample(e2e_s: float = 1.0, *, prompt: int = 1000, cached: int = 0, thinking: str = "on",
-           reused: str | None = None, ttft_s: float | None = 0.1) -> RequestSample:
+def sample(
+    e2e_s: float = 1.0,
+    *,
+    prompt: int = 1000,
+    cached: int = 0,
+    thinking: str = "on",
+    reused: str | None = None,
+    ttft_s: float | None = 0.1,
+) -> RequestSample:
     return RequestSample(
-        request_id="modr-x-0", action="allow", thinking=thinking, reused=reused, end_to_end_s=e2e_s,
-        queue_wait_s=0.0, shaping_s=0.01, ttft_s=ttft_s, decode_s=None if ttft_s is None else e2e_s - ttft_s,
-        prompt_tokens=prompt, cached_tokens=cached, image_tokens=600, completion_tokens=90,
+        request_id="modr-x-0",
+        action="allow",
+        thinking=thinking,
+        reused=reused,
+        end_to_end_s=e2e_s,
+        queue_wait_s=0.0,
+        shaping_s=0.01,
+        ttft_s=ttft_s,
+        decode_s=None if ttft_s is None else e2e_s - ttft_s,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        image_tokens=600,
+        completion_tokens=90,
         reasoning_tokens=80,
     )
 
