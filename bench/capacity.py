@@ -411,7 +411,8 @@ def print_markdown(report: dict[str, Any]) -> None:
     print("\n| configuration | keyframes/min at p95 e2e ≤ 3 s | most finished /min | TTFT p50 / p95 (s) at "
           "/min | e2e p95 (s) | prompt / cached tokens |\n| --- | --- | --- | --- | --- | --- |")
     for row in report["configurations"]:
-        print(f"| {row['description']} | {_sustained(row)} | {row['max_achieved_per_min']:.1f} | "
+        print(f"| `{row['name']}`: {row['description']} | {_sustained(row)} | "
+              f"{row['max_achieved_per_min']:.1f} | "
               f"{row['ttft_p50_s']:.2f} / {row['ttft_p95_s']:.2f} at {row['reported_at_per_min']:g} | "
               f"{row['e2e_p95_s']:.2f} | {row['prompt_tokens_mean']:,.0f} / "
               f"{row['cached_tokens_mean']:,.0f} |")
