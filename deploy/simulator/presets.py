@@ -20,7 +20,8 @@ class SimPreset:
     # prefill tokens at 2,700 tokens/s plus one decode token per running sequence at 110 tokens/s in
     # aggregate (flat whatever the batch: an MoE). Prefill stalls the batch, so measured generation
     # (73-86 tokens/s) sits below the pure decode rate, and throughput (~47/min) barely depends on the
-    # concurrency, while TTFT (~0.47 s) and end to end (~8.6 s at 6.7 in flight) do.
+    # concurrency, while TTFT and end to end do: with 7 in flight (the Spark averaged 6.7), 45.9/min,
+    # TTFT 0.55 s and end to end 8.7 s against the Spark's 46.7/min, 0.47 s and 8.56 s.
     prefill_tokens_per_s: float = 2700.0
     decode_tokens_per_s: float = 110.0
     step_overhead_s: float = 0.0
