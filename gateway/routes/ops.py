@@ -30,7 +30,13 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
         except ModgateError:
             ready = False
     status = "ready" if ready else "not ready"
-    body = {"status": status, "engine": services.engine.base_url, "engines": engines}  # engine: the first
+    body: dict[str, Any] = {"status": status, "engine": services.engine.base_url, "engines": engines}
+    # "engine" is the first one. The policy store does not gate readiness (a replica serves on its last
+    # policy while Redis is down), but an operator should see that flips are refused: "degraded".
+    store = services.policies.status()
+    body["policy_store"] = store.model_dump(mode="json")
+    if ready and not store.available:
+        body["status"] = "degraded"
     return Response(body, status_code=200 if ready else 503)
 
 

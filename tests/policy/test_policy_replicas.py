@@ -152,6 +152,10 @@ def test_while_redis_is_down_serving_goes_on_and_flips_are_refused_then_work_aga
     assert (shown["version"], shown["default_mode"], shown["store"]["available"]) == (2, "off", False)
     assert httpx.get(f"{first}/admin/audit", headers=ADMIN, timeout=5).status_code == 503
     assert moderation_details(second, seed=22)["thinking"] == "off"
+    readiness = httpx.get(f"{second}/readyz", timeout=5)
+    assert readiness.status_code == 200  # still serving: the policy store does not gate readiness
+    assert readiness.json()["status"] == "degraded"
+    assert readiness.json()["policy_store"]["available"] is False
 
     own_redis.start()  # empty: no persistence
     responses: list[httpx.Response] = []
@@ -168,6 +172,7 @@ def test_while_redis_is_down_serving_goes_on_and_flips_are_refused_then_work_aga
     assert (accepted["version"], accepted["default_mode"], accepted["shadow_share"]) == (3, "off", 0.25)
     within_flip_deadline(lambda: policy_of(first)["shadow_share"] == 0.25, "the flip after Redis is back")
     assert policy_of(first)["store"]["available"]
+    assert httpx.get(f"{first}/readyz", timeout=5).json()["status"] == "ready"
 
 
 def test_a_gateway_started_while_redis_is_down_serves_and_takes_flips_once_it_is_up(
