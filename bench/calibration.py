@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import random
 import statistics
 import time
@@ -23,18 +22,16 @@ import httpx
 from bench.servers import simulator
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS
+from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
+from shaping.tokens import TokenGrid
 
 SPARK = {"requests_per_min": 46.7, "ttft_s": 0.468, "e2e_s": 8.56}
 
 
-class SeedFrame:
-    """The seed's image: 1056×640 is exactly 33×20 = 660 tokens of 32×32 pixels."""
-
-    def __init__(self) -> None:
-        self.data = make_keyframe("allow", 1056, 640, seed=11)
-        self.data_url = "data:image/jpeg;base64," + base64.b64encode(self.data).decode()
-        self.sha256 = "seed-frame"
+def seed_frame() -> ShapedImage:
+    """The seed's image, shaped as the gateway shapes it: 1056×640 is exactly 33×20 = 660 tokens."""
+    return shape_image(make_keyframe("allow", 1056, 640, seed=11), ImageLimits(), TokenGrid(token_budget=660))
 
 
 async def run(
@@ -43,7 +40,7 @@ async def run(
     """Closed loop at ``concurrency`` (or open loop at ``arrivals_per_min``); figures at the Spark's pace."""
     body = build_chat_request(
         load_system_prompt(),
-        [SeedFrame()],
+        [seed_frame()],
         "请审核这张视频关键帧截图。",
         RequestOptions(model=PRESETS["spark"].model, enable_thinking=True, max_completion_tokens=512),
     )

@@ -258,7 +258,9 @@ class SimulatedEngine:
         self.faults = faults
         self._rng = random.Random(faults.seed)
 
-    def prompt_tokens(self, request: ChatRequest) -> tuple[list[Token], list[DecodedImage], bool]:
+    def prompt_tokens(
+        self, request: ChatRequest, add_generation_prompt: bool = True
+    ) -> tuple[list[Token], list[DecodedImage], bool]:
         """Render the chat template into tokens; answers (tokens, images, enable_thinking)."""
         kwargs = request.chat_template_kwargs or {}
         enable_thinking = bool(kwargs.get("enable_thinking", True))
@@ -271,7 +273,7 @@ class SimulatedEngine:
             parts, found = _user_parts(message.get("content", ""), self.grid)
             messages.append((role, parts))
             images += found
-        return render_chat(messages, enable_thinking), images, enable_thinking
+        return render_chat(messages, enable_thinking, add_generation_prompt), images, enable_thinking
 
     def _verdict(self, image: DecodedImage, enable_thinking: bool) -> dict[str, Any]:
         label = image.label
@@ -340,9 +342,12 @@ class SimulatedEngine:
         }
 
 
-def _parse_chat(body: bytes, served_model: str) -> ChatRequest:
+def _parse_chat(body: bytes | dict[str, Any], served_model: str) -> ChatRequest:
     try:
-        request = ChatRequest.model_validate_json(body)
+        if isinstance(body, dict):
+            request = ChatRequest.model_validate(body)
+        else:
+            request = ChatRequest.model_validate_json(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())) or None
@@ -504,12 +509,10 @@ async def tokenize(request: Request[Any, Any, Any], state: State) -> dict[str, A
     if not isinstance(raw, dict):
         raise EngineError(400, "expected a JSON object")
     if "messages" in raw:
-        chat = _parse_chat(
-            json.dumps({"model": raw.get("model", sim.preset.model), **raw}).encode(), sim.preset.model
+        chat = _parse_chat(raw, sim.preset.model)
+        tokens, _, _ = sim.prompt_tokens(
+            chat, add_generation_prompt=bool(raw.get("add_generation_prompt", True))
         )
-        tokens, _, _ = sim.prompt_tokens(chat)
-        if not raw.get("add_generation_prompt", True):
-            tokens = tokens[: len(tokens) - (3 if chat.chat_template_kwargs is None else 7)]
     elif isinstance(raw.get("prompt"), str):
         tokens = list(split_text(raw["prompt"]))
     else:

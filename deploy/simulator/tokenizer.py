@@ -40,14 +40,18 @@ def token_id(token: Token) -> int:
     return zlib.crc32(token.encode()) % VOCAB_SIZE
 
 
-def render_chat(messages: list[tuple[str, list[Token | str]]], enable_thinking: bool) -> list[Token]:
-    """Qwen-style template: ``<|im_start|>role\\n … <|im_end|>\\n`` then the assistant header."""
+def render_chat(
+    messages: list[tuple[str, list[Token | str]]], enable_thinking: bool, add_generation_prompt: bool = True
+) -> list[Token]:
+    """Qwen-style template: ``<|im_start|>role\\n … <|im_end|>\\n``, then the assistant header if asked."""
     tokens: list[Token] = []
     for role, parts in messages:
         tokens += ["<|im_start|>", role, "\n"]
         for part in parts:
             tokens += split_text(part) if isinstance(part, str) else [part]
         tokens += ["<|im_end|>", "\n"]
+    if not add_generation_prompt:  # the empty thinking block belongs to the assistant header, as in Qwen's
+        return tokens
     tokens += ["<|im_start|>", "assistant", "\n"]
     if not enable_thinking:
         tokens += ["<think>", "\n\n", "</think>", "\n\n"]

@@ -85,3 +85,19 @@ async def test_spark_pace_runs_eight_and_queues_the_rest(start_sim: SimFactory) 
     assert all(r.status_code == 200 for r in results)
     assert info["peak_running"] == 8
     assert 'vllm:num_requests_running{engine="0",model_name="qwen3-vl-moe-sim"} 0.0' in metrics
+
+
+def test_tokenize_without_the_generation_prompt_counts_the_messages_alone(start_sim: SimFactory) -> None:
+    sim = start_sim()
+    messages = [{"role": "system", "content": "You moderate keyframes."}]
+    with httpx.Client(base_url=sim.url) as client:
+
+        def count(**extra: object) -> int:
+            return int(client.post("/tokenize", json={"messages": messages, **extra}).json()["count"])
+
+        bare = count(add_generation_prompt=False)
+        # The assistant header (and, thinking off, its empty thinking block) goes only with the prompt.
+        assert count(add_generation_prompt=False, chat_template_kwargs={"enable_thinking": True}) == bare
+        assert count(add_generation_prompt=False, chat_template_kwargs={"enable_thinking": False}) == bare
+        assert count() == bare + 3
+        assert count(chat_template_kwargs={"enable_thinking": False}) == bare + 7
