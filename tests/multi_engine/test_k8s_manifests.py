@@ -13,7 +13,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from gateway.settings import Settings
-from gateway.telemetry import GatewayMetrics
+from gateway.telemetry.metrics import GatewayMetrics
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 BASE = K8S / "base"

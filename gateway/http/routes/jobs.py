@@ -8,9 +8,9 @@ from litestar import Request, Response, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter, JSONBody
 
-from gateway.jobs import Job, JobRequest
-from gateway.routes.moderations import refuse_deep_json
-from gateway.services import Services
+from gateway.http.routes.moderations import refuse_deep_json
+from gateway.http.services import Services
+from gateway.jobs.service import Job, JobRequest
 
 
 @post("/v1/jobs", status_code=202, before_request=refuse_deep_json)

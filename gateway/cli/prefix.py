@@ -210,7 +210,7 @@ def _engine_url(engine_url: str | None, preset: str) -> Iterator[str]:
         yield engine_url.rstrip("/")
         return
     from deploy.simulator import PRESETS, create_sim_app
-    from gateway.embedded import ThreadedServer
+    from gateway.cli.embedded import ThreadedServer
 
     with ThreadedServer(create_sim_app(PRESETS[preset], 0.0)) as server:
         yield server.url

@@ -14,10 +14,9 @@ from typing import Literal
 
 from opentelemetry import trace
 
-from gateway.admission import AdmissionQueue
-from gateway.auth import Caller
-from gateway.engine_client import EngineAnswer, EngineClient, Usage
-from gateway.engine_pool import EnginePool
+from gateway.engine.admission import AdmissionQueue
+from gateway.engine.client import EngineAnswer, EngineClient, Usage
+from gateway.engine.pool import EnginePool
 from gateway.errors import (
     ClientError,
     InvalidRequest,
@@ -26,14 +25,10 @@ from gateway.errors import (
     UnprocessableImage,
     UnsupportedMedia,
 )
-from gateway.policy import Mode, PolicyStore, QueueLoad, RequestContext, ThinkingDecision, decide
-from gateway.remote_images import RemoteImageFetcher, is_remote_url
-from gateway.settings import Settings
-from gateway.shadow import ShadowSampler
-from gateway.stats import RecentRequests
-from gateway.telemetry import GatewayMetrics, RequestRecorder
-from gateway.tracing import engine_span_attributes
-from gateway.verdict_cache import (
+from gateway.http.auth import Caller
+from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
+from gateway.moderation.shadow import ShadowSampler
+from gateway.moderation.verdict_cache import (
     FrameIdentity,
     MemoryVerdictCache,
     NearDuplicateRule,
@@ -44,7 +39,7 @@ from gateway.verdict_cache import (
     VerdictScope,
     colour_thumbnail,
 )
-from gateway.wire import (
+from gateway.moderation.wire import (
     ImageURLPart,
     ModerationDetails,
     ModerationRequest,
@@ -52,6 +47,11 @@ from gateway.wire import (
     ModerationResult,
     TextPart,
 )
+from gateway.policy.rules import Mode, PolicyStore, QueueLoad, RequestContext, ThinkingDecision, decide
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.tracing import engine_span_attributes
+from gateway.telemetry.windows import RecentRequests
 from shaping.accounting import PromptPrediction, TokenAccountant, compare_usage
 from shaping.errors import ImageRejected
 from shaping.image import ImageLimits, ShapedImage, decode_data_url, shape_image

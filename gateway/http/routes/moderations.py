@@ -13,9 +13,9 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
 from gateway.errors import InvalidRequest
-from gateway.policy import Mode
-from gateway.services import Services
-from gateway.wire import ModerationRequest, ModerationResponse
+from gateway.http.services import Services
+from gateway.moderation.wire import ModerationRequest, ModerationResponse
+from gateway.policy.rules import Mode
 
 T = TypeVar("T")
 

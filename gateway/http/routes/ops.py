@@ -9,8 +9,8 @@ from litestar.di import NamedDependency
 from prometheus_client import generate_latest
 
 from gateway.errors import ModgateError
-from gateway.services import Services
-from gateway.stats import stats_document
+from gateway.http.services import Services
+from gateway.telemetry.windows import stats_document
 
 
 @get("/healthz")

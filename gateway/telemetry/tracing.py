@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.trace import Tracer
 
 from gateway.settings import TelemetrySettings
-from gateway.stats import RequestSample
+from gateway.telemetry.windows import RequestSample
 
 OTLP_TIMEOUT_S = 5.0  # an absent collector must not hold up the gateway's shutdown for long
 METRIC_EXPORT_INTERVAL_MS = 15_000

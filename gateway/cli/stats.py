@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gateway.stats import LATENCIES
+from gateway.telemetry.windows import LATENCIES
 
 _LATENCY_NAMES = {
     "end_to_end": "end to end",

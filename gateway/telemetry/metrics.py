@@ -1,6 +1,6 @@
 """Gateway metrics in Prometheus form (``GET /metrics``), and where each moderated keyframe's figures go.
 
-Rates of the engine's prefix cache are exposed only over a recent window (gateway/stats.py): the
+Rates of the engine's prefix cache are exposed only over a recent window (gateway/telemetry/windows.py): the
 since-start ratio of the engine's counters is the number that misleads, so it is not a metric here.
 """
 
@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.stats import EngineCacheWindow, RecentRequests, RequestSample
-from gateway.tracing import RequestInstruments
-from gateway.wire import ModerationDetails
+from gateway.moderation.wire import ModerationDetails
+from gateway.telemetry.tracing import RequestInstruments
+from gateway.telemetry.windows import EngineCacheWindow, RecentRequests, RequestSample
 
 request_log = logging.getLogger("modgate.requests")
 

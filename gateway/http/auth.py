@@ -1,7 +1,7 @@
 """Who is calling: business API keys (one tenant each) and the separate admin token.
 
 Keys are kept only as SHA-256 digests and compared in constant time; a key is never logged. Keys may also
-live in Redis (``modgate keys add``, digests only, see gateway/keys_store.py): with
+live in Redis (``modgate keys add``, digests only, see gateway/http/keys_store.py): with
 ``MODGATE_API_KEYS_FROM_REDIS`` on, a key not in the settings is looked up there by its digest.
 """
 

@@ -296,7 +296,7 @@ class StoreStatus(BaseModel):
 
 
 class PolicyStore(Protocol):
-    """Where the policy lives: memory by default, Redis when configured (see gateway.policy_store)."""
+    """Where the policy lives: memory by default, Redis when configured (see gateway.policy.store)."""
 
     def current(self) -> ThinkingPolicy:
         """The policy in force on this replica (never waits on the network)."""

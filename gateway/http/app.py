@@ -12,10 +12,11 @@ from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
-from gateway.auth import KeyRing
-from gateway.error_handlers import EXCEPTION_HANDLERS
-from gateway.routes import admin, console, jobs, moderations, ops, videos
-from gateway.services import Services, open_services
+from gateway.http.auth import KeyRing
+from gateway.http.console import routes as console
+from gateway.http.error_handlers import EXCEPTION_HANDLERS
+from gateway.http.routes import admin, jobs, moderations, ops, videos
+from gateway.http.services import Services, open_services
 from gateway.settings import Settings
 
 log = logging.getLogger("modgate.gateway")

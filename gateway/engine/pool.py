@@ -7,9 +7,10 @@
 - Waiting: when every engine is full, requests wait in ONE :class:`AdmissionQueue` (priority, deadline,
   429 with ``Retry-After`` when full), whose size the pool keeps equal to the engines' in-flight work plus
   their free room. A request is granted a place there first, then given an engine with room.
-- Down engines: each engine's :class:`CircuitBreaker` (gateway/circuit.py) decides. An open circuit gives
-  its engine no room; after the cool-down it gives room for exactly one probe. When no engine would take a
-  call now, a request is refused at once (503 ``circuit_open`` with ``Retry-After``) instead of queueing.
+- Down engines: each engine's :class:`CircuitBreaker` (gateway/engine/circuit.py) decides. An open circuit
+  gives its engine no room; after the cool-down it gives room for exactly one probe. When no engine would
+  take a call now, a request is refused at once (503 ``circuit_open`` with ``Retry-After``) instead of
+  queueing.
 - Failover: a call its engine never took (connection refused, 503, circuit open) moves to another engine
   with room, once per engine; anything the engine may have started (timeouts, cut streams) is not retried.
 - Replicas: with :class:`EngineLeases` (Redis) a request also needs a lease on its engine, so the engine's
@@ -38,11 +39,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.admission import AdmissionQueue
-from gateway.circuit import CircuitBreaker, CircuitOpen, CircuitState
-from gateway.engine_client import EngineAnswer, EngineClient, engine_failed
+from gateway.engine.admission import AdmissionQueue
+from gateway.engine.circuit import CircuitBreaker, CircuitOpen, CircuitState
+from gateway.engine.client import EngineAnswer, EngineClient, engine_failed
+from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases
 from gateway.errors import EngineUnavailable, Overloaded, ServerSideError
-from gateway.leases import LEASE_STORE_DOWN, EngineLeases
 from gateway.settings import Settings
 
 log = logging.getLogger("modgate.engine_pool")

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import stamina
 
-from gateway.circuit import CircuitBreaker
+from gateway.engine.circuit import CircuitBreaker
 from gateway.errors import EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
 
 ENGINE_REJECTED = "engine_rejected"  # the engine's own 4xx: our request was wrong, the engine is fine

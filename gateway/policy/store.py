@@ -28,7 +28,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
 
 from gateway.errors import Conflict, NotFound, StateUnavailable
-from gateway.policy import AuditEntry, PolicyUpdate, StoreStatus, ThinkingPolicy, policy_changes
+from gateway.policy.rules import AuditEntry, PolicyUpdate, StoreStatus, ThinkingPolicy, policy_changes
 
 log = logging.getLogger("modgate.policy")
 

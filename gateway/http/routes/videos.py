@@ -18,9 +18,9 @@ from litestar.params import FromPath, JSONBody
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import InvalidRequest
-from gateway.routes.moderations import cancel_on_disconnect, refuse_deep_json, requested_mode
-from gateway.services import Services
-from gateway.wire import (
+from gateway.http.routes.moderations import cancel_on_disconnect, refuse_deep_json, requested_mode
+from gateway.http.services import Services
+from gateway.moderation.wire import (
     ImageURL,
     ImageURLPart,
     ModerationDetails,

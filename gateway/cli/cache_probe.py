@@ -20,10 +20,10 @@ from typing import Annotated, Any, Literal
 import httpx
 import typer
 
-from gateway.engine_client import EngineClient
+from gateway.engine.client import EngineClient
 from gateway.errors import ModgateError, UpstreamError
 from gateway.settings import ShapingSettings
-from gateway.stats import EngineCacheCounters, read_engine_cache_counters
+from gateway.telemetry.windows import EngineCacheCounters, read_engine_cache_counters
 from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request, load_system_prompt
 from shaping.tokens import TokenGrid

@@ -17,8 +17,8 @@ from litestar.params import JSONBody, Parameter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
-from gateway.policy import ThinkingPolicy
-from gateway.services import Services
+from gateway.http.services import Services
+from gateway.policy.rules import ThinkingPolicy
 
 log = logging.getLogger("modgate.admin")
 

@@ -47,7 +47,6 @@ import stamina
 from pydantic import BaseModel, ConfigDict, Field
 from redis.exceptions import RedisError, ResponseError
 
-from gateway.auth import Caller
 from gateway.errors import (
     ClientError,
     Conflict,
@@ -58,10 +57,17 @@ from gateway.errors import (
     ServerSideError,
     StateUnavailable,
 )
-from gateway.moderation import ModerationService, image_rejection
-from gateway.remote_images import RemoteImageFetcher, host_allowed, is_remote_url
+from gateway.http.auth import Caller
+from gateway.moderation.remote_images import RemoteImageFetcher, host_allowed, is_remote_url
+from gateway.moderation.service import ModerationService, image_rejection
+from gateway.moderation.wire import (
+    ImageURLPart,
+    ModerationRequest,
+    ModerationResponse,
+    RequestOptions,
+    TextPart,
+)
 from gateway.settings import JobSettings
-from gateway.wire import ImageURLPart, ModerationRequest, ModerationResponse, RequestOptions, TextPart
 from shaping.errors import ImageRejected
 from shaping.image import decode_data_url
 

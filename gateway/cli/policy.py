@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gateway.policy import AuditEntry, ThinkingPolicy, policy_changes
+from gateway.policy.rules import AuditEntry, ThinkingPolicy, policy_changes
 
 policy_app = typer.Typer(help="Show and flip the thinking policy of a running gateway (admin token).",
                          no_args_is_help=True)

@@ -12,11 +12,11 @@ import typer
 
 from deploy.cli import deploy_app
 from deploy.engine_cpu import engine_cpu as engine_cpu_command
-from gateway.cache_probe import cache_app
-from gateway.keys_store import keys_app
-from gateway.policy_cli import policy_app
-from gateway.prefix_cli import plan as cache_plan
-from gateway.stats_cli import stats
+from gateway.cli.cache_probe import cache_app
+from gateway.cli.policy import policy_app
+from gateway.cli.prefix import plan as cache_plan
+from gateway.cli.stats import stats
+from gateway.http.keys_store import keys_app
 from quality.cli import quality_app
 
 if TYPE_CHECKING:
@@ -54,9 +54,9 @@ def _sample_body_file(url: str) -> Path:
 
 def served_app() -> Litestar:
     """The app as each worker process builds it (``--workers`` above 1): settings from the environment."""
-    from gateway.app import create_app
+    from gateway.http.app import create_app
     from gateway.settings import Settings
-    from gateway.tracing import configure_logging
+    from gateway.telemetry.tracing import configure_logging
 
     settings = Settings()
     configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
@@ -82,9 +82,9 @@ def serve(
     """Serve the gateway; with MODGATE_ENGINE_URL unset it starts the simulated engine itself."""
     import uvicorn
 
-    from gateway.app import create_app
+    from gateway.http.app import create_app
     from gateway.settings import Settings
-    from gateway.tracing import configure_logging
+    from gateway.telemetry.tracing import configure_logging
 
     try:
         settings = Settings()
@@ -121,7 +121,7 @@ def serve(
         )
     # JSON logs: uvicorn keeps no handlers of its own, so its lines reach the JSON formatter too.
     log_config = None if settings.telemetry.json_logs else uvicorn.config.LOGGING_CONFIG
-    target: Litestar | str = create_app(settings) if workers == 1 else "gateway.cli:served_app"
+    target: Litestar | str = create_app(settings) if workers == 1 else "gateway.cli.main:served_app"
     uvicorn.run(
         target,
         host=settings.host,

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
-from gateway.engine_client import EngineAnswer
-from gateway.engine_pool import EnginePool
+from gateway.engine.client import EngineAnswer
+from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError
-from gateway.policy import Mode, ThinkingPolicy
+from gateway.policy.rules import Mode, ThinkingPolicy
 from quality.records import Arm, RecordStore, VerdictRecord
 from shaping.image import ShapedImage
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request

@@ -6,7 +6,7 @@ seconds from ``GET /console/panels``. Jinja templates and one small script shipp
 build step, nothing fetched from elsewhere (the Content-Security-Policy says so to the browser).
 
 Who may use it: a browser signs in with the admin token and gets a signed session cookie (HttpOnly,
-SameSite=Strict, Secure unless configured off; see gateway/console.py); scripts may send
+SameSite=Strict, Secure unless configured off; see gateway/http/console/sessions.py); scripts may send
 ``Authorization: Bearer <MODGATE_ADMIN_TOKEN>`` instead. Forms posted with the cookie carry a per-session
 CSRF token, checked here; a request authorised by the header needs none, because browsers never attach
 that header on their own. A flip goes through the same policy store call as ``PUT /admin/thinking-policy``,
@@ -29,17 +29,17 @@ from litestar.datastructures import Cookie, FormMultiDict
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
-from gateway.console import (
+from gateway.errors import Forbidden, InvalidRequest, ModgateError, NotFound, Unauthorized
+from gateway.http.console.sessions import (
     OPERATOR_NAME,
     ConsoleSession,
     QualityHeadline,
     SessionSigner,
     latest_quality_headline,
 )
-from gateway.errors import Forbidden, InvalidRequest, ModgateError, NotFound, Unauthorized
-from gateway.policy import AuditEntry, ThinkingPolicy
-from gateway.services import Services
-from gateway.stats import stats_document
+from gateway.http.services import Services
+from gateway.policy.rules import AuditEntry, ThinkingPolicy
+from gateway.telemetry.windows import stats_document
 
 log = logging.getLogger("modgate.console")
 
@@ -66,7 +66,7 @@ _REPORT_HEADERS = {
 # Litestar adds the charset to text types.
 _ASSET_TYPES = {"console.css": "text/css", "console.js": "text/javascript", "favicon.svg": "image/svg+xml"}
 # Templates and assets ship in the package (package-data), beside this module's package.
-_TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "console"
+_TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 # Read once at import: small files, never changed while the process runs.
 _ASSETS = {name: (_TEMPLATE_DIR / name).read_text(encoding="utf-8") for name in _ASSET_TYPES}
 _PANELS = ("summary", "policy", "figures", "health", "quality", "audit")

@@ -14,24 +14,29 @@ from dataclasses import dataclass
 import httpx
 import redis.asyncio as aioredis
 
-from gateway.admission import AdmissionQueue
-from gateway.auth import KeyRing
-from gateway.circuit import CircuitBreaker
-from gateway.embedded import ThreadedServer
-from gateway.engine_client import EngineClient
-from gateway.engine_pool import EnginePool, build_engine_pool
-from gateway.jobs import JobService, JobStore, MemoryJobStore, RedisJobStore, WebhookSender
-from gateway.keys_store import RedisKeyStore
-from gateway.moderation import ModerationService
-from gateway.policy import PolicyStore
-from gateway.policy_store import MemoryPolicyStore, RedisPolicyStore
-from gateway.remote_images import RemoteImageFetcher
+from gateway.cli.embedded import ThreadedServer
+from gateway.engine.admission import AdmissionQueue
+from gateway.engine.circuit import CircuitBreaker
+from gateway.engine.client import EngineClient
+from gateway.engine.pool import EnginePool, build_engine_pool
+from gateway.http.auth import KeyRing
+from gateway.http.keys_store import RedisKeyStore
+from gateway.jobs.service import JobService, JobStore, MemoryJobStore, RedisJobStore, WebhookSender
+from gateway.moderation.remote_images import RemoteImageFetcher
+from gateway.moderation.service import ModerationService
+from gateway.moderation.shadow import ShadowSampler
+from gateway.moderation.verdict_cache import (
+    MemoryVerdictCache,
+    NearDuplicateRule,
+    RedisVerdictCache,
+    VerdictCache,
+)
+from gateway.policy.rules import PolicyStore
+from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
 from gateway.settings import Settings
-from gateway.shadow import ShadowSampler
-from gateway.stats import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
-from gateway.telemetry import GatewayMetrics, RequestRecorder
-from gateway.tracing import Telemetry, build_telemetry
-from gateway.verdict_cache import MemoryVerdictCache, NearDuplicateRule, RedisVerdictCache, VerdictCache
+from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.tracing import Telemetry, build_telemetry
+from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
 from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from shaping.prefix import GuidanceTooShort
 from shaping.prompt import SystemPrompt, load_system_prompt
@@ -129,7 +134,7 @@ async def _system_prompt(
     """
     if not settings.shaping.block_filling_prefix:
         return load_system_prompt()
-    from gateway.prefix_cli import PrefixPlanError, block_filled_prompt
+    from gateway.cli.prefix import PrefixPlanError, block_filled_prompt
 
     try:
         async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
@@ -188,7 +193,7 @@ async def open_services(
         simulator = await asyncio.to_thread(_start_simulator, settings)
         engine_urls = [simulator.url]
     engine_url = engine_urls[0]
-    # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine_pool.py).
+    # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine/pool.py).
     engines = build_engine_pool(settings, engine_urls, engine_transport)
     engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
     # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
