@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.check import CheckReport, check_deploy
-from gateway.cli import app as modgate_app
+from gateway.cli.main import app as modgate_app
 from gateway.settings import Settings
 
 SEED = Path(__file__).resolve().parent / "fixtures" / "seed"
