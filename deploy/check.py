@@ -795,10 +795,10 @@ class _Checker:
             if not gateway.is_gateway:
                 continue
             entry = _setting(gateway, USE_PRIORITY_VARIABLE)
-            if entry is None or entry.value is None or entry.value.strip() == "":
+            if entry is None or entry.value is None:  # unset: the default, off
                 continue
             try:
-                on = TypeAdapter(bool).validate_python(entry.value.strip())
+                on = TypeAdapter(bool).validate_python(entry.value)  # as pydantic-settings reads it
             except ValidationError:
                 self.add(
                     "error",
