@@ -1021,3 +1021,64 @@ def check_deploy(
     order = {path: index for index, path in enumerate([*compose_files, *([env_file] if env_file else [])])}
     findings.sort(key=lambda f: (order.get(f.location.file, len(order)), f.location.line or 0, f.rule))
     return CheckReport(tuple(compose_files), env_file, tuple(findings), status)
+
+
+# --- the engine's flags, for `deploy predict` ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineFlag:
+    """One flag of an engine service as vLLM's parser reads it (see the module docstring)."""
+
+    name: str  # as written, e.g. --max_num_seqs or --no-enable-chunked-prefill
+    key: str  # as matched, e.g. --max-num-seqs, --enable-chunked-prefill
+    value: str | None
+    negated: bool
+    location: Location
+
+
+@dataclass(frozen=True)
+class ServiceFlags:
+    """A compose service's flags and environment, merged and interpolated as `deploy check` reads them."""
+
+    name: str
+    is_engine: bool
+    is_gateway: bool
+    flags: tuple[EngineFlag, ...]
+    environment: dict[str, str | None]
+
+    def last(self, key: str) -> EngineFlag | None:
+        """The flag that wins for ``key`` (the last one given)."""
+        return next((flag for flag in reversed(self.flags) if flag.key == key), None)
+
+
+def read_services(
+    compose_files: Sequence[Path], *, env_file: Path | None = None, environ: Mapping[str, str] | None = None
+) -> list[ServiceFlags]:
+    """Every service's flags, read exactly as `check_deploy` reads them (same merge, `.env` and parser)."""
+    if not compose_files:
+        raise UnreadableInputError("no compose file given")
+    documents = [_load_document(path) for path in compose_files]
+    project = compose_files[0].parent
+    if env_file is None:
+        env_file = next((project / name for name in (".env", ".env.example") if (project / name).is_file()),
+                        None)
+    elif not env_file.is_file():
+        raise UnreadableInputError(f"{env_file}: no such file")
+    environment = dict(environ or {})
+    dotenv = _read_dotenv(env_file, environment, []) if env_file is not None else None
+    checker = _Checker(documents, dotenv, environment)
+    checker.read()
+    return [
+        ServiceFlags(
+            name=service.name,
+            is_engine=service.is_engine,
+            is_gateway=service.is_gateway,
+            flags=tuple(
+                EngineFlag(flag.name, flag.key, flag.value, flag.negated, flag.arg.location)
+                for flag in service.flags
+            ),
+            environment={name: entry.value for name, entry in service.environment.items()},
+        )
+        for service in checker.services.values()
+    ]
