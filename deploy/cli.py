@@ -152,7 +152,11 @@ def print_prediction(document: dict[str, Any], console: Console) -> None:
                        if document["verdict"] != "same" else "  predicted: the same as the tuned baseline",
                        style=style))
     console.print(f"  models:  {', '.join(document['modelled']) or 'none of its flags'}")
-    console.print(f"  ignores: {', '.join(document['ignored']) or 'nothing'}")
+    if document["ignored_knobs"]:
+        console.print(Text(f"  ignores, with no mechanism for them (the prediction may be optimistic): "
+                           f"{', '.join(document['ignored_knobs'])}", style="yellow"))
+    ignored = ", ".join(document["ignored"]) or "nothing"
+    console.print(f"  ignores, as costing nothing in the model: {ignored}")
 
 
 def _shown_path(path: Path) -> str:

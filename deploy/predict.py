@@ -26,18 +26,24 @@ class FlagValueError(UnreadableInputError):
     """A modelled flag whose value cannot be read (not a number, not JSON)."""
 
 
-def _int(flag: str, value: str | None) -> int:
+def _int(flag: str, value: str | None, minimum: int = 1) -> int:
     try:
-        return int(value or "")
+        number = int(value or "")
     except ValueError as exc:
         raise FlagValueError(f"{flag} {value!r}: not an integer") from exc
+    if number < minimum:
+        raise FlagValueError(f"{flag} {value!r}: must be at least {minimum}")
+    return number
 
 
-def _float(flag: str, value: str | None) -> float:
+def _share(flag: str, value: str | None) -> float:
     try:
-        return float(value or "")
+        number = float(value or "")
     except ValueError as exc:
         raise FlagValueError(f"{flag} {value!r}: not a number") from exc
+    if not 0 < number < 1:
+        raise FlagValueError(f"{flag} {value!r}: a share between 0 and 1 (exclusive)")
+    return number
 
 
 def _speculative(flag: str, value: str | None) -> dict[str, Any]:
@@ -47,7 +53,7 @@ def _speculative(flag: str, value: str | None) -> dict[str, Any]:
         raise FlagValueError(f"{flag} {value!r}: not JSON") from exc
     if not isinstance(config, dict):
         raise FlagValueError(f"{flag} {value!r}: not a JSON object")
-    drafts = _int(f"{flag} num_speculative_tokens", str(config.get("num_speculative_tokens", 1)))
+    drafts = _int(f"{flag} num_speculative_tokens", str(config.get("num_speculative_tokens", 1)), minimum=0)
     return {"num_speculative_tokens": drafts}
 
 
@@ -59,17 +65,18 @@ _MODELLED: dict[str, tuple[Callable[[str, str | None, bool], dict[str, Any]], st
     "--speculative-config": (lambda f, v, _n: _speculative(f, v),
                              "verify steps: 1 + drafts tokens per sequence, drafts accepted at the "
                              "Spark's measured 39.9 %"),
-    "--num-speculative-tokens": (lambda f, v, _n: {"num_speculative_tokens": _int(f, v)},
+    "--num-speculative-tokens": (lambda f, v, _n: {"num_speculative_tokens": _int(f, v, minimum=0)},
                                  "drafts per verify step"),
-    "--long-prefill-token-threshold": (lambda f, v, _n: {"long_prefill_token_threshold": _int(f, v)},
-                                       "prefill tokens per sequence per step"),
+    "--long-prefill-token-threshold": (
+        lambda f, v, _n: {"long_prefill_token_threshold": _int(f, v, minimum=0)},
+        "prefill tokens per sequence per step"),
     "--enable-chunked-prefill": (lambda _f, _v, negated: {"enable_chunked_prefill": not negated},
                                  "a prompt computed in chunks or whole"),
     "--max-num-prefill-tokens-per-step": (
         lambda f, v, _n: {"max_num_prefill_tokens_per_step": _int(f, v)}, "prefill tokens per step"),
     "--max-parallel-prefills": (lambda f, v, _n: {"max_parallel_prefills": _int(f, v)},
                                 "sequences prefilling per step"),
-    "--prefill-compute-share": (lambda f, v, _n: {"prefill_compute_share": _float(f, v)},
+    "--prefill-compute-share": (lambda f, v, _n: {"prefill_compute_share": _share(f, v)},
                                 "prefill's share of a step's time while sequences decode"),
 }
 # Prefill-scheduling knobs with no mechanism in the simulator: the prediction may be optimistic.
@@ -82,6 +89,7 @@ _UNMODELLED_KNOBS = frozenset({
     "--speculative-model",
 })
 _VALUELESS = frozenset({"--enable-chunked-prefill"})
+_NO_COST = "no cost in the simulator's model"
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,7 @@ def engine_options(service: ServiceFlags) -> tuple[dict[str, Any], list[FlagRead
                                         "prefill/speculation knob without a mechanism in the simulator: "
                                         "the prediction may be optimistic"))
         else:
-            readings.append(FlagReading(shown, flag.value, False, "no cost in the simulator's model"))
+            readings.append(FlagReading(shown, flag.value, False, _NO_COST))
     return options, readings
 
 
@@ -168,10 +176,7 @@ def predict(
     predictions = []
     for engine in engines:
         options, readings = engine_options(engine)
-        try:
-            preset = tuned.scaled(**options)
-        except (TypeError, ValueError) as exc:  # pragma: no cover - options are built from known fields
-            raise FlagValueError(str(exc)) from exc
+        preset = tuned.scaled(**options)
         figures = base_figures if not options else closed_loop(preset, callers, requests=requests)
         predictions.append(Prediction(engine.name, callers, options, figures, base_figures, readings))
     return predictions
@@ -200,5 +205,8 @@ def prediction_as_json(prediction: Prediction) -> dict[str, Any]:
         "baseline": figures(prediction.baseline),
         "verdict": prediction.verdict,
         "modelled": [reading.flag for reading in prediction.flags if reading.modelled],
-        "ignored": [reading.flag for reading in prediction.flags if not reading.modelled],
+        "ignored": [reading.flag for reading in prediction.flags
+                    if not reading.modelled and reading.note == _NO_COST],
+        "ignored_knobs": [reading.flag for reading in prediction.flags
+                          if not reading.modelled and reading.note != _NO_COST],
     }
