@@ -157,6 +157,8 @@ def print_prediction(document: dict[str, Any], console: Console) -> None:
                            f"{', '.join(document['ignored_knobs'])}", style="yellow"))
     ignored = ", ".join(document["ignored"]) or "nothing"
     console.print(f"  ignores, as costing nothing in the model: {ignored}")
+    for caveat in document["caveats"]:
+        console.print(Text(f"  note: {caveat}", style="dim"))
 
 
 def _shown_path(path: Path) -> str:

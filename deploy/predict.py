@@ -88,6 +88,15 @@ _UNMODELLED_KNOBS = frozenset({
     "--max-long-partial-prefills",
     "--speculative-model",
 })
+_PREFILL_SCHEDULING = frozenset({
+    "--long-prefill-token-threshold", "--max-num-prefill-tokens-per-step", "--max-parallel-prefills",
+    "--prefill-compute-share",
+})
+PREFILL_CAVEAT = (
+    "in this model a step costs its tokens and nothing more, so prefill-scheduling knobs move latency, "
+    "never the rate; the Spark lost rate to them too (46.7 -> 24.3/min with the 256 cap): read the "
+    "rate as an upper bound (docs/simulator.md)"
+)
 _VALUELESS = frozenset({"--enable-chunked-prefill"})
 _NO_COST = "no cost in the simulator's model"
 
@@ -209,4 +218,8 @@ def prediction_as_json(prediction: Prediction) -> dict[str, Any]:
                     if not reading.modelled and reading.note == _NO_COST],
         "ignored_knobs": [reading.flag for reading in prediction.flags
                           if not reading.modelled and reading.note != _NO_COST],
+        "caveats": [PREFILL_CAVEAT] if any(
+            reading.modelled and reading.flag.split()[0].replace("_", "-") in _PREFILL_SCHEDULING
+            for reading in prediction.flags
+        ) else [],
     }

@@ -64,6 +64,7 @@ def test_the_tuned_compose_predicts_the_baseline_and_says_which_flags_count() ->
     assert "--max-num-seqs 8" in engine["modelled"]  # type: ignore[operator]
     assert "--gpu-memory-utilization 0.822" in engine["ignored"]  # type: ignore[operator]
     assert engine["ignored_knobs"] == []
+    assert engine["caveats"] == []
 
 
 @pytest.mark.parametrize("round_name", sorted(FAILED_ROUNDS))
@@ -104,6 +105,7 @@ def test_the_text_output_puts_the_figures_beside_the_baseline(tmp_path: Path) ->
         assert label in result.stdout
     assert "predicted: worse than the tuned baseline" in result.stdout
     assert "--max-num-prefill-tokens-per-step 256" in result.stdout
+    assert "read the rate as an upper bound" in result.stdout  # the model's known limit, said here
 
 
 def test_the_last_of_a_repeated_flag_is_the_one_predicted(tmp_path: Path) -> None:
