@@ -157,6 +157,17 @@ def engine_options(service: ServiceFlags) -> tuple[dict[str, Any], list[FlagRead
     return options, readings
 
 
+def options_from_flags(flags: Mapping[str, str | None]) -> dict[str, Any]:
+    """Simulator options from vLLM-style flags given by name (``modgate engine-sim``'s own options)."""
+    options: dict[str, Any] = {}
+    for name, value in flags.items():
+        key = "--" + name.removeprefix("--").replace("_", "-").removeprefix("no-")
+        if key not in _MODELLED:
+            raise FlagValueError(f"{name}: the simulator has no option for it")
+        options.update(_MODELLED[key][0](name, value, name.removeprefix("--").startswith("no-")))
+    return options
+
+
 def in_flight_cap(services: Sequence[ServiceFlags]) -> int:
     """The gateway's MODGATE_MAX_INFLIGHT where the compose file sets it, else the gateway's default."""
     for service in services:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
 
+import httpx
 import pytest
 
 from deploy.simulator import PRESETS, SimPreset
 from deploy.simulator.engine import Sequence, SimEngine, StepPlan, TokenEvent
 from deploy.simulator.tokenizer import Token
 from deploy.simulator.virtual import RequestShape, closed_loop
+from tests.support import SimFactory
 
 SPARK = PRESETS["spark"]
 
@@ -136,3 +139,46 @@ def test_a_preset_without_rates_is_instant() -> None:
     engine = SimEngine(instant, time_scale=1.0)
     steps = run_to_end(engine, [sequence(0, prompt=50, output=5)])
     assert all(step.seconds == 0 for step in steps)
+
+
+def served_chat(thinking: bool) -> dict[str, object]:
+    return {
+        "messages": [{"role": "system", "content": "You moderate."}, {"role": "user", "content": "check"}],
+        "chat_template_kwargs": {"enable_thinking": thinking},
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_the_served_simulator_streams_every_token_when_steps_accept_drafts(start_sim: SimFactory) -> None:
+    plain = start_sim("spark", time_scale=0.0)
+    speculative = start_sim("spark", time_scale=0.0, num_speculative_tokens=4)
+    answers = []
+    for server in (plain, speculative):
+        url = f"{server.url}/v1/chat/completions"
+        with httpx.stream("POST", url, json=served_chat(True), timeout=30) as response:
+            lines = [line[6:] for line in response.iter_lines() if line.startswith("data: {")]
+        chunks = [json.loads(line) for line in lines]
+        text = "".join(
+            c["choices"][0]["delta"].get("reasoning", "") + (c["choices"][0]["delta"].get("content") or "")
+            for c in chunks if c["choices"]
+        )
+        answers.append((text, chunks[-1]["usage"]["completion_tokens"]))
+    assert answers[0] == answers[1]  # the same tokens, in the same order: drafts change the pace only
+    assert answers[0][1] > 60
+
+
+def test_engine_sim_takes_vllm_style_flags_for_the_modelled_options() -> None:
+    from deploy.predict import FlagValueError, options_from_flags
+
+    options = options_from_flags({
+        "--speculative-config": '{"method":"mtp","num_speculative_tokens":4}',
+        "--max-num-prefill-tokens-per-step": "256",
+        "--prefill-compute-share": "0.2",
+    })
+    assert options == {
+        "num_speculative_tokens": 4, "max_num_prefill_tokens_per_step": 256, "prefill_compute_share": 0.2
+    }
+    assert SPARK.scaled(**options).num_speculative_tokens == 4
+    with pytest.raises(FlagValueError, match="no option"):
+        options_from_flags({"--prefill-policy": "fcfs"})
