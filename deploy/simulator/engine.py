@@ -151,7 +151,7 @@ class StepPlan:
     prefilled_now: list[Sequence]
 
 
-class SimEngine:
+class SimScheduler:
     """The scheduler loop; ``generate`` yields a sequence's events as steps produce them."""
 
     def __init__(

@@ -1,6 +1,6 @@
 """The simulator's step model on a virtual clock: a closed-loop run in milliseconds, without sleeping.
 
-The same ``SimEngine.plan_step`` / ``complete_step`` the served simulator sleeps through, driven by a clock
+The same ``SimScheduler.plan_step`` / ``complete_step`` the served simulator sleeps through, driven by a clock
 that jumps from one step's end to the next. Callers in a closed loop each send their next request a
 moment (``turnaround_s``) after an answer ends, so, as against the served simulator, a new request waits
 for the step in progress. No HTTP, no tokenizer: a request is its prompt and output token counts. Runs
@@ -13,7 +13,7 @@ import heapq
 import statistics
 from dataclasses import dataclass
 
-from deploy.simulator.engine import Sequence, SimEngine, TokenEvent
+from deploy.simulator.engine import Sequence, SimScheduler, TokenEvent
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.tokenizer import Token
 
@@ -69,7 +69,7 @@ def closed_loop(
     """
     if callers < 1 or requests < 2:
         raise ValueError("need at least one caller and two measured requests")
-    engine = SimEngine(preset, time_scale=1.0)
+    engine = SimScheduler(preset, time_scale=1.0)
     clock = 0.0
     arrivals: list[tuple[float, int]] = []  # (time, request index)
     spacing = 8.56 / callers

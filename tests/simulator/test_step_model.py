@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from deploy.simulator import PRESETS, SimPreset
-from deploy.simulator.engine import Sequence, SimEngine, StepPlan, TokenEvent
+from deploy.simulator.engine import Sequence, SimScheduler, StepPlan, TokenEvent
 from deploy.simulator.tokenizer import Token
 from deploy.simulator.virtual import RequestShape, closed_loop
 from tests.support import SimFactory
@@ -23,7 +23,7 @@ def sequence(index: int, prompt: int = 1076, output: int = 95) -> Sequence:
     return Sequence(f"s{index}", tokens, output_tokens, max_tokens=output, arrival=0.0)
 
 
-def run_to_end(engine: SimEngine, sequences: list[Sequence]) -> list[StepPlan]:
+def run_to_end(engine: SimScheduler, sequences: list[Sequence]) -> list[StepPlan]:
     """Submit everything, then step until every sequence has its output; answers the steps taken."""
     for s in sequences:
         engine.submit(s)
@@ -38,7 +38,7 @@ def run_to_end(engine: SimEngine, sequences: list[Sequence]) -> list[StepPlan]:
 
 
 def test_a_step_costs_its_prefill_and_decode_tokens_at_the_presets_rates() -> None:
-    engine = SimEngine(SPARK, time_scale=1.0)
+    engine = SimScheduler(SPARK, time_scale=1.0)
     steps = run_to_end(engine, [sequence(0, prompt=1076, output=3)])
     assert [s.prefill_tokens for s in steps] == [1076, 0, 0]
     assert steps[0].seconds == pytest.approx(1076 / SPARK.prefill_tokens_per_s)
@@ -47,7 +47,7 @@ def test_a_step_costs_its_prefill_and_decode_tokens_at_the_presets_rates() -> No
 
 def test_a_verify_step_costs_every_drafted_token_and_gains_the_accepted_share() -> None:
     preset = SPARK.scaled(num_speculative_tokens=4, draft_acceptance_rate=0.399)
-    engine = SimEngine(preset, time_scale=1.0)
+    engine = SimScheduler(preset, time_scale=1.0)
     one = sequence(0, prompt=100, output=1 + 2600)
     steps = run_to_end(engine, [one])
     verify = steps[1:]
@@ -57,7 +57,7 @@ def test_a_verify_step_costs_every_drafted_token_and_gains_the_accepted_share() 
 
 
 def test_without_drafts_a_sequence_gains_one_token_a_step() -> None:
-    engine = SimEngine(SPARK, time_scale=1.0)
+    engine = SimScheduler(SPARK, time_scale=1.0)
     steps = run_to_end(engine, [sequence(0, prompt=10, output=40)])
     assert len(steps) == 40
 
@@ -70,31 +70,31 @@ def test_without_drafts_a_sequence_gains_one_token_a_step() -> None:
     ],
 )
 def test_prefill_chunks_never_exceed_the_cap(options: dict[str, int], most_per_step: int) -> None:
-    engine = SimEngine(SPARK.scaled(**options), time_scale=1.0)
+    engine = SimScheduler(SPARK.scaled(**options), time_scale=1.0)
     steps = run_to_end(engine, [sequence(i) for i in range(3)])
     assert max(step.prefill_tokens for step in steps) <= most_per_step
     assert sum(step.prefill_tokens for step in steps) == 3 * 1076  # all of it computed, in more steps
 
 
 def test_the_per_sequence_threshold_caps_each_sequences_chunk() -> None:
-    engine = SimEngine(SPARK.scaled(long_prefill_token_threshold=300), time_scale=1.0)
+    engine = SimScheduler(SPARK.scaled(long_prefill_token_threshold=300), time_scale=1.0)
     steps = run_to_end(engine, [sequence(i) for i in range(2)])
     assert steps[0].prefill_tokens == 600  # 300 each
     assert sum(step.prefill_tokens for step in steps) == 2 * 1076
 
 
 def test_parallel_prefills_limit_the_sequences_prefilling_in_a_step() -> None:
-    engine = SimEngine(SPARK.scaled(max_parallel_prefills=1), time_scale=1.0)
+    engine = SimScheduler(SPARK.scaled(max_parallel_prefills=1), time_scale=1.0)
     steps = run_to_end(engine, [sequence(i) for i in range(3)])
     assert [len(step.prefilled_now) for step in steps[:3]] == [1, 1, 1]
 
 
 def test_the_compute_share_holds_prefill_to_its_share_of_a_step_while_sequences_decode() -> None:
     preset = SPARK.scaled(prefill_compute_share=0.2)
-    engine = SimEngine(preset, time_scale=1.0)
+    engine = SimScheduler(preset, time_scale=1.0)
     steps = run_to_end(engine, [sequence(i, output=200) for i in range(3)])
     assert steps[0].prefill_tokens == 3 * 1076  # nothing decodes yet: the step is all prefill
-    late = SimEngine(preset, time_scale=1.0)
+    late = SimScheduler(preset, time_scale=1.0)
     first = sequence(0, output=500)
     run_to_end(late, [])
     late.submit(first)
@@ -108,7 +108,7 @@ def test_the_compute_share_holds_prefill_to_its_share_of_a_step_while_sequences_
 
 def test_without_chunked_prefill_a_prompt_over_the_budget_waits_for_a_step_with_room() -> None:
     preset = SPARK.scaled(enable_chunked_prefill=False, max_num_batched_tokens=1500)
-    engine = SimEngine(preset, time_scale=1.0)
+    engine = SimScheduler(preset, time_scale=1.0)
     steps = run_to_end(engine, [sequence(i, output=2) for i in range(2)])
     assert [step.prefill_tokens for step in steps[:2]] == [1076, 1076]
 
@@ -136,7 +136,7 @@ def test_more_callers_never_lower_latency() -> None:
 
 def test_a_preset_without_rates_is_instant() -> None:
     instant: SimPreset = PRESETS["instant"]
-    engine = SimEngine(instant, time_scale=1.0)
+    engine = SimScheduler(instant, time_scale=1.0)
     steps = run_to_end(engine, [sequence(0, prompt=50, output=5)])
     assert all(step.seconds == 0 for step in steps)
 
