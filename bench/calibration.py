@@ -206,7 +206,8 @@ def print_table(title: str, rows: list[Row]) -> None:
     print(f"\n{title}")
     print(f"  {'configuration':<42}{'figure':<24}{'seed':>13}{'simulated':>11}{'ratio':>7}")
     for row in rows:
-        seed = (f"{row.seed.low:g}-{row.seed.high:g}" if row.seed.low is not None else f"{row.seed.value:g}")
+        low, high = row.seed.low, row.seed.high
+        seed = f"{low:.3g}-{high:.3g}" if low is not None and high is not None else f"{row.seed.value:.3g}"
         print(f"  {row.name:<42}{row.figure:<24}{seed:>13}{row.simulated:>11.3f}"
               f"{row.simulated / row.seed.value:>7.2f}")
 
