@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import httpx
 import redis.asyncio as aioredis
 
-from gateway.cli.embedded import ThreadedServer
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
 from gateway.engine.pool import EnginePool, build_engine_pool
+from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
 from gateway.http.auth import KeyRing
 from gateway.http.keys_store import RedisKeyStore
 from gateway.jobs.service import JobService, JobStore, MemoryJobStore, RedisJobStore, WebhookSender
@@ -44,6 +44,10 @@ from shaping.prompt import SystemPrompt, load_system_prompt
 log = logging.getLogger("modgate.gateway")
 
 
+class MissingEngine(ValueError):
+    """The settings name no engine and no test transport stands in for one."""
+
+
 @dataclass
 class Services:
     """The app's long-lived parts."""
@@ -61,20 +65,6 @@ class Services:
     circuit: CircuitBreaker  # the engine's circuit breaker
     jobs: JobService  # keyframe batches worked in the background (durable with Redis)
     engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
-
-
-def _start_simulator(settings: Settings) -> ThreadedServer:
-    from deploy.simulator import PRESETS, create_sim_app
-
-    preset = PRESETS[settings.simulator.preset]
-    server = ThreadedServer(create_sim_app(preset, settings.simulator.time_scale)).start()
-    log.warning(
-        "MODGATE_ENGINE_URL is unset: using the built-in simulated engine at %s (%s preset, time scale %g)",
-        server.url,
-        preset.name,
-        settings.simulator.time_scale,
-    )
-    return server
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -134,8 +124,6 @@ async def _system_prompt(
     """
     if not settings.shaping.block_filling_prefix:
         return load_system_prompt()
-    from gateway.cli.prefix import PrefixPlanError, block_filled_prompt
-
     try:
         async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
             prompt, filled = await block_filled_prompt(http, settings.shaping.prefix_block_size)
@@ -182,16 +170,21 @@ async def open_services(
     *,
     clock: Clock = time.monotonic,
 ) -> AsyncIterator[Services]:
-    """Build every client the handlers need; close them all on the way out (``clock``: the stats windows')."""
-    simulator: ThreadedServer | None = None
-    executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
+    """Build every client the handlers need; close them all on the way out (``clock``: the stats windows').
+
+    The engine is given, never started here: ``settings.engine_url``, or ``engine_transport`` in tests. The
+    command line (``modgate serve``) starts the built-in simulator and passes its URL when none is set.
+    """
     if engine_transport is not None:
         engine_urls = ["http://engine.test"]
     elif settings.engine_url:
         engine_urls = settings.engine_urls()
     else:
-        simulator = await asyncio.to_thread(_start_simulator, settings)
-        engine_urls = [simulator.url]
+        raise MissingEngine(
+            "no engine to call: set MODGATE_ENGINE_URL (`modgate serve` starts the built-in simulated "
+            "engine when it is unset)"
+        )
+    executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
     engine_url = engine_urls[0]
     # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine/pool.py).
     engines = build_engine_pool(settings, engine_urls, engine_transport)
@@ -277,6 +270,4 @@ async def open_services(
         await policies.stop()
         await engines.aclose()  # every engine's connections, and this replica's leases given back
         executor.shutdown(wait=False, cancel_futures=True)
-        if simulator is not None:
-            await asyncio.to_thread(simulator.stop)
         await asyncio.to_thread(telemetry.shutdown)  # flushes spans and metrics to the OTLP endpoint, if any
