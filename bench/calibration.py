@@ -1,4 +1,4 @@
-"""The simulator's Spark preset against the Spark's measured baseline (DESIGN.md).
+"""The simulator's Spark preset against the Spark's measured baseline (docs/spark.md).
 
 Seed request shape: the canonical system prompt (~416 tokens), one 660-token image (1056×640 at 32×32 pixels
 per token), the fixed instruction, thinking on (~95 output tokens); 8 clients in a closed loop, straight to
