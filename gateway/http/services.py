@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -184,62 +184,77 @@ async def open_services(
             "no engine to call: set MODGATE_ENGINE_URL (`modgate serve` starts the built-in simulated "
             "engine when it is unset)"
         )
-    executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
-    engine_url = engine_urls[0]
-    # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine/pool.py).
-    engines = build_engine_pool(settings, engine_urls, engine_transport)
-    engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
-    # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
-    state = (
-        None
-        if not settings.redis_url
-        else aioredis.Redis.from_url(
-            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
+    # Every resource is registered on the stack as soon as it exists: a failure half-way closes what was
+    # opened. They close in the reverse order: jobs, shadow pairs, records, remote images, Redis, the
+    # engine scraper, the policy store, the engines, the executor, and telemetry last (it flushes).
+    async with AsyncExitStack() as stack:
+        telemetry = build_telemetry(settings.telemetry)
+        stack.push_async_callback(asyncio.to_thread, telemetry.shutdown)  # flushes to the OTLP endpoint
+        executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
+        stack.callback(executor.shutdown, wait=False, cancel_futures=True)
+        engine_url = engine_urls[0]
+        # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine/pool.py).
+        engines = build_engine_pool(settings, engine_urls, engine_transport)
+        stack.push_async_callback(engines.aclose)  # every engine's connections, and this replica's leases
+        engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
+        policies = _policy_store(settings)
+        stack.push_async_callback(policies.stop)
+        metrics = GatewayMetrics()
+        recent = RecentRequests(settings.telemetry.window_s, clock=clock)
+        engine_cache = EngineCacheScraper(
+            engine.metrics_text,
+            EngineCacheWindow(settings.telemetry.window_s, clock=clock),
+            interval_s=settings.telemetry.engine_scrape_interval_s,
+            on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
         )
-    )
-    if state is not None and settings.api_keys_from_redis:
-        keys.store = RedisKeyStore(state)
-    remote_images = _remote_images(settings)
-    policies = _policy_store(settings)
-    metrics = GatewayMetrics()
-    telemetry = build_telemetry(settings.telemetry)
-    recent = RecentRequests(settings.telemetry.window_s, clock=clock)
-    engine_cache = EngineCacheScraper(
-        engine.metrics_text,
-        EngineCacheWindow(settings.telemetry.window_s, clock=clock),
-        interval_s=settings.telemetry.engine_scrape_interval_s,
-        on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
-    )
-    metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
-    engines.register_metrics(metrics.registry)
-    moderation = ModerationService(
-        settings=settings,
-        engine=engine,
-        admission=admission,
-        policies=policies,
-        metrics=metrics,
-        system_prompt=await _system_prompt(settings, engine_url, engine_transport),
-        executor=executor,
-        tracer=telemetry.tracer,
-        recorder=RequestRecorder(metrics, recent, telemetry.instruments),
-        remote_images=remote_images,
-        verdicts=_verdict_cache(settings, state),
-        engines=engines,
-    )
-    records = _quality_records(settings, state)
-    moderation.shadow = ShadowSampler(
-        engines=engines,
-        store=records,
-        system_prompt=moderation.system_prompt,
-        user_text=settings.shaping.user_text,
-        model=moderation.engine_model,
-        use_priority=settings.engine.use_priority,
-        constraint=settings.engine.verdict_constraint,
-        counters=metrics,
-    )
-    jobs = _job_service(settings, state, moderation, executor, remote_images)
-    await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
-    try:
+        stack.push_async_callback(engine_cache.stop)
+        # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
+        state = (
+            None
+            if not settings.redis_url
+            else aioredis.Redis.from_url(
+                settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
+            )
+        )
+        if state is not None:
+            stack.push_async_callback(state.aclose)
+            if settings.api_keys_from_redis:
+                keys.store = RedisKeyStore(state)
+        remote_images = _remote_images(settings)
+        if remote_images is not None:
+            stack.push_async_callback(remote_images.aclose)
+        metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
+        engines.register_metrics(metrics.registry)
+        moderation = ModerationService(
+            settings=settings,
+            engine=engine,
+            admission=admission,
+            policies=policies,
+            metrics=metrics,
+            system_prompt=await _system_prompt(settings, engine_url, engine_transport),
+            executor=executor,
+            tracer=telemetry.tracer,
+            recorder=RequestRecorder(metrics, recent, telemetry.instruments),
+            remote_images=remote_images,
+            verdicts=_verdict_cache(settings, state),
+            engines=engines,
+        )
+        records = _quality_records(settings, state)
+        stack.push_async_callback(records.aclose)
+        moderation.shadow = ShadowSampler(
+            engines=engines,
+            store=records,
+            system_prompt=moderation.system_prompt,
+            user_text=settings.shaping.user_text,
+            model=moderation.engine_model,
+            use_priority=settings.engine.use_priority,
+            constraint=settings.engine.verdict_constraint,
+            counters=metrics,
+        )
+        stack.push_async_callback(moderation.shadow.drain, timeout_s=10.0)
+        jobs = _job_service(settings, state, moderation, executor, remote_images)
+        stack.push_async_callback(jobs.stop)
+        await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         engine_cache.start()
         jobs.start()
@@ -258,16 +273,3 @@ async def open_services(
             jobs=jobs,
             engines=engines,
         )
-    finally:
-        await jobs.stop()
-        await moderation.shadow.drain(timeout_s=10.0)
-        await records.aclose()
-        if remote_images is not None:
-            await remote_images.aclose()
-        if state is not None:
-            await state.aclose()
-        await engine_cache.stop()
-        await policies.stop()
-        await engines.aclose()  # every engine's connections, and this replica's leases given back
-        executor.shutdown(wait=False, cancel_futures=True)
-        await asyncio.to_thread(telemetry.shutdown)  # flushes spans and metrics to the OTLP endpoint, if any
