@@ -1,6 +1,6 @@
 """`modgate deploy check`: static checks of the Spark compose files and their `.env`, with file and line.
 
-The rules encode DESIGN.md's deploy pitfalls and the Spark's tuned engine. Severity follows one principle:
+The rules encode the Spark's deploy pitfalls and tuned engine (docs/spark.md). Severity follows one principle:
 an *error* means the deploy will not start, or will silently run something other than what is written or
 what the gateway relies on; a *warning* means it runs, but departs from the measured tuning or carries
 a value the engine will not use as written.
@@ -76,7 +76,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 Severity = Literal["error", "warning"]
 
 COMPOSE_FILE_NAMES = ("compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml")
-DEFAULT_MAX_INFLIGHT = 8  # the gateway's default, DESIGN.md "Names that other parts rely on"
+DEFAULT_MAX_INFLIGHT = 8  # the gateway's default MODGATE_MAX_INFLIGHT (docs/spark.md)
 
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
