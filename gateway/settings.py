@@ -235,7 +235,7 @@ class QualitySettings(BaseModel):
 
 
 class SimulatorSettings(BaseModel):
-    """The built-in simulated engine, started when no engine URL is set."""
+    """The built-in simulated engine that `modgate serve` starts when no engine URL is set."""
 
     preset: Literal["spark", "instant"] = "spark"
     time_scale: float = Field(default=0.02, ge=0)
