@@ -42,7 +42,6 @@ from gateway.verdict_cache import (
     StoredVerdict,
     VerdictCache,
     VerdictScope,
-    colour_thumbnail,
 )
 from gateway.wire import (
     ImageURLPart,
@@ -429,17 +428,12 @@ class ModerationService:
             text_sha256=hashlib.sha256(extra_text.encode()).hexdigest() if extra_text else "",
         )
 
-    async def _identities(self, frames: list[ShapedImage]) -> list[FrameIdentity]:
-        """Each frame's cache identity; the colour thumbnail only when near duplicates are reused."""
-        if not self.verdicts.rule.enabled:
-            return [FrameIdentity(frame.sha256, int(frame.phash, 16), b"") for frame in frames]
-        loop = asyncio.get_running_loop()
-        thumbnails = await asyncio.gather(
-            *(loop.run_in_executor(self.executor, colour_thumbnail, frame.data) for frame in frames)
-        )
+    def _identities(self, frames: list[ShapedImage]) -> list[FrameIdentity]:
+        """Each frame's cache identity (made by the shaping step); the thumbnail only for near duplicates."""
+        near = self.verdicts.rule.enabled
         return [
-            FrameIdentity(frame.sha256, int(frame.phash, 16), thumbnail)
-            for frame, thumbnail in zip(frames, thumbnails, strict=True)
+            FrameIdentity(frame.sha256, int(frame.phash, 16), frame.thumbnail if near else b"")
+            for frame in frames
         ]
 
     @staticmethod
@@ -501,7 +495,7 @@ class ModerationService:
         verdicts (unusable output) are not.
         """
         scope = self._verdict_scope(context.tenant, decision, extra_text)
-        identities = await self._identities(frames)
+        identities = self._identities(frames)
         rule = self.verdicts.rule
         hits: list[ReusedVerdict | None] = [None] * len(frames)
         if self.settings.shaping.verdict_cache_ttl_s > 0 and not fresh:
