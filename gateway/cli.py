@@ -129,6 +129,10 @@ def serve(
         log_level=settings.log_level,
         workers=workers,
         factory=workers > 1,
+        # A worker must answer uvicorn's health check within this while it starts: importing the gateway
+        # (OpenCV, scipy, OpenTelemetry, ...) takes 2 s on an idle core and over 10 s on a busy one, and the
+        # default 5 s had workers killed and restarted in a loop.
+        timeout_worker_healthcheck=60,
         access_log=False,
         loop="uvloop",
         http="httptools",
