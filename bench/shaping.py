@@ -45,8 +45,8 @@ from PIL import Image
 
 from bench.servers import simulator
 from deploy.keyframes import LABELS, make_keyframe
-from gateway.policy import ThinkingPolicy
-from gateway.prefix_cli import EngineTokens, fill_prefix
+from gateway.engine.prefix import EngineTokens, fill_prefix
+from gateway.policy.rules import ThinkingPolicy
 from gateway.settings import ShapingSettings
 from shaping.image import IDENTITY_SCALE, ImageLimits, ShapedImage, frame_identity, shape_image
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request, load_system_prompt

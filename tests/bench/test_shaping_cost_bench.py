@@ -1,4 +1,4 @@
-"""``bench/shaping_cost.py`` runs with tiny counts; its figures are checked against each other, never a time."""
+"""``bench/shaping_cost.py`` with tiny counts: its figures checked against each other, never a time."""
 
 from __future__ import annotations
 
