@@ -278,7 +278,7 @@ def print_markdown(table: dict[str, Any]) -> None:
               f"{lite['added_p50_ms']:,.1f} / {lite['added_p99_ms']:,.1f} | "
               f"{ratios['added_p50']:.2f} / {ratios['added_p99']:.2f} | "
               f"{engine['rps']:,.0f} / {mod['rps']:,.0f} / {lite['rps']:,.0f} |")
-    first = next(iter(table.values()), {"arms": {}})
+    first: dict[str, Any] = next(iter(table.values()), {"arms": {}})
     scaled = [arm for arm in first["arms"] if arm.startswith("modgate:workers")]
     if not scaled:
         return

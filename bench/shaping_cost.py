@@ -189,7 +189,8 @@ def off_grid(frame: Frame, limits: ImageLimits, grid: TokenGrid, rounds: int) ->
         "shape_image": functools.partial(shape_image, frame.data, limits, grid),
     }
     timings = {name: statistics.median(values) for name, values in measure(steps, rounds).items()}
-    acceptable = [name for name in RESIZES if quality[name] >= threshold]
+    # the floor is built from library primitives only, never from shaping's own resize
+    acceptable = [name for name in RESIZES if quality[name] >= threshold and not name.startswith("shaping")]
     fastest = min(acceptable, key=lambda name: timings[f"resize: {name}"])
     floor = timings["decode only"] + timings[f"resize: {fastest}"] + timings["encode q90"]
     return {
