@@ -6,6 +6,7 @@ import base64
 import json
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -153,6 +154,8 @@ def serve(
         )
     # JSON logs: uvicorn keeps no handlers of its own, so its lines reach the JSON formatter too.
     log_config = None if settings.telemetry.json_logs else uvicorn.config.LOGGING_CONFIG
+    if workers > 1:
+        _spawn_without_main_module()
     with engine_settings(settings) as served:
         if workers > 1 and served.engine_url:
             os.environ["MODGATE_ENGINE_URL"] = served.engine_url  # worker processes read the environment
@@ -173,6 +176,20 @@ def serve(
             http="httptools",
             log_config=log_config,
         )
+
+
+def _spawn_without_main_module() -> None:
+    """Have uvicorn's spawned workers import the gateway only after they answer its health checks.
+
+    A spawned process first re-imports the parent's main module (this one: the whole command line) and
+    only then starts the thread that answers the supervisor's pings; on a busy machine that import outlasts
+    the health check and the workers are killed and respawned in a loop. Without a main module to re-import,
+    each worker imports the app in ``served_app``, with its ping thread already running.
+    """
+    main_module = sys.modules["__main__"]
+    main_module.__spec__ = None
+    if hasattr(main_module, "__file__"):
+        del main_module.__file__
 
 
 @app.command("engine-sim")
