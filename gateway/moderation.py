@@ -194,7 +194,7 @@ class ModerationService:
         *,
         fresh: bool = False,
     ) -> ModerationResponse:
-        """One result per image (or one for a text-only input)."""
+        """One result per image; text only: one per string of a list of strings, else one for the text."""
         started = time.monotonic()
         options = request.modgate
         images, texts = self._split_input(request)
@@ -235,8 +235,16 @@ class ModerationService:
                             video_id=video_id,
                         )
         else:
-            text_request = f"请审核以下文本：\n{extra_text}"
-            outcomes = [await self._judge([], text_request, decision, context, f"{request_id}-0")]
+            # Text only, judged for real: the canonical system prompt, the text as the user turn, the same
+            # verdict parsing. A list of strings gets one result per string (OpenAI's rule), else one.
+            pieces = texts if isinstance(request.input, list) and all(
+                isinstance(item, str) for item in request.input
+            ) else [extra_text]
+            text_template = self.settings.shaping.text_user_text
+            outcomes = list(await asyncio.gather(*(
+                self._judge([], text_template.format(text=piece), decision, context, f"{request_id}-{index}")
+                for index, piece in enumerate(pieces)
+            )))
         results = []
         for index, outcome in enumerate(outcomes):
             frame = shaped[index] if shaped else None

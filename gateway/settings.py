@@ -52,6 +52,8 @@ class ShapingSettings(BaseModel):
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     animated: Literal["refuse", "first_frame"] = "refuse"
     user_text: str = "请审核这张视频关键帧截图。"
+    # A text-only input (no image) is judged under the same system prompt, the caller's text in this turn.
+    text_user_text: str = "请审核以下文本（没有图片，只依据文字判断）：\n{text}"
     # --- request shaping that cuts the engine's work per keyframe (issue 4) ---
     # Keyframes of one request (one tenant) packed into one engine request, one verdict each. K > 1 shares
     # the system prompt among K frames but changes the model's task: measure agreement before raising it.
@@ -68,6 +70,13 @@ class ShapingSettings(BaseModel):
     # ends on a whole prefix-cache block of the engine, which the engine can then reuse in every request.
     block_filling_prefix: bool = False
     prefix_block_size: int | None = Field(default=None, ge=1)  # unset: the engine's vllm:cache_config_info
+
+    @field_validator("text_user_text")
+    @classmethod
+    def _text_turn_holds_the_text(cls, value: str) -> str:
+        if value.count("{text}") != 1 or value.replace("{text}", "").count("{") != 0:
+            raise ValueError("text_user_text must hold the placeholder {text} once and no other braces")
+        return value
 
     @field_validator("packed_user_text")
     @classmethod

@@ -76,7 +76,7 @@ class ModerationDetails(BaseModel):
 
 
 class ModerationResult(BaseModel):
-    """One result per image (or one for a text-only input)."""
+    """One result per image; for text only, one per string of a list of strings, else one."""
 
     flagged: bool
     categories: dict[str, bool]
