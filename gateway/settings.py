@@ -32,6 +32,10 @@ class EngineSettings(BaseModel):
     max_completion_tokens_direct: int = Field(default=64, ge=1)
     verdict_constraint: Literal["json_schema", "regex"] = "json_schema"
     use_priority: bool = False  # needs the engine started with --scheduling-policy priority
+    # What served the verdicts, part of the verdict-reuse scope with the model's id and root (/v1/models):
+    # set it when new weights go live under the same name and path (e.g. the weights' commit).
+    model_revision: str = Field(default="", max_length=200)
+    model_recheck_s: float = Field(default=5.0, ge=0)  # /v1/models re-read this often (0: every request)
 
 
 class AdmissionSettings(BaseModel):

@@ -70,9 +70,8 @@ def last_user_text(messages: list[dict[str, Any]]) -> str:
         if isinstance(content, str):
             return content
         if isinstance(content, list):
-            return "\n".join(
-                str(part.get("text", "")) for part in content if isinstance(part, dict) and part.get("type") == "text"
-            )
+            texts = [part for part in content if isinstance(part, dict) and part.get("type") == "text"]
+            return "\n".join(str(part.get("text", "")) for part in texts)
     return ""
 
 
@@ -512,7 +511,7 @@ async def models(state: State) -> dict[str, Any]:
                 "object": "model",
                 "created": int(sim.started),
                 "owned_by": "vllm",
-                "root": sim.preset.model,
+                "root": sim.preset.model_root or sim.preset.model,
                 "parent": None,
                 "max_model_len": sim.preset.max_model_len,
             }

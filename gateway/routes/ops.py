@@ -24,13 +24,16 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
     """Ready when at least one engine is up (answers ``/health``, circuit not open) and the model is known."""
     engines = await services.engines.readiness()
     ready = any(engine["up"] for engine in engines)
+    model = None
     if ready:
         try:
-            await services.moderation.engine_model()
+            model = await services.moderation.engine_identity()
         except ModgateError:
             ready = False
     status = "ready" if ready else "not ready"
     body: dict[str, Any] = {"status": status, "engine": services.engine.base_url, "engines": engines}
+    if model is not None:  # what verdicts are reused under (gateway/verdict_cache.py)
+        body["model"] = {"id": model.id, "root": model.root, "revision": model.revision}
     # "engine" is the first one. The policy store does not gate readiness (a replica serves on its last
     # policy while Redis is down), but an operator should see that flips are refused: "degraded".
     store = services.policies.status()
