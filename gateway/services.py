@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from gateway.admission import AdmissionQueue
 from gateway.auth import KeyRing
 from gateway.circuit import CircuitBreaker
+from gateway.console_guard import ConsoleGuard, SignInLimits, build_console_guard
 from gateway.embedded import ThreadedServer
 from gateway.engine_client import EngineClient
 from gateway.engine_pool import EnginePool, build_engine_pool
@@ -56,6 +57,7 @@ class Services:
     circuit: CircuitBreaker  # the engine's circuit breaker
     jobs: JobService  # keyframe batches worked in the background (durable with Redis)
     engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
+    console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
 
 
 def _start_simulator(settings: Settings) -> ThreadedServer:
@@ -259,6 +261,14 @@ async def open_services(
             circuit=circuit,
             jobs=jobs,
             engines=engines,
+            console=build_console_guard(
+                SignInLimits(
+                    per_client=settings.console.sign_in_max_failures_per_client,
+                    everyone=settings.console.sign_in_max_failures,
+                    window_s=settings.console.sign_in_window_s,
+                ),
+                state,
+            ),
         )
     finally:
         await jobs.stop()

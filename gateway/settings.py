@@ -191,6 +191,11 @@ class ConsoleSettings(BaseModel):
     # network you trust, where the session cookie could otherwise be read off the wire.
     cookie_secure: bool = True
     poll_interval_s: float = Field(default=3.0, ge=1, le=60)  # how often the open page refreshes its panels
+    # Failed sign-ins before 429 (until the window that the first failure opened ends): from one address,
+    # and from everyone together (many addresses guessing).
+    sign_in_max_failures_per_client: int = Field(default=5, ge=1, le=1000)
+    sign_in_max_failures: int = Field(default=50, ge=1, le=100_000)
+    sign_in_window_s: float = Field(default=300.0, ge=1, le=86400)
     audit_rows: int = Field(default=15, ge=1, le=200)
 
 

@@ -29,9 +29,9 @@ _SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed")
 Limit = Annotated[int, Parameter(ge=1, le=1000)]
 
 
-def _actor(request: Request[Any, Any, Any], services: Services) -> str:
+async def _actor(request: Request[Any, Any, Any], services: Services) -> str:
     """The admin check, and a name for the audit trail: the operator's (if sent) and the token's id."""
-    token_id = services.keys.admin(request.headers.get("authorization"))
+    token_id = await services.keys.authorize_admin(request.headers.get("authorization"))
     operator = request.headers.get("x-modgate-operator")
     if operator is None:
         return token_id
@@ -60,7 +60,7 @@ async def get_thinking_policy(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> dict[str, Any]:
     """The policy document in force on this replica, its content hash and the store's state."""
-    _actor(request, services)
+    await _actor(request, services)
     return policy_view(services.policies.current(), services)
 
 
@@ -73,7 +73,7 @@ async def put_thinking_policy(
     A ``version`` in the body is the version the change was made from: if another flip came first the
     answer is 409 instead of silently overwriting it. Without one, the change applies to whatever is in force.
     """
-    actor = _actor(request, services)
+    actor = await _actor(request, services)
     try:
         body = await request.json()
     except ValueError as exc:
@@ -113,7 +113,7 @@ async def rollback_thinking_policy(
     request: Request[Any, Any, Any], data: JSONBody[RollbackRequest], services: NamedDependency[Services]
 ) -> dict[str, Any]:
     """Put an earlier version's content back in force, as a new version (versions only go up)."""
-    actor = _actor(request, services)
+    actor = await _actor(request, services)
     reason = _reason(data.reason)
     update = await services.policies.rollback(data.to_version, actor, reason)
     if update.changed:
@@ -127,7 +127,7 @@ async def thinking_policy_history(
     request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 20
 ) -> dict[str, Any]:
     """Earlier policy documents, newest first."""
-    _actor(request, services)
+    await _actor(request, services)
     documents = await services.policies.history(limit)
     return {"data": [{**json.loads(doc.model_dump_json()), "content_hash": doc.content_hash()}
                      for doc in documents]}
@@ -138,7 +138,7 @@ async def audit_trail(
     request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 50
 ) -> dict[str, Any]:
     """Who changed the policy, when, why, from which version to which, and what changed; newest first."""
-    _actor(request, services)
+    await _actor(request, services)
     entries = await services.policies.audit(limit)
     return {"data": [json.loads(entry.model_dump_json()) for entry in entries]}
 
