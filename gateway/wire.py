@@ -92,3 +92,18 @@ class ModerationResponse(BaseModel):
     id: str
     model: str
     results: list[ModerationResult]
+
+
+class OpenAIErrorDetail(BaseModel):
+    """What went wrong, as OpenAI's API says it."""
+
+    message: str
+    type: str  # invalid_request_error, authentication_error, permission_error, rate_limit_error, server_error
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorResponse(BaseModel):
+    """Every error the gateway answers: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: OpenAIErrorDetail

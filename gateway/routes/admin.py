@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
 from gateway.policy import ThinkingPolicy
+from gateway.routes import responses
+from gateway.routes.responses import error_responses
 from gateway.services import Services
 
 log = logging.getLogger("modgate.admin")
@@ -55,7 +57,7 @@ def policy_view(policy: ThinkingPolicy, services: Services) -> dict[str, Any]:
             "store": services.policies.status().model_dump(mode="json")}
 
 
-@get("/admin/thinking-policy")
+@get("/admin/thinking-policy", responses=error_responses(responses.ADMIN_READ))
 async def get_thinking_policy(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> dict[str, Any]:
@@ -64,7 +66,7 @@ async def get_thinking_policy(
     return policy_view(services.policies.current(), services)
 
 
-@put("/admin/thinking-policy")
+@put("/admin/thinking-policy", responses=error_responses(responses.ADMIN_CHANGE))
 async def put_thinking_policy(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> dict[str, Any]:
@@ -108,7 +110,9 @@ class RollbackRequest(BaseModel):
     reason: str = Field(min_length=3, max_length=500)
 
 
-@post("/admin/thinking-policy/rollback", status_code=200)
+@post(
+    "/admin/thinking-policy/rollback", status_code=200, responses=error_responses(responses.ADMIN_ROLLBACK)
+)
 async def rollback_thinking_policy(
     request: Request[Any, Any, Any], data: JSONBody[RollbackRequest], services: NamedDependency[Services]
 ) -> dict[str, Any]:
@@ -122,7 +126,7 @@ async def rollback_thinking_policy(
     return {**policy_view(update.policy, services), "changed": update.changed}
 
 
-@get("/admin/thinking-policy/history")
+@get("/admin/thinking-policy/history", responses=error_responses(responses.ADMIN_READ))
 async def thinking_policy_history(
     request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 20
 ) -> dict[str, Any]:
@@ -133,7 +137,7 @@ async def thinking_policy_history(
                      for doc in documents]}
 
 
-@get("/admin/audit")
+@get("/admin/audit", responses=error_responses(responses.ADMIN_READ))
 async def audit_trail(
     request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 50
 ) -> dict[str, Any]:

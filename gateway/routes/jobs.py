@@ -9,11 +9,16 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter, JSONBody
 
 from gateway.jobs import Job, JobRequest
+from gateway.routes import responses
 from gateway.routes.moderations import refuse_deep_json
+from gateway.routes.responses import error_responses
 from gateway.services import Services
 
 
-@post("/v1/jobs", status_code=202, before_request=refuse_deep_json)
+@post(
+    "/v1/jobs", status_code=202, before_request=refuse_deep_json,
+    responses=error_responses(responses.JOB_SUBMIT),
+)
 async def create_job(
     request: Request[Any, Any, Any],
     data: JSONBody[JobRequest],
@@ -27,7 +32,7 @@ async def create_job(
     return Response(job, status_code=202, headers=headers)
 
 
-@get("/v1/jobs/{job_id:str}")
+@get("/v1/jobs/{job_id:str}", responses=error_responses(responses.JOB_READ))
 async def get_job(
     request: Request[Any, Any, Any], job_id: FromPath[str], services: NamedDependency[Services]
 ) -> Job:

@@ -19,11 +19,16 @@ from gateway.keyframe_batch import (
     check_video_id,
     moderate_keyframes,
 )
+from gateway.routes import responses
 from gateway.routes.moderations import cancel_on_disconnect, refuse_deep_json, requested_mode
+from gateway.routes.responses import error_responses
 from gateway.services import Services
 
 
-@post("/v1/videos/{video_id:str}/keyframes", status_code=200, before_request=refuse_deep_json)
+@post(
+    "/v1/videos/{video_id:str}/keyframes", status_code=200, before_request=refuse_deep_json,
+    responses=error_responses(responses.MODERATION),
+)
 async def moderate_video_keyframes(
     request: Request[Any, Any, Any],
     video_id: FromPath[str],
