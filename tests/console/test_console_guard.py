@@ -28,7 +28,8 @@ def sign_in_from(gateway: ThreadedServer, address: str, token: str) -> httpx.Res
 
 def opens_console(gateway: ThreadedServer, cookie: str) -> bool:
     """Whether the cookie still opens the console (the panels answer 200, not 401)."""
-    return httpx.get(f"{gateway.url}/console/panels", headers={"Cookie": cookie}, timeout=30).status_code == 200
+    panels = httpx.get(f"{gateway.url}/console/panels", headers={"Cookie": cookie}, timeout=30)
+    return panels.status_code == 200
 
 
 @pytest.fixture
@@ -87,11 +88,15 @@ def replicas(request: pytest.FixtureRequest, limited: Any) -> list[ThreadedServe
     return [limited(per_client=5, everyone=50, redis_url=redis_url) for _ in range(2)]
 
 
-def test_signing_out_ends_the_session_on_the_server_not_just_the_cookie(replicas: list[ThreadedServer]) -> None:
+def test_signing_out_ends_the_session_on_the_server_not_just_the_cookie(
+    replicas: list[ThreadedServer],
+) -> None:
     cookie, csrf = signed_in(replicas[0])
     copy = cookie  # a copy of the cookie kept elsewhere (another browser, a stolen laptop)
     assert all(opens_console(replica, copy) for replica in replicas)
-    signed_out = httpx.post(f"{replicas[0].url}/console/sign-out", data={"csrf": csrf}, headers={"Cookie": cookie})
+    signed_out = httpx.post(
+        f"{replicas[0].url}/console/sign-out", data={"csrf": csrf}, headers={"Cookie": cookie}
+    )
     assert signed_out.status_code == 303
     assert not any(opens_console(replica, copy) for replica in replicas)
     other, _ = signed_in(replicas[-1], "bob")

@@ -38,7 +38,9 @@ schema = schemathesis.pytest.from_fixture("gateway_schema")
 
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-def test_no_request_the_schema_allows_or_almost_allows_gets_a_500_or_an_undocumented_status(case: schemathesis.Case) -> None:
+def test_no_request_the_schema_allows_or_almost_allows_gets_a_500_or_an_undocumented_status(
+    case: schemathesis.Case,
+) -> None:
     # With the admin token, the admin routes are exercised past their authentication too.
     case.call_and_validate(
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
