@@ -16,7 +16,7 @@ from PIL import Image
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.support import GatewayFactory, SimFactory, data_url, image_input
 
 BUSINESS_ROUTES = {

@@ -8,8 +8,8 @@ import httpx
 import openai
 
 from deploy.keyframes import make_keyframe
-from gateway.app import create_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
 from shaping.verdict import response_format

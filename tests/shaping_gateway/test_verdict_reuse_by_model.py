@@ -11,7 +11,7 @@ import pytest
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.shaping_gateway.test_verdict_reuse import engine_requests, moderate
 from tests.support import GatewayFactory, image_input
 
