@@ -20,6 +20,7 @@ from gateway.engine.client import EngineClient
 from gateway.engine.pool import EnginePool, build_engine_pool
 from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
 from gateway.http.auth import KeyRing
+from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
 from gateway.http.keys_store import RedisKeyStore
 from gateway.jobs.service import JobService, JobStore, MemoryJobStore, RedisJobStore, WebhookSender
 from gateway.moderation.remote_images import RemoteImageFetcher
@@ -65,6 +66,7 @@ class Services:
     circuit: CircuitBreaker  # the engine's circuit breaker
     jobs: JobService  # keyframe batches worked in the background (durable with Redis)
     engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
+    console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -272,4 +274,12 @@ async def open_services(
             circuit=circuit,
             jobs=jobs,
             engines=engines,
+            console=build_console_guard(
+                SignInLimits(
+                    per_client=settings.console.sign_in_max_failures_per_client,
+                    everyone=settings.console.sign_in_max_failures,
+                    window_s=settings.console.sign_in_window_s,
+                ),
+                state,
+            ),
         )
