@@ -38,10 +38,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.admission import AdmissionQueue
+from gateway.admission import AdmissionQueue, Ticket
 from gateway.circuit import CircuitBreaker, CircuitOpen, CircuitState
 from gateway.engine_client import EngineAnswer, EngineClient, engine_failed
 from gateway.errors import EngineUnavailable, Overloaded, ServerSideError
+from gateway.fairness import Work
 from gateway.leases import LEASE_STORE_DOWN, EngineLeases
 from gateway.settings import Settings
 
@@ -96,11 +97,24 @@ class EngineSlot:
 class HeldEngine:
     """A slot on one engine for one call; ``chat`` moves the call if the engine cannot take it."""
 
-    def __init__(self, pool: EnginePool, engine: EngineSlot, lease: str, queue_seconds: float) -> None:
+    def __init__(
+        self,
+        pool: EnginePool,
+        engine: EngineSlot,
+        lease: str,
+        queue_seconds: float,
+        ticket: Ticket | None = None,
+    ) -> None:
         self.pool = pool
         self.engine = engine
         self.lease = lease
         self.queue_seconds = queue_seconds  # the wait for the slot: queue and, across replicas, a lease
+        self.ticket = ticket  # the tenant the slot is charged to (None: background work, charged to nobody)
+
+    def settle(self, actual: float) -> None:
+        """Correct the tenant's charge with the work the call really took (from its usage)."""
+        if self.ticket is not None:
+            self.pool.queue.settle(self.ticket, actual)
 
     async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
         """One chat completion; if the engine never took it, tried again on another engine with room."""
@@ -346,21 +360,26 @@ class EnginePool:
         return True
 
     @asynccontextmanager
-    async def slot(self, priority: int = 0, timeout_s: float | None = None) -> AsyncIterator[HeldEngine]:
-        """Hold a slot on the least-loaded engine that is up (429: waited too long; 503: all are down)."""
+    async def slot(
+        self, priority: int = 0, timeout_s: float | None = None, work: Work | None = None
+    ) -> AsyncIterator[HeldEngine]:
+        """Hold a slot on the least-loaded engine that is up (429: waited too long; 503: all are down).
+
+        ``work``: the tenant asking and the call's expected work, for the fair share (gateway/admission.py).
+        """
         started = time.monotonic()
         self.refresh()
         if not self._any_engine_accepts():
             raise self._refusal()
-        await self.queue.acquire(priority, timeout_s)
+        admission = await self.queue.acquire(priority, timeout_s, work)
         deadline = started + (timeout_s if timeout_s is not None else self.queue.queue_timeout_s)
         try:
             engine, lease = await self._take(deadline)
         except BaseException:
-            self.queue.release(0.0)
+            self.queue.release(0.0, admission.ticket)
             self.refresh()
             raise
-        held = HeldEngine(self, engine, lease, time.monotonic() - started)
+        held = HeldEngine(self, engine, lease, time.monotonic() - started, admission.ticket)
         async with self._holding(held):
             yield held
 
@@ -392,7 +411,7 @@ class EnginePool:
             try:
                 await self._give_back(held.engine, held.lease)
             finally:
-                self.queue.release(time.monotonic() - since)
+                self.queue.release(time.monotonic() - since, held.ticket)
                 self.refresh()
 
 
@@ -435,7 +454,10 @@ class _PoolCollector(Collector):
 
 
 def build_engine_pool(
-    settings: Settings, urls: list[str], transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings,
+    urls: list[str],
+    transport: httpx.AsyncBaseTransport | None = None,
+    weight: Callable[[str], float] | None = None,
 ) -> EnginePool:
     """The pool the settings describe: a client, circuit breaker and cap per URL; Redis leases if set."""
     engines = []
@@ -455,7 +477,8 @@ def build_engine_pool(
         engines.append(EngineSlot(client, cap, circuit))
     admission = settings.admission
     total_cap = sum(engine.cap for engine in engines)
-    queue = AdmissionQueue(total_cap, admission.queue_size, admission.queue_timeout_s)
+    queue = AdmissionQueue(total_cap, admission.queue_size, admission.queue_timeout_s,
+                           fairness=admission.fairness, weight=weight or (lambda _tenant: 1.0))
     group = settings.leases
     leases = None
     if settings.redis_url and group.enabled:

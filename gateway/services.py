@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -25,11 +25,15 @@ from gateway.keys_store import RedisKeyStore
 from gateway.moderation import ModerationService
 from gateway.policy import PolicyStore
 from gateway.policy_store import MemoryPolicyStore, RedisPolicyStore
+from gateway.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
 from gateway.remote_images import RemoteImageFetcher
 from gateway.settings import Settings
 from gateway.shadow import ShadowSampler
+from gateway.shaping_pool import ShapingPool
 from gateway.stats import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
 from gateway.telemetry import GatewayMetrics, RequestRecorder
+from gateway.tenant_figures import TenantFigures
+from gateway.tenants import ANONYMOUS_TENANT, TenantDirectory
 from gateway.tracing import Telemetry, build_telemetry
 from gateway.verdict_cache import MemoryVerdictCache, NearDuplicateRule, RedisVerdictCache, VerdictCache
 from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
@@ -56,6 +60,8 @@ class Services:
     circuit: CircuitBreaker  # the engine's circuit breaker
     jobs: JobService  # keyframe batches worked in the background (durable with Redis)
     engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
+    quotas: TenantQuotas  # per-tenant keyframes a minute and requests at once (gateway/quotas.py)
+    tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
 
 
 def _start_simulator(settings: Settings) -> ThreadedServer:
@@ -90,7 +96,7 @@ def _job_service(
     settings: Settings,
     state: aioredis.Redis | None,
     moderation: ModerationService,
-    executor: ThreadPoolExecutor,
+    executor: Executor,
     remote_images: RemoteImageFetcher | None,
 ) -> JobService:
     group = settings.jobs
@@ -179,7 +185,24 @@ async def open_services(
 ) -> AsyncIterator[Services]:
     """Build every client the handlers need; close them all on the way out (``clock``: the stats windows')."""
     simulator: ThreadedServer | None = None
-    executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
+    # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
+    state = (
+        None
+        if not settings.redis_url
+        else aioredis.Redis.from_url(
+            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
+        )
+    )
+    directory = TenantDirectory(
+        settings.tenants,
+        set(settings.tenant_keys().values()) or ({ANONYMOUS_TENANT} if keys.open else set()),
+        state,
+        read_key_store=settings.api_keys_from_redis,
+    )
+    await directory.reload()  # the Redis-held weights and quotas before the first request
+    fairness = settings.admission.fairness
+    # A queue per tenant in front of the shaping threads: a flood's frames do not hold a quiet tenant's back.
+    executor = ShapingPool(os.cpu_count() or 2, fairness=fairness, weight=directory.weight)
     if engine_transport is not None:
         engine_urls = ["http://engine.test"]
     elif settings.engine_url:
@@ -189,16 +212,8 @@ async def open_services(
         engine_urls = [simulator.url]
     engine_url = engine_urls[0]
     # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine_pool.py).
-    engines = build_engine_pool(settings, engine_urls, engine_transport)
+    engines = build_engine_pool(settings, engine_urls, engine_transport, weight=directory.weight)
     engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
-    # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
-    state = (
-        None
-        if not settings.redis_url
-        else aioredis.Redis.from_url(
-            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
-        )
-    )
     if state is not None and settings.api_keys_from_redis:
         keys.store = RedisKeyStore(state)
     remote_images = _remote_images(settings)
@@ -214,6 +229,9 @@ async def open_services(
     )
     metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
     engines.register_metrics(metrics.registry)
+    quotas = TenantQuotas(directory, MemoryKeyframeRate() if state is None else RedisKeyframeRate(state))
+    tenants = TenantFigures(admission, quotas, recent, executor)
+    metrics.watch_tenants(tenants.collect)
     moderation = ModerationService(
         settings=settings,
         engine=engine,
@@ -243,6 +261,7 @@ async def open_services(
     await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
     try:
         engines.start()
+        directory.start()
         engine_cache.start()
         jobs.start()
         yield Services(
@@ -259,8 +278,11 @@ async def open_services(
             circuit=circuit,
             jobs=jobs,
             engines=engines,
+            quotas=quotas,
+            tenants=tenants,
         )
     finally:
+        await directory.stop()
         await jobs.stop()
         await moderation.shadow.drain(timeout_s=10.0)
         await records.aclose()

@@ -54,6 +54,7 @@ class RequestSample:
     image_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    tenant: str = "default"  # as the caller's API key names it (never taken from the request)
 
     def latency(self, name: str) -> float | None:
         """One of :data:`LATENCIES`, in seconds (None where it does not apply: reused ones never queued)."""
@@ -143,10 +144,14 @@ class RecentRequests:
         self._trim(self.clock())
         return [sample for _, sample in self._samples]
 
-    def summary(self) -> WindowSummary:
-        """Percentiles, throughput, thinking share and token sums over the window."""
+    def tenants(self) -> list[str]:
+        """The tenants with keyframes in the window, sorted."""
+        return sorted({sample.tenant for sample in self.samples()})
+
+    def summary(self, tenant: str | None = None) -> WindowSummary:
+        """Percentiles, throughput, thinking share and token sums over the window (of one tenant if named)."""
         now = self.clock()
-        samples = self.samples()
+        samples = [s for s in self.samples() if tenant is None or s.tenant == tenant]
         covered = max(1e-9, min(self.window_s, now - self.started))
         judged = [s for s in samples if s.reused is None]
         return WindowSummary(
@@ -344,6 +349,21 @@ def _ms(seconds: float | None) -> float | None:
 
 def _ratio(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def tenant_document(summary: WindowSummary) -> dict[str, Any]:
+    """One tenant's part of ``GET /stats``: throughput, thinking share, latency and queue wait."""
+    return {
+        "keyframes": summary.keyframes,
+        "keyframes_per_minute": round(summary.keyframes_per_minute, 3),
+        "thinking_share": _ratio(summary.thinking_share),
+        "reused_share": _ratio(summary.reused_share),
+        "latency_ms": {
+            name: {"count": p.count, "p50": _ms(p.p50), "p95": _ms(p.p95), "p99": _ms(p.p99)}
+            for name, p in summary.latencies.items() if name in ("end_to_end", "queue_wait", "ttft")
+        },
+        "tokens": {"prompt": summary.prompt_tokens, "completion": summary.completion_tokens},
+    }
 
 
 def stats_document(recent: RecentRequests, engine_cache: EngineCacheScraper) -> dict[str, Any]:
