@@ -16,7 +16,7 @@ from gateway.admission import AdmissionQueue
 from gateway.fairness import SHARED_FLOW
 from gateway.quotas import TenantQuotas
 from gateway.shaping_pool import ShapingPool
-from gateway.stats import RecentRequests, tenant_document
+from gateway.stats import RecentRequests, WindowSummary, tenant_document
 
 
 class TenantFigures:
@@ -29,26 +29,28 @@ class TenantFigures:
         self.recent = recent
         self.shaping = shaping
 
-    def tenants(self) -> list[str]:
+    def tenants(self, recent: dict[str, WindowSummary]) -> list[str]:
         """Every tenant to show: known from the keys, or seen in the window or the queues."""
-        seen = set(self.quotas.directory.names()) | set(self.recent.tenants())
+        seen = set(self.quotas.directory.names()) | set(recent)
         seen |= {flow for flow in self.admission.figures() if flow != SHARED_FLOW}
         return sorted(seen)
 
     def rows(self) -> list[dict[str, Any]]:
         """One document per tenant (``GET /stats`` ``tenants``, the console's table)."""
         flows = self.admission.figures()
+        recent = self.recent.by_tenant()
+        empty = self.recent.summary_of([])
         shaping_queued = self.shaping.queued() if self.shaping is not None else {}
         total_work = sum(flow.work_served for name, flow in flows.items() if name != SHARED_FLOW)
         rows = []
-        for tenant in self.tenants():
+        for tenant in self.tenants(recent):
             limits = self.quotas.directory.limits(tenant)
             flow = flows.get(tenant)
             state = self.quotas.last_state.get(tenant)
             row = {
                 "tenant": tenant,
                 "weight": limits.weight,
-                **tenant_document(self.recent.summary(tenant)),
+                **tenant_document(recent.get(tenant, empty)),
                 "admission": {
                     "queued": 0 if flow is None else flow.queued,
                     "inflight": 0 if flow is None else flow.inflight,
@@ -95,10 +97,12 @@ class TenantFigures:
                                       "Requests refused over a quota (429; 400 if larger than it).",
                                       labels=["tenant", "quota"])
         flows = self.admission.figures()
-        for tenant in self.tenants():
+        recent = self.recent.by_tenant()
+        empty = self.recent.summary_of([])
+        for tenant in self.tenants(recent):
             limits = self.quotas.directory.limits(tenant)
             flow = flows.get(tenant)
-            summary = self.recent.summary(tenant)
+            summary = recent.get(tenant, empty)
             weight.add_metric([tenant], limits.weight)
             queued.add_metric([tenant], 0 if flow is None else flow.queued)
             inflight.add_metric([tenant], 0 if flow is None else flow.inflight)

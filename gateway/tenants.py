@@ -24,7 +24,7 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
-from gateway.keys_store import _TENANT, API_KEYS_HASH, RedisUrl, _text
+from gateway.keys_store import _TENANT, API_KEYS_HASH, RedisUrl, _text, with_redis
 from gateway.settings import TenantSettings
 
 log = logging.getLogger("modgate.tenants")
@@ -173,23 +173,7 @@ tenants_app = typer.Typer(
 
 
 def _run(redis_url: str | None, redis_key: str, action: Callable[[RedisTenantStore], Awaitable[T]]) -> T:
-    """Run one store action on a client of its own; a readable exit on Redis trouble."""
-    if not redis_url:
-        typer.secho("set MODGATE_REDIS_URL or pass --redis-url", fg="red", err=True)
-        raise typer.Exit(2)
-
-    async def run() -> T:
-        client = aioredis.Redis.from_url(redis_url, socket_connect_timeout=3.0, socket_timeout=5.0)
-        try:
-            return await action(RedisTenantStore(client, redis_key))
-        finally:
-            await client.aclose()
-
-    try:
-        return asyncio.run(run())
-    except RedisError as exc:
-        typer.secho(f"Redis at {redis_url} failed: {exc}", fg="red", err=True)
-        raise typer.Exit(1) from exc
+    return with_redis(redis_url, lambda client: action(RedisTenantStore(client, redis_key)))
 
 
 RedisKey = Annotated[str, typer.Option("--redis-key", envvar="MODGATE_TENANTS__REDIS_KEY",
