@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from shaping.tokens import TokenGrid, smallest_honoured_budget
 
 
 def _comma_separated(value: object) -> object:
@@ -18,6 +21,13 @@ def _comma_separated(value: object) -> object:
 
 HostList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
 """Host names, comma-separated in the environment (``cdn.example.com,.img.example.org``)."""
+
+
+def _whole_number(value: object) -> object:
+    """``"32"`` from the environment as 32: a ``Literal`` of numbers takes no string."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value
 
 
 class EngineSettings(BaseModel):
@@ -86,8 +96,9 @@ class TenantSettings(BaseModel):
 class ShapingSettings(BaseModel):
     """How keyframes are shaped before they reach the engine."""
 
-    pixels_per_token: Literal[28, 32] = 32
-    image_token_budget: int = Field(default=660, ge=64)  # Qwen3-VL's processor minimum is 64 tokens
+    pixels_per_token: Annotated[Literal[28, 32], BeforeValidator(_whole_number)] = 32
+    # At least smallest_honoured_budget (128 at 32 pixels a token): see _budget_the_engine_honours.
+    image_token_budget: int = Field(default=660, ge=1)
     jpeg_quality: int = Field(default=90, ge=50, le=100)
     max_image_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     max_images_per_request: int = Field(default=16, ge=1)
@@ -111,6 +122,24 @@ class ShapingSettings(BaseModel):
     block_filling_prefix: bool = False
     prefix_block_size: int | None = Field(default=None, ge=1)  # unset: the engine's vllm:cache_config_info
 
+    @model_validator(mode="after")
+    def _budget_the_engine_honours(self) -> ShapingSettings:
+        """Refuse a budget under which a shaped frame can fall below the engine's min_pixels: the engine
+        would enlarge it, and every token figure predicted for it would be wrong."""
+        grid = TokenGrid(pixels_per_token=self.pixels_per_token, token_budget=None)
+        smallest = smallest_honoured_budget(grid)
+        if self.image_token_budget < smallest:
+            side = self.pixels_per_token
+            min_tokens = math.ceil(grid.min_pixels / side**2)
+            raise ValueError(
+                f"MODGATE_SHAPING__IMAGE_TOKEN_BUDGET={self.image_token_budget} is below {smallest}, the "
+                f"smallest budget the engine honours with {side}×{side}-pixel tokens: the engine "
+                f"enlarges any frame under its min_pixels ({grid.min_pixels:,} pixels, {min_tokens} "
+                "tokens), and shaping a narrow frame to whole tokens can keep just over half the budget. "
+                f"Set MODGATE_SHAPING__IMAGE_TOKEN_BUDGET to {smallest} or more"
+            )
+        return self
+
     @field_validator("packed_user_text")
     @classmethod
     def _packed_text_names_the_frame_count(cls, value: str) -> str:
@@ -124,7 +153,7 @@ class ShapingSettings(BaseModel):
 
 
 class CircuitSettings(BaseModel):
-    """When the gateway stops calling a failing engine, and for how long (gateway/circuit.py)."""
+    """When the gateway stops calling a failing engine, and for how long (gateway/engine/circuit.py)."""
 
     consecutive_failures: int = Field(default=5, ge=1)
     failure_rate: float = Field(default=0.5, gt=0, le=1)  # of the last ``window`` calls (``min_calls`` ran)
@@ -143,7 +172,7 @@ class LimitsSettings(BaseModel):
 
 
 class RemoteImageSettings(BaseModel):
-    """Opt-in fetching of ``http(s)`` image URLs (gateway/remote_images.py); off: only ``data:`` URLs."""
+    """Opt-in fetching of ``http(s)`` image URLs (gateway/moderation/remote_images.py); off: data: only."""
 
     enabled: bool = False
     allowlist: HostList = Field(default_factory=list)  # "cdn.example.com" exactly, ".example.com" subdomains
@@ -153,7 +182,7 @@ class RemoteImageSettings(BaseModel):
 
 
 class JobSettings(BaseModel):
-    """Keyframe batches submitted as jobs (gateway/jobs.py): durable in Redis streams when Redis is set."""
+    """Keyframe batches submitted as jobs (gateway/jobs/): durable in Redis streams when Redis is set."""
 
     max_frames: int = Field(default=64, ge=1, le=1024)
     max_backlog: int = Field(default=10_000, ge=1)  # jobs queued or running before a submission gets 429
@@ -179,7 +208,7 @@ class JobSettings(BaseModel):
 
 
 class TelemetrySettings(BaseModel):
-    """Traces, metrics, logs and the recent-window figures (gateway/tracing.py, gateway/stats.py)."""
+    """Traces, metrics, logs and the recent-window figures (gateway/telemetry/: tracing.py, windows.py)."""
 
     otlp_endpoint: str | None = None  # "http://collector:4318": OTLP/HTTP traces and metrics; unset: none
     service_name: str = "modgate"
@@ -212,7 +241,7 @@ class PolicySettings(BaseModel):
 
 
 class ConsoleSettings(BaseModel):
-    """The operations page at ``/console`` (gateway/routes/console.py), signed in with the admin token."""
+    """The operations page at ``/console`` (gateway/http/console/), signed in with the admin token."""
 
     reports_dir: Path = Path("var/quality/reports")  # where `modgate quality report` writes its JSON
     session_ttl_s: float = Field(default=8 * 3600, ge=60, le=7 * 86400)  # a sign-in lasts a working day
@@ -224,7 +253,7 @@ class ConsoleSettings(BaseModel):
 
 
 class LeaseSettings(BaseModel):
-    """Engine slots shared by gateway replicas in Redis (gateway/leases.py) when MODGATE_REDIS_URL is set."""
+    """Engine slots shared by gateway replicas in Redis (gateway/engine/leases.py) given MODGATE_REDIS_URL."""
 
     enabled: bool = True  # off: each replica keeps each engine's cap on its own (N replicas, N × the cap)
     key_prefix: str = Field(default="modgate:engine-leases", min_length=1)
@@ -248,7 +277,7 @@ class QualitySettings(BaseModel):
 
 
 class SimulatorSettings(BaseModel):
-    """The built-in simulated engine, started when no engine URL is set."""
+    """The built-in simulated engine that `modgate serve` starts when no engine URL is set."""
 
     preset: Literal["spark", "instant"] = "spark"
     time_scale: float = Field(default=0.02, ge=0)

@@ -1,4 +1,4 @@
-"""The trap of DESIGN.md: after a burst of identical probes, the engine's since-start hit ratio still looks
+"""The trap (docs/spark.md): after a burst of identical probes, the engine's since-start hit ratio still looks
 healthy while production requests get nothing from the cache. The gateway's windowed rates must show ~0.
 
 Simulator: instant preset with a 512-token block. An identical ~1,058-token request reuses 1,024 tokens;
@@ -15,11 +15,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
-from gateway.auth import Caller, KeyRing
-from gateway.services import open_services
+from gateway.http.auth import Caller, KeyRing
+from gateway.http.services import open_services
+from gateway.moderation.wire import ModerationRequest
 from gateway.settings import Settings
-from gateway.stats import read_engine_cache_counters, stats_document
-from gateway.wire import ModerationRequest
+from gateway.telemetry.windows import read_engine_cache_counters, stats_document
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
 from shaping.tokens import TokenGrid

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-from gateway.admission import AdmissionQueue
+from gateway.engine.admission import AdmissionQueue
+from gateway.engine.fairness import Work
 from gateway.errors import Overloaded
-from gateway.fairness import Work
 
 
 class RecordingEngine:

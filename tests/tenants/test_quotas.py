@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.keyframes import make_keyframe
-from gateway.cli import app as cli
-from gateway.embedded import ThreadedServer
-from gateway.quotas import MemoryKeyframeRate, reset_header
+from gateway.cli.embedded import ThreadedServer
+from gateway.cli.main import app as cli
+from gateway.http.quotas import MemoryKeyframeRate, reset_header
 from tests.support import GatewayFactory, SimFactory, image_input
 
 KEYS = "key-a:tenant-a,key-b:tenant-b"

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from gateway.shaping_pool import ShapingPool
+from gateway.moderation.shaping_pool import ShapingPool
 
 
 def flood_then_quiet(pool: ShapingPool, flood: int) -> list[str]:
