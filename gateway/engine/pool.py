@@ -4,8 +4,8 @@
 
 - Choice: a half-open engine's probe first, else the least-loaded engine that has room (in flight / cap,
   ties to the one with fewer recent failures, then to the one listed first).
-- Waiting: when every engine is full, requests wait in ONE :class:`AdmissionQueue` (priority, deadline,
-  429 with ``Retry-After`` when full), whose size the pool keeps equal to the engines' in-flight work plus
+- Waiting: when every engine is full, requests wait in ONE :class:`AdmissionQueue` (tenants' shares of
+  engine work, priority inside a tenant, deadline, 429 with ``Retry-After`` when full), whose size the pool keeps equal to the engines' in-flight work plus
   their free room. A request is granted a place there first, then given an engine with room.
 - Down engines: each engine's :class:`CircuitBreaker` (gateway/engine/circuit.py) decides. An open circuit
   gives its engine no room; after the cool-down it gives room for exactly one probe. When no engine would
