@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import time
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import redis.asyncio as redis_asyncio
 from typer.testing import CliRunner
 
 from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
 from gateway.cli.main import app as cli
-from gateway.http.quotas import MemoryKeyframeRate, reset_header
+from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, reset_header
 from tests.support import GatewayFactory, SimFactory, image_input
 
 KEYS = "key-a:tenant-a,key-b:tenant-b"
@@ -164,3 +166,17 @@ async def test_the_memory_rate_earns_the_quota_back_evenly() -> None:
     assert reset_header(59.2) == "1m0s"
     assert reset_header(0.25) == "250ms"
     assert reset_header(6) == "6s"
+
+
+async def test_with_redis_unreachable_the_keyframe_quota_is_counted_per_replica() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = redis_asyncio.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2)
+    rate = RedisKeyframeRate(client)
+    try:
+        assert (await rate.take("t", 2, 2)).allowed
+        assert rate.local_only  # said once in the log; counted in this process meanwhile
+        assert not (await rate.take("t", 2, 1)).allowed
+    finally:
+        await client.aclose()
