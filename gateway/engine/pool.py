@@ -5,8 +5,9 @@
 - Choice: a half-open engine's probe first, else the least-loaded engine that has room (in flight / cap,
   ties to the one with fewer recent failures, then to the one listed first).
 - Waiting: when every engine is full, requests wait in ONE :class:`AdmissionQueue` (tenants' shares of
-  engine work, priority inside a tenant, deadline, 429 with ``Retry-After`` when full), whose size the pool keeps equal to the engines' in-flight work plus
-  their free room. A request is granted a place there first, then given an engine with room.
+  engine work, priority inside a tenant, deadline, 429 with ``Retry-After`` when full), whose size the
+  pool keeps equal to the engines' in-flight work plus their free room. A request is granted a place
+  there first, then given an engine with room.
 - Down engines: each engine's :class:`CircuitBreaker` (gateway/engine/circuit.py) decides. An open circuit
   gives its engine no room; after the cool-down it gives room for exactly one probe. When no engine would
   take a call now, a request is refused at once (503 ``circuit_open`` with ``Retry-After``) instead of
@@ -208,6 +209,10 @@ class EnginePool:
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``) of the first engine that answers."""
         return await self._ask_any(lambda client: client.model_ids())
+
+    async def model_cards(self) -> list[tuple[str, str]]:
+        """The served models as ``(id, root)`` of the first engine that answers."""
+        return await self._ask_any(lambda client: client.model_cards())
 
     async def tokenize(self, body: dict[str, Any]) -> int:
         """A prompt's token count (``POST /tokenize``) from the first engine that answers."""

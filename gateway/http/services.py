@@ -20,6 +20,7 @@ from gateway.engine.client import EngineClient
 from gateway.engine.pool import EnginePool, build_engine_pool
 from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
 from gateway.http.auth import KeyRing
+from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
 from gateway.http.keys_store import RedisKeyStore
 from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
 from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
@@ -71,6 +72,7 @@ class Services:
     engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
     quotas: TenantQuotas  # per-tenant keyframes a minute and requests at once (gateway/http/quotas.py)
     tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
+    console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -297,4 +299,12 @@ async def open_services(
             engines=engines,
             quotas=quotas,
             tenants=tenants,
+            console=build_console_guard(
+                SignInLimits(
+                    per_client=settings.console.sign_in_max_failures_per_client,
+                    everyone=settings.console.sign_in_max_failures,
+                    window_s=settings.console.sign_in_window_s,
+                ),
+                state,
+            ),
         )

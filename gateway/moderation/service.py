@@ -21,6 +21,7 @@ from gateway.engine.fairness import SHARED_FLOW, WorkModel
 from gateway.engine.pool import EnginePool
 from gateway.errors import (
     ClientError,
+    EngineUnavailable,
     InvalidRequest,
     ModgateError,
     PayloadTooLarge,
@@ -75,6 +76,20 @@ def image_rejection(exc: ImageRejected) -> ClientError:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineModel:
+    """What the engine serves: its model id, the weights' root (vLLM's ``root``) and a configured revision."""
+
+    id: str
+    root: str = ""
+    revision: str = ""  # MODGATE_ENGINE__MODEL_REVISION
+
+    @property
+    def scope(self) -> str:
+        """The model's part of the verdict-reuse scope."""
+        return "\x1e".join((self.id, self.root, self.revision))
+
+
+@dataclass(frozen=True, slots=True)
 class FrameOutcome:
     """What one engine call produced for one frame."""
 
@@ -119,7 +134,9 @@ class ModerationService:
         self.work = WorkModel(settings.tenants.output_token_weight)  # engine work per call (fair share)
         self.tracer = tracer or trace.NoOpTracer()
         self.recorder = recorder or RequestRecorder(metrics, RecentRequests(settings.telemetry.window_s))
-        self.model_id: str | None = None if settings.engine.model == "auto" else settings.engine.model
+        self.model: EngineModel | None = None  # read from /v1/models, again every engine.model_recheck_s
+        self._model_read_at = float("-inf")
+        self._model_lock = asyncio.Lock()
         shaping = settings.shaping
         self.limits = ImageLimits(
             max_bytes=shaping.max_image_bytes,
@@ -140,13 +157,46 @@ class ModerationService:
         self._accounting_paused_until = 0.0  # after a failed /tokenize: no prediction until then
 
     async def engine_model(self) -> str:
-        """The engine's model id, asked once (``MODGATE_ENGINE__MODEL=auto``)."""
-        if self.model_id is None:
-            models = await self.engines.model_ids()
-            if not models:
-                raise InvalidRequest("the engine serves no model")
-            self.model_id = models[0]
-        return self.model_id
+        """The model id the engine requests name (``MODGATE_ENGINE__MODEL``, or the engine's first)."""
+        return (await self.engine_identity()).id
+
+    async def engine_identity(self) -> EngineModel:
+        """What the engine serves now, re-read from ``/v1/models`` every ``engine.model_recheck_s`` seconds
+        and after an engine failure (it may have restarted with other weights).
+
+        A verdict is reused only under the same identity, so new weights never serve the old ones' verdicts.
+        An engine that cannot be asked keeps the last identity known (its calls fail on their own).
+        """
+        engine = self.settings.engine
+        if self.model is not None and time.monotonic() - self._model_read_at < engine.model_recheck_s:
+            return self.model
+        async with self._model_lock:  # concurrent requests read it once
+            if self.model is not None and time.monotonic() - self._model_read_at < engine.model_recheck_s:
+                return self.model
+            try:
+                cards = await self.engines.model_cards()
+            except ModgateError:
+                if self.model is None:
+                    if engine.model == "auto":
+                        raise
+                    self.model = EngineModel(engine.model, "", engine.model_revision)  # named: usable
+                self._model_read_at = time.monotonic()
+                return self.model
+            if engine.model == "auto":
+                if not cards:
+                    raise EngineUnavailable("the engine serves no model", code="engine_no_model")
+                model_id, root = cards[0]
+            else:
+                model_id, root = engine.model, dict(cards).get(engine.model, "")
+            found = EngineModel(model_id, root, engine.model_revision)
+            if self.model is not None and found != self.model:
+                log.warning(
+                    "the engine's model changed from %s (root %r) to %s (root %r): verdicts made by the "
+                    "old one are no longer reused", self.model.id, self.model.root, found.id, found.root,
+                )
+                self.accountant = None  # another model, another tokenizer: measure again
+            self.model, self._model_read_at = found, time.monotonic()
+            return found
 
     async def _off_loop(self, tenant: str, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` on the shaping threads, in ``tenant``'s queue if the pool has one."""
@@ -204,7 +254,7 @@ class ModerationService:
         *,
         fresh: bool = False,
     ) -> ModerationResponse:
-        """One result per image (or one for a text-only input)."""
+        """One result per image; text only: one per string of a list of strings, else one for the text."""
         started = time.monotonic()
         options = request.modgate
         images, texts = self._split_input(request)
@@ -245,8 +295,16 @@ class ModerationService:
                             video_id=video_id,
                         )
         else:
-            text_request = f"请审核以下文本：\n{extra_text}"
-            outcomes = [await self._judge([], text_request, decision, context, f"{request_id}-0")]
+            # Text only, judged for real: the canonical system prompt, the text as the user turn, the same
+            # verdict parsing. A list of strings gets one result per string (OpenAI's rule), else one.
+            pieces = texts if isinstance(request.input, list) and all(
+                isinstance(item, str) for item in request.input
+            ) else [extra_text]
+            text_template = self.settings.shaping.text_user_text
+            outcomes = list(await asyncio.gather(*(
+                self._judge([], text_template.format(text=piece), decision, context, f"{request_id}-{index}")
+                for index, piece in enumerate(pieces)
+            )))
         results = []
         for index, outcome in enumerate(outcomes):
             frame = shaped[index] if shaped else None
@@ -330,6 +388,7 @@ class ModerationService:
                     )
         except ModgateError as exc:
             self.metrics.engine_errors.labels(type(exc).__name__).inc()
+            self._model_read_at = float("-inf")  # the engine may have restarted with other weights
             raise
         if answer.ttft_s is not None:
             self.metrics.ttft.observe(answer.ttft_s)
@@ -439,13 +498,14 @@ class ModerationService:
         base = shaping.user_text if frames == 1 else shaping.packed_user_text.format(frames=frames)
         return base + (f"\n{extra_text}" if extra_text else "")
 
-    def _verdict_scope(self, tenant: str, decision: ThinkingDecision, extra_text: str) -> VerdictScope:
+    async def _verdict_scope(self, tenant: str, decision: ThinkingDecision, extra_text: str) -> VerdictScope:
         return VerdictScope(
             tenant=tenant,
             policy_version=decision.policy_version,
             thinking=decision.mode,
             prompt_sha256=self.system_prompt.sha256,
             text_sha256=hashlib.sha256(extra_text.encode()).hexdigest() if extra_text else "",
+            model=(await self.engine_identity()).scope,
         )
 
     async def _identities(self, frames: list[ShapedImage], tenant: str) -> list[FrameIdentity]:
@@ -513,12 +573,12 @@ class ModerationService:
         """One outcome per frame, in order, asking the engine only about frames it has not judged.
 
         A frame reuses a verdict made in the same scope (tenant, policy version, thinking mode, prompt,
-        caller text) for the same shaped bytes ("exact") or a near duplicate ("near"): from the verdict
-        cache, or from an earlier frame of this request. The others go to the engine ``packing`` to a
-        request (all of one caller, so one tenant). Fresh verdicts are stored for reuse; fallback "review"
-        verdicts (unusable output) are not.
+        caller text, the engine's model) for the same shaped bytes ("exact") or a near duplicate ("near"):
+        from the verdict cache, or from an earlier frame of this request. The others go to the engine
+        ``packing`` to a request (all of one caller, so one tenant). Fresh verdicts are stored for reuse;
+        fallback "review" verdicts (unusable output) are not.
         """
-        scope = self._verdict_scope(context.tenant, decision, extra_text)
+        scope = await self._verdict_scope(context.tenant, decision, extra_text)
         identities = await self._identities(frames, context.tenant)
         rule = self.verdicts.rule
         hits: list[ReusedVerdict | None] = [None] * len(frames)

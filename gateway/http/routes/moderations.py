@@ -14,6 +14,8 @@ from litestar.params import JSONBody
 
 from gateway.errors import InvalidRequest
 from gateway.http.auth import Caller
+from gateway.http.routes import responses
+from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
 from gateway.moderation.wire import ImageURLPart, ModerationRequest, ModerationResponse
 from gateway.policy.rules import Mode
@@ -89,7 +91,10 @@ def requested_mode(value: str | None) -> Mode | None:
     return "on" if value == "on" else "off"
 
 
-@post("/v1/moderations", status_code=200, before_request=refuse_deep_json)
+@post(
+    "/v1/moderations", status_code=200, before_request=refuse_deep_json,
+    responses=error_responses(responses.MODERATION),
+)
 async def create_moderation(
     request: Request[Any, Any, Any], data: JSONBody[ModerationRequest], services: NamedDependency[Services]
 ) -> Response[ModerationResponse]:
