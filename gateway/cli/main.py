@@ -185,6 +185,22 @@ def engine_sim(
         float | None, typer.Option(help="Share of frames whose thinking-off verdict differs.")
     ] = None,
     scheduling_policy: Annotated[str | None, typer.Option(help="fcfs or priority.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="vLLM's token budget per step.")] = None,
+    speculative_config: Annotated[
+        str | None, typer.Option(help='vLLM\'s, e.g. \'{"method":"mtp","num_speculative_tokens":4}\'.')
+    ] = None,
+    long_prefill_token_threshold: Annotated[
+        int | None, typer.Option(help="vLLM's prefill tokens per sequence per step.")
+    ] = None,
+    max_num_prefill_tokens_per_step: Annotated[
+        int | None, typer.Option(help="The Spark fork's prefill tokens per step.")
+    ] = None,
+    max_parallel_prefills: Annotated[
+        int | None, typer.Option(help="The Spark fork's sequences prefilling per step.")
+    ] = None,
+    prefill_compute_share: Annotated[
+        float | None, typer.Option(help="The Spark fork's prefill share of a step while sequences decode.")
+    ] = None,
     error_rate: Annotated[float, typer.Option(help="Fault: share of requests answered 500.")] = 0.0,
     slow_rate: Annotated[float, typer.Option(help="Fault: share of requests delayed by --slow-s.")] = 0.0,
     slow_s: Annotated[float, typer.Option(help="Fault: delay of a slow request.")] = 5.0,
@@ -207,6 +223,25 @@ def engine_sim(
     ):
         if value is not None:
             changes[name] = value
+    engine_flags = {
+        name: None if value is None else str(value)
+        for name, value in (
+            ("--max-num-batched-tokens", max_num_batched_tokens),
+            ("--speculative-config", speculative_config),
+            ("--long-prefill-token-threshold", long_prefill_token_threshold),
+            ("--max-num-prefill-tokens-per-step", max_num_prefill_tokens_per_step),
+            ("--max-parallel-prefills", max_parallel_prefills),
+            ("--prefill-compute-share", prefill_compute_share),
+        )
+        if value is not None
+    }
+    if engine_flags:
+        from deploy.predict import FlagValueError, options_from_flags
+
+        try:
+            changes.update(options_from_flags(engine_flags))
+        except FlagValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
     chosen = PRESETS[preset].scaled(**changes)
     faults = Faults(
         error_rate=error_rate,
