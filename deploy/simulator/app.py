@@ -16,7 +16,7 @@ import random
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -26,19 +26,52 @@ from litestar.exceptions import HTTPException
 from litestar.params import JSONBody
 from litestar.response import Stream
 from PIL import Image, UnidentifiedImageError
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.keyframes import Label, read_label
 from deploy.simulator.engine import FinishEvent, Sequence, SimScheduler, TokenEvent
+from deploy.simulator.metrics import SimMetrics
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.tokenizer import ImageSlot, Token, render_chat, split_text, token_id
 from shaping.errors import ImageRejected
 from shaping.tokens import TokenGrid, image_tokens
 
 MODEL_CATEGORIES_FOR_SIM = ("violence",)  # the category a thinking-off false positive names
+
+# A text-only request (no image) is judged by words: ground truth for text as marker squares are for frames.
+TEXT_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "violence": ("kill", "stab", "shoot", "gun", "knife", "attack", "杀", "枪", "砍"),
+    "violence/graphic": ("blood", "gore", "corpse", "血", "尸体"),
+    "sexual": ("nude", "porn", "explicit sex", "色情", "裸"),
+    "self-harm": ("suicide", "self-harm", "cut myself", "自杀", "自残"),
+    "hate": ("hate speech", "slur", "仇恨"),
+    "harassment": ("harass", "bully", "humiliate", "霸凌"),
+    "illicit": ("cocaine", "heroin", "meth", "counterfeit", "毒品", "赌博"),
+}
+
+
+def text_verdict(text: str) -> dict[str, Any]:
+    """The verdict on a text-only request: block with the categories its words name, else allow."""
+    lowered = text.lower()
+    named = [category for category, words in TEXT_KEYWORDS.items() if any(w in lowered for w in words)]
+    if named:
+        return {"verdict": "block", "categories": named, "confidence": 0.9}
+    return {"verdict": "allow", "categories": [], "confidence": 0.9}
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the last user turn (its text parts joined): what a text-only request asks about."""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content", "")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            texts = [part for part in content if isinstance(part, dict) and part.get("type") == "text"]
+            return "\n".join(str(part.get("text", "")) for part in texts)
+    return ""
 
 
 @dataclass
@@ -109,79 +142,6 @@ class DecodedImage:
     identity: str
     tokens: int
     label: Label
-
-
-class SimMetrics:
-    """vLLM's metric names, with its ``model_name`` and ``engine`` labels."""
-
-    def __init__(self, model: str) -> None:
-        self.registry = CollectorRegistry()
-        self.labels = {"model_name": model, "engine": "0"}
-        names = list(self.labels)
-        buckets = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Time to first token.",
-            names,
-            buckets=buckets,
-            registry=self.registry,
-        ).labels(**self.labels)
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "End-to-end request latency.",
-            names,
-            buckets=buckets,
-            registry=self.registry,
-        ).labels(**self.labels)
-
-    def watch(self, engine: SimScheduler) -> None:
-        """Counters and gauges are read from the scheduler at scrape time."""
-        labels = self.labels
-
-        class EngineCollector(Collector):
-            def collect(self) -> Iterator[Metric]:
-                counters = engine.counters
-                for name, doc, total in (
-                    (
-                        "vllm:prefix_cache_queries",
-                        "Prefix cache queries, in tokens.",
-                        counters.prefix_cache_queries,
-                    ),
-                    ("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", counters.prefix_cache_hits),
-                    ("vllm:prompt_tokens", "Prefill tokens processed.", counters.prompt_tokens),
-                    ("vllm:generation_tokens", "Generation tokens processed.", counters.generation_tokens),
-                    ("vllm:request_success", "Finished requests.", counters.requests_finished),
-                ):
-                    counter = CounterMetricFamily(name, doc, labels=list(labels))
-                    counter.add_metric(list(labels.values()), total)
-                    yield counter
-                for name, doc, value in (
-                    ("vllm:num_requests_running", "Requests in the running batch.", engine.num_running),
-                    ("vllm:num_requests_waiting", "Requests waiting.", engine.num_waiting),
-                    ("vllm:kv_cache_usage_perc", "KV cache usage (1 = 100 %).", engine.kv_cache_usage()),
-                ):
-                    gauge = GaugeMetricFamily(name, doc, labels=list(labels))
-                    gauge.add_metric(list(labels.values()), value)
-                    yield gauge
-
-        self.registry.register(EngineCollector())
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig.",
-            labels=["block_size", "enable_prefix_caching", "num_gpu_blocks"],
-        )
-        info.add_metric([str(engine.preset.block_size), "True", str(engine.preset.kv_cache_blocks)], 1.0)
-        self.registry.register(_Fixed(info))
-
-
-class _Fixed(Collector):
-    """A metric family that never changes (configuration info)."""
-
-    def __init__(self, family: Metric) -> None:
-        self._family = family
-
-    def collect(self) -> Iterator[Metric]:
-        yield self._family
 
 
 def _decode_image(url: str, explicit_uuid: str | None, grid: TokenGrid) -> DecodedImage:
@@ -290,7 +250,7 @@ class SimulatedEngine:
 
     def _answer(self, request: ChatRequest, images: list[DecodedImage], enable_thinking: bool) -> str:
         verdicts = [self._verdict(image, enable_thinking) for image in images] or [
-            {"verdict": "allow", "categories": [], "confidence": 0.5}
+            text_verdict(last_user_text(request.messages))
         ]
         structured = request.structured_outputs or {}
         schema: dict[str, Any] = {}
@@ -477,7 +437,7 @@ async def models(state: State) -> dict[str, Any]:
                 "object": "model",
                 "created": int(sim.started),
                 "owned_by": "vllm",
-                "root": sim.preset.model,
+                "root": sim.preset.model_root or sim.preset.model,
                 "parent": None,
                 "max_model_len": sim.preset.max_model_len,
             }

@@ -14,6 +14,7 @@ class SimPreset:
 
     name: str
     model: str
+    model_root: str = ""  # what /v1/models says in ``root`` (vLLM: the weights' path); empty: the model id
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 4096
     max_model_len: int = 131072

@@ -21,6 +21,7 @@ from gateway.cli.policy import policy_app
 from gateway.cli.prefix import plan as cache_plan
 from gateway.cli.stats import stats
 from gateway.http.keys_store import keys_app
+from gateway.http.tenants import tenants_app
 from quality.cli import quality_app
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ app.command("engine-cpu", help="Install, build and serve the real vLLM CPU engin
 cache_app.command("plan")(cache_plan)  # beside `cache probe`: what the prefix cache can ever reuse
 app.add_typer(cache_app, name="cache")
 app.add_typer(keys_app, name="keys")
+app.add_typer(tenants_app, name="tenants")
 app.command("stats")(stats)
 app.add_typer(quality_app, name="quality")
 

@@ -120,10 +120,14 @@ class EngineClient:
 
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``)."""
+        return [model_id for model_id, _ in await self.model_cards()]
+
+    async def model_cards(self) -> list[tuple[str, str]]:
+        """The served models as ``(id, root)``: vLLM's ``root`` is the weights' path or repository."""
         response = await self._get("/v1/models")
         try:
-            return [str(item["id"]) for item in response.json()["data"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            return [(str(item["id"]), str(item.get("root") or "")) for item in response.json()["data"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UpstreamError(f"engine /v1/models answered an unexpected body: {exc}") from exc
 
     async def healthy(self) -> bool:

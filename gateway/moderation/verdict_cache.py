@@ -1,8 +1,8 @@
 """Verdicts of keyframes already seen, reused instead of asking the engine again.
 
 Two kinds of reuse, both only within one scope (tenant, policy version, thinking mode, system prompt, caller
-text): a verdict is a judgement made under one policy and one prompt, and a tenant must not learn from a
-``reused`` flag what another tenant posted.
+text, the engine's model: id, root and revision): a verdict is a judgement made by one model under one
+policy and one prompt, and a tenant must not learn from a ``reused`` flag what another tenant posted.
 
 - exact: the shaped frame's SHA-256 was judged before;
 - near: a frame whose perceptual hash is within ``max_distance`` bits, *and* whose 16×9 colour thumbnail
@@ -90,12 +90,14 @@ class VerdictScope:
     thinking: str
     prompt_sha256: str  # the system prompt as sent (with any block-filling guidance)
     text_sha256: str = ""  # caller text sent with the frame, if any
+    model: str = ""  # the engine's model: id, root and revision (new weights never reuse old verdicts)
 
     @property
     def key(self) -> str:
         """A short, Redis-safe name for the scope."""
         raw = "\x1f".join(
-            (self.tenant, str(self.policy_version), self.thinking, self.prompt_sha256, self.text_sha256)
+            (self.tenant, str(self.policy_version), self.thinking, self.prompt_sha256, self.text_sha256,
+             self.model)
         )
         return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
