@@ -113,7 +113,7 @@ def request_body(system: SystemPrompt, frames: list[ShapedImage], option: Option
     cap = policy.max_completion_tokens_on if option.thinking else policy.max_completion_tokens_off
     options = RequestOptions(model=MODEL, enable_thinking=option.thinking, max_completion_tokens=cap * k,
                              stream=False)
-    return build_chat_request(system, frames, text, options)
+    return build_chat_request(system, list(frames), text, options)
 
 
 async def closed_loop(
