@@ -45,6 +45,10 @@ class EngineSettings(BaseModel):
     # the verdict's confidence is read from them (shaping.confidence). 0: none asked, confidence is null.
     top_logprobs: int = Field(default=10, ge=0, le=20)
     use_priority: bool = False  # needs the engine started with --scheduling-policy priority
+    # What served the verdicts, part of the verdict-reuse scope with the model's id and root (/v1/models):
+    # set it when new weights go live under the same name and path (e.g. the weights' commit).
+    model_revision: str = Field(default="", max_length=200)
+    model_recheck_s: float = Field(default=5.0, ge=0)  # /v1/models re-read this often (0: every request)
 
 
 class AdmissionSettings(BaseModel):
@@ -52,6 +56,48 @@ class AdmissionSettings(BaseModel):
 
     queue_size: int = Field(default=256, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0)
+    # "tenant": each tenant its weighted share of engine work (and of the shaping threads); "fifo": one
+    # shared queue, priority then arrival (docs/tenants.md)
+    fairness: Literal["tenant", "fifo"] = "tenant"
+
+
+def _tenant_numbers(value: object) -> object:
+    """``"tenant-a=2,tenant-b=0.5"`` from the environment, or a mapping as given."""
+    if not isinstance(value, str):
+        return value
+    numbers: dict[str, str] = {}
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        tenant, sep, number = item.strip().rpartition("=")
+        if not sep or not tenant.strip():
+            raise ValueError(f"expected 'tenant=number' items separated by commas, got {item.strip()!r}")
+        numbers[tenant.strip()] = number.strip()
+    return numbers
+
+
+TenantWeights = Annotated[dict[str, Annotated[float, Field(gt=0, le=1000)]], NoDecode,
+                          BeforeValidator(_tenant_numbers)]
+TenantCounts = Annotated[dict[str, Annotated[int, Field(ge=0)]], NoDecode, BeforeValidator(_tenant_numbers)]
+
+
+class TenantSettings(BaseModel):
+    """Per-tenant weights and quotas (``MODGATE_TENANTS__*``); ``modgate tenants set`` keeps them in Redis.
+
+    A tenant is whatever the API keys name (``MODGATE_API_KEYS``, ``modgate keys add``); without keys there
+    is one tenant, ``default``. A value in Redis overrides the settings' for that tenant. Quota 0: none.
+    """
+
+    weights: TenantWeights = Field(default_factory=dict)  # "a=2,b=1": a's share of work is twice b's
+    default_weight: float = Field(default=1.0, gt=0, le=1000)
+    keyframes_per_minute: TenantCounts = Field(default_factory=dict)  # "a=600,b=60"
+    default_keyframes_per_minute: int = Field(default=0, ge=0)
+    max_concurrent: TenantCounts = Field(default_factory=dict)  # moderation requests at once, per replica
+    default_max_concurrent: int = Field(default=0, ge=0)
+    # One output token's engine time in prompt tokens (prefill ~3,000 tok/s, decode ~105 tok/s on the Spark)
+    output_token_weight: float = Field(default=28.0, ge=0, le=1000)
+    redis_key: str = Field(default="modgate:tenants", min_length=1)  # hash: tenant -> JSON limits
+    reload_interval_s: float = Field(default=5.0, gt=0)  # how often Redis-held tenants are read again
 
 
 class ShapingSettings(BaseModel):
@@ -66,6 +112,8 @@ class ShapingSettings(BaseModel):
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     animated: Literal["refuse", "first_frame"] = "refuse"
     user_text: str = "请审核这张视频关键帧截图。"
+    # A text-only input (no image) is judged under the same system prompt, the caller's text in this turn.
+    text_user_text: str = "请审核以下文本（没有图片，只依据文字判断）：\n{text}"
     # --- request shaping that cuts the engine's work per keyframe (issue 4) ---
     # Keyframes of one request (one tenant) packed into one engine request, one verdict each. K > 1 shares
     # the system prompt among K frames but changes the model's task: measure agreement before raising it.
@@ -82,6 +130,13 @@ class ShapingSettings(BaseModel):
     # ends on a whole prefix-cache block of the engine, which the engine can then reuse in every request.
     block_filling_prefix: bool = False
     prefix_block_size: int | None = Field(default=None, ge=1)  # unset: the engine's vllm:cache_config_info
+
+    @field_validator("text_user_text")
+    @classmethod
+    def _text_turn_holds_the_text(cls, value: str) -> str:
+        if value.count("{text}") != 1 or value.replace("{text}", "").count("{") != 0:
+            raise ValueError("text_user_text must hold the placeholder {text} once and no other braces")
+        return value
 
     @model_validator(mode="after")
     def _budget_the_engine_honours(self) -> ShapingSettings:
@@ -210,6 +265,11 @@ class ConsoleSettings(BaseModel):
     # network you trust, where the session cookie could otherwise be read off the wire.
     cookie_secure: bool = True
     poll_interval_s: float = Field(default=3.0, ge=1, le=60)  # how often the open page refreshes its panels
+    # Failed sign-ins before 429 (until the window that the first failure opened ends): from one address,
+    # and from everyone together (many addresses guessing).
+    sign_in_max_failures_per_client: int = Field(default=5, ge=1, le=1000)
+    sign_in_max_failures: int = Field(default=50, ge=1, le=100_000)
+    sign_in_window_s: float = Field(default=300.0, ge=1, le=86400)
     audit_rows: int = Field(default=15, ge=1, le=200)
 
 
@@ -274,6 +334,7 @@ class Settings(BaseSettings):
     console: ConsoleSettings = ConsoleSettings()
     leases: LeaseSettings = LeaseSettings()
     quality: QualitySettings = QualitySettings()
+    tenants: TenantSettings = TenantSettings()
 
     @field_validator("engine_url")
     @classmethod

@@ -99,8 +99,10 @@ def build_chat_request(
     user_text: str,
     options: RequestOptions,
 ) -> dict[str, Any]:
-    """The body of ``POST /v1/chat/completions`` for one or more keyframes (one verdict each)."""
-    frames = len(images)
+    """The body of ``POST /v1/chat/completions`` for one or more keyframes (one verdict each), or for a
+    text-only input (no image: one verdict on the text)."""
+    # A text-only request (no image) is still one verdict: never the packed shape with zero frames.
+    frames = max(1, len(images))
     body: dict[str, Any] = {
         "model": options.model,
         "messages": [

@@ -48,6 +48,40 @@ END_OF_OUTPUT = "<|im_end|>"  # the stop token: generated (one decode step), cou
 THINK_END = "</think>"
 MASKED_LOGPROB = -9999.0  # what vLLM writes for a token the grammar masked (-inf, clamped)
 
+# A text-only request (no image) is judged by words: ground truth for text as marker squares are for frames.
+TEXT_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "violence": ("kill", "stab", "shoot", "gun", "knife", "attack", "杀", "枪", "砍"),
+    "violence/graphic": ("blood", "gore", "corpse", "血", "尸体"),
+    "sexual": ("nude", "porn", "explicit sex", "色情", "裸"),
+    "self-harm": ("suicide", "self-harm", "cut myself", "自杀", "自残"),
+    "hate": ("hate speech", "slur", "仇恨"),
+    "harassment": ("harass", "bully", "humiliate", "霸凌"),
+    "illicit": ("cocaine", "heroin", "meth", "counterfeit", "毒品", "赌博"),
+}
+
+
+def text_verdict(text: str) -> dict[str, Any]:
+    """The verdict on a text-only request: block with the categories its words name, else allow."""
+    lowered = text.lower()
+    named = [category for category, words in TEXT_KEYWORDS.items() if any(w in lowered for w in words)]
+    if named:
+        return {"verdict": "block", "categories": named, "confidence": 0.9}
+    return {"verdict": "allow", "categories": [], "confidence": 0.9}
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """The text of the last user turn (its text parts joined): what a text-only request asks about."""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content", "")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            texts = [part for part in content if isinstance(part, dict) and part.get("type") == "text"]
+            return "\n".join(str(part.get("text", "")) for part in texts)
+    return ""
+
 
 @dataclass
 class Faults:
@@ -225,8 +259,12 @@ class SimulatedEngine:
         self, request: ChatRequest, truths: list[FrameTruth], enable_thinking: bool
     ) -> tuple[str, list[float]]:
         """The answer text in the form the request's grammar allows, and each verdict's confidence."""
-        verdicts = [t.verdict(enable_thinking) for t in truths] or [SimVerdict("allow", ())]
-        confidences = [t.confidence(enable_thinking) for t in truths] or [0.5]
+        verdicts = [t.verdict(enable_thinking) for t in truths]
+        confidences = [t.confidence(enable_thinking) for t in truths]
+        if not truths:  # a text-only request: the words decide (text_verdict)
+            said = text_verdict(last_user_text(request.messages))
+            verdicts = [SimVerdict(said["verdict"], tuple(said["categories"]))]
+            confidences = [said["confidence"]]
         objects = [
             {"verdict": v.action, "categories": list(v.categories), "confidence": round(c, 2)}
             for v, c in zip(verdicts, confidences, strict=True)
@@ -471,7 +509,7 @@ async def models(state: State) -> dict[str, Any]:
                 "object": "model",
                 "created": int(sim.started),
                 "owned_by": "vllm",
-                "root": sim.preset.model,
+                "root": sim.preset.model_root or sim.preset.model,
                 "parent": None,
                 "max_model_len": sim.preset.max_model_len,
             }

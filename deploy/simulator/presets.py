@@ -14,6 +14,7 @@ class SimPreset:
 
     name: str
     model: str
+    model_root: str = ""  # what /v1/models says in ``root`` (vLLM: the weights' path); empty: the model id
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 4096
     max_model_len: int = 131072
@@ -54,6 +55,7 @@ class SimPreset:
 
     def scaled(self, **changes: object) -> SimPreset:
         """A copy with some fields changed (from the command line)."""
+        # replace() types **changes field by field; the command line hands over checked values as object.
         return replace(self, **changes)  # type: ignore[arg-type]
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 import stamina
 
 from gateway.engine.circuit import CircuitBreaker
@@ -132,10 +133,14 @@ class EngineClient:
 
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``)."""
+        return [model_id for model_id, _ in await self.model_cards()]
+
+    async def model_cards(self) -> list[tuple[str, str]]:
+        """The served models as ``(id, root)``: vLLM's ``root`` is the weights' path or repository."""
         response = await self._get("/v1/models")
         try:
-            return [str(item["id"]) for item in response.json()["data"]]
-        except (ValueError, KeyError, TypeError) as exc:
+            return [(str(item["id"]), str(item.get("root") or "")) for item in response.json()["data"]]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UpstreamError(f"engine /v1/models answered an unexpected body: {exc}") from exc
 
     async def healthy(self) -> bool:
@@ -172,8 +177,13 @@ class EngineClient:
         return response
 
     async def _send(self, body: dict[str, Any], request_id: str) -> httpx.Response:
+        # msgspec writes the same bytes as httpx's json= (compact, UTF-8) in a fifth of the time: the body
+        # carries the keyframe's ~100 KiB of base64, which the standard encoder scans character by character.
         request = self._http.build_request(
-            "POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
+            "POST",
+            "/v1/chat/completions",
+            content=msgspec.json.encode(body),
+            headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
         )
         # Retry only what the engine never saw: a refused or timed-out connection.
         async for attempt in stamina.retry_context(

@@ -12,7 +12,7 @@ import hmac
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.errors import Forbidden, Unauthorized
+from gateway.errors import Forbidden, StateUnavailable, Unauthorized
 
 
 def _digest(secret: str) -> bytes:
@@ -87,8 +87,26 @@ class KeyRing:
             raise Unauthorized("invalid API key")
         return Caller(tenant=tenant, key_id=digest.hex()[:8])
 
+    async def authorize_admin(self, authorization: str | None) -> str:
+        """Check an admin call (as :meth:`admin`), and answer 403, not 401, to a business key held in the key
+        store too: the caller is known, just not allowed. A store that cannot be asked leaves it a 401."""
+        try:
+            return self.admin(authorization)
+        except Unauthorized:
+            token = bearer_token(authorization)
+            if self.store is None or token is None:
+                raise
+            try:
+                tenant = await self.store.tenant_for_digest(_digest(token).hex())
+            except StateUnavailable:
+                raise Unauthorized("invalid admin token") from None
+            if tenant is not None:
+                raise Forbidden("a business API key cannot make admin calls") from None
+            raise
+
     def admin(self, authorization: str | None) -> str:
-        """Check an admin call; answers an actor name safe to log."""
+        """Check an admin call against the admin token and the settings' keys; answers an actor name safe to
+        log (routes use :meth:`authorize_admin`, which also knows the key store's business keys)."""
         if self._admin is None:
             raise Forbidden("admin calls are disabled: set MODGATE_ADMIN_TOKEN", code="admin_disabled")
         token = bearer_token(authorization)

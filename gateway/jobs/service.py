@@ -44,7 +44,7 @@ from typing import Any, Final, Literal, Protocol
 import httpx
 import redis.asyncio as aioredis
 import stamina
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.errors import (
@@ -58,15 +58,15 @@ from gateway.errors import (
     StateUnavailable,
 )
 from gateway.http.auth import Caller
+from gateway.moderation.keyframe_batch import (
+    KeyframeBatchRequest,
+    KeyframeBatchResponse,
+    check_video_id,
+    moderate_keyframes,
+)
 from gateway.moderation.remote_images import RemoteImageFetcher, host_allowed, is_remote_url
 from gateway.moderation.service import ModerationService, image_rejection
-from gateway.moderation.wire import (
-    ImageURLPart,
-    ModerationRequest,
-    ModerationResponse,
-    RequestOptions,
-    TextPart,
-)
+from gateway.moderation.wire import ModerationResponse
 from gateway.settings import JobSettings
 from shaping.errors import ImageRejected
 from shaping.image import decode_data_url
@@ -88,15 +88,25 @@ _MEMORY_FINISHED_KEPT: Final = 10_000
 # --- wire ----------------------------------------------------------------------------------------------
 
 
-class JobRequest(BaseModel):
-    """``POST /v1/jobs``: one video's keyframes, moderated in the background."""
-
-    model_config = ConfigDict(extra="forbid")
+class JobRequest(KeyframeBatchRequest):
+    """``POST /v1/jobs``: the body of ``POST /v1/videos/{video_id}/keyframes``, plus the video's id and an
+    optional webhook; moderated in the background, its result the document the sync call answers."""
 
     video_id: str = Field(min_length=1, max_length=200)
-    frames: list[ImageURLPart] = Field(min_length=1)
     webhook_url: str | None = Field(default=None, min_length=1, max_length=2048)
-    thinking: Literal["on", "off"] | None = None  # honoured where the thinking policy lets callers choose
+
+    @field_validator("frames", mode="before")
+    @classmethod
+    def _content_parts_are_keyframes(cls, value: object) -> object:
+        """The earlier job body's frames, OpenAI content parts (``{"type": "image_url", "image_url": …}``),
+        are keyframes without a timestamp: still accepted."""
+        if not isinstance(value, list):
+            return value
+        return [
+            {key: item[key] for key in item if key != "type"}
+            if isinstance(item, dict) and item.get("type") == "image_url" else item
+            for item in value
+        ]
 
 
 class JobError(BaseModel):
@@ -128,7 +138,9 @@ class Job(BaseModel):
     updated_at: int
     completed_at: int | None = None
     attempts: int = 0
-    result: ModerationResponse | None = None
+    # The document POST /v1/videos/{video_id}/keyframes answers; a job finished before that change kept
+    # the moderation response it was given then.
+    result: KeyframeBatchResponse | ModerationResponse | None = None
     error: JobError | None = None
     webhook: WebhookState | None = None
 
@@ -193,7 +205,7 @@ class JobRecord:
             updated_at=self.updated_at,
             completed_at=self.completed_at,
             attempts=self.attempts,
-            result=None if self.result is None else ModerationResponse.model_validate_json(self.result),
+            result=None if self.result is None else _job_result(self.result),
             error=None if self.error is None else JobError.model_validate_json(self.error),
             webhook=None
             if self.webhook_url is None
@@ -201,6 +213,13 @@ class JobRecord:
                 url=self.webhook_url, status=self.webhook_status or "pending", attempts=self.webhook_attempts
             ),
         )
+
+
+def _job_result(stored: str) -> KeyframeBatchResponse | ModerationResponse:
+    try:
+        return KeyframeBatchResponse.model_validate_json(stored)
+    except ValidationError:
+        return ModerationResponse.model_validate_json(stored)  # finished before jobs answered batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -726,9 +745,12 @@ class JobWorker:
                     ),
                 )
                 return record
+            request = JobRequest.model_validate_json(record.request)
             try:
-                response = await self.moderation.moderate(
-                    self._moderation_request(record), Caller(tenant=record.tenant, key_id="job"), None
+                # Behind live calls: the setting's priority, or the body's if it asks for even later.
+                response = await moderate_keyframes(
+                    self.moderation, request.video_id, request, Caller(tenant=record.tenant, key_id="job"),
+                    None, priority=max(request.priority, self.settings.priority),
                 )
             except (ServerSideError, Overloaded) as exc:
                 if attempt >= self.settings.max_attempts:
@@ -750,16 +772,6 @@ class JobWorker:
             done = await self._complete(job_id, "succeeded", result=response.model_dump_json())
             log.info("job %s %s", job_id, "succeeded" if done else "was already finished elsewhere")
             return record
-
-    def _moderation_request(self, record: JobRecord) -> ModerationRequest:
-        request = JobRequest.model_validate_json(record.request or "{}")
-        frames: list[ImageURLPart | TextPart] = [*request.frames]
-        return ModerationRequest(
-            input=frames,
-            modgate=RequestOptions(
-                thinking=request.thinking, video_id=request.video_id, priority=self.settings.priority
-            ),
-        )
 
     async def _fail(self, job_id: str, exc: ModgateError) -> None:
         error = JobError(message=exc.message, type=exc.type, code=exc.code).model_dump_json()
@@ -829,6 +841,7 @@ class JobService:
         self, request: JobRequest, caller: Caller, idempotency_key: str | None
     ) -> tuple[Job, bool]:
         """Check and store a job; answers it and whether it is new (False: an idempotent replay)."""
+        check_video_id(request.video_id)
         if len(request.frames) > self.settings.max_frames:
             raise InvalidRequest(
                 f"at most {self.settings.max_frames} frames per job, got {len(request.frames)}",
@@ -908,7 +921,7 @@ class JobService:
         """The cheap checks now (a clear 4xx at once); decoding waits for the worker."""
         max_bytes = self.moderation.settings.shaping.max_image_bytes
         for index, frame in enumerate(request.frames):
-            url = frame.image_url.url
+            url = frame.image_url.url  # a keyframe's image, as in POST /v1/videos/{video_id}/keyframes
             if is_remote_url(url):
                 if self.remote_images is None:
                     raise InvalidRequest(

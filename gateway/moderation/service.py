@@ -8,18 +8,20 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from opentelemetry import trace
 
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.client import EngineAnswer, EngineClient, Usage
+from gateway.engine.fairness import SHARED_FLOW, WorkModel
 from gateway.engine.pool import EnginePool
 from gateway.errors import (
     ClientError,
+    EngineUnavailable,
     InvalidRequest,
     ModgateError,
     PayloadTooLarge,
@@ -29,6 +31,7 @@ from gateway.errors import (
 from gateway.http.auth import Caller
 from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
 from gateway.moderation.shadow import ShadowSampler
+from gateway.moderation.shaping_pool import ShapingPool
 from gateway.moderation.verdict_cache import (
     FrameIdentity,
     MemoryVerdictCache,
@@ -38,7 +41,6 @@ from gateway.moderation.verdict_cache import (
     StoredVerdict,
     VerdictCache,
     VerdictScope,
-    colour_thumbnail,
 )
 from gateway.moderation.wire import (
     ImageURLPart,
@@ -62,6 +64,7 @@ from shaping.tokens import TokenGrid
 from shaping.verdict import OPENAI_CATEGORIES, KeyframeVerdict, VerdictFormat, parse_engine_output
 
 log = logging.getLogger("modgate.moderation")
+T = TypeVar("T")
 
 
 def image_rejection(exc: ImageRejected) -> ClientError:
@@ -70,6 +73,20 @@ def image_rejection(exc: ImageRejected) -> ClientError:
         exc.status, InvalidRequest
     )
     return kind(str(exc), code=exc.code, param="input")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineModel:
+    """What the engine serves: its model id, the weights' root (vLLM's ``root``) and a configured revision."""
+
+    id: str
+    root: str = ""
+    revision: str = ""  # MODGATE_ENGINE__MODEL_REVISION
+
+    @property
+    def scope(self) -> str:
+        """The model's part of the verdict-reuse scope."""
+        return "\x1e".join((self.id, self.root, self.revision))
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +130,13 @@ class ModerationService:
         self.load = QueueLoad(lambda: admission.queued)  # the load rule's signal and hysteresis (per replica)
         self.metrics = metrics
         self.system_prompts = dict(system_prompts)  # one per verdict format: each asks for its own form
-        self.executor = executor
+        self.executor = executor  # a ShapingPool: each tenant's frames wait in a queue of their own
+        self.work = WorkModel(settings.tenants.output_token_weight)  # engine work per call (fair share)
         self.tracer = tracer or trace.NoOpTracer()
         self.recorder = recorder or RequestRecorder(metrics, RecentRequests(settings.telemetry.window_s))
-        self.model_id: str | None = None if settings.engine.model == "auto" else settings.engine.model
+        self.model: EngineModel | None = None  # read from /v1/models, again every engine.model_recheck_s
+        self._model_read_at = float("-inf")
+        self._model_lock = asyncio.Lock()
         shaping = settings.shaping
         self.limits = ImageLimits(
             max_bytes=shaping.max_image_bytes,
@@ -143,24 +163,62 @@ class ModerationService:
         return self.system_prompts[self.policies.current().verdict_format]
 
     async def engine_model(self) -> str:
-        """The engine's model id, asked once (``MODGATE_ENGINE__MODEL=auto``)."""
-        if self.model_id is None:
-            models = await self.engines.model_ids()
-            if not models:
-                raise InvalidRequest("the engine serves no model")
-            self.model_id = models[0]
-        return self.model_id
+        """The model id the engine requests name (``MODGATE_ENGINE__MODEL``, or the engine's first)."""
+        return (await self.engine_identity()).id
 
-    async def shape(self, data_url: str) -> ShapedImage:
+    async def engine_identity(self) -> EngineModel:
+        """What the engine serves now, re-read from ``/v1/models`` every ``engine.model_recheck_s`` seconds
+        and after an engine failure (it may have restarted with other weights).
+
+        A verdict is reused only under the same identity, so new weights never serve the old ones' verdicts.
+        An engine that cannot be asked keeps the last identity known (its calls fail on their own).
+        """
+        engine = self.settings.engine
+        if self.model is not None and time.monotonic() - self._model_read_at < engine.model_recheck_s:
+            return self.model
+        async with self._model_lock:  # concurrent requests read it once
+            if self.model is not None and time.monotonic() - self._model_read_at < engine.model_recheck_s:
+                return self.model
+            try:
+                cards = await self.engines.model_cards()
+            except ModgateError:
+                if self.model is None:
+                    if engine.model == "auto":
+                        raise
+                    self.model = EngineModel(engine.model, "", engine.model_revision)  # named: usable
+                self._model_read_at = time.monotonic()
+                return self.model
+            if engine.model == "auto":
+                if not cards:
+                    raise EngineUnavailable("the engine serves no model", code="engine_no_model")
+                model_id, root = cards[0]
+            else:
+                model_id, root = engine.model, dict(cards).get(engine.model, "")
+            found = EngineModel(model_id, root, engine.model_revision)
+            if self.model is not None and found != self.model:
+                log.warning(
+                    "the engine's model changed from %s (root %r) to %s (root %r): verdicts made by the "
+                    "old one are no longer reused", self.model.id, self.model.root, found.id, found.root,
+                )
+                self.accountant = None  # another model, another tokenizer: measure again
+            self.model, self._model_read_at = found, time.monotonic()
+            return found
+
+    async def _off_loop(self, tenant: str, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on the shaping threads, in ``tenant``'s queue if the pool has one."""
+        if isinstance(self.executor, ShapingPool):
+            return await asyncio.wrap_future(self.executor.submit_for(tenant, function, *args))
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+    async def shape(self, data_url: str, tenant: str = SHARED_FLOW) -> ShapedImage:
         """Decode and shape one keyframe off the event loop (fetched first if it is an allowed remote URL)."""
         try:
             if self.remote_images is not None and is_remote_url(data_url):
                 raw = await self.remote_images.fetch(data_url)
             else:
                 _, raw = decode_data_url(data_url, self.settings.shaping.max_image_bytes)
-            loop = asyncio.get_running_loop()
             shape = functools.partial(shape_image, jpeg_quality=self.settings.shaping.jpeg_quality)
-            return await loop.run_in_executor(self.executor, shape, raw, self.limits, self.grid)
+            return await self._off_loop(tenant, shape, raw, self.limits, self.grid)
         except ImageRejected as exc:
             raise image_rejection(exc) from exc
 
@@ -202,7 +260,7 @@ class ModerationService:
         *,
         fresh: bool = False,
     ) -> ModerationResponse:
-        """One result per image (or one for a text-only input)."""
+        """One result per image; text only: one per string of a list of strings, else one for the text."""
         started = time.monotonic()
         options = request.modgate
         images, texts = self._split_input(request)
@@ -218,7 +276,7 @@ class ModerationService:
         shaping_started = time.monotonic()
         with self.tracer.start_as_current_span("shaping", attributes={"modgate.images": len(images)}):
             # all bad input fails before any engine call
-            shaped = await asyncio.gather(*(self.shape(url) for url in images))
+            shaped = await asyncio.gather(*(self.shape(url, caller.tenant) for url in images))
         shaping_s = (time.monotonic() - shaping_started) / max(1, len(shaped))
         for _ in shaped:
             self.metrics.shaping.observe(shaping_s)
@@ -245,15 +303,23 @@ class ModerationService:
                             verdict_format=decision.verdict_format,
                         )
         else:
-            text_request = f"请审核以下文本：\n{extra_text}"
-            outcomes = [await self._judge([], text_request, decision, context, f"{request_id}-0")]
+            # Text only, judged for real: the canonical system prompt, the text as the user turn, the same
+            # verdict parsing. A list of strings gets one result per string (OpenAI's rule), else one.
+            pieces = texts if isinstance(request.input, list) and all(
+                isinstance(item, str) for item in request.input
+            ) else [extra_text]
+            text_template = self.settings.shaping.text_user_text
+            outcomes = list(await asyncio.gather(*(
+                self._judge([], text_template.format(text=piece), decision, context, f"{request_id}-{index}")
+                for index, piece in enumerate(pieces)
+            )))
         results = []
         for index, outcome in enumerate(outcomes):
             frame = shaped[index] if shaped else None
             latency_s = time.monotonic() - started
             self.metrics.e2e.observe(latency_s)
             results.append(self._result(outcome, frame, latency_s, shaping_s if frame else 0.0))
-            self.recorder.record(results[-1].modgate, request_id)
+            self.recorder.record(results[-1].modgate, request_id, caller.tenant)
         self.metrics.requests.labels("moderations", "ok").inc()
         return ModerationResponse(
             id=request_id, model=request.model or self.settings.model_name, results=results
@@ -307,15 +373,22 @@ class ModerationService:
         prediction = await self._predict_prompt_tokens(
             frames, user_text, decision.mode == "on", decision.verdict_format
         )
+        work = self.work.estimate(
+            context.tenant, len(frames), decision.mode == "on",
+            None if prediction is None else prediction.total,
+        )
         queued_at = time.time_ns()  # span times are wall-clock nanoseconds
         try:
-            async with self.engines.slot(priority=context.priority) as admission:
+            async with self.engines.slot(priority=context.priority, work=work) as admission:
                 self.tracer.start_span("queue", start_time=queued_at).end()
                 self.metrics.queue_wait.observe(admission.queue_seconds)
                 self.load.observe_queue_wait(admission.queue_seconds)
                 with self.tracer.start_as_current_span("engine") as engine_span:
                     answer = await admission.chat(body, request_id)
                     usage = answer.usage
+                    admission.settle(
+                        self.work.actual(work, len(frames), usage.prompt_tokens, usage.completion_tokens)
+                    )
                     engine_span.set_attributes(
                         engine_span_attributes(
                             request_id,
@@ -328,6 +401,7 @@ class ModerationService:
                     )
         except ModgateError as exc:
             self.metrics.engine_errors.labels(type(exc).__name__).inc()
+            self._model_read_at = float("-inf")  # the engine may have restarted with other weights
             raise
         if answer.ttft_s is not None:
             self.metrics.ttft.observe(answer.ttft_s)
@@ -458,27 +532,23 @@ class ModerationService:
         base = shaping.user_text if frames == 1 else shaping.packed_user_text.format(frames=frames)
         return base + (f"\n{extra_text}" if extra_text else "")
 
-    def _verdict_scope(self, tenant: str, decision: ThinkingDecision, extra_text: str) -> VerdictScope:
+    async def _verdict_scope(self, tenant: str, decision: ThinkingDecision, extra_text: str) -> VerdictScope:
         return VerdictScope(
             tenant=tenant,
             policy_version=decision.policy_version,
             thinking=decision.mode,
             prompt_sha256=self.system_prompts[decision.verdict_format].sha256,
             text_sha256=hashlib.sha256(extra_text.encode()).hexdigest() if extra_text else "",
+            model=(await self.engine_identity()).scope,
             verdict_format=decision.verdict_format,
         )
 
-    async def _identities(self, frames: list[ShapedImage]) -> list[FrameIdentity]:
-        """Each frame's cache identity; the colour thumbnail only when near duplicates are reused."""
-        if not self.verdicts.rule.enabled:
-            return [FrameIdentity(frame.sha256, int(frame.phash, 16), b"") for frame in frames]
-        loop = asyncio.get_running_loop()
-        thumbnails = await asyncio.gather(
-            *(loop.run_in_executor(self.executor, colour_thumbnail, frame.data) for frame in frames)
-        )
+    def _identities(self, frames: list[ShapedImage]) -> list[FrameIdentity]:
+        """Each frame's cache identity (made by the shaping step); the thumbnail only for near duplicates."""
+        near = self.verdicts.rule.enabled
         return [
-            FrameIdentity(frame.sha256, int(frame.phash, 16), thumbnail)
-            for frame, thumbnail in zip(frames, thumbnails, strict=True)
+            FrameIdentity(frame.sha256, int(frame.phash, 16), frame.thumbnail if near else b"")
+            for frame in frames
         ]
 
     @staticmethod
@@ -534,13 +604,13 @@ class ModerationService:
         """One outcome per frame, in order, asking the engine only about frames it has not judged.
 
         A frame reuses a verdict made in the same scope (tenant, policy version, thinking mode, prompt,
-        caller text) for the same shaped bytes ("exact") or a near duplicate ("near"): from the verdict
-        cache, or from an earlier frame of this request. The others go to the engine ``packing`` to a
-        request (all of one caller, so one tenant). Fresh verdicts are stored for reuse; fallback "review"
-        verdicts (unusable output) are not.
+        caller text, the engine's model) for the same shaped bytes ("exact") or a near duplicate ("near"):
+        from the verdict cache, or from an earlier frame of this request. The others go to the engine
+        ``packing`` to a request (all of one caller, so one tenant). Fresh verdicts are stored for reuse;
+        fallback "review" verdicts (unusable output) are not.
         """
-        scope = self._verdict_scope(context.tenant, decision, extra_text)
-        identities = await self._identities(frames)
+        scope = await self._verdict_scope(context.tenant, decision, extra_text)
+        identities = self._identities(frames)
         rule = self.verdicts.rule
         hits: list[ReusedVerdict | None] = [None] * len(frames)
         if self.settings.shaping.verdict_cache_ttl_s > 0 and not fresh:

@@ -83,7 +83,7 @@ class ModerationDetails(BaseModel):
 
 
 class ModerationResult(BaseModel):
-    """One result per image (or one for a text-only input)."""
+    """One result per image; for text only, one per string of a list of strings, else one."""
 
     flagged: bool
     categories: dict[str, bool]
@@ -99,3 +99,18 @@ class ModerationResponse(BaseModel):
     id: str
     model: str
     results: list[ModerationResult]
+
+
+class OpenAIErrorDetail(BaseModel):
+    """What went wrong, as OpenAI's API says it."""
+
+    message: str
+    type: str  # invalid_request_error, authentication_error, permission_error, rate_limit_error, server_error
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorResponse(BaseModel):
+    """Every error the gateway answers: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: OpenAIErrorDetail

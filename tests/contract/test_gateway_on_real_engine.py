@@ -41,3 +41,22 @@ def test_a_keyframe_through_the_gateway_to_real_vllm_gets_a_well_formed_result(
     else:
         assert details["confidence"] is None
         assert details["confidence_reason"]
+
+
+def test_a_text_only_input_is_accepted_and_judged_by_real_vllm(
+    real_engine_url: str, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=real_engine_url)
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        response = client.moderations.create(
+            input=["a calm street at noon", "another line"], extra_headers={"X-Modgate-Thinking": "off"}
+        )
+    assert len(response.results) == 2  # one per string
+    for result in response.results:
+        details = result.model_extra["modgate"]
+        assert result.category_applied_input_types.violence == ["text"]
+        assert details["completion_tokens"] > 0
+        # The engine is held to one verdict: random weights may say anything, but never an answer that
+        # cannot be a verdict at all (the old {"frames": []} constraint made every text a "review").
+        assert details["action"] in ("allow", "review", "block")
+        assert "is not one of allow/review/block" not in (details["reason"] or "")

@@ -54,7 +54,7 @@ async def test_a_job_is_accepted_with_202_and_its_result_can_be_polled(gateway: 
         assert (job["status"], job["frames"], job["durable"]) == ("queued", 2, False)
         done = await finished(client, job["id"])
     assert done["status"] == "succeeded"
-    assert [r["modgate"]["action"] for r in done["result"]["results"]] == ["allow", "block"]
+    assert [r["modgate"]["action"] for r in done["result"]["frames"]] == ["allow", "block"]
     assert done["attempts"] == 1
     assert done["completed_at"] >= done["created_at"]
 
@@ -292,7 +292,7 @@ async def test_a_job_left_pending_by_a_dead_gateway_is_taken_over(
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
             done = await finished(http, job_id)
         assert done["status"] == "succeeded"
-        assert done["result"]["results"][0]["modgate"]["action"] == "block"
+        assert done["result"]["frames"][0]["modgate"]["action"] == "block"
         await poll_async(lambda: acknowledged(client), 10, "the job's stream entry to be acknowledged")
     finally:
         await client.aclose()

@@ -79,7 +79,7 @@ def test_jobs_survive_a_gateway_killed_mid_work(
     assert [r[b"completions"] for r in records] == [b"1"] * JOBS  # completed exactly once per key
     assert max(int(r[b"attempts"]) for r in records) >= 2  # a job cut off by the kill was worked again
     with httpx.Client(base_url=second.url, timeout=30) as client:
-        results = [client.get(f"/v1/jobs/{job_id}").json()["result"]["results"] for job_id in ids.values()]
+        results = [client.get(f"/v1/jobs/{job_id}").json()["result"]["frames"] for job_id in ids.values()]
     assert [len(r) for r in results] == [FRAMES] * JOBS
     for job_id, deliveries in webhook_receiver.by_job().items():
         assert job_id in ids.values()

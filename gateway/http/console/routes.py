@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,8 +29,16 @@ from litestar import MediaType, Request, Response, get, post
 from litestar.datastructures import Cookie, FormMultiDict
 from litestar.di import NamedDependency
 from litestar.params import FromPath
+from redis.exceptions import RedisError
 
-from gateway.errors import Forbidden, InvalidRequest, ModgateError, NotFound, Unauthorized
+from gateway.errors import (
+    Forbidden,
+    InvalidRequest,
+    ModgateError,
+    NotFound,
+    StateUnavailable,
+    Unauthorized,
+)
 from gateway.http.console.sessions import (
     OPERATOR_NAME,
     ConsoleSession,
@@ -69,7 +78,7 @@ _ASSET_TYPES = {"console.css": "text/css", "console.js": "text/javascript", "fav
 _TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 # Read once at import: small files, never changed while the process runs.
 _ASSETS = {name: (_TEMPLATE_DIR / name).read_text(encoding="utf-8") for name in _ASSET_TYPES}
-_PANELS = ("summary", "policy", "figures", "health", "quality", "audit")
+_PANELS = ("summary", "policy", "figures", "tenants", "health", "quality", "audit")
 
 
 # --- formatting for the templates ----------------------------------------------------------------------
@@ -147,11 +156,12 @@ def _signer(services: Services) -> SessionSigner | None:
     return None if token is None else SessionSigner(token, services.settings.console.session_ttl_s)
 
 
-def _operator(request: Request[Any, Any, Any], services: Services) -> _Operator | None:
-    """The header's admin token (a wrong one is a 401, as on /admin), else the signed session, else None."""
+async def _operator(request: Request[Any, Any, Any], services: Services) -> _Operator | None:
+    """The header's admin token (a wrong one is a 401, a business key a 403, as on /admin), else the signed
+    session still in force (not signed out, on this replica or another), else None."""
     authorization = request.headers.get("authorization")
     if authorization is not None:
-        token_id = services.keys.admin(authorization)
+        token_id = await services.keys.authorize_admin(authorization)
         name = request.headers.get("x-modgate-operator")
         if name is None:
             return _Operator(token_id, f"{token_id} (console)", None)
@@ -161,7 +171,9 @@ def _operator(request: Request[Any, Any, Any], services: Services) -> _Operator 
         return _Operator(name, f"{name} ({token_id}, console)", None)
     signer = _signer(services)
     session = None if signer is None else signer.read(request.cookies.get(SESSION_COOKIE))
-    return None if session is None else _Operator(session.operator, session.actor, session)
+    if session is None or not await services.console.session_in_force(session):
+        return None
+    return _Operator(session.operator, session.actor, session)
 
 
 # --- what the page shows -------------------------------------------------------------------------------
@@ -239,6 +251,8 @@ async def _view(services: Services, operator: _Operator) -> dict[str, Any]:
         "policy_hash": policy.content_hash(),
         "shedding": services.moderation.load.shedding,
         "figures": _figures(services),
+        "tenants": services.tenants.rows(),
+        "fairness": services.settings.admission.fairness,
         "health": health,
         "audit": audit,
         "audit_error": audit_error,
@@ -267,9 +281,10 @@ def _field(form: FormMultiDict, name: str) -> str:
 
 # --- responses -----------------------------------------------------------------------------------------
 
-def _html(body: str, status: int = 200, cookies: list[Cookie] | None = None) -> Response[str]:
-    return Response(body, media_type=MediaType.HTML, status_code=status, headers=_PAGE_HEADERS,
-                    cookies=cookies)
+def _html(body: str, status: int = 200, cookies: list[Cookie] | None = None,
+          headers: dict[str, str] | None = None) -> Response[str]:
+    return Response(body, media_type=MediaType.HTML, status_code=status,
+                    headers={**_PAGE_HEADERS, **(headers or {})}, cookies=cookies)
 
 
 def _see_other(location: str, cookies: list[Cookie] | None = None) -> Response[str]:
@@ -283,10 +298,12 @@ def _session_cookie(services: Services, value: str, max_age: int) -> Cookie:
 
 
 def _sign_in_page(services: Services, status: int = 200, error: str | None = None,
-                  operator: str = "", cookie_dropped: bool = False) -> Response[str]:
+                  operator: str = "", cookie_dropped: bool = False,
+                  headers: dict[str, str] | None = None) -> Response[str]:
     return _html(_render("sign_in.html", error=error, operator_name=operator, cookie_dropped=cookie_dropped,
                          disabled=services.settings.admin_token is None,
-                         cookie_secure=services.settings.console.cookie_secure), status=status)
+                         cookie_secure=services.settings.console.cookie_secure),
+                 status=status, headers=headers)
 
 
 async def _dashboard(
@@ -309,7 +326,7 @@ async def console_page(
     """The console, or its sign-in form."""
     if services.settings.admin_token is None:
         return _sign_in_page(services, status=403)
-    operator = _operator(request, services)
+    operator = await _operator(request, services)
     if operator is None:
         # Just signed in, yet no session came back: the browser dropped the cookie (Secure over plain HTTP).
         return _sign_in_page(services, cookie_dropped=request.query_params.get("signed_in") == "1")
@@ -327,10 +344,19 @@ async def console_page(
 async def console_sign_in(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> Response[str]:
-    """Check the admin token from the form and set the signed session cookie."""
+    """Check the admin token from the form and set the signed session cookie; too many failures: 429."""
     signer = _signer(services)
     if signer is None:
         return _sign_in_page(services, status=403)
+    where = request.client.host if request.client else "unknown"
+    limiter = services.console.limiter
+    wait_s = await limiter.retry_after(where)
+    if wait_s is not None:  # even the right token: guessing must gain nothing while the limit holds
+        log.warning("console: sign-in refused for %d s after repeated failures (from %s)", wait_s, where)
+        return _sign_in_page(
+            services, 429, f"Too many failed sign-ins: try again in {wait_s} s.",
+            headers={"Retry-After": str(wait_s)},
+        )
     form = await request.form()
     name, token = _field(form, "operator"), _field(form, "token")
     if not OPERATOR_NAME.match(name):
@@ -338,11 +364,15 @@ async def console_sign_in(
             services, 400, "Your name goes into the audit trail: 1-64 letters, digits or _ . @ -", name
         )
     try:
-        token_id = services.keys.admin(f"Bearer {token}")
-    except (Unauthorized, Forbidden):
-        where = request.client.host if request.client else "?"
+        token_id = await services.keys.authorize_admin(f"Bearer {token}")
+    except (Unauthorized, Forbidden) as exc:
+        await limiter.failed(where)
         log.warning("console: failed sign-in as %r from %s", name, where)
+        if isinstance(exc, Forbidden):
+            refusal = "That is a business API key: it cannot open the console."
+            return _sign_in_page(services, 403, refusal, name)
         return _sign_in_page(services, 401, "That is not the admin token.", name)
+    await limiter.succeeded(where)
     _, value = signer.issue(name, token_id)
     log.info("console: %s signed in (%s)", name, token_id)
     cookie = _session_cookie(services, value, int(signer.ttl_s))
@@ -353,8 +383,8 @@ async def console_sign_in(
 async def console_sign_out(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> Response[str]:
-    """Forget the session cookie (it still verifies until it expires, wherever a copy of it went)."""
-    operator = _operator(request, services)
+    """End this session on the server (wherever a copy of its cookie went) and forget the cookie."""
+    operator = await _operator(request, services)
     form = await request.form()
     signer = _signer(services)
     if operator is not None and operator.session is not None and signer is not None and not signer.csrf_valid(
@@ -362,6 +392,44 @@ async def console_sign_out(
     ):
         refusal = "This sign-out did not come from the console's own page."
         return _html(_render("refused.html", message=refusal), status=403)
+    if operator is not None and operator.session is not None:
+        try:
+            await services.console.revocations.revoke(operator.session)
+        except RedisError as exc:
+            return _html(_render("refused.html", message=(
+                f"Not signed out on the server: the session store (Redis) is unreachable ({exc}). Try again."
+            )), status=503)
+        log.info("console: %s signed out", operator.actor)
+    return _see_other("/console", cookies=[_session_cookie(services, "", 0)])
+
+
+@post("/console/sign-out-everywhere", include_in_schema=False)
+async def console_sign_out_everywhere(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> Response[Any]:
+    """End every console session issued until now, on every replica (a lost laptop, a departing operator).
+
+    From the page (session and CSRF token) or a script (``Authorization: Bearer <MODGATE_ADMIN_TOKEN>``).
+    """
+    operator = await _operator(request, services)
+    if operator is None:
+        return _sign_in_page(services, 401, "Sign in to sign everyone out.")
+    form = await request.form()
+    signer = _signer(services)
+    if operator.session is not None and (signer is None or not signer.csrf_valid(operator.session,
+                                                                                  _field(form, "csrf"))):
+        refusal = "This sign-out did not come from the console's own page."
+        return _html(_render("refused.html", message=refusal), status=403)
+    now = time.time()
+    try:
+        await services.console.revocations.revoke_all(now)
+    except RedisError as exc:
+        raise StateUnavailable(
+            f"cannot sign everyone out: the session store (Redis) is unreachable ({exc})"
+        ) from exc
+    log.warning("console: every session issued until now was ended by %s", operator.actor)
+    if operator.session is None:
+        return Response({"signed_out_before": now}, status_code=200, headers=_PAGE_HEADERS)
     return _see_other("/console", cookies=[_session_cookie(services, "", 0)])
 
 
@@ -370,7 +438,7 @@ async def console_flip_thinking(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> Response[str]:
     """Set the default thinking mode, with a reason, the version the page showed and the CSRF token."""
-    operator = _operator(request, services)
+    operator = await _operator(request, services)
     if operator is None:
         return _sign_in_page(services, 401, "Sign in to change the thinking policy.")
     form = await request.form()
@@ -415,7 +483,7 @@ async def console_panels(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> Response[dict[str, Any]]:
     """The page's panels rendered now, for the page to swap in (and the policy version, to spot a flip)."""
-    operator = _operator(request, services)
+    operator = await _operator(request, services)
     if operator is None:
         raise Unauthorized("sign in to the console (or send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>')")
     view = await _view(services, operator)
@@ -430,7 +498,7 @@ async def console_quality_report(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> Response[bytes]:
     """The newest weekly quality report's HTML file, as ``modgate quality report`` wrote it."""
-    if _operator(request, services) is None:
+    if await _operator(request, services) is None:
         raise Unauthorized("sign in to the console (or send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>')")
     quality = await asyncio.to_thread(latest_quality_headline, services.settings.console.reports_dir)
     if quality is None or quality.html_report is None:
@@ -449,5 +517,5 @@ async def console_asset(name: FromPath[str]) -> Response[str]:
                     headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
 
 
-ROUTES = [console_page, console_sign_in, console_sign_out, console_flip_thinking, console_panels,
-          console_quality_report, console_asset]
+ROUTES = [console_page, console_sign_in, console_sign_out, console_sign_out_everywhere, console_flip_thinking,
+          console_panels, console_quality_report, console_asset]

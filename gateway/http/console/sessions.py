@@ -2,10 +2,11 @@
 weekly quality report's headline.
 
 Sessions: the cookie holds a signed statement ("alice signed in with admin token 1a2b3c4d at T, valid until
-T+ttl"), never the token. The signing key is derived from ``MODGATE_ADMIN_TOKEN`` (HMAC with a fixed label),
-so every replica that shares the token accepts the same sessions without shared state, and rotating the
-token signs every console user out. The CSRF token is an HMAC of the session id under a second derived key:
-the server recomputes it, nothing is stored.
+T+ttl"), never the token. The signing key is derived from ``MODGATE_ADMIN_TOKEN`` (HMAC with a fixed label)
+and the statement names the token's digest, so every replica that shares the token accepts the same
+sessions, and rotating the token signs every console user out. Signing out (one session, or everywhere) is
+remembered on the server: gateway/http/console/guard.py. The CSRF token is an HMAC of the session id under a
+second derived key: the server recomputes it, nothing is stored.
 
 The quality headline is read from the ``quality-YYYY-Www.json`` files ``modgate quality report`` writes,
 through a tolerant subset of their schema: importing :mod:`quality.report` would pull numpy, scikit-learn
@@ -73,6 +74,9 @@ class SessionSigner:
     def __init__(self, admin_token: str, ttl_s: float, clock: Callable[[], float] = time.time) -> None:
         self._session_key = _derive(admin_token, b"session v1")
         self._csrf_key = _derive(admin_token, b"csrf v1")
+        # The session names the token it was signed in with: a rotated token ends it even if a signing key
+        # were ever shared between tokens (revocation before that: gateway/http/console/guard.py).
+        self._token_digest = hashlib.sha256(admin_token.encode()).hexdigest()[:32]
         self.ttl_s = ttl_s
         self._clock = clock
 
@@ -84,7 +88,7 @@ class SessionSigner:
         expires = round(now + self.ttl_s, 3)
         session = ConsoleSession(secrets.token_urlsafe(18), operator, token_id, now, expires)
         claims = {"sid": session.session_id, "op": session.operator, "tid": session.token_id,
-                  "iat": session.issued_at, "exp": session.expires_at}
+                  "tdg": self._token_digest, "iat": session.issued_at, "exp": session.expires_at}
         payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
         return session, f"{_COOKIE_VERSION}.{payload}.{self._sign(payload)}"
 
@@ -108,6 +112,8 @@ class SessionSigner:
                                      float(claims["iat"]), float(claims["exp"]))
         except (binascii.Error, ValueError, KeyError, TypeError):
             return None  # signed by us but unreadable: an older format; sign in again
+        if not hmac.compare_digest(str(claims.get("tdg", "")).encode(), self._token_digest.encode()):
+            return None  # issued for another admin token
         if session.expires_at <= self._clock():
             return None
         return session

@@ -17,6 +17,8 @@ from litestar.params import JSONBody, Parameter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.errors import InvalidRequest
+from gateway.http.routes import responses
+from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
 from gateway.policy.rules import ThinkingPolicy
 
@@ -29,9 +31,9 @@ _SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed")
 Limit = Annotated[int, Parameter(ge=1, le=1000)]
 
 
-def _actor(request: Request[Any, Any, Any], services: Services) -> str:
+async def _actor(request: Request[Any, Any, Any], services: Services) -> str:
     """The admin check, and a name for the audit trail: the operator's (if sent) and the token's id."""
-    token_id = services.keys.admin(request.headers.get("authorization"))
+    token_id = await services.keys.authorize_admin(request.headers.get("authorization"))
     operator = request.headers.get("x-modgate-operator")
     if operator is None:
         return token_id
@@ -55,16 +57,16 @@ def policy_view(policy: ThinkingPolicy, services: Services) -> dict[str, Any]:
             "store": services.policies.status().model_dump(mode="json")}
 
 
-@get("/admin/thinking-policy")
+@get("/admin/thinking-policy", responses=error_responses(responses.ADMIN_READ))
 async def get_thinking_policy(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> dict[str, Any]:
     """The policy document in force on this replica, its content hash and the store's state."""
-    _actor(request, services)
+    await _actor(request, services)
     return policy_view(services.policies.current(), services)
 
 
-@put("/admin/thinking-policy")
+@put("/admin/thinking-policy", responses=error_responses(responses.ADMIN_CHANGE))
 async def put_thinking_policy(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> dict[str, Any]:
@@ -73,7 +75,7 @@ async def put_thinking_policy(
     A ``version`` in the body is the version the change was made from: if another flip came first the
     answer is 409 instead of silently overwriting it. Without one, the change applies to whatever is in force.
     """
-    actor = _actor(request, services)
+    actor = await _actor(request, services)
     try:
         body = await request.json()
     except ValueError as exc:
@@ -108,12 +110,14 @@ class RollbackRequest(BaseModel):
     reason: str = Field(min_length=3, max_length=500)
 
 
-@post("/admin/thinking-policy/rollback", status_code=200)
+@post(
+    "/admin/thinking-policy/rollback", status_code=200, responses=error_responses(responses.ADMIN_ROLLBACK)
+)
 async def rollback_thinking_policy(
     request: Request[Any, Any, Any], data: JSONBody[RollbackRequest], services: NamedDependency[Services]
 ) -> dict[str, Any]:
     """Put an earlier version's content back in force, as a new version (versions only go up)."""
-    actor = _actor(request, services)
+    actor = await _actor(request, services)
     reason = _reason(data.reason)
     update = await services.policies.rollback(data.to_version, actor, reason)
     if update.changed:
@@ -122,23 +126,23 @@ async def rollback_thinking_policy(
     return {**policy_view(update.policy, services), "changed": update.changed}
 
 
-@get("/admin/thinking-policy/history")
+@get("/admin/thinking-policy/history", responses=error_responses(responses.ADMIN_READ))
 async def thinking_policy_history(
     request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 20
 ) -> dict[str, Any]:
     """Earlier policy documents, newest first."""
-    _actor(request, services)
+    await _actor(request, services)
     documents = await services.policies.history(limit)
     return {"data": [{**json.loads(doc.model_dump_json()), "content_hash": doc.content_hash()}
                      for doc in documents]}
 
 
-@get("/admin/audit")
+@get("/admin/audit", responses=error_responses(responses.ADMIN_READ))
 async def audit_trail(
     request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 50
 ) -> dict[str, Any]:
     """Who changed the policy, when, why, from which version to which, and what changed; newest first."""
-    _actor(request, services)
+    await _actor(request, services)
     entries = await services.policies.audit(limit)
     return {"data": [json.loads(entry.model_dump_json()) for entry in entries]}
 

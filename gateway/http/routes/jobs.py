@@ -8,12 +8,17 @@ from litestar import Request, Response, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter, JSONBody
 
+from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json
+from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
 from gateway.jobs.service import Job, JobRequest
 
 
-@post("/v1/jobs", status_code=202, before_request=refuse_deep_json)
+@post(
+    "/v1/jobs", status_code=202, before_request=refuse_deep_json,
+    responses=error_responses(responses.JOB_SUBMIT),
+)
 async def create_job(
     request: Request[Any, Any, Any],
     data: JSONBody[JobRequest],
@@ -27,7 +32,7 @@ async def create_job(
     return Response(job, status_code=202, headers=headers)
 
 
-@get("/v1/jobs/{job_id:str}")
+@get("/v1/jobs/{job_id:str}", responses=error_responses(responses.JOB_READ))
 async def get_job(
     request: Request[Any, Any, Any], job_id: FromPath[str], services: NamedDependency[Services]
 ) -> Job:

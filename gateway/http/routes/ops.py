@@ -6,6 +6,7 @@ from typing import Any
 
 from litestar import Response, get
 from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
 from prometheus_client import generate_latest
 
 from gateway.errors import ModgateError
@@ -19,18 +20,23 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz")
+@get("/readyz", responses={503: ResponseSpec(data_container=dict[str, Any], description=(
+    "Not ready: no engine is up, or the engine's model cannot be read (the body says which)"
+))})
 async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]]:
     """Ready when at least one engine is up (answers ``/health``, circuit not open) and the model is known."""
     engines = await services.engines.readiness()
     ready = any(engine["up"] for engine in engines)
+    model = None
     if ready:
         try:
-            await services.moderation.engine_model()
+            model = await services.moderation.engine_identity()
         except ModgateError:
             ready = False
     status = "ready" if ready else "not ready"
     body: dict[str, Any] = {"status": status, "engine": services.engine.base_url, "engines": engines}
+    if model is not None:  # what verdicts are reused under (gateway/moderation/verdict_cache.py)
+        body["model"] = {"id": model.id, "root": model.root, "revision": model.revision}
     # "engine" is the first one. The policy store does not gate readiness (a replica serves on its last
     # policy while Redis is down), but an operator should see that flips are refused: "degraded".
     store = services.policies.status()
@@ -40,7 +46,7 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
     return Response(body, status_code=200 if ready else 503)
 
 
-@get("/metrics", media_type="text/plain; version=0.0.4; charset=utf-8")
+@get("/metrics", media_type="text/plain; version=0.0.4")  # Litestar adds "; charset=utf-8" to text types
 async def metrics(services: NamedDependency[Services]) -> bytes:
     """Prometheus text format."""
     services.metrics.inflight.set(services.admission.inflight)
@@ -55,6 +61,8 @@ async def stats(services: NamedDependency[Services]) -> dict[str, Any]:
     document["inflight"] = services.admission.inflight
     document["queued"] = services.admission.queued
     document["thinking_default"] = services.policies.current().default_mode
+    document["fairness"] = services.settings.admission.fairness
+    document["tenants"] = services.tenants.rows()  # per tenant: share, quotas, latency, queue wait
     return document
 
 

@@ -1,0 +1,163 @@
+"""One video's keyframes as one batch: a verdict per frame and one for the video, sync or as a job.
+
+``POST /v1/videos/{video_id}/keyframes`` answers it at once; ``POST /v1/jobs`` takes the same body (plus the
+video id and an optional webhook) and its result is the same document. The frames of a batch belong to one
+caller, hence one tenant: the gateway may pack them ``packing`` to an engine request (one structured output
+with a verdict per frame) and reuses verdicts of frames it has seen (exact or near duplicates), which a
+video's keyframes often are. The video is blocked if any frame is, sent to review if any frame is, allowed
+otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.errors import InvalidRequest
+from gateway.http.auth import Caller
+from gateway.moderation.service import ModerationService
+from gateway.moderation.wire import (
+    ImageURL,
+    ImageURLPart,
+    ModerationDetails,
+    ModerationRequest,
+    RequestOptions,
+    TextPart,
+)
+from gateway.policy.rules import Mode
+
+_VIDEO_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+
+
+def check_video_id(video_id: str) -> None:
+    """A video id is 1 to 200 of ``A-Z a-z 0-9 . _ : -`` (it goes into logs and shadow records)."""
+    if not _VIDEO_ID.fullmatch(video_id):
+        raise InvalidRequest("video_id must be 1 to 200 of A-Z a-z 0-9 . _ : -", param="video_id")
+
+
+class Keyframe(BaseModel):
+    """One keyframe of the video."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image_url: ImageURL
+    timestamp_ms: int | None = Field(default=None, ge=0)  # where in the video; echoed back
+
+
+class KeyframeBatchRequest(BaseModel):
+    """The body of ``POST /v1/videos/{video_id}/keyframes`` (and, with ``video_id``, of ``POST /v1/jobs``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    frames: list[Keyframe] = Field(min_length=1)
+    packing: int | None = Field(default=None, ge=1, le=16)  # frames per engine request; default the setting
+    thinking: Literal["on", "off"] | None = None  # honoured where the thinking policy lets callers choose
+    model: str | None = None
+    tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)
+    priority: int = Field(default=0, ge=-10, le=10)
+
+
+class KeyframeResult(BaseModel):
+    """One frame's verdict: the fields of a moderation result, plus where the frame is."""
+
+    index: int
+    timestamp_ms: int | None
+    flagged: bool
+    categories: dict[str, bool]
+    category_scores: dict[str, float]
+    category_applied_input_types: dict[str, list[Literal["text", "image"]]]
+    modgate: ModerationDetails
+
+
+class VideoVerdict(BaseModel):
+    """The video as a whole: block if any frame is blocked, review if any frame needs review, else allow."""
+
+    action: Literal["allow", "review", "block"]
+    flagged: bool
+    categories: list[str]  # named by the frames that decided the action
+    blocked_frames: list[int]
+    review_frames: list[int]
+
+
+class KeyframeBatchResponse(BaseModel):
+    """The answer: the video's verdict, each frame's, and what the batch cost the engine."""
+
+    id: str
+    object: Literal["video.keyframes.moderation"] = "video.keyframes.moderation"
+    video_id: str
+    model: str
+    verdict: VideoVerdict
+    frames: list[KeyframeResult]
+    packing: int  # frames per engine request
+    engine_requests: int  # engine calls the batch took
+    reused_frames: int  # frames whose verdict was reused instead of asked of the engine
+
+
+def video_verdict(frames: list[KeyframeResult]) -> VideoVerdict:
+    """Block if any frame is blocked, review if any frame needs review, else allow."""
+    blocked = [frame.index for frame in frames if frame.modgate.action == "block"]
+    review = [frame.index for frame in frames if frame.modgate.action == "review"]
+    deciding = blocked or review
+    # A blocked frame's categories are the ones it blocks for (its scores are probabilities, and every
+    # category may have some); a review names its categories by a score only when no block decides.
+    categories = sorted({
+        name for frame in frames if frame.index in deciding
+        for name, score in frame.category_scores.items()
+        if (frame.categories.get(name, False) if blocked else score > 0)
+    })
+    action: Literal["allow", "review", "block"] = "block" if blocked else "review" if review else "allow"
+    return VideoVerdict(action=action, flagged=action != "allow", categories=categories,
+                        blocked_frames=blocked, review_frames=review)
+
+
+async def moderate_keyframes(
+    moderation: ModerationService,
+    video_id: str,
+    batch: KeyframeBatchRequest,
+    caller: Caller,
+    requested: Mode | None,
+    *,
+    priority: int | None = None,
+) -> KeyframeBatchResponse:
+    """Judge one video's keyframes: the sync route and the job worker both answer this document.
+
+    ``priority``: the admission priority, when not the body's (jobs queue behind live calls).
+    """
+    packing = batch.packing or moderation.settings.shaping.packing_k
+    parts: list[ImageURLPart | TextPart] = [
+        ImageURLPart(type="image_url", image_url=frame.image_url) for frame in batch.frames
+    ]
+    options = RequestOptions(
+        thinking=batch.thinking,
+        video_id=video_id,
+        tags=batch.tags,
+        priority=batch.priority if priority is None else priority,
+    )
+    request = ModerationRequest(input=parts, model=batch.model, modgate=options)
+    answer = await moderation.moderate(request, caller, requested, packing=packing)
+    frames = [
+        KeyframeResult(
+            index=index,
+            timestamp_ms=frame.timestamp_ms,
+            flagged=result.flagged,
+            categories=result.categories,
+            category_scores=result.category_scores,
+            category_applied_input_types=result.category_applied_input_types,
+            modgate=result.modgate,
+        )
+        for index, (frame, result) in enumerate(zip(batch.frames, answer.results, strict=True))
+    ]
+    fresh = {frame.modgate.request_id for frame in frames if frame.modgate.reused is None}
+    return KeyframeBatchResponse(
+        id=f"vkf-{uuid.uuid4().hex}",
+        video_id=video_id,
+        model=answer.model,
+        verdict=video_verdict(frames),
+        frames=frames,
+        packing=packing,
+        engine_requests=len(fresh),
+        reused_frames=sum(frame.modgate.reused is not None for frame in frames),
+    )

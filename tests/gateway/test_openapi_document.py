@@ -1,0 +1,138 @@
+"""The gateway's OpenAPI document: valid (openapi-spec-validator), and every status a business route really
+answers is documented there with the OpenAI error schema; /metrics names its charset once."""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+from email.message import Message
+from typing import Any
+
+import httpx
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate
+from PIL import Image
+
+from deploy.keyframes import make_keyframe
+from deploy.simulator import Faults
+from gateway.cli.embedded import ThreadedServer
+from tests.support import GatewayFactory, SimFactory, data_url, image_input
+
+BUSINESS_ROUTES = {
+    ("post", "/v1/moderations"): {200, 400, 401, 413, 415, 422, 429, 500, 502, 503, 504},
+    ("post", "/v1/videos/{video_id}/keyframes"): {200, 400, 401, 413, 415, 422, 429, 500, 502, 503, 504},
+    ("post", "/v1/jobs"): {202, 400, 401, 409, 413, 415, 422, 429, 500, 503},
+    ("get", "/v1/jobs/{job_id}"): {200, 401, 404, 500, 503},
+    ("put", "/admin/thinking-policy"): {200, 400, 401, 403, 409, 413, 503},
+    ("post", "/admin/thinking-policy/rollback"): {200, 400, 401, 403, 404, 409, 503},
+}
+
+
+def openapi(gateway: ThreadedServer) -> dict[str, Any]:
+    """The document the gateway serves about itself."""
+    document: dict[str, Any] = httpx.get(f"{gateway.url}/schema/openapi.json", timeout=30).json()
+    return document
+
+
+def documented_schema(spec: dict[str, Any], method: str, path: str, status: int) -> Draft202012Validator:
+    """A validator for the body the document promises for ``status`` (its ``$ref``s resolved in place)."""
+    response = spec["paths"][path][method]["responses"][str(status)]
+    schema = response["content"]["application/json"]["schema"]
+    return Draft202012Validator({**schema, "components": spec["components"]})
+
+
+def test_the_openapi_document_is_valid(gateway: ThreadedServer) -> None:
+    spec = openapi(gateway)
+    validate(spec)  # raises OpenAPIValidationError, naming the offending node, if it is not
+    assert spec["openapi"].startswith("3.1")
+
+
+def test_every_business_route_documents_each_status_with_the_openai_error_shape(
+    gateway: ThreadedServer,
+) -> None:
+    spec = openapi(gateway)
+    error = {"error": {"message": "m", "type": "invalid_request_error", "param": None, "code": "c"}}
+    for (method, path), statuses in BUSINESS_ROUTES.items():
+        documented = {int(status) for status in spec["paths"][path][method]["responses"]}
+        assert statuses <= documented, f"{method.upper()} {path} lacks {sorted(statuses - documented)}"
+        for status in documented - {200, 202}:
+            validator = documented_schema(spec, method, path, status)
+            validator.validate(error)
+            assert not validator.is_valid({"detail": "Bad Request", "status_code": 400}), (path, status)
+
+
+def image_part(url: str) -> list[dict[str, Any]]:
+    return [{"type": "image_url", "image_url": {"url": url}}]
+
+
+def gif() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 36), "white").save(buffer, "GIF")
+    return buffer.getvalue()
+
+
+def png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), "white").save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_each_status_moderations_answers_is_documented_with_the_body_it_sends(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    frame = image_input(make_keyframe("allow", 320, 180, seed=5))
+    sim = start_sim()
+    slow = start_sim(faults=Faults(slow_rate=1.0, slow_s=3.0))
+    failing = start_sim(faults=Faults(error_rate=1.0))
+    keys = {"api_keys": "key-1:tenant-a"}
+    auth = {"Authorization": "Bearer key-1"}
+    gateway = start_gateway(engine_url=sim.url, shaping={"max_body_bytes": 256 * 1024}, **keys)
+    one_slot = start_gateway(  # nothing reused: every call needs the one engine slot
+        engine_url=slow.url, max_inflight=1, admission={"queue_size": 0}, shaping={"verdict_cache_ttl_s": 0},
+        **keys,
+    )
+    impatient = start_gateway(engine_url=slow.url, engine={"first_token_timeout_s": 0.5}, **keys)
+    no_engine = start_gateway(engine_url="http://127.0.0.1:9", engine={"connect_retries": 0}, **keys)
+    broken_engine = start_gateway(engine_url=failing.url, engine={"connect_retries": 0}, **keys)
+
+    def post(server: ThreadedServer, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
+        sent = auth if headers is None else headers
+        return httpx.post(f"{server.url}/v1/moderations", json=body, headers=sent, timeout=60)
+
+    answers: dict[int, httpx.Response] = {
+        200: post(gateway, {"input": frame}),
+        400: post(gateway, {"input": 5}),
+        401: post(gateway, {"input": frame}, headers={"Authorization": "Bearer wrong"}),
+        413: post(gateway, {"input": image_input(bytes(300 * 1024))}),
+        415: post(gateway, {"input": image_part(data_url(gif(), "image/gif"))}),
+        422: post(gateway, {"input": image_part(data_url(png(2010, 8), "image/png"))}),  # past 200:1
+        502: post(broken_engine, {"input": frame}),
+        503: post(no_engine, {"input": frame}),
+        504: post(impatient, {"input": frame}),
+    }
+    # 429: three calls at once for one engine slot and no waiting room: at least one is refused.
+    for _ in range(5):
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            rush = list(pool.map(lambda _: post(one_slot, {"input": frame}), range(3)))
+        refused = [response for response in rush if response.status_code == 429]
+        if refused:
+            answers[429] = refused[0]
+            break
+    assert 429 in answers, [response.status_code for response in rush]
+    spec = openapi(gateway)
+    for status, response in answers.items():
+        assert response.status_code == status, (status, response.text)
+        documented_schema(spec, "post", "/v1/moderations", status).validate(response.json())
+    assert answers[429].headers["retry-after"].isdigit()
+
+
+def test_metrics_names_its_charset_once(gateway: ThreadedServer) -> None:
+    header = httpx.get(f"{gateway.url}/metrics", timeout=30).headers["content-type"]
+    assert header.lower().count("charset") == 1, header
+    message = Message()
+    message["content-type"] = header
+    assert message.get_content_type() == "text/plain"
+    assert message.get_param("version") == "0.0.4"
+    assert message.get_content_charset() == "utf-8"
+    names = [name.lower() for name, _ in message.get_params() or []]
+    assert len(names) == len(set(names)), header
