@@ -90,7 +90,8 @@ class JobRequest(BaseModel):
     video_id: str = Field(min_length=1, max_length=200)
     frames: list[ImageURLPart] = Field(min_length=1)
     webhook_url: str | None = Field(default=None, min_length=1, max_length=2048)
-    thinking: Literal["on", "off"] | None = None  # honoured where the thinking policy lets callers choose
+    # honoured where the thinking policy lets callers choose
+    thinking: Literal["on", "off", "escalate"] | None = None
 
 
 class JobError(BaseModel):

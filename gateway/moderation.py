@@ -14,7 +14,7 @@ from typing import Literal
 
 from opentelemetry import trace
 
-from gateway.admission import AdmissionQueue
+from gateway.admission import REASK_PRIORITY, AdmissionQueue
 from gateway.auth import Caller
 from gateway.engine_client import EngineAnswer, EngineClient, Usage
 from gateway.engine_pool import EnginePool
@@ -26,7 +26,16 @@ from gateway.errors import (
     UnprocessableImage,
     UnsupportedMedia,
 )
-from gateway.policy import Mode, PolicyStore, QueueLoad, RequestContext, ThinkingDecision, decide
+from gateway.policy import (
+    EscalationBudget,
+    Mode,
+    PolicyStore,
+    QueueLoad,
+    RequestContext,
+    ThinkingDecision,
+    ThinkingPolicy,
+    decide,
+)
 from gateway.remote_images import RemoteImageFetcher, is_remote_url
 from gateway.settings import Settings
 from gateway.shadow import ShadowSampler
@@ -45,6 +54,7 @@ from gateway.verdict_cache import (
     colour_thumbnail,
 )
 from gateway.wire import (
+    EscalatedFrom,
     ImageURLPart,
     ModerationDetails,
     ModerationRequest,
@@ -52,6 +62,7 @@ from gateway.wire import (
     ModerationResult,
     TextPart,
 )
+from quality.escalation import escalation_reason
 from shaping.accounting import PromptPrediction, TokenAccountant, compare_usage
 from shaping.errors import ImageRejected
 from shaping.image import ImageLimits, ShapedImage, decode_data_url, shape_image
@@ -81,6 +92,10 @@ class FrameOutcome:
     verdicts: tuple[KeyframeVerdict, ...] = ()  # every frame's verdict of a packed engine call, in order
     reused: Reuse | None = None  # the verdict was not asked of the engine for this frame
     packed: int = 1  # frames in the engine request that judged this one
+    thinking_mode: Mode | None = None  # what the policy chose, when it differs from ``decision.mode``
+    fast: FrameOutcome | None = None  # escalated: the thinking-off outcome this one replaced
+    escalated_from: EscalatedFrom | None = None
+    escalation_skipped: Literal["cap_share", "cap_rate", "reask_failed"] | None = None
 
 
 class ModerationService:
@@ -109,6 +124,7 @@ class ModerationService:
         self.engines = engines or EnginePool.of_one(engine, admission)
         self.policies = policies
         self.load = QueueLoad(lambda: admission.queued)  # the load rule's signal and hysteresis (per replica)
+        self.escalations = EscalationBudget(lambda: admission.queued)  # escalate's caps (per replica)
         self.metrics = metrics
         self.system_prompt = system_prompt
         self.executor = executor
@@ -222,7 +238,9 @@ class ModerationService:
             if self.shadow is not None and not extra_text:
                 video_id = options.video_id if options else None
                 for judged_frame, outcome in zip(shaped, outcomes, strict=True):
-                    if (
+                    if decision.mode == "escalate":
+                        self._pair_escalation(policy, judged_frame, outcome, caller.tenant, video_id)
+                    elif (
                         outcome.reused is None and outcome.packed == 1
                     ):  # an engine verdict on this frame alone
                         self.shadow.consider(
@@ -264,6 +282,28 @@ class ModerationService:
                 texts.append(item.text)
         return images, texts
 
+    def _pair_escalation(
+        self, policy: ThinkingPolicy, frame: ShapedImage, outcome: FrameOutcome, tenant: str,
+        video_id: str | None,
+    ) -> None:
+        """Quality records of an escalate-mode frame: every escalation is a pair, and a random share too.
+
+        The shadow coin is drawn for every frame, escalated or not, so the pairs it picks stay a random
+        sample of all frames (``selection: random``); an escalation it did not pick is marked
+        ``escalation``: the report weighs those by their chance of being paired (1) or leaves them out.
+        """
+        assert self.shadow is not None
+        drawn = self.shadow.draw(policy)
+        if outcome.fast is not None:
+            self.shadow.record_pair(
+                policy.version, frame, (outcome.fast.verdict, outcome.fast.answer),
+                (outcome.verdict, outcome.answer), tenant=tenant, video_id=video_id,
+                selection="random" if drawn else "escalation", probability=1.0,
+            )
+        elif drawn and outcome.reused is None and outcome.packed == 1:
+            self.shadow.consider(policy, frame, "off", outcome.verdict, outcome.answer, tenant=tenant,
+                                 video_id=video_id, drawn=True)
+
     async def _judge(
         self,
         frames: list[ShapedImage],
@@ -271,7 +311,11 @@ class ModerationService:
         decision: ThinkingDecision,
         context: RequestContext,
         request_id: str,
+        *,
+        reask: bool = False,
     ) -> FrameOutcome:
+        # a re-ask (escalation) goes ahead of new asks, at the admission queue and in the engine
+        priority = context.priority + (REASK_PRIORITY if reask else 0)
         body = build_chat_request(
             self.system_prompt,
             list(frames),
@@ -283,7 +327,7 @@ class ModerationService:
                 max_completion_tokens=decision.max_completion_tokens * max(1, len(frames)),
                 constraint=self.settings.engine.verdict_constraint,
                 stream=True,
-                priority=context.priority if self.settings.engine.use_priority else None,
+                priority=priority if self.settings.engine.use_priority else None,
                 thinking_token_budget=(
                     None
                     if decision.thinking_token_budget is None
@@ -294,7 +338,7 @@ class ModerationService:
         prediction = await self._predict_prompt_tokens(frames, user_text, decision.mode == "on")
         queued_at = time.time_ns()  # span times are wall-clock nanoseconds
         try:
-            async with self.engines.slot(priority=context.priority) as admission:
+            async with self.engines.slot(priority=priority) as admission:
                 self.tracer.start_span("queue", start_time=queued_at).end()
                 self.metrics.queue_wait.observe(admission.queue_seconds)
                 self.load.observe_queue_wait(admission.queue_seconds)
@@ -327,7 +371,7 @@ class ModerationService:
             self.metrics.unparsable.labels(problem).inc()
             log.warning("unusable engine output", extra={"request_id": request_id, "problem": problem})
         for judged in parsed.verdicts:
-            self.metrics.frames.labels(judged.action, decision.mode).inc()
+            self.metrics.frames.labels(judged.action, "on" if decision.mode == "on" else "off").inc()
         return FrameOutcome(
             verdict=parsed.verdicts[0],
             answer=answer,
@@ -355,7 +399,7 @@ class ModerationService:
             modgate=ModerationDetails(
                 action=verdict.action,
                 reason=verdict.detail or None,
-                thinking=decision.mode,
+                thinking="on" if decision.mode == "on" else "off",
                 thinking_rule=decision.rule,
                 policy_version=decision.policy_version,
                 latency_ms=round(latency_s * 1000, 2),
@@ -371,6 +415,9 @@ class ModerationService:
                 frame_sha256=frame.sha256 if frame else None,
                 reused=outcome.reused,
                 request_id=answer.request_id,
+                thinking_mode=outcome.thinking_mode or decision.mode,
+                escalated_from=outcome.escalated_from,
+                escalation_skipped=outcome.escalation_skipped,
             ),
         )
 
@@ -421,10 +468,12 @@ class ModerationService:
         return base + (f"\n{extra_text}" if extra_text else "")
 
     def _verdict_scope(self, tenant: str, decision: ThinkingDecision, extra_text: str) -> VerdictScope:
+        # escalate reuses and keeps verdicts by the mode that made them: a thinking-on verdict answers an
+        # escalate-mode frame as well as any re-ask would; a fast one is kept for thinking-off callers
         return VerdictScope(
             tenant=tenant,
             policy_version=decision.policy_version,
-            thinking=decision.mode,
+            thinking="on" if decision.mode == "escalate" else decision.mode,
             prompt_sha256=self.system_prompt.sha256,
             text_sha256=hashlib.sha256(extra_text.encode()).hexdigest() if extra_text else "",
         )
@@ -481,6 +530,60 @@ class ModerationService:
         )
         return FrameOutcome(verdict=verdict, answer=answer, decision=decision, queue_s=0.0, reused=how)
 
+    async def _escalate(
+        self,
+        frame: ShapedImage,
+        fast: FrameOutcome | None,
+        extra_text: str,
+        decision: ThinkingDecision,
+        context: RequestContext,
+        request_id: str,
+    ) -> FrameOutcome | None:
+        """An escalate-mode frame's answer: its fast verdict, or the thinking-on one if it was unsure.
+
+        The cap is checked and the frame counted in the same step (no await between), so concurrent
+        requests on this replica never overrun it together.
+        """
+        rule, reask = decision.escalation, decision.reask
+        if fast is None or rule is None or reask is None:
+            return fast
+        verdict = fast.verdict
+        why = escalation_reason(
+            verdict.action, verdict.categories, verdict.confidence, rule.threshold, rule.always_categories
+        )
+        if why is None:
+            self.escalations.record(False)
+            return fast
+        skipped = self.escalations.skip_reason(rule)
+        self.escalations.record(skipped is None)
+        if skipped is not None:
+            self.metrics.escalations_skipped.labels(skipped).inc()
+            return replace(fast, escalation_skipped=skipped)
+        self.metrics.escalations.labels(why).inc()
+        try:
+            again = await self._judge(
+                [frame], self._instruction(1, extra_text), reask, context, f"{request_id}-escalated",
+                reask=True,
+            )
+        except ModgateError as exc:  # the fast verdict still answers; the caller is told it was not re-asked
+            self.metrics.escalations_skipped.labels("reask_failed").inc()
+            log.warning("escalation re-ask failed: %s", exc.message, extra={"request_id": request_id})
+            return replace(fast, escalation_skipped="reask_failed")
+        return replace(
+            again,
+            queue_s=fast.queue_s + again.queue_s,
+            thinking_mode="escalate",
+            fast=fast,
+            escalated_from=EscalatedFrom(
+                action=verdict.action,
+                categories=list(verdict.categories),
+                confidence=verdict.confidence,
+                why=why,
+                threshold=rule.threshold,
+                request_id=fast.answer.request_id,
+            ),
+        )
+
     async def _judge_frames(
         self,
         frames: list[ShapedImage],
@@ -501,6 +604,9 @@ class ModerationService:
         verdicts (unusable output) are not.
         """
         scope = self._verdict_scope(context.tenant, decision, extra_text)
+        reuse_decision = decision
+        if decision.reask is not None:  # escalate: what a reused thinking-on verdict answers under
+            reuse_decision = replace(decision.reask, rule=decision.rule)
         identities = await self._identities(frames)
         rule = self.verdicts.rule
         hits: list[ReusedVerdict | None] = [None] * len(frames)
@@ -513,7 +619,10 @@ class ModerationService:
             hit = hits[index]
             if hit is not None:
                 stored = hit.stored
-                outcomes[index] = self._reused(stored.verdict(), hit.reused, decision, stored.request_id)
+                outcomes[index] = replace(
+                    self._reused(stored.verdict(), hit.reused, reuse_decision, stored.request_id),
+                    thinking_mode=decision.mode,
+                )
                 self.metrics.reused.labels(hit.reused).inc()
                 continue
             twin: tuple[int, Reuse] | None = None
@@ -543,15 +652,26 @@ class ModerationService:
         for chunk, outcome in zip(chunks, judged, strict=True):
             for position, index in enumerate(chunk):
                 outcomes[index] = self._share(outcome, position)
+        if decision.mode == "escalate":
+            escalated = await asyncio.gather(
+                *(self._escalate(frames[i], outcomes[i], extra_text, decision, context, f"{request_id}-{i}")
+                  for i in leaders)
+            )
+            for index, final in zip(leaders, escalated, strict=True):
+                outcomes[index] = final
         for index, (leader, how) in followers.items():
             made = outcomes[leader]
             assert made is not None  # leaders were all judged above
-            outcomes[index] = self._reused(made.verdict, how, decision, made.answer.request_id)
+            outcomes[index] = replace(
+                self._reused(made.verdict, how, made.decision, made.answer.request_id),
+                thinking_mode=made.thinking_mode,
+            )
             self.metrics.reused.labels(how).inc()
         if self.settings.shaping.verdict_cache_ttl_s > 0:
             made_at = time.time()
             to_store = [
-                StoredVerdict(
+                (replace(scope, thinking="off" if made.decision.mode == "escalate" else made.decision.mode),
+                 StoredVerdict(
                     action=made.verdict.action,
                     categories=made.verdict.categories,
                     confidence=made.verdict.confidence,
@@ -560,9 +680,9 @@ class ModerationService:
                     thumbnail=identities[index].thumbnail,
                     made_at=made_at,
                     request_id=made.answer.request_id,
-                )
+                ))
                 for index in leaders
                 if (made := outcomes[index]) is not None and made.verdict.problem is None
             ]
-            await asyncio.gather(*(self.verdicts.store(scope, stored) for stored in to_store))
+            await asyncio.gather(*(self.verdicts.store(where, stored) for where, stored in to_store))
         return [outcome for outcome in outcomes if outcome is not None]

@@ -31,6 +31,7 @@ __all__ = [
     "Pairing",
     "RecordStore",
     "RedisRecordStore",
+    "Selection",
     "Source",
     "VerdictRecord",
     "iso_week_of",
@@ -44,6 +45,10 @@ logger = logging.getLogger(__name__)
 Arm = Literal["thinking_on", "thinking_off", "thinking_on_rerun"]
 Action = Literal["allow", "review", "block"]
 Source = Literal["shadow", "offline"]
+# How a live frame came to be judged in both modes: a random share (shadow sampling), or because its fast
+# verdict was unsure and escalated (not a random sample: weight it by `selection_probability`, or leave
+# it out).
+Selection = Literal["random", "escalation"]
 ARMS: tuple[Arm, ...] = ("thinking_on", "thinking_off", "thinking_on_rerun")
 
 
@@ -82,6 +87,12 @@ class VerdictRecord(BaseModel):
     reused: bool = False  # the gateway answered from its verdict cache: not an independent run
     input_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")  # bytes the runner sent
     human_label: HumanLabel | None = None
+    # the verdict's confidence: the engine's probability of its action (None: not measured or not given)
+    confidence: float | None = Field(default=None, ge=0, le=1)
+    selection: Selection | None = None  # None: an offline run, every frame of the data set
+    # the chance this frame was paired at all, given its fast verdict (1 for an escalation below the
+    # threshold, the shadow share for a random pair): inverse-probability weights use it
+    selection_probability: float | None = Field(default=None, gt=0, le=1)
 
     @field_validator("recorded_at")
     @classmethod

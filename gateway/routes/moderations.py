@@ -13,7 +13,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
 from gateway.errors import InvalidRequest
-from gateway.policy import Mode
+from gateway.policy import MODES, Mode
 from gateway.services import Services
 from gateway.wire import ModerationRequest, ModerationResponse
 
@@ -71,12 +71,15 @@ async def refuse_deep_json(request: Request[Any, Any, Any]) -> None:
 
 
 def requested_mode(value: str | None) -> Mode | None:
-    """``X-Modgate-Thinking: on|off``."""
+    """``X-Modgate-Thinking: on|off|escalate``."""
     if value is None:
         return None
-    if value not in ("on", "off"):
-        raise InvalidRequest("X-Modgate-Thinking must be 'on' or 'off'", param="X-Modgate-Thinking")
-    return "on" if value == "on" else "off"
+    for mode in MODES:
+        if value == mode:
+            return mode
+    raise InvalidRequest(
+        "X-Modgate-Thinking must be 'on', 'off' or 'escalate'", param="X-Modgate-Thinking"
+    )
 
 
 @post("/v1/moderations", status_code=200, before_request=refuse_deep_json)
