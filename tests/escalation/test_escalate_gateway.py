@@ -63,8 +63,11 @@ def gateway(start_gateway: GatewayFactory, sim: ThreadedServer, tmp_path: Path) 
 def test_a_sure_fast_verdict_answers_thinking_off_and_says_the_mode(gateway: ThreadedServer) -> None:
     set_policy(gateway, **escalating(0.0, always_categories=[]))
     (details,) = asyncio.run(moderate_all(gateway, [make_keyframe("allow", 320, 180, seed=3)]))
-    assert (details["thinking"], details["thinking_rule"], details["thinking_mode"]) == ("off", "default",
-                                                                                         "escalate")
+    assert (details["thinking"], details["thinking_rule"], details["thinking_mode"]) == (
+        "off",
+        "default",
+        "escalate",
+    )
     assert details["escalated_from"] is None
     assert details["escalation_skipped"] is None
 
@@ -75,8 +78,11 @@ def test_an_unsure_verdict_is_answered_with_thinking_on_and_carries_the_fast_one
     set_policy(gateway, **escalating(1.0))  # every confidence is below 1: every frame escalates
     frame = make_keyframe("block:violence", 320, 180, seed=4)
     (details,) = asyncio.run(moderate_all(gateway, [frame]))
-    assert (details["thinking"], details["thinking_rule"], details["thinking_mode"]) == ("on", "escalated",
-                                                                                         "escalate")
+    assert (details["thinking"], details["thinking_rule"], details["thinking_mode"]) == (
+        "on",
+        "escalated",
+        "escalate",
+    )
     assert details["reasoning_tokens"] > 0
     fast = details["escalated_from"]
     assert fast["why"] == "low_confidence"
@@ -102,7 +108,9 @@ def test_review_and_always_escalated_categories_escalate_whatever_the_confidence
     assert metric(gateway, "modgate_escalations_total", reason="category") == 1
 
 
-def test_the_cap_answers_the_rest_fast_and_says_so(start_gateway: GatewayFactory, sim: ThreadedServer) -> None:
+def test_the_cap_answers_the_rest_fast_and_says_so(
+    start_gateway: GatewayFactory, sim: ThreadedServer
+) -> None:
     gateway = start_gateway(engine_url=sim.url)
     set_policy(gateway, **escalating(1.0, max_share=0.25, cap_applies="always"))
     frames = [make_keyframe("allow", 320, 180, seed=100 + i) for i in range(40)]
@@ -148,7 +156,9 @@ def test_without_a_queue_the_under_load_cap_lets_every_unsure_frame_escalate(
 def test_a_caller_may_ask_for_escalate(gateway: ThreadedServer) -> None:
     set_policy(gateway, escalation={"threshold": 1.0})
     (details,) = asyncio.run(
-        moderate_all(gateway, [make_keyframe("allow", 320, 180, seed=9)], **{"X-Modgate-Thinking": "escalate"})
+        moderate_all(
+            gateway, [make_keyframe("allow", 320, 180, seed=9)], **{"X-Modgate-Thinking": "escalate"}
+        )
     )
     assert (details["thinking_rule"], details["thinking_mode"]) == ("escalated", "escalate")
     bad = httpx.post(
@@ -170,7 +180,9 @@ def test_every_escalation_is_recorded_as_an_escalation_pair(
     frames = [make_keyframe("allow", 320, 180, seed=300 + i) for i in range(3)]
     results = asyncio.run(moderate_all(gateway, frames))
     gateway.stop()  # drains the background writes
-    lines = [json.loads(line) for path in records_dir.glob("*.jsonl") for line in path.read_text().splitlines()]
+    lines = [
+        json.loads(line) for path in records_dir.glob("*.jsonl") for line in path.read_text().splitlines()
+    ]
     assert len(lines) == 6
     assert {(r["arm"], r["selection"], r["selection_probability"]) for r in lines} == {
         ("thinking_off", "escalation", 1.0),

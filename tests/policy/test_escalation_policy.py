@@ -1,4 +1,4 @@
-"""The ``escalate`` mode in the policy document: where a mode is taken, its fields, and the per-replica cap."""
+"""The ``escalate`` mode in the policy: where a mode is taken, its fields, and the per-replica cap."""
 
 from __future__ import annotations
 

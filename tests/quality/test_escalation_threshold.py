@@ -27,7 +27,7 @@ OFFSET = 2.5  # confidence = 1/3 + 2/3·Φ(OFFSET − difficulty): most fast ver
 
 
 def confidence_of(difficulty: np.ndarray) -> np.ndarray:
-    return 1 / 3 + (2 / 3) * norm.cdf(OFFSET - difficulty)
+    return np.asarray(1 / 3 + (2 / 3) * norm.cdf(OFFSET - difficulty), dtype=np.float64)
 
 
 def difficulty_below(threshold: float) -> float:
