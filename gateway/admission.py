@@ -19,11 +19,6 @@ from dataclasses import dataclass, field
 
 from gateway.errors import Overloaded
 
-REASK_PRIORITY = -100
-"""Added to a request's priority for its escalation re-ask: below every request priority (-10..10), so a
-frame already half-answered goes ahead of new asks, and re-asks keep their requests' order among them."""
-
-
 @dataclass(order=True)
 class _Waiter:
     priority: int

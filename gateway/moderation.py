@@ -14,7 +14,7 @@ from typing import Literal
 
 from opentelemetry import trace
 
-from gateway.admission import REASK_PRIORITY, AdmissionQueue
+from gateway.admission import AdmissionQueue
 from gateway.auth import Caller
 from gateway.engine_client import EngineAnswer, EngineClient, Usage
 from gateway.engine_pool import EnginePool
@@ -71,6 +71,11 @@ from shaping.tokens import TokenGrid
 from shaping.verdict import OPENAI_CATEGORIES, KeyframeVerdict, parse_engine_output
 
 log = logging.getLogger("modgate.moderation")
+
+REASK_PRIORITY = -100
+"""Added to a request's priority for its escalation re-ask: below every request priority (-10..10), so a
+frame already half answered goes ahead of new asks at admission (and in the engine, with ``use_priority``),
+and re-asks keep their requests' order among themselves."""
 
 
 def image_rejection(exc: ImageRejected) -> ClientError:
