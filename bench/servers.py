@@ -56,7 +56,7 @@ def simulator(preset: str = "instant", time_scale: float = 0.0, *extra: str) -> 
     args = [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "gateway.cli.main",
         "engine-sim",
         "--port",
         str(port),
@@ -75,7 +75,7 @@ def gateway(engine_url: str, **env: str) -> Iterator[str]:
     """``modgate serve`` in a process of its own, in front of ``engine_url``; yields its URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
+    args = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port)]
     with process(
         args, f"{url}/readyz", {"MODGATE_ENGINE_URL": engine_url, "MODGATE_LOG_LEVEL": "warning", **env}
     ):

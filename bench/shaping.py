@@ -43,10 +43,10 @@ import httpx
 
 from bench.servers import simulator
 from deploy.keyframes import LABELS, make_keyframe
-from gateway.policy import ThinkingPolicy
-from gateway.prefix_cli import EngineTokens, fill_prefix
+from gateway.cli.prefix import EngineTokens, fill_prefix
+from gateway.moderation.verdict_cache import colour_thumbnail
+from gateway.policy.rules import ThinkingPolicy
 from gateway.settings import ShapingSettings
-from gateway.verdict_cache import colour_thumbnail
 from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request, load_system_prompt
 from shaping.tokens import TokenGrid

@@ -49,7 +49,7 @@ from PIL import Image
 
 from bench.servers import free_port, wait_until_ready
 from deploy.keyframes import make_keyframe
-from gateway.jobs import RedisJobStore, verify_webhook
+from gateway.jobs.service import RedisJobStore, verify_webhook
 
 WEBHOOK_SECRET = "soak-webhook-secret-0123456789"  # noqa: S105 (a local receiver's test secret)
 LABELS = ("allow", "allow", "allow", "review", "block:violence", "block:sexual")
@@ -257,7 +257,8 @@ def soak_stack(args: argparse.Namespace, log_dir: Path, webhook_url: str) -> Ite
         ], log_dir)
         sim_url = f"http://127.0.0.1:{sim_port}"
         processes["simulator"] = spawn("simulator", [
-            sys.executable, "-m", "gateway.cli", "engine-sim", "--port", str(sim_port), "--preset", "spark",
+            sys.executable, "-m", "gateway.cli.main", "engine-sim", "--port", str(sim_port),
+            "--preset", "spark",
             "--time-scale", str(args.time_scale), "--error-rate", str(args.error_rate),
             "--slow-rate", str(args.slow_rate), "--slow-s", str(args.slow_s),
             "--cut-stream-rate", str(args.cut_stream_rate), "--malformed-rate", str(args.malformed_rate),
@@ -293,7 +294,7 @@ def soak_stack(args: argparse.Namespace, log_dir: Path, webhook_url: str) -> Ite
         }
 
         def start_gateway() -> Process:
-            command = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(gateway_port)]
+            command = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(gateway_port)]
             gateway = spawn(f"gateway-{len(gateways)}", command, log_dir, gateway_env)
             gateways.append(gateway)
             wait_until_ready(f"{gateway_url}/readyz", gateway.popen)

@@ -82,7 +82,7 @@ class ShapingSettings(BaseModel):
 
 
 class CircuitSettings(BaseModel):
-    """When the gateway stops calling a failing engine, and for how long (gateway/circuit.py)."""
+    """When the gateway stops calling a failing engine, and for how long (gateway/engine/circuit.py)."""
 
     consecutive_failures: int = Field(default=5, ge=1)
     failure_rate: float = Field(default=0.5, gt=0, le=1)  # of the last ``window`` calls (``min_calls`` ran)
@@ -101,7 +101,7 @@ class LimitsSettings(BaseModel):
 
 
 class RemoteImageSettings(BaseModel):
-    """Opt-in fetching of ``http(s)`` image URLs (gateway/remote_images.py); off: only ``data:`` URLs."""
+    """Opt-in fetching of ``http(s)`` image URLs (gateway/moderation/remote_images.py); off: data: only."""
 
     enabled: bool = False
     allowlist: HostList = Field(default_factory=list)  # "cdn.example.com" exactly, ".example.com" subdomains
@@ -111,7 +111,7 @@ class RemoteImageSettings(BaseModel):
 
 
 class JobSettings(BaseModel):
-    """Keyframe batches submitted as jobs (gateway/jobs.py): durable in Redis streams when Redis is set."""
+    """Keyframe batches submitted as jobs (gateway/jobs/): durable in Redis streams when Redis is set."""
 
     max_frames: int = Field(default=64, ge=1, le=1024)
     max_backlog: int = Field(default=10_000, ge=1)  # jobs queued or running before a submission gets 429
@@ -137,7 +137,7 @@ class JobSettings(BaseModel):
 
 
 class TelemetrySettings(BaseModel):
-    """Traces, metrics, logs and the recent-window figures (gateway/tracing.py, gateway/stats.py)."""
+    """Traces, metrics, logs and the recent-window figures (gateway/telemetry/: tracing.py, windows.py)."""
 
     otlp_endpoint: str | None = None  # "http://collector:4318": OTLP/HTTP traces and metrics; unset: none
     service_name: str = "modgate"
@@ -170,7 +170,7 @@ class PolicySettings(BaseModel):
 
 
 class ConsoleSettings(BaseModel):
-    """The operations page at ``/console`` (gateway/routes/console.py), signed in with the admin token."""
+    """The operations page at ``/console`` (gateway/http/console/), signed in with the admin token."""
 
     reports_dir: Path = Path("var/quality/reports")  # where `modgate quality report` writes its JSON
     session_ttl_s: float = Field(default=8 * 3600, ge=60, le=7 * 86400)  # a sign-in lasts a working day
@@ -182,7 +182,7 @@ class ConsoleSettings(BaseModel):
 
 
 class LeaseSettings(BaseModel):
-    """Engine slots shared by gateway replicas in Redis (gateway/leases.py) when MODGATE_REDIS_URL is set."""
+    """Engine slots shared by gateway replicas in Redis (gateway/engine/leases.py) given MODGATE_REDIS_URL."""
 
     enabled: bool = True  # off: each replica keeps each engine's cap on its own (N replicas, N × the cap)
     key_prefix: str = Field(default="modgate:engine-leases", min_length=1)

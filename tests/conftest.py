@@ -12,8 +12,8 @@ import redis
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, Faults, SimPreset, create_sim_app
-from gateway.app import create_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.processes import GatewayProcess, GatewayProcessesFactory
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory
@@ -78,7 +78,7 @@ def gateway(start_gateway: GatewayFactory, sim: ThreadedServer) -> ThreadedServe
 
 @pytest.fixture
 def gateway_processes(tmp_path: Path) -> Iterator[GatewayProcessesFactory]:
-    """``gateway_processes(count, ready_path="/readyz", **MODGATE_env)``: ``python -m gateway.cli serve``
+    """``gateway_processes(count, ready_path="/readyz", **MODGATE_env)``: ``python -m gateway.cli.main serve``
     processes started side by side (their imports overlap), each waited for until ``ready_path`` answers 200
     (``/healthz`` where Redis or the engine may be away); all stopped after the test."""
     started: list[GatewayProcess] = []

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.keyframes import Label, read_label
-from deploy.simulator.engine import FinishEvent, Sequence, SimEngine, TokenEvent
+from deploy.simulator.engine import FinishEvent, Sequence, SimScheduler, TokenEvent
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.tokenizer import ImageSlot, Token, render_chat, split_text, token_id
 from shaping.errors import ImageRejected
@@ -134,7 +134,7 @@ class SimMetrics:
             registry=self.registry,
         ).labels(**self.labels)
 
-    def watch(self, engine: SimEngine) -> None:
+    def watch(self, engine: SimScheduler) -> None:
         """Counters and gauges are read from the scheduler at scrape time."""
         labels = self.labels
 
@@ -240,7 +240,7 @@ class SimulatedEngine:
         self.time_scale = time_scale
         self.faults = faults or Faults()
         self.metrics = SimMetrics(preset.model)
-        self.engine = SimEngine(
+        self.engine = SimScheduler(
             preset, time_scale, observe_ttft=self.metrics.ttft.observe, observe_e2e=self.metrics.e2e.observe
         )
         self.metrics.watch(self.engine)

@@ -128,7 +128,7 @@ class EngineCounters:
     requests_finished: int = 0
 
 
-class SimEngine:
+class SimScheduler:
     """The scheduler loop; ``generate`` yields a sequence's events as steps produce them."""
 
     def __init__(

@@ -10,7 +10,7 @@ import httpx
 from bench.engine_stub import create_stub_app
 from bench.keepalive import KeepAliveConnection, encode_request
 from bench.overhead import Requests
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 
 
 def test_the_engine_stub_replays_the_simulators_answer_byte_for_byte() -> None:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from deploy.keyframes import make_keyframe
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

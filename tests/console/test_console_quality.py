@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from gateway.console import latest_quality_headline
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.console.sessions import latest_quality_headline
 from quality.report import ReportPolicy, build_weekly_report, write_report
 from tests.quality.fakes import synthesize_week
 from tests.support import ADMIN_TOKEN, GatewayFactory

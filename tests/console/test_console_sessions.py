@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.console import SessionSigner
+from gateway.http.console.sessions import SessionSigner
 
 TOKEN = "console-admin-token-0123456789"
 

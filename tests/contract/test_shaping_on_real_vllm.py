@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from deploy.keyframes import make_keyframe
-from gateway.prefix_cli import CachedCall, EngineTokens, fill_prefix
+from gateway.cli.prefix import CachedCall, EngineTokens, fill_prefix
 from gateway.settings import ShapingSettings
 from shaping.accounting import TokenAccountant, compare_usage
 from shaping.image import ImageLimits, ShapedImage, shape_image

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from deploy.cli import deploy_app
-from gateway.cli import app as modgate_app
+from gateway.cli.main import app as modgate_app
 
 SPARK_DIR = Path(__file__).resolve().parents[2] / "deploy" / "spark"
 

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
-from gateway.app import create_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, forward, image_input
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.admission import AdmissionQueue
+from gateway.engine.admission import AdmissionQueue
 from gateway.errors import Overloaded
 
 

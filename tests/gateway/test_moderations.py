@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.support import GatewayFactory, SimFactory, image_input
 
 
@@ -173,7 +173,7 @@ class RecordingEngine:
 
 
 def test_the_engine_request_is_built_as_the_production_engine_expects() -> None:
-    from gateway.app import create_app
+    from gateway.http.app import create_app
     from gateway.settings import Settings
 
     engine = RecordingEngine()

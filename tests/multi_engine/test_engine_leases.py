@@ -10,12 +10,12 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.admission import AdmissionQueue
-from gateway.circuit import CircuitBreaker
-from gateway.engine_client import EngineClient
-from gateway.engine_pool import EnginePool, EngineSlot
+from gateway.engine.admission import AdmissionQueue
+from gateway.engine.circuit import CircuitBreaker
+from gateway.engine.client import EngineClient
+from gateway.engine.leases import EngineLeases
+from gateway.engine.pool import EnginePool, EngineSlot
 from gateway.errors import Overloaded
-from gateway.leases import EngineLeases
 from tests.processes import poll_async
 
 ENGINE = "http://engine-a.test"

@@ -12,10 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import ValidationError
 
-from gateway.admission import AdmissionQueue
-from gateway.circuit import CircuitBreaker, CircuitOpen
-from gateway.engine_client import EngineClient
-from gateway.engine_pool import EnginePool, EngineSlot, HeldEngine
+from gateway.engine.admission import AdmissionQueue
+from gateway.engine.circuit import CircuitBreaker, CircuitOpen
+from gateway.engine.client import EngineClient
+from gateway.engine.pool import EnginePool, EngineSlot, HeldEngine
 from gateway.errors import EngineUnavailable, Overloaded
 from gateway.settings import Settings
 

@@ -13,7 +13,7 @@ import redis
 from bench.servers import free_port
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.processes import GatewayProcessesFactory, poll
 from tests.support import GatewayFactory, SimFactory, image_input
 

@@ -10,7 +10,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from gateway.settings import Settings
-from gateway.telemetry import GatewayMetrics
+from gateway.telemetry.metrics import GatewayMetrics
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 SCHEDULE_CRONJOB = K8S.parent / "schedule" / "quality-report-cronjob.yaml"

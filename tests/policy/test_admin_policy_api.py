@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.processes import poll
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
 

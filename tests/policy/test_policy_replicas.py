@@ -1,8 +1,8 @@
 """Gateway processes on one real Redis: flips spread within a second; a dead Redis stops flips, not serving.
 
-Each gateway is a real ``python -m gateway.cli serve`` process, ready once it answers /healthz (readiness may
-be degraded while Redis is away). Tests that stop Redis run their own ``redis-server`` on a free port, so the
-machine's Redis is never touched.
+Each gateway is a real ``python -m gateway.cli.main serve`` process, ready once it answers /healthz
+(readiness may be degraded while Redis is away). Tests that stop Redis run their own ``redis-server`` on a
+free port, so the machine's Redis is never touched.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from deploy.keyframes import make_keyframe
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.processes import GatewayProcessesFactory, RedisServer, poll
 from tests.support import ADMIN_TOKEN, image_input
 

@@ -10,8 +10,8 @@ import redis.asyncio as aioredis
 
 from bench.servers import free_port
 from gateway.errors import Conflict, NotFound, StateUnavailable
-from gateway.policy import PolicyStore, ThinkingPolicy
-from gateway.policy_store import MemoryPolicyStore, RedisPolicyStore
+from gateway.policy.rules import PolicyStore, ThinkingPolicy
+from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
 from tests.processes import poll_async
 
 PREFIX = "modgate:thinking-policy"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.policy import (
+from gateway.policy.rules import (
     LoadRule,
     QueueLoad,
     RequestContext,

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from deploy.keyframes import make_keyframe
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.support import GatewayFactory, SimFactory, image_input
 
 

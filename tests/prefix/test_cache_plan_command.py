@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from gateway.cli import app
+from gateway.cli.main import app
 from tests.support import SimFactory
 
 runner = CliRunner()

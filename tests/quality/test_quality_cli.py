@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from deploy.keyframes import LABELS, make_keyframe
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from quality.cli import previous_week, quality_app, resolve_week
 from quality.records import JsonlRecordStore, pair_records
 from quality.report import WeeklyReport

@@ -12,9 +12,9 @@ import redis
 from typer.testing import CliRunner
 
 from deploy.keyframes import make_keyframe
-from gateway.cli import app as cli
-from gateway.embedded import ThreadedServer
-from gateway.keys_store import API_KEYS_HASH
+from gateway.cli.embedded import ThreadedServer
+from gateway.cli.main import app as cli
+from gateway.http.keys_store import API_KEYS_HASH
 from tests.processes import RedisServer
 from tests.reliability.conftest import error_body
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from deploy.keyframes import make_keyframe
-from gateway.app import create_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.reliability.conftest import error_body
 from tests.support import data_url, image_input

@@ -10,9 +10,9 @@ from litestar.testing import AsyncTestClient
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.app import create_app
-from gateway.circuit import CircuitBreaker, CircuitOpen
+from gateway.engine.circuit import CircuitBreaker, CircuitOpen
 from gateway.errors import UpstreamError
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.processes import poll
 from tests.reliability.conftest import error_body

@@ -18,7 +18,7 @@ from litestar.testing import AsyncTestClient
 from bench.servers import free_port, wait_until_ready
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.app import create_app
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.processes import poll, poll_async
 from tests.reliability.conftest import engine_counter, error_body
@@ -230,7 +230,7 @@ async def test_an_answer_cut_after_it_started_is_never_retried() -> None:
 def simulator_process(port: int, *args: str) -> Iterator[subprocess.Popen[bytes]]:
     """``modgate engine-sim`` in a process of its own (so it can be killed)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "engine-sim", "--port", str(port), *args],
+        [sys.executable, "-m", "gateway.cli.main", "engine-sim", "--port", str(port), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -13,9 +13,17 @@ import redis.asyncio as aioredis
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.auth import Caller
-from gateway.embedded import ThreadedServer
-from gateway.jobs import GROUP, STREAM, JobRecord, MemoryJobStore, RedisJobStore, sign_webhook, verify_webhook
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.auth import Caller
+from gateway.jobs.service import (
+    GROUP,
+    STREAM,
+    JobRecord,
+    MemoryJobStore,
+    RedisJobStore,
+    sign_webhook,
+    verify_webhook,
+)
 from tests.processes import poll_async
 from tests.reliability.conftest import WEBHOOK_SECRET, WebhookReceiver, engine_counter, error_body
 from tests.support import GatewayFactory, SimFactory, image_input

@@ -9,7 +9,7 @@ import httpx
 import redis
 
 from deploy.keyframes import make_keyframe
-from gateway.jobs import GROUP, STREAM, RedisJobStore, verify_webhook
+from gateway.jobs.service import GROUP, STREAM, RedisJobStore, verify_webhook
 from tests.processes import GatewayProcessFactory, poll
 from tests.reliability.conftest import WEBHOOK_SECRET, WebhookReceiver
 from tests.support import SimFactory, image_input

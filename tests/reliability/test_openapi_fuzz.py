@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.app import create_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.support import ADMIN_TOKEN
 

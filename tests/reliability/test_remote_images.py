@@ -16,11 +16,11 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from deploy.keyframes import make_keyframe
-from gateway import remote_images
-from gateway.app import create_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from gateway.errors import ModgateError
-from gateway.remote_images import (
+from gateway.http.app import create_app
+from gateway.moderation import remote_images
+from gateway.moderation.remote_images import (
     RemoteImageFetcher,
     RemoteImageRefused,
     RemoteImageTooLarge,

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from deploy.keyframes import make_keyframe
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from quality.records import JsonlRecordStore, VerdictRecord, iso_week_of, pair_records
 from quality.stats import wilson_interval
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input

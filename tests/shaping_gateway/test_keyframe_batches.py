@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.app import create_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.support import GatewayFactory, SimFactory, data_url, forward, image_input
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from deploy.keyframes import make_keyframe
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.support import image_input
 
 

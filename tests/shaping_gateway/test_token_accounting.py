@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
-from gateway.app import create_app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.app import create_app
 from gateway.settings import Settings
 from shaping.accounting import Measurement, PromptPrediction, TokenAccountant, compare_usage
 from tests.support import GatewayFactory, SimFactory, forward, image_input

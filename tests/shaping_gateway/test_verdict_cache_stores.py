@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deploy.keyframes import make_keyframe
-from gateway.verdict_cache import (
+from gateway.moderation.verdict_cache import (
     FrameIdentity,
     MemoryVerdictCache,
     NearDuplicateRule,

@@ -11,7 +11,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
 
 SCENE = make_keyframe("allow", 1280, 720, seed=21)

@@ -15,11 +15,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
-from gateway.auth import Caller, KeyRing
-from gateway.services import open_services
+from gateway.http.auth import Caller, KeyRing
+from gateway.http.services import open_services
+from gateway.moderation.wire import ModerationRequest
 from gateway.settings import Settings
-from gateway.stats import read_engine_cache_counters, stats_document
-from gateway.wire import ModerationRequest
+from gateway.telemetry.windows import read_engine_cache_counters, stats_document
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
 from shaping.tokens import TokenGrid

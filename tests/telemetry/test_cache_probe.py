@@ -9,8 +9,8 @@ import re
 
 from typer.testing import CliRunner
 
-from gateway.cache_probe import max_reusable_tokens, probe_engine
-from gateway.cli import app
+from gateway.cli.cache_probe import max_reusable_tokens, probe_engine
+from gateway.cli.main import app
 from tests.support import SimFactory
 
 

@@ -10,13 +10,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
-from gateway.auth import Caller, KeyRing
-from gateway.engine_client import EngineAnswer, EngineClient
-from gateway.services import open_services
+from gateway.engine.client import EngineAnswer, EngineClient
+from gateway.http.auth import Caller, KeyRing
+from gateway.http.services import open_services
+from gateway.moderation.wire import ModerationDetails, ModerationRequest
 from gateway.settings import Settings
-from gateway.stats import RecentRequests
-from gateway.telemetry import GatewayMetrics, RequestRecorder
-from gateway.wire import ModerationDetails, ModerationRequest
+from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.windows import RecentRequests
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
 from shaping.tokens import TokenGrid

@@ -12,8 +12,8 @@ from prometheus_client.samples import Sample
 from typer.testing import CliRunner
 
 from deploy.keyframes import make_keyframe
-from gateway.cli import app
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
+from gateway.cli.main import app
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, data_url, image_input
 
 HISTOGRAMS = (

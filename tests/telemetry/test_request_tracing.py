@@ -18,15 +18,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from deploy.keyframes import make_keyframe
-from gateway.auth import Caller, KeyRing
-from gateway.embedded import ThreadedServer
+from gateway.cli.embedded import ThreadedServer
 from gateway.errors import UpstreamError
-from gateway.services import Services, open_services
+from gateway.http.auth import Caller, KeyRing
+from gateway.http.services import Services, open_services
+from gateway.moderation.wire import ModerationDetails, ModerationRequest
 from gateway.settings import Settings, TelemetrySettings
-from gateway.stats import RecentRequests
-from gateway.telemetry import GatewayMetrics, RequestRecorder
-from gateway.tracing import JsonLogFormatter, build_telemetry
-from gateway.wire import ModerationDetails, ModerationRequest
+from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.tracing import JsonLogFormatter, build_telemetry
+from gateway.telemetry.windows import RecentRequests
 from tests.support import SimFactory, data_url, image_input
 
 CALLER = Caller(tenant="t", key_id="test")

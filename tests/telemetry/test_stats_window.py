@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.stats import (
+from gateway.telemetry.windows import (
     EngineCacheCounters,
     EngineCacheWindow,
     RecentRequests,

@@ -1,0 +1,201 @@
+"""The ``modgate`` command line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from deploy.cli import deploy_app
+from deploy.engine_cpu import engine_cpu as engine_cpu_command
+from gateway.cli.cache_probe import cache_app
+from gateway.cli.policy import policy_app
+from gateway.cli.prefix import plan as cache_plan
+from gateway.cli.stats import stats
+from gateway.http.keys_store import keys_app
+from quality.cli import quality_app
+
+if TYPE_CHECKING:
+    from litestar import Litestar
+
+app = typer.Typer(
+    help="modgate: a moderation gateway in front of a vision-language model on vLLM.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(deploy_app, name="deploy")
+app.add_typer(policy_app, name="policy")
+app.command("engine-cpu", help="Install, build and serve the real vLLM CPU engine (tiny generated model).")(
+    engine_cpu_command
+)
+cache_app.command("plan")(cache_plan)  # beside `cache probe`: what the prefix cache can ever reuse
+app.add_typer(cache_app, name="cache")
+app.add_typer(keys_app, name="keys")
+app.command("stats")(stats)
+app.add_typer(quality_app, name="quality")
+
+
+def _sample_body_file(url: str) -> Path:
+    from deploy.keyframes import make_keyframe
+
+    frame = base64.b64encode(make_keyframe("block:violence", seed=7)).decode()
+    body = {
+        "model": "modgate-moderation",
+        "input": [{"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{frame}"}}],
+    }
+    path = Path(tempfile.gettempdir()) / "modgate-sample-keyframe.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
+def served_app() -> Litestar:
+    """The app as each worker process builds it (``--workers`` above 1): settings from the environment."""
+    from gateway.http.app import create_app
+    from gateway.settings import Settings
+    from gateway.telemetry.tracing import configure_logging
+
+    settings = Settings()
+    configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
+    return create_app(settings)
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str | None, typer.Option(help="Address to listen on (default MODGATE_HOST or 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default MODGATE_PORT or 8080).")] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            envvar="MODGATE_WORKERS",
+            min=1,
+            help="Worker processes. Each keeps its own in-flight cap and, without MODGATE_REDIS_URL, its own "
+            "policy, keys, jobs and verdict cache: more than 1 needs Redis.",
+        ),
+    ] = 1,
+) -> None:
+    """Serve the gateway; with MODGATE_ENGINE_URL unset it starts the simulated engine itself."""
+    import uvicorn
+
+    from gateway.http.app import create_app
+    from gateway.settings import Settings
+    from gateway.telemetry.tracing import configure_logging
+
+    try:
+        settings = Settings()
+    except ValueError as exc:
+        typer.secho(f"invalid settings: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from exc
+    if workers > 1 and not settings.redis_url:
+        typer.secho(
+            "--workers above 1 needs MODGATE_REDIS_URL: without it every worker process would keep "
+            "its own thinking policy, keys, jobs and verdict cache, and a policy flip would reach "
+            "only one.",
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(2)
+    settings = settings.model_copy(update={"host": host or settings.host, "port": port or settings.port})
+    configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
+    url = f"http://{settings.host}:{settings.port}"
+    sample = _sample_body_file(url)
+    auth = "" if not settings.api_keys else " -H 'Authorization: Bearer <key>'"
+    typer.echo(f"modgate listening on {url}")
+    typer.echo(
+        f"engine: {settings.engine_url or 'built-in simulator (spark preset)'}; "
+        f"state: {settings.redis_url or 'in memory'}"
+    )
+    typer.echo(f"try: curl -s {url}/v1/moderations -H 'Content-Type: application/json'{auth} -d @{sample}")
+    if workers > 1:
+        typer.secho(
+            f"{workers} workers: each admits up to MODGATE_MAX_INFLIGHT={settings.max_inflight} "
+            f"engine requests, {workers * settings.max_inflight} in all; lower it to keep the "
+            "engine's cap.",
+            fg="yellow",
+            err=True,
+        )
+    # JSON logs: uvicorn keeps no handlers of its own, so its lines reach the JSON formatter too.
+    log_config = None if settings.telemetry.json_logs else uvicorn.config.LOGGING_CONFIG
+    target: Litestar | str = create_app(settings) if workers == 1 else "gateway.cli.main:served_app"
+    uvicorn.run(
+        target,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        workers=workers,
+        factory=workers > 1,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        log_config=log_config,
+    )
+
+
+@app.command("engine-sim")
+def engine_sim(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    preset: Annotated[str, typer.Option(help="spark or instant.")] = "spark",
+    time_scale: Annotated[
+        float, typer.Option(help="Multiplies every simulated duration: 1 real pace, 0 instant.")
+    ] = 1.0,
+    block_size: Annotated[int | None, typer.Option(help="Prefix-cache block size in tokens.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Sequences run at once.")] = None,
+    disagreement: Annotated[
+        float | None, typer.Option(help="Share of frames whose thinking-off verdict differs.")
+    ] = None,
+    scheduling_policy: Annotated[str | None, typer.Option(help="fcfs or priority.")] = None,
+    error_rate: Annotated[float, typer.Option(help="Fault: share of requests answered 500.")] = 0.0,
+    slow_rate: Annotated[float, typer.Option(help="Fault: share of requests delayed by --slow-s.")] = 0.0,
+    slow_s: Annotated[float, typer.Option(help="Fault: delay of a slow request.")] = 5.0,
+    cut_stream_rate: Annotated[float, typer.Option(help="Fault: share of streams cut mid-answer.")] = 0.0,
+    malformed_rate: Annotated[float, typer.Option(help="Fault: share of answers that are not JSON.")] = 0.0,
+) -> None:
+    """Serve the vLLM-compatible engine simulator."""
+    import uvicorn
+
+    from deploy.simulator import PRESETS, Faults, create_sim_app
+
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    changes: dict[str, object] = {}
+    for name, value in (
+        ("block_size", block_size),
+        ("max_num_seqs", max_num_seqs),
+        ("thinking_off_disagreement", disagreement),
+        ("scheduling_policy", scheduling_policy),
+    ):
+        if value is not None:
+            changes[name] = value
+    chosen = PRESETS[preset].scaled(**changes)
+    faults = Faults(
+        error_rate=error_rate,
+        slow_rate=slow_rate,
+        slow_s=slow_s,
+        cut_stream_rate=cut_stream_rate,
+        malformed_rate=malformed_rate,
+    )
+    typer.echo(f"engine simulator ({chosen.name} preset, time scale {time_scale:g}) on http://{host}:{port}")
+    uvicorn.run(
+        create_sim_app(chosen, time_scale, faults),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+"""Prefix planning against a live engine: ``modgate cache plan`` and the gateway's block-filling prefix.
+
+The maths is :mod:`shaping.prefix`; this module measures what it needs on the engine itself (its
+``/tokenize`` renders the real chat template with the real tokenizer, its ``/metrics`` names its block size)
+or, without ``--engine-url``, on the built-in simulator with the chosen preset.
+
+The shared prefix is measured, not guessed: two prompts that differ only in the first token of the user
+message are tokenized and their common leading token ids counted. That is the system prompt and the chat
+template up to the user's content, the part every request repeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any
+
+import httpx
+import typer
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.settings import ShapingSettings
+from shaping.image import ImageLimits, ShapedImage, shape_image
+from shaping.prefix import (
+    DEFAULT_GUIDANCE_VERSION,
+    BlockFill,
+    FilledPrefix,
+    GuidanceTooShort,
+    PrefixPlan,
+    RequestShape,
+    load_guidance,
+    plan_prefix,
+    shared_prefix_length,
+)
+from shaping.prompt import (
+    DEFAULT_PROMPT_VERSION,
+    RequestOptions,
+    SystemPrompt,
+    build_chat_request,
+    load_system_prompt,
+)
+from shaping.tokens import TokenGrid
+
+
+class PrefixPlanError(Exception):
+    """The engine did not answer what prefix planning needs (``/tokenize``, ``/v1/models``, ``/metrics``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CachedCall:
+    """One verification request and what the engine's usage said."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+
+class EngineTokens:
+    """Token counts and the block size, asked of one engine over HTTP."""
+
+    def __init__(self, http: httpx.AsyncClient, model: str) -> None:
+        self.http = http
+        self.model = model
+
+    @classmethod
+    async def connect(cls, http: httpx.AsyncClient) -> EngineTokens:
+        """Ask the engine for its model id."""
+        response = await _request(http, "GET", "/v1/models")
+        try:
+            return cls(http, str(response.json()["data"][0]["id"]))
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise PrefixPlanError(f"the engine's /v1/models answered no model: {exc!r}") from exc
+
+    async def token_ids(self, messages: list[dict[str, Any]], enable_thinking: bool = False) -> list[int]:
+        """The prompt's token ids as the engine renders and tokenizes it (``POST /tokenize``)."""
+        body = {
+            "model": self.model, "messages": messages, "add_generation_prompt": True,
+            "chat_template_kwargs": {"enable_thinking": enable_thinking},
+        }
+        response = await _request(self.http, "POST", "/tokenize", json=body)
+        try:
+            tokens = response.json()["tokens"]
+            return [int(token) for token in tokens]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PrefixPlanError(f"the engine's /tokenize answered no token ids: {exc!r}") from exc
+
+    async def shared_prefix_tokens(self, system_text: str) -> int:
+        """Tokens every request shares: the system prompt and the template up to the user's content."""
+        first, second = await asyncio.gather(*(
+            self.token_ids([{"role": "system", "content": system_text}, {"role": "user", "content": text}])
+            for text in ("A", "B")  # one token each, different: the prompts part at the user's first token
+        ))
+        return shared_prefix_length(first, second)
+
+    async def prompt_tokens(
+        self, system: SystemPrompt, frames: list[ShapedImage], user_text: str, enable_thinking: bool
+    ) -> int:
+        """Every prompt token of one request as the gateway builds it."""
+        body = self.chat_body(system, frames, user_text, enable_thinking)
+        return len(await self.token_ids(body["messages"], enable_thinking))
+
+    def chat_body(
+        self, system: SystemPrompt, frames: list[ShapedImage], user_text: str, enable_thinking: bool
+    ) -> dict[str, Any]:
+        """The gateway's engine request for these frames (not streamed, a few output tokens)."""
+        options = RequestOptions(model=self.model, enable_thinking=enable_thinking, max_completion_tokens=8,
+                                 constraint="regex", stream=False)
+        return build_chat_request(system, list(frames), user_text, options)
+
+    async def block_size(self) -> int | None:
+        """The prefix-cache block size in ``vllm:cache_config_info``, if the engine exposes it."""
+        response = await _request(self.http, "GET", "/metrics")
+        for family in text_string_to_metric_families(response.text):
+            if family.name == "vllm:cache_config_info" and family.samples:
+                with contextlib.suppress(KeyError, ValueError):
+                    return int(family.samples[0].labels["block_size"])
+        return None
+
+    async def cached_calls(
+        self, system: SystemPrompt, frame_sets: list[list[ShapedImage]], user_text: str, enable_thinking: bool
+    ) -> list[CachedCall]:
+        """Send one request per frame set, one after the other; what each reused from the prefix cache."""
+        calls = []
+        for frames in frame_sets:
+            body = self.chat_body(system, frames, user_text, enable_thinking)
+            response = await _request(self.http, "POST", "/v1/chat/completions", json=body)
+            try:
+                usage = response.json()["usage"]
+                details = usage.get("prompt_tokens_details") or {}
+                calls.append(CachedCall(int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0)))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise PrefixPlanError(f"the engine's answer carries no usage: {exc!r}") from exc
+        return calls
+
+
+async def _request(http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    try:
+        response = await http.request(method, path, **kwargs)
+    except httpx.HTTPError as exc:
+        raise PrefixPlanError(f"engine {path} failed: {exc!r}") from exc
+    if response.status_code != 200:
+        raise PrefixPlanError(f"engine {path} answered {response.status_code}: {response.text[:200]}")
+    return response
+
+
+async def fill_prefix(
+    engine: EngineTokens,
+    base: SystemPrompt,
+    block_size: int,
+    guidance_version: str = DEFAULT_GUIDANCE_VERSION,
+) -> FilledPrefix:
+    """The least policy guidance that makes the shared prefix end on a whole block, measured on the engine."""
+    search = BlockFill(base.text, load_guidance(guidance_version), block_size)
+    while (candidate := search.next_candidate()) is not None:
+        search.record(candidate, await engine.shared_prefix_tokens(candidate))
+    return search.result()
+
+
+async def block_filled_prompt(
+    http: httpx.AsyncClient,
+    block_size: int | None,
+    prompt_version: str = DEFAULT_PROMPT_VERSION,
+    guidance_version: str = DEFAULT_GUIDANCE_VERSION,
+) -> tuple[SystemPrompt, FilledPrefix]:
+    """The canonical system prompt filled to the engine's next whole block (the gateway's, at start)."""
+    engine = await EngineTokens.connect(http)
+    size = block_size or await engine.block_size()
+    if size is None:
+        raise PrefixPlanError(
+            "the engine exposes no vllm:cache_config_info: set MODGATE_SHAPING__PREFIX_BLOCK_SIZE"
+        )
+    filled = await fill_prefix(engine, load_system_prompt(prompt_version), size, guidance_version)
+    return load_system_prompt(prompt_version, filled.guidance), filled
+
+
+# --- modgate cache plan ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReport:
+    """``modgate cache plan``: the plan today, and with the block-filling prefix if asked."""
+
+    engine: str
+    model: str
+    block_size: int
+    frame: str  # "1280x720 -> 1088x608 = 646 image tokens"
+    frames_per_request: int
+    thinking: bool
+    system_characters: int
+    plan: PrefixPlan
+    filled: FilledPrefix | None = None
+    filled_plan: PrefixPlan | None = None
+    verified: list[CachedCall] | None = None
+    verified_filled: list[CachedCall] | None = None
+
+
+def _frames(width: int, height: int, grid: TokenGrid, count: int, seed: int) -> list[ShapedImage]:
+    from deploy.keyframes import make_keyframe
+
+    return [shape_image(make_keyframe("allow", width, height, seed=seed + i), ImageLimits(), grid)
+            for i in range(count)]
+
+
+@contextlib.contextmanager
+def _engine_url(engine_url: str | None, preset: str) -> Iterator[str]:
+    """The engine to plan against: the one given, or a built-in simulator started for the plan."""
+    if engine_url:
+        yield engine_url.rstrip("/")
+        return
+    from deploy.simulator import PRESETS, create_sim_app
+    from gateway.cli.embedded import ThreadedServer
+
+    with ThreadedServer(create_sim_app(PRESETS[preset], 0.0)) as server:
+        yield server.url
+
+
+@contextlib.asynccontextmanager
+async def _client(url: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=url, timeout=300.0) as http:
+        yield http
+
+
+async def make_plan(
+    url: str,
+    label: str,
+    *,
+    block_size: int | None,
+    width: int,
+    height: int,
+    grid: TokenGrid,
+    frames_per_request: int,
+    thinking: bool,
+    fill: bool,
+    verify: int,
+    prompt_version: str = DEFAULT_PROMPT_VERSION,
+    guidance_version: str = DEFAULT_GUIDANCE_VERSION,
+) -> PlanReport:
+    """Measure the request shape on the engine and plan its prefix cache (and with the fill, if asked)."""
+    shaping = ShapingSettings()
+    k = frames_per_request
+    user_text = shaping.user_text if k == 1 else shaping.packed_user_text.format(frames=k)
+    async with _client(url) as http:
+        engine = await EngineTokens.connect(http)
+        size = block_size or await engine.block_size()
+        if size is None:
+            raise PrefixPlanError("the engine exposes no vllm:cache_config_info: pass --block-size")
+        frames = await asyncio.to_thread(_frames, width, height, grid, k, 0)
+        base = load_system_prompt(prompt_version)
+
+        async def shape_of(system: SystemPrompt) -> RequestShape:
+            shared = await engine.shared_prefix_tokens(system.text)
+            total = await engine.prompt_tokens(system, frames, user_text, thinking)
+            return RequestShape(shared, total, k)
+
+        plan = plan_prefix(await shape_of(base), size)
+        filled = filled_plan = None
+        if fill:
+            filled = await fill_prefix(engine, base, size, guidance_version)
+            filled_prompt = load_system_prompt(prompt_version, filled.guidance)
+            filled_plan = plan_prefix(await shape_of(filled_prompt), size)
+        verified = verified_filled = None
+        if verify:
+            # Distinct keyframes per request: what production sends, so only the shared prefix can hit.
+            seeds = [1000 * i for i in range(1, verify + 1)]
+            sets = [await asyncio.to_thread(_frames, width, height, grid, k, seed) for seed in seeds]
+            verified = await engine.cached_calls(base, sets, user_text, thinking)
+            if filled is not None:
+                filled_prompt = load_system_prompt(prompt_version, filled.guidance)
+                verified_filled = await engine.cached_calls(filled_prompt, sets, user_text, thinking)
+    shaped = frames[0]
+    return PlanReport(
+        engine=label, model=engine.model, block_size=size,
+        frame=f"{width}x{height} -> {shaped.width}x{shaped.height} = {shaped.image_tokens:,} image tokens",
+        frames_per_request=k, thinking=thinking, system_characters=len(base.text), plan=plan,
+        filled=filled, filled_plan=filled_plan, verified=verified, verified_filled=verified_filled,
+    )
+
+
+def _plan_lines(plan: PrefixPlan) -> list[str]:
+    shape = plan.shape
+    lines = [
+        f"  shared prefix    {shape.shared_prefix_tokens:>7,} tokens (system prompt, template to the image)",
+        f"  prompt           {shape.prompt_tokens:>7,} tokens per request",
+        f"  from the cache   {plan.cacheable_tokens:>7,} tokens per request at most",
+        f"  computed         {plan.uncached_tokens:>7,} tokens per request, "
+        f"{plan.uncached_tokens_per_frame:,.0f} per keyframe",
+        f"  why: {plan.reason}",
+    ]
+    lines += [f"  change: {change}" for change in plan.changes]
+    return lines
+
+
+def render_plan(report: PlanReport) -> str:
+    """The plan as an operator reads it."""
+    lines = [
+        f"engine {report.engine}, model {report.model}, prefix-cache block {report.block_size:,} tokens",
+        f"request: {report.frames_per_request} keyframe(s) of {report.frame}, thinking "
+        f"{'on' if report.thinking else 'off'}, system prompt {report.system_characters:,} characters",
+        "",
+        "today:",
+        *_plan_lines(report.plan),
+    ]
+    if report.verified:
+        cached = ", ".join(f"{call.cached_tokens:,}/{call.prompt_tokens:,}" for call in report.verified)
+        lines.append(f"  sent: cached/prompt tokens per request, each with its own keyframes: {cached}")
+    if report.filled is not None and report.filled_plan is not None:
+        filled = report.filled
+        lines += [
+            "",
+            f"with the block-filling prefix (policy guidance, +{filled.added_tokens:,} tokens, "
+            f"{len(filled.guidance):,} characters; {filled.overshoot:,} past the "
+            f"{filled.target_tokens:,}-token boundary):",
+            *_plan_lines(report.filled_plan),
+        ]
+        before, after = report.plan.uncached_tokens_per_frame, report.filled_plan.uncached_tokens_per_frame
+        change = (after - before) / before
+        lines.append(f"  computed per keyframe: {before:,.0f} -> {after:,.0f} ({change:+.0%})")
+        if report.verified_filled:
+            cached = ", ".join(f"{c.cached_tokens:,}/{c.prompt_tokens:,}" for c in report.verified_filled)
+            lines.append(f"  sent: cached/prompt tokens per request, each with its own keyframes: {cached}")
+    return "\n".join(lines)
+
+
+def _parse_frame(value: str) -> tuple[int, int]:
+    width, sep, height = value.lower().partition("x")
+    if not sep or not width.isdigit() or not height.isdigit() or int(width) < 1 or int(height) < 1:
+        raise typer.BadParameter("must look like 1280x720", param_hint="--frame")
+    return int(width), int(height)
+
+
+def plan(
+    engine_url: Annotated[
+        str | None,
+        typer.Option("--engine-url", help="The vLLM server; unset: the built-in simulator with --preset."),
+    ] = None,
+    preset: Annotated[str, typer.Option(help="Simulator preset (no --engine-url): spark, instant")] = "spark",
+    block_size: Annotated[
+        int | None, typer.Option(min=1, help="Prefix-cache block size (default: the engine's own).")
+    ] = None,
+    frame: Annotated[str, typer.Option(help="Keyframe size as sent by callers, WxH.")] = "1280x720",
+    token_budget: Annotated[int, typer.Option(min=4, help="Image tokens per keyframe at most.")] = 660,
+    pixels_per_token: Annotated[int, typer.Option(help="32 (Qwen3-VL) or 28 (Qwen2.5-VL).")] = 32,
+    frames_per_request: Annotated[int, typer.Option(min=1, max=16, help="Keyframes packed per request.")] = 1,
+    thinking: Annotated[bool, typer.Option("--thinking/--no-thinking", help="The thinking mode.")] = True,
+    fill: Annotated[bool, typer.Option("--fill", help="Also plan with the block-filling prefix.")] = False,
+    verify: Annotated[
+        int, typer.Option(min=0, max=20, help="Send this many requests (own keyframes); show cached_tokens.")
+    ] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """How many prompt tokens per request can ever come from the prefix cache, why, and what would change."""
+    from deploy.simulator import PRESETS
+
+    if engine_url is not None and not engine_url.startswith(("http://", "https://")):
+        raise typer.BadParameter("must start with http:// or https://", param_hint="--engine-url")
+    if engine_url is None and preset not in PRESETS:
+        raise typer.BadParameter(f"choose from {', '.join(PRESETS)}", param_hint="--preset")
+    if pixels_per_token not in (28, 32):
+        raise typer.BadParameter("must be 28 or 32", param_hint="--pixels-per-token")
+    width, height = _parse_frame(frame)
+    grid = TokenGrid(pixels_per_token=pixels_per_token, token_budget=token_budget)
+    label = engine_url or f"built-in simulator ({preset} preset)"
+    try:
+        with _engine_url(engine_url, preset) as url:
+            report = asyncio.run(make_plan(
+                url, label, block_size=block_size, width=width, height=height, grid=grid,
+                frames_per_request=frames_per_request, thinking=thinking, fill=fill, verify=verify,
+            ))
+    except (PrefixPlanError, GuidanceTooShort) as exc:
+        typer.secho(f"cache plan failed: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from exc
+    if as_json:
+        document = asdict(report)
+        for name in ("filled",):
+            if document[name] is not None:
+                document[name].pop("system_text", None)
+        typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
+    else:
+        typer.echo(render_plan(report))

@@ -1,0 +1,299 @@
+"""The engine client: one vLLM OpenAI-compatible server, streamed so the first token is seen when it comes.
+
+Connect errors are retried (the engine never saw the request); nothing is retried once the engine has
+started answering. Deadlines: connect, first token, total. Every failure is translated into the gateway's
+exception tree here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import stamina
+
+from gateway.engine.circuit import CircuitBreaker
+from gateway.errors import EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
+
+ENGINE_REJECTED = "engine_rejected"  # the engine's own 4xx: our request was wrong, the engine is fine
+
+
+def engine_failed(exc: BaseException) -> bool:
+    """Whether an engine call's error says the engine is unhealthy (what a circuit breaker counts)."""
+    return isinstance(exc, ServerSideError) and exc.code != ENGINE_REJECTED
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one engine call (missing details read as 0, as older servers omit them)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    created_cache_tokens: int = 0
+    image_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @classmethod
+    def from_wire(cls, usage: dict[str, Any] | None) -> Usage:
+        """Read vLLM's ``usage`` object."""
+        usage = usage or {}
+        prompt_details = usage.get("prompt_tokens_details") or {}
+        completion_details = usage.get("completion_tokens_details") or {}
+        multimodal = prompt_details.get("multimodal_tokens") or {}
+        return cls(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            cached_tokens=int(prompt_details.get("cached_tokens") or 0),
+            created_cache_tokens=int(prompt_details.get("created_cache_tokens") or 0),
+            image_tokens=int(multimodal.get("image") or 0),
+            reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineAnswer:
+    """One engine call's answer and timings."""
+
+    content: str | None
+    reasoning: str | None
+    finish_reason: str | None
+    usage: Usage
+    ttft_s: float | None
+    total_s: float
+    request_id: str
+    streamed: bool
+
+
+@dataclass
+class _StreamState:
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    first_token_at: float | None = None
+    done: bool = False
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]
+
+
+class EngineClient:
+    """Talks to one engine over a shared ``httpx.AsyncClient``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float,
+        first_token_timeout_s: float,
+        total_timeout_s: float,
+        connect_retries: int,
+        max_connections: int,
+        transport: httpx.AsyncBaseTransport | None = None,
+        circuit: CircuitBreaker | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.circuit = circuit
+        self.first_token_timeout_s = first_token_timeout_s
+        self.total_timeout_s = total_timeout_s
+        self.connect_retries = connect_retries
+        self._http = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(total_timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def model_ids(self) -> list[str]:
+        """The served models (``GET /v1/models``)."""
+        response = await self._get("/v1/models")
+        try:
+            return [str(item["id"]) for item in response.json()["data"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UpstreamError(f"engine /v1/models answered an unexpected body: {exc}") from exc
+
+    async def healthy(self) -> bool:
+        """``GET /health`` answers 200."""
+        try:
+            response = await self._http.get("/health", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def metrics_text(self) -> str:
+        """The engine's Prometheus ``/metrics`` text."""
+        return (await self._get("/metrics")).text
+
+    async def tokenize(self, body: dict[str, Any]) -> int:
+        """Token count of a prompt or messages (``POST /tokenize``)."""
+        try:
+            response = await self._http.post("/tokenize", json=body)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"engine /tokenize failed: {exc!r}") from exc
+        if response.status_code != 200:
+            raise UpstreamError(
+                f"engine /tokenize answered {response.status_code}: {_error_message(response)}"
+            )
+        return int(response.json()["count"])
+
+    async def _get(self, path: str) -> httpx.Response:
+        try:
+            response = await self._http.get(path)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"engine {path} failed: {exc!r}") from exc
+        if response.status_code != 200:
+            raise UpstreamError(f"engine {path} answered {response.status_code}")
+        return response
+
+    async def _send(self, body: dict[str, Any], request_id: str) -> httpx.Response:
+        request = self._http.build_request(
+            "POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
+        )
+        # Retry only what the engine never saw: a refused or timed-out connection.
+        async for attempt in stamina.retry_context(
+            on=(httpx.ConnectError, httpx.ConnectTimeout),
+            attempts=self.connect_retries + 1,
+            wait_initial=0.05,
+            wait_max=1.0,
+            wait_jitter=0.1,
+        ):
+            with attempt:
+                return await self._http.send(request, stream=bool(body.get("stream")))
+        raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+
+    async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
+        """One chat completion (streamed if the body asks); refused at once while the circuit is open."""
+        if self.circuit is None:
+            return await self._chat(body, request_id)
+        async with self.circuit.call(engine_failed):
+            return await self._chat(body, request_id)
+
+    async def _chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
+        started = time.monotonic()
+        state = _StreamState()
+        try:
+            async with asyncio.timeout(self.total_timeout_s):
+                try:
+                    # Connecting (with its retries) and the engine's response headers count against the
+                    # first-token deadline too: a hung engine is found out at that deadline, not the total.
+                    async with asyncio.timeout(self.first_token_timeout_s):
+                        response = await self._send(body, request_id)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                    raise EngineUnavailable(
+                        f"cannot connect to the engine at {self.base_url}: {exc!r}"
+                    ) from exc
+                except TimeoutError as exc:
+                    raise UpstreamTimeout(
+                        f"no answer from the engine within the first-token deadline"
+                        f" ({self.first_token_timeout_s:g} s)"
+                    ) from exc
+                try:
+                    if response.status_code != 200:
+                        await response.aread()
+                        status = response.status_code
+                        message = f"engine answered {status}: {_error_message(response)}"
+                        if 400 <= status < 500:
+                            raise UpstreamError(message, code=ENGINE_REJECTED)
+                        raise (EngineUnavailable if status == 503 else UpstreamError)(message)
+                    if body.get("stream"):
+                        await self._read_stream(response, state, started)
+                    else:
+                        await self._read_body(response, state, started)
+                finally:
+                    await response.aclose()
+        except TimeoutError as exc:
+            phase = "the first token" if state.first_token_at is None else "the end of the answer"
+            raise UpstreamTimeout(f"engine deadline passed waiting for {phase}") from exc
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout(f"engine read timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"engine connection failed mid-answer: {exc!r}") from exc
+        total = time.monotonic() - started
+        return EngineAnswer(
+            content="".join(state.content) if state.content else None,
+            reasoning="".join(state.reasoning) if state.reasoning else None,
+            finish_reason=state.finish_reason,
+            usage=Usage.from_wire(state.usage),
+            ttft_s=None if state.first_token_at is None else state.first_token_at - started,
+            total_s=total,
+            request_id=request_id,
+            streamed=bool(body.get("stream")),
+        )
+
+    async def _read_body(self, response: httpx.Response, state: _StreamState, started: float) -> None:
+        raw = await response.aread()
+        try:
+            payload = json.loads(raw)
+            choice = payload["choices"][0]
+            message = choice["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise UpstreamError(f"engine answered a malformed completion: {exc!r}") from exc
+        state.first_token_at = time.monotonic()  # not streamed: the whole answer is the first token
+        if message.get("content"):
+            state.content.append(message["content"])
+        reasoning = message.get("reasoning") or message.get("reasoning_content")
+        if reasoning:
+            state.reasoning.append(reasoning)
+        state.finish_reason = choice.get("finish_reason")
+        state.usage = payload.get("usage")
+        state.done = True
+
+    async def _read_stream(self, response: httpx.Response, state: _StreamState, started: float) -> None:
+        lines = response.aiter_lines()
+        first_token_deadline = started + self.first_token_timeout_s
+        while True:
+            timeout = None if state.first_token_at else max(0.0, first_token_deadline - time.monotonic())
+            try:
+                line = await asyncio.wait_for(anext(lines), timeout)
+            except StopAsyncIteration:
+                break
+            except TimeoutError as exc:
+                raise UpstreamTimeout(
+                    f"no first token from the engine within {self.first_token_timeout_s:g} s"
+                ) from exc
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                state.done = True
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError as exc:
+                raise UpstreamError(f"engine sent a malformed stream chunk: {data[:80]!r}") from exc
+            if chunk.get("usage"):
+                state.usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+                if reasoning:
+                    state.reasoning.append(reasoning)
+                if delta.get("content"):
+                    state.content.append(delta["content"])
+                if (reasoning or delta.get("content")) and state.first_token_at is None:
+                    state.first_token_at = time.monotonic()
+                if choice.get("finish_reason"):
+                    state.finish_reason = choice["finish_reason"]
+        if state.done:
+            # Read past [DONE] to the end of the body (the chunked terminator follows it): a response closed
+            # unread is a connection closed, and the pool would open a new one for every engine request.
+            with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                async with asyncio.timeout(1.0):
+                    async for _ in lines:
+                        pass
+        if not state.done or state.finish_reason is None:
+            raise UpstreamError("the engine's stream ended before the answer was complete")

@@ -1,0 +1,467 @@
+"""Several engines behind one gateway: each with its own in-flight cap, one shared priority queue in front.
+
+``async with pool.slot(priority) as held: await held.chat(body, request_id)``
+
+- Choice: a half-open engine's probe first, else the least-loaded engine that has room (in flight / cap,
+  ties to the one with fewer recent failures, then to the one listed first).
+- Waiting: when every engine is full, requests wait in ONE :class:`AdmissionQueue` (priority, deadline,
+  429 with ``Retry-After`` when full), whose size the pool keeps equal to the engines' in-flight work plus
+  their free room. A request is granted a place there first, then given an engine with room.
+- Down engines: each engine's :class:`CircuitBreaker` (gateway/engine/circuit.py) decides. An open circuit
+  gives its engine no room; after the cool-down it gives room for exactly one probe. When no engine would
+  take a call now, a request is refused at once (503 ``circuit_open`` with ``Retry-After``) instead of
+  queueing.
+- Failover: a call its engine never took (connection refused, 503, circuit open) moves to another engine
+  with room, once per engine; anything the engine may have started (timeouts, cut streams) is not retried.
+- Replicas: with :class:`EngineLeases` (Redis) a request also needs a lease on its engine, so the engine's
+  cap holds across every replica. A request whose engines' shared slots are all taken by other replicas
+  asks Redis again (10 ms, doubling to 100 ms) until its deadline: priority order holds within a replica,
+  not across replicas. When Redis cannot be reached the pool serves on this replica's local caps
+  alone (logged loudly, ``modgate_engine_leases_local_only`` 1) rather than refusing traffic: with N
+  replicas an engine may then see up to N × its cap, which it survives by queueing inside vLLM; refusing
+  every request because the coordination store is down would be the worse failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.engine.admission import AdmissionQueue
+from gateway.engine.circuit import CircuitBreaker, CircuitOpen, CircuitState
+from gateway.engine.client import EngineAnswer, EngineClient, engine_failed
+from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases
+from gateway.errors import EngineUnavailable, Overloaded, ServerSideError
+from gateway.settings import Settings
+
+log = logging.getLogger("modgate.engine_pool")
+
+T = TypeVar("T")
+
+LOCAL_ONLY = ""
+"""The lease of a slot taken without Redis (none configured, or Redis unreachable): nothing to give back."""
+
+
+@dataclass(eq=False)
+class EngineSlot:
+    """One engine: its client, its in-flight cap, its circuit breaker and what this replica sends it."""
+
+    client: EngineClient
+    cap: int
+    circuit: CircuitBreaker
+    inflight: int = 0  # calls this replica has at the engine (or is getting a lease for)
+    peak_inflight: int = 0
+    failovers: int = 0  # calls moved away from this engine because it could not take them
+    _outcomes: deque[bool] = field(default_factory=lambda: deque(maxlen=20))  # True: the engine failed
+
+    @property
+    def url(self) -> str:
+        """The engine's base URL: its name in metrics, readiness and Redis."""
+        return self.client.base_url
+
+    @property
+    def state(self) -> CircuitState:
+        """Its circuit's state."""
+        return self.circuit.state
+
+    def capacity(self) -> int:
+        """Calls it may have at once now: its cap when closed, one probe when half-open, none when open."""
+        return {"closed": self.cap, "half_open": 1, "open": 0}[self.state]
+
+    def room(self) -> int:
+        """Calls it may still take now."""
+        return max(0, self.capacity() - self.inflight)
+
+    @property
+    def recent_failures(self) -> int:
+        """Engine failures among its last 20 calls (what breaks ties between equally loaded engines)."""
+        return sum(self._outcomes)
+
+    def record(self, failed: bool) -> None:
+        """One call's outcome."""
+        self._outcomes.append(failed)
+
+
+class HeldEngine:
+    """A slot on one engine for one call; ``chat`` moves the call if the engine cannot take it."""
+
+    def __init__(self, pool: EnginePool, engine: EngineSlot, lease: str, queue_seconds: float) -> None:
+        self.pool = pool
+        self.engine = engine
+        self.lease = lease
+        self.queue_seconds = queue_seconds  # the wait for the slot: queue and, across replicas, a lease
+
+    async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
+        """One chat completion; if the engine never took it, tried again on another engine with room."""
+        tried: list[EngineSlot] = []
+        while True:
+            engine = self.engine
+            try:
+                answer = await engine.client.chat(body, request_id)
+            except EngineUnavailable as exc:  # refused, 503 or circuit open: the engine did no work on it
+                engine.record(engine_failed(exc))
+                tried.append(engine)
+                self.pool.refresh()
+                if not await self.pool.move(self, tried):
+                    raise
+                engine.failovers += 1
+                log.warning("engine %s could not take %s (%s): moved to %s",
+                            engine.url, request_id, exc.message, self.engine.url)
+                continue
+            except Exception as exc:
+                engine.record(engine_failed(exc))
+                self.pool.refresh()
+                raise
+            engine.record(False)
+            self.pool.refresh()
+            return answer
+
+
+class EnginePool:
+    """Engines, one shared admission queue, and (across replicas) Redis leases on each engine's slots."""
+
+    def __init__(
+        self,
+        engines: list[EngineSlot],
+        queue: AdmissionQueue,
+        leases: EngineLeases | None = None,
+        *,
+        lease_retry_after_failure_s: float = 5.0,
+        lease_poll_s: tuple[float, float] = (0.01, 0.1),
+        refresh_every_s: float = 0.5,
+    ) -> None:
+        if not engines:
+            raise ValueError("an engine pool needs at least one engine")
+        if len({engine.url for engine in engines}) != len(engines):
+            raise ValueError("an engine is listed twice")
+        self.engines = engines
+        self.queue = queue
+        self.leases = leases
+        self.lease_retry_after_failure_s = lease_retry_after_failure_s
+        self.lease_poll_s = lease_poll_s
+        self.refresh_every_s = refresh_every_s
+        self._leases_down_until = 0.0  # while Redis was failing: serve on local caps, do not ask it
+        self.leases_local_only = False
+        self._watch: asyncio.Task[None] | None = None
+        self.refresh()
+
+    @classmethod
+    def of_one(cls, engine: EngineClient, queue: AdmissionQueue) -> EnginePool:
+        """The single-engine pool: ``engine`` with the queue's size as its cap."""
+        # An engine built without a breaker gets one that no call feeds: it stays closed, as before.
+        circuit = engine.circuit or CircuitBreaker(engine.base_url)
+        return cls([EngineSlot(engine, queue.max_inflight, circuit)], queue)
+
+    # --- lifecycle ---
+
+    def start(self) -> None:
+        """Renew leases (with Redis) and notice circuits whose cool-down has passed while requests wait."""
+        if self.leases is not None:
+            self.leases.start()
+        if self._watch is None:
+            self._watch = asyncio.create_task(self._refresh_forever(), name="engine-pool-refresh")
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_every_s)
+            self.refresh()
+
+    async def aclose(self) -> None:
+        """Stop the background tasks, give back leases, close every engine's connections."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        if self.leases is not None:
+            await self.leases.aclose()
+        for engine in self.engines:
+            await engine.client.aclose()
+
+    # --- what the rest of the gateway reads ---
+
+    async def model_ids(self) -> list[str]:
+        """The served models (``GET /v1/models``) of the first engine that answers."""
+        return await self._ask_any(lambda client: client.model_ids())
+
+    async def tokenize(self, body: dict[str, Any]) -> int:
+        """A prompt's token count (``POST /tokenize``) from the first engine that answers."""
+        return await self._ask_any(lambda client: client.tokenize(body))
+
+    async def _ask_any(self, call: Callable[[EngineClient], Awaitable[T]]) -> T:
+        """A call that needs no slot, to each engine (open circuits last) until one answers.
+
+        Every engine serves the same model, so any answer will do; a dead engine whose circuit has not opened
+        yet (nothing has called it) must not hold up readiness while another one answers.
+        """
+        ordered = sorted(self.engines, key=lambda engine: engine.state == "open")
+        failure: ServerSideError | None = None
+        for engine in ordered:
+            try:
+                return await call(engine.client)
+            except ServerSideError as exc:
+                failure = exc
+        assert failure is not None  # a pool has at least one engine
+        raise failure
+
+    def has_spare_capacity(self) -> bool:
+        """A free slot and nobody waiting: what background work may use (see :meth:`spare_slot`)."""
+        self.refresh()
+        return self.queue.has_spare_capacity()
+
+    async def readiness(self) -> list[dict[str, Any]]:
+        """Each engine: answers ``/health``, its circuit, in flight and cap (``up``: it would take calls)."""
+        healthy = await asyncio.gather(*(engine.client.healthy() for engine in self.engines))
+        return [
+            {"url": engine.url, "up": ok and engine.state != "open", "health": ok, "circuit": engine.state,
+             "inflight": engine.inflight, "cap": engine.cap}
+            for engine, ok in zip(self.engines, healthy, strict=True)
+        ]
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """Per-engine gauges (label ``engine``) on the gateway's registry, read at scrape time."""
+        registry.register(_PoolCollector(self))
+
+    # --- slots ---
+
+    def refresh(self) -> None:
+        """Size the shared queue to what the engines can take now; refuse waiters when no engine would."""
+        self.queue.resize(sum(engine.inflight + engine.room() for engine in self.engines))
+        if self.queue.queued and not self._any_engine_accepts():
+            self.queue.fail_waiters(self._refusal)
+
+    def _any_engine_accepts(self) -> bool:
+        """Whether some engine is up, or has a probe slot free: else waiting is pointless."""
+        return any(engine.state == "closed" or engine.room() > 0 for engine in self.engines)
+
+    def _refusal(self) -> CircuitOpen:
+        soonest = min(engine.circuit.retry_after_s() for engine in self.engines)
+        which = (f"the engine at {self.engines[0].url} is" if len(self.engines) == 1
+                 else f"all {len(self.engines)} engines are")
+        return CircuitOpen(f"{which} failing; calls are held off until the next probe", retry_after=soonest)
+
+    def _candidates(self, exclude: list[EngineSlot] | tuple[()] = ()) -> list[EngineSlot]:
+        """Engines with room: a half-open one's probe first, then least loaded, fewer recent failures, listed.
+
+        The probe goes first because under light load an engine with past failures would otherwise never be
+        picked again, so never probed, so never back; if the probe cannot connect, the call moves on.
+        """
+        order = {id(engine): index for index, engine in enumerate(self.engines)}
+        return sorted(
+            (engine for engine in self.engines if engine.room() > 0 and engine not in exclude),
+            key=lambda e: (e.state != "half_open", e.inflight / e.cap, e.recent_failures, order[id(e)]),
+        )
+
+    def _reserve(self, engine: EngineSlot) -> None:
+        engine.inflight += 1
+        engine.peak_inflight = max(engine.peak_inflight, engine.inflight)
+
+    def _unreserve(self, engine: EngineSlot) -> None:
+        engine.inflight -= 1
+        self.refresh()
+
+    async def _lease(self, engine: EngineSlot) -> str | None:
+        """A lease on ``engine`` across replicas (:data:`LOCAL_ONLY` without Redis); None: all taken."""
+        if self.leases is None or time.monotonic() < self._leases_down_until:
+            return LOCAL_ONLY
+        try:
+            lease = await self.leases.try_acquire(engine.url, engine.cap)
+        except LEASE_STORE_DOWN as exc:
+            self._leases_down_until = time.monotonic() + self.lease_retry_after_failure_s
+            if not self.leases_local_only:
+                log.error(
+                    "engine leases: Redis unreachable (%r); serving on this replica's local caps alone, so "
+                    "an engine may get more than its cap from several replicas (asking Redis again in %g s)",
+                    exc, self.lease_retry_after_failure_s,
+                )
+            self.leases_local_only = True
+            return LOCAL_ONLY
+        if self.leases_local_only:
+            log.warning("engine leases: Redis answers again; engine caps hold across replicas again")
+            self.leases_local_only = False
+        return lease
+
+    async def _take_one(self, exclude: list[EngineSlot] | tuple[()] = ()) -> tuple[EngineSlot, str] | None:
+        """One pass over the engines with room: the first whose lease is granted, or None."""
+        for engine in self._candidates(exclude):
+            if engine.room() <= 0:  # taken by another request while we asked Redis about an earlier one
+                continue
+            self._reserve(engine)  # before the await: nobody else counts on this room meanwhile
+            try:
+                lease = await self._lease(engine)
+            except BaseException:
+                self._unreserve(engine)
+                raise
+            if lease is not None:
+                return engine, lease
+            self._unreserve(engine)
+        return None
+
+    async def _take(self, deadline: float) -> tuple[EngineSlot, str]:
+        """An engine with room and a lease on it, waiting (polling Redis) until ``deadline`` if need be."""
+        pause, longest = self.lease_poll_s
+        while True:
+            taken = await self._take_one()
+            if taken is not None:
+                return taken
+            if not self._any_engine_accepts():
+                raise self._refusal()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Overloaded(
+                    "every engine slot stayed taken (by this or other gateway replicas) until the deadline",
+                    retry_after=self.queue.retry_after_s(), code="queue_timeout",
+                )
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(pause * 2, longest)
+
+    async def _give_back(self, engine: EngineSlot, lease: str) -> None:
+        """Release the lease (best effort: unrenewed, it expires anyway), then the local count."""
+        try:
+            if lease != LOCAL_ONLY and self.leases is not None:
+                with contextlib.suppress(*LEASE_STORE_DOWN):
+                    await self.leases.release(engine.url, lease)
+        finally:
+            engine.inflight -= 1
+
+    async def move(self, held: HeldEngine, tried: list[EngineSlot]) -> bool:
+        """Move ``held`` to an engine not yet tried that has room now (never waits); False if none has."""
+        taken = await self._take_one(exclude=tried)
+        if taken is None:
+            return False
+        old_engine, old_lease = held.engine, held.lease
+        held.engine, held.lease = taken
+        await self._give_back(old_engine, old_lease)
+        self.refresh()
+        return True
+
+    @asynccontextmanager
+    async def slot(self, priority: int = 0, timeout_s: float | None = None) -> AsyncIterator[HeldEngine]:
+        """Hold a slot on the least-loaded engine that is up (429: waited too long; 503: all are down)."""
+        started = time.monotonic()
+        self.refresh()
+        if not self._any_engine_accepts():
+            raise self._refusal()
+        await self.queue.acquire(priority, timeout_s)
+        deadline = started + (timeout_s if timeout_s is not None else self.queue.queue_timeout_s)
+        try:
+            engine, lease = await self._take(deadline)
+        except BaseException:
+            self.queue.release(0.0)
+            self.refresh()
+            raise
+        held = HeldEngine(self, engine, lease, time.monotonic() - started)
+        async with self._holding(held):
+            yield held
+
+    @asynccontextmanager
+    async def spare_slot(self) -> AsyncIterator[HeldEngine | None]:
+        """A slot for background work only if one is free with nobody waiting (else None); never waits."""
+        self.refresh()
+        taken = None
+        if self.queue.try_acquire_spare():
+            try:
+                taken = await self._take_one()
+            finally:
+                if taken is None:
+                    self.queue.release(0.0)
+                    self.refresh()
+        if taken is None:
+            yield None
+            return
+        held = HeldEngine(self, taken[0], taken[1], 0.0)
+        async with self._holding(held):
+            yield held
+
+    @asynccontextmanager
+    async def _holding(self, held: HeldEngine) -> AsyncIterator[None]:
+        since = time.monotonic()
+        try:
+            yield
+        finally:
+            try:
+                await self._give_back(held.engine, held.lease)
+            finally:
+                self.queue.release(time.monotonic() - since)
+                self.refresh()
+
+
+class _PoolCollector(Collector):
+    """``modgate_engine_*{engine="<url>"}`` gauges, computed at scrape time."""
+
+    def __init__(self, pool: EnginePool) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the pool now."""
+        pool = self.pool
+        inflight = GaugeMetricFamily(
+            "modgate_engine_slot_inflight", "Calls this replica has at each engine.", labels=["engine"]
+        )
+        cap = GaugeMetricFamily(
+            "modgate_engine_slot_cap", "Each engine's in-flight cap (across replicas with Redis).",
+            labels=["engine"],
+        )
+        up = GaugeMetricFamily(
+            "modgate_engine_up", "1 while the engine's circuit lets calls through (closed or probing).",
+            labels=["engine"],
+        )
+        failovers = CounterMetricFamily(
+            "modgate_engine_failovers", "Calls moved to another engine because this one could not take them.",
+            labels=["engine"],
+        )
+        for engine in pool.engines:
+            inflight.add_metric([engine.url], engine.inflight)
+            cap.add_metric([engine.url], engine.cap)
+            up.add_metric([engine.url], 0.0 if engine.state == "open" else 1.0)
+            failovers.add_metric([engine.url], engine.failovers)
+        yield from (inflight, cap, up, failovers)
+        if pool.leases is not None:
+            yield GaugeMetricFamily(
+                "modgate_engine_leases_local_only",
+                "1 while Redis is unreachable and engine caps hold per replica only.",
+                value=1.0 if pool.leases_local_only else 0.0,
+            )
+
+
+def build_engine_pool(
+    settings: Settings, urls: list[str], transport: httpx.AsyncBaseTransport | None = None
+) -> EnginePool:
+    """The pool the settings describe: a client, circuit breaker and cap per URL; Redis leases if set."""
+    engines = []
+    for url in urls:
+        cap = settings.engine_cap(url)
+        circuit = CircuitBreaker(url, **settings.circuit.model_dump())
+        client = EngineClient(
+            url,
+            connect_timeout_s=settings.engine.connect_timeout_s,
+            first_token_timeout_s=settings.engine.first_token_timeout_s,
+            total_timeout_s=settings.engine.total_timeout_s,
+            connect_retries=settings.engine.connect_retries,
+            max_connections=cap * 2,
+            transport=transport,
+            circuit=circuit,
+        )
+        engines.append(EngineSlot(client, cap, circuit))
+    admission = settings.admission
+    total_cap = sum(engine.cap for engine in engines)
+    queue = AdmissionQueue(total_cap, admission.queue_size, admission.queue_timeout_s)
+    group = settings.leases
+    leases = None
+    if settings.redis_url and group.enabled:
+        leases = EngineLeases.from_url(
+            settings.redis_url, timeout_s=group.redis_timeout_s, key_prefix=group.key_prefix,
+            ttl_s=group.ttl_s, renew_every_s=group.renew_every_s,
+        )
+    return EnginePool(engines, queue, leases, lease_retry_after_failure_s=group.retry_after_failure_s)

@@ -1,0 +1,1 @@
+"""The HTTP edge: app factory, routes, shared services, errors in the OpenAI shape, API keys, console."""

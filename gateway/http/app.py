@@ -1,0 +1,65 @@
+"""The gateway's Litestar app: ``create_app(settings)``, an explicit route list, lifespan-managed clients."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+
+from gateway.http.auth import KeyRing
+from gateway.http.console import routes as console
+from gateway.http.error_handlers import EXCEPTION_HANDLERS
+from gateway.http.routes import admin, jobs, moderations, ops, videos
+from gateway.http.services import Services, open_services
+from gateway.settings import Settings
+
+log = logging.getLogger("modgate.gateway")
+
+
+def create_app(
+    settings: Settings | None = None, engine_transport: httpx.AsyncBaseTransport | None = None
+) -> Litestar:
+    """The gateway app; settings are passed in (tests) or read from ``MODGATE_*``.
+
+    ``engine_transport`` replaces the network under the engine client (tests use ``httpx.MockTransport``).
+    """
+    settings = settings or Settings()
+    keys = KeyRing(settings.tenant_keys(), settings.admin_token, keys_in_store=settings.api_keys_from_redis)
+    if keys.open:
+        log.warning(
+            "MODGATE_API_KEYS is unset: business calls need NO API key. Set it before exposing the gateway."
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        async with open_services(settings, keys, engine_transport) as services:
+            app.state.services = services
+            yield
+
+    def provide_services(state: State) -> Services:
+        services: Services = state.services
+        return services
+
+    return Litestar(
+        route_handlers=[
+            *moderations.ROUTES,
+            *videos.ROUTES,
+            *jobs.ROUTES,
+            *ops.ROUTES,
+            *admin.ROUTES,
+            *console.ROUTES,
+        ],
+        dependencies={"services": Provide(provide_services, sync_to_thread=False)},
+        lifespan=[lifespan],
+        exception_handlers=EXCEPTION_HANDLERS,
+        request_max_body_size=settings.shaping.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="modgate", version="0.1.0", path="/schema"),
+        logging_config=None,  # the process owns logging; an app must not reconfigure the root logger
+        debug=False,
+    )

@@ -1,0 +1,102 @@
+"""Who is calling: business API keys (one tenant each) and the separate admin token.
+
+Keys are kept only as SHA-256 digests and compared in constant time; a key is never logged. Keys may also
+live in Redis (``modgate keys add``, digests only, see gateway/http/keys_store.py): with
+``MODGATE_API_KEYS_FROM_REDIS`` on, a key not in the settings is looked up there by its digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.errors import Forbidden, Unauthorized
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer …`` header."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """An authenticated business caller."""
+
+    tenant: str
+    key_id: str  # the first 8 hex digits of the key's digest: safe to log
+
+
+class KeyLookup(Protocol):
+    """Where further keys live, looked up by their SHA-256 hex digest (the Redis key store)."""
+
+    async def tenant_for_digest(self, digest_hex: str) -> str | None: ...
+
+
+class KeyRing:
+    """Business keys (digests only) and the admin token (digest only)."""
+
+    def __init__(
+        self, tenant_keys: dict[str, str], admin_token: str | None, *, keys_in_store: bool = False
+    ) -> None:
+        self._keys = [(_digest(key), tenant) for key, tenant in tenant_keys.items()]
+        self._admin = _digest(admin_token) if admin_token else None
+        self._keys_in_store = keys_in_store
+        self.store: KeyLookup | None = None  # attached when the app's Redis client opens
+
+    @property
+    def open(self) -> bool:
+        """No key configured: business calls need none (the quick-start default)."""
+        return not self._keys and not self._keys_in_store
+
+    async def authenticate(self, authorization: str | None) -> Caller:
+        """The tenant behind a business call: the settings' keys first, then the key store; or 401."""
+        try:
+            return self.caller(authorization)
+        except Unauthorized:
+            token = bearer_token(authorization)
+            if self.store is None or token is None:
+                raise
+            digest = _digest(token)
+            tenant = await self.store.tenant_for_digest(digest.hex())
+            if tenant is None:
+                raise
+            return Caller(tenant=tenant, key_id=digest.hex()[:8])
+
+    def caller(self, authorization: str | None) -> Caller:
+        """The tenant behind a business call, or 401."""
+        token = bearer_token(authorization)
+        if self.open:
+            return Caller(tenant="default", key_id="none")
+        if token is None:
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        digest = _digest(token)
+        tenant = None
+        for known, owner in self._keys:  # every key compared: the time does not say which one matched
+            if hmac.compare_digest(known, digest):
+                tenant = owner
+        if tenant is None:
+            raise Unauthorized("invalid API key")
+        return Caller(tenant=tenant, key_id=digest.hex()[:8])
+
+    def admin(self, authorization: str | None) -> str:
+        """Check an admin call; answers an actor name safe to log."""
+        if self._admin is None:
+            raise Forbidden("admin calls are disabled: set MODGATE_ADMIN_TOKEN", code="admin_disabled")
+        token = bearer_token(authorization)
+        if token is None:
+            raise Unauthorized("missing admin token: send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>'")
+        digest = _digest(token)
+        if not hmac.compare_digest(self._admin, digest):
+            if any(hmac.compare_digest(known, digest) for known, _ in self._keys):
+                raise Forbidden("a business API key cannot make admin calls")
+            raise Unauthorized("invalid admin token")
+        return f"admin:{digest.hex()[:8]}"

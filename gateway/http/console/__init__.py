@@ -1,0 +1,1 @@
+"""The operations console at /console: its routes, signed sessions and templates."""

@@ -1,0 +1,456 @@
+"""The operations console: one server-rendered page at ``/console``, behind the admin token.
+
+It shows the thinking policy (with a switch that needs a reason), the audit trail, the recent window's
+figures, the engine's health and the newest weekly quality report, and refreshes its panels every few
+seconds from ``GET /console/panels``. Jinja templates and one small script shipped in the package: no
+build step, nothing fetched from elsewhere (the Content-Security-Policy says so to the browser).
+
+Who may use it: a browser signs in with the admin token and gets a signed session cookie (HttpOnly,
+SameSite=Strict, Secure unless configured off; see gateway/http/console/sessions.py); scripts may send
+``Authorization: Bearer <MODGATE_ADMIN_TOKEN>`` instead. Forms posted with the cookie carry a per-session
+CSRF token, checked here; a request authorised by the header needs none, because browsers never attach
+that header on their own. A flip goes through the same policy store call as ``PUT /admin/thinking-policy``,
+with the reason and the signed-in operator as the actor, and the version the page showed (409 if another
+flip came first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from litestar import MediaType, Request, Response, get, post
+from litestar.datastructures import Cookie, FormMultiDict
+from litestar.di import NamedDependency
+from litestar.params import FromPath
+
+from gateway.errors import Forbidden, InvalidRequest, ModgateError, NotFound, Unauthorized
+from gateway.http.console.sessions import (
+    OPERATOR_NAME,
+    ConsoleSession,
+    QualityHeadline,
+    SessionSigner,
+    latest_quality_headline,
+)
+from gateway.http.services import Services
+from gateway.policy.rules import MODES, AuditEntry, ThinkingPolicy
+from gateway.telemetry.windows import stats_document
+
+log = logging.getLogger("modgate.console")
+
+SESSION_COOKIE = "modgate_console"
+REASON_MIN, REASON_MAX = 3, 500
+
+# Everything the page loads comes from this gateway; nothing may frame it (the flip is one click).
+_PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+# The weekly report is one self-contained file: inline CSS, charts as data: PNGs, no scripts.
+_REPORT_HEADERS = {
+    **_PAGE_HEADERS,
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+                               "frame-ancestors 'none'; base-uri 'none'",
+}
+# Litestar adds the charset to text types.
+_ASSET_TYPES = {"console.css": "text/css", "console.js": "text/javascript", "favicon.svg": "image/svg+xml"}
+# Templates and assets ship in the package (package-data), beside this module's package.
+_TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+# Read once at import: small files, never changed while the process runs.
+_ASSETS = {name: (_TEMPLATE_DIR / name).read_text(encoding="utf-8") for name in _ASSET_TYPES}
+_PANELS = ("summary", "policy", "figures", "health", "quality", "audit")
+
+
+# --- formatting for the templates ----------------------------------------------------------------------
+
+def _duration(ms: float | None) -> str:
+    """``412 ms`` below two seconds, ``8.56 s`` above; ``–`` when there is nothing to show."""
+    if ms is None:
+        return "–"
+    return f"{ms:,.0f} ms" if ms < 2000 else f"{ms / 1000:,.2f} s"
+
+
+def _percent(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{100 * value:.{digits}f} %"
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def _when(moment: datetime | None) -> str:
+    return "–" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(moment: datetime | None) -> str:
+    if moment is None:
+        return ""
+    seconds = max(0.0, (datetime.now(UTC) - moment).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+def _change(values: dict[str, Any]) -> str:
+    def short(value: Any) -> str:
+        text = "–" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        return text if len(text) <= 40 else text[:37] + "…"
+
+    return f"{short(values.get('old'))} → {short(values.get('new'))}"
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(_TEMPLATE_DIR),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(duration=_duration, percent=_percent, number=_number, when=_when, ago=_ago,
+                       change=_change)
+    return env
+
+
+_TEMPLATES = _environment()
+
+
+def _render(template: str, **context: Any) -> str:
+    return _TEMPLATES.get_template(template).render(**context)
+
+
+# --- who is asking -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Operator:
+    """Who is using the console, and how they proved it."""
+
+    name: str
+    actor: str  # the audit trail's name
+    session: ConsoleSession | None  # None: the Authorization header (no CSRF token needed or possible)
+
+
+def _signer(services: Services) -> SessionSigner | None:
+    """The session signer, or None while admin calls are disabled (no MODGATE_ADMIN_TOKEN)."""
+    token = services.settings.admin_token
+    return None if token is None else SessionSigner(token, services.settings.console.session_ttl_s)
+
+
+def _operator(request: Request[Any, Any, Any], services: Services) -> _Operator | None:
+    """The header's admin token (a wrong one is a 401, as on /admin), else the signed session, else None."""
+    authorization = request.headers.get("authorization")
+    if authorization is not None:
+        token_id = services.keys.admin(authorization)
+        name = request.headers.get("x-modgate-operator")
+        if name is None:
+            return _Operator(token_id, f"{token_id} (console)", None)
+        if not OPERATOR_NAME.match(name):
+            raise InvalidRequest("X-Modgate-Operator must be 1-64 of A-Z a-z 0-9 _ . @ -",
+                                 param="X-Modgate-Operator")
+        return _Operator(name, f"{name} ({token_id}, console)", None)
+    signer = _signer(services)
+    session = None if signer is None else signer.read(request.cookies.get(SESSION_COOKIE))
+    return None if session is None else _Operator(session.operator, session.actor, session)
+
+
+# --- what the page shows -------------------------------------------------------------------------------
+
+def _figures(services: Services) -> dict[str, Any]:
+    """The recent window's figures (GET /stats's document), flattened for the templates."""
+    stats = stats_document(services.recent, services.engine_cache)
+    latency = stats.get("latency_ms", {})
+    cache = stats.get("cache", {})
+
+    def ms(name: str, quantile: str) -> float | None:
+        value = latency.get(name, {}).get(quantile)
+        return None if value is None else float(value)
+
+    return {
+        "window_s": stats.get("window_s"),
+        "covered_s": stats.get("covered_s"),
+        "keyframes": stats.get("keyframes", 0),
+        "keyframes_per_minute": stats.get("keyframes_per_minute"),
+        "e2e_p50": ms("end_to_end", "p50"), "e2e_p95": ms("end_to_end", "p95"),
+        "ttft_p50": ms("ttft", "p50"), "ttft_p95": ms("ttft", "p95"),
+        "queue_wait_p50": ms("queue_wait", "p50"), "queue_wait_p95": ms("queue_wait", "p95"),
+        "thinking_share": stats.get("thinking_share"),
+        "reused_share": stats.get("reused_share"),
+        "escalation_share": stats.get("escalation", {}).get("share"),
+        "escalations": stats.get("escalation", {}).get("escalated", 0),
+        "escalations_skipped": stats.get("escalation", {}).get("skipped_by_cap", 0),
+        "engine_hit_rate": cache.get("engine_window_hit_rate"),
+        "engine_queries": cache.get("engine_window_queries"),
+        "engine_block_size": cache.get("engine_block_size"),
+        "engine_scrape_error": cache.get("engine_scrape_error"),
+        "gateway_cached_share": cache.get("gateway_cached_share"),
+        "inflight": services.admission.inflight,
+        "queued": services.admission.queued,
+        "max_inflight": sum(engine.cap for engine in services.engines.engines),
+        "queue_size": services.settings.admission.queue_size,
+    }
+
+
+async def _health(services: Services) -> dict[str, Any]:
+    """Readiness as ``GET /readyz`` judges it: every engine's /health and circuit, and the model known."""
+    engines = await services.engines.readiness()
+    model: str | None = None
+    model_error: str | None = None
+    if any(engine["up"] for engine in engines):
+        try:
+            model = await services.moderation.engine_model()
+        except ModgateError as exc:
+            model_error = exc.message
+    return {
+        "engines": engines,
+        "engines_up": sum(bool(engine["up"]) for engine in engines),
+        "ready": model is not None,
+        "model": model,
+        "model_error": model_error,
+        "store": services.policies.status(),
+    }
+
+
+async def _audit(services: Services) -> tuple[list[AuditEntry], str | None]:
+    try:
+        return await services.policies.audit(services.settings.console.audit_rows), None
+    except ModgateError as exc:  # Redis down: the page still shows everything else
+        return [], exc.message
+
+
+async def _view(services: Services, operator: _Operator) -> dict[str, Any]:
+    """Everything the page and its panels show, read now."""
+    policy = services.policies.current()
+    health, (audit, audit_error), quality = await asyncio.gather(
+        _health(services),
+        _audit(services),
+        asyncio.to_thread(latest_quality_headline, services.settings.console.reports_dir),
+    )
+    return {
+        "operator": operator,
+        "policy": policy,
+        "policy_hash": policy.content_hash(),
+        "shedding": services.moderation.load.shedding,
+        "figures": _figures(services),
+        "health": health,
+        "audit": audit,
+        "audit_error": audit_error,
+        "quality": quality,
+        "quality_advice": _quality_advice(policy, quality),
+        "reports_dir": services.settings.console.reports_dir,
+        "poll_interval_s": services.settings.console.poll_interval_s,
+        "now": datetime.now(UTC),
+    }
+
+
+def _quality_advice(policy: ThinkingPolicy, quality: QualityHeadline | None) -> str | None:
+    """A warning when the default mode goes against the newest report's recommendation."""
+    if quality is None:
+        return None
+    if policy.default_mode == "off" and quality.decision != "thinking_off_ok":
+        return f"Thinking is off, but the {quality.week} quality report says: {quality.title.lower()}."
+    return None
+
+
+def _field(form: FormMultiDict, name: str) -> str:
+    """A text field of a posted form, stripped ("" when absent or a file)."""
+    value = form.get(name)
+    return value.strip() if isinstance(value, str) else ""
+
+
+# --- responses -----------------------------------------------------------------------------------------
+
+def _html(body: str, status: int = 200, cookies: list[Cookie] | None = None) -> Response[str]:
+    return Response(body, media_type=MediaType.HTML, status_code=status, headers=_PAGE_HEADERS,
+                    cookies=cookies)
+
+
+def _see_other(location: str, cookies: list[Cookie] | None = None) -> Response[str]:
+    """Post/redirect/get: a reload never re-posts a flip."""
+    return Response("", status_code=303, headers={**_PAGE_HEADERS, "Location": location}, cookies=cookies)
+
+
+def _session_cookie(services: Services, value: str, max_age: int) -> Cookie:
+    return Cookie(key=SESSION_COOKIE, value=value, path="/console", max_age=max_age, httponly=True,
+                  secure=services.settings.console.cookie_secure, samesite="strict")
+
+
+def _sign_in_page(services: Services, status: int = 200, error: str | None = None,
+                  operator: str = "", cookie_dropped: bool = False) -> Response[str]:
+    return _html(_render("sign_in.html", error=error, operator_name=operator, cookie_dropped=cookie_dropped,
+                         disabled=services.settings.admin_token is None,
+                         cookie_secure=services.settings.console.cookie_secure), status=status)
+
+
+async def _dashboard(
+    services: Services, operator: _Operator, *, status: int = 200, error: str | None = None,
+    notice: str | None = None, reason: str = "",
+) -> Response[str]:
+    view = await _view(services, operator)
+    signer = _signer(services)
+    csrf = signer.csrf_token(operator.session) if signer is not None and operator.session is not None else ""
+    return _html(_render("dashboard.html", **view, csrf=csrf, error=error, notice=notice, reason=reason,
+                         panels=_PANELS), status=status)
+
+
+# --- routes --------------------------------------------------------------------------------------------
+
+@get("/console", include_in_schema=False)
+async def console_page(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> Response[str]:
+    """The console, or its sign-in form."""
+    if services.settings.admin_token is None:
+        return _sign_in_page(services, status=403)
+    operator = _operator(request, services)
+    if operator is None:
+        # Just signed in, yet no session came back: the browser dropped the cookie (Secure over plain HTTP).
+        return _sign_in_page(services, cookie_dropped=request.query_params.get("signed_in") == "1")
+    notice = None
+    flipped = request.query_params.get("flipped")
+    policy = services.policies.current()
+    if flipped is not None and flipped == str(policy.version):
+        notice = f"Version {policy.version} is in force: thinking {policy.default_mode.upper()} by default."
+    elif request.query_params.get("unchanged") is not None:
+        notice = f"Thinking was already {policy.default_mode.upper()}: nothing changed, nothing audited."
+    return await _dashboard(services, operator, notice=notice)
+
+
+@post("/console/sign-in", include_in_schema=False)
+async def console_sign_in(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> Response[str]:
+    """Check the admin token from the form and set the signed session cookie."""
+    signer = _signer(services)
+    if signer is None:
+        return _sign_in_page(services, status=403)
+    form = await request.form()
+    name, token = _field(form, "operator"), _field(form, "token")
+    if not OPERATOR_NAME.match(name):
+        return _sign_in_page(
+            services, 400, "Your name goes into the audit trail: 1-64 letters, digits or _ . @ -", name
+        )
+    try:
+        token_id = services.keys.admin(f"Bearer {token}")
+    except (Unauthorized, Forbidden):
+        where = request.client.host if request.client else "?"
+        log.warning("console: failed sign-in as %r from %s", name, where)
+        return _sign_in_page(services, 401, "That is not the admin token.", name)
+    _, value = signer.issue(name, token_id)
+    log.info("console: %s signed in (%s)", name, token_id)
+    cookie = _session_cookie(services, value, int(signer.ttl_s))
+    return _see_other("/console?signed_in=1", cookies=[cookie])
+
+
+@post("/console/sign-out", include_in_schema=False)
+async def console_sign_out(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> Response[str]:
+    """Forget the session cookie (it still verifies until it expires, wherever a copy of it went)."""
+    operator = _operator(request, services)
+    form = await request.form()
+    signer = _signer(services)
+    if operator is not None and operator.session is not None and signer is not None and not signer.csrf_valid(
+        operator.session, _field(form, "csrf")
+    ):
+        refusal = "This sign-out did not come from the console's own page."
+        return _html(_render("refused.html", message=refusal), status=403)
+    return _see_other("/console", cookies=[_session_cookie(services, "", 0)])
+
+
+@post("/console/thinking", include_in_schema=False)
+async def console_flip_thinking(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> Response[str]:
+    """Set the default thinking mode, with a reason, the version the page showed and the CSRF token."""
+    operator = _operator(request, services)
+    if operator is None:
+        return _sign_in_page(services, 401, "Sign in to change the thinking policy.")
+    form = await request.form()
+    reason = _field(form, "reason")
+    signer = _signer(services)
+    if operator.session is not None and (signer is None or not signer.csrf_valid(operator.session,
+                                                                                  _field(form, "csrf"))):
+        log.warning("console: refused a flip without a valid CSRF token (session of %s)", operator.name)
+        return await _dashboard(services, operator, status=403, reason=reason, error=(
+            "Refused: this form did not come from this console session. Nothing changed; reload the page."
+        ))
+    mode = _field(form, "mode")
+    if mode not in MODES:
+        return await _dashboard(services, operator, status=400, reason=reason,
+                                error="Choose a mode: on, off or escalate.")
+    if not REASON_MIN <= len(reason) <= REASON_MAX:
+        return await _dashboard(services, operator, status=400, reason=reason, error=(
+            f"A reason ({REASON_MIN}-{REASON_MAX} characters) is required: it goes into the audit trail. "
+            "Nothing changed."
+        ))
+    version_text = _field(form, "version")
+    if not version_text.isdigit():
+        return await _dashboard(services, operator, status=400, reason=reason,
+                                error="The form lost the policy version it was made from: reload the page.")
+    current = services.policies.current()
+    try:
+        update = await services.policies.replace(
+            current.model_copy(update={"default_mode": mode}), operator.actor, reason, int(version_text)
+        )
+    except ModgateError as exc:  # 409 another flip came first, 503 Redis down: say so, keep the reason typed
+        return await _dashboard(services, operator, status=exc.status, reason=reason,
+                                error=f"Not changed: {exc.message}")
+    if not update.changed:
+        return _see_other("/console?unchanged=1")
+    log.warning("thinking policy version %d by %s: default %s: %s",
+                update.policy.version, operator.actor, mode, reason)
+    return _see_other(f"/console?flipped={update.policy.version}")
+
+
+@get("/console/panels", include_in_schema=False)
+async def console_panels(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> Response[dict[str, Any]]:
+    """The page's panels rendered now, for the page to swap in (and the policy version, to spot a flip)."""
+    operator = _operator(request, services)
+    if operator is None:
+        raise Unauthorized("sign in to the console (or send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>')")
+    view = await _view(services, operator)
+    panels = {name: _render(f"_{name}.html", **view) for name in _PANELS}
+    policy: ThinkingPolicy = view["policy"]
+    body = {"policy_version": policy.version, "default_mode": policy.default_mode, "panels": panels}
+    return Response(body, headers=_PAGE_HEADERS)
+
+
+@get("/console/quality/latest", include_in_schema=False)
+async def console_quality_report(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> Response[bytes]:
+    """The newest weekly quality report's HTML file, as ``modgate quality report`` wrote it."""
+    if _operator(request, services) is None:
+        raise Unauthorized("sign in to the console (or send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>')")
+    quality = await asyncio.to_thread(latest_quality_headline, services.settings.console.reports_dir)
+    if quality is None or quality.html_report is None:
+        raise NotFound(f"no HTML quality report in {services.settings.console.reports_dir}",
+                       code="no_quality_report")
+    body = await asyncio.to_thread(quality.html_report.read_bytes)
+    return Response(body, media_type=MediaType.HTML, headers=_REPORT_HEADERS)
+
+
+@get("/console/assets/{name:str}", include_in_schema=False)
+async def console_asset(name: FromPath[str]) -> Response[str]:
+    """The page's stylesheet and script, shipped beside its templates."""
+    if name not in _ASSETS:
+        raise NotFound(f"no console asset {name!r}")
+    return Response(_ASSETS[name], media_type=_ASSET_TYPES[name],
+                    headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+
+
+ROUTES = [console_page, console_sign_in, console_sign_out, console_flip_thinking, console_panels,
+          console_quality_report, console_asset]

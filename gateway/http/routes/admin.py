@@ -1,0 +1,148 @@
+"""Operators' calls: the thinking policy, its history and the audit trail.
+
+Every call needs the admin token (never a business key); every change needs a reason and is audited.
+``X-Modgate-Operator: <name>`` says who is behind the shared token (``modgate policy`` sends ``$USER``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Annotated, Any
+
+from litestar import Request, get, post, put
+from litestar.di import NamedDependency
+from litestar.params import JSONBody, Parameter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.errors import InvalidRequest
+from gateway.http.services import Services
+from gateway.policy.rules import ThinkingPolicy
+
+log = logging.getLogger("modgate.admin")
+
+_OPERATOR = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+# Fields the gateway fills in or shows alongside the document: never part of what a PUT decides.
+_SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed")
+
+Limit = Annotated[int, Parameter(ge=1, le=1000)]
+
+
+def _actor(request: Request[Any, Any, Any], services: Services) -> str:
+    """The admin check, and a name for the audit trail: the operator's (if sent) and the token's id."""
+    token_id = services.keys.admin(request.headers.get("authorization"))
+    operator = request.headers.get("x-modgate-operator")
+    if operator is None:
+        return token_id
+    if not _OPERATOR.match(operator):
+        raise InvalidRequest("X-Modgate-Operator must be 1-64 of A-Z a-z 0-9 _ . @ -",
+                             param="X-Modgate-Operator")
+    return f"{operator} ({token_id})"
+
+
+def _reason(value: object) -> str:
+    if not isinstance(value, str) or len(value.strip()) < 3:
+        raise InvalidRequest("a 'reason' (at least 3 characters) is required for every policy change",
+                             param="reason")
+    return value.strip()
+
+
+def policy_view(policy: ThinkingPolicy, services: Services) -> dict[str, Any]:
+    """The document as operators see it: its fields, its content hash and where it came from."""
+    document: dict[str, Any] = json.loads(policy.model_dump_json())
+    return {**document, "content_hash": policy.content_hash(),
+            "store": services.policies.status().model_dump(mode="json")}
+
+
+@get("/admin/thinking-policy")
+async def get_thinking_policy(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> dict[str, Any]:
+    """The policy document in force on this replica, its content hash and the store's state."""
+    _actor(request, services)
+    return policy_view(services.policies.current(), services)
+
+
+@put("/admin/thinking-policy")
+async def put_thinking_policy(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> dict[str, Any]:
+    """Replace the policy document; the body is the whole document plus a ``reason``.
+
+    A ``version`` in the body is the version the change was made from: if another flip came first the
+    answer is 409 instead of silently overwriting it. Without one, the change applies to whatever is in force.
+    """
+    actor = _actor(request, services)
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise InvalidRequest(f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    reason = _reason(body.pop("reason", None))
+    expected_version = body.pop("version", None)
+    if expected_version is not None and (type(expected_version) is not int or expected_version < 1):
+        raise InvalidRequest("'version' must be the version the change was made from (an integer)",
+                             param="version")
+    for shown_only in _SHOWN_ONLY:
+        body.pop(shown_only, None)
+    try:
+        policy = ThinkingPolicy.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidRequest(f"invalid policy: {where}: {first['msg']}", param=where or None) from exc
+    update = await services.policies.replace(policy, actor, reason, expected_version)
+    if update.changed:
+        log.warning("thinking policy version %d by %s: %s", update.policy.version, actor, reason)
+    return {**policy_view(update.policy, services), "changed": update.changed}
+
+
+class RollbackRequest(BaseModel):
+    """``POST /admin/thinking-policy/rollback``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    to_version: int | None = Field(default=None, ge=1)  # unset: the version before the one in force
+    reason: str = Field(min_length=3, max_length=500)
+
+
+@post("/admin/thinking-policy/rollback", status_code=200)
+async def rollback_thinking_policy(
+    request: Request[Any, Any, Any], data: JSONBody[RollbackRequest], services: NamedDependency[Services]
+) -> dict[str, Any]:
+    """Put an earlier version's content back in force, as a new version (versions only go up)."""
+    actor = _actor(request, services)
+    reason = _reason(data.reason)
+    update = await services.policies.rollback(data.to_version, actor, reason)
+    if update.changed:
+        log.warning("thinking policy rolled back as version %d by %s: %s",
+                    update.policy.version, actor, reason)
+    return {**policy_view(update.policy, services), "changed": update.changed}
+
+
+@get("/admin/thinking-policy/history")
+async def thinking_policy_history(
+    request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 20
+) -> dict[str, Any]:
+    """Earlier policy documents, newest first."""
+    _actor(request, services)
+    documents = await services.policies.history(limit)
+    return {"data": [{**json.loads(doc.model_dump_json()), "content_hash": doc.content_hash()}
+                     for doc in documents]}
+
+
+@get("/admin/audit")
+async def audit_trail(
+    request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 50
+) -> dict[str, Any]:
+    """Who changed the policy, when, why, from which version to which, and what changed; newest first."""
+    _actor(request, services)
+    entries = await services.policies.audit(limit)
+    return {"data": [json.loads(entry.model_dump_json()) for entry in entries]}
+
+
+ROUTES = [
+    get_thinking_policy, put_thinking_policy, rollback_thinking_policy, thinking_policy_history, audit_trail,
+]

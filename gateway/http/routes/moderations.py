@@ -1,0 +1,104 @@
+"""``POST /v1/moderations``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import numpy as np
+from litestar import Request, post
+from litestar.di import NamedDependency
+from litestar.params import JSONBody
+
+from gateway.errors import InvalidRequest
+from gateway.http.services import Services
+from gateway.moderation.wire import ModerationRequest, ModerationResponse
+from gateway.policy.rules import MODES, Mode
+
+T = TypeVar("T")
+
+
+async def cancel_on_disconnect(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Run ``work``; if the client goes away first, cancel it (and with it the engine request)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    return await task
+
+
+_JSON_ESCAPES = re.compile(rb'\\\\|\\"')  # an escaped backslash or quote: neither opens nor closes anything
+_JSON_STRINGS = re.compile(rb'"[^"]*"')
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_CHUNK = 1 << 20
+
+
+def json_depth(body: bytes, stop_after: int) -> int:
+    """How deep a JSON text nests arrays and objects (brackets inside strings ignored).
+
+    Counted at C speed, as the body may be megabytes of base64 or of brackets: everything but quotes and
+    brackets is dropped, then strings, then the nesting is a running sum, in chunks, stopping past
+    ``stop_after``.
+    """
+    structure = _JSON_STRINGS.sub(b"", _JSON_ESCAPES.sub(b"", body).translate(None, _NOT_STRUCTURE))
+    depth = deepest = 0
+    for start in range(0, len(structure), _CHUNK):
+        chunk = np.frombuffer(structure, np.uint8, count=min(_CHUNK, len(structure) - start), offset=start)
+        levels = np.cumsum(np.where((chunk == ord("[")) | (chunk == ord("{")), 1, -1)) + depth
+        deepest, depth = max(deepest, int(levels.max())), int(levels[-1])
+        if deepest > stop_after:
+            break
+    return deepest
+
+
+async def refuse_deep_json(request: Request[Any, Any, Any]) -> None:
+    """Before the body is parsed: refuse JSON nested past the limit (the parser would fail with a 500)."""
+    services: Services = request.app.state.services
+    limit = services.settings.limits.max_json_depth
+    if json_depth(await request.body(), stop_after=limit) > limit:
+        raise InvalidRequest(f"the JSON body nests deeper than {limit} levels", code="json_too_deep")
+
+
+def requested_mode(value: str | None) -> Mode | None:
+    """``X-Modgate-Thinking: on|off|escalate``."""
+    if value is None:
+        return None
+    for mode in MODES:
+        if value == mode:
+            return mode
+    raise InvalidRequest(
+        "X-Modgate-Thinking must be 'on', 'off' or 'escalate'", param="X-Modgate-Thinking"
+    )
+
+
+@post("/v1/moderations", status_code=200, before_request=refuse_deep_json)
+async def create_moderation(
+    request: Request[Any, Any, Any], data: JSONBody[ModerationRequest], services: NamedDependency[Services]
+) -> ModerationResponse:
+    """Moderate keyframes: the OpenAI moderation request and response, one result per image."""
+    caller = await services.keys.authenticate(request.headers.get("authorization"))
+    requested = requested_mode(request.headers.get("x-modgate-thinking"))
+    max_images = services.settings.shaping.max_images_per_request
+    if isinstance(data.input, list) and not data.input:
+        raise InvalidRequest("input is empty: send at least one image or text", param="input")
+    if isinstance(data.input, list) and len(data.input) > max_images:
+        raise InvalidRequest(f"at most {max_images} inputs per request, got {len(data.input)}", param="input")
+    # Cache-Control: no-cache asks for a fresh engine verdict (the quality module's re-runs need one).
+    fresh = "no-cache" in request.headers.get("cache-control", "").lower()
+    return await cancel_on_disconnect(
+        request, services.moderation.moderate(data, caller, requested, fresh=fresh)
+    )
+
+
+ROUTES = [create_moderation]

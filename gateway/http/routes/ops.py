@@ -1,0 +1,61 @@
+"""Health, readiness, metrics and recent stats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Response, get
+from litestar.di import NamedDependency
+from prometheus_client import generate_latest
+
+from gateway.errors import ModgateError
+from gateway.http.services import Services
+from gateway.telemetry.windows import stats_document
+
+
+@get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@get("/readyz")
+async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]]:
+    """Ready when at least one engine is up (answers ``/health``, circuit not open) and the model is known."""
+    engines = await services.engines.readiness()
+    ready = any(engine["up"] for engine in engines)
+    if ready:
+        try:
+            await services.moderation.engine_model()
+        except ModgateError:
+            ready = False
+    status = "ready" if ready else "not ready"
+    body: dict[str, Any] = {"status": status, "engine": services.engine.base_url, "engines": engines}
+    # "engine" is the first one. The policy store does not gate readiness (a replica serves on its last
+    # policy while Redis is down), but an operator should see that flips are refused: "degraded".
+    store = services.policies.status()
+    body["policy_store"] = store.model_dump(mode="json")
+    if ready and not store.available:
+        body["status"] = "degraded"
+    return Response(body, status_code=200 if ready else 503)
+
+
+@get("/metrics", media_type="text/plain; version=0.0.4; charset=utf-8")
+async def metrics(services: NamedDependency[Services]) -> bytes:
+    """Prometheus text format."""
+    services.metrics.inflight.set(services.admission.inflight)
+    services.metrics.queued.set(services.admission.queued)
+    return generate_latest(services.metrics.registry)
+
+
+@get("/stats")
+async def stats(services: NamedDependency[Services]) -> dict[str, Any]:
+    """Latency percentiles, keyframes per minute, thinking share and cache rates over the recent window."""
+    document = stats_document(services.recent, services.engine_cache)
+    document["inflight"] = services.admission.inflight
+    document["queued"] = services.admission.queued
+    document["thinking_default"] = services.policies.current().default_mode
+    return document
+
+
+ROUTES = [healthz, readyz, metrics, stats]

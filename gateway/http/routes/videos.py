@@ -1,0 +1,159 @@
+"""``POST /v1/videos/{video_id}/keyframes``: one video's keyframes, a verdict per frame and one for the video.
+
+The frames of a batch belong to one caller, hence one tenant: the gateway may pack them ``packing`` to an
+engine request (one structured output with a verdict per frame) and reuses verdicts of frames it has seen
+(exact or near duplicates), which a video's keyframes often are. The video is blocked if any frame is,
+sent to review if any frame is, allowed otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Annotated, Any, Literal
+
+from litestar import Request, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, JSONBody
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.errors import InvalidRequest
+from gateway.http.routes.moderations import cancel_on_disconnect, refuse_deep_json, requested_mode
+from gateway.http.services import Services
+from gateway.moderation.wire import (
+    ImageURL,
+    ImageURLPart,
+    ModerationDetails,
+    ModerationRequest,
+    RequestOptions,
+    TextPart,
+)
+
+_VIDEO_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+
+
+class Keyframe(BaseModel):
+    """One keyframe of the video."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image_url: ImageURL
+    timestamp_ms: int | None = Field(default=None, ge=0)  # where in the video; echoed back
+
+
+class KeyframeBatchRequest(BaseModel):
+    """The body of ``POST /v1/videos/{video_id}/keyframes``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    frames: list[Keyframe] = Field(min_length=1)
+    packing: int | None = Field(default=None, ge=1, le=16)  # frames per engine request; default the setting
+    # honoured where the thinking policy lets callers choose
+    thinking: Literal["on", "off", "escalate"] | None = None
+    model: str | None = None
+    tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)
+    priority: int = Field(default=0, ge=-10, le=10)
+
+
+class KeyframeResult(BaseModel):
+    """One frame's verdict: the fields of a moderation result, plus where the frame is."""
+
+    index: int
+    timestamp_ms: int | None
+    flagged: bool
+    categories: dict[str, bool]
+    category_scores: dict[str, float]
+    category_applied_input_types: dict[str, list[Literal["text", "image"]]]
+    modgate: ModerationDetails
+
+
+class VideoVerdict(BaseModel):
+    """The video as a whole: block if any frame is blocked, review if any frame needs review, else allow."""
+
+    action: Literal["allow", "review", "block"]
+    flagged: bool
+    categories: list[str]  # named by the frames that decided the action
+    blocked_frames: list[int]
+    review_frames: list[int]
+
+
+class KeyframeBatchResponse(BaseModel):
+    """The answer: the video's verdict, each frame's, and what the batch cost the engine."""
+
+    id: str
+    object: Literal["video.keyframes.moderation"] = "video.keyframes.moderation"
+    video_id: str
+    model: str
+    verdict: VideoVerdict
+    frames: list[KeyframeResult]
+    packing: int  # frames per engine request
+    engine_requests: int  # engine calls the batch took
+    reused_frames: int  # frames whose verdict was reused instead of asked of the engine
+
+
+def video_verdict(frames: list[KeyframeResult]) -> VideoVerdict:
+    """Block if any frame is blocked, review if any frame needs review, else allow."""
+    blocked = [frame.index for frame in frames if frame.modgate.action == "block"]
+    review = [frame.index for frame in frames if frame.modgate.action == "review"]
+    deciding = blocked or review
+    categories = sorted({
+        name for frame in frames if frame.index in deciding
+        for name, score in frame.category_scores.items() if score > 0
+    })
+    action: Literal["allow", "review", "block"] = "block" if blocked else "review" if review else "allow"
+    return VideoVerdict(action=action, flagged=action != "allow", categories=categories,
+                        blocked_frames=blocked, review_frames=review)
+
+
+@post("/v1/videos/{video_id:str}/keyframes", status_code=200, before_request=refuse_deep_json)
+async def moderate_keyframes(
+    request: Request[Any, Any, Any],
+    video_id: FromPath[str],
+    data: JSONBody[KeyframeBatchRequest],
+    services: NamedDependency[Services],
+) -> KeyframeBatchResponse:
+    """Moderate one video's keyframes: a verdict per frame and one for the video."""
+    caller = await services.keys.authenticate(request.headers.get("authorization"))
+    if not _VIDEO_ID.fullmatch(video_id):
+        raise InvalidRequest("video_id must be 1 to 200 of A-Z a-z 0-9 . _ : -", param="video_id")
+    requested = requested_mode(request.headers.get("x-modgate-thinking"))
+    limit = services.settings.shaping.max_frames_per_batch
+    if len(data.frames) > limit:
+        raise InvalidRequest(f"at most {limit} frames per batch, got {len(data.frames)}", param="frames")
+    packing = data.packing or services.settings.shaping.packing_k
+    parts: list[ImageURLPart | TextPart] = [
+        ImageURLPart(type="image_url", image_url=frame.image_url) for frame in data.frames
+    ]
+    options = RequestOptions(
+        thinking=data.thinking, video_id=video_id, tags=data.tags, priority=data.priority
+    )
+    moderation_request = ModerationRequest(input=parts, model=data.model, modgate=options)
+    answer = await cancel_on_disconnect(
+        request, services.moderation.moderate(moderation_request, caller, requested, packing=packing)
+    )
+    frames = [
+        KeyframeResult(
+            index=index,
+            timestamp_ms=frame.timestamp_ms,
+            flagged=result.flagged,
+            categories=result.categories,
+            category_scores=result.category_scores,
+            category_applied_input_types=result.category_applied_input_types,
+            modgate=result.modgate,
+        )
+        for index, (frame, result) in enumerate(zip(data.frames, answer.results, strict=True))
+    ]
+    fresh = {frame.modgate.request_id for frame in frames if frame.modgate.reused is None}
+    return KeyframeBatchResponse(
+        id=f"vkf-{uuid.uuid4().hex}",
+        video_id=video_id,
+        model=answer.model,
+        verdict=video_verdict(frames),
+        frames=frames,
+        packing=packing,
+        engine_requests=len(fresh),
+        reused_frames=sum(frame.modgate.reused is not None for frame in frames),
+    )
+
+
+ROUTES = [moderate_keyframes]

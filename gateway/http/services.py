@@ -1,0 +1,282 @@
+"""What the handlers share, built once per app in the lifespan and closed in ``finally``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
+import redis.asyncio as aioredis
+
+from gateway.cli.embedded import ThreadedServer
+from gateway.engine.admission import AdmissionQueue
+from gateway.engine.circuit import CircuitBreaker
+from gateway.engine.client import EngineClient
+from gateway.engine.pool import EnginePool, build_engine_pool
+from gateway.http.auth import KeyRing
+from gateway.http.keys_store import RedisKeyStore
+from gateway.jobs.service import JobService, JobStore, MemoryJobStore, RedisJobStore, WebhookSender
+from gateway.moderation.remote_images import RemoteImageFetcher
+from gateway.moderation.service import ModerationService
+from gateway.moderation.shadow import ShadowSampler
+from gateway.moderation.verdict_cache import (
+    MemoryVerdictCache,
+    NearDuplicateRule,
+    RedisVerdictCache,
+    VerdictCache,
+)
+from gateway.policy.rules import PolicyStore
+from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.tracing import Telemetry, build_telemetry
+from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
+from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
+from shaping.prefix import GuidanceTooShort
+from shaping.prompt import SystemPrompt, load_system_prompt
+
+log = logging.getLogger("modgate.gateway")
+
+
+@dataclass
+class Services:
+    """The app's long-lived parts."""
+
+    settings: Settings
+    keys: KeyRing
+    engine: EngineClient
+    admission: AdmissionQueue
+    policies: PolicyStore
+    metrics: GatewayMetrics
+    moderation: ModerationService
+    telemetry: Telemetry  # this app's OpenTelemetry providers and tracer
+    recent: RecentRequests  # per-keyframe samples of the last telemetry.window_s seconds (GET /stats)
+    engine_cache: EngineCacheScraper  # the engine's prefix-cache counters, differenced between scrapes
+    circuit: CircuitBreaker  # the engine's circuit breaker
+    jobs: JobService  # keyframe batches worked in the background (durable with Redis)
+    engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
+
+
+def _start_simulator(settings: Settings) -> ThreadedServer:
+    from deploy.simulator import PRESETS, create_sim_app
+
+    preset = PRESETS[settings.simulator.preset]
+    server = ThreadedServer(create_sim_app(preset, settings.simulator.time_scale)).start()
+    log.warning(
+        "MODGATE_ENGINE_URL is unset: using the built-in simulated engine at %s (%s preset, time scale %g)",
+        server.url,
+        preset.name,
+        settings.simulator.time_scale,
+    )
+    return server
+
+
+def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
+    group = settings.remote_images
+    if not group.enabled:
+        return None
+    if not group.allowlist:
+        log.warning("MODGATE_REMOTE_IMAGES__ENABLED is on but its allowlist is empty: every URL is refused")
+    return RemoteImageFetcher(
+        group.allowlist,
+        max_bytes=group.max_bytes,
+        timeout_s=group.timeout_s,
+        max_redirects=group.max_redirects,
+    )
+
+
+def _job_service(
+    settings: Settings,
+    state: aioredis.Redis | None,
+    moderation: ModerationService,
+    executor: ThreadPoolExecutor,
+    remote_images: RemoteImageFetcher | None,
+) -> JobService:
+    group = settings.jobs
+    store: JobStore = (
+        MemoryJobStore()
+        if state is None
+        else RedisJobStore(state, claim_idle_s=group.claim_idle_s, ttl_s=group.result_ttl_s)
+    )
+    secret = group.webhook_secret
+    webhooks = (
+        None
+        if secret is None
+        else WebhookSender(
+            secret.get_secret_value(), timeout_s=group.webhook_timeout_s, attempts=group.webhook_attempts
+        )
+    )
+    return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks)
+
+
+def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictCache:
+    """Reused verdicts: shared in Redis when it is configured, else this process's memory."""
+    shaping = settings.shaping
+    rule = NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta)
+    if state is None:
+        return MemoryVerdictCache(shaping.verdict_cache_ttl_s, shaping.verdict_cache_max_entries, rule)
+    return RedisVerdictCache(state, shaping.verdict_cache_ttl_s, rule)
+
+
+async def _system_prompt(
+    settings: Settings, engine_url: str, transport: httpx.AsyncBaseTransport | None
+) -> SystemPrompt:
+    """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
+
+    Measured once at start on the engine's own /tokenize. An engine that cannot be measured leaves the plain
+    prompt in force (said loudly): the gateway still serves, the cache just cannot hit.
+    """
+    if not settings.shaping.block_filling_prefix:
+        return load_system_prompt()
+    from gateway.cli.prefix import PrefixPlanError, block_filled_prompt
+
+    try:
+        async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
+            prompt, filled = await block_filled_prompt(http, settings.shaping.prefix_block_size)
+    except (PrefixPlanError, GuidanceTooShort) as exc:
+        log.error("block-filling prefix OFF: %s; serving the plain system prompt", exc)
+        return load_system_prompt()
+    log.warning(
+        "block-filling prefix on: +%d tokens of policy guidance; shared prefix %d tokens (block %d, +%d)",
+        filled.added_tokens,
+        filled.shared_tokens,
+        filled.block_size,
+        filled.overshoot,
+    )
+    return prompt
+
+
+def _quality_records(settings: Settings, state: aioredis.Redis | None) -> RecordStore:
+    """Shadow pairs: weekly JSONL files, mirrored to a Redis stream when Redis is configured."""
+    files = JsonlRecordStore(settings.quality.records_dir)
+    if state is None:
+        return files
+    return MirroredRecordStore(files, RedisRecordStore(state, stream=settings.quality.redis_stream))
+
+
+def _policy_store(settings: Settings) -> PolicyStore:
+    if not settings.redis_url:
+        return MemoryPolicyStore()
+    group = settings.policy
+    return RedisPolicyStore(
+        settings.redis_url,
+        key_prefix=group.key_prefix,
+        reload_interval_s=group.reload_interval_s,
+        timeout_s=group.redis_timeout_s,
+        reconnect_interval_s=group.reconnect_interval_s,
+        audit_max_entries=group.audit_max_entries,
+    )
+
+
+@asynccontextmanager
+async def open_services(
+    settings: Settings,
+    keys: KeyRing,
+    engine_transport: httpx.AsyncBaseTransport | None = None,
+    *,
+    clock: Clock = time.monotonic,
+) -> AsyncIterator[Services]:
+    """Build every client the handlers need; close them all on the way out (``clock``: the stats windows')."""
+    simulator: ThreadedServer | None = None
+    executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
+    if engine_transport is not None:
+        engine_urls = ["http://engine.test"]
+    elif settings.engine_url:
+        engine_urls = settings.engine_urls()
+    else:
+        simulator = await asyncio.to_thread(_start_simulator, settings)
+        engine_urls = [simulator.url]
+    engine_url = engine_urls[0]
+    # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine/pool.py).
+    engines = build_engine_pool(settings, engine_urls, engine_transport)
+    engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
+    # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
+    state = (
+        None
+        if not settings.redis_url
+        else aioredis.Redis.from_url(
+            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
+        )
+    )
+    if state is not None and settings.api_keys_from_redis:
+        keys.store = RedisKeyStore(state)
+    remote_images = _remote_images(settings)
+    policies = _policy_store(settings)
+    metrics = GatewayMetrics()
+    telemetry = build_telemetry(settings.telemetry)
+    recent = RecentRequests(settings.telemetry.window_s, clock=clock)
+    engine_cache = EngineCacheScraper(
+        engine.metrics_text,
+        EngineCacheWindow(settings.telemetry.window_s, clock=clock),
+        interval_s=settings.telemetry.engine_scrape_interval_s,
+        on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
+    )
+    metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
+    engines.register_metrics(metrics.registry)
+    moderation = ModerationService(
+        settings=settings,
+        engine=engine,
+        admission=admission,
+        policies=policies,
+        metrics=metrics,
+        system_prompt=await _system_prompt(settings, engine_url, engine_transport),
+        executor=executor,
+        tracer=telemetry.tracer,
+        recorder=RequestRecorder(metrics, recent, telemetry.instruments),
+        remote_images=remote_images,
+        verdicts=_verdict_cache(settings, state),
+        engines=engines,
+    )
+    records = _quality_records(settings, state)
+    moderation.shadow = ShadowSampler(
+        engines=engines,
+        store=records,
+        system_prompt=moderation.system_prompt,
+        user_text=settings.shaping.user_text,
+        model=moderation.engine_model,
+        use_priority=settings.engine.use_priority,
+        constraint=settings.engine.verdict_constraint,
+        counters=metrics,
+    )
+    jobs = _job_service(settings, state, moderation, executor, remote_images)
+    await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
+    try:
+        engines.start()
+        engine_cache.start()
+        jobs.start()
+        yield Services(
+            settings,
+            keys,
+            engine,
+            admission,
+            policies,
+            metrics,
+            moderation,
+            telemetry=telemetry,
+            recent=recent,
+            engine_cache=engine_cache,
+            circuit=circuit,
+            jobs=jobs,
+            engines=engines,
+        )
+    finally:
+        await jobs.stop()
+        await moderation.shadow.drain(timeout_s=10.0)
+        await records.aclose()
+        if remote_images is not None:
+            await remote_images.aclose()
+        if state is not None:
+            await state.aclose()
+        await engine_cache.stop()
+        await policies.stop()
+        await engines.aclose()  # every engine's connections, and this replica's leases given back
+        executor.shutdown(wait=False, cancel_futures=True)
+        if simulator is not None:
+            await asyncio.to_thread(simulator.stop)
+        await asyncio.to_thread(telemetry.shutdown)  # flushes spans and metrics to the OTLP endpoint, if any

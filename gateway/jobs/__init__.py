@@ -1,0 +1,1 @@
+"""Keyframe batches submitted as jobs: stores, signed webhooks, the worker."""

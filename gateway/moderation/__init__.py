@@ -1,0 +1,1 @@
+"""A keyframe's verdict: wire models, the moderation service, verdict reuse, remote images, shadow pairs."""

@@ -1,0 +1,693 @@
+"""The moderation path for one request: shape → decide thinking → admit → engine → parse → result."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import time
+import uuid
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from opentelemetry import trace
+
+from gateway.engine.admission import AdmissionQueue
+from gateway.engine.client import EngineAnswer, EngineClient, Usage
+from gateway.engine.pool import EnginePool
+from gateway.errors import (
+    ClientError,
+    InvalidRequest,
+    ModgateError,
+    PayloadTooLarge,
+    UnprocessableImage,
+    UnsupportedMedia,
+)
+from gateway.http.auth import Caller
+from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
+from gateway.moderation.shadow import ShadowSampler
+from gateway.moderation.verdict_cache import (
+    FrameIdentity,
+    MemoryVerdictCache,
+    NearDuplicateRule,
+    Reuse,
+    ReusedVerdict,
+    StoredVerdict,
+    VerdictCache,
+    VerdictScope,
+    colour_thumbnail,
+)
+from gateway.moderation.wire import (
+    EscalatedFrom,
+    ImageURLPart,
+    ModerationDetails,
+    ModerationRequest,
+    ModerationResponse,
+    ModerationResult,
+    TextPart,
+)
+from gateway.policy.rules import (
+    EscalationBudget,
+    Mode,
+    PolicyStore,
+    QueueLoad,
+    RequestContext,
+    ThinkingDecision,
+    ThinkingPolicy,
+    decide,
+)
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.tracing import engine_span_attributes
+from gateway.telemetry.windows import RecentRequests
+from quality.escalation import escalation_reason
+from shaping.accounting import PromptPrediction, TokenAccountant, compare_usage
+from shaping.errors import ImageRejected
+from shaping.image import ImageLimits, ShapedImage, decode_data_url, shape_image
+from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request
+from shaping.tokens import TokenGrid
+from shaping.verdict import OPENAI_CATEGORIES, KeyframeVerdict, parse_engine_output
+
+log = logging.getLogger("modgate.moderation")
+
+REASK_PRIORITY = -100
+"""Added to a request's priority for its escalation re-ask: below every request priority (-10..10), so a
+frame already half answered goes ahead of new asks at admission (and in the engine, with ``use_priority``),
+and re-asks keep their requests' order among themselves."""
+
+
+def image_rejection(exc: ImageRejected) -> ClientError:
+    """Translate a shaping rejection into the gateway's client error of the same status."""
+    kind: type[ClientError] = {413: PayloadTooLarge, 415: UnsupportedMedia, 422: UnprocessableImage}.get(
+        exc.status, InvalidRequest
+    )
+    return kind(str(exc), code=exc.code, param="input")
+
+
+@dataclass(frozen=True, slots=True)
+class FrameOutcome:
+    """What one engine call produced for one frame."""
+
+    verdict: KeyframeVerdict
+    answer: EngineAnswer
+    decision: ThinkingDecision
+    queue_s: float
+    verdicts: tuple[KeyframeVerdict, ...] = ()  # every frame's verdict of a packed engine call, in order
+    reused: Reuse | None = None  # the verdict was not asked of the engine for this frame
+    packed: int = 1  # frames in the engine request that judged this one
+    thinking_mode: Mode | None = None  # what the policy chose, when it differs from ``decision.mode``
+    fast: FrameOutcome | None = None  # escalated: the thinking-off outcome this one replaced
+    escalated_from: EscalatedFrom | None = None
+    escalation_skipped: Literal["cap_share", "cap_rate", "reask_failed"] | None = None
+
+
+class ModerationService:
+    """Everything a moderation request needs, built once per app."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: EngineClient,
+        admission: AdmissionQueue,
+        policies: PolicyStore,
+        metrics: GatewayMetrics,
+        system_prompt: SystemPrompt,
+        executor: Executor,
+        tracer: trace.Tracer | None = None,
+        recorder: RequestRecorder | None = None,
+        remote_images: RemoteImageFetcher | None = None,
+        verdicts: VerdictCache | None = None,
+        engines: EnginePool | None = None,
+    ) -> None:
+        self.settings = settings
+        self.remote_images = remote_images  # None: only data: URLs (MODGATE_REMOTE_IMAGES__ENABLED off)
+        self.engine = engine
+        self.admission = admission
+        # Every engine behind the shared queue; without a pool given, ``engine`` alone with ``admission``.
+        self.engines = engines or EnginePool.of_one(engine, admission)
+        self.policies = policies
+        self.load = QueueLoad(lambda: admission.queued)  # the load rule's signal and hysteresis (per replica)
+        self.escalations = EscalationBudget(lambda: admission.queued)  # escalate's caps (per replica)
+        self.metrics = metrics
+        self.system_prompt = system_prompt
+        self.executor = executor
+        self.tracer = tracer or trace.NoOpTracer()
+        self.recorder = recorder or RequestRecorder(metrics, RecentRequests(settings.telemetry.window_s))
+        self.model_id: str | None = None if settings.engine.model == "auto" else settings.engine.model
+        shaping = settings.shaping
+        self.limits = ImageLimits(
+            max_bytes=shaping.max_image_bytes,
+            animated=shaping.animated,
+            max_pixels_decoded=settings.limits.max_image_pixels,
+        )
+        self.grid = TokenGrid(
+            pixels_per_token=shaping.pixels_per_token, token_budget=shaping.image_token_budget
+        )
+        self.verdicts: VerdictCache = verdicts or MemoryVerdictCache(
+            shaping.verdict_cache_ttl_s,
+            shaping.verdict_cache_max_entries,
+            NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta),
+        )
+        self.shadow: ShadowSampler | None = None  # set by open_services: shadow pairs for the quality module
+        self.accountant: TokenAccountant | None = None  # built with the first request (needs the model id)
+        self._accounting_lock = asyncio.Lock()
+        self._accounting_paused_until = 0.0  # after a failed /tokenize: no prediction until then
+
+    async def engine_model(self) -> str:
+        """The engine's model id, asked once (``MODGATE_ENGINE__MODEL=auto``)."""
+        if self.model_id is None:
+            models = await self.engines.model_ids()
+            if not models:
+                raise InvalidRequest("the engine serves no model")
+            self.model_id = models[0]
+        return self.model_id
+
+    async def shape(self, data_url: str) -> ShapedImage:
+        """Decode and shape one keyframe off the event loop (fetched first if it is an allowed remote URL)."""
+        try:
+            if self.remote_images is not None and is_remote_url(data_url):
+                raw = await self.remote_images.fetch(data_url)
+            else:
+                _, raw = decode_data_url(data_url, self.settings.shaping.max_image_bytes)
+            loop = asyncio.get_running_loop()
+            shape = functools.partial(shape_image, jpeg_quality=self.settings.shaping.jpeg_quality)
+            return await loop.run_in_executor(self.executor, shape, raw, self.limits, self.grid)
+        except ImageRejected as exc:
+            raise image_rejection(exc) from exc
+
+    async def moderate(
+        self,
+        request: ModerationRequest,
+        caller: Caller,
+        requested: Mode | None,
+        packing: int | None = None,
+        *,
+        fresh: bool = False,
+    ) -> ModerationResponse:
+        """Answer one moderation request, as one trace; a request that fails is counted by its outcome.
+
+        ``packing``: keyframes per engine request (default ``MODGATE_SHAPING__PACKING_K``). ``fresh``: do
+        not reuse stored verdicts (``Cache-Control: no-cache``, e.g. the quality module's re-runs).
+        """
+        request_id = f"modr-{uuid.uuid4().hex}"
+        with self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id}):
+            try:
+                return await self._moderate(request, caller, requested, request_id, packing, fresh=fresh)
+            except ModgateError as exc:
+                self.recorder.failed(request_id, exc.default_code, exc.message)
+                raise
+            except asyncio.CancelledError:
+                self.recorder.failed(request_id, "cancelled", "the caller went away")
+                raise
+            except Exception as exc:
+                self.recorder.failed(request_id, "internal_error", type(exc).__name__)
+                raise
+
+    async def _moderate(
+        self,
+        request: ModerationRequest,
+        caller: Caller,
+        requested: Mode | None,
+        request_id: str,
+        packing: int | None = None,
+        *,
+        fresh: bool = False,
+    ) -> ModerationResponse:
+        """One result per image (or one for a text-only input)."""
+        started = time.monotonic()
+        options = request.modgate
+        images, texts = self._split_input(request)
+        context = RequestContext(
+            tenant=caller.tenant,
+            requested=options.thinking if options and options.thinking else requested,
+            tags=tuple(options.tags) if options else (),
+            priority=options.priority if options else 0,
+        )
+        policy = self.policies.current()
+        decision = decide(policy, context, under_load=self.load.update(policy.load))
+        shaping_started = time.monotonic()
+        with self.tracer.start_as_current_span("shaping", attributes={"modgate.images": len(images)}):
+            # all bad input fails before any engine call
+            shaped = await asyncio.gather(*(self.shape(url) for url in images))
+        shaping_s = (time.monotonic() - shaping_started) / max(1, len(shaped))
+        for _ in shaped:
+            self.metrics.shaping.observe(shaping_s)
+        extra_text = "\n".join(texts)
+        if shaped:
+            k = packing or self.settings.shaping.packing_k
+            outcomes = await self._judge_frames(
+                list(shaped), extra_text, decision, context, request_id, k, fresh=fresh
+            )
+            if self.shadow is not None and not extra_text:
+                video_id = options.video_id if options else None
+                for judged_frame, outcome in zip(shaped, outcomes, strict=True):
+                    if decision.mode == "escalate":
+                        self._pair_escalation(policy, judged_frame, outcome, caller.tenant, video_id)
+                    elif (
+                        outcome.reused is None and outcome.packed == 1
+                    ):  # an engine verdict on this frame alone
+                        self.shadow.consider(
+                            policy,
+                            judged_frame,
+                            decision.mode,
+                            outcome.verdict,
+                            outcome.answer,
+                            tenant=caller.tenant,
+                            video_id=video_id,
+                        )
+        else:
+            text_request = f"请审核以下文本：\n{extra_text}"
+            outcomes = [await self._judge([], text_request, decision, context, f"{request_id}-0")]
+        results = []
+        for index, outcome in enumerate(outcomes):
+            frame = shaped[index] if shaped else None
+            latency_s = time.monotonic() - started
+            self.metrics.e2e.observe(latency_s)
+            results.append(self._result(outcome, frame, latency_s, shaping_s if frame else 0.0))
+            self.recorder.record(results[-1].modgate, request_id)
+        self.metrics.requests.labels("moderations", "ok").inc()
+        return ModerationResponse(
+            id=request_id, model=request.model or self.settings.model_name, results=results
+        )
+
+    @staticmethod
+    def _split_input(request: ModerationRequest) -> tuple[list[str], list[str]]:
+        if isinstance(request.input, str):
+            return [], [request.input]
+        images: list[str] = []
+        texts: list[str] = []
+        for item in request.input:
+            if isinstance(item, str):
+                texts.append(item)
+            elif isinstance(item, ImageURLPart):
+                images.append(item.image_url.url)
+            elif isinstance(item, TextPart):
+                texts.append(item.text)
+        return images, texts
+
+    def _pair_escalation(
+        self, policy: ThinkingPolicy, frame: ShapedImage, outcome: FrameOutcome, tenant: str,
+        video_id: str | None,
+    ) -> None:
+        """Quality records of an escalate-mode frame: every escalation is a pair, and a random share too.
+
+        The shadow coin is drawn for every frame, escalated or not, so the pairs it picks stay a random
+        sample of all frames (``selection: random``); an escalation it did not pick is marked
+        ``escalation``: the report weighs those by their chance of being paired (1) or leaves them out.
+        """
+        assert self.shadow is not None
+        drawn = self.shadow.draw(policy)
+        if outcome.fast is not None:
+            self.shadow.record_pair(
+                policy.version, frame, (outcome.fast.verdict, outcome.fast.answer),
+                (outcome.verdict, outcome.answer), tenant=tenant, video_id=video_id,
+                selection="random" if drawn else "escalation", probability=1.0,
+            )
+        elif drawn and outcome.reused is None and outcome.packed == 1:
+            self.shadow.consider(policy, frame, "off", outcome.verdict, outcome.answer, tenant=tenant,
+                                 video_id=video_id, drawn=True)
+
+    async def _judge(
+        self,
+        frames: list[ShapedImage],
+        user_text: str,
+        decision: ThinkingDecision,
+        context: RequestContext,
+        request_id: str,
+        *,
+        reask: bool = False,
+    ) -> FrameOutcome:
+        # a re-ask (escalation) goes ahead of new asks, at the admission queue and in the engine
+        priority = context.priority + (REASK_PRIORITY if reask else 0)
+        body = build_chat_request(
+            self.system_prompt,
+            list(frames),
+            user_text,
+            RequestOptions(
+                model=await self.engine_model(),
+                enable_thinking=decision.mode == "on",
+                # the policy's cap is per keyframe: K packed frames need K answers (and K times the thought)
+                max_completion_tokens=decision.max_completion_tokens * max(1, len(frames)),
+                constraint=self.settings.engine.verdict_constraint,
+                stream=True,
+                priority=priority if self.settings.engine.use_priority else None,
+                thinking_token_budget=(
+                    None
+                    if decision.thinking_token_budget is None
+                    else decision.thinking_token_budget * max(1, len(frames))
+                ),
+            ),
+        )
+        prediction = await self._predict_prompt_tokens(frames, user_text, decision.mode == "on")
+        queued_at = time.time_ns()  # span times are wall-clock nanoseconds
+        try:
+            async with self.engines.slot(priority=priority) as admission:
+                self.tracer.start_span("queue", start_time=queued_at).end()
+                self.metrics.queue_wait.observe(admission.queue_seconds)
+                self.load.observe_queue_wait(admission.queue_seconds)
+                with self.tracer.start_as_current_span("engine") as engine_span:
+                    answer = await admission.chat(body, request_id)
+                    usage = answer.usage
+                    engine_span.set_attributes(
+                        engine_span_attributes(
+                            request_id,
+                            usage.prompt_tokens,
+                            usage.cached_tokens,
+                            usage.completion_tokens,
+                            answer.ttft_s,
+                            answer.streamed,
+                        )
+                    )
+        except ModgateError as exc:
+            self.metrics.engine_errors.labels(type(exc).__name__).inc()
+            raise
+        if answer.ttft_s is not None:
+            self.metrics.ttft.observe(answer.ttft_s)
+        self.metrics.prompt_tokens.inc(answer.usage.prompt_tokens)
+        self.metrics.cached_tokens.inc(answer.usage.cached_tokens)
+        self._check_prompt_tokens(prediction, answer, request_id)
+        with self.tracer.start_as_current_span("parsing"):
+            parsed = parse_engine_output(
+                answer.content, answer.reasoning, answer.finish_reason, frames=max(1, len(frames))
+            )
+        for problem in parsed.problems:
+            self.metrics.unparsable.labels(problem).inc()
+            log.warning("unusable engine output", extra={"request_id": request_id, "problem": problem})
+        for judged in parsed.verdicts:
+            self.metrics.frames.labels(judged.action, "on" if decision.mode == "on" else "off").inc()
+        return FrameOutcome(
+            verdict=parsed.verdicts[0],
+            answer=answer,
+            decision=decision,
+            queue_s=admission.queue_seconds,
+            verdicts=parsed.verdicts,
+            packed=max(1, len(frames)),
+        )
+
+    def _result(
+        self, outcome: FrameOutcome, frame: ShapedImage | None, latency_s: float, shaping_s: float
+    ) -> ModerationResult:
+        verdict, answer, decision = outcome.verdict, outcome.answer, outcome.decision
+        input_type: list[Literal["text", "image"]] = ["image"] if frame else ["text"]
+        named = set(verdict.categories)
+        weight = 1.0 if verdict.action == "block" else 0.5
+        usage = answer.usage
+        return ModerationResult(
+            flagged=verdict.flagged,
+            categories={c: c in named and verdict.action == "block" for c in OPENAI_CATEGORIES},
+            category_scores={
+                c: round(verdict.confidence * weight, 4) if c in named else 0.0 for c in OPENAI_CATEGORIES
+            },
+            category_applied_input_types=dict.fromkeys(OPENAI_CATEGORIES, input_type),
+            modgate=ModerationDetails(
+                action=verdict.action,
+                reason=verdict.detail or None,
+                thinking="on" if decision.mode == "on" else "off",
+                thinking_rule=decision.rule,
+                policy_version=decision.policy_version,
+                latency_ms=round(latency_s * 1000, 2),
+                queue_ms=round(outcome.queue_s * 1000, 2),
+                shaping_ms=round(shaping_s * 1000, 2),
+                ttft_ms=None if answer.ttft_s is None else round(answer.ttft_s * 1000, 2),
+                decode_ms=None if answer.ttft_s is None else round((answer.total_s - answer.ttft_s) * 1e3, 2),
+                prompt_tokens=usage.prompt_tokens,
+                cached_tokens=usage.cached_tokens,
+                image_tokens=usage.image_tokens,
+                completion_tokens=usage.completion_tokens,
+                reasoning_tokens=usage.reasoning_tokens,
+                frame_sha256=frame.sha256 if frame else None,
+                reused=outcome.reused,
+                request_id=answer.request_id,
+                thinking_mode=outcome.thinking_mode or decision.mode,
+                escalated_from=outcome.escalated_from,
+                escalation_skipped=outcome.escalation_skipped,
+            ),
+        )
+
+    # --- request shaping that cuts the engine's work per keyframe (issue 4) --------------------------------
+
+    async def _predict_prompt_tokens(
+        self, frames: list[ShapedImage], user_text: str, enable_thinking: bool
+    ) -> PromptPrediction | None:
+        """The prompt tokens this engine request should cost; what the accountant lacks is asked of /tokenize.
+
+        A failing /tokenize never fails a moderation: prediction pauses for a minute, the request goes on.
+        """
+        if time.monotonic() < self._accounting_paused_until:
+            return None
+        if self.accountant is None:
+            self.accountant = TokenAccountant(self.system_prompt.text, await self.engine_model())
+        accountant = self.accountant
+        if accountant.pending(enable_thinking, user_text, frames):
+            async with self._accounting_lock:  # concurrent first requests measure once
+                try:
+                    for _ in range(3):  # the image overhead is measured after the scaffold it is relative to
+                        for measurement in accountant.pending(enable_thinking, user_text, frames):
+                            counted = await self.engines.tokenize(measurement.body)
+                            accountant.record(measurement, counted)
+                except (ModgateError, KeyError, ValueError, TypeError) as exc:
+                    self._accounting_paused_until = time.monotonic() + 60.0
+                    log.warning("token prediction paused for 60 s: engine /tokenize failed: %s", exc)
+                    return None
+        return accountant.predict(enable_thinking, user_text, frames)
+
+    def _check_prompt_tokens(
+        self, prediction: PromptPrediction | None, answer: EngineAnswer, request_id: str
+    ) -> None:
+        """Count and log a request whose prompt tokens (or image tokens) the engine counted differently."""
+        if prediction is None:
+            return
+        mismatch = compare_usage(prediction, answer.usage.prompt_tokens, answer.usage.image_tokens)
+        if mismatch is not None:
+            self.metrics.token_mismatches.inc()
+            log.warning(
+                "token prediction mismatch: %s", mismatch.describe(), extra={"request_id": request_id}
+            )
+
+    def _instruction(self, frames: int, extra_text: str) -> str:
+        """The user text of an engine request judging ``frames`` keyframes (plus any caller text)."""
+        shaping = self.settings.shaping
+        base = shaping.user_text if frames == 1 else shaping.packed_user_text.format(frames=frames)
+        return base + (f"\n{extra_text}" if extra_text else "")
+
+    def _verdict_scope(self, tenant: str, decision: ThinkingDecision, extra_text: str) -> VerdictScope:
+        # escalate reuses and keeps verdicts by the mode that made them: a thinking-on verdict answers an
+        # escalate-mode frame as well as any re-ask would; a fast one is kept for thinking-off callers
+        return VerdictScope(
+            tenant=tenant,
+            policy_version=decision.policy_version,
+            thinking="on" if decision.mode == "escalate" else decision.mode,
+            prompt_sha256=self.system_prompt.sha256,
+            text_sha256=hashlib.sha256(extra_text.encode()).hexdigest() if extra_text else "",
+        )
+
+    async def _identities(self, frames: list[ShapedImage]) -> list[FrameIdentity]:
+        """Each frame's cache identity; the colour thumbnail only when near duplicates are reused."""
+        if not self.verdicts.rule.enabled:
+            return [FrameIdentity(frame.sha256, int(frame.phash, 16), b"") for frame in frames]
+        loop = asyncio.get_running_loop()
+        thumbnails = await asyncio.gather(
+            *(loop.run_in_executor(self.executor, colour_thumbnail, frame.data) for frame in frames)
+        )
+        return [
+            FrameIdentity(frame.sha256, int(frame.phash, 16), thumbnail)
+            for frame, thumbnail in zip(frames, thumbnails, strict=True)
+        ]
+
+    @staticmethod
+    def _share(outcome: FrameOutcome, position: int) -> FrameOutcome:
+        """One frame's part of a packed engine call: its own verdict, an even share of the call's tokens."""
+        k = outcome.packed
+        if k == 1:
+            return outcome
+        usage = outcome.answer.usage
+
+        def part(total: int) -> int:  # shares that add up to the total: the first frames take the remainder
+            return total // k + (1 if position < total % k else 0)
+
+        shared = Usage(
+            prompt_tokens=part(usage.prompt_tokens),
+            completion_tokens=part(usage.completion_tokens),
+            cached_tokens=part(usage.cached_tokens),
+            created_cache_tokens=part(usage.created_cache_tokens),
+            image_tokens=part(usage.image_tokens),
+            reasoning_tokens=part(usage.reasoning_tokens),
+        )
+        verdict = outcome.verdicts[position] if position < len(outcome.verdicts) else outcome.verdict
+        return replace(outcome, verdict=verdict, answer=replace(outcome.answer, usage=shared))
+
+    @staticmethod
+    def _reused(
+        verdict: KeyframeVerdict, how: Reuse, decision: ThinkingDecision, source_request_id: str
+    ) -> FrameOutcome:
+        """A verdict not asked of the engine for this frame: no tokens, the engine request that made it."""
+        answer = EngineAnswer(
+            content=None,
+            reasoning=None,
+            finish_reason="stop",
+            usage=Usage(),
+            ttft_s=None,
+            total_s=0.0,
+            request_id=source_request_id,
+            streamed=False,
+        )
+        return FrameOutcome(verdict=verdict, answer=answer, decision=decision, queue_s=0.0, reused=how)
+
+    async def _escalate(
+        self,
+        frame: ShapedImage,
+        fast: FrameOutcome | None,
+        extra_text: str,
+        decision: ThinkingDecision,
+        context: RequestContext,
+        request_id: str,
+    ) -> FrameOutcome | None:
+        """An escalate-mode frame's answer: its fast verdict, or the thinking-on one if it was unsure.
+
+        The cap is checked and the frame counted in the same step (no await between), so concurrent
+        requests on this replica never overrun it together.
+        """
+        rule, reask = decision.escalation, decision.reask
+        if fast is None or rule is None or reask is None:
+            return fast
+        verdict = fast.verdict
+        why = escalation_reason(
+            verdict.action, verdict.categories, verdict.confidence, rule.threshold, rule.always_categories
+        )
+        if why is None:
+            self.escalations.record(False)
+            return fast
+        skipped = self.escalations.skip_reason(rule)
+        self.escalations.record(skipped is None)
+        if skipped is not None:
+            self.metrics.escalations_skipped.labels(skipped).inc()
+            return replace(fast, escalation_skipped=skipped)
+        self.metrics.escalations.labels(why).inc()
+        try:
+            again = await self._judge(
+                [frame], self._instruction(1, extra_text), reask, context, f"{request_id}-escalated",
+                reask=True,
+            )
+        except ModgateError as exc:  # the fast verdict still answers; the caller is told it was not re-asked
+            self.metrics.escalations_skipped.labels("reask_failed").inc()
+            log.warning("escalation re-ask failed: %s", exc.message, extra={"request_id": request_id})
+            return replace(fast, escalation_skipped="reask_failed")
+        return replace(
+            again,
+            queue_s=fast.queue_s + again.queue_s,
+            thinking_mode="escalate",
+            fast=fast,
+            escalated_from=EscalatedFrom(
+                action=verdict.action,
+                categories=list(verdict.categories),
+                confidence=verdict.confidence,
+                why=why,
+                threshold=rule.threshold,
+                request_id=fast.answer.request_id,
+            ),
+        )
+
+    async def _judge_frames(
+        self,
+        frames: list[ShapedImage],
+        extra_text: str,
+        decision: ThinkingDecision,
+        context: RequestContext,
+        request_id: str,
+        packing: int,
+        *,
+        fresh: bool = False,
+    ) -> list[FrameOutcome]:
+        """One outcome per frame, in order, asking the engine only about frames it has not judged.
+
+        A frame reuses a verdict made in the same scope (tenant, policy version, thinking mode, prompt,
+        caller text) for the same shaped bytes ("exact") or a near duplicate ("near"): from the verdict
+        cache, or from an earlier frame of this request. The others go to the engine ``packing`` to a
+        request (all of one caller, so one tenant). Fresh verdicts are stored for reuse; fallback "review"
+        verdicts (unusable output) are not.
+        """
+        scope = self._verdict_scope(context.tenant, decision, extra_text)
+        reuse_decision = decision
+        if decision.reask is not None:  # escalate: what a reused thinking-on verdict answers under
+            reuse_decision = replace(decision.reask, rule=decision.rule)
+        identities = await self._identities(frames)
+        rule = self.verdicts.rule
+        hits: list[ReusedVerdict | None] = [None] * len(frames)
+        if self.settings.shaping.verdict_cache_ttl_s > 0 and not fresh:
+            hits = list(await asyncio.gather(*(self.verdicts.lookup(scope, frame) for frame in identities)))
+        outcomes: list[FrameOutcome | None] = [None] * len(frames)
+        leaders: list[int] = []  # frames the engine judges
+        followers: dict[int, tuple[int, Reuse]] = {}  # frame -> (earlier frame of this request it repeats)
+        for index, identity in enumerate(identities):
+            hit = hits[index]
+            if hit is not None:
+                stored = hit.stored
+                outcomes[index] = replace(
+                    self._reused(stored.verdict(), hit.reused, reuse_decision, stored.request_id),
+                    thinking_mode=decision.mode,
+                )
+                self.metrics.reused.labels(hit.reused).inc()
+                continue
+            twin: tuple[int, Reuse] | None = None
+            for leader in leaders:
+                if identities[leader].sha256 == identity.sha256:
+                    twin = (leader, "exact")
+                    break
+                if twin is None and rule.matches(identity, identities[leader]) is not None:
+                    twin = (leader, "near")
+            if twin is None:
+                leaders.append(index)
+            else:
+                followers[index] = twin
+        chunks = [leaders[start : start + packing] for start in range(0, len(leaders), packing)]
+        judged = await asyncio.gather(
+            *(
+                self._judge(
+                    [frames[i] for i in chunk],
+                    self._instruction(len(chunk), extra_text),
+                    decision,
+                    context,
+                    f"{request_id}-{chunk[0]}",
+                )
+                for chunk in chunks
+            )
+        )
+        for chunk, outcome in zip(chunks, judged, strict=True):
+            for position, index in enumerate(chunk):
+                outcomes[index] = self._share(outcome, position)
+        if decision.mode == "escalate":
+            escalated = await asyncio.gather(
+                *(self._escalate(frames[i], outcomes[i], extra_text, decision, context, f"{request_id}-{i}")
+                  for i in leaders)
+            )
+            for index, final in zip(leaders, escalated, strict=True):
+                outcomes[index] = final
+        for index, (leader, how) in followers.items():
+            made = outcomes[leader]
+            assert made is not None  # leaders were all judged above
+            outcomes[index] = replace(
+                self._reused(made.verdict, how, made.decision, made.answer.request_id),
+                thinking_mode=made.thinking_mode,
+            )
+            self.metrics.reused.labels(how).inc()
+        if self.settings.shaping.verdict_cache_ttl_s > 0:
+            made_at = time.time()
+            to_store = [
+                (replace(scope, thinking="off" if made.decision.mode == "escalate" else made.decision.mode),
+                 StoredVerdict(
+                    action=made.verdict.action,
+                    categories=made.verdict.categories,
+                    confidence=made.verdict.confidence,
+                    sha256=identities[index].sha256,
+                    phash=identities[index].phash,
+                    thumbnail=identities[index].thumbnail,
+                    made_at=made_at,
+                    request_id=made.answer.request_id,
+                ))
+                for index in leaders
+                if (made := outcomes[index]) is not None and made.verdict.problem is None
+            ]
+            await asyncio.gather(*(self.verdicts.store(where, stored) for where, stored in to_store))
+        return [outcome for outcome in outcomes if outcome is not None]

@@ -1,0 +1,282 @@
+"""Gateway metrics in Prometheus form (``GET /metrics``), and where each moderated keyframe's figures go.
+
+Rates of the engine's prefix cache are exposed only over a recent window (gateway/telemetry/windows.py): the
+since-start ratio of the engine's counters is the number that misleads, so it is not a metric here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.moderation.wire import ModerationDetails
+from gateway.telemetry.tracing import RequestInstruments
+from gateway.telemetry.windows import EngineCacheWindow, RecentRequests, RequestSample
+
+request_log = logging.getLogger("modgate.requests")
+
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    30.0,
+    60.0,
+)
+
+
+class GatewayMetrics:
+    """The gateway's own metrics, in a registry of its own (one per app, so tests do not share state)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+
+        def seconds(name: str, documentation: str) -> Histogram:
+            return Histogram(name, documentation, buckets=LATENCY_BUCKETS, registry=registry)
+
+        self.requests = Counter(
+            "modgate_requests", "Moderation requests by outcome.", ["route", "outcome"], registry=registry
+        )
+        self.frames = Counter(
+            "modgate_frames",
+            "Keyframes moderated, by action and thinking mode.",
+            ["action", "thinking"],
+            registry=registry,
+        )
+        self.unparsable = Counter(
+            "modgate_unparsable_outputs",
+            "Engine outputs that could not be used as a verdict.",
+            ["problem"],
+            registry=registry,
+        )
+        self.reused = Counter(
+            "modgate_reused_verdicts", "Verdicts reused from the cache.", ["kind"], registry=registry
+        )
+        self.engine_errors = Counter(
+            "modgate_engine_errors", "Engine call failures.", ["kind"], registry=registry
+        )
+        self.e2e = seconds("modgate_request_seconds", "End-to-end latency per keyframe.")
+        self.ttft = seconds("modgate_engine_ttft_seconds", "Engine time to first token.")
+        self.queue_wait = seconds("modgate_queue_wait_seconds", "Wait for an engine slot.")
+        self.shaping = seconds("modgate_shaping_seconds", "Image shaping per keyframe.")
+        self.decode = seconds("modgate_engine_decode_seconds", "Engine time after the first token.")
+        self.inflight = Gauge("modgate_engine_inflight", "Requests at the engine.", registry=registry)
+        self.queued = Gauge("modgate_engine_queued", "Requests waiting for a slot.", registry=registry)
+        self.prompt_tokens = Counter("modgate_prompt_tokens", "Prompt tokens sent.", registry=registry)
+        self.cached_tokens = Counter(
+            "modgate_cached_tokens", "Prompt tokens served from the prefix cache.", registry=registry
+        )
+        self.token_mismatches = Counter(
+            "modgate_token_prediction_mismatches",
+            "Requests whose prompt tokens differed from the prediction.",
+            registry=registry,
+        )
+        self.engine_scrape_errors = Counter(
+            "modgate_engine_scrape_errors",
+            "Failed reads of the engine's /metrics.",
+            ["kind"],
+            registry=registry,
+        )
+
+        self.shadow_pairs = Counter(
+            "modgate_shadow_pairs",
+            "Shadow judgements for the quality module, by outcome (recorded, skipped_busy, engine_error).",
+            ["outcome"],
+            registry=registry,
+        )
+
+        self.escalations = Counter(
+            "modgate_escalations",
+            "Fast verdicts asked again with thinking on, by why (review, low_confidence, no_confidence, "
+            "category).",
+            ["reason"],
+            registry=registry,
+        )
+        self.escalations_skipped = Counter(
+            "modgate_escalations_skipped",
+            "Unsure fast verdicts answered fast anyway, by why (cap_share, cap_rate, reask_failed).",
+            ["reason"],
+            registry=registry,
+        )
+
+    def shadow(self, outcome: str) -> None:
+        """Count one shadow judgement's outcome."""
+        self.shadow_pairs.labels(outcome).inc()
+
+    def watch(
+        self, recent: RecentRequests, engine_cache: EngineCacheWindow, thinking_default_on: Callable[[], bool]
+    ) -> None:
+        """Expose the recent window's figures as gauges, computed at scrape time."""
+        self.registry.register(_WindowCollector(recent, engine_cache, thinking_default_on))
+
+
+def _gauge(name: str, documentation: str, value: float | None) -> GaugeMetricFamily:
+    # NaN, not 0, when there is nothing to measure: "no traffic" must not read as "0 % hit rate".
+    return GaugeMetricFamily(name, documentation, value=math.nan if value is None else value)
+
+
+class _WindowCollector(Collector):
+    """Windowed gauges: cache efficiency, throughput and thinking share over the last ``window_s`` seconds."""
+
+    def __init__(
+        self, recent: RecentRequests, engine_cache: EngineCacheWindow, thinking_default_on: Callable[[], bool]
+    ) -> None:
+        self.recent = recent
+        self.engine_cache = engine_cache
+        self.thinking_default_on = thinking_default_on
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the windows now."""
+        summary = self.recent.summary()
+        engine = self.engine_cache.window_rate()
+        yield _gauge(
+            "modgate_window_seconds",
+            "Length of the window the modgate_window_* gauges cover.",
+            summary.window_s,
+        )
+        yield _gauge(
+            "modgate_window_prompt_cached_ratio",
+            "Cached / prompt tokens of the gateway's own engine calls over the window (NaN: no calls).",
+            summary.cached_share,
+        )
+        yield _gauge(
+            "modgate_window_engine_prefix_cache_hit_ratio",
+            "Increase of vllm:prefix_cache_hits_total over the increase of vllm:prefix_cache_queries_total "
+            "between scrapes of the engine across the window (NaN: nothing queried). Never since start.",
+            engine.ratio,
+        )
+        yield _gauge(
+            "modgate_window_engine_prefix_cache_queries_tokens",
+            "Prompt tokens the engine looked up in its prefix cache over the window.",
+            engine.queries,
+        )
+        yield _gauge(
+            "modgate_window_keyframes_per_minute",
+            "Keyframes answered per minute over the window.",
+            summary.keyframes_per_minute,
+        )
+        yield _gauge(
+            "modgate_window_thinking_share",
+            "Share of engine-judged keyframes with thinking on over the window (NaN: none).",
+            summary.thinking_share,
+        )
+        yield _gauge(
+            "modgate_window_escalation_share",
+            "Share of engine-judged escalate-mode keyframes asked again with thinking on (NaN: none).",
+            summary.escalation_share,
+        )
+        yield _gauge(
+            "modgate_thinking_default_on",
+            "1 when the thinking policy's default mode is on, else 0.",
+            1.0 if self.thinking_default_on() else 0.0,
+        )
+        if self.engine_cache.block_size is not None:
+            yield _gauge(
+                "modgate_engine_kv_block_size_tokens",
+                "The engine's KV block size (vllm:cache_config_info): shorter prefixes never hit.",
+                self.engine_cache.block_size,
+            )
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+class RequestRecorder:
+    """Where each keyframe's figures go: the recent window, Prometheus, OpenTelemetry and one log line."""
+
+    def __init__(
+        self, metrics: GatewayMetrics, recent: RecentRequests, instruments: RequestInstruments | None = None
+    ) -> None:
+        self.metrics = metrics
+        self.recent = recent
+        self.instruments = instruments
+
+    def record(self, details: ModerationDetails, request_id: str) -> RequestSample:
+        """Record one result of request ``request_id``: the timings and tokens of its ``modgate`` field."""
+        sample = RequestSample(
+            request_id=request_id,
+            action=details.action,
+            thinking=details.thinking,
+            reused=details.reused,
+            end_to_end_s=details.latency_ms / 1000,
+            queue_wait_s=details.queue_ms / 1000,
+            shaping_s=details.shaping_ms / 1000,
+            ttft_s=_seconds(details.ttft_ms),
+            decode_s=_seconds(details.decode_ms),
+            prompt_tokens=details.prompt_tokens,
+            cached_tokens=details.cached_tokens,
+            image_tokens=details.image_tokens,
+            completion_tokens=details.completion_tokens,
+            reasoning_tokens=details.reasoning_tokens,
+            thinking_mode=details.thinking_mode,
+            escalated=details.escalated_from is not None,
+            escalation_skipped=details.escalation_skipped,
+        )
+        self.recent.add(sample)
+        if sample.decode_s is not None:
+            self.metrics.decode.observe(sample.decode_s)
+        if self.instruments is not None:
+            self.instruments.record(sample)
+        request_log.info(
+            "%s %s thinking=%s e2e_ms=%.1f ttft_ms=%s prompt=%d cached=%d completion=%d",
+            details.request_id,
+            details.action,
+            details.thinking,
+            details.latency_ms,
+            details.ttft_ms,
+            details.prompt_tokens,
+            details.cached_tokens,
+            details.completion_tokens,
+            extra={
+                "request_id": request_id,
+                "engine_request_id": details.request_id,  # for a reused verdict: the call that made it
+                "outcome": "ok",
+                "action": details.action,
+                "thinking": details.thinking,
+                "thinking_rule": details.thinking_rule,
+                "escalated_from": None if details.escalated_from is None else details.escalated_from.why,
+                "escalation_skipped": details.escalation_skipped,
+                "policy_version": details.policy_version,
+                "reused": details.reused,
+                "latency_ms": details.latency_ms,
+                "queue_ms": details.queue_ms,
+                "shaping_ms": details.shaping_ms,
+                "ttft_ms": details.ttft_ms,
+                "decode_ms": details.decode_ms,
+                "prompt_tokens": details.prompt_tokens,
+                "cached_tokens": details.cached_tokens,
+                "image_tokens": details.image_tokens,
+                "completion_tokens": details.completion_tokens,
+                "reasoning_tokens": details.reasoning_tokens,
+                "frame_sha256": details.frame_sha256,
+            },
+        )
+        return sample
+
+    def failed(self, request_id: str, outcome: str, message: str) -> None:
+        """A request that got no answer: counted by outcome and logged."""
+        self.metrics.requests.labels("moderations", outcome).inc()
+        request_log.info(
+            "%s failed: %s",
+            request_id,
+            outcome,
+            extra={"request_id": request_id, "outcome": outcome, "error": message},
+        )
