@@ -56,7 +56,7 @@ def test_a_re_ask_reuses_every_full_block_of_the_fast_ask_s_prompt(
     )
     escalate_everything(gateway.url)
     block = block_size(real_engine_url)
-    frames = [make_keyframe("allow", 448, 256, seed=7000 + i + 10 * block_filling_prefix) for i in range(3)]
+    frames = [make_keyframe("allow", 1280, 720, seed=7000 + i + 10 * block_filling_prefix) for i in range(3)]
 
     async def moderate() -> list[dict[str, Any]]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=600) as http:
