@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 __all__ = [
     "ARMS",
+    "ARM_SETTINGS",
     "Action",
     "Arm",
     "HumanLabel",
@@ -34,6 +35,7 @@ __all__ = [
     "Selection",
     "Source",
     "VerdictRecord",
+    "arm_for",
     "iso_week_of",
     "pair_records",
     "parse_iso_week",
@@ -42,14 +44,34 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Arm = Literal["thinking_on", "thinking_off", "thinking_on_rerun"]
+# An arm is a thinking mode and a verdict format: the plain names ask for the compact verdict (the
+# default), the ``_json`` ones for the JSON object, so operators can measure one format against the other.
+Arm = Literal["thinking_on", "thinking_off", "thinking_on_rerun", "thinking_off_json", "thinking_on_json"]
 Action = Literal["allow", "review", "block"]
 Source = Literal["shadow", "offline"]
 # How a live frame came to be judged in both modes: a random share (shadow sampling), or because its fast
 # verdict was unsure and escalated (not a random sample: weight it by `selection_probability`, or leave
 # it out).
 Selection = Literal["random", "escalation"]
-ARMS: tuple[Arm, ...] = ("thinking_on", "thinking_off", "thinking_on_rerun")
+ARMS: tuple[Arm, ...] = (
+    "thinking_on",
+    "thinking_off",
+    "thinking_on_rerun",
+    "thinking_off_json",
+    "thinking_on_json",
+)
+ARM_SETTINGS: dict[Arm, tuple[Literal["on", "off"], Literal["compact", "json"]]] = {
+    "thinking_on": ("on", "compact"),
+    "thinking_off": ("off", "compact"),
+    "thinking_on_rerun": ("on", "compact"),
+    "thinking_off_json": ("off", "json"),
+    "thinking_on_json": ("on", "json"),
+}
+
+
+def arm_for(mode: Literal["on", "off"], verdict_format: Literal["compact", "json"]) -> Arm:
+    """The arm of a thinking mode and verdict format (never the re-run arm: only the runner makes those)."""
+    return next(arm for arm, settings in ARM_SETTINGS.items() if settings == (mode, verdict_format))
 
 
 class HumanLabel(BaseModel):
@@ -87,8 +109,7 @@ class VerdictRecord(BaseModel):
     reused: bool = False  # the gateway answered from its verdict cache: not an independent run
     input_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")  # bytes the runner sent
     human_label: HumanLabel | None = None
-    # the verdict's confidence: the engine's probability of its action (None: not measured or not given)
-    confidence: float | None = Field(default=None, ge=0, le=1)
+    confidence: float | None = Field(default=None, ge=0, le=1)  # P(action) from the engine's logprobs
     selection: Selection | None = None  # None: an offline run, every frame of the data set
     # the chance this frame was paired at all, given its fast verdict (1 for an escalation below the
     # threshold, the shadow share for a random pair): inverse-probability weights use it

@@ -34,3 +34,10 @@ def test_a_keyframe_through_the_gateway_to_real_vllm_gets_a_well_formed_result(
     assert details["ttft_ms"] is not None
     assert (details["reasoning_tokens"] > 0) == (thinking == "on")
     assert isinstance(result.flagged, bool)
+    assert details["verdict_format"] == "compact"
+    if details["reason"] is None:  # a verdict the engine finished: its confidence is read from its logprobs
+        assert 0 < details["confidence"] <= 1
+        assert details["completion_tokens"] - details["reasoning_tokens"] <= 12
+    else:
+        assert details["confidence"] is None
+        assert details["confidence_reason"]
