@@ -62,6 +62,7 @@ def escalation_reason(
     """Why a fast verdict is re-asked with thinking on, or None when it stands.
 
     A verdict without a confidence (the engine gave no probabilities) cannot show it is sure: it escalates.
+    A threshold of 1 escalates every frame (logprobs round a near-certain answer to exactly 1).
     """
     if action == "review":
         return "review"
@@ -69,7 +70,7 @@ def escalation_reason(
         return "category"
     if confidence is None:
         return "no_confidence"
-    if confidence < threshold:
+    if confidence < threshold or threshold >= 1:
         return "low_confidence"
     return None
 
@@ -168,7 +169,8 @@ def _select(
 def _escalated(frames: _Frames, thresholds: FloatArray) -> BoolArray:
     """(frames, thresholds): which frames escalate at each threshold."""
     below = np.nan_to_num(frames.confidence, nan=-1.0)[:, None] < thresholds[None, :]
-    return np.asarray(frames.forced[:, None] | below, dtype=np.bool_)
+    everything = (thresholds >= 1)[None, :]  # as escalation_reason: a threshold of 1 escalates every frame
+    return np.asarray(frames.forced[:, None] | below | everything, dtype=np.bool_)
 
 
 def weighted_auroc(score: FloatArray, positive: BoolArray, weights: FloatArray) -> FloatArray:

@@ -12,7 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.keyframes import make_keyframe
+from deploy.keyframes import Label, make_keyframe
+from deploy.simulator.truth import frame_truth
 from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import Settings
@@ -225,3 +226,35 @@ def test_a_re_ask_goes_ahead_of_fast_asks_already_waiting(start_sim: SimFactory)
     reasks = [i for i, on in enumerate(thinking) if on]
     assert len(fast) == len(reasks) == 6
     assert all(reasks[k] < fast[k + 2] for k in range(4)), thinking
+
+
+def test_on_known_ground_truth_exactly_the_unsure_frames_escalate_and_their_disagreements_are_recovered(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    disagreement, separation, threshold = 0.3, 0.85, 0.9
+    sim = start_sim(thinking_off_disagreement=disagreement, separation_auroc=separation)
+    gateway = start_gateway(engine_url=sim.url)
+    set_policy(gateway, **escalating(threshold, always_categories=[], max_share=None))
+    labels = ["allow", "block:violence"] * 24
+    frames = [make_keyframe(label, 320, 180, seed=500 + i) for i, label in enumerate(labels)]
+    results = asyncio.run(moderate_all(gateway, frames))
+    recovered = standing = 0
+    for label, details in zip(labels, results, strict=True):
+        truth = frame_truth(
+            details["frame_sha256"], Label.parse(label), disagreement=disagreement, separation=separation
+        )
+        fast = details["escalated_from"]
+        seen_confidence = fast["confidence"] if fast else details["confidence"]
+        assert seen_confidence == pytest.approx(truth.confidence_off, abs=2e-3)
+        if abs(truth.confidence_off - threshold) < 2e-3:
+            continue  # too close to call through the logprobs' rounding
+        should = truth.thinking_off.action == "review" or truth.confidence_off < threshold
+        assert (fast is not None) == should, (truth, details)
+        answer = truth.thinking_on if should else truth.thinking_off
+        assert details["action"] == answer.action
+        assert details["thinking"] == ("on" if should else "off")
+        if truth.flips_without_thinking:
+            recovered += should
+            standing += not should
+    assert recovered > 0, "no disagreement was recovered: the test did not exercise escalation"
+    assert standing > 0, "every disagreement escalated: the test did not exercise a missed one"
