@@ -515,7 +515,7 @@ def _sustained(row: dict[str, Any]) -> str:
 
 
 def print_markdown(report: dict[str, Any]) -> None:
-    """The same table in Markdown, for the README."""
+    """The same table in Markdown, for docs/benchmarks.md."""
     print("\n| configuration | keyframes/min at p95 e2e ≤ 3 s | most finished /min | TTFT p50 / p95 (s) at "
           "/min | e2e p95 (s) | prompt / cached tokens |\n| --- | --- | --- | --- | --- | --- |")
     for row in report["configurations"]:

@@ -257,7 +257,7 @@ def summarize(results: dict[int, dict[str, ArmRun]]) -> dict[str, Any]:
 
 
 def print_markdown(table: dict[str, Any]) -> None:
-    """The table in Markdown, for the README: one row per concurrency, the arms side by side."""
+    """The table in Markdown, for docs/benchmarks.md: one row per concurrency, the arms side by side."""
     print("\n| clients | engine p50 / p99 ms | modgate added p50 / p99 ms | LiteLLM added p50 / p99 ms | "
           "modgate ÷ LiteLLM, added p50 / p99 | req/s engine / modgate / LiteLLM |\n"
           "| --- | --- | --- | --- | --- | --- |")

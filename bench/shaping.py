@@ -43,7 +43,7 @@ import httpx
 
 from bench.servers import simulator
 from deploy.keyframes import LABELS, make_keyframe
-from gateway.cli.prefix import EngineTokens, fill_prefix
+from gateway.engine.prefix import EngineTokens, fill_prefix
 from gateway.moderation.verdict_cache import colour_thumbnail
 from gateway.policy.rules import ThinkingPolicy
 from gateway.settings import ShapingSettings

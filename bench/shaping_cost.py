@@ -1,8 +1,8 @@
 """What shaping a keyframe costs next to decoding it: median and p99 milliseconds per frame, one core.
 
 For generated photo-like JPEGs (q90: smooth gradients, sensor noise and shapes, sized like the frames in
-DESIGN.md's "Image shaping cost" table) it measures, side by side and interleaved so machine noise hits all
-of them alike:
+docs/spark.md's "Image shaping cost" table) it measures, side by side and interleaved so machine noise hits
+all of them alike:
 
 - decode only: Pillow open + full decode to RGB;
 - naive: decode + bicubic resize to the smart_resize target + JPEG q90 encode;

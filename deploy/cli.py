@@ -91,6 +91,76 @@ def check(
     raise typer.Exit(1 if report.errors else 0)
 
 
+@deploy_app.command("predict")
+def predict_command(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Compose files or folders holding one, merged in order like `docker compose -f a -f b`. "
+            "Default: the current folder.",
+            show_default=False,
+        ),
+    ] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option("--env-file", help="The .env to resolve ${VAR} from (as for `deploy check`)."),
+    ] = None,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="text or json.")
+    ] = OutputFormat.text,
+) -> None:
+    """Predict keyframes/min, TTFT and end to end of the engine's flags, beside the tuned baseline."""
+    from deploy.predict import predict, prediction_as_json  # the simulator loads only for this command
+
+    try:
+        files = find_compose_files(paths or [Path.cwd()])
+        predictions = predict(files, env_file=env_file, environ=os.environ)
+    except UnreadableInputError as exc:
+        if output_format is OutputFormat.json:
+            sys.stdout.write(json.dumps({"error": str(exc)}) + "\n")
+        else:
+            Console(stderr=True, highlight=False, soft_wrap=True).print(
+                Text(f"modgate deploy predict: {exc}", style="bold red")
+            )
+        raise typer.Exit(2) from exc
+    if output_format is OutputFormat.json:
+        sys.stdout.write(json.dumps([prediction_as_json(p) for p in predictions], indent=2) + "\n")
+        return
+    console = Console(highlight=False, soft_wrap=True)
+    for prediction in predictions:
+        print_prediction(prediction_as_json(prediction), console)
+
+
+def print_prediction(document: dict[str, Any], console: Console) -> None:
+    """The figures beside the baseline, the verdict, and which flags were modelled or ignored."""
+    shape = document["request_shape"]
+    console.print(Text(
+        f"engine service `{document['service']}`: the seed's request ({shape['prompt_tokens']:,} prompt "
+        f"tokens, ~{shape['output_tokens']} output, thinking on), {document['in_flight']} in flight "
+        "(the gateway's cap), simulated on the step model's clock", style="bold"))
+    console.print(f"  {'figure':<26}{'this compose':>14}{'tuned baseline':>16}{'change':>9}")
+    for key, label, digits in (
+        ("keyframes_per_min", "keyframes/min", 1),
+        ("ttft_mean_s", "TTFT mean (s)", 3),
+        ("e2e_mean_s", "end to end mean (s)", 2),
+        ("generation_tokens_per_s", "generation (tokens/s)", 1),
+    ):
+        mine, base = document["predicted"][key], document["baseline"][key]
+        console.print(f"  {label:<26}{mine:>14.{digits}f}{base:>16.{digits}f}{(mine / base - 1):>+9.0%}")
+    style = {"better": "green", "worse": "bold red", "same": "yellow"}[document["verdict"]]
+    console.print(Text(f"  predicted: {document['verdict']} than the tuned baseline"
+                       if document["verdict"] != "same" else "  predicted: the same as the tuned baseline",
+                       style=style))
+    console.print(f"  models:  {', '.join(document['modelled']) or 'none of its flags'}")
+    if document["ignored_knobs"]:
+        console.print(Text(f"  ignores, with no mechanism for them (the prediction may be optimistic): "
+                           f"{', '.join(document['ignored_knobs'])}", style="yellow"))
+    ignored = ", ".join(document["ignored"]) or "nothing"
+    console.print(f"  ignores, as costing nothing in the model: {ignored}")
+    for caveat in document["caveats"]:
+        console.print(Text(f"  note: {caveat}", style="dim"))
+
+
 def _shown_path(path: Path) -> str:
     """A path relative to the current folder where it lies under it (as an operator typed it)."""
     try:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from shaping.tokens import TokenGrid, smallest_honoured_budget
 
 
 def _comma_separated(value: object) -> object:
@@ -18,6 +21,13 @@ def _comma_separated(value: object) -> object:
 
 HostList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
 """Host names, comma-separated in the environment (``cdn.example.com,.img.example.org``)."""
+
+
+def _whole_number(value: object) -> object:
+    """``"32"`` from the environment as 32: a ``Literal`` of numbers takes no string."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value
 
 
 class EngineSettings(BaseModel):
@@ -47,8 +57,9 @@ class AdmissionSettings(BaseModel):
 class ShapingSettings(BaseModel):
     """How keyframes are shaped before they reach the engine."""
 
-    pixels_per_token: Literal[28, 32] = 32
-    image_token_budget: int = Field(default=660, ge=64)  # Qwen3-VL's processor minimum is 64 tokens
+    pixels_per_token: Annotated[Literal[28, 32], BeforeValidator(_whole_number)] = 32
+    # At least smallest_honoured_budget (128 at 32 pixels a token): see _budget_the_engine_honours.
+    image_token_budget: int = Field(default=660, ge=1)
     jpeg_quality: int = Field(default=90, ge=50, le=100)
     max_image_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     max_images_per_request: int = Field(default=16, ge=1)
@@ -71,6 +82,24 @@ class ShapingSettings(BaseModel):
     # ends on a whole prefix-cache block of the engine, which the engine can then reuse in every request.
     block_filling_prefix: bool = False
     prefix_block_size: int | None = Field(default=None, ge=1)  # unset: the engine's vllm:cache_config_info
+
+    @model_validator(mode="after")
+    def _budget_the_engine_honours(self) -> ShapingSettings:
+        """Refuse a budget under which a shaped frame can fall below the engine's min_pixels: the engine
+        would enlarge it, and every token figure predicted for it would be wrong."""
+        grid = TokenGrid(pixels_per_token=self.pixels_per_token, token_budget=None)
+        smallest = smallest_honoured_budget(grid)
+        if self.image_token_budget < smallest:
+            side = self.pixels_per_token
+            min_tokens = math.ceil(grid.min_pixels / side**2)
+            raise ValueError(
+                f"MODGATE_SHAPING__IMAGE_TOKEN_BUDGET={self.image_token_budget} is below {smallest}, the "
+                f"smallest budget the engine honours with {side}×{side}-pixel tokens: the engine "
+                f"enlarges any frame under its min_pixels ({grid.min_pixels:,} pixels, {min_tokens} "
+                "tokens), and shaping a narrow frame to whole tokens can keep just over half the budget. "
+                f"Set MODGATE_SHAPING__IMAGE_TOKEN_BUDGET to {smallest} or more"
+            )
+        return self
 
     @field_validator("packed_user_text")
     @classmethod
@@ -209,7 +238,7 @@ class QualitySettings(BaseModel):
 
 
 class SimulatorSettings(BaseModel):
-    """The built-in simulated engine, started when no engine URL is set."""
+    """The built-in simulated engine that `modgate serve` starts when no engine URL is set."""
 
     preset: Literal["spark", "instant"] = "spark"
     time_scale: float = Field(default=0.02, ge=0)

@@ -40,8 +40,9 @@ class TokenGrid:
     verdict quality was judged on. A 16:9 frame lands on 1088×608 = 646 tokens. With thinking off the
     engine is prefill-bound, so a smaller budget buys throughput almost linearly, but it changes what the
     model sees: lower it only after the quality module has measured verdict agreement at the new budget.
-    Keep the budget well above ``min_pixels`` (say twice): rounding down to whole tokens can land a frame
-    a little under a budget, and under ``min_pixels`` the engine would upscale it and count more tokens.
+    Keep the budget at least :func:`smallest_honoured_budget` (twice ``min_pixels`` in tokens): rounding
+    down to whole tokens can land a narrow frame at just over half its budget, and under ``min_pixels`` the
+    engine would upscale it and count more tokens. The gateway's settings refuse a smaller budget.
     """
 
     pixels_per_token: int = _QWEN3_VL[0]
@@ -147,6 +148,30 @@ def _fit_longer_side(longer: int, shorter: int, factor: int, max_pixels: int) ->
     if longer * shorter > max_pixels:
         shorter = max(factor, max_pixels // longer // factor * factor)
     return longer, shorter
+
+
+def smallest_honoured_budget(grid: TokenGrid) -> int:
+    """The smallest token budget at which no frame :func:`smart_resize` shapes falls under ``min_pixels``.
+
+    Under ``min_pixels`` the engine enlarges what it is sent, so it counts more tokens than predicted (at
+    budget 126 a 63×2032 frame shapes to 32×2016, 63 tokens; the engine makes it 64×2048, 128). Over the
+    budget ``smart_resize`` scales both sides by one factor, to a×b = B tokens in real numbers, then floors
+    each side to whole tokens. The worst case is a side just short of k + 1 tokens: it keeps k, and the
+    other side keeps ``floor(B / (k + 1))``. So the fewest tokens a budget B can leave is the least
+    ``k × floor(B / (k + 1))`` over k, and the floor is the first B at which that reaches ``min_pixels``
+    in tokens (m): 2m (128 for Qwen3-VL's 64-token minimum), where k = 1, a frame under 2 tokens wide,
+    keeps just over half the budget. ``grid.token_budget`` is not used.
+    """
+    min_tokens = math.ceil(grid.min_pixels / grid.pixels_per_token**2)
+
+    def fewest_tokens(budget: int) -> int:
+        kept = [k * (budget // (k + 1)) for k in range(1, budget) if budget // (k + 1) >= 1]
+        return min([budget, *kept])  # a side under one token is raised to one: never the fewest
+
+    budget = max(1, min_tokens)
+    while fewest_tokens(budget) < min_tokens:
+        budget += 1
+    return budget
 
 
 def image_tokens(width: int, height: int, grid: TokenGrid) -> int:

@@ -1,9 +1,21 @@
 """The simulated engine's scheduler: continuous batching, chunked prefill and a full-block prefix cache.
 
 One step at a time, as vLLM does: up to ``max_num_seqs`` sequences run; each step spends at most
-``max_num_batched_tokens`` on one decode token per running sequence plus prefill chunks of new ones; the
-step lasts ``prefill_tokens / prefill_rate + decoding_sequences / decode_rate`` (times ``time_scale``),
-so aggregate decode stays flat whatever the batch, as on the Spark's MoE.
+``max_num_batched_tokens`` on the decode tokens of the running sequences plus prefill chunks of new ones;
+the step lasts ``prefill_tokens / prefill_rate + decode_tokens / decode_rate`` (times ``time_scale``), so
+aggregate decode stays flat whatever the batch, as on the Spark's MoE. That is the whole cost model
+(docs/simulator.md); two engine options extend it, each only by its mechanism:
+
+- speculative decoding (MTP): each decoding sequence verifies ``1 + num_speculative_tokens`` tokens per
+  step, each costing what a decode token costs, and gains ``1 + accepted`` tokens, the accepted drafts
+  being ``draft_acceptance_rate`` of the drafted ones on average (spread evenly over the steps);
+- prefill caps: prefill tokens per step capped in total (the Spark fork's
+  ``--max-num-prefill-tokens-per-step``), per sequence (vLLM's ``--long-prefill-token-threshold``), in
+  sequences (the fork's ``--max-parallel-prefills``), or to a share of the step's time while sequences
+  decode (the fork's ``--prefill-compute-share``).
+
+``plan_step`` and ``complete_step`` are the step model itself: the asyncio loop below sleeps through each
+step, and ``deploy.simulator.virtual`` runs the same two on a virtual clock (no sleeping).
 """
 
 from __future__ import annotations
@@ -67,6 +79,7 @@ class Sequence:
     generated: int = 0
     reasoning_generated: int = 0
     first_token_at: float | None = None
+    verify_steps: int = 0  # decode steps taken (speculative decoding spreads accepted drafts over them)
 
     @property
     def prefill_done(self) -> bool:
@@ -130,6 +143,16 @@ class EngineCounters:
     requests_finished: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One engine step: what it computes and how long it lasts at the Spark's pace (before time_scale)."""
+
+    seconds: float
+    prefill_tokens: int
+    decoding: list[Sequence]
+    prefilled_now: list[Sequence]
+
+
 class SimScheduler:
     """The scheduler loop; ``generate`` yields a sequence's events as steps produce them."""
 
@@ -184,8 +207,7 @@ class SimScheduler:
 
     async def generate(self, sequence: Sequence) -> AsyncIterator[Event]:
         """Submit a sequence and yield its events; leaving early aborts it in the engine."""
-        priority = sequence.priority if self.preset.scheduling_policy == "priority" else 0
-        heapq.heappush(self._waiting, (priority, next(self._order), sequence))
+        self.submit(sequence)
         self._wakeup.set()
         try:
             while True:
@@ -195,6 +217,11 @@ class SimScheduler:
                     return
         finally:
             self._abort(sequence)
+
+    def submit(self, sequence: Sequence) -> None:
+        """Queue a sequence for a batch slot (in priority order under ``scheduling_policy`` priority)."""
+        priority = sequence.priority if self.preset.scheduling_policy == "priority" else 0
+        heapq.heappush(self._waiting, (priority, next(self._order), sequence))
 
     def _abort(self, sequence: Sequence) -> None:
         if sequence in self._running:
@@ -213,47 +240,98 @@ class SimScheduler:
             self._running.append(sequence)
         self.peak_running = max(self.peak_running, len(self._running))
 
-    def _step_seconds(self, prefill_tokens: int, decoding: int) -> float:
+    def _tokens_per_verify(self) -> int:
+        """Tokens a decoding sequence runs through the model per step: its next one plus the drafts."""
+        return 1 + max(0, self.preset.num_speculative_tokens)
+
+    def _step_seconds(self, prefill_tokens: int, decode_tokens: int) -> float:
+        """The cost model, in Spark seconds: prefill and decode tokens at their rates (time_scale apart)."""
         preset = self.preset
         seconds = preset.step_overhead_s
         if preset.prefill_tokens_per_s > 0:
             seconds += prefill_tokens / preset.prefill_tokens_per_s
         if preset.decode_tokens_per_s > 0:
-            seconds += decoding / preset.decode_tokens_per_s
-        return seconds * self.time_scale
+            seconds += decode_tokens / preset.decode_tokens_per_s
+        return seconds
+
+    def _prefill_allowance(self, decode_tokens: int) -> int:
+        """The most prefill tokens this step may compute, after the decode tokens took their share."""
+        preset = self.preset
+        allowance = preset.max_num_batched_tokens - decode_tokens
+        if preset.max_num_prefill_tokens_per_step is not None:
+            allowance = min(allowance, preset.max_num_prefill_tokens_per_step)
+        share = preset.prefill_compute_share
+        if share is not None and decode_tokens and 0 < share < 1 and preset.decode_tokens_per_s > 0:
+            # Prefill may take at most `share` of the step's time while sequences decode; with nothing
+            # decoding the step is all prefill (an engine with work to do does not idle).
+            decode_s = decode_tokens / preset.decode_tokens_per_s
+            allowance = min(allowance, int(share / (1 - share) * decode_s * preset.prefill_tokens_per_s))
+        return max(0, allowance)
+
+    def plan_step(self) -> StepPlan:
+        """Admit what fits, then choose this step's decode tokens and prefill chunks."""
+        self._admit()
+        preset = self.preset
+        decoding = [s for s in self._running if s.prefill_done]
+        decode_tokens = len(decoding) * self._tokens_per_verify()
+        budget = self._prefill_allowance(decode_tokens)
+        per_sequence = preset.long_prefill_token_threshold or None
+        prefill_tokens, prefilled_now, prefilling = 0, list[Sequence](), 0
+        for sequence in self._running:
+            if sequence.prefill_done or budget <= 0:
+                continue
+            if preset.max_parallel_prefills is not None and prefilling >= preset.max_parallel_prefills:
+                break
+            remaining = len(sequence.prompt) - sequence.prefilled
+            if not preset.enable_chunked_prefill and remaining > budget:
+                break  # without chunked prefill a prompt is computed whole or waits
+            chunk = min(budget, remaining, per_sequence or remaining)
+            sequence.prefilled += chunk
+            budget -= chunk
+            prefill_tokens += chunk
+            prefilling += 1
+            if sequence.prefill_done:
+                prefilled_now.append(sequence)
+        seconds = self._step_seconds(prefill_tokens, decode_tokens)
+        return StepPlan(seconds, prefill_tokens, decoding, prefilled_now)
+
+    def complete_step(self, step: StepPlan, now: float) -> None:
+        """The step has run: cache what was prefilled and emit each sequence's tokens."""
+        for sequence in step.prefilled_now:
+            sequence.created = self.cache.insert(sequence.block_hashes)
+        for sequence in step.decoding:
+            if sequence in self._running:  # not aborted while the step ran
+                self._emit(sequence, now, 1 + self._accepted_drafts(sequence))
+        for sequence in step.prefilled_now:
+            if sequence in self._running:
+                self._emit(sequence, now, 1)  # a prefill's step samples one token, drafts none yet
+
+    def _accepted_drafts(self, sequence: Sequence) -> int:
+        """Drafts accepted at this verify step: the acceptance rate's share, spread evenly over steps."""
+        drafted = max(0, self.preset.num_speculative_tokens)
+        sequence.verify_steps += 1
+        if not drafted:
+            return 0
+        mean = drafted * self.preset.draft_acceptance_rate
+        step = sequence.verify_steps
+        return min(drafted, int(step * mean) - int((step - 1) * mean))
 
     async def _loop(self) -> None:
         while True:
             if not self._running and not self._waiting:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            self._admit()
-            decoding = [s for s in self._running if s.prefill_done]
-            budget = self.preset.max_num_batched_tokens - len(decoding)
-            prefill_tokens, prefilled_now = 0, list[Sequence]()
-            for sequence in self._running:
-                if sequence.prefill_done or budget <= 0:
-                    continue
-                chunk = min(budget, len(sequence.prompt) - sequence.prefilled)
-                sequence.prefilled += chunk
-                budget -= chunk
-                prefill_tokens += chunk
-                if sequence.prefill_done:
-                    prefilled_now.append(sequence)
-            seconds = self._step_seconds(prefill_tokens, len(decoding))
-            await asyncio.sleep(seconds)  # sleep(0) still lets the HTTP side run between steps
-            now = time.monotonic()
-            for sequence in prefilled_now:
-                sequence.created = self.cache.insert(sequence.block_hashes)
-            for sequence in decoding + prefilled_now:
-                if sequence in self._running:  # not aborted while the step ran
-                    self._emit(sequence, now)
+            step = self.plan_step()
+            await asyncio.sleep(step.seconds * self.time_scale)  # sleep(0) still lets the HTTP side run
+            self.complete_step(step, time.monotonic())
 
-    def _emit(self, sequence: Sequence, now: float) -> None:
+    def _emit(self, sequence: Sequence, now: float, count: int = 1) -> None:
         if sequence.first_token_at is None:
             sequence.first_token_at = now
             self._observe_ttft(now - sequence.arrival)
-        if sequence.generated < len(sequence.output) and sequence.generated < sequence.max_tokens:
+        for _ in range(count):
+            if sequence.generated >= len(sequence.output) or sequence.generated >= sequence.max_tokens:
+                break
             token = sequence.output[sequence.generated]
             sequence.generated += 1
             sequence.reasoning_generated += token.channel == "reasoning"

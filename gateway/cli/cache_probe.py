@@ -5,7 +5,7 @@ production-shaped request with a keyframe of its own, reads each answer's ``cach
 of the engine's ``vllm:prefix_cache_*`` counters across the run, and says why the cache hits or cannot:
 the engine hashes full KV blocks only and always recomputes the last prompt token, so a request reuses at
 most ``floor((n - 1) / B) * B`` tokens, and requests with different images share only the blocks that end
-before the image (DESIGN.md). The block size comes from ``vllm:cache_config_info`` where the engine exposes
+before the image (docs/spark.md). Block size comes from ``vllm:cache_config_info`` where the engine exposes
 it, or from ``--block-size``.
 """
 

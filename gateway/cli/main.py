@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -21,6 +25,10 @@ from quality.cli import quality_app
 
 if TYPE_CHECKING:
     from litestar import Litestar
+
+    from gateway.settings import Settings
+
+log = logging.getLogger("modgate.gateway")
 
 app = typer.Typer(
     help="modgate: a moderation gateway in front of a vision-language model on vLLM.",
@@ -50,6 +58,30 @@ def _sample_body_file(url: str) -> Path:
     path = Path(tempfile.gettempdir()) / "modgate-sample-keyframe.json"
     path.write_text(json.dumps(body))
     return path
+
+
+@contextmanager
+def engine_settings(settings: Settings) -> Iterator[Settings]:
+    """The settings with an engine: the configured one, or the built-in simulator, started here until exit.
+
+    The service never starts an engine itself: this is where the command line composes the two.
+    """
+    if settings.engine_url:
+        yield settings
+        return
+    from deploy.simulator import PRESETS, create_sim_app
+    from gateway.cli.embedded import ThreadedServer
+
+    preset = PRESETS[settings.simulator.preset]
+    with ThreadedServer(create_sim_app(preset, settings.simulator.time_scale)) as server:
+        log.warning(
+            "MODGATE_ENGINE_URL is unset: using the built-in simulated engine at %s "
+            "(%s preset, time scale %g)",
+            server.url,
+            preset.name,
+            settings.simulator.time_scale,
+        )
+        yield settings.model_copy(update={"engine_url": server.url})
 
 
 def served_app() -> Litestar:
@@ -121,19 +153,22 @@ def serve(
         )
     # JSON logs: uvicorn keeps no handlers of its own, so its lines reach the JSON formatter too.
     log_config = None if settings.telemetry.json_logs else uvicorn.config.LOGGING_CONFIG
-    target: Litestar | str = create_app(settings) if workers == 1 else "gateway.cli.main:served_app"
-    uvicorn.run(
-        target,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        workers=workers,
-        factory=workers > 1,
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-        log_config=log_config,
-    )
+    with engine_settings(settings) as served:
+        if workers > 1 and served.engine_url:
+            os.environ["MODGATE_ENGINE_URL"] = served.engine_url  # worker processes read the environment
+        target: Litestar | str = create_app(served) if workers == 1 else "gateway.cli.main:served_app"
+        uvicorn.run(
+            target,
+            host=served.host,
+            port=served.port,
+            log_level=served.log_level,
+            workers=workers,
+            factory=workers > 1,
+            access_log=False,
+            loop="uvloop",
+            http="httptools",
+            log_config=log_config,
+        )
 
 
 @app.command("engine-sim")
@@ -154,6 +189,22 @@ def engine_sim(
         typer.Option(help="AUROC of thinking-off confidence against a changed verdict (binormal, 0.85)."),
     ] = None,
     scheduling_policy: Annotated[str | None, typer.Option(help="fcfs or priority.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(help="vLLM's token budget per step.")] = None,
+    speculative_config: Annotated[
+        str | None, typer.Option(help='vLLM\'s, e.g. \'{"method":"mtp","num_speculative_tokens":4}\'.')
+    ] = None,
+    long_prefill_token_threshold: Annotated[
+        int | None, typer.Option(help="vLLM's prefill tokens per sequence per step.")
+    ] = None,
+    max_num_prefill_tokens_per_step: Annotated[
+        int | None, typer.Option(help="The Spark fork's prefill tokens per step.")
+    ] = None,
+    max_parallel_prefills: Annotated[
+        int | None, typer.Option(help="The Spark fork's sequences prefilling per step.")
+    ] = None,
+    prefill_compute_share: Annotated[
+        float | None, typer.Option(help="The Spark fork's prefill share of a step while sequences decode.")
+    ] = None,
     error_rate: Annotated[float, typer.Option(help="Fault: share of requests answered 500.")] = 0.0,
     slow_rate: Annotated[float, typer.Option(help="Fault: share of requests delayed by --slow-s.")] = 0.0,
     slow_s: Annotated[float, typer.Option(help="Fault: delay of a slow request.")] = 5.0,
@@ -177,6 +228,25 @@ def engine_sim(
     ):
         if value is not None:
             changes[name] = value
+    engine_flags = {
+        name: None if value is None else str(value)
+        for name, value in (
+            ("--max-num-batched-tokens", max_num_batched_tokens),
+            ("--speculative-config", speculative_config),
+            ("--long-prefill-token-threshold", long_prefill_token_threshold),
+            ("--max-num-prefill-tokens-per-step", max_num_prefill_tokens_per_step),
+            ("--max-parallel-prefills", max_parallel_prefills),
+            ("--prefill-compute-share", prefill_compute_share),
+        )
+        if value is not None
+    }
+    if engine_flags:
+        from deploy.predict import FlagValueError, options_from_flags
+
+        try:
+            changes.update(options_from_flags(engine_flags))
+        except FlagValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
     chosen = PRESETS[preset].scaled(**changes)
     faults = Faults(
         error_rate=error_rate,

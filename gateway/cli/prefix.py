@@ -1,12 +1,7 @@
-"""Prefix planning against a live engine: ``modgate cache plan`` and the gateway's block-filling prefix.
+"""``modgate cache plan``: prefix planning against a live engine, or the built-in simulator with a preset.
 
-The maths is :mod:`shaping.prefix`; this module measures what it needs on the engine itself (its
-``/tokenize`` renders the real chat template with the real tokenizer, its ``/metrics`` names its block size)
-or, without ``--engine-url``, on the built-in simulator with the chosen preset.
-
-The shared prefix is measured, not guessed: two prompts that differ only in the first token of the user
-message are tokenized and their common leading token ids counted. That is the system prompt and the chat
-template up to the user's content, the part every request repeats.
+The maths is :mod:`shaping.prefix`; the measuring on the engine (``/tokenize``, ``/metrics``) is
+:mod:`gateway.engine.prefix`, which the gateway also uses at start for its block-filling prefix.
 """
 
 from __future__ import annotations
@@ -16,166 +11,28 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 import httpx
 import typer
-from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.engine.prefix import CachedCall, EngineTokens, PrefixPlanError, fill_prefix
 from gateway.settings import ShapingSettings
 from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prefix import (
     DEFAULT_GUIDANCE_VERSION,
-    BlockFill,
     FilledPrefix,
     GuidanceTooShort,
     PrefixPlan,
     RequestShape,
-    load_guidance,
     plan_prefix,
-    shared_prefix_length,
 )
 from shaping.prompt import (
     DEFAULT_PROMPT_VERSION,
-    RequestOptions,
     SystemPrompt,
-    build_chat_request,
     load_system_prompt,
 )
 from shaping.tokens import TokenGrid
-
-
-class PrefixPlanError(Exception):
-    """The engine did not answer what prefix planning needs (``/tokenize``, ``/v1/models``, ``/metrics``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CachedCall:
-    """One verification request and what the engine's usage said."""
-
-    prompt_tokens: int
-    cached_tokens: int
-
-
-class EngineTokens:
-    """Token counts and the block size, asked of one engine over HTTP."""
-
-    def __init__(self, http: httpx.AsyncClient, model: str) -> None:
-        self.http = http
-        self.model = model
-
-    @classmethod
-    async def connect(cls, http: httpx.AsyncClient) -> EngineTokens:
-        """Ask the engine for its model id."""
-        response = await _request(http, "GET", "/v1/models")
-        try:
-            return cls(http, str(response.json()["data"][0]["id"]))
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise PrefixPlanError(f"the engine's /v1/models answered no model: {exc!r}") from exc
-
-    async def token_ids(self, messages: list[dict[str, Any]], enable_thinking: bool = False) -> list[int]:
-        """The prompt's token ids as the engine renders and tokenizes it (``POST /tokenize``)."""
-        body = {
-            "model": self.model, "messages": messages, "add_generation_prompt": True,
-            "chat_template_kwargs": {"enable_thinking": enable_thinking},
-        }
-        response = await _request(self.http, "POST", "/tokenize", json=body)
-        try:
-            tokens = response.json()["tokens"]
-            return [int(token) for token in tokens]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PrefixPlanError(f"the engine's /tokenize answered no token ids: {exc!r}") from exc
-
-    async def shared_prefix_tokens(self, system_text: str) -> int:
-        """Tokens every request shares: the system prompt and the template up to the user's content."""
-        first, second = await asyncio.gather(*(
-            self.token_ids([{"role": "system", "content": system_text}, {"role": "user", "content": text}])
-            for text in ("A", "B")  # one token each, different: the prompts part at the user's first token
-        ))
-        return shared_prefix_length(first, second)
-
-    async def prompt_tokens(
-        self, system: SystemPrompt, frames: list[ShapedImage], user_text: str, enable_thinking: bool
-    ) -> int:
-        """Every prompt token of one request as the gateway builds it."""
-        body = self.chat_body(system, frames, user_text, enable_thinking)
-        return len(await self.token_ids(body["messages"], enable_thinking))
-
-    def chat_body(
-        self, system: SystemPrompt, frames: list[ShapedImage], user_text: str, enable_thinking: bool
-    ) -> dict[str, Any]:
-        """The gateway's engine request for these frames (not streamed, a few output tokens)."""
-        options = RequestOptions(model=self.model, enable_thinking=enable_thinking, max_completion_tokens=8,
-                                 constraint="regex", stream=False)
-        return build_chat_request(system, list(frames), user_text, options)
-
-    async def block_size(self) -> int | None:
-        """The prefix-cache block size in ``vllm:cache_config_info``, if the engine exposes it."""
-        response = await _request(self.http, "GET", "/metrics")
-        for family in text_string_to_metric_families(response.text):
-            if family.name == "vllm:cache_config_info" and family.samples:
-                with contextlib.suppress(KeyError, ValueError):
-                    return int(family.samples[0].labels["block_size"])
-        return None
-
-    async def cached_calls(
-        self, system: SystemPrompt, frame_sets: list[list[ShapedImage]], user_text: str, enable_thinking: bool
-    ) -> list[CachedCall]:
-        """Send one request per frame set, one after the other; what each reused from the prefix cache."""
-        calls = []
-        for frames in frame_sets:
-            body = self.chat_body(system, frames, user_text, enable_thinking)
-            response = await _request(self.http, "POST", "/v1/chat/completions", json=body)
-            try:
-                usage = response.json()["usage"]
-                details = usage.get("prompt_tokens_details") or {}
-                calls.append(CachedCall(int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0)))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise PrefixPlanError(f"the engine's answer carries no usage: {exc!r}") from exc
-        return calls
-
-
-async def _request(http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> httpx.Response:
-    try:
-        response = await http.request(method, path, **kwargs)
-    except httpx.HTTPError as exc:
-        raise PrefixPlanError(f"engine {path} failed: {exc!r}") from exc
-    if response.status_code != 200:
-        raise PrefixPlanError(f"engine {path} answered {response.status_code}: {response.text[:200]}")
-    return response
-
-
-async def fill_prefix(
-    engine: EngineTokens,
-    base: SystemPrompt,
-    block_size: int,
-    guidance_version: str = DEFAULT_GUIDANCE_VERSION,
-) -> FilledPrefix:
-    """The least policy guidance that makes the shared prefix end on a whole block, measured on the engine."""
-    search = BlockFill(base.text, load_guidance(guidance_version), block_size)
-    while (candidate := search.next_candidate()) is not None:
-        search.record(candidate, await engine.shared_prefix_tokens(candidate))
-    return search.result()
-
-
-async def block_filled_prompt(
-    http: httpx.AsyncClient,
-    block_size: int | None,
-    prompt_version: str = DEFAULT_PROMPT_VERSION,
-    guidance_version: str = DEFAULT_GUIDANCE_VERSION,
-) -> tuple[SystemPrompt, FilledPrefix]:
-    """The canonical system prompt filled to the engine's next whole block (the gateway's, at start)."""
-    engine = await EngineTokens.connect(http)
-    size = block_size or await engine.block_size()
-    if size is None:
-        raise PrefixPlanError(
-            "the engine exposes no vllm:cache_config_info: set MODGATE_SHAPING__PREFIX_BLOCK_SIZE"
-        )
-    filled = await fill_prefix(engine, load_system_prompt(prompt_version), size, guidance_version)
-    return load_system_prompt(prompt_version, filled.guidance), filled
-
-
-# --- modgate cache plan ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

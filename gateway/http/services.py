@@ -8,17 +8,17 @@ import os
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
 import redis.asyncio as aioredis
 
-from gateway.cli.embedded import ThreadedServer
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
 from gateway.engine.pool import EnginePool, build_engine_pool
+from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
 from gateway.http.auth import KeyRing
 from gateway.http.keys_store import RedisKeyStore
 from gateway.jobs.service import JobService, JobStore, MemoryJobStore, RedisJobStore, WebhookSender
@@ -45,6 +45,10 @@ from shaping.verdict import VERDICT_FORMATS
 log = logging.getLogger("modgate.gateway")
 
 
+class MissingEngine(ValueError):
+    """The settings name no engine and no test transport stands in for one."""
+
+
 @dataclass
 class Services:
     """The app's long-lived parts."""
@@ -62,20 +66,6 @@ class Services:
     circuit: CircuitBreaker  # the engine's circuit breaker
     jobs: JobService  # keyframe batches worked in the background (durable with Redis)
     engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
-
-
-def _start_simulator(settings: Settings) -> ThreadedServer:
-    from deploy.simulator import PRESETS, create_sim_app
-
-    preset = PRESETS[settings.simulator.preset]
-    server = ThreadedServer(create_sim_app(preset, settings.simulator.time_scale)).start()
-    log.warning(
-        "MODGATE_ENGINE_URL is unset: using the built-in simulated engine at %s (%s preset, time scale %g)",
-        server.url,
-        preset.name,
-        settings.simulator.time_scale,
-    )
-    return server
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -135,8 +125,6 @@ async def _system_prompt(
     """
     if not settings.shaping.block_filling_prefix:
         return load_system_prompt(version)
-    from gateway.cli.prefix import PrefixPlanError, block_filled_prompt
-
     try:
         async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
             prompt, filled = await block_filled_prompt(http, settings.shaping.prefix_block_size, version)
@@ -183,77 +171,97 @@ async def open_services(
     *,
     clock: Clock = time.monotonic,
 ) -> AsyncIterator[Services]:
-    """Build every client the handlers need; close them all on the way out (``clock``: the stats windows')."""
-    simulator: ThreadedServer | None = None
-    executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
+    """Build every client the handlers need; close them all on the way out (``clock``: the stats windows').
+
+    The engine is given, never started here: ``settings.engine_url``, or ``engine_transport`` in tests. The
+    command line (``modgate serve``) starts the built-in simulator and passes its URL when none is set.
+    """
     if engine_transport is not None:
         engine_urls = ["http://engine.test"]
     elif settings.engine_url:
         engine_urls = settings.engine_urls()
     else:
-        simulator = await asyncio.to_thread(_start_simulator, settings)
-        engine_urls = [simulator.url]
-    engine_url = engine_urls[0]
-    # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine/pool.py).
-    engines = build_engine_pool(settings, engine_urls, engine_transport)
-    engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
-    # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
-    state = (
-        None
-        if not settings.redis_url
-        else aioredis.Redis.from_url(
-            settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
+        raise MissingEngine(
+            "no engine to call: set MODGATE_ENGINE_URL (`modgate serve` starts the built-in simulated "
+            "engine when it is unset)"
         )
-    )
-    if state is not None and settings.api_keys_from_redis:
-        keys.store = RedisKeyStore(state)
-    remote_images = _remote_images(settings)
-    policies = _policy_store(settings)
-    metrics = GatewayMetrics()
-    telemetry = build_telemetry(settings.telemetry)
-    recent = RecentRequests(settings.telemetry.window_s, clock=clock)
-    engine_cache = EngineCacheScraper(
-        engine.metrics_text,
-        EngineCacheWindow(settings.telemetry.window_s, clock=clock),
-        interval_s=settings.telemetry.engine_scrape_interval_s,
-        on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
-    )
-    metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
-    engines.register_metrics(metrics.registry)
-    moderation = ModerationService(
-        settings=settings,
-        engine=engine,
-        admission=admission,
-        policies=policies,
-        metrics=metrics,
-        system_prompts={
-            verdict_format: await _system_prompt(
-                settings, engine_url, engine_transport, prompt_version_for(verdict_format)
+    # Every resource is registered on the stack as soon as it exists: a failure half-way closes what was
+    # opened. They close in the reverse order: jobs, shadow pairs, records, remote images, Redis, the
+    # engine scraper, the policy store, the engines, the executor, and telemetry last (it flushes).
+    async with AsyncExitStack() as stack:
+        telemetry = build_telemetry(settings.telemetry)
+        stack.push_async_callback(asyncio.to_thread, telemetry.shutdown)  # flushes to the OTLP endpoint
+        executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
+        stack.callback(executor.shutdown, wait=False, cancel_futures=True)
+        engine_url = engine_urls[0]
+        # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine/pool.py).
+        engines = build_engine_pool(settings, engine_urls, engine_transport)
+        stack.push_async_callback(engines.aclose)  # every engine's connections, and this replica's leases
+        engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
+        policies = _policy_store(settings)
+        stack.push_async_callback(policies.stop)
+        metrics = GatewayMetrics()
+        recent = RecentRequests(settings.telemetry.window_s, clock=clock)
+        engine_cache = EngineCacheScraper(
+            engine.metrics_text,
+            EngineCacheWindow(settings.telemetry.window_s, clock=clock),
+            interval_s=settings.telemetry.engine_scrape_interval_s,
+            on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
+        )
+        stack.push_async_callback(engine_cache.stop)
+        # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
+        state = (
+            None
+            if not settings.redis_url
+            else aioredis.Redis.from_url(
+                settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
             )
-            for verdict_format in VERDICT_FORMATS
-        },
-        executor=executor,
-        tracer=telemetry.tracer,
-        recorder=RequestRecorder(metrics, recent, telemetry.instruments),
-        remote_images=remote_images,
-        verdicts=_verdict_cache(settings, state),
-        engines=engines,
-    )
-    records = _quality_records(settings, state)
-    moderation.shadow = ShadowSampler(
-        engines=engines,
-        store=records,
-        system_prompts=moderation.system_prompts,
-        user_text=settings.shaping.user_text,
-        model=moderation.engine_model,
-        use_priority=settings.engine.use_priority,
-        constraint=settings.engine.verdict_constraint,
-        top_logprobs=settings.engine.top_logprobs,
-        counters=metrics,
-    )
-    jobs = _job_service(settings, state, moderation, executor, remote_images)
-    await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
-    try:
+        )
+        if state is not None:
+            stack.push_async_callback(state.aclose)
+            if settings.api_keys_from_redis:
+                keys.store = RedisKeyStore(state)
+        remote_images = _remote_images(settings)
+        if remote_images is not None:
+            stack.push_async_callback(remote_images.aclose)
+        metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
+        engines.register_metrics(metrics.registry)
+        moderation = ModerationService(
+            settings=settings,
+            engine=engine,
+            admission=admission,
+            policies=policies,
+            metrics=metrics,
+            system_prompts={
+                verdict_format: await _system_prompt(
+                    settings, engine_url, engine_transport, prompt_version_for(verdict_format)
+                )
+                for verdict_format in VERDICT_FORMATS
+            },
+            executor=executor,
+            tracer=telemetry.tracer,
+            recorder=RequestRecorder(metrics, recent, telemetry.instruments),
+            remote_images=remote_images,
+            verdicts=_verdict_cache(settings, state),
+            engines=engines,
+        )
+        records = _quality_records(settings, state)
+        stack.push_async_callback(records.aclose)
+        moderation.shadow = ShadowSampler(
+            engines=engines,
+            store=records,
+            system_prompts=moderation.system_prompts,
+            user_text=settings.shaping.user_text,
+            model=moderation.engine_model,
+            use_priority=settings.engine.use_priority,
+            constraint=settings.engine.verdict_constraint,
+            top_logprobs=settings.engine.top_logprobs,
+            counters=metrics,
+        )
+        stack.push_async_callback(moderation.shadow.drain, timeout_s=10.0)
+        jobs = _job_service(settings, state, moderation, executor, remote_images)
+        stack.push_async_callback(jobs.stop)
+        await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         engine_cache.start()
         jobs.start()
@@ -272,18 +280,3 @@ async def open_services(
             jobs=jobs,
             engines=engines,
         )
-    finally:
-        await jobs.stop()
-        await moderation.shadow.drain(timeout_s=10.0)
-        await records.aclose()
-        if remote_images is not None:
-            await remote_images.aclose()
-        if state is not None:
-            await state.aclose()
-        await engine_cache.stop()
-        await policies.stop()
-        await engines.aclose()  # every engine's connections, and this replica's leases given back
-        executor.shutdown(wait=False, cancel_futures=True)
-        if simulator is not None:
-            await asyncio.to_thread(simulator.stop)
-        await asyncio.to_thread(telemetry.shutdown)  # flushes spans and metrics to the OTLP endpoint, if any

@@ -497,6 +497,8 @@ class ModerationService:
         """Count and log a request whose prompt tokens (or image tokens) the engine counted differently."""
         if prediction is None:
             return
+        if answer.usage.prompt_tokens:  # an engine without usage gives nothing to compare with
+            self.metrics.token_predictions.inc()
         mismatch = compare_usage(prediction, answer.usage.prompt_tokens, answer.usage.image_tokens)
         if mismatch is not None:
             self.metrics.token_mismatches.inc()

@@ -83,6 +83,11 @@ class GatewayMetrics:
         self.cached_tokens = Counter(
             "modgate_cached_tokens", "Prompt tokens served from the prefix cache.", registry=registry
         )
+        self.token_predictions = Counter(
+            "modgate_token_predictions",
+            "Requests whose predicted prompt tokens were compared with the engine's usage.",
+            registry=registry,
+        )
         self.token_mismatches = Counter(
             "modgate_token_prediction_mismatches",
             "Requests whose prompt tokens differed from the prediction.",

@@ -3,7 +3,7 @@ counters differenced between scrapes.
 
 The engine's own "prefix cache hit rate" (its log line, or ``hits_total / queries_total`` read once) is
 cumulative since the engine started: a burst of identical probes at start keeps it looking healthy for hours
-while production requests, whose shared prefix cannot fill a KV block, get nothing (DESIGN.md). So every
+while production requests, whose shared prefix cannot fill a KV block, get nothing (docs/spark.md). So every
 rate here covers a window of recent time: the gateway's own ``cached_tokens / prompt_tokens``, and the
 increase of ``vllm:prefix_cache_hits_total`` over the increase of ``vllm:prefix_cache_queries_total``.
 Both windows take their clock as an argument, so tests move time instead of sleeping.

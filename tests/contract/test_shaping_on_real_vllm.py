@@ -1,6 +1,6 @@
 """Request shaping on the real vLLM (CPU build, block 128): the block-filling prefix and token accounting.
 
-Per-request ``cached_tokens`` is the truth (DESIGN.md), so the prefix fill is judged by it: requests with
+Per-request ``cached_tokens`` is the truth (docs/spark.md), so the prefix fill is judged by it: requests with
 keyframes of their own reuse exactly the whole blocks of the shared prefix, and with the fill that is the
 whole shared prefix.
 """
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from deploy.keyframes import make_keyframe
-from gateway.cli.prefix import CachedCall, EngineTokens, fill_prefix
+from gateway.engine.prefix import CachedCall, EngineTokens, fill_prefix
 from gateway.settings import ShapingSettings
 from shaping.accounting import TokenAccountant, compare_usage
 from shaping.image import ImageLimits, ShapedImage, shape_image

@@ -337,21 +337,101 @@ def test_turning_chunked_prefill_off_is_a_prefill_scheduling_warning(run_check: 
     ]
 
 
-def test_a_missing_scheduling_policy_is_an_error_at_the_command(run_check: CheckRun) -> None:
-    compose = replaced('      - "--scheduling-policy"\n      - "priority"\n', "")
+USE_PRIORITY = '      MODGATE_ENGINE__USE_PRIORITY: "true"\n'
+
+
+def sending_priorities(compose: str = GOOD_COMPOSE, line: str = USE_PRIORITY) -> str:
+    """The compose with the gateway turning use_priority on (it then sends each request's priority)."""
+    return replaced('      MODGATE_MAX_INFLIGHT: "8"\n', '      MODGATE_MAX_INFLIGHT: "8"\n' + line, compose)
+
+
+WITHOUT_POLICY = '      - "--scheduling-policy"\n      - "priority"\n'
+
+
+def test_a_missing_scheduling_policy_passes_while_the_gateway_sends_no_priority(run_check: CheckRun) -> None:
+    compose = replaced(WITHOUT_POLICY, "")
+
+    assert run_check(compose).findings == ()
+
+
+def test_fcfs_passes_while_the_gateway_sends_no_priority(run_check: CheckRun) -> None:
+    compose = replaced('      - "priority"\n', '      - "fcfs"\n')
+
+    assert run_check(compose).findings == ()
+
+
+def test_a_missing_scheduling_policy_is_an_error_at_the_command_when_the_gateway_sends_priorities(
+    run_check: CheckRun,
+) -> None:
+    compose = sending_priorities(replaced(WITHOUT_POLICY, ""))
+
+    [finding] = of_rule(run_check(compose), "scheduling-policy")
+
+    assert places([finding]) == [("compose.yaml", line_of(compose, "command:") + 1, "error")]
+    assert [place.line for place in finding.related] == [line_of(compose, "USE_PRIORITY")]
+    assert "MODGATE_ENGINE__USE_PRIORITY" in finding.message
+
+
+def test_fcfs_is_an_error_when_the_gateway_sends_priorities(run_check: CheckRun) -> None:
+    compose = sending_priorities(replaced('      - "priority"\n', '      - "fcfs"\n'))
+
+    [finding] = of_rule(run_check(compose), "scheduling-policy")
+
+    assert places([finding]) == [("compose.yaml", line_of(compose, "--scheduling-policy"), "error")]
+    assert "--scheduling-policy priority" in finding.message
+
+
+def test_priority_scheduling_with_a_gateway_sending_priorities_passes(run_check: CheckRun) -> None:
+    assert run_check(sending_priorities()).findings == ()
+
+
+@pytest.mark.parametrize("value", ["1", "yes", "on", "True", "t"])
+def test_use_priority_is_read_as_pydantic_reads_a_boolean(run_check: CheckRun, value: str) -> None:
+    compose = sending_priorities(
+        replaced(WITHOUT_POLICY, ""), f'      modgate_engine__use_priority: "{value}"\n'
+    )
 
     assert places(of_rule(run_check(compose), "scheduling-policy")) == [
         ("compose.yaml", line_of(compose, "command:") + 1, "error")
     ]
 
 
-def test_fcfs_scheduling_is_an_error_because_the_gateway_sends_priorities(run_check: CheckRun) -> None:
-    compose = replaced('      - "priority"\n', '      - "fcfs"\n')
+@pytest.mark.parametrize("value", ["false", "0", "off"])
+def test_use_priority_off_requires_no_priority_scheduling(run_check: CheckRun, value: str) -> None:
+    compose = sending_priorities(
+        replaced(WITHOUT_POLICY, ""), f'      MODGATE_ENGINE__USE_PRIORITY: "{value}"\n'
+    )
+
+    assert run_check(compose).findings == ()
+
+
+@pytest.mark.parametrize("value", ["sometimes", ""])
+def test_a_use_priority_value_that_is_not_a_boolean_is_an_error_at_its_line(
+    run_check: CheckRun, value: str
+) -> None:
+    compose = sending_priorities(line=f'      MODGATE_ENGINE__USE_PRIORITY: "{value}"\n')
 
     [finding] = of_rule(run_check(compose), "scheduling-policy")
 
-    assert places([finding]) == [("compose.yaml", line_of(compose, "--scheduling-policy"), "error")]
-    assert "priority" in finding.message
+    assert places([finding]) == [("compose.yaml", line_of(compose, "USE_PRIORITY"), "error")]
+    assert "not a boolean" in finding.message
+
+
+def test_priority_scheduling_is_required_only_of_the_engines_the_priority_gateway_names(
+    run_check: CheckRun,
+) -> None:
+    second_engine = (
+        GOOD_COMPOSE.split("  gateway:\n")[0].split("services:\n")[1].replace("  vllm:", "  vllm-b:")
+    )
+    second_engine = replaced(WITHOUT_POLICY, "", second_engine)
+    compose = replaced("  gateway:\n", second_engine + "  gateway:\n")
+    compose = sending_priorities(compose)
+    compose = replaced('"http://vllm:8000"', '"http://vllm:8000,http://vllm-b:8000"', compose)
+    compose += '  batch-gateway:\n    environment:\n      MODGATE_ENGINE_URL: "http://vllm-b:8000"\n'
+
+    [finding] = of_rule(run_check(compose), "scheduling-policy")
+
+    assert finding.location.line == line_of(compose, "command:", 2) + 1  # vllm-b's; vllm has priority
 
 
 def test_a_scheduling_policy_vllm_does_not_know_is_an_error(run_check: CheckRun) -> None:

@@ -1,4 +1,7 @@
-"""deploy/k8s parses, and its names, labels, ports and settings line up (no cluster here to apply it to)."""
+"""deploy/k8s parses, and its names, labels, ports and settings line up (no cluster here to apply it to).
+
+tests/deploy/test_k8s_builds.py builds each kustomization with the real kubectl and validates the result.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+BASE = K8S / "base"
 SCHEDULE_CRONJOB = K8S.parent / "schedule" / "quality-report-cronjob.yaml"
 
 Manifest = dict[str, Any]
@@ -24,10 +28,10 @@ def load(path: Path) -> list[Manifest]:
 
 def base() -> dict[tuple[str, str], Manifest]:
     """The kustomization's resources by (kind, name)."""
-    kustomization = load(K8S / "kustomization.yaml")[0]
+    kustomization = load(BASE / "kustomization.yaml")[0]
     manifests: dict[tuple[str, str], Manifest] = {}
     for resource in kustomization["resources"]:
-        for manifest in load(K8S / resource):
+        for manifest in load(BASE / resource):
             manifests[(manifest["kind"], manifest["metadata"]["name"])] = manifest
     return manifests
 
@@ -73,9 +77,10 @@ def test_every_manifest_parses_and_names_its_kind(path: Path) -> None:
             assert document["metadata"]["name"].startswith("modgate")
 
 
-def test_the_kustomization_lists_every_manifest_but_the_secret_example() -> None:
-    listed = set(load(K8S / "kustomization.yaml")[0]["resources"])
-    present = {path.name for path in K8S.glob("*.yaml")} - {"kustomization.yaml", "secret.example.yaml"}
+def test_the_base_lists_every_manifest_in_its_folder_and_the_secret_example_lies_outside_it() -> None:
+    listed = set(load(BASE / "kustomization.yaml")[0]["resources"])
+    present = {path.name for path in BASE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert (K8S / "secret.example.yaml").is_file()
     assert listed == present
     assert {kind for kind, _ in base()} == {
         "ConfigMap",
@@ -203,7 +208,7 @@ def test_the_autoscaler_and_disruption_budget_target_the_gateway() -> None:
 def test_the_optional_overlay_scales_on_a_metric_the_gateway_exports() -> None:
     overlay = K8S / "overlays" / "queued-metric"
     kustomization = load(overlay / "kustomization.yaml")[0]
-    assert kustomization["resources"] == ["../.."]
+    assert kustomization["resources"] == ["../../base"]
     (patch,) = [load(overlay / item["path"])[0] for item in kustomization["patches"]]
     assert (patch["kind"], patch["metadata"]["name"]) == ("HorizontalPodAutoscaler", "modgate-gateway")
     metrics = patch["spec"]["metrics"]  # a list without a merge key: the patch replaces it, so CPU stays in
@@ -214,7 +219,7 @@ def test_the_optional_overlay_scales_on_a_metric_the_gateway_exports() -> None:
 
 
 def test_the_weekly_report_cronjob_is_deploy_schedules_and_its_volume_is_claimed() -> None:
-    (copy,) = load(K8S / "quality-report-cronjob.yaml")
+    (copy,) = load(BASE / "quality-report-cronjob.yaml")
     assert copy == load(SCHEDULE_CRONJOB)[0]
     assert copy["spec"]["schedule"] == "15 6 * * 1"
     claims = {

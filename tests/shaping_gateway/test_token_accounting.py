@@ -118,6 +118,9 @@ def test_predictions_match_the_simulator_for_every_request_shape(
     post(gateway, {"input": [*image_input(*frames), caption]})  # packed 2 + 1, with caller text
     post(gateway, {"input": "a text only request"})
     assert counter(gateway, "modgate_prompt_tokens") > 0
+    # Every engine request was predicted and compared (one each; the packed three are two requests):
+    # no mismatch means something only when predictions were made.
+    assert counter(gateway, "modgate_token_predictions") == 5
     assert counter(gateway, "modgate_token_prediction_mismatches") == 0
 
 
@@ -129,6 +132,7 @@ def test_an_engine_that_counts_other_image_tokens_is_counted_and_logged(
     with caplog.at_level(logging.WARNING, logger="modgate.moderation"):
         post(gateway, {"input": image_input(make_keyframe("allow", 1280, 720, seed=5))})
         post(gateway, {"input": image_input(make_keyframe("allow", 1280, 720, seed=6))})
+    assert counter(gateway, "modgate_token_predictions") == 2
     assert counter(gateway, "modgate_token_prediction_mismatches") == 2
     messages = [r.getMessage() for r in caplog.records if "token prediction mismatch" in r.getMessage()]
     assert len(messages) == 2
@@ -157,4 +161,5 @@ def test_a_failing_tokenize_never_fails_a_moderation(engine_without_tokenize: Th
     frame = make_keyframe("block:hate", 640, 360, seed=2)
     answer = post(engine_without_tokenize, {"input": image_input(frame)})
     assert answer["results"][0]["modgate"]["action"] == "block"
+    assert counter(engine_without_tokenize, "modgate_token_predictions") == 0  # nothing to predict with
     assert counter(engine_without_tokenize, "modgate_token_prediction_mismatches") == 0

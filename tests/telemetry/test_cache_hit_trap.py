@@ -1,4 +1,4 @@
-"""The trap of DESIGN.md: after a burst of identical probes, the engine's since-start hit ratio still looks
+"""The trap (docs/spark.md): after a burst of identical probes, the engine's since-start hit ratio still looks
 healthy while production requests get nothing from the cache. The gateway's windowed rates must show ~0.
 
 Simulator: instant preset with a 512-token block. An identical ~1,058-token request reuses 1,024 tokens;

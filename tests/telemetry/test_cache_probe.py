@@ -69,7 +69,7 @@ async def test_a_block_size_given_by_flag_wins_over_the_engines(start_sim: SimFa
 
 def test_the_most_a_request_can_reuse_is_whole_blocks_before_its_last_token() -> None:
     assert max_reusable_tokens(1076, 2960) == 0
-    assert max_reusable_tokens(271, 128) == 256  # the real CPU vLLM's figure (engine/README.md)
+    assert max_reusable_tokens(271, 128) == 256  # real CPU vLLM (deploy/tiny_vlm/ENGINE_FACTS.md)
     assert max_reusable_tokens(257, 128) == 256
     assert max_reusable_tokens(256, 128) == 128
     assert max_reusable_tokens(1076, 128, shared_tokens=416) == 384

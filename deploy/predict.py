@@ -1,0 +1,236 @@
+"""`modgate deploy predict`: what the simulator's cost model expects of an engine configuration.
+
+Before a 12-minute restart window: the engine's flags, read from the compose file by `deploy check`'s own
+parser, become simulator options where the simulator has a mechanism for them; the seed's request shape
+then runs in a closed loop at the gateway's in-flight cap on the step model's virtual clock (a fraction
+of a second) and again with the tuned baseline (the Spark preset, fitted to the seed's final
+configuration). Every other flag is listed as ignored, so a prediction never hides what it left out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy.check import DEFAULT_MAX_INFLIGHT, ServiceFlags, UnreadableInputError, read_services
+from deploy.simulator.presets import PRESETS, SimPreset
+from deploy.simulator.virtual import SEED_SHAPE, LoadFigures, closed_loop
+
+TOLERANCE = 0.02  # figures within 2 % of each other count as equal when ranking
+
+
+class FlagValueError(UnreadableInputError):
+    """A modelled flag whose value cannot be read (not a number, not JSON)."""
+
+
+def _int(flag: str, value: str | None, minimum: int = 1) -> int:
+    try:
+        number = int(value or "")
+    except ValueError as exc:
+        raise FlagValueError(f"{flag} {value!r}: not an integer") from exc
+    if number < minimum:
+        raise FlagValueError(f"{flag} {value!r}: must be at least {minimum}")
+    return number
+
+
+def _share(flag: str, value: str | None) -> float:
+    try:
+        number = float(value or "")
+    except ValueError as exc:
+        raise FlagValueError(f"{flag} {value!r}: not a number") from exc
+    if not 0 < number < 1:
+        raise FlagValueError(f"{flag} {value!r}: a share between 0 and 1 (exclusive)")
+    return number
+
+
+def _speculative(flag: str, value: str | None) -> dict[str, Any]:
+    try:
+        config = json.loads(value or "")
+    except json.JSONDecodeError as exc:
+        raise FlagValueError(f"{flag} {value!r}: not JSON") from exc
+    if not isinstance(config, dict):
+        raise FlagValueError(f"{flag} {value!r}: not a JSON object")
+    drafts = _int(f"{flag} num_speculative_tokens", str(config.get("num_speculative_tokens", 1)), minimum=0)
+    return {"num_speculative_tokens": drafts}
+
+
+# Flag → (simulator options from its value, what the simulator does with it).
+_MODELLED: dict[str, tuple[Callable[[str, str | None, bool], dict[str, Any]], str]] = {
+    "--max-num-seqs": (lambda f, v, _n: {"max_num_seqs": _int(f, v)}, "batch slots"),
+    "--max-num-batched-tokens": (lambda f, v, _n: {"max_num_batched_tokens": _int(f, v)},
+                                 "token budget per step"),
+    "--speculative-config": (lambda f, v, _n: _speculative(f, v),
+                             "verify steps: 1 + drafts tokens per sequence, drafts accepted at the "
+                             "Spark's measured 39.9 %"),
+    "--num-speculative-tokens": (lambda f, v, _n: {"num_speculative_tokens": _int(f, v, minimum=0)},
+                                 "drafts per verify step"),
+    "--long-prefill-token-threshold": (
+        lambda f, v, _n: {"long_prefill_token_threshold": _int(f, v, minimum=0)},
+        "prefill tokens per sequence per step"),
+    "--enable-chunked-prefill": (lambda _f, _v, negated: {"enable_chunked_prefill": not negated},
+                                 "a prompt computed in chunks or whole"),
+    "--max-num-prefill-tokens-per-step": (
+        lambda f, v, _n: {"max_num_prefill_tokens_per_step": _int(f, v)}, "prefill tokens per step"),
+    "--max-parallel-prefills": (lambda f, v, _n: {"max_parallel_prefills": _int(f, v)},
+                                "sequences prefilling per step"),
+    "--prefill-compute-share": (lambda f, v, _n: {"prefill_compute_share": _share(f, v)},
+                                "prefill's share of a step's time while sequences decode"),
+}
+# Prefill-scheduling knobs with no mechanism in the simulator: the prediction may be optimistic.
+_UNMODELLED_KNOBS = frozenset({
+    "--prefill-compute-half-life",  # the share is enforced within each step, as if the half-life were 0
+    "--prefill-policy",
+    "--decode-refill-target",
+    "--max-num-partial-prefills",
+    "--max-long-partial-prefills",
+    "--speculative-model",
+})
+_PREFILL_SCHEDULING = frozenset({
+    "--long-prefill-token-threshold", "--max-num-prefill-tokens-per-step", "--max-parallel-prefills",
+    "--prefill-compute-share",
+})
+PREFILL_CAVEAT = (
+    "in this model a step costs its tokens and nothing more, so prefill-scheduling knobs move latency, "
+    "never the rate; the Spark lost rate to them too (46.7 -> 24.3/min with the 256 cap): read the "
+    "rate as an upper bound (docs/simulator.md)"
+)
+_VALUELESS = frozenset({"--enable-chunked-prefill"})
+_NO_COST = "no cost in the simulator's model"
+
+
+@dataclass(frozen=True)
+class FlagReading:
+    """How one flag of the engine's command entered the prediction."""
+
+    flag: str
+    value: str | None
+    modelled: bool
+    note: str
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The simulator's figures for one engine service beside the tuned baseline's."""
+
+    service: str
+    callers: int
+    options: dict[str, Any]
+    predicted: LoadFigures
+    baseline: LoadFigures
+    flags: list[FlagReading] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """``better``, ``worse`` or ``same`` as the baseline: rate first, then TTFT, then end to end."""
+        for mine, theirs, higher_is_better in (
+            (self.predicted.requests_per_min, self.baseline.requests_per_min, True),
+            (self.predicted.ttft_mean_s, self.baseline.ttft_mean_s, False),
+            (self.predicted.e2e_mean_s, self.baseline.e2e_mean_s, False),
+        ):
+            if abs(mine - theirs) <= TOLERANCE * theirs:
+                continue
+            return "better" if (mine > theirs) == higher_is_better else "worse"
+        return "same"
+
+
+def engine_options(service: ServiceFlags) -> tuple[dict[str, Any], list[FlagReading]]:
+    """Simulator options from the engine's flags (the last of a repeated flag wins, as in vLLM)."""
+    options: dict[str, Any] = {}
+    readings: list[FlagReading] = []
+    winners = {flag.key: flag for flag in service.flags}
+    for flag in winners.values():
+        shown = flag.name if flag.value is None else f"{flag.name} {flag.value}"
+        if flag.key in _MODELLED:
+            read, what = _MODELLED[flag.key]
+            value = None if flag.key in _VALUELESS else flag.value
+            options.update(read(flag.name, value, flag.negated))
+            readings.append(FlagReading(shown, flag.value, True, what))
+        elif flag.key in _UNMODELLED_KNOBS:
+            readings.append(FlagReading(shown, flag.value, False,
+                                        "prefill/speculation knob without a mechanism in the simulator: "
+                                        "the prediction may be optimistic"))
+        else:
+            readings.append(FlagReading(shown, flag.value, False, _NO_COST))
+    return options, readings
+
+
+def options_from_flags(flags: Mapping[str, str | None]) -> dict[str, Any]:
+    """Simulator options from vLLM-style flags given by name (``modgate engine-sim``'s own options)."""
+    options: dict[str, Any] = {}
+    for name, value in flags.items():
+        key = "--" + name.removeprefix("--").replace("_", "-").removeprefix("no-")
+        if key not in _MODELLED:
+            raise FlagValueError(f"{name}: the simulator has no option for it")
+        options.update(_MODELLED[key][0](name, value, name.removeprefix("--").startswith("no-")))
+    return options
+
+
+def in_flight_cap(services: Sequence[ServiceFlags]) -> int:
+    """The gateway's MODGATE_MAX_INFLIGHT where the compose file sets it, else the gateway's default."""
+    for service in services:
+        value = service.environment.get("MODGATE_MAX_INFLIGHT") if service.is_gateway else None
+        if value:
+            return _int("MODGATE_MAX_INFLIGHT", value)
+    return DEFAULT_MAX_INFLIGHT
+
+
+def predict(
+    compose_files: Sequence[Path],
+    *,
+    env_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    baseline: SimPreset | None = None,
+    requests: int = 160,
+) -> list[Prediction]:
+    """One prediction per engine service of the compose files."""
+    services = read_services(compose_files, env_file=env_file, environ=environ)
+    engines = [service for service in services if service.is_engine]
+    if not engines:
+        raise UnreadableInputError("no engine service (an image or command naming vLLM) in the compose files")
+    tuned = baseline or PRESETS["spark"]
+    callers = in_flight_cap(services)
+    base_figures = closed_loop(tuned, callers, requests=requests)
+    predictions = []
+    for engine in engines:
+        options, readings = engine_options(engine)
+        preset = tuned.scaled(**options)
+        figures = base_figures if not options else closed_loop(preset, callers, requests=requests)
+        predictions.append(Prediction(engine.name, callers, options, figures, base_figures, readings))
+    return predictions
+
+
+def prediction_as_json(prediction: Prediction) -> dict[str, Any]:
+    """One engine's prediction as a JSON object."""
+
+    def figures(load: LoadFigures) -> dict[str, float]:
+        return {
+            "keyframes_per_min": load.requests_per_min,
+            "ttft_mean_s": load.ttft_mean_s,
+            "e2e_mean_s": load.e2e_mean_s,
+            "generation_tokens_per_s": load.generation_tokens_per_s,
+        }
+
+    return {
+        "service": prediction.service,
+        "in_flight": prediction.callers,
+        "request_shape": {
+            "prompt_tokens": SEED_SHAPE.prompt_tokens,
+            "output_tokens": SEED_SHAPE.output_tokens,
+        },
+        "options": prediction.options,
+        "predicted": figures(prediction.predicted),
+        "baseline": figures(prediction.baseline),
+        "verdict": prediction.verdict,
+        "modelled": [reading.flag for reading in prediction.flags if reading.modelled],
+        "ignored": [reading.flag for reading in prediction.flags
+                    if not reading.modelled and reading.note == _NO_COST],
+        "ignored_knobs": [reading.flag for reading in prediction.flags
+                          if not reading.modelled and reading.note != _NO_COST],
+        "caveats": [PREFILL_CAVEAT] if any(
+            reading.modelled and reading.flag.split()[0].replace("_", "-") in _PREFILL_SCHEDULING
+            for reading in prediction.flags
+        ) else [],
+    }

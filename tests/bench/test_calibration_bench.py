@@ -1,0 +1,69 @@
+"""``bench/calibration.py``: the fit's table and the held-out table, as JSON and as printed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench import calibration
+
+
+@pytest.fixture(scope="module")
+def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, object]]]:
+    path = tmp_path_factory.mktemp("calibration") / "calibration.json"
+    calibration.main(["--json", str(path)])
+    loaded: dict[str, list[dict[str, object]]] = json.loads(path.read_text())
+    return loaded
+
+
+def rows(document: dict[str, list[dict[str, object]]], table: str) -> dict[tuple[str, str], float]:
+    found = {}
+    for row in document[table]:
+        assert {"name", "figure", "seed", "simulated"} <= set(row)
+        simulated = row["simulated"]
+        assert isinstance(simulated, float)
+        assert math.isfinite(simulated)
+        assert simulated > 0
+        found[(str(row["name"]), str(row["figure"]))] = simulated
+    return found
+
+
+def test_both_tables_have_every_row_with_a_finite_simulated_figure(
+    document: dict[str, list[dict[str, object]]],
+) -> None:
+    assert set(document) == {"fit", "held_out"}
+    assert len(rows(document, "fit")) == 4
+    assert len(rows(document, "held_out")) == 9
+
+
+def test_the_fit_reproduces_the_seeds_three_figures_within_ten_percent(
+    document: dict[str, list[dict[str, object]]],
+) -> None:
+    for row in document["fit"][:3]:  # requests/min, TTFT, end to end: what the preset was fitted on
+        seed, simulated = row["seed"], row["simulated"]
+        assert isinstance(seed, float)
+        assert isinstance(simulated, float)
+        assert abs(simulated / seed - 1) <= 0.10, row
+
+
+def test_the_held_out_mechanisms_move_the_figures_the_way_the_spark_saw(
+    document: dict[str, list[dict[str, object]]],
+) -> None:
+    fit, held = rows(document, "fit"), rows(document, "held_out")
+    tuned = "tuned (the fit)"
+    mtp = next(name for name, _ in held if name.startswith("MTP on"))
+    cap = next(name for name, _ in held if name.startswith("prefill cap"))
+    assert held[(mtp, "generation (tokens/s)")] < fit[(tuned, "generation (tokens/s)")]
+    assert held[(mtp, "TTFT mean (s)")] > fit[(tuned, "TTFT mean (s)")]
+    assert held[(cap, "TTFT mean (s)")] > fit[(tuned, "TTFT mean (s)")]
+    assert held[(cap, "requests/min")] <= fit[(tuned, "requests/min")] * 1.02
+
+
+def test_the_printed_tables_name_the_fit_and_the_held_out_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    calibration.main([])
+    printed = capsys.readouterr().out
+    assert "fit (the seed's final configuration" in printed
+    assert "held out (never used to choose a constant" in printed
+    assert printed.count("MTP on (4 drafted, 39.9 % accepted)") == 4

@@ -1,0 +1,73 @@
+"""The README is a front page, and every page it leads to is in the repository: no link that goes nowhere."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+
+
+def links(page: Path) -> list[str]:
+    """The targets of the page's Markdown links and images, code blocks left out."""
+    return LINK.findall(FENCE.sub("", page.read_text()))
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors for the page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", FENCE.sub("", page.read_text()), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+def test_the_readme_is_a_front_page_of_at_most_250_lines() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move sections to docs/"
+
+
+def test_the_readme_starts_with_the_two_commands_and_leads_to_the_architecture() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert text.index("make serve") < text.index("## A first request")
+    assert "make test" in text
+    assert "docs/architecture.md" in links(ROOT / "README.md")
+
+
+def test_every_docs_page_is_reachable_from_the_readme() -> None:
+    linked = {(ROOT / target).resolve() for target in links(ROOT / "README.md")}
+    pages = set((ROOT / "docs").glob("*.md"))
+    assert pages, "docs/ has no pages"
+    assert not pages - linked, f"not linked from README.md: {sorted(p.name for p in pages - linked)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_relative_links_resolve_inside_the_repository(page: Path) -> None:
+    broken = []
+    for target in links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if ROOT not in resolved.parents and resolved != ROOT:
+            broken.append(f"{target} (outside the repository)")
+        elif not resolved.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            broken.append(f"{target} (no such heading)")
+    assert not broken, f"{page.relative_to(ROOT)}: {broken}"
+
+
+def test_nothing_in_the_repository_points_at_a_design_document_outside_it() -> None:
+    outside = re.compile(r"DESIGN\.md|\.\./shared|/work/shared")
+    found = [
+        str(path.relative_to(ROOT))
+        for folder in ("gateway", "shaping", "quality", "deploy", "bench", "tests", "docs", "scripts")
+        for path in (ROOT / folder).rglob("*")
+        if path.is_file() and path.suffix in {".py", ".md", ".yaml", ".yml", ".txt", ".html", ".toml", ""}
+        and path != Path(__file__).resolve() and outside.search(path.read_text(errors="replace"))
+    ]
+    assert not found, f"points outside the repository: {found}"
+    assert not outside.search((ROOT / "README.md").read_text()), "README.md points outside the repository"
