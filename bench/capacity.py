@@ -22,6 +22,12 @@ Durations run at ``--time-scale`` and are scaled back to the Spark's pace; the g
 real, so it is inflated by 1/time-scale in the figures (~15 ms becomes ~60 ms at 0.25: small next to
 seconds, but measure on a quiet machine).
 
+``escalate`` runs thinking off first and thinking on again where the fast verdict is unsure
+(docs/escalation.md), at the simulator's separations 0.75, 0.85 and 0.95 side by side, with one threshold
+(what the weekly report recommends at the default 0.85: bench/escalation.py). It is judged on its own
+objective: p95 ≤ 1.5 s for frames answered fast and ≤ 10 s for escalated ones, and it reports the share
+escalated and the agreement with thinking on from the simulator's ground truth.
+
     python -m bench.capacity [--time-scale 0.25] [--keyframes 80] [--config baseline off ...]
 """
 
@@ -32,24 +38,29 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import os
 import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench import escalation
 from bench.servers import gateway, simulator
 from deploy.keyframes import make_keyframe
 from gateway.settings import ShapingSettings
+from quality.escalation import threshold_section
 
 SLO_P95_S = 3.0
 SPARK = {"keyframes_per_min": 46.7, "ttft_s": 0.468, "e2e_s": 8.56}
 DEFAULT_RATES = (30.0, 46.7, 60.0, 75.0, 90.0, 105.0, 120.0, 140.0, 160.0, 190.0, 230.0, 280.0)
+ESCALATE_RATES = (60.0, 90.0, 120.0, 150.0, 180.0, 210.0)
+FAST_SLO_P95_S, ESCALATED_SLO_P95_S = 1.5, 10.0  # escalate's objective, per kind of answer
 ADMIN_TOKEN = "bench-admin-token-0123456789"  # noqa: S105 - a loopback benchmark's own gateway
 FRAME_POOL = 96  # distinct synthetic keyframes, drawn at random (verdict reuse is off unless measured)
 
@@ -65,6 +76,8 @@ class Configuration:
     frames_per_request: int = 1  # keyframes per moderation request (packing packs within one request)
     thinking_token_budget: int | None = None  # the policy's cap on reasoning tokens (thinking on)
     repeat_share: float = 0.0  # share of keyframes that repeat one sent shortly before (verdict reuse)
+    separation: float | None = None  # escalate: the simulator's separation (AUROC), labelled keyframes
+    rates: tuple[float, ...] | None = None  # its own sweep instead of --rates
 
     def missing_settings(self) -> list[str]:
         """Shaping settings this configuration needs that this gateway does not have (yet)."""
@@ -91,6 +104,13 @@ CONFIGURATIONS = (
                    "MODGATE_SHAPING__IMAGE_TOKEN_BUDGET": "330"}),
     Configuration("off-repeats-25", "thinking off, 25 % repeated keyframes, verdict cache on", "off",
                   {"MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "3600"}, repeat_share=0.25),
+    *(
+        Configuration(f"escalate-{separation:g}",
+                      f"escalate, block-filling prefix, simulator separation {separation:g}", "escalate",
+                      {**NO_REUSE, "MODGATE_SHAPING__BLOCK_FILLING_PREFIX": "true"},
+                      separation=separation, rates=ESCALATE_RATES)
+        for separation in escalation.SEPARATIONS
+    ),
 )
 
 
@@ -121,6 +141,9 @@ class KeyframeSample:
     cached_tokens: int
     prompt_tokens: int
     reused: bool
+    escalated: bool = False  # answered by the thinking-on re-ask
+    skipped: bool = False  # unsure, but the cap answered it fast
+    agrees: bool | None = None  # escalate: the answer is what thinking on says (simulator ground truth)
 
 
 @dataclass
@@ -159,6 +182,23 @@ class RatePoint:
             "reused_share": (len(self.samples) - len(engine)) / len(self.samples) if self.samples else 0.0,
             "errors": float(self.errors),
             "keyframes": float(len(self.samples)),
+            **self.escalation_figures(),
+        }
+
+    def escalation_figures(self) -> dict[str, float]:
+        """Escalate only: fast and escalated answers apart, and agreement with thinking on."""
+        judged = [s for s in self.samples if s.agrees is not None]
+        if not judged:
+            return {}
+        fast = [s.e2e_s for s in judged if not s.escalated]
+        escalated = [s.e2e_s for s in judged if s.escalated]
+        return {
+            "fast_p95_s": percentile(fast, 95),
+            "escalated_p95_s": percentile(escalated, 95),
+            "escalated_p50_s": percentile(escalated, 50),
+            "escalated_share": len(escalated) / len(judged),
+            "skipped_share": sum(s.skipped for s in judged) / len(judged),
+            "agreement": sum(bool(s.agrees) for s in judged) / len(judged),
         }
 
 
@@ -192,7 +232,8 @@ def arrival_plan(config: Configuration, rate_per_min: float, keyframes: int, poo
 
 
 async def run_rate(http: httpx.AsyncClient, config: Configuration, rate_per_min: float, keyframes: int,
-                   warmup: int, pool: list[str], time_scale: float, seed: int) -> RatePoint:
+                   warmup: int, pool: list[str], time_scale: float, seed: int,
+                   labels: dict[str, str] | None = None) -> RatePoint:
     """Post the plan's requests at their times; measure each keyframe (the first ``warmup`` left out)."""
     plan = arrival_plan(config, rate_per_min, keyframes + warmup, pool, seed)
     headers = {"X-Modgate-Thinking": config.thinking}
@@ -201,6 +242,8 @@ async def run_rate(http: httpx.AsyncClient, config: Configuration, rate_per_min:
                     "input": [{"type": "image_url", "image_url": {"url": url}} for url in frames]}).encode()
         for _, frames in plan
     ]
+    separation = config.separation
+    frame_labels = [[(labels or {}).get(url, "allow") for url in frames] for _, frames in plan]
     samples: list[tuple[int, float, KeyframeSample]] = []  # (request index, finished at, sample)
     errors = 0
     started = time.monotonic()
@@ -219,8 +262,14 @@ async def run_rate(http: httpx.AsyncClient, config: Configuration, rate_per_min:
         if response.status_code != 200:
             errors += 1
             return
-        for result in response.json()["results"]:
+        for position, result in enumerate(response.json()["results"]):
             details = result["modgate"]
+            agrees = None
+            if separation is not None and details["frame_sha256"]:
+                agrees = escalation.agrees_with_thinking_on(
+                    details["frame_sha256"], frame_labels[index][position], separation, details["action"],
+                    [c for c, hit in result["categories"].items() if hit],
+                )
             ttft = None if details["ttft_ms"] is None else (details["ttft_ms"] + details["queue_ms"]) / 1e3
             engine_ms = details["queue_ms"] + (details["ttft_ms"] or 0.0) + (details["decode_ms"] or 0.0)
             samples.append((index, done, KeyframeSample(
@@ -230,6 +279,9 @@ async def run_rate(http: httpx.AsyncClient, config: Configuration, rate_per_min:
                 cached_tokens=int(details["cached_tokens"]),
                 prompt_tokens=int(details["prompt_tokens"]),
                 reused=details["reused"] is not None,
+                escalated=details.get("escalated_from") is not None,
+                skipped=details.get("escalation_skipped") is not None,
+                agrees=agrees,
             )))
 
     await asyncio.gather(*(one(i, offset, body) for i, ((offset, _), body) in enumerate(zip(plan, bodies,
@@ -249,6 +301,16 @@ async def run_rate(http: httpx.AsyncClient, config: Configuration, rate_per_min:
     return RatePoint(rate_per_min, arrived, achieved, [sample for _, sample in measured], errors)
 
 
+async def set_escalation_threshold(http: httpx.AsyncClient, threshold: float) -> None:
+    """Put the escalation threshold into the thinking policy (through the admin API)."""
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    document = (await http.get("/admin/thinking-policy", headers=auth)).json()
+    document["escalation"] = {**document["escalation"], "threshold": threshold}
+    document["reason"] = f"capacity benchmark: escalate below {threshold:g}"
+    response = await http.put("/admin/thinking-policy", json=document, headers=auth)
+    response.raise_for_status()
+
+
 async def set_reasoning_cap(http: httpx.AsyncClient, budget: int) -> None:
     """Put a reasoning-token cap into the thinking policy (through the admin API, as an operator would)."""
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -263,7 +325,8 @@ async def set_reasoning_cap(http: httpx.AsyncClient, budget: int) -> None:
 def stack_for(config: Configuration, time_scale: float) -> Iterator[str]:
     """A fresh Spark simulator and a gateway in front of it, configured; yields the gateway's URL."""
     env = {"MODGATE_ADMIN_TOKEN": ADMIN_TOKEN, **config.settings}
-    with simulator("spark", time_scale) as engine_url, gateway(engine_url, **env) as gateway_url:
+    sim_args = [] if config.separation is None else ["--separation", str(config.separation)]
+    with simulator("spark", time_scale, *sim_args) as engine_url, gateway(engine_url, **env) as gateway_url:
         yield gateway_url
 
 
@@ -272,21 +335,33 @@ def saturated(point: dict[str, float]) -> bool:
     return point["achieved_per_min"] < 0.9 * point["arrived_per_min"] or point["errors"] > 0
 
 
+def meets_objective(point: dict[str, float]) -> bool:
+    """p95 end to end ≤ 3 s; for escalate, ≤ 1.5 s answered fast and ≤ 10 s escalated (none: met)."""
+    if "fast_p95_s" not in point:
+        return point["e2e_p95_s"] <= SLO_P95_S
+    escalated = point["escalated_p95_s"]
+    escalated_ok = math.isnan(escalated) or escalated <= ESCALATED_SLO_P95_S
+    return point["fast_p95_s"] <= FAST_SLO_P95_S and escalated_ok
+
+
 async def sweep(config: Configuration, gateway_url: str, args: argparse.Namespace, pool: list[str],
                 restart: contextlib.ExitStack | None) -> list[dict[str, float]]:
     """Rising rates until the engine falls behind (or the end-to-end p95 is far past any use)."""
     points: list[dict[str, float]] = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     url = gateway_url
-    for step, rate in enumerate(args.rates):
+    labels = dict(zip(pool, args.labels, strict=True)) if config.separation is not None else None
+    for step, rate in enumerate(args.rates or config.rates or DEFAULT_RATES):
         if restart is not None and step > 0:  # verdict reuse measured: each rate starts with an empty cache
             restart.close()
             url = restart.enter_context(stack_for(config, args.time_scale))
         async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
             if config.thinking_token_budget is not None and (step == 0 or restart is not None):
                 await set_reasoning_cap(http, config.thinking_token_budget)
+            if config.separation is not None and (step == 0 or restart is not None):
+                await set_escalation_threshold(http, args.escalation_threshold)
             point = (await run_rate(http, config, rate, args.keyframes, args.warmup, pool, args.time_scale,
-                                    seed=step)).figures()
+                                    seed=step, labels=labels)).figures()
         points.append(point)
         print(f"  {config.name:<18}{rate:>7.1f}/min  arrived {point['arrived_per_min']:6.1f}  finished "
               f"{point['achieved_per_min']:6.1f}  e2e p50 "
@@ -295,7 +370,11 @@ async def sweep(config: Configuration, gateway_url: str, args: argparse.Namespac
               f"p95 {point['ttft_p95_s']:5.2f} s  cached {point['cached_tokens_mean']:5.0f}/"
               f"{point['prompt_tokens_mean']:5.0f} tok  reused {point['reused_share']:4.0%}  "
               f"gateway {point['gateway_ms_p50']:4.0f} ms real"
-              + (f"  {point['errors']:.0f} errors" if point["errors"] else ""), flush=True)
+              + (f"  {point['errors']:.0f} errors" if point["errors"] else "")
+              + (f"\n  {'':<18}fast p95 {point['fast_p95_s']:5.2f} s  escalated p95 "
+                 f"{point['escalated_p95_s']:5.2f} s  escalated {point['escalated_share']:4.0%}  capped "
+                 f"{point['skipped_share']:4.0%}  agreement {point['agreement']:6.1%}"
+                 if "fast_p95_s" in point else ""), flush=True)
         if saturated(point) or point["e2e_p95_s"] > 10 * SLO_P95_S:
             break
     return points
@@ -310,7 +389,7 @@ def summarize(config: Configuration, points: list[dict[str, float]]) -> dict[str
     """
     within: list[dict[str, float]] = []
     for point in points:
-        if saturated(point) or not point["e2e_p95_s"] <= SLO_P95_S:
+        if saturated(point) or not meets_objective(point):
             break
         within.append(point)
     kept_up = [p for p in points if not saturated(p)] or points[:1]
@@ -329,6 +408,9 @@ def summarize(config: Configuration, points: list[dict[str, float]]) -> dict[str
         "prompt_tokens_mean": at["prompt_tokens_mean"],
         "cached_tokens_mean": at["cached_tokens_mean"],
         "gateway_ms_p50": at["gateway_ms_p50"],
+        **{name: at[name] for name in ("fast_p95_s", "escalated_p95_s", "escalated_share", "skipped_share",
+                                       "agreement") if name in at},
+        "separation": config.separation,
         "points": points,
     }
 
@@ -400,6 +482,33 @@ def print_tables(report: dict[str, Any]) -> None:
               f"{row['gateway_ms_p50']:>7.0f}  {row['description']}")
     for name, missing in report.get("skipped", {}).items():
         print(f"{name:<18}skipped: this gateway has no {', '.join(missing)}")
+    print_escalation(report)
+
+
+def print_escalation(report: dict[str, Any]) -> None:
+    """Escalate at each separation, side by side (judged at the default 0.85)."""
+    rows = [row for row in report["configurations"] if row.get("separation") is not None]
+    if not rows:
+        return
+    setup = report["escalation"]
+    print(f"\nescalate below {setup['threshold']:g} (the report's recommendation on the simulator's ground "
+          f"truth at separation {escalation.DEFAULT_SEPARATION:g}); objective: ≥ 150/min, p95 fast ≤ "
+          f"{FAST_SLO_P95_S:g} s, escalated ≤ {ESCALATED_SLO_P95_S:g} s, agreement ≥ "
+          f"{escalation.TARGET_AGREEMENT:.0%}")
+    print(f"{'':<34}" + "".join(f"{'separation ' + format(r['separation'], 'g'):>18}" for r in rows))
+    lines: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+        ("sustained keyframes/min", lambda r: _sustained(r)),
+        ("reported at /min", lambda r: f"{r['reported_at_per_min']:g}"),
+        ("p95 answered fast (s)", lambda r: f"{r.get('fast_p95_s', float('nan')):.2f}"),
+        ("p95 escalated (s)", lambda r: f"{r.get('escalated_p95_s', float('nan')):.2f}"),
+        ("escalated (measured)", lambda r: f"{r.get('escalated_share', float('nan')):.1%}"),
+        ("held by the cap", lambda r: f"{r.get('skipped_share', float('nan')):.1%}"),
+        ("agreement (measured)", lambda r: f"{r.get('agreement', float('nan')):.1%}"),
+        ("escalated (ground truth)", lambda r: f"{setup['expected'][str(r['separation'])]['escalated']:.1%}"),
+        ("agreement (ground truth)", lambda r: f"{setup['expected'][str(r['separation'])]['agreement']:.2%}"),
+    )
+    for label, cell in lines:
+        print(f"  {label:<32}" + "".join(f"{cell(r):>18}" for r in rows))
 
 
 def _sustained(row: dict[str, Any]) -> str:
@@ -422,13 +531,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every chosen configuration, one after the other."""
     chosen = [c for c in CONFIGURATIONS if not args.config or c.name in args.config]
     pool = frame_pool(args.frame_pool)
+    escalate = [c for c in chosen if c.separation is not None]
+    labelled, args.labels = escalation.labelled_pool(args.escalate_pool) if escalate else ([], [])
     report: dict[str, Any] = {
         "setup": {"time_scale": args.time_scale, "keyframes_per_rate": args.keyframes, "warmup": args.warmup,
-                  "rates": list(args.rates), "slo_p95_s": SLO_P95_S, "cpus": os.cpu_count(),
+                  "rates": list(args.rates or DEFAULT_RATES), "slo_p95_s": SLO_P95_S, "cpus": os.cpu_count(),
                   "load_before": [round(x, 2) for x in os.getloadavg()]},
         "configurations": [],
         "skipped": {},
     }
+    if escalate:
+        report["escalation"] = escalation_setup(args)
     for config in chosen:
         missing = config.missing_settings()
         if missing:
@@ -441,10 +554,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 report["calibration"] = asyncio.run(calibrate(url, args.calibration_clients, args.keyframes,
                                                               args.warmup, pool, args.time_scale))
             restart = stack if config.repeat_share > 0 else None
-            points = asyncio.run(sweep(config, url, args, pool, restart))
+            points = asyncio.run(sweep(config, url, args, labelled if config.separation else pool, restart))
         report["configurations"].append(summarize(config, points))
     report["setup"]["load_after"] = [round(x, 2) for x in os.getloadavg()]
     return report
+
+
+def escalation_setup(args: argparse.Namespace) -> dict[str, Any]:
+    """The threshold (the report's recommendation at the default separation, unless given) and what the
+    simulator's ground truth says it gives at each separation."""
+    section = escalation.threshold_table(escalation.DEFAULT_SEPARATION, args.truth_frames)
+    if args.escalation_threshold is None:
+        if section.recommended is None:
+            raise SystemExit(f"no threshold reaches the target: {section.recommendation}")
+        args.escalation_threshold = section.recommended.threshold
+    expected = {}
+    for separation in escalation.SEPARATIONS:
+        at = threshold_section(
+            escalation.truth_pairs(separation, args.truth_frames), always=escalation.ALWAYS,
+            thresholds=[args.escalation_threshold], resamples=200,
+        )
+        assert at is not None
+        (row,) = at.rows
+        expected[str(separation)] = {"escalated": row.escalated.value, "agreement": row.agreement.value,
+                                     "agreement_low": row.agreement.low, "agreement_high": row.agreement.high,
+                                     "auroc": at.auroc.value if at.auroc else None}
+    print(f"threshold section on {args.truth_frames:,} frames of the simulator's ground truth at separation "
+          f"{escalation.DEFAULT_SEPARATION:g}: {section.recommendation}", flush=True)
+    return {"threshold": args.escalation_threshold, "recommendation": section.recommendation,
+            "table": section.model_dump(mode="json"), "expected": expected,
+            "label_mix": dict(escalation.LABEL_MIX)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -454,13 +593,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--time-scale", type=float, default=0.25)
     parser.add_argument("--keyframes", type=int, default=80, help="measured keyframes per rate")
     parser.add_argument("--warmup", type=int, default=8, help="keyframes sent first and left out")
-    parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES),
-                        help="offered keyframes per minute, rising")
+    parser.add_argument("--rates", type=float, nargs="+",
+                        help="offered keyframes per minute, rising (default: each configuration's own sweep)")
     parser.add_argument("--config", nargs="+", choices=[c.name for c in CONFIGURATIONS],
                         help="configurations to run (default: all)")
     parser.add_argument("--calibration-clients", type=int, default=7,
                         help="closed-loop callers of the baseline's calibration check")
     parser.add_argument("--frame-pool", type=int, default=FRAME_POOL, help="distinct keyframes to draw from")
+    parser.add_argument("--escalation-threshold", type=float,
+                        help="escalate: the confidence threshold (default: the weekly report's "
+                             "recommendation on the simulator's ground truth at separation 0.85)")
+    parser.add_argument("--escalate-pool", type=int, default=400,
+                        help="escalate: distinct labelled keyframes to draw from")
+    parser.add_argument("--truth-frames", type=int, default=20_000,
+                        help="escalate: frames of simulated ground truth the threshold is chosen on")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
     args = parser.parse_args(argv)

@@ -32,6 +32,7 @@ __all__ = [
     "Pairing",
     "RecordStore",
     "RedisRecordStore",
+    "Selection",
     "Source",
     "VerdictRecord",
     "arm_for",
@@ -48,6 +49,10 @@ logger = logging.getLogger(__name__)
 Arm = Literal["thinking_on", "thinking_off", "thinking_on_rerun", "thinking_off_json", "thinking_on_json"]
 Action = Literal["allow", "review", "block"]
 Source = Literal["shadow", "offline"]
+# How a live frame came to be judged in both modes: a random share (shadow sampling), or because its fast
+# verdict was unsure and escalated (not a random sample: weight it by `selection_probability`, or leave
+# it out).
+Selection = Literal["random", "escalation"]
 ARMS: tuple[Arm, ...] = (
     "thinking_on",
     "thinking_off",
@@ -105,6 +110,10 @@ class VerdictRecord(BaseModel):
     input_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")  # bytes the runner sent
     human_label: HumanLabel | None = None
     confidence: float | None = Field(default=None, ge=0, le=1)  # P(action) from the engine's logprobs
+    selection: Selection | None = None  # None: an offline run, every frame of the data set
+    # the chance this frame was paired at all, given its fast verdict (1 for an escalation below the
+    # threshold, the shadow share for a random pair): inverse-probability weights use it
+    selection_probability: float | None = Field(default=None, gt=0, le=1)
 
     @field_validator("recorded_at")
     @classmethod

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sklearn.metrics import cohen_kappa_score
 
 from quality import charts
+from quality.escalation import EscalationSample, ThresholdRow, ThresholdSection, threshold_section
 from quality.records import (
     ARMS,
     Arm,
@@ -92,6 +93,11 @@ class ReportPolicy(BaseModel):
     alpha: float = Field(default=0.05, gt=0, lt=1)
     power: float = Field(default=0.80, gt=0, lt=1)
     min_category_flagged: int = Field(default=10, ge=1)  # fewer flagged frames: listed, not judged
+    # the escalation threshold section: the agreement to reach, the sample it is estimated from, and the
+    # categories the thinking policy escalates whatever the confidence
+    escalation_target: float = Field(default=0.99, gt=0, le=1)
+    escalation_sample: EscalationSample = "random"
+    always_escalate: tuple[str, ...] = ("sexual/minors",)
 
 
 # --- report models -----------------------------------------------------------------------------------
@@ -268,6 +274,7 @@ class WeeklyReport(BaseModel):
     sample_size: SampleSizeNeeded | None
     trend: list[WeekSummary]
     data: DataNotes
+    escalation: ThresholdSection | None = None  # None: no pair had a fast verdict to judge
 
     @property
     def last_day(self) -> datetime:
@@ -772,7 +779,11 @@ def build_weekly_report(
     year, number = parse_iso_week(week)
     start, end = week_bounds(year, number)
     week_records = [r for r in records if start <= r.recorded_at < end]
-    pairing = pair_records(week_records, "thinking_on", "thinking_off")
+    # Escalation pairs are the unsure frames only: they would bias every comparison but the weighted one.
+    pairing = pair_records(
+        [r for r in week_records if r.selection != "escalation"], "thinking_on", "thinking_off"
+    )
+    every_pair = pair_records(week_records, "thinking_on", "thinking_off")
     rerun = pair_records(week_records, "thinking_on", "thinking_on_rerun", skip_reused_candidates=True)
     arms = Counter(r.arm for r in week_records)
     comparison = _compare(pairing.pairs, policy) if pairing.pairs else None
@@ -807,6 +818,17 @@ def build_weekly_report(
             duplicates=pairing.duplicates,
             reused_reruns=rerun.reused_candidates,
         ),
+        escalation=threshold_section(
+            every_pair.pairs,
+            sample=policy.escalation_sample,
+            always=policy.always_escalate,
+            target=policy.escalation_target,
+            resamples=policy.bootstrap_resamples,
+            confidence=policy.confidence,
+            seed=policy.seed,
+        )
+        if every_pair.pairs
+        else None,
     )
     report.recommendation = _recommend(report)
     earlier = sorted((s for s in previous if s.week < report.week), key=lambda s: s.week)
@@ -859,7 +881,9 @@ def render_html(report: WeeklyReport) -> str:
     if report.costs:
         images["costs"] = charts.png_data_uri(charts.cost_chart(report.costs))
     template = _environment().get_template("weekly_report.html.jinja")
-    return template.render(report=report, images=images, arm_label=charts.ARM_LABELS)
+    return template.render(
+        report=report, images=images, arm_label=charts.ARM_LABELS, shown_rows=shown_rows
+    )
 
 
 def _md_rate(rate: Rate | None) -> str:
@@ -871,6 +895,57 @@ def _md_coefficient(c: Coefficient) -> str:
     if c.low is None or c.high is None:
         return value
     return f"{value} [{c.low:.3f}, {c.high:.3f}]"
+
+
+# rows of the threshold table a reader sees (the JSON has them all, with the quantile-based ones)
+SHOWN_THRESHOLDS = (0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99)
+
+
+def shown_rows(section: ThresholdSection) -> list[ThresholdRow]:
+    """The fixed grid's rows plus the recommended one, by threshold."""
+    chosen = section.recommended.threshold if section.recommended else None
+    return [row for row in section.rows if row.threshold in SHOWN_THRESHOLDS or row.threshold == chosen]
+
+
+def _md_escalation(section: ThresholdSection | None) -> list[str]:
+    if section is None:
+        return []
+    sample = (
+        f"{section.pairs:,} random pairs" if section.sample == "random"
+        else f"{section.pairs:,} pairs weighted by 1 / their chance of being paired "
+        f"(effective {section.effective_pairs:,.0f})"
+    )
+    auroc = "–" if section.auroc is None else (
+        f"{section.auroc.value:.3f} [{section.auroc.low:.3f}, {section.auroc.high:.3f}]"
+    )
+    lines = [
+        "",
+        "## Escalation threshold",
+        "",
+        f"**{section.recommendation}**",
+        "",
+        f"From {sample} over {section.videos:,} videos; {section.escalation_pairs:,} escalation pairs "
+        + ("left out (not a random sample)." if section.sample == "random" else "weighted in."),
+        f"Thinking off alone disagrees on {pct(section.disagreement.value)} "
+        f"{interval(section.disagreement.low, section.disagreement.high)}; AUROC of the fast verdict's "
+        f"confidence against disagreement {auroc}. Always escalated: "
+        f"{', '.join(section.always_escalate) or 'none'}, and every `review`.",
+        "",
+        "| escalate below | escalated | agreement with thinking on | disagreements re-asked |",
+        "| --- | --- | --- | --- |",
+    ]
+    for row in shown_rows(section):
+        lines.append(
+            f"| {row.threshold:.3g} | {pct(row.escalated.value)} "
+            f"{interval(row.escalated.low, row.escalated.high)} | {pct(row.agreement.value)} "
+            f"{interval(row.agreement.low, row.agreement.high)} | "
+            f"{pct(row.recovered)} |"
+        )
+    if section.without_confidence:
+        lines.append(
+            f"\n{section.without_confidence:,} fast verdicts had no confidence: they always escalate."
+        )
+    return lines
 
 
 def render_markdown(report: WeeklyReport) -> str:
@@ -927,6 +1002,7 @@ def render_markdown(report: WeeklyReport) -> str:
             f"{_md_rate(c.flagged_agreement)} | {_md_rate(c.action_agreement)} | {_md_coefficient(c.kappa)} |"
             for c in report.format_comparisons
         ]
+    lines += _md_escalation(report.escalation)
     if report.categories:
         lines += [
             "",

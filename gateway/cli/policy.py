@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gateway.policy.rules import AuditEntry, ThinkingPolicy, policy_changes
+from gateway.policy.rules import MODES, AuditEntry, ThinkingPolicy, policy_changes
 
 policy_app = typer.Typer(help="Show and flip the thinking policy of a running gateway (admin token).",
                          no_args_is_help=True)
@@ -166,6 +166,14 @@ def _print_policy(doc: dict[str, Any]) -> None:
         table.add_row("load rule", "; ".join(marks))
     else:
         table.add_row("load rule", "off")
+    escalation = doc.get("escalation") or {}
+    if escalation:
+        caps = [f"{escalation['max_share']:.0%} of frames" if escalation.get("max_share") else "",
+                f"{escalation['max_per_minute']:g}/min" if escalation.get("max_per_minute") else ""]
+        table.add_row("escalation", (
+            f"re-ask below confidence {escalation.get('threshold')}, and review, and "
+            f"{', '.join(escalation.get('always_categories') or []) or 'no category'}; cap per replica "
+            f"{' and '.join(c for c in caps if c) or 'none'} ({escalation.get('cap_applies')})"))
     console.print(table)
     rules = doc.get("rules") or []
     if rules:
@@ -230,7 +238,8 @@ def show(url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False) -
 @policy_app.command("set")
 def set_policy(
     reason: Reason,
-    default_mode: Annotated[str | None, typer.Option(help="on or off: the mode no rule decides.")] = None,
+    default_mode: Annotated[str | None, typer.Option(
+        help="on, off or escalate: the mode no rule decides.")] = None,
     caller_choice: Annotated[bool | None, typer.Option(
         "--caller-choice/--no-caller-choice", help="Whether callers may ask for a mode.")] = None,
     max_tokens_on: Annotated[int | None, typer.Option(help="Output cap with thinking on.")] = None,
@@ -242,6 +251,8 @@ def set_policy(
     load_rule: Annotated[bool | None, typer.Option(
         "--load-rule/--no-load-rule", help="Switch the load rule on or off (its marks from the document).")
     ] = None,
+    escalation_threshold: Annotated[float | None, typer.Option(
+        help="escalate: re-ask with thinking on below this fast-verdict confidence.")] = None,
     file: Annotated[Path | None, typer.Option(
         "--file", "-f", help="JSON or YAML object of policy fields, applied over the policy in force.")
     ] = None,
@@ -252,8 +263,8 @@ def set_policy(
     operator: Operator = None,
 ) -> None:
     """Change the policy: the options and/or a file, applied over the policy in force, with a reason."""
-    if default_mode is not None and default_mode not in ("on", "off"):
-        _fail("--default-mode must be on or off", code=2)
+    if default_mode is not None and default_mode not in MODES:
+        _fail("--default-mode must be on, off or escalate", code=2)
     client = AdminClient(url, token, operator)
     current_doc = client.call("GET", "/admin/thinking-policy")
     fields = _document(current_doc)
@@ -269,7 +280,10 @@ def set_policy(
         fields["thinking_token_budget"] = thinking_budget or None
     if load_rule is not None:
         fields["load"] = {**(fields.get("load") or {}), "enabled": load_rule}
-    if file is None and all(value is None for value in (*options.values(), thinking_budget, load_rule)):
+    if escalation_threshold is not None:
+        fields["escalation"] = {**(fields.get("escalation") or {}), "threshold": escalation_threshold}
+    if file is None and all(value is None for value in (*options.values(), thinking_budget, load_rule,
+                                                        escalation_threshold)):
         _fail("nothing to set: give an option (see --help) or --file", code=2)
     current = _parse(_document(current_doc), "the gateway's policy")
     proposed = _parse(fields, "the new policy")

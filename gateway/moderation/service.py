@@ -43,6 +43,7 @@ from gateway.moderation.verdict_cache import (
     VerdictScope,
 )
 from gateway.moderation.wire import (
+    EscalatedFrom,
     ImageURLPart,
     ModerationDetails,
     ModerationRequest,
@@ -50,11 +51,21 @@ from gateway.moderation.wire import (
     ModerationResult,
     TextPart,
 )
-from gateway.policy.rules import Mode, PolicyStore, QueueLoad, RequestContext, ThinkingDecision, decide
+from gateway.policy.rules import (
+    EscalationBudget,
+    Mode,
+    PolicyStore,
+    QueueLoad,
+    RequestContext,
+    ThinkingDecision,
+    ThinkingPolicy,
+    decide,
+)
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
 from gateway.telemetry.tracing import engine_span_attributes
 from gateway.telemetry.windows import RecentRequests
+from quality.escalation import escalation_reason
 from shaping.accounting import PromptPrediction, TokenAccountant, compare_usage
 from shaping.confidence import with_confidence
 from shaping.errors import ImageRejected
@@ -65,6 +76,11 @@ from shaping.verdict import OPENAI_CATEGORIES, KeyframeVerdict, VerdictFormat, p
 
 log = logging.getLogger("modgate.moderation")
 T = TypeVar("T")
+
+REASK_PRIORITY = -100
+"""Added to a request's priority for its escalation re-ask: below every request priority (-10..10), so a
+frame already half answered goes ahead of new asks at admission (and in the engine, with ``use_priority``),
+and re-asks keep their requests' order among themselves."""
 
 
 def image_rejection(exc: ImageRejected) -> ClientError:
@@ -100,6 +116,10 @@ class FrameOutcome:
     verdicts: tuple[KeyframeVerdict, ...] = ()  # every frame's verdict of a packed engine call, in order
     reused: Reuse | None = None  # the verdict was not asked of the engine for this frame
     packed: int = 1  # frames in the engine request that judged this one
+    thinking_mode: Mode | None = None  # what the policy chose, when it differs from ``decision.mode``
+    fast: FrameOutcome | None = None  # escalated: the thinking-off outcome this one replaced
+    escalated_from: EscalatedFrom | None = None
+    escalation_skipped: Literal["cap_share", "cap_rate", "reask_failed"] | None = None
 
 
 class ModerationService:
@@ -128,6 +148,7 @@ class ModerationService:
         self.engines = engines or EnginePool.of_one(engine, admission)
         self.policies = policies
         self.load = QueueLoad(lambda: admission.queued)  # the load rule's signal and hysteresis (per replica)
+        self.escalations = EscalationBudget(lambda: admission.queued)  # escalate's caps (per replica)
         self.metrics = metrics
         self.system_prompts = dict(system_prompts)  # one per verdict format: each asks for its own form
         self.executor = executor  # a ShapingPool: each tenant's frames wait in a queue of their own
@@ -289,7 +310,9 @@ class ModerationService:
             if self.shadow is not None and not extra_text:
                 video_id = options.video_id if options else None
                 for judged_frame, outcome in zip(shaped, outcomes, strict=True):
-                    if (
+                    if decision.mode == "escalate":
+                        self._pair_escalation(policy, judged_frame, outcome, caller.tenant, video_id)
+                    elif (
                         outcome.reused is None and outcome.packed == 1
                     ):  # an engine verdict on this frame alone
                         self.shadow.consider(
@@ -340,6 +363,30 @@ class ModerationService:
                 texts.append(item.text)
         return images, texts
 
+    def _pair_escalation(
+        self, policy: ThinkingPolicy, frame: ShapedImage, outcome: FrameOutcome, tenant: str,
+        video_id: str | None,
+    ) -> None:
+        """Quality records of an escalate-mode frame: every escalation is a pair, and a random share too.
+
+        The shadow coin is drawn for every frame, escalated or not, so the pairs it picks stay a random
+        sample of all frames (``selection: random``); an escalation it did not pick is marked
+        ``escalation``: the report weighs those by their chance of being paired (1) or leaves them out.
+        """
+        assert self.shadow is not None
+        drawn = self.shadow.draw(policy)
+        verdict_format = outcome.decision.verdict_format
+        if outcome.fast is not None:
+            self.shadow.record_pair(
+                policy.version, frame, (outcome.fast.verdict, outcome.fast.answer),
+                (outcome.verdict, outcome.answer), tenant=tenant, video_id=video_id,
+                selection="random" if drawn else "escalation", probability=1.0,
+                verdict_format=verdict_format,
+            )
+        elif drawn and outcome.reused is None and outcome.packed == 1:
+            self.shadow.consider(policy, frame, "off", outcome.verdict, outcome.answer, tenant=tenant,
+                                 video_id=video_id, verdict_format=verdict_format, drawn=True)
+
     async def _judge(
         self,
         frames: list[ShapedImage],
@@ -347,7 +394,11 @@ class ModerationService:
         decision: ThinkingDecision,
         context: RequestContext,
         request_id: str,
+        *,
+        reask: bool = False,
     ) -> FrameOutcome:
+        # a re-ask (escalation) goes ahead of new asks, at the admission queue and in the engine
+        priority = context.priority + (REASK_PRIORITY if reask else 0)
         top_logprobs = self.settings.engine.top_logprobs
         body = build_chat_request(
             self.system_prompts[decision.verdict_format],
@@ -360,7 +411,7 @@ class ModerationService:
                 max_completion_tokens=decision.max_completion_tokens * max(1, len(frames)),
                 constraint=self.settings.engine.verdict_constraint,
                 stream=True,
-                priority=context.priority if self.settings.engine.use_priority else None,
+                priority=priority if self.settings.engine.use_priority else None,
                 thinking_token_budget=(
                     None
                     if decision.thinking_token_budget is None
@@ -379,7 +430,7 @@ class ModerationService:
         )
         queued_at = time.time_ns()  # span times are wall-clock nanoseconds
         try:
-            async with self.engines.slot(priority=context.priority, work=work) as admission:
+            async with self.engines.slot(priority=priority, work=work) as admission:
                 self.tracer.start_span("queue", start_time=queued_at).end()
                 self.metrics.queue_wait.observe(admission.queue_seconds)
                 self.load.observe_queue_wait(admission.queue_seconds)
@@ -426,7 +477,7 @@ class ModerationService:
             self.metrics.unparsable.labels(problem).inc()
             log.warning("unusable engine output", extra={"request_id": request_id, "problem": problem})
         for judged in verdicts:
-            self.metrics.frames.labels(judged.action, decision.mode).inc()
+            self.metrics.frames.labels(judged.action, "on" if decision.mode == "on" else "off").inc()
         return FrameOutcome(
             verdict=verdicts[0],
             answer=answer,
@@ -460,7 +511,7 @@ class ModerationService:
                 confidence=verdict.confidence,
                 confidence_reason=verdict.confidence_note if verdict.confidence is None else None,
                 verdict_format=decision.verdict_format,
-                thinking=decision.mode,
+                thinking="on" if decision.mode == "on" else "off",
                 thinking_rule=decision.rule,
                 policy_version=decision.policy_version,
                 latency_ms=round(latency_s * 1000, 2),
@@ -476,6 +527,9 @@ class ModerationService:
                 frame_sha256=frame.sha256 if frame else None,
                 reused=outcome.reused,
                 request_id=answer.request_id,
+                thinking_mode=outcome.thinking_mode or decision.mode,
+                escalated_from=outcome.escalated_from,
+                escalation_skipped=outcome.escalation_skipped,
             ),
         )
 
@@ -533,10 +587,12 @@ class ModerationService:
         return base + (f"\n{extra_text}" if extra_text else "")
 
     async def _verdict_scope(self, tenant: str, decision: ThinkingDecision, extra_text: str) -> VerdictScope:
+        # escalate reuses and keeps verdicts by the mode that made them: a thinking-on verdict answers an
+        # escalate-mode frame as well as any re-ask would; a fast one is kept for thinking-off callers
         return VerdictScope(
             tenant=tenant,
             policy_version=decision.policy_version,
-            thinking=decision.mode,
+            thinking="on" if decision.mode == "escalate" else decision.mode,
             prompt_sha256=self.system_prompts[decision.verdict_format].sha256,
             text_sha256=hashlib.sha256(extra_text.encode()).hexdigest() if extra_text else "",
             model=(await self.engine_identity()).scope,
@@ -590,6 +646,60 @@ class ModerationService:
         )
         return FrameOutcome(verdict=verdict, answer=answer, decision=decision, queue_s=0.0, reused=how)
 
+    async def _escalate(
+        self,
+        frame: ShapedImage,
+        fast: FrameOutcome | None,
+        extra_text: str,
+        decision: ThinkingDecision,
+        context: RequestContext,
+        request_id: str,
+    ) -> FrameOutcome | None:
+        """An escalate-mode frame's answer: its fast verdict, or the thinking-on one if it was unsure.
+
+        The cap is checked and the frame counted in the same step (no await between), so concurrent
+        requests on this replica never overrun it together.
+        """
+        rule, reask = decision.escalation, decision.reask
+        if fast is None or rule is None or reask is None:
+            return fast
+        verdict = fast.verdict
+        why = escalation_reason(
+            verdict.action, verdict.categories, verdict.confidence, rule.threshold, rule.always_categories
+        )
+        if why is None:
+            self.escalations.record(False)
+            return fast
+        skipped = self.escalations.skip_reason(rule)
+        self.escalations.record(skipped is None)
+        if skipped is not None:
+            self.metrics.escalations_skipped.labels(skipped).inc()
+            return replace(fast, escalation_skipped=skipped)
+        self.metrics.escalations.labels(why).inc()
+        try:
+            again = await self._judge(
+                [frame], self._instruction(1, extra_text), reask, context, f"{request_id}-escalated",
+                reask=True,
+            )
+        except ModgateError as exc:  # the fast verdict still answers; the caller is told it was not re-asked
+            self.metrics.escalations_skipped.labels("reask_failed").inc()
+            log.warning("escalation re-ask failed: %s", exc.message, extra={"request_id": request_id})
+            return replace(fast, escalation_skipped="reask_failed")
+        return replace(
+            again,
+            queue_s=fast.queue_s + again.queue_s,
+            thinking_mode="escalate",
+            fast=fast,
+            escalated_from=EscalatedFrom(
+                action=verdict.action,
+                categories=list(verdict.categories),
+                confidence=verdict.confidence,
+                why=why,
+                threshold=rule.threshold,
+                request_id=fast.answer.request_id,
+            ),
+        )
+
     async def _judge_frames(
         self,
         frames: list[ShapedImage],
@@ -610,6 +720,9 @@ class ModerationService:
         fallback "review" verdicts (unusable output) are not.
         """
         scope = await self._verdict_scope(context.tenant, decision, extra_text)
+        reuse_decision = decision
+        if decision.reask is not None:  # escalate: what a reused thinking-on verdict answers under
+            reuse_decision = replace(decision.reask, rule=decision.rule)
         identities = self._identities(frames)
         rule = self.verdicts.rule
         hits: list[ReusedVerdict | None] = [None] * len(frames)
@@ -622,7 +735,10 @@ class ModerationService:
             hit = hits[index]
             if hit is not None:
                 stored = hit.stored
-                outcomes[index] = self._reused(stored.verdict(), hit.reused, decision, stored.request_id)
+                outcomes[index] = replace(
+                    self._reused(stored.verdict(), hit.reused, reuse_decision, stored.request_id),
+                    thinking_mode=decision.mode,
+                )
                 self.metrics.reused.labels(hit.reused).inc()
                 continue
             twin: tuple[int, Reuse] | None = None
@@ -652,15 +768,26 @@ class ModerationService:
         for chunk, outcome in zip(chunks, judged, strict=True):
             for position, index in enumerate(chunk):
                 outcomes[index] = self._share(outcome, position)
+        if decision.mode == "escalate":
+            escalated = await asyncio.gather(
+                *(self._escalate(frames[i], outcomes[i], extra_text, decision, context, f"{request_id}-{i}")
+                  for i in leaders)
+            )
+            for index, final in zip(leaders, escalated, strict=True):
+                outcomes[index] = final
         for index, (leader, how) in followers.items():
             made = outcomes[leader]
             assert made is not None  # leaders were all judged above
-            outcomes[index] = self._reused(made.verdict, how, decision, made.answer.request_id)
+            outcomes[index] = replace(
+                self._reused(made.verdict, how, made.decision, made.answer.request_id),
+                thinking_mode=made.thinking_mode,
+            )
             self.metrics.reused.labels(how).inc()
         if self.settings.shaping.verdict_cache_ttl_s > 0:
             made_at = time.time()
             to_store = [
-                StoredVerdict(
+                (replace(scope, thinking="off" if made.decision.mode == "escalate" else made.decision.mode),
+                 StoredVerdict(
                     action=made.verdict.action,
                     categories=made.verdict.categories,
                     confidence=made.verdict.confidence,
@@ -670,9 +797,9 @@ class ModerationService:
                     thumbnail=identities[index].thumbnail,
                     made_at=made_at,
                     request_id=made.answer.request_id,
-                )
+                ))
                 for index in leaders
                 if (made := outcomes[index]) is not None and made.verdict.problem is None
             ]
-            await asyncio.gather(*(self.verdicts.store(scope, stored) for stored in to_store))
+            await asyncio.gather(*(self.verdicts.store(where, stored) for where, stored in to_store))
         return [outcome for outcome in outcomes if outcome is not None]

@@ -20,8 +20,8 @@ from typing import Protocol
 from gateway.engine.client import EngineAnswer
 from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError
-from gateway.policy.rules import Mode, ThinkingPolicy
-from quality.records import Arm, RecordStore, VerdictRecord, arm_for
+from gateway.policy.rules import EngineMode, ThinkingPolicy
+from quality.records import Arm, RecordStore, Selection, VerdictRecord, arm_for
 from shaping.confidence import with_confidence
 from shaping.image import ShapedImage
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request
@@ -38,7 +38,7 @@ class ShadowCounters(Protocol):
     def shadow(self, outcome: str) -> None: ...
 
 
-def arm_of(mode: Mode, verdict_format: VerdictFormat = "compact") -> Arm:
+def arm_of(mode: EngineMode, verdict_format: VerdictFormat = "compact") -> Arm:
     """The quality arm name of a thinking mode and verdict format."""
     return arm_for(mode, verdict_format)
 
@@ -76,29 +76,34 @@ class ShadowSampler:
         if self.counters is not None:
             self.counters.shadow(outcome)
 
+    def draw(self, policy: ThinkingPolicy) -> bool:
+        """The shadow coin: whether this frame is one of the policy's random ``shadow_share``."""
+        return policy.shadow_share > 0 and self._rng.random() < policy.shadow_share
+
     def consider(
         self,
         policy: ThinkingPolicy,
         frame: ShapedImage,
-        live_mode: Mode,
+        live_mode: EngineMode,
         live_verdict: KeyframeVerdict,
         live_answer: EngineAnswer,
         *,
         tenant: str,
         video_id: str | None,
         verdict_format: VerdictFormat = "compact",
+        drawn: bool = False,
     ) -> bool:
         """Maybe start a shadow judgement of ``frame`` (in the live verdict's format); answers whether one was
-        started."""
-        if policy.shadow_share <= 0 or self._rng.random() >= policy.shadow_share:
+        started. ``drawn``: the caller already drew the shadow coin (:meth:`draw`) and it fell.
+        """
+        if not (drawn or self.draw(policy)):
             return False
         if not self.engines.has_spare_capacity():
             self._count("skipped_busy")
             return False
-        live = self._record(
-            frame, live_mode, verdict_format, live_verdict, live_answer, policy.version, tenant, video_id
-        )
-        other: Mode = "off" if live_mode == "on" else "on"
+        live = self._record(frame, live_mode, verdict_format, live_verdict, live_answer, policy.version,
+                            tenant, video_id, ("random", policy.shadow_share))
+        other: EngineMode = "off" if live_mode == "on" else "on"
         task = asyncio.get_running_loop().create_task(
             self._run(policy, frame, other, verdict_format, live, tenant, video_id)
         )
@@ -106,11 +111,44 @@ class ShadowSampler:
         task.add_done_callback(self._tasks.discard)
         return True
 
+    def record_pair(
+        self,
+        policy_version: int,
+        frame: ShapedImage,
+        fast: tuple[KeyframeVerdict, EngineAnswer],
+        thinking: tuple[KeyframeVerdict, EngineAnswer],
+        *,
+        tenant: str,
+        video_id: str | None,
+        selection: Selection,
+        probability: float,
+        verdict_format: VerdictFormat = "compact",
+    ) -> None:
+        """Store a thinking off/on pair the live path already made (an escalation), in the background."""
+        marks = (selection, probability)
+        records = (
+            self._record(frame, "off", verdict_format, *fast, policy_version, tenant, video_id, marks),
+            self._record(frame, "on", verdict_format, *thinking, policy_version, tenant, video_id, marks),
+        )
+        task = asyncio.get_running_loop().create_task(self._store(records))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _store(self, records: tuple[VerdictRecord, ...]) -> None:
+        try:
+            for record in records:
+                await self.store.append(record)
+        except Exception:  # a store outage must not take the gateway down: the pair is lost, and counted
+            self._count("store_error")
+            log.exception("could not store a shadow pair")
+            return
+        self._count("recorded")
+
     async def _run(
         self,
         policy: ThinkingPolicy,
         frame: ShapedImage,
-        mode: Mode,
+        mode: EngineMode,
         verdict_format: VerdictFormat,
         live: VerdictRecord,
         tenant: str,
@@ -145,26 +183,21 @@ class ShadowSampler:
             return
         parsed = parse_engine_output(answer.content, answer.reasoning, answer.finish_reason)
         verdict = with_confidence(parsed.verdicts, answer.logprobs, answer.content)[0]
-        shadow = self._record(frame, mode, verdict_format, verdict, answer, policy.version, tenant, video_id)
-        try:
-            await self.store.append(live)
-            await self.store.append(shadow)
-        except Exception:  # a store outage must not take the gateway down: the pair is lost, and counted
-            self._count("store_error")
-            log.exception("could not store a shadow pair")
-            return
-        self._count("recorded")
+        shadow = self._record(frame, mode, verdict_format, verdict, answer, policy.version, tenant, video_id,
+                              ("random", policy.shadow_share))
+        await self._store((live, shadow))
 
     def _record(
         self,
         frame: ShapedImage,
-        mode: Mode,
+        mode: EngineMode,
         verdict_format: VerdictFormat,
         verdict: KeyframeVerdict,
         answer: EngineAnswer,
         policy_version: int,
         tenant: str,
         video_id: str | None,
+        selection: tuple[Selection, float],
     ) -> VerdictRecord:
         usage = answer.usage
         return VerdictRecord(
@@ -173,7 +206,6 @@ class ShadowSampler:
             tenant=tenant,
             arm=arm_of(mode, verdict_format),
             action=verdict.action,
-            confidence=verdict.confidence,
             flagged=verdict.flagged,
             categories=list(verdict.categories),
             policy_version=policy_version,
@@ -186,6 +218,9 @@ class ShadowSampler:
             recorded_at=datetime.now(UTC),
             source="shadow",
             request_id=answer.request_id,
+            confidence=verdict.confidence if verdict.problem is None else None,
+            selection=selection[0],
+            selection_probability=selection[1],
         )
 
     async def drain(self, timeout_s: float = 30.0) -> None:

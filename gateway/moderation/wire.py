@@ -35,7 +35,8 @@ class RequestOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    thinking: Literal["on", "off"] | None = None  # honoured only where the thinking policy lets callers ask
+    # honoured only where the thinking policy lets callers ask
+    thinking: Literal["on", "off", "escalate"] | None = None
     video_id: str | None = Field(default=None, max_length=200)
     tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)
     priority: int = Field(default=0, ge=-10, le=10)
@@ -52,6 +53,17 @@ class ModerationRequest(BaseModel):
     model: str | None = None
     # --- project fields below (not in OpenAI's API) ---
     modgate: RequestOptions | None = None
+
+
+class EscalatedFrom(BaseModel):
+    """The fast (thinking-off) verdict an escalated answer replaced, and why it was asked again."""
+
+    action: Literal["allow", "review", "block"]
+    categories: list[str]
+    confidence: float | None
+    why: Literal["review", "low_confidence", "no_confidence", "category"]
+    threshold: float  # the policy's confidence threshold at the time
+    request_id: str  # the fast engine request
 
 
 class ModerationDetails(BaseModel):
@@ -80,6 +92,10 @@ class ModerationDetails(BaseModel):
     frame_sha256: str | None
     reused: Literal["exact", "near", None] = None
     request_id: str
+    # escalate mode: the fast verdict a thinking-on answer replaced, or why an unsure one was not re-asked
+    thinking_mode: Literal["on", "off", "escalate"] | None = None  # the mode the policy chose for the frame
+    escalated_from: EscalatedFrom | None = None
+    escalation_skipped: Literal["cap_share", "cap_rate", "reask_failed"] | None = None
 
 
 class ModerationResult(BaseModel):

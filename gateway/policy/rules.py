@@ -1,7 +1,9 @@
 """The thinking policy: whether the model reasons before its verdict, chosen per request.
 
 Thinking on costs ~95 output tokens per keyframe (decode-bound on the Spark, about 57 frames/min); off,
-a handful (prefill-bound, about 130 frames/min). Operators flip it at runtime; every flip is versioned.
+a handful (prefill-bound, about 130 frames/min). A third mode, ``escalate``, judges with thinking off
+first and asks again with thinking on only where the fast verdict is unsure (see
+:class:`EscalationPolicy`). Operators flip it at runtime; every flip is versioned.
 
 The document (:class:`ThinkingPolicy`) is shared by every replica and holds no runtime state; the load
 rule's hysteresis lives per replica in :class:`QueueLoad`, because each replica sees its own queue.
@@ -21,11 +23,13 @@ from typing import Any, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shaping.verdict import DEFAULT_VERDICT_FORMAT, VerdictFormat
+from shaping.verdict import DEFAULT_VERDICT_FORMAT, MODEL_CATEGORIES, VerdictFormat
 
 log = logging.getLogger("modgate.policy")
 
-Mode = Literal["on", "off"]
+Mode = Literal["on", "off", "escalate"]
+EngineMode = Literal["on", "off"]  # what one engine request does; ``escalate`` is one or two of them
+MODES: tuple[Mode, ...] = ("on", "off", "escalate")
 
 # Fields that record who changed the document, not what it decides: outside the content hash and diffs.
 BOOKKEEPING_FIELDS = frozenset({"version", "updated_at", "updated_by", "reason"})
@@ -113,6 +117,36 @@ class LoadRule(BaseModel):
         return self
 
 
+class EscalationPolicy(BaseModel):
+    """How ``escalate`` decides to ask again with thinking on, and how much of that it affords.
+
+    A fast verdict is re-asked when it says ``review``, when its confidence (the engine's probability of
+    its action) is below ``threshold`` or missing, or when it names one of ``always_categories``. The
+    caps are per replica (each replica admits to its own engine slots): at most ``max_share`` of this
+    replica's escalate-mode frames over the last ``window_s`` seconds, and at most ``max_per_minute``
+    escalations in the last minute. ``cap_applies: under_load`` holds them only while requests wait for an
+    engine slot on this replica (an idle engine re-asks every unsure frame); ``always`` holds them always.
+    A frame the cap stops answers fast and says so (``modgate.escalation_skipped``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    threshold: float = Field(default=0.85, ge=0, le=1)
+    always_categories: list[str] = Field(default_factory=lambda: ["sexual/minors"], max_length=16)
+    max_share: float | None = Field(default=0.4, gt=0, le=1)
+    max_per_minute: float | None = Field(default=None, gt=0, le=100_000)
+    window_s: float = Field(default=60.0, gt=0, le=3600)
+    cap_applies: Literal["always", "under_load"] = "under_load"
+
+    @model_validator(mode="after")
+    def _known_categories(self) -> Self:
+        unknown = sorted(set(self.always_categories) - set(MODEL_CATEGORIES))
+        if unknown:
+            raise ValueError(f"escalation.always_categories: unknown {', '.join(unknown)} "
+                             f"(the model names {', '.join(MODEL_CATEGORIES)})")
+        return self
+
+
 class ThinkingPolicy(BaseModel):
     """The policy document operators edit (``GET|PUT /admin/thinking-policy``)."""
 
@@ -131,6 +165,7 @@ class ThinkingPolicy(BaseModel):
     verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT
     rules: list[ThinkingRule] = Field(default_factory=list, max_length=100)
     load: LoadRule = Field(default_factory=LoadRule)
+    escalation: EscalationPolicy = Field(default_factory=EscalationPolicy)  # what ``escalate`` does
     updated_at: datetime | None = None
     updated_by: str | None = None
     reason: str | None = None
@@ -165,7 +200,8 @@ class RequestContext:
 
 @dataclass(frozen=True, slots=True)
 class ThinkingDecision:
-    """The mode used and the rule that chose it (``default``, ``caller``, ``rule:<name>`` or ``load``)."""
+    """The mode used and the rule that chose it (``default``, ``caller``, ``rule:<name>``, ``load`` or
+    ``escalated``); with ``escalate``, the caps are the fast ask's and ``escalation`` says what follows."""
 
     mode: Mode
     rule: str
@@ -173,6 +209,22 @@ class ThinkingDecision:
     thinking_token_budget: int | None
     policy_version: int
     verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT
+    escalation: EscalationPolicy | None = None  # set when mode is ``escalate``
+    reask: ThinkingDecision | None = None  # the thinking-on re-ask of an escalation
+
+
+def reask_decision(
+    policy: ThinkingPolicy, verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT
+) -> ThinkingDecision:
+    """The thinking-on decision an escalated frame is asked again under (in the fast ask's format)."""
+    return ThinkingDecision(
+        mode="on",
+        rule="escalated",
+        max_completion_tokens=policy.max_completion_tokens_on,
+        thinking_token_budget=policy.thinking_token_budget,
+        policy_version=policy.version,
+        verdict_format=verdict_format,
+    )
 
 
 def decide(policy: ThinkingPolicy, context: RequestContext, under_load: bool = False) -> ThinkingDecision:
@@ -197,18 +249,66 @@ def decide(policy: ThinkingPolicy, context: RequestContext, under_load: bool = F
         mode, chosen_by = policy.default_mode, "default"
     thinking = mode == "on"
     cap = policy.max_completion_tokens_on if thinking else policy.max_completion_tokens_off
+    escalating = mode == "escalate"
+    verdict_format = (
+        context.requested_format
+        if context.requested_format is not None and caller_may_choose
+        else policy.verdict_format
+    )
     return ThinkingDecision(
         mode=mode,
         rule=chosen_by,
         max_completion_tokens=cap,
         thinking_token_budget=policy.thinking_token_budget if thinking else None,
         policy_version=policy.version,
-        verdict_format=(
-            context.requested_format
-            if context.requested_format is not None and caller_may_choose
-            else policy.verdict_format
-        ),
+        verdict_format=verdict_format,
+        escalation=policy.escalation if escalating else None,
+        reask=reask_decision(policy, verdict_format) if escalating else None,
     )
+
+
+class EscalationBudget:
+    """One replica's record of escalate-mode frames, and the caps of :class:`EscalationPolicy` on it.
+
+    Per replica on purpose, like :class:`QueueLoad`: each replica spends its own engine slots.
+    """
+
+    def __init__(self, queue_depth: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> None:
+        self._queue_depth = queue_depth
+        self._clock = clock
+        self._frames: deque[tuple[float, bool]] = deque(maxlen=100_000)  # (when, escalated)
+
+    def _trim(self, horizon_s: float) -> None:
+        horizon = self._clock() - horizon_s
+        while self._frames and self._frames[0][0] < horizon:
+            self._frames.popleft()
+
+    def share(self, window_s: float) -> float | None:
+        """Escalations over escalate-mode frames in the last ``window_s`` seconds (None: no frame)."""
+        self._trim(max(window_s, 60.0))
+        horizon = self._clock() - window_s
+        recent = [escalated for when, escalated in self._frames if when >= horizon]
+        return sum(recent) / len(recent) if recent else None
+
+    def skip_reason(self, rule: EscalationPolicy) -> Literal["cap_share", "cap_rate"] | None:
+        """Why an unsure frame may not escalate now (None: it may). Call :meth:`record` either way."""
+        if rule.cap_applies == "under_load" and self._queue_depth() == 0:
+            return None
+        self._trim(max(rule.window_s, 60.0))
+        now = self._clock()
+        if rule.max_per_minute is not None:
+            last_minute = sum(escalated for when, escalated in self._frames if when >= now - 60.0)
+            if last_minute + 1 > rule.max_per_minute:
+                return "cap_rate"
+        if rule.max_share is not None:
+            window = [escalated for when, escalated in self._frames if when >= now - rule.window_s]
+            if (sum(window) + 1) / (len(window) + 1) > rule.max_share:
+                return "cap_share"
+        return None
+
+    def record(self, escalated: bool) -> None:
+        """One escalate-mode frame judged, escalated or not."""
+        self._frames.append((self._clock(), escalated))
 
 
 class QueueLoad:

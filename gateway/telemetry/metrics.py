@@ -122,6 +122,20 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        self.escalations = Counter(
+            "modgate_escalations",
+            "Fast verdicts asked again with thinking on, by why (review, low_confidence, no_confidence, "
+            "category).",
+            ["reason"],
+            registry=registry,
+        )
+        self.escalations_skipped = Counter(
+            "modgate_escalations_skipped",
+            "Unsure fast verdicts answered fast anyway, by why (cap_share, cap_rate, reask_failed).",
+            ["reason"],
+            registry=registry,
+        )
+
     def shadow(self, outcome: str) -> None:
         """Count one shadow judgement's outcome."""
         self.shadow_pairs.labels(outcome).inc()
@@ -188,6 +202,11 @@ class _WindowCollector(Collector):
             summary.thinking_share,
         )
         yield _gauge(
+            "modgate_window_escalation_share",
+            "Share of engine-judged escalate-mode keyframes asked again with thinking on (NaN: none).",
+            summary.escalation_share,
+        )
+        yield _gauge(
             "modgate_thinking_default_on",
             "1 when the thinking policy's default mode is on, else 0.",
             1.0 if self.thinking_default_on() else 0.0,
@@ -243,6 +262,9 @@ class RequestRecorder:
             image_tokens=details.image_tokens,
             completion_tokens=details.completion_tokens,
             reasoning_tokens=details.reasoning_tokens,
+            thinking_mode=details.thinking_mode,
+            escalated=details.escalated_from is not None,
+            escalation_skipped=details.escalation_skipped,
         )
         self.recent.add(sample)
         if sample.decode_s is not None:
@@ -272,6 +294,8 @@ class RequestRecorder:
                 "action": details.action,
                 "thinking": details.thinking,
                 "thinking_rule": details.thinking_rule,
+                "escalated_from": None if details.escalated_from is None else details.escalated_from.why,
+                "escalation_skipped": details.escalation_skipped,
                 "policy_version": details.policy_version,
                 "reused": details.reused,
                 "latency_ms": details.latency_ms,

@@ -55,6 +55,9 @@ class RequestSample:
     completion_tokens: int
     reasoning_tokens: int
     tenant: str = "default"  # as the caller's API key names it (never taken from the request)
+    thinking_mode: str | None = None  # what the policy chose: ``escalate`` answers ``on`` or ``off``
+    escalated: bool = False  # asked again with thinking on
+    escalation_skipped: str | None = None  # unsure, but the cap kept it fast
 
     def latency(self, name: str) -> float | None:
         """One of :data:`LATENCIES`, in seconds (None where it does not apply: reused ones never queued)."""
@@ -112,6 +115,9 @@ class WindowSummary:
     image_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    escalation_share: float | None = None  # escalated / engine-judged escalate-mode keyframes
+    escalations: int = 0
+    escalations_skipped: int = 0
 
     @property
     def cached_share(self) -> float | None:
@@ -159,6 +165,8 @@ class RecentRequests:
         """The window's figures for these samples (an empty list: a tenant with nothing in the window)."""
         covered = max(1e-9, min(self.window_s, self.clock() - self.started))
         judged = [s for s in samples if s.reused is None]
+        escalating = [s for s in judged if s.thinking_mode == "escalate"]
+        escalations = sum(s.escalated for s in escalating)
         return WindowSummary(
             window_s=self.window_s,
             covered_s=covered,
@@ -172,6 +180,9 @@ class RecentRequests:
             image_tokens=sum(s.image_tokens for s in judged),
             completion_tokens=sum(s.completion_tokens for s in judged),
             reasoning_tokens=sum(s.reasoning_tokens for s in judged),
+            escalation_share=escalations / len(escalating) if escalating else None,
+            escalations=escalations,
+            escalations_skipped=sum(s.escalation_skipped is not None for s in escalating),
         )
 
 
@@ -391,6 +402,11 @@ def stats_document(recent: RecentRequests, engine_cache: EngineCacheScraper) -> 
         "keyframes_per_minute": round(summary.keyframes_per_minute, 3),
         "thinking_share": _ratio(summary.thinking_share),
         "reused_share": _ratio(summary.reused_share),
+        "escalation": {
+            "share": _ratio(summary.escalation_share),
+            "escalated": summary.escalations,
+            "skipped_by_cap": summary.escalations_skipped,
+        },
         "latency_ms": _latency_ms(summary, LATENCIES),
         "tokens": {
             "prompt": summary.prompt_tokens,

@@ -11,8 +11,8 @@ from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import Settings
-from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
-from shaping.verdict import response_format
+from shaping.prompt import PROMPT_VERSIONS, RequestOptions, build_chat_request, load_system_prompt
+from shaping.verdict import compact_regex, response_format
 from tests.support import SimFactory, forward, image_input
 
 
@@ -69,11 +69,13 @@ def test_the_text_goes_to_the_engine_as_the_user_turn_under_the_canonical_system
         moderate(gateway, input="a calm street at noon")
     (body,) = sent
     system, user = body["messages"]
-    assert system == {"role": "system", "content": load_system_prompt().text}
+    # the policy's default verdict format is compact: its canonical prompt, its one-verdict grammar
+    assert system == {"role": "system", "content": load_system_prompt(PROMPT_VERSIONS["compact"]).text}
     assert user["role"] == "user"
     assert [part["type"] for part in user["content"]] == ["text"]
     assert "a calm street at noon" in user["content"][0]["text"]
-    assert body["response_format"] == response_format(1)  # one verdict, never "frames": []
+    assert body["structured_outputs"] == {"regex": compact_regex(1)}  # one verdict, never "frames": []
+    assert "response_format" not in body
 
 
 def test_a_request_without_images_asks_for_one_verdict() -> None:

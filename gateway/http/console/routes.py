@@ -47,7 +47,7 @@ from gateway.http.console.sessions import (
     latest_quality_headline,
 )
 from gateway.http.services import Services
-from gateway.policy.rules import AuditEntry, ThinkingPolicy
+from gateway.policy.rules import MODES, AuditEntry, ThinkingPolicy
 from gateway.telemetry.windows import stats_document
 
 log = logging.getLogger("modgate.console")
@@ -198,6 +198,9 @@ def _figures(services: Services) -> dict[str, Any]:
         "queue_wait_p50": ms("queue_wait", "p50"), "queue_wait_p95": ms("queue_wait", "p95"),
         "thinking_share": stats.get("thinking_share"),
         "reused_share": stats.get("reused_share"),
+        "escalation_share": stats.get("escalation", {}).get("share"),
+        "escalations": stats.get("escalation", {}).get("escalated", 0),
+        "escalations_skipped": stats.get("escalation", {}).get("skipped_by_cap", 0),
         "engine_hit_rate": cache.get("engine_window_hit_rate"),
         "engine_queries": cache.get("engine_window_queries"),
         "engine_block_size": cache.get("engine_block_size"),
@@ -451,9 +454,9 @@ async def console_flip_thinking(
             "Refused: this form did not come from this console session. Nothing changed; reload the page."
         ))
     mode = _field(form, "mode")
-    if mode not in ("on", "off"):
+    if mode not in MODES:
         return await _dashboard(services, operator, status=400, reason=reason,
-                                error="Choose a mode: on or off.")
+                                error="Choose a mode: on, off or escalate.")
     if not REASON_MIN <= len(reason) <= REASON_MAX:
         return await _dashboard(services, operator, status=400, reason=reason, error=(
             f"A reason ({REASON_MIN}-{REASON_MAX} characters) is required: it goes into the audit trail. "

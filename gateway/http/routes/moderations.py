@@ -18,7 +18,7 @@ from gateway.http.routes import responses
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
 from gateway.moderation.wire import ImageURLPart, ModerationRequest, ModerationResponse
-from gateway.policy.rules import Mode
+from gateway.policy.rules import MODES, Mode
 
 T = TypeVar("T")
 
@@ -85,12 +85,15 @@ async def refuse_deep_json(request: Request[Any, Any, Any]) -> None:
 
 
 def requested_mode(value: str | None) -> Mode | None:
-    """``X-Modgate-Thinking: on|off``."""
+    """``X-Modgate-Thinking: on|off|escalate``."""
     if value is None:
         return None
-    if value not in ("on", "off"):
-        raise InvalidRequest("X-Modgate-Thinking must be 'on' or 'off'", param="X-Modgate-Thinking")
-    return "on" if value == "on" else "off"
+    for mode in MODES:
+        if value == mode:
+            return mode
+    raise InvalidRequest(
+        "X-Modgate-Thinking must be 'on', 'off' or 'escalate'", param="X-Modgate-Thinking"
+    )
 
 
 @post(

@@ -1,0 +1,337 @@
+"""The escalation rule and how to pick its threshold from an unbiased sample of thinking on/off pairs.
+
+A keyframe is judged fast (thinking off) first and asked again with thinking on when the fast verdict is
+unsure: its action is ``review``, its confidence (the engine's probability of that action) is below a
+threshold, or it names a category the policy always escalates. :func:`escalation_reason` is that rule,
+for the gateway and for this module alike.
+
+Which threshold? Escalated frames answer with thinking on, so at a threshold ``t`` the answer agrees with
+thinking on on every escalated frame and, on the others, wherever the fast verdict already did. Both the
+share escalated and that agreement are means over *all* live frames, so they must be estimated from a
+sample that represents all of them: the random shadow pairs (each records the fast verdict's confidence),
+or every pair weighted by the inverse of its chance of having been paired (escalated frames are always
+paired, the others only by the shadow share). Escalation pairs on their own are the unsure frames only
+and would make thinking off look far worse than it is.
+
+Intervals resample whole videos (frames of one video are correlated) and are joined with a Wilson
+interval on the Kish effective sample size, as elsewhere in the report. Plain CPU work: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel
+
+from quality.records import PairedRecord
+from quality.stats import wilson_interval
+
+__all__ = [
+    "ESCALATION_REASONS",
+    "EscalationReason",
+    "EscalationSample",
+    "Estimate",
+    "ThresholdRow",
+    "ThresholdSection",
+    "escalation_reason",
+    "same_verdict",
+    "threshold_section",
+    "weighted_auroc",
+]
+
+EscalationReason = Literal["review", "low_confidence", "no_confidence", "category"]
+ESCALATION_REASONS: tuple[EscalationReason, ...] = ("review", "low_confidence", "no_confidence", "category")
+EscalationSample = Literal["random", "ipw"]
+
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+
+
+def escalation_reason(
+    action: str,
+    categories: Collection[str],
+    confidence: float | None,
+    threshold: float,
+    always: Collection[str] = (),
+) -> EscalationReason | None:
+    """Why a fast verdict is re-asked with thinking on, or None when it stands.
+
+    A verdict without a confidence (the engine gave no probabilities) cannot show it is sure: it escalates.
+    A threshold of 1 escalates every frame (logprobs round a near-certain answer to exactly 1).
+    """
+    if action == "review":
+        return "review"
+    if any(category in always for category in categories):
+        return "category"
+    if confidence is None:
+        return "no_confidence"
+    if confidence < threshold or threshold >= 1:
+        return "low_confidence"
+    return None
+
+
+def same_verdict(
+    action: str, categories: Collection[str], other_action: str, other_categories: Collection[str]
+) -> bool:
+    """Two verdicts agree when the action is the same and, for a block, so are the categories."""
+    if action != other_action:
+        return False
+    return action != "block" or set(categories) == set(other_categories)
+
+
+class Estimate(BaseModel):
+    """A share with its interval (the union of the video bootstrap and Wilson on the effective n)."""
+
+    value: float
+    low: float
+    high: float
+
+
+class ThresholdRow(BaseModel):
+    """One threshold: the share of frames it escalates and how often the answer agrees with thinking on."""
+
+    threshold: float
+    escalated: Estimate
+    agreement: Estimate
+    recovered: float | None  # share of thinking off's disagreements that this threshold re-asks
+
+
+class ThresholdSection(BaseModel):
+    """The weekly report's threshold section."""
+
+    sample: EscalationSample
+    pairs: int
+    videos: int
+    effective_pairs: float
+    escalation_pairs: int  # pairs chosen because they escalated (used only with inverse-probability weights)
+    without_confidence: int  # fast verdicts with no confidence: they always escalate
+    always_escalate: list[str]
+    target_agreement: float
+    disagreement: Estimate  # thinking off alone against thinking on
+    auroc: Estimate | None  # low confidence against disagreement; None when one class is missing
+    rows: list[ThresholdRow]
+    recommended: ThresholdRow | None
+    recommendation: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Frames:
+    """The sample as arrays: each pair's fast verdict, whether it disagrees, its weight and its video."""
+
+    confidence: FloatArray  # NaN where the fast verdict has none
+    forced: BoolArray  # escalates at any threshold (review, an always-escalated category, no confidence)
+    disagree: BoolArray
+    weight: FloatArray
+    video: NDArray[np.int64]
+
+    @property
+    def size(self) -> int:
+        return int(self.weight.size)
+
+
+def _select(
+    pairs: Sequence[PairedRecord], sample: EscalationSample, always: Collection[str]
+) -> tuple[_Frames, int, int]:
+    """The pairs the estimate may use, and counts of escalation pairs and of verdicts without confidence."""
+    confidence, forced, disagree, weight, videos = [], [], [], [], []
+    escalation_pairs = without = 0
+    codes: dict[str, int] = {}
+    for index, pair in enumerate(pairs):
+        fast, thinking = pair.candidate, pair.reference
+        if fast.selection == "escalation":
+            escalation_pairs += 1
+            if sample == "random":
+                continue
+        probability = fast.selection_probability if sample == "ipw" else None
+        weight.append(1.0 / probability if probability else 1.0)
+        reason = escalation_reason(fast.action, fast.categories, fast.confidence, math.inf, always)
+        without += fast.confidence is None
+        forced.append(reason in ("review", "category", "no_confidence"))
+        confidence.append(math.nan if fast.confidence is None else fast.confidence)
+        disagree.append(not same_verdict(fast.action, fast.categories, thinking.action, thinking.categories))
+        key = f"v:{pair.video_id}" if pair.video_id is not None else f"f:{index}"
+        videos.append(codes.setdefault(key, len(codes)))
+    frames = _Frames(
+        confidence=np.asarray(confidence, dtype=np.float64),
+        forced=np.asarray(forced, dtype=np.bool_),
+        disagree=np.asarray(disagree, dtype=np.bool_),
+        weight=np.asarray(weight, dtype=np.float64),
+        video=np.asarray(videos, dtype=np.int64),
+    )
+    return frames, escalation_pairs, without
+
+
+def _escalated(frames: _Frames, thresholds: FloatArray) -> BoolArray:
+    """(frames, thresholds): which frames escalate at each threshold."""
+    below = np.nan_to_num(frames.confidence, nan=-1.0)[:, None] < thresholds[None, :]
+    everything = (thresholds >= 1)[None, :]  # as escalation_reason: a threshold of 1 escalates every frame
+    return np.asarray(frames.forced[:, None] | below | everything, dtype=np.bool_)
+
+
+def weighted_auroc(score: FloatArray, positive: BoolArray, weights: FloatArray) -> FloatArray:
+    """AUROC of ``score`` for ``positive`` under each row of ``weights`` (resamples × frames); ties count ½.
+
+    The weighted Mann-Whitney statistic: the chance that a positive frame scores above a negative one.
+    NaN for a row whose weights leave one class empty.
+    """
+    values, rank = np.unique(score, return_inverse=True)
+    levels = values.size
+    weights = np.atleast_2d(weights)
+    pos = np.stack([np.bincount(rank, w * positive, minlength=levels) for w in weights])
+    neg = np.stack([np.bincount(rank, w * ~positive, minlength=levels) for w in weights])
+    below = np.cumsum(neg, axis=1) - neg  # negative weight strictly below each level
+    wins = np.sum(pos * (below + 0.5 * neg), axis=1)
+    total = pos.sum(axis=1) * neg.sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.asarray(np.where(total > 0, wins / total, np.nan), dtype=np.float64)
+
+
+def _estimate(
+    value: float, boot: FloatArray, weight: FloatArray, confidence: float, *, wilson: bool = True
+) -> Estimate:
+    """The point value with the union of its bootstrap percentile and Wilson (effective n) intervals."""
+    tail = (1 - confidence) / 2
+    finite = boot[np.isfinite(boot)]
+    low, high = (
+        (value, value)
+        if finite.size == 0
+        else (float(np.quantile(finite, tail)), float(np.quantile(finite, 1 - tail)))
+    )
+    if wilson:
+        n_eff = float(weight.sum() ** 2 / np.sum(weight**2))
+        n = max(1, round(n_eff))
+        k = min(n, max(0, round(value * n)))
+        interval = wilson_interval(k, n, confidence)
+        low, high = min(low, interval.low), max(high, interval.high)
+    return Estimate(value=value, low=max(0.0, min(low, value)), high=min(1.0, max(high, value)))
+
+
+def default_thresholds(confidence: FloatArray) -> FloatArray:
+    """A fixed grid, plus the confidences that escalate 1 %, 2 %, …, 40 % of the sample."""
+    grid = [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99]
+    known = confidence[np.isfinite(confidence)]
+    if known.size:
+        grid += [round(float(q), 3) for q in np.quantile(known, np.linspace(0.01, 0.40, 40))]
+    return np.asarray(sorted({t for t in grid if 0 < t <= 1}), dtype=np.float64)
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f} %"
+
+
+def _recommend(rows: list[ThresholdRow], target: float) -> tuple[ThresholdRow | None, str]:
+    """The lowest threshold whose agreement interval clears the target (else whose estimate reaches it)."""
+
+    def line(row: ThresholdRow) -> str:
+        return (
+            f"escalate below {row.threshold:.3g}: {row.escalated.value * 100:.0f} % escalated, agreement "
+            f"{_pct(row.agreement.value)} [{row.agreement.low * 100:.1f}, {row.agreement.high * 100:.1f}]"
+        )
+
+    cleared = [row for row in rows if row.agreement.low >= target]
+    if cleared:
+        return cleared[0], line(cleared[0]) + f" (the interval clears {_pct(target)})."
+    reached = [row for row in rows if row.agreement.value >= target]
+    if reached:
+        return reached[0], (
+            line(reached[0]) + f"; the interval does not yet clear {_pct(target)}: more random pairs "
+            "would settle it."
+        )
+    if not rows:
+        return None, "No thresholds to judge."
+    best = rows[-1]
+    return None, (
+        f"No threshold up to {best.threshold:.3g} reaches {_pct(target)} agreement ({line(best)}): "
+        "keep thinking on, or escalate more categories."
+    )
+
+
+def threshold_section(
+    pairs: Sequence[PairedRecord],
+    *,
+    sample: EscalationSample = "random",
+    always: Collection[str] = ("sexual/minors",),
+    target: float = 0.99,
+    thresholds: Sequence[float] | None = None,
+    resamples: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> ThresholdSection | None:
+    """Agreement with thinking on against the share escalated, per threshold; None without usable pairs.
+
+    ``pairs``: thinking on as reference, thinking off (the fast verdict, with its confidence) as
+    candidate. ``sample="random"`` uses only pairs not chosen by escalation (random shadow pairs and
+    offline runs), unweighted; ``"ipw"`` uses every pair weighted by 1 / its ``selection_probability``.
+    """
+    frames, escalation_pairs, without = _select(pairs, sample, set(always))
+    if frames.size == 0:
+        return None
+    grid = (
+        np.asarray(sorted(set(thresholds)), dtype=np.float64)
+        if thresholds is not None
+        else default_thresholds(frames.confidence)
+    )
+    escalated = _escalated(frames, grid)
+    agree = escalated | ~frames.disagree[:, None]
+    w = frames.weight
+    _, cluster = np.unique(frames.video, return_inverse=True)
+    n_videos = int(cluster.max()) + 1
+    per_video = np.zeros((n_videos, 1 + 2 * grid.size + 1))
+    columns = np.hstack(
+        [w[:, None], w[:, None] * escalated, w[:, None] * agree, (w * frames.disagree)[:, None]]
+    )
+    np.add.at(per_video, cluster, columns)
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(n_videos, np.full(n_videos, 1 / n_videos), size=resamples).astype(np.float64)
+    resampled = draws @ per_video
+    observed = per_video.sum(axis=0)
+    t = grid.size
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot_escalated = resampled[:, 1 : 1 + t] / resampled[:, :1]
+        boot_agree = resampled[:, 1 + t : 1 + 2 * t] / resampled[:, :1]
+        boot_disagree = resampled[:, -1] / resampled[:, 0]
+    total = observed[0]
+    disagree_weight = float(np.sum(w * frames.disagree))
+    rows = []
+    for column, threshold in enumerate(grid):
+        recovered = (
+            float(np.sum(w * (frames.disagree & escalated[:, column]))) / disagree_weight
+            if disagree_weight > 0
+            else None
+        )
+        rows.append(
+            ThresholdRow(
+                threshold=float(threshold),
+                escalated=_estimate(observed[1 + column] / total, boot_escalated[:, column], w, confidence),
+                agreement=_estimate(observed[1 + t + column] / total, boot_agree[:, column], w, confidence),
+                recovered=recovered,
+            )
+        )
+    auroc: Estimate | None = None
+    if frames.disagree.any() and not frames.disagree.all():
+        score = -np.nan_to_num(frames.confidence, nan=-1.0)  # lower confidence: more likely to disagree
+        point = float(weighted_auroc(score, frames.disagree, w[None, :])[0])
+        frame_draws = draws[: min(resamples, 400), cluster] * w[None, :]
+        boot = weighted_auroc(score, frames.disagree, frame_draws)
+        auroc = _estimate(point, boot, w, confidence, wilson=False)
+    recommended, text = _recommend(rows, target)
+    return ThresholdSection(
+        sample=sample,
+        pairs=frames.size,
+        videos=n_videos,
+        effective_pairs=round(float(w.sum() ** 2 / np.sum(w**2)), 1),
+        escalation_pairs=escalation_pairs,
+        without_confidence=without,
+        always_escalate=sorted(always),
+        target_agreement=target,
+        disagreement=_estimate(disagree_weight / total, boot_disagree, w, confidence),
+        auroc=auroc,
+        rows=rows,
+        recommended=recommended,
+        recommendation=text[0].upper() + text[1:],
+    )
