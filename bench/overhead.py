@@ -18,6 +18,7 @@ which is as much as the overhead measured and competes for the same cores. ``--e
 ``modgate engine-sim --preset instant --time-scale 0`` instead.
 
     python -m bench.overhead [--requests 600] [--concurrency 1 8 64] [--json docs/bench/overhead.json]
+    python -m bench.overhead --workers 2 4 --redis-url redis://127.0.0.1:6379/14   # worker scaling
 """
 
 from __future__ import annotations
@@ -244,15 +245,21 @@ def summarize(results: dict[int, dict[str, ArmRun]]) -> dict[str, Any]:
             if base is not None and arm != "engine":
                 row["added_p50_ms"] = row["p50_ms"] - base["p50_ms"]
                 row["added_p99_ms"] = row["p99_ms"] - base["p99_ms"]
-        ratios: dict[str, float] = {}
-        if "modgate" in figures and "litellm" in figures and base is not None:
-            mod, lite = figures["modgate"], figures["litellm"]
-            ratios = {
-                "added_p50": _ratio(mod["added_p50_ms"], lite["added_p50_ms"]),
-                "added_p99": _ratio(mod["added_p99_ms"], lite["added_p99_ms"]),
-                "rps": _ratio(mod["rps"], lite["rps"]),
-            }
-        table[str(concurrency)] = {"arms": figures, "modgate_over_litellm": ratios}
+        over: dict[str, dict[str, float]] = {}
+        if "litellm" in figures and base is not None:
+            lite = figures["litellm"]
+            for arm, mod in figures.items():
+                if arm.startswith("modgate"):
+                    over[arm] = {
+                        "added_p50": _ratio(mod["added_p50_ms"], lite["added_p50_ms"]),
+                        "added_p99": _ratio(mod["added_p99_ms"], lite["added_p99_ms"]),
+                        "rps": _ratio(mod["rps"], lite["rps"]),
+                    }
+        table[str(concurrency)] = {
+            "arms": figures,
+            "modgate_over_litellm": over.get("modgate", {}),
+            "over_litellm": over,
+        }
     return table
 
 
@@ -271,6 +278,20 @@ def print_markdown(table: dict[str, Any]) -> None:
               f"{lite['added_p50_ms']:,.1f} / {lite['added_p99_ms']:,.1f} | "
               f"{ratios['added_p50']:.2f} / {ratios['added_p99']:.2f} | "
               f"{engine['rps']:,.0f} / {mod['rps']:,.0f} / {lite['rps']:,.0f} |")
+    first: dict[str, Any] = next(iter(table.values()), {"arms": {}})
+    scaled = [arm for arm in first["arms"] if arm.startswith("modgate:workers")]
+    if not scaled:
+        return
+    names = ["modgate", *scaled]
+    print("\n| clients | " + " | ".join(f"{name} req/s (÷ LiteLLM)" for name in names)
+          + " | " + " | ".join(f"{name} added p50 ms" for name in names) + " |\n"
+          + "| --- " * (1 + 2 * len(names)) + "|")
+    for concurrency, entry in table.items():
+        arms, over = entry["arms"], entry["over_litellm"]
+        rates = [f"{arms[name]['rps']:,.0f} ({over.get(name, {}).get('rps', float('nan')):.2f}×)"
+                 for name in names]
+        added = [f"{arms[name]['added_p50_ms']:.1f}" for name in names]
+        print(f"| {concurrency} | " + " | ".join(rates + added) + " |")
 
 
 def print_table(table: dict[str, Any]) -> None:
@@ -284,9 +305,8 @@ def print_table(table: dict[str, Any]) -> None:
             errors = f"   {row['errors']:.0f} errors" if row["errors"] else ""
             print(f"{concurrency:>7}  {arm:<16}{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['rps']:>9.1f}"
                   f"{added}{errors}")
-        ratios = entry["modgate_over_litellm"]
-        if ratios:
-            print(f"{'':>7}  modgate/litellm: added p50 {ratios['added_p50']:.2f}x, added p99 "
+        for arm, ratios in entry["over_litellm"].items():
+            print(f"{'':>7}  {arm}/litellm: added p50 {ratios['added_p50']:.2f}x, added p99 "
                   f"{ratios['added_p99']:.2f}x, req/s {ratios['rps']:.2f}x")
 
 
@@ -313,6 +333,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             urls["modgate"] = stack.enter_context(
                 gateway(engine_url, **gateway_environment(extra_env))
             )
+        for workers in args.workers:  # modgate with N uvicorn worker processes (state in Redis)
+            scaled_env = {**extra_env, "MODGATE_WORKERS": str(workers), "MODGATE_REDIS_URL": args.redis_url}
+            urls[f"modgate:workers-{workers}"] = stack.enter_context(
+                gateway(engine_url, **gateway_environment(scaled_env))
+            )
         for label, *settings in args.variant:  # modgate again, with other settings, as arms of their own
             urls[f"modgate:{label}"] = stack.enter_context(gateway(engine_url, **gateway_environment(
                 {**extra_env, **dict(item.split("=", 1) for item in settings)}
@@ -335,6 +360,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "litellm": LITELLM_VERSION,
             "litellm_workers": args.litellm_workers,
             "gateway_env": extra_env,
+            "workers": [1, *args.workers] if "modgate" in args.arms else args.workers,
             "cpus": os.cpu_count(),
             "load_before": [round(x, 2) for x in load_before],
             "load_after": [round(x, 2) for x in os.getloadavg()],
@@ -361,9 +387,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="LABEL KEY=VALUE",
                         help="another modgate arm with these settings, "
                              "e.g. --variant redis MODGATE_REDIS_URL=redis://127.0.0.1:6379/14")
+    parser.add_argument("--workers", type=int, nargs="+", default=[], metavar="N",
+                        help="also modgate with N worker processes, one arm per N (needs --redis-url)")
+    parser.add_argument("--redis-url", default=os.environ.get("MODGATE_BENCH_REDIS_URL", ""),
+                        help="Redis for the --workers arms (default $MODGATE_BENCH_REDIS_URL); "
+                             "it holds their shared state")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
     args = parser.parse_args(argv)
+    if any(workers < 2 for workers in args.workers):
+        parser.error("--workers takes counts of 2 or more (the plain modgate arm has 1)")
+    if args.workers and not args.redis_url:
+        parser.error("--workers needs --redis-url (or MODGATE_BENCH_REDIS_URL): modgate refuses to run "
+                     "more than one worker without Redis")
     report = run(args)
     setup = report["setup"]
     print(f"engine: {setup['engine']}; frame {setup['frame']} ({setup['image_tokens']} image tokens), "

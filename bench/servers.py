@@ -34,11 +34,13 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout_s: floa
 
 
 @contextlib.contextmanager
-def process(args: list[str], ready_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
+def process(
+    args: list[str], ready_url: str, env: dict[str, str] | None = None, ready_timeout_s: float = 60
+) -> Iterator[None]:
     """Run a server process until the block ends."""
     proc = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL)
     try:
-        wait_until_ready(ready_url, proc)
+        wait_until_ready(ready_url, proc, ready_timeout_s)
         yield
     finally:
         proc.terminate()
@@ -76,7 +78,11 @@ def gateway(engine_url: str, **env: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port)]
+    # Worker processes each import the gateway (seconds apiece on a busy machine) before it is ready.
     with process(
-        args, f"{url}/readyz", {"MODGATE_ENGINE_URL": engine_url, "MODGATE_LOG_LEVEL": "warning", **env}
+        args,
+        f"{url}/readyz",
+        {"MODGATE_ENGINE_URL": engine_url, "MODGATE_LOG_LEVEL": "warning", **env},
+        ready_timeout_s=60 * max(1, int(env.get("MODGATE_WORKERS", "1"))),
     ):
         yield url

@@ -351,7 +351,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             def statuses() -> dict[str, str]:
                 found = {job_id: state.hget(RedisJobStore.job_key(job_id), "status")
                          for job_id in tally.jobs.values()}
-                return {job_id: (status or b"missing").decode() for job_id, status in found.items()}
+                return {
+                    job_id: status.decode() if isinstance(status, bytes) else str(status or "missing")
+                    for job_id, status in found.items()
+                }
 
             while time.monotonic() < drain_deadline:
                 final = statuses()

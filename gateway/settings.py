@@ -53,6 +53,48 @@ class AdmissionSettings(BaseModel):
 
     queue_size: int = Field(default=256, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0)
+    # "tenant": each tenant its weighted share of engine work (and of the shaping threads); "fifo": one
+    # shared queue, priority then arrival (docs/tenants.md)
+    fairness: Literal["tenant", "fifo"] = "tenant"
+
+
+def _tenant_numbers(value: object) -> object:
+    """``"tenant-a=2,tenant-b=0.5"`` from the environment, or a mapping as given."""
+    if not isinstance(value, str):
+        return value
+    numbers: dict[str, str] = {}
+    for item in value.split(","):
+        if not item.strip():
+            continue
+        tenant, sep, number = item.strip().rpartition("=")
+        if not sep or not tenant.strip():
+            raise ValueError(f"expected 'tenant=number' items separated by commas, got {item.strip()!r}")
+        numbers[tenant.strip()] = number.strip()
+    return numbers
+
+
+TenantWeights = Annotated[dict[str, Annotated[float, Field(gt=0, le=1000)]], NoDecode,
+                          BeforeValidator(_tenant_numbers)]
+TenantCounts = Annotated[dict[str, Annotated[int, Field(ge=0)]], NoDecode, BeforeValidator(_tenant_numbers)]
+
+
+class TenantSettings(BaseModel):
+    """Per-tenant weights and quotas (``MODGATE_TENANTS__*``); ``modgate tenants set`` keeps them in Redis.
+
+    A tenant is whatever the API keys name (``MODGATE_API_KEYS``, ``modgate keys add``); without keys there
+    is one tenant, ``default``. A value in Redis overrides the settings' for that tenant. Quota 0: none.
+    """
+
+    weights: TenantWeights = Field(default_factory=dict)  # "a=2,b=1": a's share of work is twice b's
+    default_weight: float = Field(default=1.0, gt=0, le=1000)
+    keyframes_per_minute: TenantCounts = Field(default_factory=dict)  # "a=600,b=60"
+    default_keyframes_per_minute: int = Field(default=0, ge=0)
+    max_concurrent: TenantCounts = Field(default_factory=dict)  # moderation requests at once, per replica
+    default_max_concurrent: int = Field(default=0, ge=0)
+    # One output token's engine time in prompt tokens (prefill ~3,000 tok/s, decode ~105 tok/s on the Spark)
+    output_token_weight: float = Field(default=28.0, ge=0, le=1000)
+    redis_key: str = Field(default="modgate:tenants", min_length=1)  # hash: tenant -> JSON limits
+    reload_interval_s: float = Field(default=5.0, gt=0)  # how often Redis-held tenants are read again
 
 
 class ShapingSettings(BaseModel):
@@ -289,6 +331,7 @@ class Settings(BaseSettings):
     console: ConsoleSettings = ConsoleSettings()
     leases: LeaseSettings = LeaseSettings()
     quality: QualitySettings = QualitySettings()
+    tenants: TenantSettings = TenantSettings()
 
     @field_validator("engine_url")
     @classmethod

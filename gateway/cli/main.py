@@ -6,6 +6,7 @@ import base64
 import json
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from gateway.cli.policy import policy_app
 from gateway.cli.prefix import plan as cache_plan
 from gateway.cli.stats import stats
 from gateway.http.keys_store import keys_app
+from gateway.http.tenants import tenants_app
 from quality.cli import quality_app
 
 if TYPE_CHECKING:
@@ -43,6 +45,7 @@ app.command("engine-cpu", help="Install, build and serve the real vLLM CPU engin
 cache_app.command("plan")(cache_plan)  # beside `cache probe`: what the prefix cache can ever reuse
 app.add_typer(cache_app, name="cache")
 app.add_typer(keys_app, name="keys")
+app.add_typer(tenants_app, name="tenants")
 app.command("stats")(stats)
 app.add_typer(quality_app, name="quality")
 
@@ -153,6 +156,8 @@ def serve(
         )
     # JSON logs: uvicorn keeps no handlers of its own, so its lines reach the JSON formatter too.
     log_config = None if settings.telemetry.json_logs else uvicorn.config.LOGGING_CONFIG
+    if workers > 1:
+        _spawn_without_main_module()
     with engine_settings(settings) as served:
         if workers > 1 and served.engine_url:
             os.environ["MODGATE_ENGINE_URL"] = served.engine_url  # worker processes read the environment
@@ -164,11 +169,29 @@ def serve(
             log_level=served.log_level,
             workers=workers,
             factory=workers > 1,
+            # A worker must answer uvicorn's health check within this while it starts: importing the
+            # gateway (OpenCV, scipy, OpenTelemetry, ...) takes 2 s on an idle core and over 10 s on a busy
+            # one, and the default 5 s had workers killed and restarted in a loop.
+            timeout_worker_healthcheck=60,
             access_log=False,
             loop="uvloop",
             http="httptools",
             log_config=log_config,
         )
+
+
+def _spawn_without_main_module() -> None:
+    """Have uvicorn's spawned workers import the gateway only after they answer its health checks.
+
+    A spawned process first re-imports the parent's main module (this one: the whole command line) and
+    only then starts the thread that answers the supervisor's pings; on a busy machine that import outlasts
+    the health check and the workers are killed and respawned in a loop. Without a main module to re-import,
+    each worker imports the app in ``served_app``, with its ping thread already running.
+    """
+    main_module = sys.modules["__main__"]
+    main_module.__spec__ = None
+    if hasattr(main_module, "__file__"):
+        del main_module.__file__
 
 
 @app.command("engine-sim")

@@ -1,9 +1,20 @@
-"""Admission in front of the engine: at most N requests in flight, a bounded priority queue with deadlines.
+"""Admission in front of the engine: at most N requests in flight, a bounded queue with deadlines, shared
+fairly between tenants.
 
 The engine runs ``max-num-seqs`` sequences at once; anything more waits inside the engine where the gateway
 can neither prioritise nor shed it. So the gateway keeps the wait on its side: a slot per engine sequence,
-the rest queued by priority (lower first, then arrival), refused with 429 when the queue is full or a
-request's deadline passes before a slot frees.
+the rest queued, refused with 429 when the queue is full or a request's deadline passes before a slot frees.
+
+Who gets a freed slot (``fairness="tenant"``, the default): each tenant waits in a queue of its own, ordered
+by the request's priority (lower first: live before background, escalation re-asks before new asks), then
+arrival. Between tenants the slot goes to the backlogged tenant with the least work served per weight
+(gateway/engine/fairness.py): work is the call's estimated engine time, corrected by its real usage at
+the end.
+A request's priority orders only its own tenant's queue: the caller sets it, so it cannot buy a larger
+share. ``fairness="fifo"`` is one shared queue (priority, then arrival), as before tenants were counted.
+
+A full queue refuses the tenant holding the most places (per weight): a newcomer from a smaller tenant
+pushes out that tenant's last waiter (429 ``queue_full``) instead of being refused itself.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from gateway.engine.fairness import SHARED_FLOW, Fairness, FairShare, Weight, Work
 from gateway.errors import Overloaded
 
 
@@ -25,6 +37,16 @@ class _Waiter:
     priority: int
     order: int
     future: asyncio.Future[None] = field(compare=False)
+    work: Work | None = field(compare=False, default=None)
+
+
+@dataclass
+class _Flow:
+    """One tenant's waiters and calls in flight."""
+
+    waiters: list[_Waiter] = field(default_factory=list)  # a heap: (priority, arrival)
+    inflight: int = 0
+    granted: int = 0  # slots given since start
 
 
 def _granted(future: asyncio.Future[None]) -> bool:
@@ -32,30 +54,65 @@ def _granted(future: asyncio.Future[None]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
 
 
+@dataclass(slots=True)
+class Ticket:
+    """What a granted slot was charged to: a tenant, and the work charged so far."""
+
+    flow: str
+    charged: float
+
+
 @dataclass(frozen=True, slots=True)
 class Admission:
     """A granted slot and how long it took to get it."""
 
     queue_seconds: float
+    ticket: Ticket = field(default_factory=lambda: Ticket(SHARED_FLOW, 0.0))
+
+
+@dataclass(frozen=True, slots=True)
+class FlowFigures:
+    """One tenant as the admission queue sees it now."""
+
+    queued: int
+    inflight: int
+    granted: int
+    work_served: float  # prompt-token equivalents charged since start (real usage where known)
+    weight: float
 
 
 class AdmissionQueue:
     """``max_inflight`` slots; up to ``queue_size`` waiters, each with its own deadline."""
 
-    def __init__(self, max_inflight: int, queue_size: int, queue_timeout_s: float) -> None:
+    def __init__(
+        self,
+        max_inflight: int,
+        queue_size: int,
+        queue_timeout_s: float,
+        *,
+        fairness: Fairness = "tenant",
+        weight: Weight = lambda _tenant: 1.0,
+    ) -> None:
         self.max_inflight = max_inflight
         self.queue_size = queue_size
         self.queue_timeout_s = queue_timeout_s
+        self.fairness = fairness
+        self.share = FairShare(weight)
         self.inflight = 0
         self.peak_inflight = 0
-        self._waiters: list[_Waiter] = []
+        self.queued = 0  # requests waiting for a slot
+        self._flows: dict[str, _Flow] = {}
         self._order = itertools.count()
         self._service_ewma_s = 1.0  # smoothed slot hold time, for Retry-After
 
-    @property
-    def queued(self) -> int:
-        """Requests waiting for a slot."""
-        return sum(1 for w in self._waiters if not w.future.done())
+    def _flow_name(self, work: Work | None) -> str:
+        return SHARED_FLOW if work is None or self.fairness == "fifo" else work.tenant
+
+    def _flow(self, name: str) -> _Flow:
+        return self._flows.setdefault(name, _Flow())
+
+    def _backlogged(self) -> list[str]:
+        return [name for name, flow in self._flows.items() if flow.waiters]
 
     def has_spare_capacity(self) -> bool:
         """A free slot and nobody waiting: what background (shadow) work may use."""
@@ -66,30 +123,82 @@ class AdmissionQueue:
         backlog = self.queued + 1
         return max(1, math.ceil(self._service_ewma_s * backlog / max(1, self.max_inflight)))
 
-    def _take(self) -> None:
+    def figures(self) -> dict[str, FlowFigures]:
+        """Each tenant seen since start: waiting, in flight, slots granted, work served (``fifo``: "")."""
+        return {
+            name: FlowFigures(len(flow.waiters), flow.inflight, flow.granted,
+                              self.share.served.get(name, 0.0), self.share.weight(name))
+            for name, flow in self._flows.items()
+        }
+
+    def _grant(self, name: str, work: Work | None) -> Ticket:
+        """Take a slot for ``name`` and charge it the call's estimated work."""
         self.inflight += 1
         self.peak_inflight = max(self.peak_inflight, self.inflight)
+        flow = self._flow(name)
+        flow.inflight += 1
+        flow.granted += 1
+        cost = 0.0 if work is None else work.cost
+        self.share.charge(name, cost)
+        return Ticket(name, cost)
 
-    async def acquire(self, priority: int = 0, timeout_s: float | None = None) -> Admission:
-        """Wait for a slot; raises :class:`Overloaded` when the queue is full or the deadline passes."""
+    def _overflow(self, name: str) -> Overloaded | None:
+        """When the queue is full: the refusal for the newcomer, or None once another's waiter made room."""
+        full = Overloaded(
+            f"{self.inflight} requests in flight and {self.queued} queued: the queue is full",
+            retry_after=self.retry_after_s(),
+            code="queue_full",
+        )
+        if self.fairness == "fifo" or self.queued == 0:
+            return full
+
+        def places(flow: str) -> float:
+            return len(self._flows[flow].waiters) / max(1e-6, self.share.weight(flow))
+
+        largest = max(self._backlogged(), key=places)
+        newcomer = (len(self._flow(name).waiters) + 1) / max(1e-6, self.share.weight(name))
+        if largest == name or places(largest) <= newcomer:
+            return full
+        waiters = self._flows[largest].waiters
+        victim = max(waiters)  # that tenant's least urgent, newest waiter
+        waiters.remove(victim)
+        heapq.heapify(waiters)
+        self.queued -= 1
+        victim.future.set_exception(full)
+        return None
+
+    async def acquire(
+        self, priority: int = 0, timeout_s: float | None = None, work: Work | None = None
+    ) -> Admission:
+        """Wait for a slot; raises :class:`Overloaded` when the queue is full or the deadline passes.
+
+        ``work``: the tenant and the call's expected work (None: the shared flow, charged nothing).
+        """
         started = time.monotonic()
+        name = self._flow_name(work)
         if self.inflight < self.max_inflight and self.queued == 0:
-            self._take()
-            return Admission(0.0)
+            self.share.arrive(name, ())
+            return Admission(0.0, self._grant(name, work))
         if self.queued >= self.queue_size:
-            raise Overloaded(
-                f"{self.inflight} requests in flight and {self.queued} queued: the queue is full",
-                retry_after=self.retry_after_s(),
-                code="queue_full",
+            refusal = self._overflow(name) if self.queue_size > 0 else Overloaded(
+                "the queue holds no request", retry_after=self.retry_after_s(), code="queue_full"
             )
-        waiter = _Waiter(priority, next(self._order), asyncio.get_running_loop().create_future())
-        heapq.heappush(self._waiters, waiter)
+            if refusal is not None:
+                raise refusal
+        flow = self._flow(name)
+        if not flow.waiters:
+            self.share.arrive(name, self._backlogged())
+        waiter = _Waiter(priority, next(self._order), asyncio.get_running_loop().create_future(), work)
+        heapq.heappush(flow.waiters, waiter)
+        self.queued += 1
         try:
             async with asyncio.timeout(timeout_s if timeout_s is not None else self.queue_timeout_s):
                 await waiter.future
         except TimeoutError:
             if _granted(waiter.future):
-                self.release(0.0)  # the slot was handed over just as the deadline passed: give it back
+                self.release(0.0, self._ticket_of(waiter))  # handed over just as the deadline passed
+            else:
+                self._leave(name, waiter)
             raise Overloaded(
                 f"no engine slot freed within {timeout_s or self.queue_timeout_s:g} s",
                 retry_after=self.retry_after_s(),
@@ -97,32 +206,58 @@ class AdmissionQueue:
             ) from None
         except asyncio.CancelledError:
             if _granted(waiter.future):
-                self.release(0.0)
+                self.release(0.0, self._ticket_of(waiter))
             else:
+                self._leave(name, waiter)
                 waiter.future.cancel()
             raise
-        return Admission(time.monotonic() - started)
+        return Admission(time.monotonic() - started, self._ticket_of(waiter))
+
+    def _ticket_of(self, waiter: _Waiter) -> Ticket:
+        return Ticket(self._flow_name(waiter.work), 0.0 if waiter.work is None else waiter.work.cost)
+
+    def _leave(self, name: str, waiter: _Waiter) -> None:
+        """A waiter gives up (deadline, cancelled) before it got a slot."""
+        waiters = self._flow(name).waiters
+        if waiter in waiters:
+            waiters.remove(waiter)
+            heapq.heapify(waiters)
+            self.queued -= 1
 
     def try_acquire_spare(self) -> bool:
         """Take a slot only if one is free with nobody waiting (never delays live work)."""
         if not self.has_spare_capacity():
             return False
-        self._take()
+        self._grant(SHARED_FLOW, None)
         return True
 
-    def release(self, held_s: float) -> None:
-        """Give a slot back and hand it to the best waiter."""
+    def settle(self, ticket: Ticket, actual: float) -> None:
+        """Correct a call's charge with the work it really took (its usage, once the engine answered)."""
+        self.share.charge(ticket.flow, actual - ticket.charged)
+        ticket.charged = actual
+
+    def release(self, held_s: float, ticket: Ticket | None = None) -> None:
+        """Give a slot back and hand it to the next waiter."""
         if held_s > 0:
             self._service_ewma_s = 0.9 * self._service_ewma_s + 0.1 * held_s
         self.inflight -= 1
+        flow = self._flows.get(SHARED_FLOW if ticket is None else ticket.flow)
+        if flow is not None and flow.inflight > 0:
+            flow.inflight -= 1
         self._hand_over()
 
     def _hand_over(self) -> None:
-        """Give free slots to the best waiters."""
-        while self._waiters and self.inflight < self.max_inflight:
-            waiter = heapq.heappop(self._waiters)
+        """Give free slots to waiters: the fair share picks the tenant, priority then arrival its waiter."""
+        while self.queued and self.inflight < self.max_inflight:
+            name = self.share.pick(
+                self._backlogged(),
+                lambda flow: (self._flows[flow].inflight / max(1e-6, self.share.weight(flow)),
+                              self._flows[flow].waiters[0].order),
+            )
+            waiter = heapq.heappop(self._flows[name].waiters)
+            self.queued -= 1
             if not waiter.future.done():
-                self._take()
+                self._grant(name, waiter.work)
                 waiter.future.set_result(None)
 
     def resize(self, max_inflight: int) -> None:
@@ -136,17 +271,21 @@ class AdmissionQueue:
 
     def fail_waiters(self, error: Callable[[], Exception]) -> None:
         """Wake every waiter with ``error()`` (no slot can free: every engine is down)."""
-        while self._waiters:
-            waiter = heapq.heappop(self._waiters)
-            if not waiter.future.done():
-                waiter.future.set_exception(error())
+        for flow in self._flows.values():
+            while flow.waiters:
+                waiter = heapq.heappop(flow.waiters)
+                self.queued -= 1
+                if not waiter.future.done():
+                    waiter.future.set_exception(error())
 
     @asynccontextmanager
-    async def slot(self, priority: int = 0, timeout_s: float | None = None) -> AsyncIterator[Admission]:
+    async def slot(
+        self, priority: int = 0, timeout_s: float | None = None, work: Work | None = None
+    ) -> AsyncIterator[Admission]:
         """``async with queue.slot(): ...`` holds one engine slot."""
-        admission = await self.acquire(priority, timeout_s)
+        admission = await self.acquire(priority, timeout_s, work)
         started = time.monotonic()
         try:
             yield admission
         finally:
-            self.release(time.monotonic() - started)
+            self.release(time.monotonic() - started, admission.ticket)

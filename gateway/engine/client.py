@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 import stamina
 
 from gateway.engine.circuit import CircuitBreaker
@@ -164,8 +165,13 @@ class EngineClient:
         return response
 
     async def _send(self, body: dict[str, Any], request_id: str) -> httpx.Response:
+        # msgspec writes the same bytes as httpx's json= (compact, UTF-8) in a fifth of the time: the body
+        # carries the keyframe's ~100 KiB of base64, which the standard encoder scans character by character.
         request = self._http.build_request(
-            "POST", "/v1/chat/completions", json=body, headers={"X-Request-Id": request_id}
+            "POST",
+            "/v1/chat/completions",
+            content=msgspec.json.encode(body),
+            headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
         )
         # Retry only what the engine never saw: a refused or timed-out connection.
         async for attempt in stamina.retry_context(

@@ -4,9 +4,10 @@
 
 - Choice: a half-open engine's probe first, else the least-loaded engine that has room (in flight / cap,
   ties to the one with fewer recent failures, then to the one listed first).
-- Waiting: when every engine is full, requests wait in ONE :class:`AdmissionQueue` (priority, deadline,
-  429 with ``Retry-After`` when full), whose size the pool keeps equal to the engines' in-flight work plus
-  their free room. A request is granted a place there first, then given an engine with room.
+- Waiting: when every engine is full, requests wait in ONE :class:`AdmissionQueue` (tenants' shares of
+  engine work, priority inside a tenant, deadline, 429 with ``Retry-After`` when full), whose size the
+  pool keeps equal to the engines' in-flight work plus their free room. A request is granted a place
+  there first, then given an engine with room.
 - Down engines: each engine's :class:`CircuitBreaker` (gateway/engine/circuit.py) decides. An open circuit
   gives its engine no room; after the cool-down it gives room for exactly one probe. When no engine would
   take a call now, a request is refused at once (503 ``circuit_open`` with ``Retry-After``) instead of
@@ -39,9 +40,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.engine.admission import AdmissionQueue
+from gateway.engine.admission import AdmissionQueue, Ticket
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen, CircuitState
 from gateway.engine.client import EngineAnswer, EngineClient, engine_failed
+from gateway.engine.fairness import Work
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases
 from gateway.errors import EngineUnavailable, Overloaded, ServerSideError
 from gateway.settings import Settings
@@ -97,11 +99,24 @@ class EngineSlot:
 class HeldEngine:
     """A slot on one engine for one call; ``chat`` moves the call if the engine cannot take it."""
 
-    def __init__(self, pool: EnginePool, engine: EngineSlot, lease: str, queue_seconds: float) -> None:
+    def __init__(
+        self,
+        pool: EnginePool,
+        engine: EngineSlot,
+        lease: str,
+        queue_seconds: float,
+        ticket: Ticket | None = None,
+    ) -> None:
         self.pool = pool
         self.engine = engine
         self.lease = lease
         self.queue_seconds = queue_seconds  # the wait for the slot: queue and, across replicas, a lease
+        self.ticket = ticket  # the tenant the slot is charged to (None: background work, charged to nobody)
+
+    def settle(self, actual: float) -> None:
+        """Correct the tenant's charge with the work the call really took (from its usage)."""
+        if self.ticket is not None:
+            self.pool.queue.settle(self.ticket, actual)
 
     async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
         """One chat completion; if the engine never took it, tried again on another engine with room."""
@@ -351,21 +366,26 @@ class EnginePool:
         return True
 
     @asynccontextmanager
-    async def slot(self, priority: int = 0, timeout_s: float | None = None) -> AsyncIterator[HeldEngine]:
-        """Hold a slot on the least-loaded engine that is up (429: waited too long; 503: all are down)."""
+    async def slot(
+        self, priority: int = 0, timeout_s: float | None = None, work: Work | None = None
+    ) -> AsyncIterator[HeldEngine]:
+        """Hold a slot on the least-loaded engine that is up (429: waited too long; 503: all are down).
+
+        ``work``: the tenant asking and its expected work, for the fair share (gateway/engine/admission.py).
+        """
         started = time.monotonic()
         self.refresh()
         if not self._any_engine_accepts():
             raise self._refusal()
-        await self.queue.acquire(priority, timeout_s)
+        admission = await self.queue.acquire(priority, timeout_s, work)
         deadline = started + (timeout_s if timeout_s is not None else self.queue.queue_timeout_s)
         try:
             engine, lease = await self._take(deadline)
         except BaseException:
-            self.queue.release(0.0)
+            self.queue.release(0.0, admission.ticket)
             self.refresh()
             raise
-        held = HeldEngine(self, engine, lease, time.monotonic() - started)
+        held = HeldEngine(self, engine, lease, time.monotonic() - started, admission.ticket)
         async with self._holding(held):
             yield held
 
@@ -397,7 +417,7 @@ class EnginePool:
             try:
                 await self._give_back(held.engine, held.lease)
             finally:
-                self.queue.release(time.monotonic() - since)
+                self.queue.release(time.monotonic() - since, held.ticket)
                 self.refresh()
 
 
@@ -440,7 +460,10 @@ class _PoolCollector(Collector):
 
 
 def build_engine_pool(
-    settings: Settings, urls: list[str], transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings,
+    urls: list[str],
+    transport: httpx.AsyncBaseTransport | None = None,
+    weight: Callable[[str], float] | None = None,
 ) -> EnginePool:
     """The pool the settings describe: a client, circuit breaker and cap per URL; Redis leases if set."""
     engines = []
@@ -460,7 +483,8 @@ def build_engine_pool(
         engines.append(EngineSlot(client, cap, circuit))
     admission = settings.admission
     total_cap = sum(engine.cap for engine in engines)
-    queue = AdmissionQueue(total_cap, admission.queue_size, admission.queue_timeout_s)
+    queue = AdmissionQueue(total_cap, admission.queue_size, admission.queue_timeout_s,
+                           fairness=admission.fairness, weight=weight or (lambda _tenant: 1.0))
     group = settings.leases
     leases = None
     if settings.redis_url and group.enabled:

@@ -113,8 +113,8 @@ RedisUrl = Annotated[
 ]
 
 
-def _run(redis_url: str | None, action: Callable[[RedisKeyStore], Awaitable[T]]) -> T:
-    """Run one store action on a client of its own, closed afterwards; a readable exit on Redis trouble."""
+def with_redis(redis_url: str | None, action: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+    """Run a command's action on a Redis client of its own, closed afterwards; a readable exit on trouble."""
     if not redis_url:
         typer.secho("set MODGATE_REDIS_URL or pass --redis-url", fg="red", err=True)
         raise typer.Exit(2)
@@ -122,7 +122,7 @@ def _run(redis_url: str | None, action: Callable[[RedisKeyStore], Awaitable[T]])
     async def run() -> T:
         client = aioredis.Redis.from_url(redis_url, socket_connect_timeout=3.0, socket_timeout=5.0)
         try:
-            return await action(RedisKeyStore(client))
+            return await action(client)
         finally:
             await client.aclose()
 
@@ -131,6 +131,10 @@ def _run(redis_url: str | None, action: Callable[[RedisKeyStore], Awaitable[T]])
     except RedisError as exc:
         typer.secho(f"Redis at {redis_url} failed: {exc}", fg="red", err=True)
         raise typer.Exit(1) from exc
+
+
+def _run(redis_url: str | None, action: Callable[[RedisKeyStore], Awaitable[T]]) -> T:
+    return with_redis(redis_url, lambda client: action(RedisKeyStore(client)))
 
 
 @keys_app.command("add")

@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
@@ -22,6 +22,8 @@ from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
 from gateway.http.auth import KeyRing
 from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
 from gateway.http.keys_store import RedisKeyStore
+from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
+from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
 from gateway.jobs.service import JobService
 from gateway.jobs.store import JobStore
 from gateway.jobs.store_memory import MemoryJobStore
@@ -30,6 +32,7 @@ from gateway.jobs.webhooks import WebhookSender
 from gateway.moderation.remote_images import RemoteImageFetcher
 from gateway.moderation.service import ModerationService
 from gateway.moderation.shadow import ShadowSampler
+from gateway.moderation.shaping_pool import ShapingPool
 from gateway.moderation.verdict_cache import (
     MemoryVerdictCache,
     NearDuplicateRule,
@@ -40,6 +43,7 @@ from gateway.policy.rules import PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.tenants import TenantFigures
 from gateway.telemetry.tracing import Telemetry, build_telemetry
 from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
 from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
@@ -70,6 +74,8 @@ class Services:
     circuit: CircuitBreaker  # the engine's circuit breaker
     jobs: JobService  # keyframe batches worked in the background (durable with Redis)
     engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
+    quotas: TenantQuotas  # per-tenant keyframes a minute and requests at once (gateway/http/quotas.py)
+    tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
     console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
 
 
@@ -91,7 +97,7 @@ def _job_service(
     settings: Settings,
     state: aioredis.Redis | None,
     moderation: ModerationService,
-    executor: ThreadPoolExecutor,
+    executor: Executor,
     remote_images: RemoteImageFetcher | None,
 ) -> JobService:
     group = settings.jobs
@@ -191,16 +197,41 @@ async def open_services(
             "engine when it is unset)"
         )
     # Every resource is registered on the stack as soon as it exists: a failure half-way closes what was
-    # opened. They close in the reverse order: jobs, shadow pairs, records, remote images, Redis, the
-    # engine scraper, the policy store, the engines, the executor, and telemetry last (it flushes).
+    # opened. They close in the reverse order: jobs, shadow pairs, records, remote images, the engine
+    # scraper, the policy store, the engines, the executor, the tenant directory, Redis, and telemetry last
+    # (it flushes).
     async with AsyncExitStack() as stack:
         telemetry = build_telemetry(settings.telemetry)
         stack.push_async_callback(asyncio.to_thread, telemetry.shutdown)  # flushes to the OTLP endpoint
-        executor = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="shaping")
+        # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
+        state = (
+            None
+            if not settings.redis_url
+            else aioredis.Redis.from_url(
+                settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
+            )
+        )
+        if state is not None:
+            stack.push_async_callback(state.aclose)
+            if settings.api_keys_from_redis:
+                keys.store = RedisKeyStore(state)
+        # Tenants: named by the keys; weights and quotas from the settings and Redis (docs/tenants.md).
+        directory = TenantDirectory(
+            settings.tenants,
+            set(settings.tenant_keys().values()) or ({ANONYMOUS_TENANT} if keys.open else set()),
+            state,
+            read_key_store=settings.api_keys_from_redis,
+        )
+        await directory.reload()  # the Redis-held weights and quotas before the first request
+        stack.push_async_callback(directory.stop)
+        # A queue per tenant in front of the shaping threads: a flood's frames do not hold back a quiet one's.
+        executor = ShapingPool(
+            os.cpu_count() or 2, fairness=settings.admission.fairness, weight=directory.weight
+        )
         stack.callback(executor.shutdown, wait=False, cancel_futures=True)
         engine_url = engine_urls[0]
         # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine/pool.py).
-        engines = build_engine_pool(settings, engine_urls, engine_transport)
+        engines = build_engine_pool(settings, engine_urls, engine_transport, weight=directory.weight)
         stack.push_async_callback(engines.aclose)  # every engine's connections, and this replica's leases
         engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
         policies = _policy_store(settings)
@@ -214,23 +245,14 @@ async def open_services(
             on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
         )
         stack.push_async_callback(engine_cache.stop)
-        # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
-        state = (
-            None
-            if not settings.redis_url
-            else aioredis.Redis.from_url(
-                settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
-            )
-        )
-        if state is not None:
-            stack.push_async_callback(state.aclose)
-            if settings.api_keys_from_redis:
-                keys.store = RedisKeyStore(state)
         remote_images = _remote_images(settings)
         if remote_images is not None:
             stack.push_async_callback(remote_images.aclose)
         metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
         engines.register_metrics(metrics.registry)
+        quotas = TenantQuotas(directory, MemoryKeyframeRate() if state is None else RedisKeyframeRate(state))
+        tenants = TenantFigures(admission, quotas, recent, executor)
+        metrics.watch_tenants(tenants.collect)
         moderation = ModerationService(
             settings=settings,
             engine=engine,
@@ -262,6 +284,7 @@ async def open_services(
         stack.push_async_callback(jobs.stop)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
+        directory.start()
         engine_cache.start()
         jobs.start()
         yield Services(
@@ -278,6 +301,8 @@ async def open_services(
             circuit=circuit,
             jobs=jobs,
             engines=engines,
+            quotas=quotas,
+            tenants=tenants,
             console=build_console_guard(
                 SignInLimits(
                     per_client=settings.console.sign_in_max_failures_per_client,

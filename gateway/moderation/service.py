@@ -8,14 +8,16 @@ import hashlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from opentelemetry import trace
 
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.client import EngineAnswer, EngineClient, Usage
+from gateway.engine.fairness import SHARED_FLOW, WorkModel
 from gateway.engine.pool import EnginePool
 from gateway.errors import (
     ClientError,
@@ -29,6 +31,7 @@ from gateway.errors import (
 from gateway.http.auth import Caller
 from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
 from gateway.moderation.shadow import ShadowSampler
+from gateway.moderation.shaping_pool import ShapingPool
 from gateway.moderation.verdict_cache import (
     FrameIdentity,
     MemoryVerdictCache,
@@ -38,7 +41,6 @@ from gateway.moderation.verdict_cache import (
     StoredVerdict,
     VerdictCache,
     VerdictScope,
-    colour_thumbnail,
 )
 from gateway.moderation.wire import (
     ImageURLPart,
@@ -61,6 +63,7 @@ from shaping.tokens import TokenGrid
 from shaping.verdict import OPENAI_CATEGORIES, KeyframeVerdict, parse_engine_output
 
 log = logging.getLogger("modgate.moderation")
+T = TypeVar("T")
 
 
 def image_rejection(exc: ImageRejected) -> ClientError:
@@ -126,7 +129,8 @@ class ModerationService:
         self.load = QueueLoad(lambda: admission.queued)  # the load rule's signal and hysteresis (per replica)
         self.metrics = metrics
         self.system_prompt = system_prompt
-        self.executor = executor
+        self.executor = executor  # a ShapingPool: each tenant's frames wait in a queue of their own
+        self.work = WorkModel(settings.tenants.output_token_weight)  # engine work per call (fair share)
         self.tracer = tracer or trace.NoOpTracer()
         self.recorder = recorder or RequestRecorder(metrics, RecentRequests(settings.telemetry.window_s))
         self.model: EngineModel | None = None  # read from /v1/models, again every engine.model_recheck_s
@@ -193,16 +197,21 @@ class ModerationService:
             self.model, self._model_read_at = found, time.monotonic()
             return found
 
-    async def shape(self, data_url: str) -> ShapedImage:
+    async def _off_loop(self, tenant: str, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` on the shaping threads, in ``tenant``'s queue if the pool has one."""
+        if isinstance(self.executor, ShapingPool):
+            return await asyncio.wrap_future(self.executor.submit_for(tenant, function, *args))
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+    async def shape(self, data_url: str, tenant: str = SHARED_FLOW) -> ShapedImage:
         """Decode and shape one keyframe off the event loop (fetched first if it is an allowed remote URL)."""
         try:
             if self.remote_images is not None and is_remote_url(data_url):
                 raw = await self.remote_images.fetch(data_url)
             else:
                 _, raw = decode_data_url(data_url, self.settings.shaping.max_image_bytes)
-            loop = asyncio.get_running_loop()
             shape = functools.partial(shape_image, jpeg_quality=self.settings.shaping.jpeg_quality)
-            return await loop.run_in_executor(self.executor, shape, raw, self.limits, self.grid)
+            return await self._off_loop(tenant, shape, raw, self.limits, self.grid)
         except ImageRejected as exc:
             raise image_rejection(exc) from exc
 
@@ -259,7 +268,7 @@ class ModerationService:
         shaping_started = time.monotonic()
         with self.tracer.start_as_current_span("shaping", attributes={"modgate.images": len(images)}):
             # all bad input fails before any engine call
-            shaped = await asyncio.gather(*(self.shape(url) for url in images))
+            shaped = await asyncio.gather(*(self.shape(url, caller.tenant) for url in images))
         shaping_s = (time.monotonic() - shaping_started) / max(1, len(shaped))
         for _ in shaped:
             self.metrics.shaping.observe(shaping_s)
@@ -301,7 +310,7 @@ class ModerationService:
             latency_s = time.monotonic() - started
             self.metrics.e2e.observe(latency_s)
             results.append(self._result(outcome, frame, latency_s, shaping_s if frame else 0.0))
-            self.recorder.record(results[-1].modgate, request_id)
+            self.recorder.record(results[-1].modgate, request_id, caller.tenant)
         self.metrics.requests.labels("moderations", "ok").inc()
         return ModerationResponse(
             id=request_id, model=request.model or self.settings.model_name, results=results
@@ -350,15 +359,22 @@ class ModerationService:
             ),
         )
         prediction = await self._predict_prompt_tokens(frames, user_text, decision.mode == "on")
+        work = self.work.estimate(
+            context.tenant, len(frames), decision.mode == "on",
+            None if prediction is None else prediction.total,
+        )
         queued_at = time.time_ns()  # span times are wall-clock nanoseconds
         try:
-            async with self.engines.slot(priority=context.priority) as admission:
+            async with self.engines.slot(priority=context.priority, work=work) as admission:
                 self.tracer.start_span("queue", start_time=queued_at).end()
                 self.metrics.queue_wait.observe(admission.queue_seconds)
                 self.load.observe_queue_wait(admission.queue_seconds)
                 with self.tracer.start_as_current_span("engine") as engine_span:
                     answer = await admission.chat(body, request_id)
                     usage = answer.usage
+                    admission.settle(
+                        self.work.actual(work, len(frames), usage.prompt_tokens, usage.completion_tokens)
+                    )
                     engine_span.set_attributes(
                         engine_span_attributes(
                             request_id,
@@ -491,17 +507,12 @@ class ModerationService:
             model=(await self.engine_identity()).scope,
         )
 
-    async def _identities(self, frames: list[ShapedImage]) -> list[FrameIdentity]:
-        """Each frame's cache identity; the colour thumbnail only when near duplicates are reused."""
-        if not self.verdicts.rule.enabled:
-            return [FrameIdentity(frame.sha256, int(frame.phash, 16), b"") for frame in frames]
-        loop = asyncio.get_running_loop()
-        thumbnails = await asyncio.gather(
-            *(loop.run_in_executor(self.executor, colour_thumbnail, frame.data) for frame in frames)
-        )
+    def _identities(self, frames: list[ShapedImage]) -> list[FrameIdentity]:
+        """Each frame's cache identity (made by the shaping step); the thumbnail only for near duplicates."""
+        near = self.verdicts.rule.enabled
         return [
-            FrameIdentity(frame.sha256, int(frame.phash, 16), thumbnail)
-            for frame, thumbnail in zip(frames, thumbnails, strict=True)
+            FrameIdentity(frame.sha256, int(frame.phash, 16), frame.thumbnail if near else b"")
+            for frame in frames
         ]
 
     @staticmethod
@@ -563,7 +574,7 @@ class ModerationService:
         fallback "review" verdicts (unusable output) are not.
         """
         scope = await self._verdict_scope(context.tenant, decision, extra_text)
-        identities = await self._identities(frames)
+        identities = self._identities(frames)
         rule = self.verdicts.rule
         hits: list[ReusedVerdict | None] = [None] * len(frames)
         if self.settings.shaping.verdict_cache_ttl_s > 0 and not fresh:

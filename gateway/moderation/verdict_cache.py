@@ -5,12 +5,14 @@ text, the engine's model: id, root and revision): a verdict is a judgement made 
 policy and one prompt, and a tenant must not learn from a ``reused`` flag what another tenant posted.
 
 - exact: the shaped frame's SHA-256 was judged before;
-- near: a frame whose perceptual hash is within ``max_distance`` bits, *and* whose 16×9 colour thumbnail
-  differs by at most ``max_colour_delta`` in every cell. The thumbnail check is there because the 64-bit
-  pHash is computed on grey levels at 32×32: on the synthetic keyframes an "allow" scene and the same scene
-  with its violence markers (two saturated corner squares a sixth of the frame high) are 2 bits apart, so a
-  pHash alone would hand a blocked frame an "allow". Their thumbnails differ by more than 120 levels in a
-  corner cell; a re-encode, sensor noise or a few pixels of shift stay under 10.
+- near: a frame whose perceptual hash is within ``max_distance`` bits, *and* whose 16×9 colour
+  thumbnail differs by at most ``max_colour_delta`` in every cell (both made by the shaping step from
+  the frame reduced 8×: ``ShapedImage.phash`` and ``ShapedImage.thumbnail``). The thumbnail check is
+  there because the 64-bit pHash is computed on grey levels at 32×32: on the synthetic keyframes an
+  "allow" scene and the same scene with its violence markers (two saturated corner squares a sixth of the
+  frame high) are 2 bits apart, so a pHash alone would hand a blocked frame an "allow". Their thumbnails
+  differ by more than 120 levels in a corner cell; a re-encode, sensor noise or a few pixels of shift
+  stay under 10.
 
 Near-duplicate search uses the pigeonhole principle: the 64 bits are cut into ``max_distance + 1`` bands,
 and two hashes at most ``max_distance`` bits apart agree exactly on at least one band. Each stored frame is
@@ -26,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import io
 import json
 import logging
 import time
@@ -36,7 +37,6 @@ from typing import Literal, Protocol
 
 import numpy as np
 import redis.asyncio as aioredis
-from PIL import Image
 from redis.exceptions import RedisError
 
 from shaping.verdict import ACTIONS, KeyframeVerdict
@@ -45,15 +45,6 @@ log = logging.getLogger("modgate.verdict_cache")
 
 Reuse = Literal["exact", "near"]
 PHASH_BITS = 64
-THUMBNAIL_SIZE = (16, 9)  # a 16:9 frame's cells stay square; other shapes are squeezed the same way each time
-
-
-def colour_thumbnail(jpeg: bytes) -> bytes:
-    """16×9 RGB cell means of a shaped JPEG: what the grey pHash cannot see (~2 ms, DCT-scaled decode)."""
-    with Image.open(io.BytesIO(jpeg)) as image:
-        image.draft("RGB", (max(1, image.width // 8), max(1, image.height // 8)))
-        small = image.convert("RGB").resize(THUMBNAIL_SIZE, Image.Resampling.BOX)
-        return small.tobytes()
 
 
 def colour_delta(first: bytes, second: bytes) -> int:
@@ -108,7 +99,7 @@ class FrameIdentity:
 
     sha256: str
     phash: int
-    thumbnail: bytes  # colour_thumbnail() of the shaped JPEG
+    thumbnail: bytes  # ShapedImage.thumbnail: the shaping step's 16×9 colour cell means
 
 
 @dataclass(frozen=True, slots=True)

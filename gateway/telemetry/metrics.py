@@ -100,6 +100,21 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        # Per tenant: the label's values come from the API keys (a bounded set), never from a request.
+        self.tenant_e2e = Histogram(
+            "modgate_tenant_request_seconds", "End-to-end latency per keyframe, by tenant.", ["tenant"],
+            buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.tenant_queue_wait = Histogram(
+            "modgate_tenant_queue_wait_seconds", "Engine slot wait per engine-judged keyframe, by tenant.",
+            ["tenant"], buckets=LATENCY_BUCKETS, registry=registry,
+        )
+        self.tenant_frames = Counter(
+            "modgate_tenant_frames",
+            "Keyframes answered, by tenant and thinking mode (reused: from the verdict cache).",
+            ["tenant", "thinking"],
+            registry=registry,
+        )
         self.shadow_pairs = Counter(
             "modgate_shadow_pairs",
             "Shadow judgements for the quality module, by outcome (recorded, skipped_busy, engine_error).",
@@ -110,6 +125,10 @@ class GatewayMetrics:
     def shadow(self, outcome: str) -> None:
         """Count one shadow judgement's outcome."""
         self.shadow_pairs.labels(outcome).inc()
+
+    def watch_tenants(self, source: Callable[[], Iterator[Metric]]) -> None:
+        """Expose per-tenant figures read at scrape time (admission, quotas, the recent window)."""
+        self.registry.register(_Scraped(source))
 
     def watch(
         self, recent: RecentRequests, engine_cache: EngineCacheWindow, thinking_default_on: Callable[[], bool]
@@ -181,6 +200,17 @@ class _WindowCollector(Collector):
             )
 
 
+class _Scraped(Collector):
+    """Metrics computed by a function at scrape time."""
+
+    def __init__(self, source: Callable[[], Iterator[Metric]]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        """Read the source now."""
+        yield from self.source()
+
+
 def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000
 
@@ -195,9 +225,10 @@ class RequestRecorder:
         self.recent = recent
         self.instruments = instruments
 
-    def record(self, details: ModerationDetails, request_id: str) -> RequestSample:
+    def record(self, details: ModerationDetails, request_id: str, tenant: str = "default") -> RequestSample:
         """Record one result of request ``request_id``: the timings and tokens of its ``modgate`` field."""
         sample = RequestSample(
+            tenant=tenant,
             request_id=request_id,
             action=details.action,
             thinking=details.thinking,
@@ -216,6 +247,11 @@ class RequestRecorder:
         self.recent.add(sample)
         if sample.decode_s is not None:
             self.metrics.decode.observe(sample.decode_s)
+        self.metrics.tenant_e2e.labels(tenant).observe(sample.end_to_end_s)
+        if sample.reused is None:
+            self.metrics.tenant_queue_wait.labels(tenant).observe(sample.queue_wait_s)
+        mode = details.thinking if sample.reused is None else "reused"
+        self.metrics.tenant_frames.labels(tenant, mode).inc()
         if self.instruments is not None:
             self.instruments.record(sample)
         request_log.info(
@@ -230,6 +266,7 @@ class RequestRecorder:
             details.completion_tokens,
             extra={
                 "request_id": request_id,
+                "tenant": tenant,
                 "engine_request_id": details.request_id,  # for a reused verdict: the call that made it
                 "outcome": "ok",
                 "action": details.action,

@@ -54,6 +54,7 @@ class RequestSample:
     image_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    tenant: str = "default"  # as the caller's API key names it (never taken from the request)
 
     def latency(self, name: str) -> float | None:
         """One of :data:`LATENCIES`, in seconds (None where it does not apply: reused ones never queued)."""
@@ -145,9 +146,18 @@ class RecentRequests:
 
     def summary(self) -> WindowSummary:
         """Percentiles, throughput, thinking share and token sums over the window."""
-        now = self.clock()
-        samples = self.samples()
-        covered = max(1e-9, min(self.window_s, now - self.started))
+        return self.summary_of(self.samples())
+
+    def by_tenant(self) -> dict[str, WindowSummary]:
+        """:meth:`summary` for each tenant with keyframes in the window (one pass over the samples)."""
+        grouped: dict[str, list[RequestSample]] = {}
+        for sample in self.samples():
+            grouped.setdefault(sample.tenant, []).append(sample)
+        return {tenant: self.summary_of(samples) for tenant, samples in grouped.items()}
+
+    def summary_of(self, samples: list[RequestSample]) -> WindowSummary:
+        """The window's figures for these samples (an empty list: a tenant with nothing in the window)."""
+        covered = max(1e-9, min(self.window_s, self.clock() - self.started))
         judged = [s for s in samples if s.reused is None]
         return WindowSummary(
             window_s=self.window_s,
@@ -346,6 +356,25 @@ def _ratio(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
+def _latency_ms(summary: WindowSummary, names: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        name: {"count": p.count, "p50": _ms(p.p50), "p95": _ms(p.p95), "p99": _ms(p.p99)}
+        for name, p in summary.latencies.items() if name in names
+    }
+
+
+def tenant_document(summary: WindowSummary) -> dict[str, Any]:
+    """One tenant's part of ``GET /stats``: throughput, thinking share, latency and queue wait."""
+    return {
+        "keyframes": summary.keyframes,
+        "keyframes_per_minute": round(summary.keyframes_per_minute, 3),
+        "thinking_share": _ratio(summary.thinking_share),
+        "reused_share": _ratio(summary.reused_share),
+        "latency_ms": _latency_ms(summary, ("end_to_end", "queue_wait", "ttft")),
+        "tokens": {"prompt": summary.prompt_tokens, "completion": summary.completion_tokens},
+    }
+
+
 def stats_document(recent: RecentRequests, engine_cache: EngineCacheScraper) -> dict[str, Any]:
     """``GET /stats``: the recent window's percentiles, throughput, thinking share and cache rates.
 
@@ -362,10 +391,7 @@ def stats_document(recent: RecentRequests, engine_cache: EngineCacheScraper) -> 
         "keyframes_per_minute": round(summary.keyframes_per_minute, 3),
         "thinking_share": _ratio(summary.thinking_share),
         "reused_share": _ratio(summary.reused_share),
-        "latency_ms": {
-            name: {"count": p.count, "p50": _ms(p.p50), "p95": _ms(p.p95), "p99": _ms(p.p99)}
-            for name, p in summary.latencies.items()
-        },
+        "latency_ms": _latency_ms(summary, LATENCIES),
         "tokens": {
             "prompt": summary.prompt_tokens,
             "cached": summary.cached_tokens,

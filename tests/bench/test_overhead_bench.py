@@ -53,3 +53,21 @@ def test_the_overhead_benchmark_runs_litellm_beside_modgate(
     assert set(_rows(printed)) == {(2, "engine"), (2, "modgate"), (2, "litellm")}
     assert re.search(r"modgate/litellm: added p50 \S+x, added p99 \S+x, req/s \S+x", printed)
     assert "engine stub: 3 distinct request bodies" in printed  # LiteLLM forwards its own rewrite of the body
+
+
+def test_the_overhead_benchmark_measures_modgate_with_worker_processes(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overhead.main(["--requests", "6", "--rounds", "1", "--concurrency", "2", "--arms", "modgate",
+                   "--workers", "2", "--redis-url", redis_url, "--markdown"])
+    printed = capsys.readouterr().out
+    assert set(_rows(printed)) == {(2, "engine"), (2, "modgate"), (2, "modgate:workers-2")}
+    assert "| clients | modgate req/s (÷ LiteLLM) | modgate:workers-2 req/s (÷ LiteLLM) |" in printed
+
+
+def test_worker_arms_without_redis_are_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        overhead.main(["--workers", "2", "--redis-url", ""])
+    assert "--workers needs --redis-url" in capsys.readouterr().err

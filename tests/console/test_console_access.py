@@ -217,7 +217,7 @@ def test_the_polled_panels_need_a_session(console: ThreadedServer) -> None:
     assert panels.status_code == 200
     body = panels.json()
     assert body["policy_version"] == 1
-    assert set(body["panels"]) == {"summary", "policy", "figures", "health", "quality", "audit"}
+    assert set(body["panels"]) == {"summary", "policy", "figures", "tenants", "health", "quality", "audit"}
 
 
 def test_the_panels_show_the_recent_window_figures(console: ThreadedServer) -> None:

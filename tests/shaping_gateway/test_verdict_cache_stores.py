@@ -20,7 +20,6 @@ from gateway.moderation.verdict_cache import (
     VerdictCache,
     VerdictScope,
     colour_delta,
-    colour_thumbnail,
     hamming,
     phash_bands,
 )
@@ -33,7 +32,7 @@ RULE = NearDuplicateRule(max_distance=4, max_colour_delta=32)
 
 def identity(frame: bytes) -> FrameIdentity:
     shaped = shape_image(frame, ImageLimits(), TokenGrid())
-    return FrameIdentity(shaped.sha256, int(shaped.phash, 16), colour_thumbnail(shaped.data))
+    return FrameIdentity(shaped.sha256, int(shaped.phash, 16), shaped.thumbnail)
 
 
 SCENE = identity(make_keyframe("allow", seed=21))

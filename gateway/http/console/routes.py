@@ -78,7 +78,7 @@ _ASSET_TYPES = {"console.css": "text/css", "console.js": "text/javascript", "fav
 _TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 # Read once at import: small files, never changed while the process runs.
 _ASSETS = {name: (_TEMPLATE_DIR / name).read_text(encoding="utf-8") for name in _ASSET_TYPES}
-_PANELS = ("summary", "policy", "figures", "health", "quality", "audit")
+_PANELS = ("summary", "policy", "figures", "tenants", "health", "quality", "audit")
 
 
 # --- formatting for the templates ----------------------------------------------------------------------
@@ -251,6 +251,8 @@ async def _view(services: Services, operator: _Operator) -> dict[str, Any]:
         "policy_hash": policy.content_hash(),
         "shedding": services.moderation.load.shedding,
         "figures": _figures(services),
+        "tenants": services.tenants.rows(),
+        "fairness": services.settings.admission.fairness,
         "health": health,
         "audit": audit,
         "audit_error": audit_error,

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
-from litestar import Request, post
+from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
 from gateway.errors import InvalidRequest
+from gateway.http.auth import Caller
 from gateway.http.routes import responses
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
-from gateway.moderation.wire import ModerationRequest, ModerationResponse
+from gateway.moderation.wire import ImageURLPart, ModerationRequest, ModerationResponse
 from gateway.policy.rules import Mode
 
 T = TypeVar("T")
@@ -40,6 +41,15 @@ async def cancel_on_disconnect(request: Request[Any, Any, Any], work: Awaitable[
     return await task
 
 
+async def within_quota(
+    services: Services, caller: Caller, keyframes: int, work: Callable[[], Awaitable[T]]
+) -> Response[T]:
+    """Run ``work`` if the tenant is within its quotas (429 otherwise), with the ``x-ratelimit-*`` headers."""
+    with services.quotas.concurrent(caller.tenant):
+        headers = await services.quotas.take_keyframes(caller.tenant, keyframes)
+        return Response(await work(), headers=headers)
+
+
 _JSON_ESCAPES = re.compile(rb'\\\\|\\"')  # an escaped backslash or quote: neither opens nor closes anything
 _JSON_STRINGS = re.compile(rb'"[^"]*"')
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
@@ -53,7 +63,9 @@ def json_depth(body: bytes, stop_after: int) -> int:
     brackets is dropped, then strings, then the nesting is a running sum, in chunks, stopping past
     ``stop_after``.
     """
-    structure = _JSON_STRINGS.sub(b"", _JSON_ESCAPES.sub(b"", body).translate(None, _NOT_STRUCTURE))
+    if b"\\" in body:  # a base64 body has no backslash: skip a regular-expression pass over megabytes
+        body = _JSON_ESCAPES.sub(b"", body)
+    structure = _JSON_STRINGS.sub(b"", body.translate(None, _NOT_STRUCTURE))
     depth = deepest = 0
     for start in range(0, len(structure), _CHUNK):
         chunk = np.frombuffer(structure, np.uint8, count=min(_CHUNK, len(structure) - start), offset=start)
@@ -87,7 +99,7 @@ def requested_mode(value: str | None) -> Mode | None:
 )
 async def create_moderation(
     request: Request[Any, Any, Any], data: JSONBody[ModerationRequest], services: NamedDependency[Services]
-) -> ModerationResponse:
+) -> Response[ModerationResponse]:
     """Moderate keyframes: the OpenAI moderation request and response, one result per image."""
     caller = await services.keys.authenticate(request.headers.get("authorization"))
     requested = requested_mode(request.headers.get("x-modgate-thinking"))
@@ -98,8 +110,12 @@ async def create_moderation(
         raise InvalidRequest(f"at most {max_images} inputs per request, got {len(data.input)}", param="input")
     # Cache-Control: no-cache asks for a fresh engine verdict (the quality module's re-runs need one).
     fresh = "no-cache" in request.headers.get("cache-control", "").lower()
-    return await cancel_on_disconnect(
-        request, services.moderation.moderate(data, caller, requested, fresh=fresh)
+    images = sum(isinstance(part, ImageURLPart) for part in data.input) if isinstance(data.input, list) else 0
+    return await within_quota(  # a keyframe counts against the quota; a text-only request counts as one
+        services, caller, max(1, images),
+        lambda: cancel_on_disconnect(
+            request, services.moderation.moderate(data, caller, requested, fresh=fresh)
+        ),
     )
 
 

@@ -61,6 +61,8 @@ async def stats(services: NamedDependency[Services]) -> dict[str, Any]:
     document["inflight"] = services.admission.inflight
     document["queued"] = services.admission.queued
     document["thinking_default"] = services.policies.current().default_mode
+    document["fairness"] = services.settings.admission.fairness
+    document["tenants"] = services.tenants.rows()  # per tenant: share, quotas, latency, queue wait
     return document
 
 

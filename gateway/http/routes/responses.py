@@ -19,7 +19,8 @@ _MEANING: dict[int, str] = {
     413: "Too large: the body, an image's bytes, or the pixels its header claims",
     415: "An image format outside the allowlist (JPEG, PNG, WebP)",
     422: "An image that cannot be used: undecodable, animated, or longer than 200:1",
-    429: "Overloaded: the admission queue is full or its deadline passed; see Retry-After (rate_limit_error)",
+    429: "Overloaded (the admission queue is full or its deadline passed) or over the tenant's quota; see "
+         "Retry-After and x-ratelimit-* (rate_limit_error)",
     500: "A gateway bug: logged with its traceback, answered without details",
     502: "The engine answered, but not usably (5xx, malformed body, stream cut)",
     503: "The engine cannot be reached (or its circuit breaker holds calls off), or Redis for a call that "
