@@ -199,7 +199,8 @@ async def check_answers(http: httpx.AsyncClient, urls: dict[str, str], bodies: R
             response = await http.post(f"{url}/v1/moderations", json=bodies.moderation,
                                        headers={"X-Modgate-Thinking": "off",
                                                 "Authorization": f"Bearer {MODGATE_KEY}"})
-            ok = response.status_code == 200 and response.json()["results"][0]["modgate"]["action"] == "allow"
+            # a verdict the engine made (any action: the simulator flips a share of thinking-off frames)
+            ok = response.status_code == 200 and response.json()["results"][0]["modgate"]["reason"] is None
         else:
             body = bodies.chat if arm == "engine" else {**bodies.chat, "model": SERVED_NAME}
             response = await http.post(f"{url}/v1/chat/completions", json=body,

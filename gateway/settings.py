@@ -40,7 +40,10 @@ class EngineSettings(BaseModel):
     connect_retries: int = Field(default=3, ge=0, le=10)
     max_completion_tokens_thinking: int = Field(default=512, ge=1)
     max_completion_tokens_direct: int = Field(default=64, ge=1)
-    verdict_constraint: Literal["json_schema", "regex"] = "json_schema"
+    verdict_constraint: Literal["json_schema", "regex"] = "json_schema"  # how the JSON verdict format is held
+    # Alternatives asked per generated token (vLLM's top_logprobs, at most its --max-logprobs, default 20):
+    # the verdict's confidence is read from them (shaping.confidence). 0: none asked, confidence is null.
+    top_logprobs: int = Field(default=10, ge=0, le=20)
     use_priority: bool = False  # needs the engine started with --scheduling-policy priority
     # What served the verdicts, part of the verdict-reuse scope with the model's id and root (/v1/models):
     # set it when new weights go live under the same name and path (e.g. the weights' commit).

@@ -24,8 +24,20 @@ if TYPE_CHECKING:
 
 __all__ = ["category_chart", "confusion_chart", "cost_chart", "png_data_uri", "trend_chart"]
 
-ARM_COLORS = {"thinking_on": "#2f5dab", "thinking_off": "#e07a2f", "thinking_on_rerun": "#8b93a1"}
-ARM_LABELS = {"thinking_on": "thinking on", "thinking_off": "thinking off", "thinking_on_rerun": "on re-run"}
+ARM_COLORS = {
+    "thinking_on": "#2f5dab",
+    "thinking_off": "#e07a2f",
+    "thinking_on_rerun": "#8b93a1",
+    "thinking_off_json": "#b8860b",
+    "thinking_on_json": "#6a4c93",
+}
+ARM_LABELS = {
+    "thinking_on": "thinking on",
+    "thinking_off": "thinking off",
+    "thinking_on_rerun": "on re-run",
+    "thinking_off_json": "off, JSON verdict",
+    "thinking_on_json": "on, JSON verdict",
+}
 PASS, WARN, FAIL, MUTED = "#1f7a4d", "#b7791f", "#c2412d", "#9aa3ad"
 INK, SUBTLE, GRID = "#1d2430", "#5b6472", "#e6e9ee"
 DPI = 144

@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 __all__ = [
     "ARMS",
+    "ARM_SETTINGS",
     "Action",
     "Arm",
     "HumanLabel",
@@ -33,6 +34,7 @@ __all__ = [
     "RedisRecordStore",
     "Source",
     "VerdictRecord",
+    "arm_for",
     "iso_week_of",
     "pair_records",
     "parse_iso_week",
@@ -41,10 +43,30 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Arm = Literal["thinking_on", "thinking_off", "thinking_on_rerun"]
+# An arm is a thinking mode and a verdict format: the plain names ask for the compact verdict (the
+# default), the ``_json`` ones for the JSON object, so operators can measure one format against the other.
+Arm = Literal["thinking_on", "thinking_off", "thinking_on_rerun", "thinking_off_json", "thinking_on_json"]
 Action = Literal["allow", "review", "block"]
 Source = Literal["shadow", "offline"]
-ARMS: tuple[Arm, ...] = ("thinking_on", "thinking_off", "thinking_on_rerun")
+ARMS: tuple[Arm, ...] = (
+    "thinking_on",
+    "thinking_off",
+    "thinking_on_rerun",
+    "thinking_off_json",
+    "thinking_on_json",
+)
+ARM_SETTINGS: dict[Arm, tuple[Literal["on", "off"], Literal["compact", "json"]]] = {
+    "thinking_on": ("on", "compact"),
+    "thinking_off": ("off", "compact"),
+    "thinking_on_rerun": ("on", "compact"),
+    "thinking_off_json": ("off", "json"),
+    "thinking_on_json": ("on", "json"),
+}
+
+
+def arm_for(mode: Literal["on", "off"], verdict_format: Literal["compact", "json"]) -> Arm:
+    """The arm of a thinking mode and verdict format (never the re-run arm: only the runner makes those)."""
+    return next(arm for arm, settings in ARM_SETTINGS.items() if settings == (mode, verdict_format))
 
 
 class HumanLabel(BaseModel):
@@ -82,6 +104,7 @@ class VerdictRecord(BaseModel):
     reused: bool = False  # the gateway answered from its verdict cache: not an independent run
     input_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")  # bytes the runner sent
     human_label: HumanLabel | None = None
+    confidence: float | None = Field(default=None, ge=0, le=1)  # P(action) from the engine's logprobs
 
     @field_validator("recorded_at")
     @classmethod

@@ -22,6 +22,7 @@ from sklearn.metrics import cohen_kappa_score
 
 from quality import charts
 from quality.records import (
+    ARMS,
     Arm,
     PairedRecord,
     VerdictRecord,
@@ -258,6 +259,8 @@ class WeeklyReport(BaseModel):
     recommendation: Recommendation
     comparison: Comparison | None
     noise_floor: Comparison | None
+    # the verdict format as an arm: compact against JSON (thinking off), and JSON thinking off against on
+    format_comparisons: list[Comparison] = Field(default_factory=list)
     categories: list[CategoryRow]
     tenants: list[TenantRow]
     costs: list[ArmCost]
@@ -460,7 +463,7 @@ def _tenants(pairs: Sequence[PairedRecord], policy: ReportPolicy) -> list[Tenant
 
 def _costs(records: Sequence[VerdictRecord]) -> list[ArmCost]:
     costs = []
-    for arm in ("thinking_on", "thinking_off", "thinking_on_rerun"):
+    for arm in ARMS:
         # Cache hits cost nothing and would make an arm look faster than the engine is.
         fresh = [r for r in records if r.arm == arm and not r.reused]
         if not fresh:
@@ -750,6 +753,13 @@ def _points_interval(low: float | None, high: float | None) -> str:
     return f"[{low * 100:+.2f}, {high * 100:+.2f}]"
 
 
+FORMAT_COMPARISONS: tuple[tuple[Arm, Arm], ...] = (
+    ("thinking_off_json", "thinking_off"),  # does the compact form change what thinking off says?
+    ("thinking_on", "thinking_off_json"),  # the JSON form's own agreement with thinking on
+    ("thinking_on_json", "thinking_on"),  # the format with thinking on
+)
+
+
 def build_weekly_report(
     records: Iterable[VerdictRecord],
     week: str,
@@ -775,6 +785,11 @@ def build_weekly_report(
         recommendation=Recommendation(decision="no_data", title="", headline="", details=[]),
         comparison=comparison,
         noise_floor=_compare(rerun.pairs, policy) if rerun.pairs else None,
+        format_comparisons=[
+            _compare(pairs, policy)
+            for reference, candidate in FORMAT_COMPARISONS
+            if (pairs := pair_records(week_records, reference, candidate).pairs)
+        ],
         categories=_categories(pairing.pairs, policy) if pairing.pairs else [],
         tenants=_tenants(pairing.pairs, policy) if pairing.pairs else [],
         costs=_costs(week_records),
@@ -783,9 +798,7 @@ def build_weekly_report(
         trend=[],
         data=DataNotes(
             records=len(week_records),
-            records_by_arm={
-                arm: arms.get(arm, 0) for arm in ("thinking_on", "thinking_off", "thinking_on_rerun")
-            },
+            records_by_arm={arm: arms.get(arm, 0) for arm in ARMS},
             records_by_source={str(k): v for k, v in Counter(r.source for r in week_records).items()},
             policy_versions=sorted({r.policy_version for r in week_records}),
             tenants=len({r.tenant for r in week_records}),
@@ -900,6 +913,19 @@ def render_markdown(report: WeeklyReport) -> str:
             "",
             f"Noise floor (thinking on vs its re-run): {_md_rate(report.noise_floor.agreement)}, "
             f"on flagged {_md_rate(report.noise_floor.flagged_agreement)}.",
+        ]
+    if report.format_comparisons:
+        lines += [
+            "",
+            "## Verdict format",
+            "",
+            "| reference | candidate | frames | agreement | on flagged | action agreement | kappa |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {c.reference} | {c.candidate} | {c.frames:,} | {_md_rate(c.agreement)} | "
+            f"{_md_rate(c.flagged_agreement)} | {_md_rate(c.action_agreement)} | {_md_coefficient(c.kappa)} |"
+            for c in report.format_comparisons
         ]
     if report.categories:
         lines += [

@@ -25,7 +25,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from quality.records import ARMS, Action, Arm, HumanLabel, RecordStore, VerdictRecord
+from quality.records import ARM_SETTINGS, ARMS, Action, Arm, HumanLabel, RecordStore, VerdictRecord
 
 __all__ = [
     "IMAGE_TYPES",
@@ -45,11 +45,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp"}
-THINKING_HEADER: dict[Arm, Literal["on", "off"]] = {
-    "thinking_on": "on",
-    "thinking_off": "off",
-    "thinking_on_rerun": "on",
-}
+THINKING_HEADER: dict[Arm, Literal["on", "off"]] = {arm: mode for arm, (mode, _) in ARM_SETTINGS.items()}
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -211,6 +207,8 @@ class _ModgateFields(BaseModel):
     reasoning_tokens: int = Field(default=0, ge=0)
     frame_sha256: str | None = None
     request_id: str
+    confidence: float | None = Field(default=None, ge=0, le=1)
+    verdict_format: Literal["compact", "json"] | None = None  # None: a gateway from before the field
     # the gateway says how a verdict was reused ("exact", "near") or null; a bool is accepted too
     reused: bool | Literal["exact", "near"] | None = None
 
@@ -305,7 +303,8 @@ class _Run:
             # A re-run must reach the engine: a cached thinking-on verdict would fake a zero noise floor.
             headers["Cache-Control"] = "no-cache"
         # The header is the documented switch; the body options say the same for gateways that read those.
-        options: dict[str, str] = {"thinking": THINKING_HEADER[arm]}
+        verdict_format = ARM_SETTINGS[arm][1]
+        options: dict[str, str] = {"thinking": THINKING_HEADER[arm], "verdict_format": verdict_format}
         if keyframe.video_id is not None:
             options["video_id"] = keyframe.video_id
         body = {
@@ -334,6 +333,11 @@ class _Run:
                 raise GatewayError(
                     f"asked for thinking {THINKING_HEADER[arm]}, the gateway ran thinking "
                     f"{result.modgate.thinking}: does its thinking policy allow per-request choice?"
+                )
+            if result.modgate.verdict_format not in (None, verdict_format):
+                raise GatewayError(
+                    f"asked for the {verdict_format} verdict, the gateway answered in the "
+                    f"{result.modgate.verdict_format} one: does its thinking policy allow per-request choice?"
                 )
             return result
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -380,6 +384,7 @@ class _Run:
                 reused=fields.was_reused,
                 input_sha256=input_sha,
                 human_label=label,
+                confidence=fields.confidence,
             )
             await self.store.append(record)
             self.done.add((input_sha, arm))

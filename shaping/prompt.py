@@ -16,6 +16,13 @@ from typing import Any, Protocol
 from shaping import verdict
 
 DEFAULT_PROMPT_VERSION = "v1"
+# The system prompt that asks for each verdict format: v1 the JSON object, v2 the compact line.
+PROMPT_VERSIONS: dict[verdict.VerdictFormat, str] = {"json": "v1", "compact": "v2"}
+
+
+def prompt_version_for(verdict_format: verdict.VerdictFormat) -> str:
+    """The prompt version that asks for ``verdict_format``."""
+    return PROMPT_VERSIONS[verdict_format]
 
 
 def normalize_prompt(text: str) -> str:
@@ -67,10 +74,12 @@ class RequestOptions:
     model: str
     enable_thinking: bool
     max_completion_tokens: int
-    constraint: str = "json_schema"  # or "regex"
+    constraint: str = "json_schema"  # or "regex": how the JSON format is held (the compact one is a regex)
     stream: bool = True
     priority: int | None = None
     thinking_token_budget: int | None = None
+    verdict_format: verdict.VerdictFormat = "json"
+    top_logprobs: int = 0  # > 0: ask for each token's logprob and this many alternatives (confidence)
 
 
 def user_content(images: list[EngineImage], user_text: str) -> list[dict[str, Any]]:
@@ -104,10 +113,11 @@ def build_chat_request(
         "temperature": 0,
         "chat_template_kwargs": {"enable_thinking": options.enable_thinking},
     }
-    if options.constraint == "regex" and frames == 1:
-        body["structured_outputs"] = {"regex": verdict.verdict_regex()}
-    else:
-        body["response_format"] = verdict.response_format(frames)
+    # a text-only request (no frame) still gets one verdict
+    body.update(verdict.structured_outputs(options.verdict_format, options.constraint, max(1, frames)))
+    if options.top_logprobs > 0:
+        body["logprobs"] = True
+        body["top_logprobs"] = options.top_logprobs
     if options.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}

@@ -10,6 +10,10 @@ from typing import Any, Literal
 Action = Literal["allow", "review", "block"]
 ACTIONS: tuple[Action, ...] = ("allow", "review", "block")
 
+VerdictFormat = Literal["compact", "json"]
+VERDICT_FORMATS: tuple[VerdictFormat, ...] = ("compact", "json")
+DEFAULT_VERDICT_FORMAT: VerdictFormat = "compact"
+
 # The categories the model may name: a subset of OpenAI's moderation categories that a keyframe can show.
 MODEL_CATEGORIES: tuple[str, ...] = (
     "sexual",
@@ -39,7 +43,10 @@ OPENAI_CATEGORIES: tuple[str, ...] = (
     "violence/graphic",
 )
 
-VerdictProblem = Literal["empty_output", "truncated_output", "invalid_json", "schema_mismatch"]
+VerdictProblem = Literal[
+    "empty_output", "truncated_output", "invalid_json", "schema_mismatch", "invalid_compact"
+]
+COMPACT_SEPARATOR = "\n"  # between the verdicts of packed frames: one line per frame
 
 
 def verdict_schema() -> dict[str, Any]:
@@ -82,6 +89,36 @@ def verdict_regex() -> str:
     )
 
 
+def compact_regex(frames: int = 1) -> str:
+    """The compact verdict: ``allow``, ``review`` or ``block:<category>[,<category>…]``, one line per frame.
+
+    The three actions start with different letters, so the verdict's first token alone names the action
+    whatever the tokenizer cuts it into: that is where the confidence is read (shaping.confidence).
+    """
+    # The names are spelled as they are: [a-z/-] only, nothing a regex needs escaped (a test holds it).
+    category = "(" + "|".join(MODEL_CATEGORIES) + ")"
+    one = f"(allow|review|block:{category}(,{category}){{0,{len(MODEL_CATEGORIES) - 1}}})"
+    return one if frames == 1 else one + f"(\\n{one}){{{frames - 1}}}"
+
+
+def compact_text(action: Action, categories: tuple[str, ...] | list[str] = ()) -> str:
+    """One verdict in the compact form (what the grammar lets the engine write)."""
+    if action != "block":
+        return action
+    if not categories:
+        raise ValueError("a compact block names at least one category")
+    return "block:" + ",".join(categories)
+
+
+def structured_outputs(verdict_format: VerdictFormat, constraint: str, frames: int = 1) -> dict[str, Any]:
+    """What holds the engine to the verdict form: ``structured_outputs`` or ``response_format``."""
+    if verdict_format == "compact":
+        return {"structured_outputs": {"regex": compact_regex(frames)}}
+    if constraint == "regex" and frames == 1:
+        return {"structured_outputs": {"regex": verdict_regex()}}
+    return {"response_format": response_format(frames)}
+
+
 def response_format(frames: int = 1) -> dict[str, Any]:
     """The OpenAI ``response_format`` that holds the engine to the verdict schema."""
     schema = verdict_schema() if frames == 1 else packed_verdict_schema(frames)
@@ -97,9 +134,15 @@ class KeyframeVerdict:
 
     action: Action
     categories: tuple[str, ...] = ()
-    confidence: float = 0.0
+    # The probability of the action from the engine's logprobs (shaping.confidence), None when the engine
+    # gave none; ``confidence_note`` says why. Never the number a JSON verdict writes: that is stated_*.
+    confidence: float | None = None
     problem: VerdictProblem | None = None  # set when the output could not be used as it was
     detail: str = ""  # what was wrong, for logs and the answer's reason
+    stated_confidence: float | None = None  # what a JSON verdict wrote in its "confidence" field
+    category_scores: tuple[tuple[str, float], ...] | None = None  # from logprobs, where the engine gave them
+    confidence_note: str | None = None  # why ``confidence`` is None (or how it was read)
+    verdict_format: VerdictFormat | None = None  # the form the engine answered in
 
     @property
     def flagged(self) -> bool:
@@ -121,6 +164,7 @@ def _review(problem: VerdictProblem, detail: str) -> KeyframeVerdict:
     return KeyframeVerdict(action="review", problem=problem, detail=detail)
 
 
+_COMPACT_START = re.compile(r"(allow|review|block)(?![A-Za-z_])")
 _THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 
@@ -152,7 +196,24 @@ def _verdict_from_obj(obj: object) -> KeyframeVerdict:
     if isinstance(confidence, bool) or not isinstance(confidence, int | float) or not 0 <= confidence <= 1:
         return _review("schema_mismatch", f"confidence {confidence!r} is not a number in [0, 1]")
     categories = tuple(dict.fromkeys(raw_categories))
-    return KeyframeVerdict(action=action, categories=categories, confidence=float(confidence))
+    return KeyframeVerdict(
+        action=action, categories=categories, stated_confidence=float(confidence), verdict_format="json"
+    )
+
+
+def parse_compact_verdict(text: str) -> KeyframeVerdict:
+    """One compact verdict (``allow``, ``review``, ``block:violence,hate``); anything else is review."""
+    text = text.strip()
+    if text in ("allow", "review"):
+        return KeyframeVerdict(action=text, verdict_format="compact")  # type: ignore[arg-type]
+    head, colon, tail = text.partition(":")
+    if head != "block" or not colon:
+        return _review("invalid_compact", f"{text[:60]!r} is not allow, review or block:<categories>")
+    names = [name.strip() for name in tail.split(",")]
+    unknown = [name for name in names if name not in MODEL_CATEGORIES]
+    if unknown or not names:
+        return _review("invalid_compact", f"unknown categories {unknown}")
+    return KeyframeVerdict(action="block", categories=tuple(dict.fromkeys(names)), verdict_format="compact")
 
 
 def parse_engine_output(
@@ -175,10 +236,17 @@ def parse_engine_output(
         )
     if not text:
         return fallback("empty_output", "the engine returned no answer after its reasoning")
+    if _COMPACT_START.match(text):  # the compact form: one line per frame
+        lines = [line for line in text.split(COMPACT_SEPARATOR) if line.strip()]
+        if len(lines) != frames:
+            return fallback("invalid_compact", f"expected {frames} verdict line(s), got {len(lines)}")
+        verdicts = tuple(parse_compact_verdict(line) for line in lines)
+        problems = tuple(v.problem for v in verdicts if v.problem)
+        return ParsedOutput(verdicts, reasoning, content or "", problems)
     try:
         obj = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
-        return fallback("invalid_json", f"the answer is not JSON: {exc}")
+        return fallback("invalid_json", f"the answer is not a compact verdict and not JSON: {exc}")
     if frames == 1:
         verdict = _verdict_from_obj(obj)
         problems = (verdict.problem,) if verdict.problem else ()

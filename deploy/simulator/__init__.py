@@ -2,5 +2,15 @@
 
 from deploy.simulator.app import Faults, SimulatedEngine, create_sim_app
 from deploy.simulator.presets import PRESETS, SimPreset
+from deploy.simulator.truth import FrameTruth, SimVerdict, frame_truth
 
-__all__ = ["PRESETS", "Faults", "SimPreset", "SimulatedEngine", "create_sim_app"]
+__all__ = [
+    "PRESETS",
+    "Faults",
+    "FrameTruth",
+    "SimPreset",
+    "SimVerdict",
+    "SimulatedEngine",
+    "create_sim_app",
+    "frame_truth",
+]

@@ -1,8 +1,11 @@
 """The simulated engine's HTTP face: the slice of vLLM's OpenAI-compatible server the gateway uses.
 
 Its verdicts come from the marker squares of synthetic keyframes (``deploy.keyframes``), so quality code has
-ground truth; a configurable share of thinking-off answers differ. Faults can be switched on for tests
-(``POST /sim/faults``) or from the command line.
+ground truth; a configurable share of thinking-off answers differ, and each frame's difficulty sets both
+that and the confidence its logprobs carry (``deploy.simulator.truth``; ``POST /sim/truth`` answers it for a
+frame). It answers in the form the request's grammar holds it to (the compact verdict regex, the JSON
+schema or regex, a choice) and returns logprobs in vLLM's shape when asked. Faults can be switched on for
+tests (``POST /sim/faults``) or from the command line.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import base64
 import binascii
 import io
 import json
+import math
 import random
+import re
 import time
 import uuid
 import zlib
@@ -34,10 +39,14 @@ from deploy.simulator.engine import FinishEvent, Sequence, SimScheduler, TokenEv
 from deploy.simulator.metrics import SimMetrics
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.tokenizer import ImageSlot, Token, render_chat, split_text, token_id
+from deploy.simulator.truth import FrameTruth, SimVerdict, frame_truth
 from shaping.errors import ImageRejected
 from shaping.tokens import TokenGrid, image_tokens
+from shaping.verdict import ACTIONS, MODEL_CATEGORIES, compact_text
 
-MODEL_CATEGORIES_FOR_SIM = ("violence",)  # the category a thinking-off false positive names
+END_OF_OUTPUT = "<|im_end|>"  # the stop token: generated (one decode step), counted, never in the text
+THINK_END = "</think>"
+MASKED_LOGPROB = -9999.0  # what vLLM writes for a token the grammar masked (-inf, clamped)
 
 # A text-only request (no image) is judged by words: ground truth for text as marker squares are for frames.
 TEXT_KEYWORDS: dict[str, tuple[str, ...]] = {
@@ -133,6 +142,8 @@ class ChatRequest(BaseModel):
     structured_outputs: dict[str, Any] | None = None
     priority: int = 0
     thinking_token_budget: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)  # vLLM's default --max-logprobs is 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,45 +246,68 @@ class SimulatedEngine:
             images += found
         return render_chat(messages, enable_thinking, add_generation_prompt), images, enable_thinking
 
-    def _verdict(self, image: DecodedImage, enable_thinking: bool) -> dict[str, Any]:
-        label = image.label
-        action, categories = label.action, [label.category] if label.category else []
-        # A deterministic share of frames get a different answer without thinking: the quality
-        # module's ground truth for "how much does thinking off change verdicts".
-        draw = zlib.crc32(f"{image.identity}:thinking-off".encode()) / 2**32
-        if not enable_thinking and draw < self.preset.thinking_off_disagreement:
-            action, categories = (
-                ("block", list(MODEL_CATEGORIES_FOR_SIM)) if action == "allow" else ("allow", [])
-            )
-        confidence = round(0.8 + 0.19 * (zlib.crc32(image.identity.encode()) % 100) / 100, 2)
-        return {"verdict": action, "categories": categories, "confidence": confidence}
+    def truth(self, image: DecodedImage) -> FrameTruth:
+        """The simulator's ground truth for one decoded image (deploy.simulator.truth)."""
+        return frame_truth(
+            image.identity,
+            image.label,
+            disagreement=self.preset.thinking_off_disagreement,
+            separation=self.preset.separation_auroc,
+        )
 
-    def _answer(self, request: ChatRequest, images: list[DecodedImage], enable_thinking: bool) -> str:
-        verdicts = [self._verdict(image, enable_thinking) for image in images] or [
-            text_verdict(last_user_text(request.messages))
+    def _answer(
+        self, request: ChatRequest, truths: list[FrameTruth], enable_thinking: bool
+    ) -> tuple[str, list[float]]:
+        """The answer text in the form the request's grammar allows, and each verdict's confidence."""
+        verdicts = [t.verdict(enable_thinking) for t in truths]
+        confidences = [t.confidence(enable_thinking) for t in truths]
+        if not truths:  # a text-only request: the words decide (text_verdict)
+            said = text_verdict(last_user_text(request.messages))
+            verdicts = [SimVerdict(said["verdict"], tuple(said["categories"]))]
+            confidences = [said["confidence"]]
+        objects = [
+            {"verdict": v.action, "categories": list(v.categories), "confidence": round(c, 2)}
+            for v, c in zip(verdicts, confidences, strict=True)
         ]
+        compact = "\n".join(
+            compact_text(v.action, v.categories)  # type: ignore[arg-type]  # the label's action: one of three
+            for v in verdicts
+        )
+        one_json = json.dumps(objects[0], separators=(",", ":"), ensure_ascii=False)
         structured = request.structured_outputs or {}
+        if isinstance(structured.get("regex"), str):
+            try:
+                grammar = re.compile(structured["regex"])
+            except re.error as exc:
+                message = f"invalid regex in structured_outputs: {exc}"
+                raise EngineError(400, message, "structured_outputs") from exc
+            for text in (compact, one_json):
+                if grammar.fullmatch(text):
+                    return text, confidences
+            message = "the simulator cannot write a verdict this regex allows"
+            raise EngineError(400, message, "structured_outputs")
+        if "choice" in structured:
+            choices = [str(c) for c in structured["choice"]]
+            wanted = compact if compact in choices else verdicts[0].action
+            return (wanted if wanted in choices else choices[0]), confidences
         schema: dict[str, Any] = {}
         if request.response_format and request.response_format.get("type") == "json_schema":
             schema = request.response_format.get("json_schema", {}).get("schema", {})
         elif "json" in structured and isinstance(structured["json"], dict):
             schema = structured["json"]
-        if "choice" in structured:
-            choices = structured["choice"]
-            wanted = verdicts[0]["verdict"]
-            return wanted if wanted in choices else str(choices[0])
         if "frames" in schema.get("properties", {}):
-            return json.dumps({"frames": verdicts}, separators=(",", ":"), ensure_ascii=False)
-        return json.dumps(verdicts[0], separators=(",", ":"), ensure_ascii=False)
+            return json.dumps({"frames": objects}, separators=(",", ":"), ensure_ascii=False), confidences
+        return one_json, confidences
 
     def plan_output(
         self, request: ChatRequest, images: list[DecodedImage], enable_thinking: bool
     ) -> list[TokenEvent]:
-        """The tokens this request will generate: reasoning (thinking on) then the answer."""
+        """The tokens this request will generate: reasoning (thinking on), the answer, the stop token."""
+        truths = [self.truth(image) for image in images]
         if self.faults.malformed_rate and self._rng.random() < self.faults.malformed_rate:
-            answer = "I think this frame looks fine, probably."
+            answer, confidences = "I think this frame looks fine, probably.", list[float]()
         else:
-            answer = self._answer(request, images, enable_thinking)
+            answer, confidences = self._answer(request, truths, enable_thinking)
         output: list[TokenEvent] = []
         if enable_thinking:
             identity = images[0].identity if images else "text"
@@ -284,7 +318,11 @@ class SimulatedEngine:
                 count = min(count, max(1, request.thinking_token_budget))
             words = ("画面", "中", "显示", "人物", "场景", "没有", "明显", "违规", "内容", "，", "判断", "。")
             output += [TokenEvent("reasoning", words[i % len(words)]) for i in range(count)]
-        output += [TokenEvent("content", piece) for piece in split_text(answer)]
+            # the closing tag: generated and counted, but neither reasoning (not in reasoning_tokens) nor text
+            output.append(TokenEvent("content", THINK_END))
+        references = [t.thinking_on for t in truths] or [SimVerdict("allow", ())]  # text only: one verdict
+        output += _answer_tokens(answer, confidences, references)
+        output.append(TokenEvent("content", END_OF_OUTPUT))
         return output
 
     def usage(self, finish: FinishEvent, images: list[DecodedImage]) -> dict[str, Any]:
@@ -319,13 +357,27 @@ def _parse_chat(body: bytes | dict[str, Any], served_model: str) -> ChatRequest:
     return request
 
 
-def _chunk(request_id: str, model: str, created: int, delta: dict[str, Any], finish: str | None) -> bytes:
+def _chunk(
+    request_id: str,
+    model: str,
+    created: int,
+    delta: dict[str, Any],
+    finish: str | None,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> bytes:
     body = {
         "id": request_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None if logprobs is None else {"content": logprobs},
+                "finish_reason": finish,
+            }
+        ],
     }
     return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
@@ -357,6 +409,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     headers: dict[str, str] = {}
     model = sim.preset.model
 
+    top = body.top_logprobs or 0
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
 
@@ -365,14 +418,23 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
                 await asyncio.sleep(slow)
             yield _chunk(request_id, model, created, {"role": "assistant", "content": ""}, None)
             sent = 0
+            last: TokenEvent | None = None
             async for event in sim.engine.generate(sequence):
                 if isinstance(event, TokenEvent):
-                    yield _chunk(request_id, model, created, {event.channel: event.text}, None)
                     sent += 1
+                    if event.text == END_OF_OUTPUT:  # as vLLM: the stop token rides on the finishing chunk
+                        last = event
+                        continue
+                    # as vLLM's reasoning parser: the closing tag's chunk has an empty delta, and logprobs
+                    delta: dict[str, Any] = {} if event.text == THINK_END else {event.channel: event.text}
+                    entries = [logprob_entry(event, top)] if body.logprobs else None
+                    yield _chunk(request_id, model, created, delta, None, entries)
                     if cut and sent >= max(1, len(sequence.output) // 2):
                         return  # the connection ends mid-answer, with no finish and no [DONE]
                     continue
-                yield _chunk(request_id, model, created, {}, event.finish_reason)
+                entries = [logprob_entry(last, top)] if body.logprobs and last is not None else None
+                final: dict[str, Any] = {"content": ""} if last else {}
+                yield _chunk(request_id, model, created, final, event.finish_reason, entries)
                 if include_usage:
                     usage_chunk = {
                         "id": request_id,
@@ -391,10 +453,13 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
         await asyncio.sleep(slow)
     reasoning: list[str] = []
     content: list[str] = []
+    generated: list[TokenEvent] = []
     finish: FinishEvent | None = None
     async for event in sim.engine.generate(sequence):
         if isinstance(event, TokenEvent):
-            (reasoning if event.channel == "reasoning" else content).append(event.text)
+            generated.append(event)
+            if event.text not in (END_OF_OUTPUT, THINK_END):
+                (reasoning if event.channel == "reasoning" else content).append(event.text)
         else:
             finish = event
     assert finish is not None  # generate() always ends with a FinishEvent
@@ -417,7 +482,14 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
             "created": created,
             "model": model,
             "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish.finish_reason}
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": (
+                        {"content": [logprob_entry(e, top) for e in generated]} if body.logprobs else None
+                    ),
+                    "finish_reason": finish.finish_reason,
+                }
             ],
             "usage": sim.usage(finish, images),
         },
@@ -485,6 +557,23 @@ async def tokenize(request: Request[Any, Any, Any], state: State) -> dict[str, A
     }
 
 
+class TruthQuery(BaseModel):
+    """Body of ``POST /sim/truth``: an image as a chat request would carry it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1)  # a data: URL
+    uuid: str | None = None  # the identity the request would send (the gateway: the shaped frame's SHA-256)
+
+
+@post("/sim/truth", status_code=200)
+async def truth(data: JSONBody[TruthQuery], state: State) -> dict[str, Any]:
+    """The simulator's ground truth for one frame: difficulty, whether thinking off flips it, each verdict."""
+    sim: SimulatedEngine = state.sim
+    image = _decode_image(data.url, data.uuid, sim.grid)
+    return {**asdict(sim.truth(image)), "label": str(image.label)}
+
+
 @get("/sim/faults")
 async def get_faults(state: State) -> dict[str, Any]:
     """The failure modes in force."""
@@ -537,6 +626,7 @@ def create_sim_app(preset: SimPreset, time_scale: float, faults: Faults | None =
             tokenize,
             get_faults,
             set_faults,
+            truth,
             reset_prefix_cache,
             info,
         ],
@@ -548,3 +638,97 @@ def create_sim_app(preset: SimPreset, time_scale: float, faults: Faults | None =
         logging_config=None,  # the process owns logging; an app must not reconfigure the root logger
         debug=False,
     )
+
+
+# --- the answer's tokens and their logprobs ----------------------------------------------------------------
+
+_CATEGORY_HEADS = tuple(dict.fromkeys(split_text(c)[0] for c in MODEL_CATEGORIES))  # "sexual", "violence", …
+
+
+def _distribution(
+    chosen: str, probability: float, others: list[str], weights: list[float]
+) -> list[tuple[str, float]]:
+    """``chosen`` at ``probability``, the rest shared by ``weights``; as (token, logprob), best first."""
+    total = sum(weights) or 1.0
+    rest = max(0.0, 1.0 - probability)
+    pairs = [(chosen, probability)] + [(o, rest * w / total) for o, w in zip(others, weights, strict=True)]
+    return sorted(
+        ((token, math.log(p) if p > 0 else MASKED_LOGPROB) for token, p in pairs), key=lambda pair: -pair[1]
+    )
+
+
+def _action_alternatives(chosen: str, confidence: float, reference: str) -> list[tuple[str, float]]:
+    """The three actions at a verdict's first token: the runner-up is what thinking on would say."""
+    others: list[str] = [a for a in ACTIONS if a != chosen]
+    runner_up = reference if reference != chosen else ("review" if chosen != "review" else "allow")
+    others.sort(key=lambda a: a != runner_up)
+    return _distribution(chosen, confidence, others, [0.75, 0.25])
+
+
+def _category_alternatives(head: str, confidence: float) -> list[tuple[str, float]]:
+    """The categories' first tokens at a category's place: the named one at ``(1 + confidence) / 2``."""
+    others = [h for h in _CATEGORY_HEADS if h != head]
+    return _distribution(head, (1 + confidence) / 2, others, [1.0] * len(others))
+
+
+def _verdict_places(answer: str) -> tuple[dict[int, int], dict[int, int]]:
+    """Character offsets of each verdict's action and of each category it names, mapped to the frame."""
+    actions: dict[int, int] = {}
+    categories: dict[int, int] = {}
+    if answer.startswith("{"):
+        for frame, found in enumerate(re.finditer(r'"verdict":"', answer)):
+            actions[found.end()] = frame
+            listed = re.compile(r'"categories":\[([^\]]*)\]').search(answer, found.end())
+            if listed is not None:
+                for item in re.finditer(r'"([^"]*)"', listed.group(1)):
+                    categories[listed.start(1) + item.start(1)] = frame
+        return actions, categories
+    position = 0
+    for frame, line in enumerate(answer.split("\n")):
+        actions[position] = frame
+        if line.startswith("block:"):
+            offset = position + len("block:")
+            for name in line[len("block:") :].split(","):
+                categories[offset] = frame
+                offset += len(name) + 1
+        position += len(line) + 1
+    return actions, categories
+
+
+def _answer_tokens(answer: str, confidences: list[float], references: list[SimVerdict]) -> list[TokenEvent]:
+    """The answer as tokens; at each verdict's action and categories, the alternatives the model weighed."""
+    actions, categories = _verdict_places(answer)
+    events: list[TokenEvent] = []
+    position = 0
+    for piece in split_text(answer):
+        alternatives: list[tuple[str, float]] = [(piece, 0.0)]
+        if position in actions and actions[position] < min(len(confidences), len(references)):
+            frame = actions[position]
+            alternatives = _action_alternatives(piece, confidences[frame], references[frame].action)
+        elif position in categories and categories[position] < len(confidences):
+            alternatives = _category_alternatives(piece, confidences[categories[position]])
+        logprob = dict(alternatives).get(piece, 0.0)
+        events.append(TokenEvent("content", piece, logprob, tuple(alternatives)))
+        position += len(piece)
+    return events
+
+
+def logprob_entry(event: TokenEvent, top: int) -> dict[str, Any]:
+    """One token in vLLM's ``logprobs.content`` shape: token, logprob, bytes and ``top`` alternatives.
+
+    As vLLM: exactly ``top`` alternatives (padded with tokens the grammar masked, at -9999.0).
+    """
+    alternatives = list(event.alternatives) or [(event.text, event.logprob)]
+    listed = dict(alternatives)
+    fillers = (t for t in ("{", "}", '"', ":", ",", "a", "b", "c", "d", "e", "f", "g") if t not in listed)
+    while len(alternatives) < top:
+        alternatives.append((next(fillers), MASKED_LOGPROB))
+    return {
+        "token": event.text,
+        "logprob": event.logprob,
+        "bytes": list(event.text.encode()),
+        "top_logprobs": [
+            {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+            for token, logprob in alternatives[:top]
+        ],
+    }

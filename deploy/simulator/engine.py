@@ -38,10 +38,12 @@ Channel = Literal["reasoning", "content"]
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """One generated token."""
+    """One generated token, with its log-probability and the alternatives the model weighed there."""
 
     channel: Channel
     text: str
+    logprob: float = 0.0
+    alternatives: tuple[tuple[str, float], ...] = ()  # (token, logprob), best first; the token among them
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,8 @@ BUILTIN_CORPUS = [
     '{"verdict": "review", "categories": ["violence"], "confidence": 0.5}',
     '{"verdict": "block", "categories": ["sexual", "hate"], "confidence": 0.97}',
     "allow review block sexual sexual/minors violence violence/graphic self-harm hate harassment illicit",
+    # the compact verdict (shaping/verdict.py): the same pieces, as the engine writes them
+    "allow\nreview\nblock:violence\nblock:sexual,hate\nblock:self-harm,harassment,illicit",
     "system user assistant <think> </think> true false null 0 1 2 3 4 5 6 7 8 9",
     "请审核这张视频关键帧截图。",
 ]

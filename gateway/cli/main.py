@@ -207,6 +207,10 @@ def engine_sim(
     disagreement: Annotated[
         float | None, typer.Option(help="Share of frames whose thinking-off verdict differs.")
     ] = None,
+    separation: Annotated[
+        float | None,
+        typer.Option(help="AUROC of thinking-off confidence against a changed verdict (binormal, 0.85)."),
+    ] = None,
     scheduling_policy: Annotated[str | None, typer.Option(help="fcfs or priority.")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option(help="vLLM's token budget per step.")] = None,
     speculative_config: Annotated[
@@ -242,6 +246,7 @@ def engine_sim(
         ("block_size", block_size),
         ("max_num_seqs", max_num_seqs),
         ("thinking_off_disagreement", disagreement),
+        ("separation_auroc", separation),
         ("scheduling_policy", scheduling_policy),
     ):
         if value is not None:

@@ -20,6 +20,7 @@ import stamina
 
 from gateway.engine.circuit import CircuitBreaker
 from gateway.errors import EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
+from shaping.confidence import TokenLogprob
 
 ENGINE_REJECTED = "engine_rejected"  # the engine's own 4xx: our request was wrong, the engine is fine
 
@@ -69,12 +70,23 @@ class EngineAnswer:
     total_s: float
     request_id: str
     streamed: bool
+    # every generated token's logprob (reasoning and answer, in order); None when the engine sent none
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
+    """``choice.logprobs.content`` (vLLM's shape, streamed or not), or None when the engine sent none."""
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
+        return None
+    return [TokenLogprob.from_wire(entry) for entry in logprobs["content"] if isinstance(entry, dict)]
 
 
 @dataclass
 class _StreamState:
     content: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     first_token_at: float | None = None
@@ -242,6 +254,7 @@ class EngineClient:
             total_s=total,
             request_id=request_id,
             streamed=bool(body.get("stream")),
+            logprobs=None if state.logprobs is None else tuple(state.logprobs),
         )
 
     async def _read_body(self, response: httpx.Response, state: _StreamState, started: float) -> None:
@@ -259,6 +272,7 @@ class EngineClient:
         if reasoning:
             state.reasoning.append(reasoning)
         state.finish_reason = choice.get("finish_reason")
+        state.logprobs = _logprob_entries(choice)
         state.usage = payload.get("usage")
         state.done = True
 
@@ -294,6 +308,10 @@ class EngineClient:
                     state.reasoning.append(reasoning)
                 if delta.get("content"):
                     state.content.append(delta["content"])
+                entries = _logprob_entries(choice)
+                if entries is not None:
+                    state.logprobs = state.logprobs or []
+                    state.logprobs.extend(entries)
                 if (reasoning or delta.get("content")) and state.first_token_at is None:
                     state.first_token_at = time.monotonic()
                 if choice.get("finish_reason"):

@@ -48,7 +48,8 @@ from gateway.telemetry.tracing import Telemetry, build_telemetry
 from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
 from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from shaping.prefix import GuidanceTooShort
-from shaping.prompt import SystemPrompt, load_system_prompt
+from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
+from shaping.verdict import VERDICT_FORMATS
 
 log = logging.getLogger("modgate.gateway")
 
@@ -127,7 +128,7 @@ def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictC
 
 
 async def _system_prompt(
-    settings: Settings, engine_url: str, transport: httpx.AsyncBaseTransport | None
+    settings: Settings, engine_url: str, transport: httpx.AsyncBaseTransport | None, version: str
 ) -> SystemPrompt:
     """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
 
@@ -135,13 +136,13 @@ async def _system_prompt(
     prompt in force (said loudly): the gateway still serves, the cache just cannot hit.
     """
     if not settings.shaping.block_filling_prefix:
-        return load_system_prompt()
+        return load_system_prompt(version)
     try:
         async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
-            prompt, filled = await block_filled_prompt(http, settings.shaping.prefix_block_size)
+            prompt, filled = await block_filled_prompt(http, settings.shaping.prefix_block_size, version)
     except (PrefixPlanError, GuidanceTooShort) as exc:
         log.error("block-filling prefix OFF: %s; serving the plain system prompt", exc)
-        return load_system_prompt()
+        return load_system_prompt(version)
     log.warning(
         "block-filling prefix on: +%d tokens of policy guidance; shared prefix %d tokens (block %d, +%d)",
         filled.added_tokens,
@@ -259,7 +260,12 @@ async def open_services(
             admission=admission,
             policies=policies,
             metrics=metrics,
-            system_prompt=await _system_prompt(settings, engine_url, engine_transport),
+            system_prompts={
+                verdict_format: await _system_prompt(
+                    settings, engine_url, engine_transport, prompt_version_for(verdict_format)
+                )
+                for verdict_format in VERDICT_FORMATS
+            },
             executor=executor,
             tracer=telemetry.tracer,
             recorder=RequestRecorder(metrics, recent, telemetry.instruments),
@@ -272,11 +278,12 @@ async def open_services(
         moderation.shadow = ShadowSampler(
             engines=engines,
             store=records,
-            system_prompt=moderation.system_prompt,
+            system_prompts=moderation.system_prompts,
             user_text=settings.shaping.user_text,
             model=moderation.engine_model,
             use_priority=settings.engine.use_priority,
             constraint=settings.engine.verdict_constraint,
+            top_logprobs=settings.engine.top_logprobs,
             counters=metrics,
         )
         stack.push_async_callback(moderation.shadow.drain, timeout_s=10.0)

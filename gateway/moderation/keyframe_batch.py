@@ -101,9 +101,12 @@ def video_verdict(frames: list[KeyframeResult]) -> VideoVerdict:
     blocked = [frame.index for frame in frames if frame.modgate.action == "block"]
     review = [frame.index for frame in frames if frame.modgate.action == "review"]
     deciding = blocked or review
+    # A blocked frame's categories are the ones it blocks for (its scores are probabilities, and every
+    # category may have some); a review names its categories by a score only when no block decides.
     categories = sorted({
         name for frame in frames if frame.index in deciding
-        for name, score in frame.category_scores.items() if score > 0
+        for name, score in frame.category_scores.items()
+        if (frame.categories.get(name, False) if blocked else score > 0)
     })
     action: Literal["allow", "review", "block"] = "block" if blocked else "review" if review else "allow"
     return VideoVerdict(action=action, flagged=action != "allow", categories=categories,

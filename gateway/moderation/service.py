@@ -8,7 +8,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
@@ -56,11 +56,12 @@ from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
 from gateway.telemetry.tracing import engine_span_attributes
 from gateway.telemetry.windows import RecentRequests
 from shaping.accounting import PromptPrediction, TokenAccountant, compare_usage
+from shaping.confidence import with_confidence
 from shaping.errors import ImageRejected
 from shaping.image import ImageLimits, ShapedImage, decode_data_url, shape_image
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request
 from shaping.tokens import TokenGrid
-from shaping.verdict import OPENAI_CATEGORIES, KeyframeVerdict, parse_engine_output
+from shaping.verdict import OPENAI_CATEGORIES, KeyframeVerdict, VerdictFormat, parse_engine_output
 
 log = logging.getLogger("modgate.moderation")
 T = TypeVar("T")
@@ -111,7 +112,7 @@ class ModerationService:
         admission: AdmissionQueue,
         policies: PolicyStore,
         metrics: GatewayMetrics,
-        system_prompt: SystemPrompt,
+        system_prompts: Mapping[VerdictFormat, SystemPrompt],
         executor: Executor,
         tracer: trace.Tracer | None = None,
         recorder: RequestRecorder | None = None,
@@ -128,7 +129,7 @@ class ModerationService:
         self.policies = policies
         self.load = QueueLoad(lambda: admission.queued)  # the load rule's signal and hysteresis (per replica)
         self.metrics = metrics
-        self.system_prompt = system_prompt
+        self.system_prompts = dict(system_prompts)  # one per verdict format: each asks for its own form
         self.executor = executor  # a ShapingPool: each tenant's frames wait in a queue of their own
         self.work = WorkModel(settings.tenants.output_token_weight)  # engine work per call (fair share)
         self.tracer = tracer or trace.NoOpTracer()
@@ -151,9 +152,15 @@ class ModerationService:
             NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta),
         )
         self.shadow: ShadowSampler | None = None  # set by open_services: shadow pairs for the quality module
-        self.accountant: TokenAccountant | None = None  # built with the first request (needs the model id)
+        # built with the first request of each verdict format (needs the model id)
+        self.accountants: dict[VerdictFormat, TokenAccountant] = {}
         self._accounting_lock = asyncio.Lock()
         self._accounting_paused_until = 0.0  # after a failed /tokenize: no prediction until then
+
+    @property
+    def system_prompt(self) -> SystemPrompt:
+        """The system prompt of the verdict format the policy in force asks for."""
+        return self.system_prompts[self.policies.current().verdict_format]
 
     async def engine_model(self) -> str:
         """The model id the engine requests name (``MODGATE_ENGINE__MODEL``, or the engine's first)."""
@@ -262,6 +269,7 @@ class ModerationService:
             requested=options.thinking if options and options.thinking else requested,
             tags=tuple(options.tags) if options else (),
             priority=options.priority if options else 0,
+            requested_format=options.verdict_format if options else None,
         )
         policy = self.policies.current()
         decision = decide(policy, context, under_load=self.load.update(policy.load))
@@ -292,6 +300,7 @@ class ModerationService:
                             outcome.answer,
                             tenant=caller.tenant,
                             video_id=video_id,
+                            verdict_format=decision.verdict_format,
                         )
         else:
             # Text only, judged for real: the canonical system prompt, the text as the user turn, the same
@@ -339,8 +348,9 @@ class ModerationService:
         context: RequestContext,
         request_id: str,
     ) -> FrameOutcome:
+        top_logprobs = self.settings.engine.top_logprobs
         body = build_chat_request(
-            self.system_prompt,
+            self.system_prompts[decision.verdict_format],
             list(frames),
             user_text,
             RequestOptions(
@@ -356,9 +366,13 @@ class ModerationService:
                     if decision.thinking_token_budget is None
                     else decision.thinking_token_budget * max(1, len(frames))
                 ),
+                verdict_format=decision.verdict_format,
+                top_logprobs=top_logprobs,
             ),
         )
-        prediction = await self._predict_prompt_tokens(frames, user_text, decision.mode == "on")
+        prediction = await self._predict_prompt_tokens(
+            frames, user_text, decision.mode == "on", decision.verdict_format
+        )
         work = self.work.estimate(
             context.tenant, len(frames), decision.mode == "on",
             None if prediction is None else prediction.total,
@@ -398,17 +412,27 @@ class ModerationService:
             parsed = parse_engine_output(
                 answer.content, answer.reasoning, answer.finish_reason, frames=max(1, len(frames))
             )
+            verdicts = with_confidence(
+                parsed.verdicts,
+                answer.logprobs,
+                answer.content,
+                missing=(
+                    "the engine returned no logprobs"
+                    if top_logprobs > 0
+                    else "logprobs are not asked of the engine (MODGATE_ENGINE__TOP_LOGPROBS=0)"
+                ),
+            )
         for problem in parsed.problems:
             self.metrics.unparsable.labels(problem).inc()
             log.warning("unusable engine output", extra={"request_id": request_id, "problem": problem})
-        for judged in parsed.verdicts:
+        for judged in verdicts:
             self.metrics.frames.labels(judged.action, decision.mode).inc()
         return FrameOutcome(
-            verdict=parsed.verdicts[0],
+            verdict=verdicts[0],
             answer=answer,
             decision=decision,
             queue_s=admission.queue_seconds,
-            verdicts=parsed.verdicts,
+            verdicts=verdicts,
             packed=max(1, len(frames)),
         )
 
@@ -418,18 +442,24 @@ class ModerationService:
         verdict, answer, decision = outcome.verdict, outcome.answer, outcome.decision
         input_type: list[Literal["text", "image"]] = ["image"] if frame else ["text"]
         named = set(verdict.categories)
-        weight = 1.0 if verdict.action == "block" else 0.5
         usage = answer.usage
+        if verdict.category_scores is not None:  # read from the engine's logprobs (shaping.confidence)
+            scores = dict(verdict.category_scores)
+            category_scores = {c: scores.get(c, 0.0) for c in OPENAI_CATEGORIES}
+        else:  # no probabilities: a fixed mark for the categories the verdict names, 0.0 for the rest
+            weight = 1.0 if verdict.action == "block" else 0.5
+            category_scores = {c: weight if c in named else 0.0 for c in OPENAI_CATEGORIES}
         return ModerationResult(
             flagged=verdict.flagged,
             categories={c: c in named and verdict.action == "block" for c in OPENAI_CATEGORIES},
-            category_scores={
-                c: round(verdict.confidence * weight, 4) if c in named else 0.0 for c in OPENAI_CATEGORIES
-            },
+            category_scores=category_scores,
             category_applied_input_types=dict.fromkeys(OPENAI_CATEGORIES, input_type),
             modgate=ModerationDetails(
                 action=verdict.action,
                 reason=verdict.detail or None,
+                confidence=verdict.confidence,
+                confidence_reason=verdict.confidence_note if verdict.confidence is None else None,
+                verdict_format=decision.verdict_format,
                 thinking=decision.mode,
                 thinking_rule=decision.rule,
                 policy_version=decision.policy_version,
@@ -452,7 +482,11 @@ class ModerationService:
     # --- request shaping that cuts the engine's work per keyframe (issue 4) --------------------------------
 
     async def _predict_prompt_tokens(
-        self, frames: list[ShapedImage], user_text: str, enable_thinking: bool
+        self,
+        frames: list[ShapedImage],
+        user_text: str,
+        enable_thinking: bool,
+        verdict_format: VerdictFormat,
     ) -> PromptPrediction | None:
         """The prompt tokens this engine request should cost; what the accountant lacks is asked of /tokenize.
 
@@ -460,9 +494,10 @@ class ModerationService:
         """
         if time.monotonic() < self._accounting_paused_until:
             return None
-        if self.accountant is None:
-            self.accountant = TokenAccountant(self.system_prompt.text, await self.engine_model())
-        accountant = self.accountant
+        accountant = self.accountants.get(verdict_format)
+        if accountant is None:  # one per system prompt: each format's prompt counts its own tokens
+            accountant = TokenAccountant(self.system_prompts[verdict_format].text, await self.engine_model())
+            self.accountants[verdict_format] = accountant
         if accountant.pending(enable_thinking, user_text, frames):
             async with self._accounting_lock:  # concurrent first requests measure once
                 try:
@@ -502,9 +537,10 @@ class ModerationService:
             tenant=tenant,
             policy_version=decision.policy_version,
             thinking=decision.mode,
-            prompt_sha256=self.system_prompt.sha256,
+            prompt_sha256=self.system_prompts[decision.verdict_format].sha256,
             text_sha256=hashlib.sha256(extra_text.encode()).hexdigest() if extra_text else "",
             model=(await self.engine_identity()).scope,
+            verdict_format=decision.verdict_format,
         )
 
     def _identities(self, frames: list[ShapedImage]) -> list[FrameIdentity]:
@@ -628,6 +664,7 @@ class ModerationService:
                     action=made.verdict.action,
                     categories=made.verdict.categories,
                     confidence=made.verdict.confidence,
+                    category_scores=made.verdict.category_scores,
                     sha256=identities[index].sha256,
                     phash=identities[index].phash,
                     thumbnail=identities[index].thumbnail,

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -21,10 +21,11 @@ from gateway.engine.client import EngineAnswer
 from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError
 from gateway.policy.rules import Mode, ThinkingPolicy
-from quality.records import Arm, RecordStore, VerdictRecord
+from quality.records import Arm, RecordStore, VerdictRecord, arm_for
+from shaping.confidence import with_confidence
 from shaping.image import ShapedImage
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request
-from shaping.verdict import KeyframeVerdict, parse_engine_output
+from shaping.verdict import KeyframeVerdict, VerdictFormat, parse_engine_output
 
 log = logging.getLogger("modgate.shadow")
 
@@ -37,9 +38,9 @@ class ShadowCounters(Protocol):
     def shadow(self, outcome: str) -> None: ...
 
 
-def arm_of(mode: Mode) -> Arm:
-    """The quality arm name of a thinking mode."""
-    return "thinking_on" if mode == "on" else "thinking_off"
+def arm_of(mode: Mode, verdict_format: VerdictFormat = "compact") -> Arm:
+    """The quality arm name of a thinking mode and verdict format."""
+    return arm_for(mode, verdict_format)
 
 
 class ShadowSampler:
@@ -50,17 +51,19 @@ class ShadowSampler:
         *,
         engines: EnginePool,
         store: RecordStore,
-        system_prompt: SystemPrompt,
+        system_prompts: Mapping[VerdictFormat, SystemPrompt],
         user_text: str,
         model: Callable[[], Awaitable[str]],
         use_priority: bool,
         constraint: str,
+        top_logprobs: int = 0,
         counters: ShadowCounters | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.engines = engines
         self.store = store
-        self.system_prompt = system_prompt
+        self.system_prompts = dict(system_prompts)
+        self.top_logprobs = top_logprobs
         self.user_text = user_text
         self.model = model
         self.use_priority = use_priority
@@ -83,16 +86,21 @@ class ShadowSampler:
         *,
         tenant: str,
         video_id: str | None,
+        verdict_format: VerdictFormat = "compact",
     ) -> bool:
-        """Maybe start a shadow judgement of ``frame``; answers whether one was started."""
+        """Maybe start a shadow judgement of ``frame`` (in the live verdict's format); answers whether one was
+        started."""
         if policy.shadow_share <= 0 or self._rng.random() >= policy.shadow_share:
             return False
         if not self.engines.has_spare_capacity():
             self._count("skipped_busy")
             return False
-        live = self._record(frame, live_mode, live_verdict, live_answer, policy.version, tenant, video_id)
+        live = self._record(
+            frame, live_mode, verdict_format, live_verdict, live_answer, policy.version, tenant, video_id
+        )
+        other: Mode = "off" if live_mode == "on" else "on"
         task = asyncio.get_running_loop().create_task(
-            self._run(policy, frame, "off" if live_mode == "on" else "on", live, tenant, video_id)
+            self._run(policy, frame, other, verdict_format, live, tenant, video_id)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -103,12 +111,13 @@ class ShadowSampler:
         policy: ThinkingPolicy,
         frame: ShapedImage,
         mode: Mode,
+        verdict_format: VerdictFormat,
         live: VerdictRecord,
         tenant: str,
         video_id: str | None,
     ) -> None:
         body = build_chat_request(
-            self.system_prompt,
+            self.system_prompts[verdict_format],
             [frame],
             self.user_text,
             RequestOptions(
@@ -120,6 +129,8 @@ class ShadowSampler:
                 constraint=self.constraint,
                 priority=LOWEST_PRIORITY if self.use_priority else None,
                 thinking_token_budget=policy.thinking_token_budget if mode == "on" else None,
+                verdict_format=verdict_format,
+                top_logprobs=self.top_logprobs,
             ),
         )
         try:
@@ -132,8 +143,9 @@ class ShadowSampler:
             self._count("engine_error")
             log.warning("shadow judgement failed: %s", exc.message)
             return
-        verdict = parse_engine_output(answer.content, answer.reasoning, answer.finish_reason).verdicts[0]
-        shadow = self._record(frame, mode, verdict, answer, policy.version, tenant, video_id)
+        parsed = parse_engine_output(answer.content, answer.reasoning, answer.finish_reason)
+        verdict = with_confidence(parsed.verdicts, answer.logprobs, answer.content)[0]
+        shadow = self._record(frame, mode, verdict_format, verdict, answer, policy.version, tenant, video_id)
         try:
             await self.store.append(live)
             await self.store.append(shadow)
@@ -147,6 +159,7 @@ class ShadowSampler:
         self,
         frame: ShapedImage,
         mode: Mode,
+        verdict_format: VerdictFormat,
         verdict: KeyframeVerdict,
         answer: EngineAnswer,
         policy_version: int,
@@ -158,8 +171,9 @@ class ShadowSampler:
             frame_sha256=frame.sha256,
             video_id=video_id,
             tenant=tenant,
-            arm=arm_of(mode),
+            arm=arm_of(mode, verdict_format),
             action=verdict.action,
+            confidence=verdict.confidence,
             flagged=verdict.flagged,
             categories=list(verdict.categories),
             policy_version=policy_version,

@@ -82,13 +82,14 @@ class VerdictScope:
     prompt_sha256: str  # the system prompt as sent (with any block-filling guidance)
     text_sha256: str = ""  # caller text sent with the frame, if any
     model: str = ""  # the engine's model: id, root and revision (new weights never reuse old verdicts)
+    verdict_format: str = "compact"  # compact or json: the same frame may be judged apart in each
 
     @property
     def key(self) -> str:
         """A short, Redis-safe name for the scope."""
         raw = "\x1f".join(
             (self.tenant, str(self.policy_version), self.thinking, self.prompt_sha256, self.text_sha256,
-             self.model)
+             self.model, self.verdict_format)
         )
         return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
@@ -108,12 +109,13 @@ class StoredVerdict:
 
     action: str
     categories: tuple[str, ...]
-    confidence: float
+    confidence: float | None  # from the engine's logprobs when it gave them
     sha256: str
     phash: int
     thumbnail: bytes
     made_at: float
     request_id: str
+    category_scores: tuple[tuple[str, float], ...] | None = None  # from logprobs, as first answered
 
     @property
     def identity(self) -> FrameIdentity:
@@ -123,7 +125,13 @@ class StoredVerdict:
     def verdict(self) -> KeyframeVerdict:
         """The stored verdict as the moderation path uses it."""
         action = self.action if self.action in ACTIONS else "review"
-        return KeyframeVerdict(action=action, categories=self.categories, confidence=self.confidence)
+        return KeyframeVerdict(
+            action=action,
+            categories=self.categories,
+            confidence=self.confidence,
+            category_scores=self.category_scores,
+            confidence_note=None if self.confidence is not None else "no logprobs when it was first judged",
+        )
 
     def to_json(self) -> str:
         """Redis value."""
@@ -132,6 +140,7 @@ class StoredVerdict:
             "sha256": self.sha256, "phash": f"{self.phash:016x}",
             "thumbnail": base64.b64encode(self.thumbnail).decode(), "made_at": self.made_at,
             "request_id": self.request_id,
+            "category_scores": None if self.category_scores is None else dict(self.category_scores),
         })
 
     @classmethod
@@ -140,9 +149,14 @@ class StoredVerdict:
         data = json.loads(raw)
         return cls(
             action=str(data["action"]), categories=tuple(data["categories"]),
-            confidence=float(data["confidence"]), sha256=str(data["sha256"]), phash=int(data["phash"], 16),
+            confidence=None if data.get("confidence") is None else float(data["confidence"]),
+            sha256=str(data["sha256"]), phash=int(data["phash"], 16),
             thumbnail=base64.b64decode(data["thumbnail"]), made_at=float(data["made_at"]),
             request_id=str(data["request_id"]),
+            category_scores=(
+                None if not isinstance(data.get("category_scores"), dict)
+                else tuple((str(k), float(v)) for k, v in data["category_scores"].items())
+            ),
         )
 
 

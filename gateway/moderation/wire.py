@@ -39,6 +39,8 @@ class RequestOptions(BaseModel):
     video_id: str | None = Field(default=None, max_length=200)
     tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)
     priority: int = Field(default=0, ge=-10, le=10)
+    # honoured where the thinking policy lets callers choose the mode, like ``thinking``
+    verdict_format: Literal["compact", "json"] | None = None
 
 
 class ModerationRequest(BaseModel):
@@ -57,6 +59,11 @@ class ModerationDetails(BaseModel):
 
     action: Literal["allow", "review", "block"]
     reason: str | None = None  # set when the model's output could not be used as it was
+    # P(action) from the engine's logprobs, normalised over allow/review/block; null when the engine gave
+    # none, and then ``confidence_reason`` says why (never a number the model wrote)
+    confidence: float | None = None
+    confidence_reason: str | None = None
+    verdict_format: Literal["compact", "json"] = "compact"  # what the model was asked to write
     thinking: Literal["on", "off"]
     thinking_rule: str
     policy_version: int

@@ -21,6 +21,8 @@ from typing import Any, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from shaping.verdict import DEFAULT_VERDICT_FORMAT, VerdictFormat
+
 log = logging.getLogger("modgate.policy")
 
 Mode = Literal["on", "off"]
@@ -123,6 +125,10 @@ class ThinkingPolicy(BaseModel):
     max_completion_tokens_off: int = Field(default=64, ge=16, le=4096)
     thinking_token_budget: int | None = Field(default=None, ge=1, le=32768)  # sent only with thinking on
     shadow_share: float = Field(default=0.0, ge=0.0, le=1.0)  # share of frames re-judged in the other mode
+    # What the model writes: "compact" (allow / review / block:<categories>, a handful of tokens) or "json"
+    # (the JSON object, ~27 tokens). A caller may ask for the other where it may choose the mode (the
+    # quality module's format arms do); measure agreement before switching (docs/verdict-format.md).
+    verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT
     rules: list[ThinkingRule] = Field(default_factory=list, max_length=100)
     load: LoadRule = Field(default_factory=LoadRule)
     updated_at: datetime | None = None
@@ -154,6 +160,7 @@ class RequestContext:
     requested: Mode | None = None
     tags: tuple[str, ...] = ()
     priority: int = 0
+    requested_format: VerdictFormat | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,13 +172,15 @@ class ThinkingDecision:
     max_completion_tokens: int
     thinking_token_budget: int | None
     policy_version: int
+    verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT
 
 
 def decide(policy: ThinkingPolicy, context: RequestContext, under_load: bool = False) -> ThinkingDecision:
     """Apply the policy to one request.
 
     Order: the load rule (unless the matching rule keeps its mode under load), then the caller's request
-    where allowed, then the first matching rule's mode, then the default.
+    where allowed, then the first matching rule's mode, then the default. The verdict format is the
+    policy's, or the caller's where the caller may choose the mode.
     """
     rule = next((r for r in policy.rules if r.matches(context)), None)
     caller_may_choose = policy.allow_caller_choice if rule is None else rule.lets_caller_choose(
@@ -194,6 +203,11 @@ def decide(policy: ThinkingPolicy, context: RequestContext, under_load: bool = F
         max_completion_tokens=cap,
         thinking_token_budget=policy.thinking_token_budget if thinking else None,
         policy_version=policy.version,
+        verdict_format=(
+            context.requested_format
+            if context.requested_format is not None and caller_may_choose
+            else policy.verdict_format
+        ),
     )
 
 

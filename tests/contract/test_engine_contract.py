@@ -17,10 +17,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
+from shaping.confidence import TokenLogprob, with_confidence
 from shaping.image import ImageLimits, shape_image
-from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
+from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt, prompt_version_for
 from shaping.tokens import TokenGrid
-from shaping.verdict import verdict_regex
+from shaping.verdict import (
+    ACTIONS,
+    MODEL_CATEGORIES,
+    compact_regex,
+    parse_engine_output,
+    structured_outputs,
+    verdict_regex,
+)
 from tests.support import SimFactory
 
 METRIC_NAMES = (
@@ -216,3 +224,105 @@ def test_the_json_schema_verdict_constraint_is_honoured(engine: Engine) -> None:
         assert verdict["verdict"] in ("allow", "review", "block")
     else:
         assert content.lstrip().startswith("{")
+
+
+# --- the compact verdict and its logprobs ---------------------------------------------------------------
+
+
+def compact_request(engine: Engine, *, thinking: bool, stream: bool = False, top: int = 5) -> dict[str, Any]:
+    """The gateway's compact-verdict request with logprobs; a short reasoning budget with thinking on."""
+    body = keyframe_request(engine, thinking=thinking, stream=stream, max_tokens=128)
+    body.pop("response_format", None)
+    body.pop("structured_outputs", None)
+    body["messages"][0]["content"] = load_system_prompt(prompt_version_for("compact")).text
+    body.update(structured_outputs("compact", "regex"))
+    body.update(logprobs=True, top_logprobs=top)
+    if thinking:
+        body["thinking_token_budget"] = 8
+    return body
+
+
+def streamed_choice(response: httpx.Response) -> tuple[str, list[dict[str, Any]], str | None]:
+    """(content, logprob entries, finish reason) gathered from a stream."""
+    content, entries, finish = "", [], None
+    for event in stream_events(response):
+        if event == "[DONE]":
+            break
+        for choice in json.loads(event)["choices"]:
+            content += choice["delta"].get("content") or ""
+            entries += (choice.get("logprobs") or {}).get("content") or []
+            finish = choice.get("finish_reason") or finish
+    return content, entries, finish
+
+
+def test_a_complete_compact_verdict_comes_back_under_the_grammar(engine: Engine) -> None:
+    body = engine.post(compact_request(engine, thinking=False)).json()
+    choice = body["choices"][0]
+    content = choice["message"]["content"]
+    assert choice["finish_reason"] == "stop", choice  # the grammar ends the answer: no token limit reached
+    assert re.fullmatch(compact_regex(), content), content
+    (verdict,) = parse_engine_output(content, None, "stop").verdicts
+    assert verdict.problem is None
+    assert verdict.action in ("allow", "review", "block")
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])
+def test_logprobs_come_for_every_token_and_the_grammar_masks_the_verdicts_alternatives(
+    engine: Engine, thinking: bool
+) -> None:
+    body = engine.post(compact_request(engine, thinking=thinking)).json()
+    choice, usage = body["choices"][0], body["usage"]
+    entries = choice["logprobs"]["content"]
+    for entry in entries:
+        assert list(entry) == ["token", "logprob", "bytes", "top_logprobs"]
+        assert len(entry["top_logprobs"]) == 5
+    # one entry per generated token: the reasoning, the closing </think>, the answer and the stop token
+    assert len(entries) == usage["completion_tokens"]
+    tokens = [entry["token"] for entry in entries]
+    assert tokens[-1] == "<|im_end|>"
+    if thinking:
+        assert tokens.index("</think>") == usage["completion_tokens_details"]["reasoning_tokens"]
+    # At the verdict's first token the logprobs are those after the grammar's mask (vLLM applies the bitmask
+    # to the logits before the sampler computes even "raw" logprobs): every alternative the engine gives a
+    # probability begins an action; what the grammar forbids comes at -9999.0.
+    first = entries[tokens.index("</think>") + 1 if thinking else 0]
+    for alternative in first["top_logprobs"]:
+        if alternative["logprob"] > -9999.0:
+            assert any(
+                a.startswith(alternative["token"]) or alternative["token"].startswith(a) for a in ACTIONS
+            )
+    # ... and the gateway reads a confidence from them
+    content = choice["message"]["content"]
+    parsed = parse_engine_output(content, choice["message"].get("reasoning"), choice["finish_reason"])
+    (verdict,) = with_confidence(parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content)
+    assert verdict.confidence is not None, verdict.confidence_note
+    assert 0 < verdict.confidence <= 1
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])
+def test_streamed_logprobs_are_the_same_tokens_delta_by_delta(engine: Engine, thinking: bool) -> None:
+    whole = engine.post(compact_request(engine, thinking=thinking)).json()["choices"][0]
+    content, entries, finish = streamed_choice(
+        engine.post(compact_request(engine, thinking=thinking, stream=True))
+    )
+    assert [e["token"] for e in entries] == [e["token"] for e in whole["logprobs"]["content"]]
+    assert (content, finish) == (whole["message"]["content"], whole["finish_reason"])
+    parsed = parse_engine_output(content, None, finish)
+    (verdict,) = with_confidence(parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content)
+    (whole_verdict,) = with_confidence(
+        parsed.verdicts, [TokenLogprob.from_wire(e) for e in whole["logprobs"]["content"]], content
+    )
+    assert verdict.confidence == pytest.approx(whole_verdict.confidence)
+
+
+def test_the_compact_forms_cost_a_handful_of_tokens_on_the_engines_tokenizer(engine: Engine) -> None:
+    def count(text: str) -> int:
+        body = {"model": engine.model, "prompt": text, "add_special_tokens": False}
+        return int(httpx.post(f"{engine.url}/tokenize", json=body, timeout=30).json()["count"])
+
+    stop = 1  # the stop token is generated too (the last logprob entry above)
+    assert count("allow") + stop <= 3
+    assert count("review") + stop <= 3
+    for name in MODEL_CATEGORIES:
+        assert count(f"block:{name}") + stop <= 6, name
+    assert count('{"verdict":"allow","categories":[],"confidence":0.93}') >= 5 * count("allow")

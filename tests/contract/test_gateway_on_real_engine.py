@@ -25,15 +25,22 @@ def test_a_keyframe_through_the_gateway_to_real_vllm_gets_a_well_formed_result(
     (result,) = response.results
     details = result.model_extra["modgate"]
     # Random weights: any action is a correct answer, as long as it is one of the three and says why when
-    # the output could not be used.
+    # the output could not be used (then it is a review; a review the model chose has no reason).
     assert details["action"] in ("allow", "review", "block")
-    if details["action"] == "review":
-        assert details["reason"]
+    if details["reason"]:
+        assert details["action"] == "review"
     assert details["thinking"] == thinking
     assert details["prompt_tokens"] > details["image_tokens"] > 0
     assert details["ttft_ms"] is not None
     assert (details["reasoning_tokens"] > 0) == (thinking == "on")
     assert isinstance(result.flagged, bool)
+    assert details["verdict_format"] == "compact"
+    if details["reason"] is None:  # a verdict the engine finished: its confidence is read from its logprobs
+        assert 0 < details["confidence"] <= 1
+        assert details["completion_tokens"] - details["reasoning_tokens"] <= 12
+    else:
+        assert details["confidence"] is None
+        assert details["confidence_reason"]
 
 
 def test_a_text_only_input_is_accepted_and_judged_by_real_vllm(

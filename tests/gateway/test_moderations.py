@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
 from gateway.cli.embedded import ThreadedServer
+from shaping.verdict import compact_regex
 from tests.support import GatewayFactory, SimFactory, image_input
 
 
@@ -122,6 +123,8 @@ def test_unparsable_engine_output_becomes_review_and_is_counted(
     details = response.results[0].model_extra["modgate"]
     assert details["action"] == "review"
     assert "not JSON" in details["reason"]
+    assert details["confidence"] is None
+    assert details["confidence_reason"] == "the verdict could not be parsed"
     assert response.results[0].flagged
     metrics = httpx.get(f"{gateway.url}/metrics").text
     samples = {
@@ -130,6 +133,62 @@ def test_unparsable_engine_output_becomes_review_and_is_counted(
         for s in family.samples
     }
     assert samples[("modgate_unparsable_outputs_total", "invalid_json")] == 1
+
+
+def test_the_confidence_is_the_engines_probability_of_the_action(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    sim = start_sim()
+    gateway = start_gateway(engine_url=sim.url)
+    frame = make_keyframe("block:hate", 320, 180, seed=5)
+    response = moderate(
+        gateway, model="m", input=image_input(frame), extra_headers={"X-Modgate-Thinking": "off"}
+    )
+    result = response.results[0]
+    details = result.model_extra["modgate"]
+    # the simulator's own ground truth for this frame, by the identity the gateway gave it (shaped SHA-256)
+    truth = httpx.post(
+        f"{sim.url}/sim/truth",
+        json={"url": image_input(frame)[0]["image_url"]["url"], "uuid": details["frame_sha256"]},
+    ).json()
+    assert details["verdict_format"] == "compact"
+    assert details["confidence"] == pytest.approx(truth["confidence_off"], abs=1e-3)
+    assert details["confidence_reason"] is None
+    if details["action"] == "block":  # the category's score comes from the same logprobs
+        assert 0 < result.category_scores.hate <= details["confidence"]
+        assert result.category_scores.sexual < result.category_scores.hate
+
+
+def test_a_caller_may_ask_for_the_json_verdict_and_it_costs_more_tokens(gateway: ThreadedServer) -> None:
+    frame = image_input(make_keyframe("allow", 320, 180, seed=6))
+    answers = {
+        verdict_format: moderate(
+            gateway,
+            model="m",
+            input=frame,
+            extra_headers={"X-Modgate-Thinking": "off"},
+            extra_body={"modgate": {"verdict_format": verdict_format}},
+        )
+        .results[0]
+        .model_extra["modgate"]
+        for verdict_format in ("compact", "json")
+    }
+    assert {f: a["verdict_format"] for f, a in answers.items()} == {"compact": "compact", "json": "json"}
+    assert answers["compact"]["action"] == answers["json"]["action"] == "allow"
+    assert answers["json"]["reused"] is None  # the format is part of the reuse scope: asked again
+    assert answers["compact"]["completion_tokens"] == 2  # "allow" and the stop token
+    assert answers["json"]["completion_tokens"] > 20
+    assert answers["json"]["confidence"] == pytest.approx(answers["compact"]["confidence"])
+
+
+def test_without_logprobs_the_confidence_is_null_and_the_answer_says_why(
+    sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, engine={"top_logprobs": 0})
+    response = moderate(gateway, model="m", input=image_input(make_keyframe("allow", 320, 180, seed=7)))
+    details = response.results[0].model_extra["modgate"]
+    assert details["confidence"] is None
+    assert "TOP_LOGPROBS=0" in details["confidence_reason"]
 
 
 def test_healthz_and_readyz(gateway: ThreadedServer) -> None:
@@ -196,7 +255,8 @@ def test_the_engine_request_is_built_as_the_production_engine_expects() -> None:
     assert user_on["content"][0]["uuid"] != off["messages"][1]["content"][0]["uuid"]
     assert on["chat_template_kwargs"] == {"enable_thinking": True}
     assert off["chat_template_kwargs"] == {"enable_thinking": False}
-    assert on["response_format"]["type"] == "json_schema"
+    assert on["structured_outputs"] == {"regex": compact_regex()}  # the policy's default: the compact verdict
+    assert (on["logprobs"], on["top_logprobs"]) == (True, 10)  # the confidence is read from these
     assert on["max_completion_tokens"] > off["max_completion_tokens"]
     assert on["stream"] is True
     assert on["stream_options"] == {"include_usage": True}

@@ -215,3 +215,21 @@ def test_a_disabled_load_rule_never_sheds_and_forgets_its_state() -> None:
     assert not load.update(LoadRule(enabled=False, queue_depth_high=8, queue_depth_low=2))
     depth[0] = 5
     assert not load.update(LoadRule(enabled=True, queue_depth_high=8, queue_depth_low=2))
+
+
+def test_the_verdict_format_is_the_policys_unless_a_caller_who_may_choose_asks() -> None:
+    def verdict_format(doc: ThinkingPolicy, **context: Any) -> str:
+        return decide(doc, RequestContext(**{"tenant": "t", **context})).verdict_format
+
+    assert verdict_format(ThinkingPolicy()) == "compact"  # the default: a handful of tokens
+    assert verdict_format(policy(verdict_format="json")) == "json"
+    assert verdict_format(ThinkingPolicy(), requested_format="json") == "json"
+    assert verdict_format(policy(allow_caller_choice=False), requested_format="json") == "compact"
+    with pytest.raises(ValidationError):
+        policy(verdict_format="yaml")
+
+
+def test_a_format_flip_changes_the_content_hash_and_is_named_in_the_changes() -> None:
+    compact, json_form = ThinkingPolicy(), policy(verdict_format="json")
+    assert compact.content_hash() != json_form.content_hash()
+    assert policy_changes(compact, json_form) == {"verdict_format": {"old": "compact", "new": "json"}}

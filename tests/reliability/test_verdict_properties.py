@@ -27,7 +27,7 @@ verdicts = st.fixed_dictionaries(
 def test_a_schema_valid_verdict_is_read_back_unchanged(verdict: dict[str, Any]) -> None:
     (parsed,) = parse_engine_output(json.dumps(verdict), None, "stop").verdicts
     assert parsed.problem is None
-    assert (parsed.action, list(parsed.categories), parsed.confidence) == (
+    assert (parsed.action, list(parsed.categories), parsed.stated_confidence) == (
         verdict["verdict"],
         verdict["categories"],
         verdict["confidence"],

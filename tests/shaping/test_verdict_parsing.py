@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shaping.verdict import MODEL_CATEGORIES, parse_engine_output, verdict_regex
+from shaping.verdict import (
+    MODEL_CATEGORIES,
+    compact_regex,
+    compact_text,
+    parse_engine_output,
+    verdict_regex,
+)
 
 GOOD = '{"verdict":"block","categories":["violence"],"confidence":0.92}'
 
@@ -16,7 +23,8 @@ GOOD = '{"verdict":"block","categories":["violence"],"confidence":0.92}'
 def test_a_valid_verdict_is_read_as_sent() -> None:
     parsed = parse_engine_output(GOOD, None, "stop")
     (verdict,) = parsed.verdicts
-    assert (verdict.action, verdict.categories, verdict.confidence) == ("block", ("violence",), 0.92)
+    assert (verdict.action, verdict.categories, verdict.stated_confidence) == ("block", ("violence",), 0.92)
+    assert verdict.confidence is None  # what the model wrote is not the confidence: logprobs are
     assert verdict.flagged
     assert parsed.problems == ()
 
@@ -113,3 +121,74 @@ def test_any_json_value_parses_without_raising(value: object) -> None:
     assert verdict.action in ("allow", "review", "block")
     if verdict.problem is None:
         assert set(verdict.categories) <= set(MODEL_CATEGORIES)
+
+
+# --- the compact verdict -----------------------------------------------------------------------------------
+
+
+def test_a_compact_allow_and_review_are_read_as_sent() -> None:
+    for text in ("allow", "review"):
+        (verdict,) = parse_engine_output(text, None, "stop").verdicts
+        assert (verdict.action, verdict.categories, verdict.problem) == (text, (), None)
+        assert verdict.verdict_format == "compact"
+
+
+def test_a_compact_block_names_its_categories_in_order_once_each() -> None:
+    (verdict,) = parse_engine_output("block:violence,hate,violence", None, "stop").verdicts
+    assert (verdict.action, verdict.categories, verdict.problem) == ("block", ("violence", "hate"), None)
+
+
+def test_a_compact_verdict_after_leaked_reasoning_is_read() -> None:
+    parsed = parse_engine_output("looks violent</think>\n\nblock:violence/graphic", None, "stop")
+    assert parsed.reasoning == "looks violent"
+    assert parsed.verdicts[0].categories == ("violence/graphic",)
+
+
+@pytest.mark.parametrize(
+    ("text", "finish"),
+    [
+        ("block:", "stop"),  # no category
+        ("block:weather", "stop"),  # not in the vocabulary
+        ("blocked", "stop"),  # not the form at all: read as (bad) JSON
+        ("allow\nallow", "stop"),  # two verdicts for one frame
+        ("block:viol", "length"),  # cut by the token limit
+        ("al", "length"),
+    ],
+)
+def test_an_unusable_compact_verdict_becomes_review_with_a_reason(text: str, finish: str) -> None:
+    (verdict,) = parse_engine_output(text, None, finish).verdicts
+    assert verdict.action == "review"
+    assert verdict.problem is not None
+    assert verdict.detail
+
+
+def test_packed_compact_verdicts_are_one_line_per_frame() -> None:
+    parsed = parse_engine_output("allow\nblock:sexual\nreview", None, "stop", frames=3)
+    assert [(v.action, v.categories) for v in parsed.verdicts] == [
+        ("allow", ()),
+        ("block", ("sexual",)),
+        ("review", ()),
+    ]
+    assert parse_engine_output("allow\nreview", None, "stop", frames=3).problems == ("invalid_compact",)
+
+
+def test_the_compact_grammar_is_exactly_the_compact_forms() -> None:
+    pattern = re.compile(compact_regex())
+    assert all(re.fullmatch(r"[a-z/-]+", name) for name in MODEL_CATEGORIES)  # nothing needs escaping
+    for name in MODEL_CATEGORIES:
+        assert pattern.fullmatch(compact_text("block", (name,)))
+    assert pattern.fullmatch("allow")
+    assert pattern.fullmatch("review")
+    assert pattern.fullmatch("block:" + ",".join(MODEL_CATEGORIES))
+    for wrong in ("block", "block:", "allow:violence", "Allow", " allow", "allow\n", "block:violence,", "{}"):
+        assert not pattern.fullmatch(wrong), wrong
+    assert re.compile(compact_regex(2)).fullmatch("allow\nblock:hate")
+    assert not re.compile(compact_regex(2)).fullmatch("allow")
+
+
+@given(st.lists(st.sampled_from(MODEL_CATEGORIES), min_size=1, max_size=len(MODEL_CATEGORIES), unique=True))
+def test_any_compact_block_matches_the_grammar_and_reads_back(names: list[str]) -> None:
+    text = compact_text("block", names)
+    assert re.fullmatch(compact_regex(), text)
+    (verdict,) = parse_engine_output(text, None, "stop").verdicts
+    assert (verdict.action, list(verdict.categories), verdict.problem) == ("block", names, None)

@@ -19,6 +19,12 @@ from gateway.settings import Settings
 from tests.support import GatewayFactory, SimFactory, data_url, forward, image_input
 
 
+@pytest.fixture
+def sim(start_sim: SimFactory) -> ThreadedServer:
+    """The instant simulator, with no thinking-off flips: these tests are about batches, not disagreement."""
+    return start_sim(thinking_off_disagreement=0.0)
+
+
 def frames_body(*frames: bytes, **extra: Any) -> dict[str, Any]:
     parts = [{"image_url": {"url": data_url(f)}, "timestamp_ms": 1000 * i} for i, f in enumerate(frames)]
     return {"frames": parts, **extra}

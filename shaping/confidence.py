@@ -1,0 +1,292 @@
+"""A verdict's confidence read from the engine's log-probabilities, not from a number the model writes.
+
+The engine returns, for every generated token, its log-probability and the ``top_logprobs`` best
+alternatives at that position (vLLM: ``choices[0].logprobs.content[{token, logprob, bytes, top_logprobs}]``,
+streamed one delta at a time). At the verdict's first token the alternatives are the actions the model
+weighed. The three actions start with different letters, so every alternative that can begin a verdict
+there begins exactly one action, whatever the tokenizer cuts it into (``allow`` or ``al``…):
+
+    confidence = P(chosen action) / (P(allow) + P(review) + P(block))
+
+where P(action) sums the probabilities of the alternatives that begin that action. Under a grammar the
+engine has already masked every other token (docs/verdict-format.md says what vLLM returns), so the sum is
+near 1; normalising keeps the definition the same where it is not (a top-k cut, raw log-probabilities).
+
+Category scores, for a block: P(block) times the probability of spelling the category at its place in the
+verdict (the product over its tokens, times the chance that the name ends there rather than going on to a
+longer one: ``sexual`` against ``sexual/minors``). Categories the verdict does not name get P(block) times
+the probability of the alternatives at the first category's place that can only begin that category; 0.0
+where no alternative can.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from shaping.verdict import ACTIONS, MODEL_CATEGORIES, Action, KeyframeVerdict
+
+THINK_END = "</think>"
+_JSON_ACTION = re.compile(r'"verdict"\s*:\s*"')
+_JSON_CATEGORIES = re.compile(r'"categories"\s*:\s*\[([^\]]*)\]')
+_JSON_ITEM = re.compile(r'"([^"]*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token: its text, its log-probability and the best alternatives at its position."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()  # (token, logprob), as the engine listed them
+
+    @classmethod
+    def from_wire(cls, entry: dict[str, Any]) -> TokenLogprob:
+        """Read one entry of vLLM's ``logprobs.content`` list (a missing number reads as -inf)."""
+        return cls(
+            token=str(entry.get("token") or ""),
+            logprob=_number(entry.get("logprob")),
+            top=tuple(
+                (str(alt.get("token") or ""), _number(alt.get("logprob")))
+                for alt in entry.get("top_logprobs") or ()
+                if isinstance(alt, dict)
+            ),
+        )
+
+    def alternatives(self) -> list[tuple[str, float]]:
+        """The listed alternatives plus the token itself (once, even when the list holds it too)."""
+        seen: dict[str, float] = {}
+        for text, logprob in ((self.token, self.logprob), *self.top):
+            seen.setdefault(text, logprob)
+        return list(seen.items())
+
+
+def _number(value: object) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value):
+        return float(value)
+    return float("-inf")
+
+
+def _probability(logprob: float) -> float:
+    return math.exp(logprob) if logprob > -745 else 0.0  # exp underflows to 0 below that anyway
+
+
+@dataclass(frozen=True, slots=True)
+class _Spans:
+    """The answer's tokens laid end to end: where each starts in ``text``."""
+
+    tokens: Sequence[TokenLogprob]
+    starts: list[int]
+    text: str
+    lead: int  # characters of leading whitespace before the answer proper
+
+    def at(self, offset: int) -> int | None:
+        """Index of the token that holds the character at ``offset`` of the answer proper."""
+        absolute = self.lead + offset
+        for index in range(len(self.tokens)):
+            end = self.starts[index + 1] if index + 1 < len(self.starts) else len(self.text)
+            if self.starts[index] <= absolute < end:
+                return index
+        return None
+
+
+def _is_special(token: str) -> bool:
+    """A token that writes no text of the answer: empty (a stop token), ``</think>`` or ``<|…|>``."""
+    return not token or token == THINK_END or (token.startswith("<|") and token.endswith("|>"))
+
+
+def _is_marker(token: str) -> bool:
+    """A token that may trail the answer: special, or whitespace only."""
+    return _is_special(token.strip())
+
+
+def _answer_spans(logprobs: Sequence[TokenLogprob], answer: str) -> _Spans | None:
+    """The answer's tokens, found from the end (the reasoning before them, if any, is not needed and a
+    streamed answer may lack the token that closed it); None when the tokens do not spell the answer."""
+    end = len(logprobs)
+    while end > 0 and _is_marker(logprobs[end - 1].token):
+        end -= 1
+    text, start = "", end
+    while start > 0 and len(text.lstrip()) < len(answer):
+        start -= 1
+        text = logprobs[start].token + text
+    if not answer or text.lstrip() != answer:
+        return None
+    # the stop token stays in the spans: it is where the last name's ending is weighed
+    tokens = logprobs[start:]
+    starts, position = [], 0
+    for entry in tokens:
+        starts.append(position)
+        position += 0 if _is_special(entry.token) else len(entry.token)
+    full = "".join("" if _is_special(entry.token) else entry.token for entry in tokens)
+    return _Spans(tokens, starts, full, len(full) - len(full.lstrip()))
+
+
+def _continuations(spans: _Spans, offset: int) -> list[tuple[str, float]] | None:
+    """The alternatives at the token holding ``offset``, each cut to what it writes from ``offset`` on.
+
+    A token may start before ``offset`` (``":"al``): alternatives that do not share that head are
+    impossible there and dropped; an alternative that ends exactly at ``offset`` says nothing of what
+    follows and is dropped too.
+    """
+    index = spans.at(offset)
+    if index is None:
+        return None
+    head = spans.text[spans.starts[index] : spans.lead + offset]
+    cut = []
+    for text, logprob in spans.tokens[index].alternatives():
+        if text.startswith(head) and len(text) > len(head):
+            cut.append((text[len(head) :], _probability(logprob)))
+    return cut
+
+
+def _begins(rest: str, word: str, terminators: str) -> bool:
+    """Whether a continuation ``rest`` can be the start of ``word`` (or ``word`` then a terminator)."""
+    if word.startswith(rest):
+        return True
+    return rest.startswith(word) and len(rest) > len(word) and rest[len(word)] in terminators
+
+
+def action_probabilities(spans: _Spans, offset: int) -> dict[Action, float] | None:
+    """P(action), normalised over the three, from the alternatives at the verdict's first character."""
+    continuations = _continuations(spans, offset)
+    if continuations is None:
+        return None
+    mass = dict.fromkeys(ACTIONS, 0.0)
+    for rest, probability in continuations:
+        for action in ACTIONS:
+            if rest.startswith(action) or action.startswith(rest):
+                mass[action] += probability
+                break
+    total = sum(mass.values())
+    if total <= 0:
+        return None
+    return {action: value / total for action, value in mass.items()}
+
+
+def _category_path(spans: _Spans, start: int, name: str, terminators: str) -> float | None:
+    """P(the engine spells ``name`` from ``start`` and stops there), along the tokens it chose."""
+    first, last = spans.at(start), spans.at(start + len(name) - 1)
+    if first is None or last is None:
+        return None
+    probability = 1.0  # along the tokens the engine chose: other spellings of the name are not counted
+    for index in range(first, last + 1):
+        probability *= _probability(spans.tokens[index].logprob)
+    boundary = spans.lead + start + len(name)
+    # the token that starts where the name ends (an end-of-output token may have no text at all)
+    after = next((i for i in range(last + 1, len(spans.tokens)) if spans.starts[i] == boundary), None)
+    if after is not None:
+        stops = [(t, _probability(lp)) for t, lp in spans.tokens[after].alternatives()]
+        total = sum(p for _, p in stops)
+        ending = sum(p for t, p in stops if not t or t[0] in terminators or t.startswith("<"))
+        if total > 0:
+            probability *= ending / total
+    return min(1.0, probability)
+
+
+def _category_slots(answer: str, action_offset: int, json_form: bool) -> list[tuple[int, str]]:
+    """(offset, category) of each category the verdict names, in order."""
+    if json_form:
+        found = _JSON_CATEGORIES.search(answer, action_offset)
+        if found is None:
+            return []
+        return [(found.start(1) + m.start(1), m.group(1)) for m in _JSON_ITEM.finditer(found.group(1))]
+    line_end = answer.find("\n", action_offset)
+    line = answer[action_offset : len(answer) if line_end < 0 else line_end]
+    if not line.startswith("block:"):
+        return []
+    slots, position = [], action_offset + len("block:")
+    for name in line[len("block:") :].split(","):
+        slots.append((position, name))
+        position += len(name) + 1
+    return slots
+
+
+def _category_scores(
+    spans: _Spans, slots: list[tuple[int, str]], p_block: float, terminators: str
+) -> tuple[tuple[str, float], ...]:
+    scores = dict.fromkeys(MODEL_CATEGORIES, 0.0)
+    if slots:  # categories not named: what the alternatives at the first place could only begin
+        for rest, probability in _continuations(spans, slots[0][0]) or []:
+            fits = [c for c in MODEL_CATEGORIES if _begins(rest, c, terminators)]
+            if len(fits) == 1:
+                scores[fits[0]] = max(scores[fits[0]], p_block * probability)
+    for offset, name in slots:
+        if name in scores:
+            path = _category_path(spans, offset, name, terminators)
+            if path is not None:
+                scores[name] = round(p_block * path, 4)
+    return tuple((name, round(score, 4)) for name, score in scores.items())
+
+
+def _action_offsets(answer: str, json_form: bool) -> list[int]:
+    if json_form:
+        return [m.end() for m in _JSON_ACTION.finditer(answer)]
+    offsets, position = [], 0
+    for line in answer.split("\n"):
+        if line.strip():
+            offsets.append(position + len(line) - len(line.lstrip()))
+        position += len(line) + 1
+    return offsets
+
+
+def with_confidence(
+    verdicts: Iterable[KeyframeVerdict],
+    logprobs: Sequence[TokenLogprob] | None,
+    content: str | None,
+    missing: str = "the engine returned no logprobs",
+) -> tuple[KeyframeVerdict, ...]:
+    """The verdicts with ``confidence`` and ``category_scores`` read from the engine's logprobs.
+
+    Verdicts that could not be parsed, or whose tokens the logprobs do not cover, keep ``confidence``
+    None with a note that says why (``missing`` when there are no logprobs at all).
+    """
+    verdicts = tuple(verdicts)
+
+    def unread(note: str) -> tuple[KeyframeVerdict, ...]:
+        unparsed = "the verdict could not be parsed"
+        return tuple(
+            replace(v, confidence=None, confidence_note=unparsed if v.problem else note) for v in verdicts
+        )
+
+    if all(v.problem for v in verdicts):
+        return unread("")
+    if logprobs is None:
+        return unread(missing)
+    answer = (content or "").strip()
+    if "</think>" in answer:  # reasoning leaked into content: the answer is what follows it
+        answer = answer.rpartition("</think>")[2].strip()
+    spans = _answer_spans(logprobs, answer)
+    if spans is None:
+        return unread("the engine's logprob tokens do not spell its answer")
+    json_form = answer.startswith("{")
+    offsets = _action_offsets(answer, json_form)
+    if len(offsets) != len(verdicts):
+        return unread(f"found {len(offsets)} verdicts in the logprobs for {len(verdicts)} frames")
+    terminators = '"' if json_form else ",\n"
+    read: list[KeyframeVerdict] = []
+    for verdict, offset in zip(verdicts, offsets, strict=True):
+        if verdict.problem is not None:
+            read.append(replace(verdict, confidence=None, confidence_note="the verdict could not be parsed"))
+            continue
+        probabilities = action_probabilities(spans, offset)
+        if probabilities is None:
+            read.append(
+                replace(
+                    verdict, confidence=None, confidence_note="no alternative at the verdict's first token"
+                )
+            )
+            continue
+        slots = _category_slots(answer, offset, json_form) if verdict.action == "block" else []
+        read.append(
+            replace(
+                verdict,
+                confidence=round(probabilities[verdict.action], 4),
+                category_scores=_category_scores(spans, slots, probabilities["block"], terminators),
+                confidence_note=None,
+            )
+        )
+    return tuple(read)
