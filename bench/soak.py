@@ -49,7 +49,8 @@ from PIL import Image
 
 from bench.servers import free_port, wait_until_ready
 from deploy.keyframes import make_keyframe
-from gateway.jobs.service import RedisJobStore, verify_webhook
+from gateway.jobs.store_redis import RedisJobStore
+from gateway.jobs.webhooks import verify_webhook
 
 WEBHOOK_SECRET = "soak-webhook-secret-0123456789"  # noqa: S105 (a local receiver's test secret)
 LABELS = ("allow", "allow", "allow", "review", "block:violence", "block:sexual")

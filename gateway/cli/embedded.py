@@ -14,12 +14,19 @@ import uvicorn
 class ThreadedServer:
     """``with ThreadedServer(app) as server: server.url`` — uvicorn on its own event loop and thread."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", grace_s: int = 5
+    ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         self.host, self.port = self._socket.getsockname()[:2]
-        config = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False, loop="asyncio")
+        # A request still running ``grace_s`` after stop() is cancelled, so the app's shutdown (its job
+        # workers, its Redis clients) always runs: uvicorn would otherwise wait for it without end.
+        config = uvicorn.Config(
+            app, log_level=log_level, lifespan="on", access_log=False, loop="asyncio",
+            timeout_graceful_shutdown=grace_s,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=f"asgi-{self.port}", daemon=True)
 
@@ -43,11 +50,19 @@ class ThreadedServer:
             raise RuntimeError(f"the server on {self.url} did not start within {timeout_s:g} s")
         return self
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Ask the server to finish and wait for its thread."""
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask the server to finish and wait for its thread; raise if it still runs after ``timeout_s``.
+
+        A server left running after stop() would go on working (a gateway's job workers taking the next
+        test's jobs from a shared Redis), so it is forced down, and never silently left behind."""
         self._server.should_exit = True
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._server.force_exit = True  # skip what is still waited for; asyncio.run cancels the rest
+            self._thread.join(timeout_s)
         self._socket.close()
+        if self._thread.is_alive():
+            raise RuntimeError(f"the server on {self.url} did not stop within {2 * timeout_s:g} s")
 
     def __enter__(self) -> ThreadedServer:
         return self.start()

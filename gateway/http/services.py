@@ -24,7 +24,11 @@ from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console
 from gateway.http.keys_store import RedisKeyStore
 from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
 from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
-from gateway.jobs.service import JobService, JobStore, MemoryJobStore, RedisJobStore, WebhookSender
+from gateway.jobs.service import JobService
+from gateway.jobs.store import JobStore
+from gateway.jobs.store_memory import MemoryJobStore
+from gateway.jobs.store_redis import RedisJobStore
+from gateway.jobs.webhooks import WebhookSender
 from gateway.moderation.remote_images import RemoteImageFetcher
 from gateway.moderation.service import ModerationService
 from gateway.moderation.shadow import ShadowSampler

@@ -15,15 +15,10 @@ from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
 from gateway.cli.embedded import ThreadedServer
 from gateway.http.auth import Caller
-from gateway.jobs.service import (
-    GROUP,
-    STREAM,
-    JobRecord,
-    MemoryJobStore,
-    RedisJobStore,
-    sign_webhook,
-    verify_webhook,
-)
+from gateway.jobs.models import JobRecord
+from gateway.jobs.store_memory import MemoryJobStore
+from gateway.jobs.store_redis import GROUP, STREAM, RedisJobStore
+from gateway.jobs.webhooks import sign_webhook, verify_webhook
 from tests.processes import poll_async
 from tests.reliability.conftest import WEBHOOK_SECRET, WebhookReceiver, engine_counter, error_body
 from tests.support import GatewayFactory, SimFactory, image_input

@@ -9,7 +9,8 @@ import httpx
 import redis
 
 from deploy.keyframes import make_keyframe
-from gateway.jobs.service import GROUP, STREAM, RedisJobStore, verify_webhook
+from gateway.jobs.store_redis import GROUP, STREAM, RedisJobStore
+from gateway.jobs.webhooks import verify_webhook
 from tests.processes import GatewayProcessFactory, poll
 from tests.reliability.conftest import WEBHOOK_SECRET, WebhookReceiver
 from tests.support import SimFactory, image_input

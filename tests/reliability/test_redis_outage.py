@@ -9,7 +9,7 @@ import httpx
 import redis
 
 from deploy.keyframes import make_keyframe
-from gateway.jobs.service import RedisJobStore
+from gateway.jobs.store_redis import RedisJobStore
 from tests.processes import RedisServer, poll
 from tests.reliability.conftest import error_body
 from tests.support import GatewayFactory, SimFactory, image_input

@@ -12,7 +12,7 @@ from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
-from gateway.jobs.service import Job, JobRequest
+from gateway.jobs.models import Job, JobRequest
 
 
 @post(

@@ -1,0 +1,171 @@
+"""The jobs' vocabulary: the wire models a caller sees, the record a store keeps, a stream delivery."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from gateway.moderation.keyframe_batch import KeyframeBatchRequest, KeyframeBatchResponse
+from gateway.moderation.wire import ModerationResponse
+
+JobStatus = Literal["queued", "running", "succeeded", "failed"]
+WebhookStatus = Literal["pending", "delivered", "failed"]
+FINISHED: Final = frozenset({"succeeded", "failed"})
+
+
+# --- wire ----------------------------------------------------------------------------------------------
+
+
+class JobRequest(KeyframeBatchRequest):
+    """``POST /v1/jobs``: the body of ``POST /v1/videos/{video_id}/keyframes``, plus the video's id and an
+    optional webhook; moderated in the background, its result the document the sync call answers."""
+
+    video_id: str = Field(min_length=1, max_length=200)
+    webhook_url: str | None = Field(default=None, min_length=1, max_length=2048)
+
+    @field_validator("frames", mode="before")
+    @classmethod
+    def _content_parts_are_keyframes(cls, value: object) -> object:
+        """The earlier job body's frames, OpenAI content parts (``{"type": "image_url", "image_url": …}``),
+        are keyframes without a timestamp: still accepted."""
+        if not isinstance(value, list):
+            return value
+        return [
+            {key: item[key] for key in item if key != "type"}
+            if isinstance(item, dict) and item.get("type") == "image_url" else item
+            for item in value
+        ]
+
+
+class JobError(BaseModel):
+    """Why a job failed, in the OpenAI error shape's fields."""
+
+    message: str
+    type: str
+    code: str
+
+
+class WebhookState(BaseModel):
+    """Where a job's result is posted, and how that went."""
+
+    url: str
+    status: WebhookStatus
+    attempts: int
+
+
+class Job(BaseModel):
+    """A job as its caller sees it; ``result`` once it has succeeded, ``error`` once it has failed."""
+
+    id: str
+    object: Literal["moderation.job"] = "moderation.job"
+    status: JobStatus
+    video_id: str
+    frames: int
+    durable: bool  # false: kept in this gateway's memory only, lost on restart
+    created_at: int
+    updated_at: int
+    completed_at: int | None = None
+    attempts: int = 0
+    # The document POST /v1/videos/{video_id}/keyframes answers; a job finished before that change kept
+    # the moderation response it was given then.
+    result: KeyframeBatchResponse | ModerationResponse | None = None
+    error: JobError | None = None
+    webhook: WebhookState | None = None
+
+
+# --- the stored record ---------------------------------------------------------------------------------
+
+
+@dataclass
+class JobRecord:
+    """A job as stored: every field a string-able value (one Redis hash field each)."""
+
+    id: str
+    tenant: str
+    fingerprint: str  # SHA-256 of the request: a replayed idempotency key must carry the same request
+    video_id: str
+    frames: int
+    status: JobStatus = "queued"
+    request: str | None = None  # the JobRequest JSON; dropped once the job has finished
+    created_at: int = 0
+    updated_at: int = 0
+    completed_at: int | None = None
+    attempts: int = 0
+    completions: int = 0  # how many times the job was completed: 1 once finished, never more
+    result: str | None = None
+    error: str | None = None
+    webhook_url: str | None = None
+    webhook_status: WebhookStatus | None = None
+    webhook_attempts: int = 0
+
+    def to_hash(self) -> dict[str, str]:
+        """The record as Redis hash fields (None fields left out)."""
+        return {f.name: str(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_hash(cls, raw: dict[Any, Any]) -> JobRecord:
+        """Read a Redis hash back."""
+        values = {as_text(k): as_text(v) for k, v in raw.items()}
+        numbers = {
+            "frames",
+            "created_at",
+            "updated_at",
+            "completed_at",
+            "attempts",
+            "completions",
+            "webhook_attempts",
+        }
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {
+            name: int(value) if name in numbers else value for name, value in values.items() if name in known
+        }
+        return cls(**kwargs)
+
+    def view(self, durable: bool) -> Job:
+        """What the caller sees."""
+        return Job(
+            id=self.id,
+            status=self.status,
+            video_id=self.video_id,
+            frames=self.frames,
+            durable=durable,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            completed_at=self.completed_at,
+            attempts=self.attempts,
+            result=None if self.result is None else _job_result(self.result),
+            error=None if self.error is None else JobError.model_validate_json(self.error),
+            webhook=None
+            if self.webhook_url is None
+            else WebhookState(
+                url=self.webhook_url, status=self.webhook_status or "pending", attempts=self.webhook_attempts
+            ),
+        )
+
+
+def _job_result(stored: str) -> KeyframeBatchResponse | ModerationResponse:
+    try:
+        return KeyframeBatchResponse.model_validate_json(stored)
+    except ValidationError:
+        return ModerationResponse.model_validate_json(stored)  # finished before jobs answered batches
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A stream entry handed to this gateway: the job to work."""
+
+    entry_id: str
+    job_id: str
+
+
+def unix_now() -> int:
+    """Now, in whole seconds since the epoch (the jobs' timestamps)."""
+    return int(time.time())
+
+
+def as_text(value: bytes | str) -> str:
+    """A Redis reply as text."""
+    return value.decode() if isinstance(value, bytes) else value

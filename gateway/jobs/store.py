@@ -1,0 +1,55 @@
+"""The contract every job store keeps: where jobs live and how workers take them."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gateway.jobs.models import Delivery, JobRecord, JobStatus, WebhookStatus
+
+
+class JobStore(Protocol):
+    """Where jobs live and how workers take them."""
+
+    durable: bool
+
+    async def submit(self, record: JobRecord, idempotency: str | None) -> tuple[JobRecord, bool]:
+        """Store a new job, or answer the one already stored under ``idempotency`` (created: False)."""
+        ...
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        """A job, or None."""
+        ...
+
+    async def backlog(self) -> int:
+        """Jobs queued or running."""
+        ...
+
+    async def take(self, consumer: str, block_s: float) -> list[Delivery]:
+        """The next job for this gateway: one taken over from a silent gateway first, else a new one."""
+        ...
+
+    async def keep_fresh(self, consumer: str, delivery: Delivery) -> None:
+        """Tell the others this gateway is still working the job."""
+        ...
+
+    async def start_attempt(self, job_id: str) -> int:
+        """Mark the job running; answers the attempt's number, 0 if already finished, -1 if gone."""
+        ...
+
+    async def complete(
+        self, job_id: str, status: JobStatus, *, result: str | None, error: str | None
+    ) -> bool:
+        """Finish the job, unless it already is; True only for the call that finished it."""
+        ...
+
+    async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:
+        """Whether this gateway may deliver the job's webhook now (no one else is)."""
+        ...
+
+    async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
+        """How the webhook delivery went."""
+        ...
+
+    async def ack(self, delivery: Delivery) -> None:
+        """The job needs no more work: drop its stream entry."""
+        ...

@@ -1,0 +1,195 @@
+"""Durable jobs in Redis: a hash per job, one stream read by every gateway as one consumer group, and Lua
+for the steps that must be atomic (see gateway/jobs/__init__.py for why each step is safe)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from gateway.errors import StateUnavailable
+from gateway.jobs.models import Delivery, JobRecord, JobStatus, WebhookStatus, as_text, unix_now
+
+STREAM: Final = "modgate:jobs"
+GROUP: Final = "gateways"
+
+# Atomic steps, as Lua scripts (a script runs in Redis without interleaving).
+_SUBMIT: Final = """
+if ARGV[1] == '1' then
+  local existing = redis.call('GET', KEYS[1])
+  if existing then return {0, existing} end
+end
+redis.call('HSET', KEYS[2], unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+if ARGV[1] == '1' then redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3]) end
+redis.call('XADD', KEYS[3], '*', 'job', ARGV[2])
+return {1, ARGV[2]}
+"""
+_START_ATTEMPT: Final = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return -1 end
+if status == 'succeeded' or status == 'failed' then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[1])
+return redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+"""
+_COMPLETE: Final = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return -1 end
+if status == 'succeeded' or status == 'failed' then return 0 end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[2], ARGV[3],
+           'updated_at', ARGV[4], 'completed_at', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'completions', 1)
+redis.call('HDEL', KEYS[1], 'request')
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+
+
+class RedisJobStore:
+    """Durable jobs: hashes, a stream with one consumer group, Lua for the steps that must be atomic."""
+
+    durable = True
+
+    def __init__(self, client: aioredis.Redis, *, claim_idle_s: float, ttl_s: int) -> None:
+        self._redis = client
+        self.claim_idle_ms = max(1, int(claim_idle_s * 1000))
+        self.ttl_s = ttl_s
+        self._group_ready = False
+        self._claim_cursor = "0-0"
+        self._submit = client.register_script(_SUBMIT)
+        self._start_attempt = client.register_script(_START_ATTEMPT)
+        self._complete = client.register_script(_COMPLETE)
+
+    @staticmethod
+    def job_key(job_id: str) -> str:
+        """The job's hash."""
+        return f"modgate:job:{job_id}"
+
+    @asynccontextmanager
+    async def _state(self, doing: str) -> AsyncIterator[None]:
+        """Redis failures become a 503 the caller can retry (and the worker backs off on)."""
+        try:
+            yield
+        except RedisError as exc:
+            raise StateUnavailable(
+                f"cannot {doing}: the job store (Redis) is unreachable ({type(exc).__name__})"
+            ) from exc
+
+    async def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        try:
+            await self._redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    async def submit(self, record: JobRecord, idempotency: str | None) -> tuple[JobRecord, bool]:
+        """Store the job, its idempotency key and its stream entry at once, or find the existing job."""
+        pairs = [item for pair in record.to_hash().items() for item in pair]
+        idempotency_key = f"modgate:job-idempotency:{idempotency or 'none'}"
+        async with self._state("submit the job"):
+            await self._ensure_group()
+            created, job_id = await self._submit(
+                keys=[idempotency_key, self.job_key(record.id), STREAM],
+                args=["1" if idempotency else "0", record.id, self.ttl_s, *pairs],
+            )
+        if int(created) == 1:
+            return record, True
+        existing = await self.get(as_text(job_id))
+        if existing is None:  # the job expired just now while its key lived on
+            raise StateUnavailable("the job under this idempotency key has just expired; retry")
+        return existing, False
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        """A job, or None."""
+        async with self._state("read the job"):
+            raw = await self._redis.hgetall(self.job_key(job_id))
+        return JobRecord.from_hash(raw) if raw else None
+
+    async def backlog(self) -> int:
+        """Stream entries not yet acknowledged (queued or running)."""
+        async with self._state("count the jobs"):
+            return int(await self._redis.xlen(STREAM))
+
+    async def take(self, consumer: str, block_s: float) -> list[Delivery]:
+        """A job a silent gateway left pending too long, else a new one (waiting up to ``block_s``)."""
+        async with self._state("take a job"):
+            try:
+                return await self._take(consumer, block_s)
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                self._group_ready = False  # Redis lost the group (restarted without persistence)
+                await self._ensure_group()
+                return []
+
+    async def _take(self, consumer: str, block_s: float) -> list[Delivery]:
+        await self._ensure_group()
+        # The cursor walks the whole pending list over successive calls (each call scans only a few
+        # entries), so an idle entry behind many busy ones is still found.
+        claimed = await self._redis.xautoclaim(
+            STREAM, GROUP, consumer, self.claim_idle_ms, self._claim_cursor, count=1
+        )
+        self._claim_cursor = as_text(claimed[0]) if claimed else "0-0"
+        entries = claimed[1] if len(claimed) > 1 else []
+        if not entries:
+            answer: Any = await self._redis.xreadgroup(
+                GROUP, consumer, {STREAM: ">"}, count=1, block=int(block_s * 1000)
+            )
+            entries = [entry for _, stream_entries in answer or [] for entry in stream_entries]
+        deliveries = []
+        for entry_id, values in entries:
+            job_id = (values or {}).get(b"job") or (values or {}).get("job")
+            if job_id is None:  # an entry whose data is gone: nothing to work
+                await self._redis.xack(STREAM, GROUP, entry_id)
+                continue
+            deliveries.append(Delivery(entry_id=as_text(entry_id), job_id=as_text(job_id)))
+        return deliveries
+
+    async def keep_fresh(self, consumer: str, delivery: Delivery) -> None:
+        """Reset the entry's idle time (XCLAIM to ourselves), so no one takes over a job being worked."""
+        async with self._state("keep the job"):
+            await self._redis.xclaim(STREAM, GROUP, consumer, 0, [delivery.entry_id], justid=True)
+
+    async def start_attempt(self, job_id: str) -> int:
+        """Mark running and count the attempt."""
+        async with self._state("start the job"):
+            return int(await self._start_attempt(keys=[self.job_key(job_id)], args=[unix_now()]))
+
+    async def complete(
+        self, job_id: str, status: JobStatus, *, result: str | None, error: str | None
+    ) -> bool:
+        """Finish once: the script refuses a job already finished."""
+        name, value = ("result", result) if status == "succeeded" else ("error", error)
+        async with self._state("complete the job"):
+            done = await self._complete(
+                keys=[self.job_key(job_id)], args=[status, name, value or "", unix_now(), self.ttl_s]
+            )
+        return int(done) == 1
+
+    async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:
+        """``SET NX`` a short lease: one gateway delivers at a time."""
+        async with self._state("lease the webhook"):
+            leased = await self._redis.set(
+                f"{self.job_key(job_id)}:webhook-lease", consumer, nx=True, px=max(1, int(lease_s * 1000))
+            )
+        return bool(leased)
+
+    async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
+        """Keep the delivery outcome with the job."""
+        async with self._state("record the webhook"):
+            await self._redis.hset(
+                self.job_key(job_id), mapping={"webhook_status": status, "webhook_attempts": attempts}
+            )
+
+    async def ack(self, delivery: Delivery) -> None:
+        """Acknowledge and delete the entry (the stream holds only unfinished work)."""
+        async with self._state("acknowledge the job"), self._redis.pipeline(transaction=True) as pipe:
+            pipe.xack(STREAM, GROUP, delivery.entry_id)
+            pipe.xdel(STREAM, delivery.entry_id)
+            await pipe.execute()

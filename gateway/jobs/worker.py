@@ -1,0 +1,182 @@
+"""The worker: loops that take a job, moderate its frames, complete it once and post its webhook."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import stamina
+
+from gateway.errors import ClientError, ModgateError, Overloaded, ServerSideError, StateUnavailable
+from gateway.http.auth import Caller
+from gateway.jobs.models import Delivery, JobError, JobRecord, JobRequest, JobStatus
+from gateway.jobs.store import JobStore
+from gateway.jobs.webhooks import WebhookFailed, WebhookSender
+from gateway.moderation.keyframe_batch import moderate_keyframes
+from gateway.moderation.service import ModerationService
+from gateway.settings import JobSettings
+
+log = logging.getLogger("modgate.jobs")
+
+
+class JobWorker:
+    """``concurrency`` loops per gateway: take a job, moderate its frames, complete it, post its webhook."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        moderation: ModerationService,
+        settings: JobSettings,
+        webhooks: WebhookSender | None,
+        consumer: str,
+    ) -> None:
+        self.store = store
+        self.moderation = moderation
+        self.settings = settings
+        self.webhooks = webhooks
+        self.consumer = consumer
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start the loops (on the running event loop)."""
+        for index in range(self.settings.concurrency):
+            self._tasks.append(asyncio.create_task(self._loop(), name=f"job-worker-{index}"))
+
+    async def stop(self) -> None:
+        """Stop the loops; a job cut off here stays pending and is taken over later."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def _loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                for delivery in await self.store.take(self.consumer, block_s=1.0):
+                    await self.work(delivery)
+                failures = 0
+            except StateUnavailable as exc:
+                failures += 1
+                wait = min(10.0, 0.2 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0)
+                log.warning("job worker: %s; retrying in %.1f s", exc.message, wait)
+                await asyncio.sleep(wait)
+            except Exception:
+                log.exception("job worker: unexpected error; carrying on")
+                await asyncio.sleep(1.0)
+
+    @asynccontextmanager
+    async def _kept_fresh(self, delivery: Delivery) -> AsyncIterator[None]:
+        async def refresh() -> None:
+            while True:
+                await asyncio.sleep(self.settings.claim_idle_s / 3)
+                with contextlib.suppress(StateUnavailable):
+                    await self.store.keep_fresh(self.consumer, delivery)
+
+        task = asyncio.create_task(refresh())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def work(self, delivery: Delivery) -> None:
+        """Work one job to its end (or leave it pending for a takeover if the job store goes away)."""
+        async with self._kept_fresh(delivery):
+            finished = await self._run(delivery.job_id)
+            if finished is None:
+                await self.store.ack(delivery)
+                return
+            if not await self._post_webhook(delivery.job_id):
+                return  # another gateway is delivering; it acknowledges the entry when done
+        await self.store.ack(delivery)
+
+    async def _run(self, job_id: str) -> JobRecord | None:
+        """Attempts until the job finishes; None if the job no longer exists."""
+        while True:
+            attempt = await self.store.start_attempt(job_id)
+            if attempt == -1:
+                return None
+            record = await self.store.get(job_id)
+            if record is None:
+                return None
+            if attempt == 0:
+                return record  # finished already (by us before a crash, or by another gateway)
+            if attempt > self.settings.max_attempts or record.request is None:
+                await self._fail(
+                    job_id,
+                    ServerSideError(
+                        f"the job did not finish within {self.settings.max_attempts} attempts",
+                        code="job_attempts_exhausted",
+                    ),
+                )
+                return record
+            request = JobRequest.model_validate_json(record.request)
+            try:
+                # Behind live calls: the setting's priority, or the body's if it asks for even later.
+                response = await moderate_keyframes(
+                    self.moderation, request.video_id, request, Caller(tenant=record.tenant, key_id="job"),
+                    None, priority=max(request.priority, self.settings.priority),
+                )
+            except (ServerSideError, Overloaded) as exc:
+                if attempt >= self.settings.max_attempts:
+                    await self._fail(job_id, exc)
+                    return record
+                wait = min(60.0, self.settings.retry_wait_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+                log.warning(
+                    "job %s attempt %d failed (%s); retrying in %.1f s", job_id, attempt, exc.code, wait
+                )
+                await asyncio.sleep(wait)
+                continue
+            except ClientError as exc:
+                await self._fail(job_id, exc)
+                return record
+            except Exception:
+                log.exception("job %s failed on a gateway bug", job_id)
+                await self._fail(job_id, ServerSideError("internal error"))
+                return record
+            done = await self._complete(job_id, "succeeded", result=response.model_dump_json())
+            log.info("job %s %s", job_id, "succeeded" if done else "was already finished elsewhere")
+            return record
+
+    async def _fail(self, job_id: str, exc: ModgateError) -> None:
+        error = JobError(message=exc.message, type=exc.type, code=exc.code).model_dump_json()
+        await self._complete(job_id, "failed", error=error)
+
+    async def _complete(
+        self, job_id: str, status: JobStatus, *, result: str | None = None, error: str | None = None
+    ) -> bool:
+        # The engine's work is done: retry a short Redis outage rather than redo it after a takeover.
+        async for attempt in stamina.retry_context(
+            on=StateUnavailable, attempts=10, wait_initial=0.2, wait_max=2.0, timeout=None
+        ):
+            with attempt:
+                return await self.store.complete(job_id, status, result=result, error=error)
+        raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+
+    async def _post_webhook(self, job_id: str) -> bool:
+        """Deliver the finished job's webhook if it is due; False if another gateway holds the delivery."""
+        record = await self.store.get(job_id)
+        if record is None or record.webhook_url is None or record.webhook_status != "pending":
+            return True
+        if self.webhooks is None:
+            log.warning("job %s has a webhook but MODGATE_JOBS__WEBHOOK_SECRET is unset: not sent", job_id)
+            await self.store.record_webhook(job_id, "failed", 0)
+            return True
+        lease_s = self.settings.webhook_timeout_s * self.settings.webhook_attempts * 2 + 60
+        if not await self.store.webhook_lease(job_id, self.consumer, lease_s):
+            return False
+        body = record.view(self.store.durable).model_dump_json().encode()
+        try:
+            attempts = await self.webhooks.deliver(record.webhook_url, body, delivery_id=job_id)
+        except WebhookFailed as exc:
+            log.warning("job %s: webhook failed after %d attempts: %s", job_id, exc.attempts, exc)
+            await self.store.record_webhook(job_id, "failed", exc.attempts)
+            return True
+        await self.store.record_webhook(job_id, "delivered", attempts)
+        return True
