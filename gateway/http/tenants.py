@@ -65,6 +65,7 @@ class TenantDirectory:
         self._stored: dict[str, StoredLimits] = {}
         self._store_tenants: set[str] = set()  # tenants of keys kept in Redis
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.last_error: str | None = None
 
     def names(self) -> list[str]:
@@ -124,12 +125,14 @@ class TenantDirectory:
             self._task = asyncio.create_task(self._reload_forever(), name="tenant-limits-reload")
 
     async def _reload_forever(self) -> None:
-        while True:
+        # stops on the flag as well as the cancel: redis-py may turn a cancel into an error reload() absorbs
+        while not self._stopping:
             await self.reload()
             await asyncio.sleep(self.settings.reload_interval_s)
 
     async def stop(self) -> None:
         """Stop reading Redis."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

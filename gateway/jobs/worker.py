@@ -40,6 +40,9 @@ class JobWorker:
         self.webhooks = webhooks
         self.consumer = consumer
         self._tasks: list[asyncio.Task[None]] = []
+        # The flag as well as the cancel: Python 3.11's asyncio.timeout (inside redis-py) can turn a cancel
+        # that lands as its deadline passes into a TimeoutError, which the loop would take for Redis down.
+        self._stopping = False
 
     def start(self) -> None:
         """Start the loops (on the running event loop)."""
@@ -48,6 +51,7 @@ class JobWorker:
 
     async def stop(self) -> None:
         """Stop the loops; a job cut off here stays pending and is taken over later."""
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -55,17 +59,21 @@ class JobWorker:
 
     async def _loop(self) -> None:
         failures = 0
-        while True:
+        while not self._stopping:
             try:
                 for delivery in await self.store.take(self.consumer, block_s=1.0):
                     await self.work(delivery)
                 failures = 0
             except StateUnavailable as exc:
+                if self._stopping:
+                    return
                 failures += 1
                 wait = min(10.0, 0.2 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.0)
                 log.warning("job worker: %s; retrying in %.1f s", exc.message, wait)
                 await asyncio.sleep(wait)
             except Exception:
+                if self._stopping:
+                    return
                 log.exception("job worker: unexpected error; carrying on")
                 await asyncio.sleep(1.0)
 
