@@ -58,7 +58,7 @@ def test_the_fast_paths_decode_no_more_than_they_must(report: dict[str, Any]) ->
     passthrough = fast["1088×608 (on the grid: passthrough)"]["shaped"]
     assert (half.decoded_size, half.passthrough) == ((1088, 608), False)
     assert (passthrough.decoded_size, passthrough.passthrough) == ((136, 76), True)
-    # a passthrough frame is decoded at 1/8 scale only (the sizes above); its timings are printed, not compared
+    # a passthrough frame is decoded at 1/8 scale only (the sizes above); its times are printed, not compared
     times = fast["1088×608 (on the grid: passthrough)"]["median_ms"]
     assert {"decode at 1/8", "shape_image", "decode only"} <= set(times)
 
