@@ -17,7 +17,7 @@ def test_the_capacity_benchmarks_figures_hold_together(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = tmp_path / "capacity.json"
-    capacity.main(["--time-scale", "0.02", "--keyframes", "8", "--warmup", "1", "--rates", "60", "600",
+    capacity.main(["--time-scale", "0.02", "--keyframes", "8", "--warmup", "1", "--rates", "20", "600",
                    "--frame-pool", "8", "--calibration-clients", "2",
                    "--config", "baseline", "off-packing-4", "--json", str(report)])
     printed = capsys.readouterr().out

@@ -86,7 +86,8 @@ def test_a_stopped_engine_is_marked_down_its_calls_go_to_the_other_and_it_is_use
     gateway = start_gateway(
         engine_url=f"{flaky.url},{steady.url}",
         shaping={"verdict_cache_ttl_s": 0},
-        circuit={"consecutive_failures": 1, "cooldown_s": 0.5},
+        # a cool-down long enough that the open circuit is seen by /metrics before its probe may close it
+        circuit={"consecutive_failures": 1, "cooldown_s": 3.0},
     )
 
     def flaky_circuit() -> str:
