@@ -31,6 +31,16 @@ deploy_app = typer.Typer(
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow"}
 
+# The compose files both `deploy check` and `deploy predict` read, named the same way.
+ComposePaths = Annotated[
+    list[Path] | None,
+    typer.Argument(
+        help="Compose files or folders holding one, merged in order like `docker compose -f a -f b`. "
+        "Default: the current folder.",
+        show_default=False,
+    ),
+]
+
 
 class OutputFormat(StrEnum):
     """How `deploy check` prints its findings."""
@@ -46,14 +56,7 @@ def _deploy() -> None:
 
 @deploy_app.command("check")
 def check(
-    paths: Annotated[
-        list[Path] | None,
-        typer.Argument(
-            help="Compose files or folders holding one, merged in order like `docker compose -f a -f b`. "
-            "Default: the current folder.",
-            show_default=False,
-        ),
-    ] = None,
+    paths: ComposePaths = None,
     env_file: Annotated[
         Path | None,
         typer.Option(
@@ -93,14 +96,7 @@ def check(
 
 @deploy_app.command("predict")
 def predict_command(
-    paths: Annotated[
-        list[Path] | None,
-        typer.Argument(
-            help="Compose files or folders holding one, merged in order like `docker compose -f a -f b`. "
-            "Default: the current folder.",
-            show_default=False,
-        ),
-    ] = None,
+    paths: ComposePaths = None,
     env_file: Annotated[
         Path | None,
         typer.Option("--env-file", help="The .env to resolve ${VAR} from (as for `deploy check`)."),
