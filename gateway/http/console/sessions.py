@@ -31,10 +31,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-log = logging.getLogger("modgate.console")
+from gateway.http.auth import OPERATOR_NAME
 
-OPERATOR_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-"""The names the audit trail accepts for the person behind the shared admin token (as X-Modgate-Operator)."""
+log = logging.getLogger("modgate.console")
 
 _COOKIE_VERSION = "v1"
 
