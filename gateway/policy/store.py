@@ -23,8 +23,6 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
 
 from gateway.errors import Conflict, NotFound, StateUnavailable
@@ -164,7 +162,7 @@ class RedisPolicyStore:
 
     def __init__(
         self,
-        url: str,
+        client: Redis,
         *,
         key_prefix: str = "modgate:thinking-policy",
         reload_interval_s: float = 5.0,
@@ -172,13 +170,11 @@ class RedisPolicyStore:
         reconnect_interval_s: float = 0.5,
         audit_max_entries: int = 10000,
     ) -> None:
-        # Fail fast, no retries: a flip against a dead Redis must answer 503 at once, and the follower
-        # task does its own reconnecting.
-        self._redis: Redis = Redis.from_url(
-            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
-        self._url = url
+        # The service's one Redis client (gateway/http/services.py), which retries nothing: a flip against a
+        # dead Redis must answer 503 at once, and the follower task does its own reconnecting. Its socket
+        # timeouts are the service's, longer than a flip may wait, so every operation here runs under a
+        # deadline of its own (:meth:`_deadline`).
+        self._redis = client
         self._key = key_prefix
         self._history_key = f"{key_prefix}:history"
         self._audit_key = f"{key_prefix}:audit"
@@ -205,19 +201,23 @@ class RedisPolicyStore:
         return StoreStatus(backend="redis", available=self._available, last_sync_at=self._last_sync_at,
                            detail=self._detail)
 
+    def _deadline(self) -> asyncio.Timeout:
+        """How long one operation may wait on Redis: ``timeout_s`` for each of up to three round trips."""
+        return asyncio.timeout(self._timeout_s * 3)
+
     # --- following the shared document ---
 
     async def start(self) -> None:
         """Read (or seed) the shared document, then follow changes; a dead Redis is logged, not fatal."""
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
+            async with self._deadline():
                 await self.sync()
         except _REDIS_DOWN as exc:
             self._mark_down(exc)
         self._follower = asyncio.create_task(self._follow(), name="thinking-policy-follower")
 
     async def stop(self) -> None:
-        """Stop following and close the connections."""
+        """Stop following (the client is the service's: it closes it)."""
         # The flag as well as the cancel: Python 3.11's asyncio.timeout (inside redis-py) can turn a cancel
         # that lands as its deadline passes into a TimeoutError, which the follower would take for Redis down.
         self._stopping = True
@@ -225,7 +225,6 @@ class RedisPolicyStore:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follower
-        await self._redis.aclose()
 
     async def sync(self) -> ThinkingPolicy:
         """Read the shared document and install it; seed it when Redis holds none or an older one."""
@@ -270,14 +269,16 @@ class RedisPolicyStore:
         while not self._stopping:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self._channel)
-                await self.sync()  # catch up on whatever changed while we were not subscribed
+                async with self._deadline():
+                    await pubsub.subscribe(self._channel)
+                    await self.sync()  # catch up on whatever changed while we were not subscribed
                 next_reload = loop.time() + self._reload_interval_s
                 while not self._stopping:
                     wait_s = min(1.0, max(0.0, next_reload - loop.time()))
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait_s)
                     if message is not None or loop.time() >= next_reload:
-                        await self.sync()
+                        async with self._deadline():
+                            await self.sync()
                         next_reload = loop.time() + self._reload_interval_s
             except _REDIS_DOWN as exc:
                 if not self._stopping:
@@ -391,7 +392,7 @@ class RedisPolicyStore:
     ) -> PolicyUpdate:
         """Install a new document under the next version, atomically across replicas."""
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
+            async with self._deadline():
                 return await self._transact(
                     lambda current, _: _replace_with(policy, actor, reason, expected_version)(current),
                     expected_version=expected_version,
@@ -411,7 +412,7 @@ class RedisPolicyStore:
             return next_version(current, earlier[target], actor, reason, action="rollback")
 
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
+            async with self._deadline():
                 return await self._transact(change, wants=target)
         except _REDIS_DOWN as exc:
             raise self._unavailable(exc, "the rollback") from exc
@@ -419,7 +420,7 @@ class RedisPolicyStore:
     async def history(self, limit: int) -> list[ThinkingPolicy]:
         """Earlier documents, newest first."""
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
+            async with self._deadline():
                 stored = await self._redis.hgetall(self._history_key)
         except _REDIS_DOWN as exc:
             raise self._unavailable(exc, "reading the history") from exc
@@ -429,7 +430,7 @@ class RedisPolicyStore:
     async def audit(self, limit: int) -> list[AuditEntry]:
         """The audit trail, newest first."""
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
+            async with self._deadline():
                 raw = await self._redis.lrange(self._audit_key, 0, limit - 1)
         except _REDIS_DOWN as exc:
             raise self._unavailable(exc, "reading the audit trail") from exc
