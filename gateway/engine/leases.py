@@ -28,9 +28,11 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger("modgate.leases")
 
@@ -117,6 +119,15 @@ class EngineLeases:
         self._renewer: asyncio.Task[None] | None = None
         self.lost = 0  # leases found expired at renewal
 
+    @contextlib.asynccontextmanager
+    async def _deadline(self) -> AsyncIterator[None]:
+        """One call's ``timeout_s``: a Redis that hangs fails the call as a dead one would."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                yield
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"Redis did not answer within {self.timeout_s:g} s") from exc
+
     def key(self, engine: str) -> str:
         """The sorted set of ``engine``'s slots (every replica must name the engine by the same URL)."""
         return f"{self.key_prefix}:{engine}"
@@ -128,7 +139,7 @@ class EngineLeases:
     async def try_acquire(self, engine: str, cap: int) -> str | None:
         """A slot of ``engine`` if fewer than ``cap`` are held across replicas: its lease id, else None."""
         member = f"{self.replica}/{next(self._ids)}"
-        async with asyncio.timeout(self.timeout_s):
+        async with self._deadline():
             taken = await self._acquire(keys=[self.key(engine)], args=[cap, round(self.ttl_s * 1000), member])
         if not taken:
             return None
@@ -138,12 +149,12 @@ class EngineLeases:
     async def release(self, engine: str, lease: str) -> None:
         """Give a slot back (stops its renewal first: if Redis is down now, the lease still expires)."""
         self._held.get(engine, set()).discard(lease)
-        async with asyncio.timeout(self.timeout_s):
+        async with self._deadline():
             await self._redis.zrem(self.key(engine), lease)
 
     async def count(self, engine: str) -> int:
         """Slots of ``engine`` held by all replicas now."""
-        async with asyncio.timeout(self.timeout_s):
+        async with self._deadline():
             return int(await self._count(keys=[self.key(engine)]))
 
     async def renew(self) -> None:
@@ -152,7 +163,7 @@ class EngineLeases:
         for engine, members in list(self._held.items()):
             if not members:
                 continue
-            async with asyncio.timeout(self.timeout_s):
+            async with self._deadline():
                 lost = await self._renew(keys=[self.key(engine)], args=[ttl_ms, *sorted(members)])
             for raw in lost:
                 member = raw.decode() if isinstance(raw, bytes) else raw
@@ -193,6 +204,6 @@ class EngineLeases:
         with contextlib.suppress(*LEASE_STORE_DOWN):
             for engine, members in self._held.items():
                 if members:
-                    async with asyncio.timeout(self.timeout_s):
+                    async with self._deadline():
                         await self._redis.zrem(self.key(engine), *members)
         self._held.clear()
