@@ -16,7 +16,6 @@ BEING_SPLIT = frozenset(
     {
         "quality/report.py",
         "gateway/moderation/service.py",
-        "deploy/simulator/app.py",
     }
 )
 
