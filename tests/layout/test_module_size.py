@@ -16,8 +16,6 @@ BEING_SPLIT = frozenset(
     {
         "quality/report.py",
         "gateway/moderation/service.py",
-        "shaping/image.py",
-        "deploy/simulator/app.py",
     }
 )
 
