@@ -102,6 +102,9 @@ CONFIGURATIONS = (
     Configuration("off-fill-330", "thinking off, block-filling prefix, 330 image tokens", "off",
                   {**NO_REUSE, "MODGATE_SHAPING__BLOCK_FILLING_PREFIX": "true",
                    "MODGATE_SHAPING__IMAGE_TOKEN_BUDGET": "330"}),
+    Configuration("on-fill-330", "thinking on, block-filling prefix, 330 image tokens", "on",
+                  {**NO_REUSE, "MODGATE_SHAPING__BLOCK_FILLING_PREFIX": "true",
+                   "MODGATE_SHAPING__IMAGE_TOKEN_BUDGET": "330"}),
     Configuration("off-repeats-25", "thinking off, 25 % repeated keyframes, verdict cache on", "off",
                   {"MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "3600"}, repeat_share=0.25),
     *(

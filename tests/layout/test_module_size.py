@@ -15,8 +15,6 @@ MAX_LINES = 600
 BEING_SPLIT = frozenset(
     {
         "gateway/moderation/service.py",
-        "shaping/image.py",
-        "deploy/simulator/app.py",
     }
 )
 
