@@ -14,7 +14,6 @@ PACKAGES = ("gateway", "shaping", "quality", "deploy")
 MAX_LINES = 600
 BEING_SPLIT = frozenset(
     {
-        "quality/report.py",
         "gateway/moderation/service.py",
     }
 )
