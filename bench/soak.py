@@ -52,7 +52,7 @@ from deploy.keyframes import make_keyframe
 from gateway.jobs.store_redis import RedisJobStore
 from gateway.jobs.webhooks import verify_webhook
 
-WEBHOOK_SECRET = "soak-webhook-secret-0123456789"  # noqa: S105 (a local receiver's test secret)
+WEBHOOK_SECRET = "soak-webhook-secret-0123456789"  # noqa: S105 - a local receiver's test secret
 LABELS = ("allow", "allow", "allow", "review", "block:violence", "block:sexual")
 
 

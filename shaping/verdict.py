@@ -205,7 +205,7 @@ def parse_compact_verdict(text: str) -> KeyframeVerdict:
     """One compact verdict (``allow``, ``review``, ``block:violence,hate``); anything else is review."""
     text = text.strip()
     if text in ("allow", "review"):
-        return KeyframeVerdict(action=text, verdict_format="compact")  # type: ignore[arg-type]
+        return KeyframeVerdict(action=text, verdict_format="compact")  # type: ignore[arg-type]  # mypy does not narrow by `in`
     head, colon, tail = text.partition(":")
     if head != "block" or not colon:
         return _review("invalid_compact", f"{text[:60]!r} is not allow, review or block:<categories>")

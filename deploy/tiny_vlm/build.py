@@ -76,12 +76,11 @@ def train_tokenizer(extra_corpus: list[str]) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     bpe.train_from_iterator(corpus, trainer)
-    # S106: these "tokens" are vocabulary entries, not secrets.
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
-        bos_token="<|endoftext|>",  # noqa: S106
-        eos_token="<|im_end|>",  # noqa: S106
-        pad_token="<|endoftext|>",  # noqa: S106
+        bos_token="<|endoftext|>",  # noqa: S106 - a vocabulary entry, not a secret
+        eos_token="<|im_end|>",  # noqa: S106 - a vocabulary entry, not a secret
+        pad_token="<|endoftext|>",  # noqa: S106 - a vocabulary entry, not a secret
     )
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL[3:] + TILES})
     tokenizer.chat_template = (HERE / "chat_template.jinja").read_text(encoding="utf-8")

@@ -207,8 +207,8 @@ def _read_fields(path: Path) -> dict[str, Any]:
         _fail(f"cannot read {path}: {exc}", code=2)
     is_yaml = path.suffix in (".yaml", ".yml")
     try:
-        # A SafeLoader subclass: it builds plain values only, like yaml.safe_load.
-        fields = yaml.load(text, Loader=_Yaml12Loader) if is_yaml else json.loads(text)  # noqa: S506
+        # _Yaml12Loader builds plain values only, like yaml.safe_load.
+        fields = yaml.load(text, Loader=_Yaml12Loader) if is_yaml else json.loads(text)  # noqa: S506 - a SafeLoader
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         _fail(f"{path} is not valid {'YAML' if is_yaml else 'JSON'}: {exc}", code=2)
     if not isinstance(fields, dict):

@@ -195,7 +195,7 @@ class EngineClient:
         ):
             with attempt:
                 return await self._http.send(request, stream=bool(body.get("stream")))
-        raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+        raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover - for mypy
 
     async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
         """One chat completion (streamed if the body asks); refused at once while the circuit is open."""

@@ -165,7 +165,7 @@ class JobWorker:
         ):
             with attempt:
                 return await self.store.complete(job_id, status, result=result, error=error)
-        raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+        raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover - for mypy
 
     async def _post_webhook(self, job_id: str) -> bool:
         """Deliver the finished job's webhook if it is due; False if another gateway holds the delivery."""

@@ -98,7 +98,7 @@ def size_from_header(data: bytes, image_format: ImageFormat) -> tuple[int, int]:
                 raise MalformedJpeg("it has no frame header before its image data")
     except MalformedJpeg as exc:
         raise ImageDecodeFailed(f"the JPEG is malformed: {exc}") from exc
-    raise AssertionError("unreachable: jpeg_segments ends with EOI or raises")  # pragma: no cover
+    raise AssertionError("unreachable: jpeg_segments ends with EOI or raises")  # pragma: no cover - for mypy
 
 
 def _webp_size(data: bytes) -> tuple[int, int]:

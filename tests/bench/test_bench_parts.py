@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -11,6 +12,8 @@ from bench.engine_stub import create_stub_app
 from bench.keepalive import KeepAliveConnection, encode_request
 from bench.overhead import Requests
 from gateway.cli.embedded import ThreadedServer
+
+StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 def test_the_engine_stub_replays_the_simulators_answer_byte_for_byte() -> None:
@@ -43,8 +46,8 @@ def test_the_engine_stub_does_not_keep_an_error_answer() -> None:
     assert info == {"distinct_bodies": 0, "replays": 0}
 
 
-async def _serve(handler: object) -> tuple[asyncio.Server, str]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)  # type: ignore[arg-type]
+async def _serve(handler: StreamHandler) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     return server, f"http://127.0.0.1:{port}/echo"
 

@@ -61,8 +61,8 @@ def test_the_tuned_compose_predicts_the_baseline_and_says_which_flags_count() ->
     assert engine["in_flight"] == 8  # MODGATE_MAX_INFLIGHT in the gateway service
     assert engine["verdict"] == "same"
     assert figures(engine, "predicted") == figures(engine, "baseline")
-    assert "--max-num-seqs 8" in engine["modelled"]  # type: ignore[operator]
-    assert "--gpu-memory-utilization 0.822" in engine["ignored"]  # type: ignore[operator]
+    assert "--max-num-seqs 8" in engine["modelled"]  # type: ignore[operator]  # a JSON list
+    assert "--gpu-memory-utilization 0.822" in engine["ignored"]  # type: ignore[operator]  # a JSON list
     assert engine["ignored_knobs"] == []
     assert engine["caveats"] == []
 
@@ -92,7 +92,7 @@ def test_mtp_costs_throughput_not_only_latency(tmp_path: Path) -> None:
 def test_knobs_without_a_mechanism_are_named_as_ignored(tmp_path: Path) -> None:
     (engine,) = predict_json(str(variant(tmp_path, FAILED_ROUNDS["parallel-prefills"])))
     assert engine["ignored_knobs"] == ["--decode-refill-target 6"]
-    assert "--max-parallel-prefills 2" in engine["modelled"]  # type: ignore[operator]
+    assert "--max-parallel-prefills 2" in engine["modelled"]  # type: ignore[operator]  # a JSON list
 
 
 def test_the_text_output_puts_the_figures_beside_the_baseline(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_the_text_output_puts_the_figures_beside_the_baseline(tmp_path: Path) ->
 
 def test_the_last_of_a_repeated_flag_is_the_one_predicted(tmp_path: Path) -> None:
     (engine,) = predict_json(str(variant(tmp_path, ["--max-num-seqs", "4"])))
-    assert engine["options"]["max_num_seqs"] == 4  # type: ignore[index]
+    assert engine["options"]["max_num_seqs"] == 4  # type: ignore[index]  # a JSON object
     assert engine["verdict"] == "worse"  # 8 callers, 4 slots: the rest queue for a slot
 
 

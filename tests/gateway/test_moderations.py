@@ -78,7 +78,7 @@ def test_listed_keys_are_required_when_configured(start_gateway: GatewayFactory,
     with pytest.raises(openai.AuthenticationError) as missing:
         moderate(gateway, api_key="wrong", model="m", input=body)
     assert missing.value.status_code == 401
-    assert missing.value.body["code"] == "invalid_api_key"  # type: ignore[index]
+    assert missing.value.body["code"] == "invalid_api_key"  # type: ignore[index]  # a JSON object
     assert moderate(gateway, api_key="k-beta", model="m", input=body).results
 
 

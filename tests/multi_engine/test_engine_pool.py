@@ -233,7 +233,7 @@ def test_malformed_engine_settings_fail_with_a_readable_message(
     changes: dict[str, object], complaint: str
 ) -> None:
     with pytest.raises(ValidationError, match=complaint):
-        Settings(**changes)  # type: ignore[arg-type]
+        Settings(**changes)  # type: ignore[arg-type]  # malformed on purpose
 
 
 async def test_readiness_reports_each_engine_and_only_a_healthy_closed_one_is_up() -> None:

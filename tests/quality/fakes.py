@@ -86,7 +86,7 @@ def synthesize_week(
                     frame_sha256=sha,
                     video_id=f"video-{v:04d}",
                     tenant=("acme", "globex", "initech")[v % 3],
-                    arm=arm,  # type: ignore[arg-type]
+                    arm=arm,  # type: ignore[arg-type]  # one of the three arms above
                     action="block" if flagged else "allow",
                     flagged=flagged,
                     categories=[category] if flagged else [],

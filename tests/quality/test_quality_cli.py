@@ -22,7 +22,7 @@ runner = CliRunner()
 def write_week(directory: Path, **changes: object) -> None:
     async def write() -> None:
         store = JsonlRecordStore(directory)
-        for record in synthesize_week(**changes).records:  # type: ignore[arg-type]
+        for record in synthesize_week(**changes).records:  # type: ignore[arg-type]  # its own keywords
             await store.append(record)
         await store.aclose()
 

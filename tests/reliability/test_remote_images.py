@@ -45,7 +45,7 @@ FRAME = make_keyframe("block:violence", 320, 180, seed=5)
         "172.16.0.1",
         "192.168.1.1",
         "169.254.169.254",
-        "0.0.0.0",  # noqa: S104
+        "0.0.0.0",  # noqa: S104 - an address to refuse, not to bind
         "224.0.0.1",
         "240.0.0.1",
         "255.255.255.255",

@@ -316,7 +316,7 @@ def test_an_exif_rotated_jpeg_comes_out_upright() -> None:
     # Orientation 6 turns the stored top-left to the top-right, as ImageOps.exif_transpose shows it.
     with Image.open(io.BytesIO(data)) as original:
         upright = ImageOps.exif_transpose(original)
-    assert close_to(upright.getpixel((upright.width - 10, 10)), RED)  # type: ignore[arg-type]
+    assert close_to(upright.getpixel((upright.width - 10, 10)), RED)  # type: ignore[arg-type]  # an RGB pixel: a tuple
     assert close_to(pixel(shaped, 0.97, 0.02), RED)
     assert close_to(pixel(shaped, 0.03, 0.02), BLUE)
 
@@ -527,7 +527,7 @@ def test_a_pixel_limit_above_pillows_own_bomb_threshold_is_refused_at_constructi
 
 def test_an_unknown_format_in_the_allowlist_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match="allowed_formats"):
-        ImageLimits(allowed_formats=frozenset({"GIF"}))  # type: ignore[arg-type]
+        ImageLimits(allowed_formats=frozenset({"GIF"}))  # type: ignore[arg-type]  # not an allowed format, on purpose
 
 
 # --- animation ------------------------------------------------------------------------------------------

@@ -23,10 +23,10 @@ from shaping.image import ImageLimits, shape_image
 from shaping.tokens import TokenGrid, image_tokens, smart_resize
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # "PyTorch was not found": the PIL path needs none
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (  # noqa: E402
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (  # noqa: E402 - after quieting its logger
     Qwen2VLImageProcessorPil,
 )
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (  # noqa: E402
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (  # noqa: E402 - after quieting its logger
     smart_resize as reference_smart_resize,
 )
 

@@ -204,7 +204,10 @@ def recorded_engine(sim: ThreadedServer) -> Iterator[tuple[ThreadedServer, list[
             seen.append({part["uuid"] for part in parts if part["type"] == "image_url"})
         return await forward(request, sim.url)
 
-    settings = Settings(api_keys="k-a:tenant-a,k-b:tenant-b", shaping={"packing_k": 4})  # type: ignore[arg-type]
+    settings = Settings(
+        api_keys="k-a:tenant-a,k-b:tenant-b",
+        shaping={"packing_k": 4},  # type: ignore[arg-type]  # pydantic builds the group from a dict
+    )
     with ThreadedServer(create_app(settings, engine_transport=httpx.MockTransport(handler))) as gateway:
         yield gateway, seen
 

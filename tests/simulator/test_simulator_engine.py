@@ -9,6 +9,7 @@ import httpx
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator.engine import PrefixCache
+from deploy.simulator.tokenizer import Token
 from tests.support import SimFactory
 
 
@@ -36,8 +37,8 @@ def chat(image: bytes, thinking: bool, model: str = "qwen3-vl-moe-sim") -> dict[
 
 def test_the_prefix_cache_hits_whole_blocks_and_never_the_last_token() -> None:
     cache = PrefixCache(block_size=4, capacity_blocks=100)
-    tokens: list[str | object] = [str(i) for i in range(12)]
-    hashes = cache.block_hashes(tokens)  # type: ignore[arg-type]
+    tokens: list[Token] = [str(i) for i in range(12)]
+    hashes = cache.block_hashes(tokens)
     assert len(hashes) == 3
     assert cache.lookup(hashes, 12) == 0
     assert cache.insert(hashes) == 12
@@ -47,8 +48,8 @@ def test_the_prefix_cache_hits_whole_blocks_and_never_the_last_token() -> None:
 
 def test_a_changed_early_token_invalidates_every_later_block() -> None:
     cache = PrefixCache(block_size=4, capacity_blocks=100)
-    cache.insert(cache.block_hashes([str(i) for i in range(12)]))  # type: ignore[arg-type]
-    changed = cache.block_hashes(["x", *[str(i) for i in range(1, 12)]])  # type: ignore[arg-type]
+    cache.insert(cache.block_hashes([str(i) for i in range(12)]))
+    changed = cache.block_hashes(["x", *[str(i) for i in range(1, 12)]])
     assert cache.lookup(changed, 13) == 0
 
 

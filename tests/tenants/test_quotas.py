@@ -33,7 +33,7 @@ def moderate_raw(gateway: ThreadedServer, key: str, frames: int = 1) -> Any:
     """One moderation with the official client; answers its raw response (headers and parsed body)."""
     with client(gateway, key) as openai_client:
         return openai_client.moderations.with_raw_response.create(
-            model="modgate-moderation", input=image_input(*[FRAME] * frames)  # type: ignore[arg-type]
+            model="modgate-moderation", input=image_input(*[FRAME] * frames)  # type: ignore[arg-type]  # image parts
         )
 
 
@@ -79,7 +79,7 @@ def test_a_request_larger_than_the_whole_quota_is_a_400_not_a_429(
 ) -> None:
     gateway = start_gateway(engine_url=sim.url, api_keys=KEYS, tenants={"default_keyframes_per_minute": 2})
     with pytest.raises(openai.BadRequestError) as error, client(gateway, "key-b") as openai_client:
-        openai_client.moderations.create(model="m", input=image_input(*[FRAME] * 3))  # type: ignore[arg-type]
+        openai_client.moderations.create(model="m", input=image_input(*[FRAME] * 3))  # type: ignore[arg-type]  # image parts
     body = error.value.body
     assert isinstance(body, dict)
     assert body["code"] == "request_over_quota"
