@@ -46,12 +46,12 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench import escalation
+from bench.report import add_report_options, load_average, machine_load, publish
 from bench.servers import gateway, simulator
 from deploy.keyframes import make_keyframe
 from gateway.settings import ShapingSettings
@@ -549,7 +549,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "setup": {"time_scale": args.time_scale, "keyframes_per_rate": args.keyframes, "warmup": args.warmup,
                   "rates": list(args.rates or DEFAULT_RATES), "slo_p95_s": SLO_P95_S, "cpus": os.cpu_count(),
-                  "load_before": [round(x, 2) for x in os.getloadavg()]},
+                  "load_before": load_average()},
         "configurations": [],
         "skipped": {},
     }
@@ -569,7 +569,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             restart = stack if config.repeat_share > 0 else None
             points = asyncio.run(sweep(config, url, args, labelled if config.separation else pool, restart))
         report["configurations"].append(summarize(config, points))
-    report["setup"]["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    report["setup"]["load_after"] = load_average()
     return report
 
 
@@ -620,20 +620,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="escalate: distinct labelled keyframes to draw from")
     parser.add_argument("--truth-frames", type=int, default=20_000,
                         help="escalate: frames of simulated ground truth the threshold is chosen on")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
+    add_report_options(parser)
     args = parser.parse_args(argv)
     print(f"simulator spark preset at time scale {args.time_scale:g} (figures at the Spark's pace), "
           f"modgate in front; Poisson arrivals, {args.keyframes} keyframes per rate after {args.warmup} "
-          "warm-up; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
-    report = run(args)
-    print_tables(report)
-    if args.markdown:
-        print_markdown(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+          f"warm-up; {machine_load()}", flush=True)
+    publish(run(args), args, print_tables, print_markdown)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,12 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.capacity import frame_pool, percentile
+from bench.report import add_report_options, load_average, machine_load, publish
 from bench.servers import gateway, simulator
 
 KEYS = {"flood": "bench-key-tenant-a", "quiet": "bench-key-tenant-b"}
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "setup": {"time_scale": args.time_scale, "waiting": args.waiting, "b_keyframes": args.b_keyframes,
                   "fifo_b_keyframes": args.fifo_b_keyframes, "alone_keyframes": args.alone_keyframes,
-                  "cpus": os.cpu_count(), "load_before": [round(x, 2) for x in os.getloadavg()]},
+                  "cpus": os.cpu_count(), "load_before": load_average()},
         "runs": {},
     }
     alone: list[float] = []
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "fifo_b_p50_over_alone": fifo["b_p50_s"] / report["alone"]["b_p50_s"],
         "throughput_tenant_over_fifo": fair["throughput_per_min"] / fifo["throughput_per_min"],
     }
-    report["setup"]["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    report["setup"]["load_after"] = load_average()
     return report
 
 
@@ -253,18 +253,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="B's keyframes under fifo (each waits for A's whole backlog)")
     parser.add_argument("--alone-keyframes", type=int, default=10, help="B's keyframes with nothing else")
     parser.add_argument("--frame-pool", type=int, default=48, help="distinct keyframes to draw from")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
+    add_report_options(parser)
     args = parser.parse_args(argv)
     print(f"simulator spark preset at time scale {args.time_scale:g} (figures at the Spark's pace); "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
-    report = run(args)
-    print_report(report)
-    if args.markdown:
-        print_markdown(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+          f"{machine_load()}", flush=True)
+    publish(run(args), args, print_report, print_markdown)
 
 
 if __name__ == "__main__":

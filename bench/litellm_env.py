@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.servers import free_port, wait_until_ready
+from bench.servers import free_port, stop, wait_until_ready
 
 # The newest release whose ``[proxy]`` extra resolves from PyPI on Python 3.11: 1.108.x and later pin
 # litellm-proxy / litellm-proxy-extras / litellm-enterprise releases that PyPI does not have, and 1.107.0 was
@@ -121,12 +121,7 @@ def litellm_proxy(engine_url: str, model: str, master_key: str, workers: int = 1
                 raise RuntimeError(f"{exc}; litellm said:\n{tail}") from exc
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
             log.close()
 
 

@@ -33,6 +33,16 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], timeout_s: floa
     raise RuntimeError(f"{url} not ready within {timeout_s:g} s")
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ask a server process to end; kill it if it has not within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def process(
     args: list[str], ready_url: str, env: dict[str, str] | None = None, ready_timeout_s: float = 60
@@ -43,11 +53,7 @@ def process(
         wait_until_ready(ready_url, proc, ready_timeout_s)
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 @contextlib.contextmanager
