@@ -7,6 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from gateway.cli.main import app
+from shaping.prefix import guidance_version_for, load_guidance
+from shaping.prompt import load_system_prompt, prompt_version_for
 from tests.support import SimFactory
 
 runner = CliRunner()
@@ -68,3 +70,35 @@ def test_an_engine_that_does_not_answer_fails_with_a_message() -> None:
     result = runner.invoke(app, ["cache", "plan", "--engine-url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cache plan failed" in result.output
+
+
+def test_the_plan_uses_the_compact_prompt_and_its_guidance_unless_json_is_asked(
+    start_sim: SimFactory,
+) -> None:
+    engine = start_sim("instant")  # block 16: a few pieces of guidance fill it
+    reports = {
+        verdict_format: json.loads(
+            runner.invoke(
+                app,
+                ["cache", "plan", "--engine-url", engine.url, "--fill", "--json",
+                 *(["--verdict-format", verdict_format] if verdict_format != "default" else [])],
+            ).output
+        )
+        for verdict_format in ("default", "compact", "json")
+    }
+    assert reports["default"] == reports["compact"]
+    for verdict_format in ("compact", "json"):
+        report = reports[verdict_format]
+        assert report["verdict_format"] == verdict_format
+        prompt = load_system_prompt(prompt_version_for(verdict_format))
+        assert report["system_characters"] == len(prompt.text)
+        guidance = "\n".join(load_guidance(guidance_version_for(verdict_format)))
+        assert report["filled"]["guidance"]
+        assert guidance.startswith(report["filled"]["guidance"])
+    assert reports["compact"]["filled"]["guidance"] != reports["json"]["filled"]["guidance"]
+
+
+def test_an_unknown_verdict_format_is_refused() -> None:
+    result = runner.invoke(app, ["cache", "plan", "--verdict-format", "yaml"])
+    assert result.exit_code == 2
+    assert "compact" in result.output
