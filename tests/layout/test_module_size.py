@@ -14,10 +14,7 @@ PACKAGES = ("gateway", "shaping", "quality", "deploy")
 MAX_LINES = 600
 BEING_SPLIT = frozenset(
     {
-        "quality/report.py",
         "gateway/moderation/service.py",
-        "shaping/image.py",
-        "deploy/simulator/app.py",
     }
 )
 
