@@ -15,11 +15,12 @@ a closed loop (the Spark averaged 6.7 in flight: 0.78 requests/s × 8.56 s) on t
 clock (``deploy.simulator.virtual``): deterministic, the same on a loaded machine as on a quiet one.
 ``--paced`` also runs the served simulator over HTTP at ``--time-scale`` (its tokenizer's request shape,
 the machine's noise) for the fit's configuration, asking for the verdict of ``--verdict-format`` (its
-system prompt and output constraint): compact by default, as the gateway does; the seed's answers were the
-JSON verdict (``--verdict-format json``, about 20 more output tokens a request).
+system prompt and output constraint). By default that is the seed's JSON verdict, as in the capacity
+bench's calibration check: the figures compared are the seed's, and the compact verdict (the gateway's
+default) ends a thinking-on answer ~20 tokens sooner, which is this round's gain, not the preset's fit.
 
     python -m bench.calibration [--json FILE] [--refit]
-                                [--paced [--time-scale 0.25] [--requests 96] [--verdict-format compact]]
+                                [--paced [--time-scale 0.25] [--requests 96] [--verdict-format json]]
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ from deploy.simulator.virtual import LoadFigures, closed_loop
 from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt, prompt_version_for
 from shaping.tokens import TokenGrid
-from shaping.verdict import DEFAULT_VERDICT_FORMAT, VERDICT_FORMATS, VerdictFormat
+from shaping.verdict import VERDICT_FORMATS, VerdictFormat
 
 SPARK = {"requests_per_min": 46.7, "ttft_s": 0.468, "e2e_s": 8.56}
+SEED_VERDICT_FORMAT: VerdictFormat = "json"  # what the seed's requests asked for when it measured SPARK
 CALLERS = 7  # the Spark's ~6.7 in flight
 
 
@@ -145,7 +147,7 @@ def seed_frame() -> ShapedImage:
 _FIRST_TOKEN = re.compile(r'"(?:reasoning|content)":\s*"[^"]')
 
 
-def seed_request(verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT) -> dict[str, Any]:
+def seed_request(verdict_format: VerdictFormat = SEED_VERDICT_FORMAT) -> dict[str, Any]:
     """The seed's request (its frame, thinking on, streamed) asking for ``verdict_format``'s verdict."""
     return build_chat_request(
         load_system_prompt(prompt_version_for(verdict_format)),
@@ -161,7 +163,7 @@ async def run(
     requests: int,
     concurrency: int,
     arrivals_per_min: float | None = None,
-    verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT,
+    verdict_format: VerdictFormat = SEED_VERDICT_FORMAT,
 ) -> dict[str, float]:
     """Closed loop at ``concurrency`` (or open loop at ``arrivals_per_min``); figures at the Spark's pace."""
     body = seed_request(verdict_format)
@@ -249,8 +251,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="with --paced: Poisson arrivals at this rate instead of a closed loop",
     )
-    parser.add_argument("--verdict-format", choices=VERDICT_FORMATS, default=DEFAULT_VERDICT_FORMAT,
-                        help="with --paced: the verdict asked for (its system prompt and output constraint)")
+    parser.add_argument("--verdict-format", choices=VERDICT_FORMATS, default=SEED_VERDICT_FORMAT,
+                        help="with --paced: the verdict asked for (its system prompt and output constraint); "
+                             "default the seed's")
     return parser.parse_args(argv)
 
 

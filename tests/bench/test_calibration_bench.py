@@ -81,15 +81,18 @@ def test_the_paced_request_asks_for_the_verdict_format_it_names(verdict_format: 
     )
 
 
-def test_the_paced_request_asks_for_the_compact_verdict_by_default() -> None:
-    assert calibration.seed_request() == calibration.seed_request("compact")
+def test_the_paced_request_asks_for_the_seeds_json_verdict_unless_told() -> None:
+    # The figures compared are the seed's, measured with the JSON verdict (the capacity bench does the same).
+    assert calibration.seed_request() == calibration.seed_request("json")
+    assert calibration.parse_arguments([]).verdict_format == "json"
+    assert calibration.parse_arguments(["--verdict-format", "compact"]).verdict_format == "compact"
 
 
-def test_the_paced_run_sends_the_compact_request_and_reads_its_answer(
+def test_the_paced_run_sends_the_compact_request_when_asked_and_reads_its_answer(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     calibration.paced(calibration.parse_arguments(["--paced", "--time-scale", "0", "--requests", "2",
-                                                   "--concurrency", "1"]))
+                                                   "--concurrency", "1", "--verdict-format", "compact"]))
     printed = capsys.readouterr().out
     assert "2 requests, 1 clients in a closed loop, compact verdict" in printed
     shape = re.search(r"request shape: (\d+) prompt tokens, (\d+) completion tokens", printed)
