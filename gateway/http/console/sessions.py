@@ -31,12 +31,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gateway.http.auth import OPERATOR_NAME
 from quality.summaries import ArmCost, Decision, Recommendation, WeekSummary
 
 log = logging.getLogger("modgate.console")
-
-OPERATOR_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-"""The names the audit trail accepts for the person behind the shared admin token (as X-Modgate-Operator)."""
 
 _COOKIE_VERSION = "v1"
 
