@@ -51,7 +51,7 @@ from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWind
 from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from shaping.prefix import GuidanceTooShort
 from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
-from shaping.verdict import VERDICT_FORMATS
+from shaping.verdict import VERDICT_FORMATS, VerdictFormat
 
 log = logging.getLogger("modgate.gateway")
 
@@ -130,23 +130,33 @@ def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictC
 
 
 async def _system_prompt(
-    settings: Settings, engine_url: str, transport: httpx.AsyncBaseTransport | None, version: str
+    settings: Settings,
+    engine_url: str,
+    transport: httpx.AsyncBaseTransport | None,
+    verdict_format: VerdictFormat,
 ) -> SystemPrompt:
     """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
 
     Measured once at start on the engine's own /tokenize. An engine that cannot be measured leaves the plain
     prompt in force (said loudly): the gateway still serves, the cache just cannot hit.
     """
+    version = prompt_version_for(verdict_format)
     if not settings.shaping.block_filling_prefix:
         return load_system_prompt(version)
     try:
         async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
-            prompt, filled = await block_filled_prompt(http, settings.shaping.prefix_block_size, version)
+            prompt, filled = await block_filled_prompt(
+                http, settings.shaping.prefix_block_size, verdict_format
+            )
     except (PrefixPlanError, GuidanceTooShort) as exc:
-        log.error("block-filling prefix OFF: %s; serving the plain system prompt", exc)
+        log.error(
+            "block-filling prefix OFF (%s verdict): %s; serving the plain system prompt", verdict_format, exc
+        )
         return load_system_prompt(version)
     log.warning(
-        "block-filling prefix on: +%d tokens of policy guidance; shared prefix %d tokens (block %d, +%d)",
+        "block-filling prefix on (%s verdict): +%d tokens of policy guidance; shared prefix %d tokens "
+        "(block %d, +%d)",
+        verdict_format,
         filled.added_tokens,
         filled.shared_tokens,
         filled.block_size,
@@ -272,9 +282,7 @@ async def open_services(
             policies=policies,
             metrics=metrics,
             system_prompts={
-                verdict_format: await _system_prompt(
-                    settings, engine_url, engine_transport, prompt_version_for(verdict_format)
-                )
+                verdict_format: await _system_prompt(settings, engine_url, engine_transport, verdict_format)
                 for verdict_format in VERDICT_FORMATS
             },
             executor=executor,
