@@ -4,9 +4,6 @@ The reason follows the rule codes on the same line, after a dash or a second com
 ``# noqa: S105 - a loopback benchmark's own gateway``, ``# type: ignore[arg-type]  # a JSON list``.
 Only comments are read (with tokenize), never strings that happen to spell a directive. In pyproject.toml,
 every ruff rule that is switched off names its reason on its own line, and every mypy override says why.
-
-Files that other work is editing right now are named below with how many suppressions they still leave
-unexplained; the list only shrinks, to empty.
 """
 
 from __future__ import annotations
@@ -16,13 +13,8 @@ import re
 import tokenize
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("gateway", "shaping", "quality", "deploy", "bench", "tests", "scripts")
-NOT_YET_EXPLAINED = {
-    "bench/calibration.py": 2,
-}
 
 DIRECTIVE = re.compile(r"#\s*(?:noqa\b|type:\s*ignore\b|pragma:\s*no\s*cover\b)", re.IGNORECASE)
 RUFF_CODES = r"noqa:\s*[A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*"
@@ -84,17 +76,9 @@ def test_every_suppression_says_why() -> None:
     offenders = [
         f"{module}:{line}: {comment}"
         for module in modules()
-        if module.as_posix() not in NOT_YET_EXPLAINED
         for line, comment in unexplained((ROOT / module).read_text())
     ]
     assert not offenders, "name the codes and say why, e.g. `# noqa: S105 - reason`:\n" + "\n".join(offenders)
-
-
-@pytest.mark.parametrize("module", sorted(NOT_YET_EXPLAINED))
-def test_the_not_yet_explained_list_only_shrinks(module: str) -> None:
-    left = len(unexplained((ROOT / module).read_text()))
-    assert left <= NOT_YET_EXPLAINED[module], f"{module}: a new unexplained suppression"
-    assert left > 0, f"{module} explains all its suppressions now: take it off NOT_YET_EXPLAINED"
 
 
 def test_every_switched_off_ruff_rule_in_pyproject_says_why() -> None:
