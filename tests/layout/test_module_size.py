@@ -15,7 +15,6 @@ MAX_LINES = 600
 BEING_SPLIT = frozenset(
     {
         "quality/report.py",
-        "gateway/moderation/service.py",
         "shaping/image.py",
         "deploy/simulator/app.py",
     }
