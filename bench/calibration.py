@@ -14,9 +14,13 @@ Every row runs the seed's request shape (1,076 prompt tokens, ~95 output, thinki
 a closed loop (the Spark averaged 6.7 in flight: 0.78 requests/s × 8.56 s) on the step model's virtual
 clock (``deploy.simulator.virtual``): deterministic, the same on a loaded machine as on a quiet one.
 ``--paced`` also runs the served simulator over HTTP at ``--time-scale`` (its tokenizer's request shape,
-the machine's noise) for the fit's configuration.
+the machine's noise) for the fit's configuration, asking for the verdict of ``--verdict-format`` (its
+system prompt and output constraint). By default that is the seed's JSON verdict, as in the capacity
+bench's calibration check: the figures compared are the seed's, and the compact verdict (the gateway's
+default) ends a thinking-on answer ~20 tokens sooner, which is this round's gain, not the preset's fit.
 
-    python -m bench.calibration [--json FILE] [--refit] [--paced [--time-scale 0.25] [--requests 96]]
+    python -m bench.calibration [--json FILE] [--refit]
+                                [--paced [--time-scale 0.25] [--requests 96] [--verdict-format json]]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import statistics
 import time
 from dataclasses import dataclass
@@ -39,10 +44,12 @@ from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, SimPreset
 from deploy.simulator.virtual import LoadFigures, closed_loop
 from shaping.image import ImageLimits, ShapedImage, shape_image
-from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
+from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt, prompt_version_for
 from shaping.tokens import TokenGrid
+from shaping.verdict import VERDICT_FORMATS, VerdictFormat
 
 SPARK = {"requests_per_min": 46.7, "ttft_s": 0.468, "e2e_s": 8.56}
+SEED_VERDICT_FORMAT: VerdictFormat = "json"  # what the seed's requests asked for when it measured SPARK
 CALLERS = 7  # the Spark's ~6.7 in flight
 
 
@@ -136,16 +143,30 @@ def seed_frame() -> ShapedImage:
     return shape_image(make_keyframe("allow", 1056, 640, seed=11), ImageLimits(), TokenGrid(token_budget=660))
 
 
-async def run(
-    time_scale: float, requests: int, concurrency: int, arrivals_per_min: float | None = None
-) -> dict[str, float]:
-    """Closed loop at ``concurrency`` (or open loop at ``arrivals_per_min``); figures at the Spark's pace."""
-    body = build_chat_request(
-        load_system_prompt(),
+# The first streamed token: reasoning, or the answer's first character (a JSON brace or a compact verdict).
+_FIRST_TOKEN = re.compile(r'"(?:reasoning|content)":\s*"[^"]')
+
+
+def seed_request(verdict_format: VerdictFormat = SEED_VERDICT_FORMAT) -> dict[str, Any]:
+    """The seed's request (its frame, thinking on, streamed) asking for ``verdict_format``'s verdict."""
+    return build_chat_request(
+        load_system_prompt(prompt_version_for(verdict_format)),
         [seed_frame()],
         "请审核这张视频关键帧截图。",
-        RequestOptions(model=PRESETS["spark"].model, enable_thinking=True, max_completion_tokens=512),
+        RequestOptions(model=PRESETS["spark"].model, enable_thinking=True, max_completion_tokens=512,
+                       verdict_format=verdict_format),
     )
+
+
+async def run(
+    time_scale: float,
+    requests: int,
+    concurrency: int,
+    arrivals_per_min: float | None = None,
+    verdict_format: VerdictFormat = SEED_VERDICT_FORMAT,
+) -> dict[str, float]:
+    """Closed loop at ``concurrency`` (or open loop at ``arrivals_per_min``); figures at the Spark's pace."""
+    body = seed_request(verdict_format)
     with simulator("spark", time_scale) as sim_url:
         ttfts: list[float] = []
         e2es: list[float] = []
@@ -161,7 +182,7 @@ async def run(
                 first = None
                 async with http.stream("POST", "/v1/chat/completions", json=body) as response:
                     async for line in response.aiter_lines():
-                        if first is None and ('"reasoning"' in line or '"content":"{' in line):
+                        if first is None and _FIRST_TOKEN.search(line):
                             first = time.monotonic()
                         if '"usage"' in line and '"choices":[]' in line.replace(" ", ""):
                             usage = httpx.Response(200, content=line[5:]).json()["usage"]
@@ -213,8 +234,8 @@ def print_table(title: str, rows: list[Row]) -> None:
               f"{row.simulated / row.seed.value:>7.2f}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Print the fit's table and the held-out table (and write both as JSON with ``--json``)."""
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -230,7 +251,15 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="with --paced: Poisson arrivals at this rate instead of a closed loop",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument("--verdict-format", choices=VERDICT_FORMATS, default=SEED_VERDICT_FORMAT,
+                        help="with --paced: the verdict asked for (its system prompt and output constraint); "
+                             "default the seed's")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the fit's table and the held-out table (and write both as JSON with ``--json``)."""
+    args = parse_arguments(argv)
     preset = PRESETS["spark"]
     if args.refit:
         prefill, decode, figures = refit(preset, args.concurrency)
@@ -257,14 +286,16 @@ def main(argv: list[str] | None = None) -> None:
 
 def paced(args: argparse.Namespace) -> None:
     """The fit's configuration through the served simulator, over HTTP, at ``--time-scale``."""
-    figures = asyncio.run(run(args.time_scale, args.requests, args.concurrency, args.arrivals_per_min))
+    figures = asyncio.run(
+        run(args.time_scale, args.requests, args.concurrency, args.arrivals_per_min, args.verdict_format)
+    )
     load = (
         f"Poisson arrivals at {args.arrivals_per_min:g}/min"
         if args.arrivals_per_min
         else f"{args.concurrency} clients in a closed loop"
     )
     print(
-        f"\nserved simulator (HTTP), {args.requests} requests, {load}, "
+        f"\nserved simulator (HTTP), {args.requests} requests, {load}, {args.verdict_format} verdict, "
         f"time scale {args.time_scale:g} (figures scaled back to the Spark's pace)"
     )
     print(

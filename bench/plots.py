@@ -1,12 +1,14 @@
 """PNG plots of latency against load, from the JSON the benchmarks write (``--json``).
 
-    python -m bench.plots [--overhead docs/bench/overhead.json] [--capacity docs/bench/capacity.json]
-                          [--out docs/bench]
+    python -m bench.plots [--overhead docs/bench/overhead.json] [--capacity docs/bench/capacity-compact.json]
+                          [--shaping docs/bench/shaping.json] [--out docs/bench]
 
 - ``overhead.png``: added latency (p50 and p99) over the engine against concurrent clients, per gateway,
   and requests per second;
-- ``capacity.png``: end to end p95 and TTFT p95 against offered keyframes per minute, per configuration,
-  with the 3 s objective.
+- ``<capacity report's name>.png`` (``capacity-compact.png``): end to end p95 and TTFT p95 against offered
+  keyframes per minute, per configuration, with the 3 s objective;
+- ``shaping.png``: keyframes per minute per shaping option, measured and the cost model's bound, and the
+  engine time per keyframe the cost model charges (prefill and decode).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def plot_overhead(report: dict[str, Any], out: Path) -> Path:
     return path
 
 
-def plot_capacity(report: dict[str, Any], out: Path) -> Path:
+def plot_capacity(report: dict[str, Any], out: Path, name: str = "capacity.png") -> Path:
     """End to end p95 and TTFT p95 against offered keyframes per minute, one line per configuration."""
     fig, (e2e, ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
     for row in report["configurations"]:
@@ -85,7 +87,50 @@ def plot_capacity(report: dict[str, Any], out: Path) -> Path:
     fig.suptitle(f"simulated Spark (time scale {setup['time_scale']:g}), {setup['cpus']} CPUs, load average "
                  f"{setup['load_before'][0]:.1f} at start", fontsize=9)
     fig.tight_layout()
-    path = out / "capacity.png"
+    path = out / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_shaping(report: dict[str, Any], out: Path) -> Path:
+    """Keyframes per minute per shaping option (measured, and the cost model's bound), and the engine time
+    per keyframe the cost model charges for the measured tokens, split into prefill and decode."""
+    rows = list(reversed(report["rows"]))  # the seed on top
+    names = [row["name"] for row in rows]
+    places = list(range(len(rows)))
+    fig, (rate, cost) = plt.subplots(1, 2, figsize=(12, 0.42 * len(rows) + 1.8), sharey=True)
+    height = 0.38
+    measured = [row["keyframes_per_min"] for row in rows]
+    bound = [row["model_bound_per_min"] if _finite(row["model_bound_per_min"]) else 0 for row in rows]
+    rate.barh([p + height / 2 for p in places], measured, height, label="measured")
+    rate.barh([p - height / 2 for p in places], bound, height, label="cost model bound", alpha=0.55)
+    for place, value in zip(places, measured, strict=True):
+        rate.text(value, place + height / 2, f" {value:,.0f}", va="center", fontsize=7)
+    rate.set_yticks(places, names, fontsize=8)
+    rate.set(xlabel="keyframes per minute (closed loop, Spark pace)", title="Throughput per shaping option")
+    rate.grid(True, axis="x", alpha=0.3)
+    rate.legend(fontsize=8, loc="upper right")
+    prefill = [row["engine_prefill_s_per_frame"] if _finite(row["engine_prefill_s_per_frame"]) else 0
+               for row in rows]
+    decode = [row["engine_decode_s_per_frame"] if _finite(row["engine_decode_s_per_frame"]) else 0
+              for row in rows]
+    cost.barh(places, prefill, label="prefill (uncached prompt tokens)")
+    cost.barh(places, decode, left=prefill, label="decode (output tokens)")
+    cost.set(xlabel="engine seconds per keyframe (cost model, measured tokens)",
+             title="Where the engine's time goes")
+    cost.grid(True, axis="x", alpha=0.3)
+    cost.legend(fontsize=8, loc="lower right")
+    setup = report["setup"]
+    fig.suptitle(
+        f"simulated Spark (prefill {setup['prefill_tokens_per_s']:,.0f} / decode "
+        f"{setup['decode_tokens_per_s']:g} tokens/s, time scale {setup['time_scale']:g}), "
+        f"{setup['verdict_format']} verdict, {setup['clients']} clients; {setup['cpus']} CPUs, load average "
+        f"{setup['load_before'][0]:.1f} at start, {setup['load_after'][0]:.1f} at the end",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path = out / "shaping.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -96,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--overhead", type=Path, default=DOCS / "overhead.json")
-    parser.add_argument("--capacity", type=Path, default=DOCS / "capacity.json")
+    parser.add_argument("--capacity", type=Path, default=DOCS / "capacity-compact.json")
+    parser.add_argument("--shaping", type=Path, default=DOCS / "shaping.json")
     parser.add_argument("--out", type=Path, default=DOCS)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -104,10 +150,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.overhead.exists():
         written.append(plot_overhead(json.loads(args.overhead.read_text()), args.out))
     if args.capacity.exists():
-        written.append(plot_capacity(json.loads(args.capacity.read_text()), args.out))
+        report = json.loads(args.capacity.read_text())
+        written.append(plot_capacity(report, args.out, f"{args.capacity.stem}.png"))
+    if args.shaping.exists():
+        written.append(plot_shaping(json.loads(args.shaping.read_text()), args.out))
     if not written:
-        raise SystemExit(f"no report found: run bench.overhead or bench.capacity with --json first "
-                         f"({args.overhead}, {args.capacity})")
+        raise SystemExit(f"no report found: run bench.overhead, bench.capacity or bench.shaping with --json "
+                         f"first ({args.overhead}, {args.capacity}, {args.shaping})")
     for path in written:
         print(path)
 

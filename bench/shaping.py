@@ -1,7 +1,8 @@
 """Request shaping against the engine's work per keyframe, on the simulator's Spark preset.
 
 For the seed's request shape (one 1280×720 keyframe per request, shaped to a 660-token budget = 1088×608 =
-646 image tokens, the canonical system prompt, thinking on) and each shaping option (token budget, packing
+646 image tokens, the canonical system prompt of ``--verdict-format``, compact by default, thinking on) and
+each shaping option (token budget, packing
 K frames per request, the block-filling prefix, thinking off), it measures:
 
 - uncached prefill tokens per keyframe: ``prompt_tokens - cached_tokens`` from the engine's usage, / frames;
@@ -14,7 +15,8 @@ K frames per request, the block-filling prefix, thinking off), it measures:
   1920×1080 JPEGs (q90) at the row's token budget.
 
 Engine requests are built by the gateway's own request builder (``shaping.prompt.build_chat_request``, the
-gateway's user texts and per-keyframe output caps) and sent straight to the simulator, so the figures are
+gateway's user texts, per-keyframe output caps and verdict constraint; the block-filling prefix with the
+guidance that agrees with the verdict format) and sent straight to the simulator, so the figures are
 the engine's work without the gateway's CPU in the loop (it shares the machine's two cores). The simulator
 runs in a process of its own.
 
@@ -24,7 +26,10 @@ time. At 0.05 on a loaded two-core machine that cut the measured rates 25-35 % b
 for K=4, whose requests carry four JPEGs); at 0.25 they land within a few per cent of it. Hence 0.25 by
 default: about 13 minutes for the whole table.
 
-    python -m bench.shaping [--time-scale 0.25] [--window-s 180] [--clients 16] [--markdown]
+    python -m bench.shaping [--time-scale 0.25] [--window-s 180] [--clients 16] [--verdict-format compact]
+                            [--markdown] [--json docs/bench/shaping.json]
+
+``--json`` writes the rows for ``python -m bench.plots`` (``shaping.png``).
 """
 
 from __future__ import annotations
@@ -33,11 +38,15 @@ import argparse
 import asyncio
 import contextlib
 import io
+import json
+import math
+import os
 import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -45,12 +54,19 @@ from PIL import Image
 
 from bench.servers import simulator
 from deploy.keyframes import LABELS, make_keyframe
-from gateway.engine.prefix import EngineTokens, fill_prefix
+from gateway.engine.prefix import EngineTokens, fill_for_format
 from gateway.policy.rules import ThinkingPolicy
 from gateway.settings import ShapingSettings
 from shaping.image import IDENTITY_SCALE, ImageLimits, ShapedImage, frame_identity, shape_image
-from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request, load_system_prompt
+from shaping.prompt import (
+    RequestOptions,
+    SystemPrompt,
+    build_chat_request,
+    load_system_prompt,
+    prompt_version_for,
+)
 from shaping.tokens import TokenGrid
+from shaping.verdict import DEFAULT_VERDICT_FORMAT, VERDICT_FORMATS, VerdictFormat
 
 MODEL = "qwen3-vl-moe-sim"
 
@@ -105,14 +121,19 @@ def keyframes(budget: int, count: int) -> list[ShapedImage]:
     ]
 
 
-def request_body(system: SystemPrompt, frames: list[ShapedImage], option: Option) -> dict[str, Any]:
+def request_body(
+    system: SystemPrompt,
+    frames: list[ShapedImage],
+    option: Option,
+    verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT,
+) -> dict[str, Any]:
     """The engine request the gateway builds for these frames (output cap per keyframe, times K)."""
     shaping, policy = ShapingSettings(), ThinkingPolicy()
     k = len(frames)
     text = shaping.user_text if k == 1 else shaping.packed_user_text.format(frames=k)
     cap = policy.max_completion_tokens_on if option.thinking else policy.max_completion_tokens_off
     options = RequestOptions(model=MODEL, enable_thinking=option.thinking, max_completion_tokens=cap * k,
-                             stream=False)
+                             stream=False, verdict_format=verdict_format)
     return build_chat_request(system, list(frames), text, options)
 
 
@@ -196,9 +217,10 @@ async def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         limits = httpx.Limits(max_connections=args.clients * 2, max_keepalive_connections=args.clients * 2)
         async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
             preset = (await http.get("/sim/info")).json()["preset"]
-            plain = load_system_prompt()
-            filled_prefix = await fill_prefix(await EngineTokens.connect(http), plain, preset["block_size"])
-            filled = load_system_prompt(extra_guidance=filled_prefix.guidance)
+            verdict_format: VerdictFormat = args.verdict_format
+            plain = load_system_prompt(prompt_version_for(verdict_format))
+            engine_tokens = await EngineTokens.connect(http)
+            filled, _ = await fill_for_format(engine_tokens, preset["block_size"], verdict_format)
             for option in OPTIONS:
                 await http.post("/sim/reset_prefix_cache")  # every option starts cold and warms up
                 rng = random.Random(0)
@@ -211,7 +233,7 @@ async def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                 ) -> dict[str, Any]:
                     # Frames drawn afresh for every request: no two requests share an image prefix, so only
                     # the shared system prompt can come from the cache, as in production.
-                    return request_body(system, rng.sample(frames, option.packing), option)
+                    return request_body(system, rng.sample(frames, option.packing), option, verdict_format)
 
                 run = await closed_loop(
                     http, next_body, option.packing, args.clients,
@@ -222,31 +244,51 @@ async def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     return rows, preset
 
 
-def table(rows: list[Row], scale: float, preset: dict[str, Any], markdown: bool) -> str:
+def figures(rows: list[Row], scale: float, preset: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each option's figures per keyframe at the Spark's pace: what the table prints, ``--json`` writes."""
+    out: list[dict[str, Any]] = []
+    for option, run, cost in rows:
+        frames = run.frames or math.nan  # none finished inside the window: no figure per keyframe
+        uncached = (run.prompt_tokens - run.cached_tokens) / frames
+        output = run.completion_tokens / frames
+        rate = run.frames / (run.elapsed_s / scale) * 60
+        seed_rate = out[0]["keyframes_per_min"] if out else rate
+        # The simulator charges every step its prefill tokens at one rate and one token per running sequence
+        # at another: a keyframe costs uncached/prefill_rate + output/decode_rate seconds of engine time.
+        prefill_s = uncached / preset["prefill_tokens_per_s"]
+        decode_s = output / preset["decode_tokens_per_s"]
+        out.append({
+            "name": option.name, "budget": option.budget, "packing": option.packing, "fill": option.fill,
+            "thinking": option.thinking, "image_tokens": smart_tokens(option.budget),
+            "uncached_prefill_tokens_per_frame": uncached, "output_tokens_per_frame": output,
+            "keyframes_per_min": rate, "ratio_to_seed": rate / seed_rate if seed_rate else math.nan,
+            "engine_prefill_s_per_frame": prefill_s, "engine_decode_s_per_frame": decode_s,
+            "model_bound_per_min": 60 / (prefill_s + decode_s) if run.frames else math.nan,
+            "truncated": run.unusable,
+            "requests": run.requests,
+            "e2e_p50_s": statistics.median(run.e2e_s) / scale if run.e2e_s else None,
+            "shaping_ms": {size: {"p50": p50, "p99": p99} for size, (p50, p99) in cost.items()},
+        })
+    return out
+
+
+def table(rows: list[dict[str, Any]], markdown: bool) -> str:
     """One table: engine work per keyframe, throughput (measured, and the simulator's cost model), shaping."""
     head = ("option", "image tok", "uncached prefill tok/frame", "output tok/frame", "keyframes/min",
             "model bound /min", "shaping 1280x720 p50/p99 ms", "shaping 1920x1080 p50/p99 ms")
     lines = []
-    seed_rate = None
-    for option, run, cost in rows:
-        frames = max(1, run.frames)
-        uncached = (run.prompt_tokens - run.cached_tokens) / frames
-        output = run.completion_tokens / frames
-        rate = run.frames / (run.elapsed_s / scale) * 60
-        seed_rate = seed_rate or rate
-        # The simulator charges every step its prefill tokens at one rate and one token per running sequence
-        # at another: a keyframe costs uncached/prefill_rate + output/decode_rate seconds of engine time.
-        bound = 60 / (uncached / preset["prefill_tokens_per_s"] + output / preset["decode_tokens_per_s"])
-        truncated = f" [{run.unusable} truncated]" if run.unusable else ""
+    for row in rows:
+        truncated = f" [{row['truncated']} truncated]" if row["truncated"] else ""
+        shaping = row["shaping_ms"]
         lines.append((
-            option.name,
-            f"{smart_tokens(option.budget)}",
-            f"{uncached:,.0f}",
-            f"{output:,.1f}",
-            f"{rate:,.1f} ({rate / seed_rate:.2f}x){truncated}",
-            f"{bound:,.0f}",
-            "{:.1f} / {:.1f}".format(*cost["1280x720"]),
-            "{:.1f} / {:.1f}".format(*cost["1920x1080"]),
+            row["name"],
+            f"{row['image_tokens']}",
+            f"{row['uncached_prefill_tokens_per_frame']:,.0f}",
+            f"{row['output_tokens_per_frame']:,.1f}",
+            f"{row['keyframes_per_min']:,.1f} ({row['ratio_to_seed']:.2f}x){truncated}",
+            f"{row['model_bound_per_min']:,.0f}",
+            "{p50:.1f} / {p99:.1f}".format(**shaping["1280x720"]),
+            "{p50:.1f} / {p99:.1f}".format(**shaping["1920x1080"]),
         ))
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -278,8 +320,8 @@ def thumbnail_ms(rounds: int = 50) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    """Measure every option and print one table."""
+def main(argv: list[str] | None = None) -> None:
+    """Measure every option and print one table (and write it as JSON with ``--json``)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -288,17 +330,37 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=40.0, help="warm-up before it, Spark seconds")
     parser.add_argument("--clients", type=int, default=16, help="closed-loop clients (8 engine slots)")
     parser.add_argument("--shaping-rounds", type=int, default=200, help="shape_image calls per size, budget")
+    parser.add_argument("--verdict-format", choices=VERDICT_FORMATS, default=DEFAULT_VERDICT_FORMAT,
+                        help="the verdict asked for: its system prompt, guidance and output constraint")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="write {setup, rows} here (for bench.plots)")
+    args = parser.parse_args(argv)
+    load_before = [round(x, 2) for x in os.getloadavg()]
     print(f"simulator spark preset, time scale {args.time_scale:g} (figures scaled back to the Spark's "
           f"pace); {args.clients} clients in a closed loop; {args.window_s:g} s window after "
-          f"{args.warmup_s:g} s warm-up")
+          f"{args.warmup_s:g} s warm-up; {args.verdict_format} verdict; {os.cpu_count()} CPUs, load average "
+          f"{load_before}")
     rows, preset = asyncio.run(measure(args))
+    measured = figures(rows, args.time_scale, preset)
+    identity_ms = thumbnail_ms()
+    load_after = [round(x, 2) for x in os.getloadavg()]
     print()
-    print(table(rows, args.time_scale, preset, args.markdown))
+    print(table(measured, args.markdown))
     print()
     print(f"verdict-cache identity (pHash + colour thumbnail of a shaped 1088x608 frame, reduced 8x): "
-          f"{thumbnail_ms():.2f} ms")
+          f"{identity_ms:.2f} ms")
+    print(f"load average before {load_before}, after {load_after} on {os.cpu_count()} CPUs")
+    if args.json:
+        setup = {
+            "time_scale": args.time_scale, "window_s": args.window_s, "warmup_s": args.warmup_s,
+            "clients": args.clients, "verdict_format": args.verdict_format, "cpus": os.cpu_count(),
+            "load_before": load_before, "load_after": load_after,
+            "prefill_tokens_per_s": preset["prefill_tokens_per_s"],
+            "decode_tokens_per_s": preset["decode_tokens_per_s"], "block_size": preset["block_size"],
+            "identity_ms": identity_ms,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"setup": setup, "rows": measured}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

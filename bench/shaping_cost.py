@@ -50,10 +50,10 @@ from shaping.image import (
     IDENTITY_SCALE,
     THUMBNAIL_SIZE,
     ImageLimits,
-    _resize,
     frame_identity,
     shape_image,
 )
+from shaping.image.pixels import resize as shaping_resize
 from shaping.tokens import TokenGrid, smart_resize
 
 
@@ -127,7 +127,7 @@ RESIZES: dict[str, Resize] = {
     "OpenCV linear": _cv2(cv2.INTER_LINEAR),
     "OpenCV cubic": _cv2(cv2.INTER_CUBIC),
     "OpenCV area": _cv2(cv2.INTER_AREA),
-    "shaping: box reduce + OpenCV linear": _resize,
+    "shaping: box reduce + OpenCV linear": shaping_resize,
 }
 
 

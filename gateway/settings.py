@@ -126,8 +126,9 @@ class ShapingSettings(BaseModel):
     near_duplicate_colour_delta: int = Field(default=32, ge=0, le=255)
     verdict_cache_ttl_s: float = Field(default=3600.0, ge=0)  # 0: no verdict is reused
     verdict_cache_max_entries: int = Field(default=100_000, ge=1)  # in memory (no Redis): LRU beyond this
-    # Pad the system prompt with policy guidance (shaping/prompts/guidance.v1.txt) so that the shared prefix
-    # ends on a whole prefix-cache block of the engine, which the engine can then reuse in every request.
+    # Pad the system prompt with policy guidance (shaping/prompts/guidance.v2.txt for the compact verdict,
+    # guidance.v1.txt for JSON) so that the shared prefix ends on a whole prefix-cache block of the engine,
+    # which the engine can then reuse in every request.
     block_filling_prefix: bool = False
     prefix_block_size: int | None = Field(default=None, ge=1)  # unset: the engine's vllm:cache_config_info
 

@@ -11,7 +11,7 @@ import base64
 import io
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -19,8 +19,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-if TYPE_CHECKING:
-    from quality.report import ArmCost, CategoryRow, Comparison, ReportPolicy, WeekSummary
+from quality.summaries import ArmCost, CategoryRow, Comparison, ReportPolicy, WeekSummary
+from shaping.verdict import ACTIONS
 
 __all__ = ["category_chart", "confusion_chart", "cost_chart", "png_data_uri", "trend_chart"]
 
@@ -101,7 +101,7 @@ def confusion_chart(comparison: Comparison, noise_floor: Comparison | None = Non
     axes = figure.subplots(1, panels)
     arms = f"{ARM_LABELS[comparison.reference]} vs {ARM_LABELS[comparison.candidate]}"
     _matrix(axes[0], comparison.flagged_table, ["flagged", "safe"], "Flagged, on vs off", arms)
-    _matrix(axes[1], comparison.action_table, ["allow", "review", "block"], "Action, on vs off", arms)
+    _matrix(axes[1], comparison.action_table, list(ACTIONS), "Action, on vs off", arms)
     if noise_floor is not None:
         rerun_arms = f"{ARM_LABELS[noise_floor.reference]} vs {ARM_LABELS[noise_floor.candidate]}"
         _matrix(

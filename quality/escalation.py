@@ -26,10 +26,10 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel
 
 from quality.records import PairedRecord
 from quality.stats import wilson_interval
+from quality.summaries import EscalationSample, Estimate, ThresholdRow, ThresholdSection
 
 __all__ = [
     "ESCALATION_REASONS",
@@ -46,7 +46,6 @@ __all__ = [
 
 EscalationReason = Literal["review", "low_confidence", "no_confidence", "category"]
 ESCALATION_REASONS: tuple[EscalationReason, ...] = ("review", "low_confidence", "no_confidence", "category")
-EscalationSample = Literal["random", "ipw"]
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
@@ -82,41 +81,6 @@ def same_verdict(
     if action != other_action:
         return False
     return action != "block" or set(categories) == set(other_categories)
-
-
-class Estimate(BaseModel):
-    """A share with its interval (the union of the video bootstrap and Wilson on the effective n)."""
-
-    value: float
-    low: float
-    high: float
-
-
-class ThresholdRow(BaseModel):
-    """One threshold: the share of frames it escalates and how often the answer agrees with thinking on."""
-
-    threshold: float
-    escalated: Estimate
-    agreement: Estimate
-    recovered: float | None  # share of thinking off's disagreements that this threshold re-asks
-
-
-class ThresholdSection(BaseModel):
-    """The weekly report's threshold section."""
-
-    sample: EscalationSample
-    pairs: int
-    videos: int
-    effective_pairs: float
-    escalation_pairs: int  # pairs chosen because they escalated (used only with inverse-probability weights)
-    without_confidence: int  # fast verdicts with no confidence: they always escalate
-    always_escalate: list[str]
-    target_agreement: float
-    disagreement: Estimate  # thinking off alone against thinking on
-    auroc: Estimate | None  # low confidence against disagreement; None when one class is missing
-    rows: list[ThresholdRow]
-    recommended: ThresholdRow | None
-    recommendation: str
 
 
 @dataclass(frozen=True, slots=True)

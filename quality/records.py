@@ -20,10 +20,11 @@ from typing import IO, Any, Literal, Protocol
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from redis.asyncio import Redis
 
+from shaping.verdict import Action
+
 __all__ = [
     "ARMS",
     "ARM_SETTINGS",
-    "Action",
     "Arm",
     "HumanLabel",
     "JsonlRecordStore",
@@ -47,7 +48,6 @@ logger = logging.getLogger(__name__)
 # An arm is a thinking mode and a verdict format: the plain names ask for the compact verdict (the
 # default), the ``_json`` ones for the JSON object, so operators can measure one format against the other.
 Arm = Literal["thinking_on", "thinking_off", "thinking_on_rerun", "thinking_off_json", "thinking_on_json"]
-Action = Literal["allow", "review", "block"]
 Source = Literal["shadow", "offline"]
 # How a live frame came to be judged in both modes: a random share (shadow sampling), or because its fast
 # verdict was unsure and escalated (not a random sample: weight it by `selection_probability`, or leave

@@ -25,7 +25,8 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from quality.records import ARM_SETTINGS, ARMS, Action, Arm, HumanLabel, RecordStore, VerdictRecord
+from quality.records import ARM_SETTINGS, ARMS, Arm, HumanLabel, RecordStore, VerdictRecord
+from shaping.verdict import ACTIONS, Action
 
 __all__ = [
     "IMAGE_TYPES",
@@ -72,9 +73,10 @@ def parse_label(row: dict[str, str | None]) -> HumanLabel | None:
     """A `label` column (allow/review/block; review counts as flagged) or a `flagged` 0/1 column."""
     raw_label = (row.get("label") or "").strip().lower()
     if raw_label:
-        if raw_label not in ("allow", "review", "block"):
-            raise DatasetError(f"label must be allow, review or block, got {raw_label!r}")
-        action: Action = raw_label  # type: ignore[assignment]  # checked just above
+        if raw_label not in ACTIONS:
+            named = f"{', '.join(ACTIONS[:-1])} or {ACTIONS[-1]}"  # "allow, review or block"
+            raise DatasetError(f"label must be {named}, got {raw_label!r}")
+        action: Action = raw_label  # narrowed by the check above
         return HumanLabel(flagged=action != "allow", action=action)
     raw_flagged = (row.get("flagged") or "").strip().lower()
     if raw_flagged:

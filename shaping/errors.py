@@ -85,3 +85,9 @@ class ImageAspectRatioTooLarge(ImageRejected):
 
     code = "image_aspect_ratio_too_large"
     status = 422
+
+
+def short_reason(exc: BaseException) -> str:
+    """A library's error message, short enough to hand to a client."""
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 120 else f"{text[:117]}..."

@@ -10,7 +10,8 @@ chat template up to the first image), and at most ``floor((n-1)/B)·B`` of its `
 On the Spark the shared prefix is 416 tokens and ``B`` is 2,960 (the hybrid model's block): nothing is ever
 reused. The one change that makes it hit without touching the image or the engine is to make the shared
 prefix end on a whole block, by filling it with policy text the model can use anyway (guidelines and
-worked examples, ``shaping/prompts/guidance.<version>.txt``). :class:`BlockFill` finds how much of it.
+worked examples, ``shaping/prompts/guidance.<version>.txt``, one version per verdict format).
+:class:`BlockFill` finds how much of it.
 
 Token counts come from the engine's own ``/tokenize`` (or the simulator's tokenizer): :class:`BlockFill`
 is sans-IO, it proposes system prompts and the caller measures them.
@@ -24,11 +25,16 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from shaping.prompt import normalize_prompt
+from shaping.verdict import VerdictFormat
 
 DEFAULT_GUIDANCE_VERSION = "v1"
+# The guidance that agrees with each verdict format's system prompt: v1 writes its examples and output rules
+# as JSON with a written confidence, v2 as compact lines (the confidence comes from the engine's logprobs).
+GUIDANCE_VERSIONS: dict[VerdictFormat, str] = {"json": "v1", "compact": "v2"}
 
-# Where a guidance line may be cut: after a sentence or clause mark (full-width or ASCII).
-_CLAUSE_END = re.compile(r"(?<=[。；！？;.!?：:，,])")
+# Where a guidance line may be cut: after a sentence or clause mark (full-width or ASCII). Not after an ASCII
+# mark that a letter follows: that is inside a compact verdict (``block:violence,hate``), never a clause end.
+_CLAUSE_END = re.compile(r"(?<=[。；！？：，])|(?<=[;.!?:,])(?![A-Za-z])")
 
 
 def cacheable_tokens(shared_prefix_tokens: int, prompt_tokens: int, block_size: int) -> int:
@@ -122,6 +128,11 @@ def plan_prefix(shape: RequestShape, block_size: int) -> PrefixPlan:
         f"{boundary:,}: either way no request computes shared tokens any more"
     )
     return PrefixPlan(b, shape, cached, reason, (change,))
+
+
+def guidance_version_for(verdict_format: VerdictFormat) -> str:
+    """The guidance version that agrees with the system prompt asking for ``verdict_format``."""
+    return GUIDANCE_VERSIONS[verdict_format]
 
 
 def load_guidance(version: str = DEFAULT_GUIDANCE_VERSION) -> list[str]:

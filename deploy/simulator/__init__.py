@@ -1,7 +1,8 @@
 """The engine simulator: a vLLM-compatible server calibrated to the Spark (see ``presets``)."""
 
-from deploy.simulator.app import Faults, SimulatedEngine, create_sim_app
+from deploy.simulator.app import create_sim_app
 from deploy.simulator.presets import PRESETS, SimPreset
+from deploy.simulator.service import Faults, SimulatedEngine
 from deploy.simulator.truth import FrameTruth, SimVerdict, frame_truth
 
 __all__ = [

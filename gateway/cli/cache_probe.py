@@ -25,10 +25,23 @@ from gateway.errors import ModgateError, UpstreamError
 from gateway.settings import ShapingSettings
 from gateway.telemetry.windows import EngineCacheCounters, read_engine_cache_counters
 from shaping.image import ImageLimits, ShapedImage, shape_image
-from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request, load_system_prompt
+from shaping.prompt import (
+    RequestOptions,
+    SystemPrompt,
+    build_chat_request,
+    load_system_prompt,
+    prompt_version_for,
+)
 from shaping.tokens import TokenGrid
+from shaping.verdict import DEFAULT_VERDICT_FORMAT, VerdictFormat
 
 cache_app = typer.Typer(help="The engine's prefix cache: probe what it reuses.", no_args_is_help=True)
+
+# The verdict form the requests ask for, hence their system prompt: the gateway's default unless told.
+VerdictFormatOption = Annotated[
+    VerdictFormat,
+    typer.Option("--verdict-format", help="The verdict form asked for (its system prompt): compact or json."),
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +59,7 @@ class CacheProbeReport:
 
     engine_url: str
     model: str
+    verdict_format: VerdictFormat
     block_size: int | None
     block_size_from: Literal["engine", "flag"] | None
     shared_prefix_tokens: int | None  # the system message as rendered: a few tokens short of the image
@@ -174,11 +188,15 @@ async def probe_engine(
     repeats: int = 2,
     seed: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT,
 ) -> CacheProbeReport:
-    """Run the probe against one engine; ``block_size`` overrides what the engine says."""
+    """Run the probe against one engine; ``block_size`` overrides what the engine says.
+
+    Its requests are production's for ``verdict_format``: that form's system prompt and output constraint.
+    """
     shaping = ShapingSettings()
     rng = random.Random(seed)
-    system = load_system_prompt()
+    system = load_system_prompt(prompt_version_for(verdict_format))
     probe_frame, production_frame = (_keyframe(rng.randrange(1 << 30), shaping) for _ in range(2))
     engine = EngineClient(
         engine_url.rstrip("/"), connect_timeout_s=5.0, first_token_timeout_s=120.0, total_timeout_s=300.0,
@@ -190,7 +208,10 @@ async def probe_engine(
             raise UpstreamError(f"the engine at {engine_url} serves no model")
         before = await _counters(engine)
         shared = await _shared_prefix_tokens(engine, served, system)
-        options = RequestOptions(model=served, enable_thinking=False, max_completion_tokens=16, stream=False)
+        options = RequestOptions(
+            model=served, enable_thinking=False, max_completion_tokens=16, stream=False,
+            verdict_format=verdict_format,
+        )
 
         async def call(label: str, frame: ShapedImage) -> ProbeCall:
             body = build_chat_request(system, [frame], shaping.user_text, options)
@@ -206,7 +227,7 @@ async def probe_engine(
     exposed = seen.block_size if seen is not None else None
     chosen = block_size or exposed
     report = CacheProbeReport(
-        engine_url=engine_url, model=served, block_size=chosen,
+        engine_url=engine_url, model=served, verdict_format=verdict_format, block_size=chosen,
         block_size_from="flag" if block_size else ("engine" if exposed else None),
         shared_prefix_tokens=shared, repeated=repeated, production=production,
         counters_before=before, counters_after=after,
@@ -222,7 +243,7 @@ def render_report(report: CacheProbeReport) -> str:
     block = f"{report.block_size:,} tokens{source}" if report.block_size else "unknown"
     shared = report.shared_prefix_tokens
     lines = [
-        f"engine {report.engine_url}, model {report.model}",
+        f"engine {report.engine_url}, model {report.model}, {report.verdict_format} verdict",
         f"KV block: {block}",
         "shared prefix: "
         + ("unknown" if shared is None else f"about {shared:,} tokens (the system message, then a header)"),
@@ -265,13 +286,16 @@ def probe(
     ] = None,
     model: Annotated[str | None, typer.Option(help="Served model (default: the first listed).")] = None,
     repeats: Annotated[int, typer.Option(min=2, max=10, help="Times the repeated probe is sent.")] = 2,
+    verdict_format: VerdictFormatOption = DEFAULT_VERDICT_FORMAT,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Send a repeated probe and a production-shaped request; say whether the prefix cache can hit."""
     if not engine_url.startswith(("http://", "https://")):
         raise typer.BadParameter("must start with http:// or https://", param_hint="--engine-url")
     try:
-        report = asyncio.run(probe_engine(engine_url, block_size=block_size, model=model, repeats=repeats))
+        report = asyncio.run(probe_engine(
+            engine_url, block_size=block_size, model=model, repeats=repeats, verdict_format=verdict_format
+        ))
     except ModgateError as exc:
         typer.secho(f"cache probe failed: {exc.message}", fg="red", err=True)
         raise typer.Exit(1) from exc

@@ -16,23 +16,14 @@ from typing import Annotated
 import httpx
 import typer
 
-from gateway.engine.prefix import CachedCall, EngineTokens, PrefixPlanError, fill_prefix
+from gateway.cli.cache_probe import VerdictFormatOption
+from gateway.engine.prefix import CachedCall, EngineTokens, PrefixPlanError, fill_for_format
 from gateway.settings import ShapingSettings
 from shaping.image import ImageLimits, ShapedImage, shape_image
-from shaping.prefix import (
-    DEFAULT_GUIDANCE_VERSION,
-    FilledPrefix,
-    GuidanceTooShort,
-    PrefixPlan,
-    RequestShape,
-    plan_prefix,
-)
-from shaping.prompt import (
-    DEFAULT_PROMPT_VERSION,
-    SystemPrompt,
-    load_system_prompt,
-)
+from shaping.prefix import FilledPrefix, GuidanceTooShort, PrefixPlan, RequestShape, plan_prefix
+from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
 from shaping.tokens import TokenGrid
+from shaping.verdict import DEFAULT_VERDICT_FORMAT, VerdictFormat
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +36,7 @@ class PlanReport:
     frame: str  # "1280x720 -> 1088x608 = 646 image tokens"
     frames_per_request: int
     thinking: bool
+    verdict_format: VerdictFormat  # the system prompt (and guidance) asked of the model
     system_characters: int
     plan: PrefixPlan
     filled: FilledPrefix | None = None
@@ -91,10 +83,13 @@ async def make_plan(
     thinking: bool,
     fill: bool,
     verify: int,
-    prompt_version: str = DEFAULT_PROMPT_VERSION,
-    guidance_version: str = DEFAULT_GUIDANCE_VERSION,
+    verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT,
 ) -> PlanReport:
-    """Measure the request shape on the engine and plan its prefix cache (and with the fill, if asked)."""
+    """Measure the request shape on the engine and plan its prefix cache (and with the fill, if asked).
+
+    The system prompt is the one that asks for ``verdict_format``; the fill uses the guidance that agrees
+    with it.
+    """
     shaping = ShapingSettings()
     k = frames_per_request
     user_text = shaping.user_text if k == 1 else shaping.packed_user_text.format(frames=k)
@@ -104,7 +99,7 @@ async def make_plan(
         if size is None:
             raise PrefixPlanError("the engine exposes no vllm:cache_config_info: pass --block-size")
         frames = await asyncio.to_thread(_frames, width, height, grid, k, 0)
-        base = load_system_prompt(prompt_version)
+        base = load_system_prompt(prompt_version_for(verdict_format))
 
         async def shape_of(system: SystemPrompt) -> RequestShape:
             shared = await engine.shared_prefix_tokens(system.text)
@@ -112,25 +107,26 @@ async def make_plan(
             return RequestShape(shared, total, k)
 
         plan = plan_prefix(await shape_of(base), size)
-        filled = filled_plan = None
+        filled = filled_plan = filled_prompt = None
         if fill:
-            filled = await fill_prefix(engine, base, size, guidance_version)
-            filled_prompt = load_system_prompt(prompt_version, filled.guidance)
+            filled_prompt, filled = await fill_for_format(engine, size, verdict_format)
             filled_plan = plan_prefix(await shape_of(filled_prompt), size)
         verified = verified_filled = None
         if verify:
             # Distinct keyframes per request: what production sends, so only the shared prefix can hit.
             seeds = [1000 * i for i in range(1, verify + 1)]
             sets = [await asyncio.to_thread(_frames, width, height, grid, k, seed) for seed in seeds]
-            verified = await engine.cached_calls(base, sets, user_text, thinking)
-            if filled is not None:
-                filled_prompt = load_system_prompt(prompt_version, filled.guidance)
-                verified_filled = await engine.cached_calls(filled_prompt, sets, user_text, thinking)
+            verified = await engine.cached_calls(base, sets, user_text, thinking, verdict_format)
+            if filled_prompt is not None:
+                verified_filled = await engine.cached_calls(
+                    filled_prompt, sets, user_text, thinking, verdict_format
+                )
     shaped = frames[0]
     return PlanReport(
         engine=label, model=engine.model, block_size=size,
         frame=f"{width}x{height} -> {shaped.width}x{shaped.height} = {shaped.image_tokens:,} image tokens",
-        frames_per_request=k, thinking=thinking, system_characters=len(base.text), plan=plan,
+        frames_per_request=k, thinking=thinking, verdict_format=verdict_format,
+        system_characters=len(base.text), plan=plan,
         filled=filled, filled_plan=filled_plan, verified=verified, verified_filled=verified_filled,
     )
 
@@ -154,7 +150,8 @@ def render_plan(report: PlanReport) -> str:
     lines = [
         f"engine {report.engine}, model {report.model}, prefix-cache block {report.block_size:,} tokens",
         f"request: {report.frames_per_request} keyframe(s) of {report.frame}, thinking "
-        f"{'on' if report.thinking else 'off'}, system prompt {report.system_characters:,} characters",
+        f"{'on' if report.thinking else 'off'}, {report.verdict_format} verdict, system prompt "
+        f"{report.system_characters:,} characters",
         "",
         "today:",
         *_plan_lines(report.plan),
@@ -201,6 +198,7 @@ def plan(
     pixels_per_token: Annotated[int, typer.Option(help="32 (Qwen3-VL) or 28 (Qwen2.5-VL).")] = 32,
     frames_per_request: Annotated[int, typer.Option(min=1, max=16, help="Keyframes packed per request.")] = 1,
     thinking: Annotated[bool, typer.Option("--thinking/--no-thinking", help="The thinking mode.")] = True,
+    verdict_format: VerdictFormatOption = DEFAULT_VERDICT_FORMAT,
     fill: Annotated[bool, typer.Option("--fill", help="Also plan with the block-filling prefix.")] = False,
     verify: Annotated[
         int, typer.Option(min=0, max=20, help="Send this many requests (own keyframes); show cached_tokens.")
@@ -224,6 +222,7 @@ def plan(
             report = asyncio.run(make_plan(
                 url, label, block_size=block_size, width=width, height=height, grid=grid,
                 frames_per_request=frames_per_request, thinking=thinking, fill=fill, verify=verify,
+                verdict_format=verdict_format,
             ))
     except (PrefixPlanError, GuidanceTooShort) as exc:
         typer.secho(f"cache plan failed: {exc}", fg="red", err=True)

@@ -12,6 +12,11 @@ by when their lease expires (Redis server time, in milliseconds, so replicas' cl
 
 A lease found gone at renewal (this replica stalled for longer than ``ttl_s``, or Redis lost its data) is
 logged and dropped, not re-added: re-adding could push the engine past its cap.
+
+The Redis client is the service's one (gateway/http/services.py). It retries nothing, which matters here:
+an acquire that timed out may have run, and running it again could take a second slot. Its socket timeouts
+are the service's, longer than a request should wait for a slot, so each call here runs under a deadline of
+its own (``timeout_s``).
 """
 
 from __future__ import annotations
@@ -23,11 +28,11 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger("modgate.leases")
 
@@ -95,6 +100,7 @@ class EngineLeases:
         key_prefix: str = "modgate:engine-leases",
         ttl_s: float = 10.0,
         renew_every_s: float = 3.0,
+        timeout_s: float = 0.5,
         replica: str | None = None,
     ) -> None:
         if not 0 < renew_every_s < ttl_s:
@@ -103,6 +109,7 @@ class EngineLeases:
         self.key_prefix = key_prefix
         self.ttl_s = ttl_s
         self.renew_every_s = renew_every_s
+        self.timeout_s = timeout_s  # each call's deadline: the most a hung Redis costs a request
         self.replica = replica or replica_name()
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
@@ -112,17 +119,14 @@ class EngineLeases:
         self._renewer: asyncio.Task[None] | None = None
         self.lost = 0  # leases found expired at renewal
 
-    @classmethod
-    def from_url(
-        cls, url: str, *, timeout_s: float = 0.5, key_prefix: str = "modgate:engine-leases",
-        ttl_s: float = 10.0, renew_every_s: float = 3.0,
-    ) -> EngineLeases:
-        """Leases on their own Redis client: short timeouts and no retries, so a dead Redis costs little."""
-        redis = Redis.from_url(
-            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
-        return cls(redis, key_prefix=key_prefix, ttl_s=ttl_s, renew_every_s=renew_every_s)
+    @contextlib.asynccontextmanager
+    async def _deadline(self) -> AsyncIterator[None]:
+        """One call's ``timeout_s``: a Redis that hangs fails the call as a dead one would."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                yield
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"Redis did not answer within {self.timeout_s:g} s") from exc
 
     def key(self, engine: str) -> str:
         """The sorted set of ``engine``'s slots (every replica must name the engine by the same URL)."""
@@ -135,7 +139,8 @@ class EngineLeases:
     async def try_acquire(self, engine: str, cap: int) -> str | None:
         """A slot of ``engine`` if fewer than ``cap`` are held across replicas: its lease id, else None."""
         member = f"{self.replica}/{next(self._ids)}"
-        taken = await self._acquire(keys=[self.key(engine)], args=[cap, round(self.ttl_s * 1000), member])
+        async with self._deadline():
+            taken = await self._acquire(keys=[self.key(engine)], args=[cap, round(self.ttl_s * 1000), member])
         if not taken:
             return None
         self._held.setdefault(engine, set()).add(member)
@@ -144,11 +149,13 @@ class EngineLeases:
     async def release(self, engine: str, lease: str) -> None:
         """Give a slot back (stops its renewal first: if Redis is down now, the lease still expires)."""
         self._held.get(engine, set()).discard(lease)
-        await self._redis.zrem(self.key(engine), lease)
+        async with self._deadline():
+            await self._redis.zrem(self.key(engine), lease)
 
     async def count(self, engine: str) -> int:
         """Slots of ``engine`` held by all replicas now."""
-        return int(await self._count(keys=[self.key(engine)]))
+        async with self._deadline():
+            return int(await self._count(keys=[self.key(engine)]))
 
     async def renew(self) -> None:
         """Push every held lease's expiry ``ttl_s`` ahead; drop (and count) the ones that had expired."""
@@ -156,8 +163,10 @@ class EngineLeases:
         for engine, members in list(self._held.items()):
             if not members:
                 continue
-            lost = await self._renew(keys=[self.key(engine)], args=[ttl_ms, *sorted(members)])
-            for member in lost:
+            async with self._deadline():
+                lost = await self._renew(keys=[self.key(engine)], args=[ttl_ms, *sorted(members)])
+            for raw in lost:
+                member = raw.decode() if isinstance(raw, bytes) else raw
                 members.discard(member)
                 self.lost += 1
                 log.error(
@@ -187,7 +196,7 @@ class EngineLeases:
                 failing = False
 
     async def aclose(self) -> None:
-        """Stop renewing, give back what is still held (best effort) and close the client."""
+        """Stop renewing and give back what is still held (best effort; the client is the service's)."""
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -195,6 +204,6 @@ class EngineLeases:
         with contextlib.suppress(*LEASE_STORE_DOWN):
             for engine, members in self._held.items():
                 if members:
-                    await self._redis.zrem(self.key(engine), *members)
+                    async with self._deadline():
+                        await self._redis.zrem(self.key(engine), *members)
         self._held.clear()
-        await self._redis.aclose()

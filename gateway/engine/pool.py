@@ -39,6 +39,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from redis.asyncio import Redis
 
 from gateway.engine.admission import AdmissionQueue, Ticket
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen, CircuitState
@@ -464,8 +465,10 @@ def build_engine_pool(
     urls: list[str],
     transport: httpx.AsyncBaseTransport | None = None,
     weight: Callable[[str], float] | None = None,
+    state: Redis | None = None,
 ) -> EnginePool:
-    """The pool the settings describe: a client, circuit breaker and cap per URL; Redis leases if set."""
+    """The pool the settings describe: a client, circuit breaker and cap per URL; leases in ``state`` (the
+    service's Redis client) when there is one."""
     engines = []
     for url in urls:
         cap = settings.engine_cap(url)
@@ -487,9 +490,9 @@ def build_engine_pool(
                            fairness=admission.fairness, weight=weight or (lambda _tenant: 1.0))
     group = settings.leases
     leases = None
-    if settings.redis_url and group.enabled:
-        leases = EngineLeases.from_url(
-            settings.redis_url, timeout_s=group.redis_timeout_s, key_prefix=group.key_prefix,
-            ttl_s=group.ttl_s, renew_every_s=group.renew_every_s,
+    if state is not None and group.enabled:
+        leases = EngineLeases(
+            state, key_prefix=group.key_prefix, ttl_s=group.ttl_s, renew_every_s=group.renew_every_s,
+            timeout_s=group.redis_timeout_s,
         )
     return EnginePool(engines, queue, leases, lease_retry_after_failure_s=group.retry_after_failure_s)

@@ -23,16 +23,18 @@ from shaping.prefix import (
     DEFAULT_GUIDANCE_VERSION,
     BlockFill,
     FilledPrefix,
+    guidance_version_for,
     load_guidance,
     shared_prefix_length,
 )
 from shaping.prompt import (
-    DEFAULT_PROMPT_VERSION,
     RequestOptions,
     SystemPrompt,
     build_chat_request,
     load_system_prompt,
+    prompt_version_for,
 )
+from shaping.verdict import DEFAULT_VERDICT_FORMAT, VerdictFormat
 
 
 class PrefixPlanError(Exception):
@@ -92,11 +94,16 @@ class EngineTokens:
         return len(await self.token_ids(body["messages"], enable_thinking))
 
     def chat_body(
-        self, system: SystemPrompt, frames: list[ShapedImage], user_text: str, enable_thinking: bool
+        self,
+        system: SystemPrompt,
+        frames: list[ShapedImage],
+        user_text: str,
+        enable_thinking: bool,
+        verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT,
     ) -> dict[str, Any]:
         """The gateway's engine request for these frames (not streamed, a few output tokens)."""
         options = RequestOptions(model=self.model, enable_thinking=enable_thinking, max_completion_tokens=8,
-                                 constraint="regex", stream=False)
+                                 constraint="regex", stream=False, verdict_format=verdict_format)
         return build_chat_request(system, list(frames), user_text, options)
 
     async def block_size(self) -> int | None:
@@ -109,12 +116,17 @@ class EngineTokens:
         return None
 
     async def cached_calls(
-        self, system: SystemPrompt, frame_sets: list[list[ShapedImage]], user_text: str, enable_thinking: bool
+        self,
+        system: SystemPrompt,
+        frame_sets: list[list[ShapedImage]],
+        user_text: str,
+        enable_thinking: bool,
+        verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT,
     ) -> list[CachedCall]:
         """Send one request per frame set, one after the other; what each reused from the prefix cache."""
         calls = []
         for frames in frame_sets:
-            body = self.chat_body(system, frames, user_text, enable_thinking)
+            body = self.chat_body(system, frames, user_text, enable_thinking, verdict_format)
             response = await _request(self.http, "POST", "/v1/chat/completions", json=body)
             try:
                 usage = response.json()["usage"]
@@ -148,11 +160,20 @@ async def fill_prefix(
     return search.result()
 
 
+async def fill_for_format(
+    engine: EngineTokens, block_size: int, verdict_format: VerdictFormat
+) -> tuple[SystemPrompt, FilledPrefix]:
+    """The system prompt of ``verdict_format`` filled with the guidance that agrees with it."""
+    version = prompt_version_for(verdict_format)
+    guidance = guidance_version_for(verdict_format)
+    filled = await fill_prefix(engine, load_system_prompt(version), block_size, guidance)
+    return load_system_prompt(version, filled.guidance), filled
+
+
 async def block_filled_prompt(
     http: httpx.AsyncClient,
     block_size: int | None,
-    prompt_version: str = DEFAULT_PROMPT_VERSION,
-    guidance_version: str = DEFAULT_GUIDANCE_VERSION,
+    verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT,
 ) -> tuple[SystemPrompt, FilledPrefix]:
     """The canonical system prompt filled to the engine's next whole block (the gateway's, at start)."""
     engine = await EngineTokens.connect(http)
@@ -161,5 +182,4 @@ async def block_filled_prompt(
         raise PrefixPlanError(
             "the engine exposes no vllm:cache_config_info: set MODGATE_SHAPING__PREFIX_BLOCK_SIZE"
         )
-    filled = await fill_prefix(engine, load_system_prompt(prompt_version), size, guidance_version)
-    return load_system_prompt(prompt_version, filled.guidance), filled
+    return await fill_for_format(engine, size, verdict_format)

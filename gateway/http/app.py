@@ -1,4 +1,9 @@
-"""The gateway's Litestar app: ``create_app(settings)``, an explicit route list, lifespan-managed clients."""
+"""The gateway's Litestar app: ``create_app(settings)``, an explicit route list, lifespan-managed clients.
+
+Who may call what is declared here, once per group of routes: business routes behind the API-key guard,
+admin routes behind the admin-token guard (gateway/http/guards.py), the console with its own dependencies
+on who is asking, and the operations routes (health, metrics, stats) open.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-from litestar import Litestar
+from litestar import Litestar, Router
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
@@ -15,6 +20,7 @@ from litestar.openapi import OpenAPIConfig
 from gateway.http.auth import KeyRing
 from gateway.http.console import routes as console
 from gateway.http.error_handlers import EXCEPTION_HANDLERS
+from gateway.http.guards import ACTOR, CALLER, admin_token, business_key
 from gateway.http.routes import admin, jobs, moderations, ops, videos
 from gateway.http.services import Services, open_services
 from gateway.settings import Settings
@@ -48,12 +54,15 @@ def create_app(
 
     return Litestar(
         route_handlers=[
-            *moderations.ROUTES,
-            *videos.ROUTES,
-            *jobs.ROUTES,
+            Router(
+                "/",
+                route_handlers=[*moderations.ROUTES, *videos.ROUTES, *jobs.ROUTES],
+                guards=[business_key],
+                dependencies=CALLER,
+            ),
             *ops.ROUTES,
-            *admin.ROUTES,
-            *console.ROUTES,
+            Router("/", route_handlers=admin.ROUTES, guards=[admin_token], dependencies=ACTOR),
+            Router("/", route_handlers=console.ROUTES, dependencies=console.OPERATOR),
         ],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         lifespan=[lifespan],

@@ -2,17 +2,22 @@
 
 Keys are kept only as SHA-256 digests and compared in constant time; a key is never logged. Keys may also
 live in Redis (``modgate keys add``, digests only, see gateway/http/keys_store.py): with
-``MODGATE_API_KEYS_FROM_REDIS`` on, a key not in the settings is looked up there by its digest.
+``MODGATE_API_KEYS_FROM_REDIS`` on, a key not in the settings is looked up there by its digest. The routes
+ask through guards, once per request (gateway/http/guards.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.errors import Forbidden, StateUnavailable, Unauthorized
+from gateway.errors import Forbidden, InvalidRequest, StateUnavailable, Unauthorized
+
+OPERATOR_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+"""The names the audit trail accepts for the person behind the shared admin token (as X-Modgate-Operator)."""
 
 
 def _digest(secret: str) -> bytes:
@@ -25,6 +30,15 @@ def bearer_token(authorization: str | None) -> str | None:
         return None
     scheme, _, token = authorization.partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def operator_name(header: str | None) -> str | None:
+    """The name an ``X-Modgate-Operator`` header gives (None when it is not sent); 400 when it is no name."""
+    if header is not None and not OPERATOR_NAME.match(header):
+        raise InvalidRequest(
+            "X-Modgate-Operator must be 1-64 of A-Z a-z 0-9 _ . @ -", param="X-Modgate-Operator"
+        )
+    return header
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import httpx
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
@@ -49,7 +51,7 @@ from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWind
 from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from shaping.prefix import GuidanceTooShort
 from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
-from shaping.verdict import VERDICT_FORMATS
+from shaping.verdict import VERDICT_FORMATS, VerdictFormat
 
 log = logging.getLogger("modgate.gateway")
 
@@ -128,23 +130,33 @@ def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictC
 
 
 async def _system_prompt(
-    settings: Settings, engine_url: str, transport: httpx.AsyncBaseTransport | None, version: str
+    settings: Settings,
+    engine_url: str,
+    transport: httpx.AsyncBaseTransport | None,
+    verdict_format: VerdictFormat,
 ) -> SystemPrompt:
     """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
 
     Measured once at start on the engine's own /tokenize. An engine that cannot be measured leaves the plain
     prompt in force (said loudly): the gateway still serves, the cache just cannot hit.
     """
+    version = prompt_version_for(verdict_format)
     if not settings.shaping.block_filling_prefix:
         return load_system_prompt(version)
     try:
         async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
-            prompt, filled = await block_filled_prompt(http, settings.shaping.prefix_block_size, version)
+            prompt, filled = await block_filled_prompt(
+                http, settings.shaping.prefix_block_size, verdict_format
+            )
     except (PrefixPlanError, GuidanceTooShort) as exc:
-        log.error("block-filling prefix OFF: %s; serving the plain system prompt", exc)
+        log.error(
+            "block-filling prefix OFF (%s verdict): %s; serving the plain system prompt", verdict_format, exc
+        )
         return load_system_prompt(version)
     log.warning(
-        "block-filling prefix on: +%d tokens of policy guidance; shared prefix %d tokens (block %d, +%d)",
+        "block-filling prefix on (%s verdict): +%d tokens of policy guidance; shared prefix %d tokens "
+        "(block %d, +%d)",
+        verdict_format,
         filled.added_tokens,
         filled.shared_tokens,
         filled.block_size,
@@ -161,12 +173,26 @@ def _quality_records(settings: Settings, state: aioredis.Redis | None) -> Record
     return MirroredRecordStore(files, RedisRecordStore(state, stream=settings.quality.redis_stream))
 
 
-def _policy_store(settings: Settings) -> PolicyStore:
-    if not settings.redis_url:
+def redis_client(url: str) -> aioredis.Redis:
+    """The service's one Redis client, shared by every store: the policy, engine leases, API keys, tenants and
+    quotas, jobs, reused verdicts, shadow records and the console's sign-ins and sessions.
+
+    Short socket timeouts, so a dead Redis fails a call fast, and no retries: a command that timed out may
+    have run (a lease taken, a flip applied), and only its store knows whether running it again is safe.
+    The policy store and the engine leases must answer sooner still: they put a deadline on each call.
+    """
+    return aioredis.Redis.from_url(
+        url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def _policy_store(settings: Settings, state: aioredis.Redis | None) -> PolicyStore:
+    if state is None:
         return MemoryPolicyStore()
     group = settings.policy
     return RedisPolicyStore(
-        settings.redis_url,
+        state,
         key_prefix=group.key_prefix,
         reload_interval_s=group.reload_interval_s,
         timeout_s=group.redis_timeout_s,
@@ -199,19 +225,12 @@ async def open_services(
         )
     # Every resource is registered on the stack as soon as it exists: a failure half-way closes what was
     # opened. They close in the reverse order: jobs, shadow pairs, records, remote images, the engine
-    # scraper, the policy store, the engines, the executor, the tenant directory, Redis, and telemetry last
-    # (it flushes).
+    # scraper, the policy store, the engines (and their leases), the executor, the tenant directory, Redis
+    # (after every store that uses it), and telemetry last (it flushes).
     async with AsyncExitStack() as stack:
         telemetry = build_telemetry(settings.telemetry)
         stack.push_async_callback(asyncio.to_thread, telemetry.shutdown)  # flushes to the OTLP endpoint
-        # Jobs and Redis-held API keys share one client; short timeouts, so a dead Redis fails a call fast.
-        state = (
-            None
-            if not settings.redis_url
-            else aioredis.Redis.from_url(
-                settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10
-            )
-        )
+        state = None if not settings.redis_url else redis_client(settings.redis_url)  # every store's client
         if state is not None:
             stack.push_async_callback(state.aclose)
             if settings.api_keys_from_redis:
@@ -232,10 +251,12 @@ async def open_services(
         stack.callback(executor.shutdown, wait=False, cancel_futures=True)
         engine_url = engine_urls[0]
         # One engine or several: a client, breaker and cap each, behind one queue (gateway/engine/pool.py).
-        engines = build_engine_pool(settings, engine_urls, engine_transport, weight=directory.weight)
+        engines = build_engine_pool(
+            settings, engine_urls, engine_transport, weight=directory.weight, state=state
+        )
         stack.push_async_callback(engines.aclose)  # every engine's connections, and this replica's leases
         engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
-        policies = _policy_store(settings)
+        policies = _policy_store(settings, state)
         stack.push_async_callback(policies.stop)
         metrics = GatewayMetrics()
         recent = RecentRequests(settings.telemetry.window_s, clock=clock)
@@ -261,9 +282,7 @@ async def open_services(
             policies=policies,
             metrics=metrics,
             system_prompts={
-                verdict_format: await _system_prompt(
-                    settings, engine_url, engine_transport, prompt_version_for(verdict_format)
-                )
+                verdict_format: await _system_prompt(settings, engine_url, engine_transport, verdict_format)
                 for verdict_format in VERDICT_FORMATS
             },
             executor=executor,

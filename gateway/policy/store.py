@@ -18,19 +18,20 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import Conflict, NotFound, StateUnavailable
 from gateway.policy.rules import AuditEntry, PolicyUpdate, StoreStatus, ThinkingPolicy, policy_changes
 
 log = logging.getLogger("modgate.policy")
+T = TypeVar("T")
 
 # A change applied to the document in force gives the next document and its audit entry, or None when it
 # would change nothing (no new version, nothing audited).
@@ -164,7 +165,7 @@ class RedisPolicyStore:
 
     def __init__(
         self,
-        url: str,
+        client: Redis,
         *,
         key_prefix: str = "modgate:thinking-policy",
         reload_interval_s: float = 5.0,
@@ -172,13 +173,11 @@ class RedisPolicyStore:
         reconnect_interval_s: float = 0.5,
         audit_max_entries: int = 10000,
     ) -> None:
-        # Fail fast, no retries: a flip against a dead Redis must answer 503 at once, and the follower
-        # task does its own reconnecting.
-        self._redis: Redis = Redis.from_url(
-            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0),
-            decode_responses=True,
-        )
-        self._url = url
+        # The service's one Redis client (gateway/http/services.py), which retries nothing: a flip against a
+        # dead Redis must answer 503 at once, and the follower task does its own reconnecting. Its socket
+        # timeouts are the service's, longer than a flip may wait, so each round trip here has ``timeout_s``
+        # (:meth:`_ask`) and each operation three times that (:meth:`_deadline`).
+        self._redis = client
         self._key = key_prefix
         self._history_key = f"{key_prefix}:history"
         self._audit_key = f"{key_prefix}:audit"
@@ -205,19 +204,31 @@ class RedisPolicyStore:
         return StoreStatus(backend="redis", available=self._available, last_sync_at=self._last_sync_at,
                            detail=self._detail)
 
+    def _deadline(self) -> asyncio.Timeout:
+        """How long one operation (a few round trips) may wait on Redis."""
+        return asyncio.timeout(self._timeout_s * 3)
+
+    async def _ask(self, call: Awaitable[T]) -> T:
+        """One round trip to Redis, given ``timeout_s``: a Redis that hangs fails it as a dead one would."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await call
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"Redis did not answer within {self._timeout_s:g} s") from exc
+
     # --- following the shared document ---
 
     async def start(self) -> None:
         """Read (or seed) the shared document, then follow changes; a dead Redis is logged, not fatal."""
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
+            async with self._deadline():
                 await self.sync()
         except _REDIS_DOWN as exc:
             self._mark_down(exc)
         self._follower = asyncio.create_task(self._follow(), name="thinking-policy-follower")
 
     async def stop(self) -> None:
-        """Stop following and close the connections."""
+        """Stop following (the client is the service's: it closes it)."""
         # The flag as well as the cancel: Python 3.11's asyncio.timeout (inside redis-py) can turn a cancel
         # that lands as its deadline passes into a TimeoutError, which the follower would take for Redis down.
         self._stopping = True
@@ -225,11 +236,10 @@ class RedisPolicyStore:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follower
-        await self._redis.aclose()
 
     async def sync(self) -> ThinkingPolicy:
         """Read the shared document and install it; seed it when Redis holds none or an older one."""
-        version, document = await self._redis.hmget(self._key, ["version", "document"])
+        version, document = await self._ask(self._redis.hmget(self._key, ["version", "document"]))
         stored = self._parse(document)
         stored_version = _stored_version(version)
         if stored is None and document is not None:
@@ -255,11 +265,11 @@ class RedisPolicyStore:
         )
         keys = [self._key, self._history_key, self._audit_key]
         args: list[str | int] = [ours.version, ours.model_dump_json(), entry.model_dump_json(), self._channel]
-        if await self._seed(keys=keys, args=args):
+        if await self._ask(self._seed(keys=keys, args=args)):
             log.warning("%s: seeded it with version %d (default_mode %s)",
                         reason, ours.version, ours.default_mode)
         else:  # another replica seeded first: take what it wrote
-            _, document = await self._redis.hmget(self._key, ["version", "document"])
+            _, document = await self._ask(self._redis.hmget(self._key, ["version", "document"]))
             seeded = self._parse(document)
             if seeded is not None:
                 self._install(seeded)
@@ -270,14 +280,16 @@ class RedisPolicyStore:
         while not self._stopping:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self._channel)
-                await self.sync()  # catch up on whatever changed while we were not subscribed
+                async with self._deadline():
+                    await self._ask(pubsub.subscribe(self._channel))
+                    await self.sync()  # catch up on whatever changed while we were not subscribed
                 next_reload = loop.time() + self._reload_interval_s
                 while not self._stopping:
                     wait_s = min(1.0, max(0.0, next_reload - loop.time()))
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait_s)
                     if message is not None or loop.time() >= next_reload:
-                        await self.sync()
+                        async with self._deadline():
+                            await self.sync()
                         next_reload = loop.time() + self._reload_interval_s
             except _REDIS_DOWN as exc:
                 if not self._stopping:
@@ -346,20 +358,20 @@ class RedisPolicyStore:
         """
         for _ in range(5):
             async with self._redis.pipeline(transaction=True) as pipe:
-                await pipe.watch(self._key)
-                version, document = await pipe.hmget(self._key, ["version", "document"])
+                await self._ask(pipe.watch(self._key))
+                version, document = await self._ask(pipe.hmget(self._key, ["version", "document"]))
                 current = self._parse(document) or self._policy
                 # An unreadable document's version still counts: versions only go up.
                 if _stored_version(version) > current.version:
                     current = current.model_copy(update={"version": _stored_version(version)})
                 earlier: dict[int, ThinkingPolicy] = {}
                 if wants is not None:
-                    earlier_doc = self._parse(await pipe.hget(self._history_key, str(wants)))
+                    earlier_doc = self._parse(await self._ask(pipe.hget(self._history_key, str(wants))))
                     if earlier_doc is not None:
                         earlier[wants] = earlier_doc
                 result = change(current, earlier)
                 if result is None:
-                    await pipe.unwatch()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+                    await self._ask(pipe.unwatch())  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
                     self._install(current)
                     return PolicyUpdate(current, changed=False)
                 new, entry = result
@@ -372,7 +384,7 @@ class RedisPolicyStore:
                 pipe.ltrim(self._audit_key, 0, self._audit_max_entries - 1)
                 pipe.publish(self._channel, str(new.version))
                 try:
-                    await pipe.execute()
+                    await self._ask(pipe.execute())
                 except WatchError:
                     if expected_version is not None:
                         raise Conflict(
@@ -391,7 +403,7 @@ class RedisPolicyStore:
     ) -> PolicyUpdate:
         """Install a new document under the next version, atomically across replicas."""
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
+            async with self._deadline():
                 return await self._transact(
                     lambda current, _: _replace_with(policy, actor, reason, expected_version)(current),
                     expected_version=expected_version,
@@ -411,7 +423,7 @@ class RedisPolicyStore:
             return next_version(current, earlier[target], actor, reason, action="rollback")
 
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
+            async with self._deadline():
                 return await self._transact(change, wants=target)
         except _REDIS_DOWN as exc:
             raise self._unavailable(exc, "the rollback") from exc
@@ -419,8 +431,8 @@ class RedisPolicyStore:
     async def history(self, limit: int) -> list[ThinkingPolicy]:
         """Earlier documents, newest first."""
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
-                stored = await self._redis.hgetall(self._history_key)
+            async with self._deadline():
+                stored = await self._ask(self._redis.hgetall(self._history_key))
         except _REDIS_DOWN as exc:
             raise self._unavailable(exc, "reading the history") from exc
         documents = [doc for doc in (self._parse(raw) for raw in stored.values()) if doc is not None]
@@ -429,8 +441,8 @@ class RedisPolicyStore:
     async def audit(self, limit: int) -> list[AuditEntry]:
         """The audit trail, newest first."""
         try:
-            async with asyncio.timeout(self._timeout_s * 3):
-                raw = await self._redis.lrange(self._audit_key, 0, limit - 1)
+            async with self._deadline():
+                raw = await self._ask(self._redis.lrange(self._audit_key, 0, limit - 1))
         except _REDIS_DOWN as exc:
             raise self._unavailable(exc, "reading the audit trail") from exc
         entries = []

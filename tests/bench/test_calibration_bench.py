@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
 from bench import calibration
+from shaping.prompt import load_system_prompt, prompt_version_for
+from shaping.verdict import VerdictFormat, structured_outputs
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +70,32 @@ def test_the_printed_tables_name_the_fit_and_the_held_out_rows(capsys: pytest.Ca
     assert "fit (the seed's final configuration" in printed
     assert "held out (never used to choose a constant" in printed
     assert printed.count("MTP on (4 drafted, 39.9 % accepted)") == 4
+
+
+@pytest.mark.parametrize("verdict_format", ["compact", "json"])
+def test_the_paced_request_asks_for_the_verdict_format_it_names(verdict_format: VerdictFormat) -> None:
+    body = calibration.seed_request(verdict_format)
+    assert body["messages"][0]["content"] == load_system_prompt(prompt_version_for(verdict_format)).text
+    assert {key: body[key] for key in ("structured_outputs", "response_format") if key in body} == (
+        structured_outputs(verdict_format, "json_schema")
+    )
+
+
+def test_the_paced_request_asks_for_the_seeds_json_verdict_unless_told() -> None:
+    # The figures compared are the seed's, measured with the JSON verdict (the capacity bench does the same).
+    assert calibration.seed_request() == calibration.seed_request("json")
+    assert calibration.parse_arguments([]).verdict_format == "json"
+    assert calibration.parse_arguments(["--verdict-format", "compact"]).verdict_format == "compact"
+
+
+def test_the_paced_run_sends_the_compact_request_when_asked_and_reads_its_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    calibration.paced(calibration.parse_arguments(["--paced", "--time-scale", "0", "--requests", "2",
+                                                   "--concurrency", "1", "--verdict-format", "compact"]))
+    printed = capsys.readouterr().out
+    assert "2 requests, 1 clients in a closed loop, compact verdict" in printed
+    shape = re.search(r"request shape: (\d+) prompt tokens, (\d+) completion tokens", printed)
+    assert shape is not None, printed
+    assert int(shape[1]) > 660  # the seed's frame is 660 image tokens
+    assert int(shape[2]) > 0

@@ -83,6 +83,27 @@ def test_listed_keys_are_required_when_configured(start_gateway: GatewayFactory,
 
 
 @pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/moderations", b'{"input": 5}'),
+        ("POST", "/v1/moderations", b"{not json"),
+        ("POST", "/v1/moderations", b'{"input": ' + b"[" * 100 + b"]" * 100 + b"}"),
+        ("POST", "/v1/videos/v1/keyframes", b'{"frames": []}'),
+        ("POST", "/v1/jobs", b"{}"),
+        ("POST", "/admin/thinking-policy/rollback", b'{"surprise": 1}'),
+    ],
+)
+def test_a_caller_without_a_key_gets_401_before_its_body_is_read(
+    start_gateway: GatewayFactory, sim: ThreadedServer, method: str, path: str, body: bytes
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, api_keys="k-alpha:tenant-a")
+    response = httpx.request(method, f"{gateway.url}{path}", content=body,
+                             headers={"Content-Type": "application/json"})
+    assert response.status_code == 401, response.text  # not the 400 the body would get
+    assert response.json()["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize(
     ("body", "status", "fragment"),
     [
         (b"{not json", 400, "json"),

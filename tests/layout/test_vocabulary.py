@@ -11,19 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from shaping.verdict import ACTIONS
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "shaping", "quality", "deploy")
-ACTIONS = ("allow", "review", "block")
 HOME = "shaping/verdict.py"  # ``Action`` and ``ACTIONS``
-# TEMPORARY: removed by branch i18report, which replaces these copies with imports; empty it at that merge.
-TEMPORARY_ALLOWANCE = frozenset(
-    {
-        "quality/charts.py",
-        "quality/records.py",
-        "quality/report.py",
-        "quality/runner.py",
-    }
-)
 
 
 def spells_the_actions(node: ast.AST) -> bool:
@@ -73,16 +65,7 @@ def test_other_uses_of_the_words_are_not_copies(tmp_path: Path) -> None:
     assert declarations(module) == []
 
 
-@pytest.mark.parametrize(
-    "module", [m for m in modules() if m != HOME and m not in TEMPORARY_ALLOWANCE], ids=str
-)
+@pytest.mark.parametrize("module", [m for m in modules() if m != HOME], ids=str)
 def test_no_other_module_declares_the_actions(module: str) -> None:
     lines = declarations(ROOT / module)
     assert not lines, f"{module}:{lines} spells out allow/review/block: import Action or ACTIONS from {HOME}"
-
-
-@pytest.mark.parametrize("module", sorted(TEMPORARY_ALLOWANCE))
-def test_every_temporary_allowance_is_still_a_copy(module: str) -> None:
-    path = ROOT / module
-    assert path.is_file(), f"{module} is gone: take it off TEMPORARY_ALLOWANCE"
-    assert declarations(path), f"{module} no longer declares the actions: take it off TEMPORARY_ALLOWANCE"

@@ -16,6 +16,7 @@ from gateway.engine.client import EngineClient
 from gateway.engine.leases import EngineLeases
 from gateway.engine.pool import EnginePool, EngineSlot
 from gateway.errors import Overloaded
+from gateway.http.services import redis_client
 from tests.processes import poll_async
 
 ENGINE = "http://engine-a.test"
@@ -24,17 +25,20 @@ PREFIX = "test:engine-leases"
 
 @pytest.fixture
 async def replicas(redis_url: str) -> AsyncIterator[Callable[..., EngineLeases]]:
-    """``replicas(ttl_s=..., renew_every_s=...)``: lease holders on the test Redis, closed afterwards."""
-    made: list[EngineLeases] = []
+    """``replicas(ttl_s=..., renew_every_s=...)``: lease holders on the test Redis (each on a client of its
+    own, as replicas are), closed afterwards."""
+    made: list[tuple[EngineLeases, aioredis.Redis]] = []
 
     def make(ttl_s: float = 10.0, renew_every_s: float = 3.0) -> EngineLeases:
-        leases = EngineLeases.from_url(redis_url, key_prefix=PREFIX, ttl_s=ttl_s, renew_every_s=renew_every_s)
-        made.append(leases)
+        client = redis_client(redis_url)
+        leases = EngineLeases(client, key_prefix=PREFIX, ttl_s=ttl_s, renew_every_s=renew_every_s)
+        made.append((leases, client))
         return leases
 
     yield make
-    for leases in made:
+    for leases, client in made:
         await leases.aclose()
+        await client.aclose()
 
 
 def pool_with(leases: EngineLeases | None, cap: int = 2) -> EnginePool:
@@ -141,7 +145,8 @@ async def test_a_pool_waits_for_a_slot_another_replica_gives_back(
 
 
 async def test_with_redis_unreachable_a_pool_serves_on_its_local_cap_and_says_so() -> None:
-    unreachable = EngineLeases.from_url("redis://127.0.0.1:1/0", key_prefix=PREFIX, timeout_s=0.2)
+    client = redis_client("redis://127.0.0.1:1/0")
+    unreachable = EngineLeases(client, key_prefix=PREFIX, timeout_s=0.2)
     pool = pool_with(unreachable, cap=2)
     try:
         async with AsyncExitStack() as stack:
@@ -153,4 +158,5 @@ async def test_with_redis_unreachable_a_pool_serves_on_its_local_cap_and_says_so
                     pass
     finally:
         await pool.aclose()
+        await client.aclose()
     assert pool.engines[0].inflight == 0

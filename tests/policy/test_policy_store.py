@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 
 import pytest
 import redis.asyncio as aioredis
 
 from bench.servers import free_port
 from gateway.errors import Conflict, NotFound, StateUnavailable
+from gateway.http.services import redis_client
 from gateway.policy.rules import PolicyStore, ThinkingPolicy
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
 from tests.processes import poll_async
@@ -20,18 +22,19 @@ StoreFactory = Callable[[], Awaitable[RedisPolicyStore]]
 
 @pytest.fixture
 async def open_redis_store(redis_url: str) -> AsyncIterator[StoreFactory]:
-    """Start Redis-backed stores (each one a replica) on the test database; stopped after the test."""
-    stores: list[RedisPolicyStore] = []
+    """Start Redis-backed stores (each one a replica, on a client of its own) on the test database; stopped
+    after the test."""
+    async with AsyncExitStack() as stack:
 
-    async def open_store() -> RedisPolicyStore:
-        store = RedisPolicyStore(redis_url, key_prefix=PREFIX, reload_interval_s=30.0)
-        await store.start()
-        stores.append(store)
-        return store
+        async def open_store() -> RedisPolicyStore:
+            client = redis_client(redis_url)
+            stack.push_async_callback(client.aclose)
+            store = RedisPolicyStore(client, key_prefix=PREFIX, reload_interval_s=30.0)
+            await store.start()
+            stack.push_async_callback(store.stop)
+            return store
 
-    yield open_store
-    for store in stores:
-        await store.stop()
+        yield open_store
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -40,10 +43,12 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[PolicyStore]:
     if request.param == "memory":
         yield MemoryPolicyStore()
         return
-    redis_store = RedisPolicyStore(request.getfixturevalue("redis_url"), key_prefix=PREFIX)
+    client = redis_client(request.getfixturevalue("redis_url"))
+    redis_store = RedisPolicyStore(client, key_prefix=PREFIX)
     await redis_store.start()
     yield redis_store
     await redis_store.stop()
+    await client.aclose()
 
 
 @pytest.fixture
@@ -184,7 +189,8 @@ async def test_an_unreadable_shared_document_leaves_the_policy_in_force(
 
 
 async def test_a_store_whose_redis_is_unreachable_serves_the_default_and_refuses_flips() -> None:
-    replica = RedisPolicyStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
+    client = redis_client(f"redis://127.0.0.1:{free_port()}/0")
+    replica = RedisPolicyStore(client, timeout_s=0.5)
     await replica.start()
     try:
         assert (replica.current().version, replica.current().default_mode) == (1, "on")
@@ -200,3 +206,4 @@ async def test_a_store_whose_redis_is_unreachable_serves_the_default_and_refuses
             await replica.audit(10)
     finally:
         await replica.stop()
+        await client.aclose()

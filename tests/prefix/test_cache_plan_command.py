@@ -7,6 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from gateway.cli.main import app
+from shaping.prefix import guidance_version_for, load_guidance
+from shaping.prompt import load_system_prompt, prompt_version_for
 from tests.support import SimFactory
 
 runner = CliRunner()
@@ -68,3 +70,31 @@ def test_an_engine_that_does_not_answer_fails_with_a_message() -> None:
     result = runner.invoke(app, ["cache", "plan", "--engine-url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cache plan failed" in result.output
+
+
+def test_the_plan_uses_the_compact_prompt_and_its_guidance_unless_json_is_asked(
+    start_sim: SimFactory,
+) -> None:
+    engine = start_sim("instant")
+    # A 1,024-token block takes the fill past the guidance's first lines, which both versions share.
+    plan = ["cache", "plan", "--engine-url", engine.url, "--block-size", "1024", "--fill", "--json"]
+    asked = {"default": [], "compact": ["--verdict-format", "compact"], "json": ["--verdict-format", "json"]}
+    reports = {name: json.loads(runner.invoke(app, [*plan, *flags]).output) for name, flags in asked.items()}
+    assert reports["default"] == reports["compact"]
+    guidance = {
+        verdict_format: "\n".join(load_guidance(guidance_version_for(verdict_format)))
+        for verdict_format in ("compact", "json")
+    }
+    for verdict_format, whole in guidance.items():
+        report = reports[verdict_format]
+        assert report["verdict_format"] == verdict_format
+        assert report["system_characters"] == len(load_system_prompt(prompt_version_for(verdict_format)).text)
+        assert report["filled"]["guidance"]
+        assert whole.startswith(report["filled"]["guidance"])
+    assert not guidance["json"].startswith(reports["compact"]["filled"]["guidance"])
+
+
+def test_an_unknown_verdict_format_is_refused() -> None:
+    result = runner.invoke(app, ["cache", "plan", "--verdict-format", "yaml"])
+    assert result.exit_code == 2
+    assert "compact" in result.output

@@ -1,4 +1,5 @@
-"""Prefix planning maths: what the prefix cache can ever reuse, and the block-filling guidance search."""
+"""Prefix planning maths: what the prefix cache can ever reuse, and the block-filling guidance search (for the
+system prompt and guidance of each verdict format)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ from shaping.prefix import (
     RequestShape,
     cacheable_tokens,
     guidance_pieces,
+    guidance_version_for,
     join_pieces,
     load_guidance,
     next_block_boundary,
     plan_prefix,
     shared_prefix_length,
 )
-from shaping.prompt import load_system_prompt
+from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
+from shaping.verdict import VERDICT_FORMATS, VerdictFormat
+
+each_format = pytest.mark.parametrize("verdict_format", VERDICT_FORMATS)
 
 
 def simulator_shared_prefix(system_text: str) -> int:
@@ -28,10 +33,23 @@ def simulator_shared_prefix(system_text: str) -> int:
     return shared_prefix_length(first, second)  # type: ignore[arg-type]  # pieces compare like ids
 
 
-def fill_with(measure: object, block_size: int, lines: list[str] | None = None) -> tuple[BlockFill, int]:
+def base_prompt(verdict_format: VerdictFormat, guidance: str = "") -> SystemPrompt:
+    """The system prompt that asks for ``verdict_format``, with ``guidance`` appended."""
+    return load_system_prompt(prompt_version_for(verdict_format), guidance)
+
+
+def guidance_of(verdict_format: VerdictFormat) -> list[str]:
+    """The guidance lines that agree with ``verdict_format``'s prompt."""
+    return load_guidance(guidance_version_for(verdict_format))
+
+
+def fill_with(
+    measure: object, block_size: int, lines: list[str] | None = None, verdict_format: VerdictFormat = "json"
+) -> tuple[BlockFill, int]:
     """Run the search to the end; answers it and how many measurements it took."""
     assert callable(measure)
-    search = BlockFill(load_system_prompt().text, load_guidance() if lines is None else lines, block_size)
+    guidance = guidance_of(verdict_format) if lines is None else lines
+    search = BlockFill(base_prompt(verdict_format).text, guidance, block_size)
     measured = 0
     while (candidate := search.next_candidate()) is not None:
         search.record(candidate, measure(candidate))
@@ -97,8 +115,9 @@ def test_the_block_boundary_is_the_next_whole_block() -> None:
     assert next_block_boundary(2961, 2960) == 5920
 
 
-def test_the_guidance_file_is_policy_text_cut_only_after_clause_marks() -> None:
-    lines = load_guidance()
+@each_format
+def test_the_guidance_file_is_policy_text_cut_only_after_clause_marks(verdict_format: VerdictFormat) -> None:
+    lines = guidance_of(verdict_format)
     assert lines
     assert not any(line.startswith("#") for line in lines)
     pieces = guidance_pieces(lines)
@@ -107,39 +126,55 @@ def test_the_guidance_file_is_policy_text_cut_only_after_clause_marks() -> None:
     assert ends <= set("。；！？;.!?：:，,") | {line[-1] for line in lines}
 
 
-def test_the_fill_lands_the_shared_prefix_on_the_spark_block() -> None:
-    search, measured = fill_with(simulator_shared_prefix, 2960)
+@each_format
+def test_the_fill_lands_the_shared_prefix_on_the_spark_block(verdict_format: VerdictFormat) -> None:
+    search, measured = fill_with(simulator_shared_prefix, 2960, verdict_format=verdict_format)
     filled = search.result()
-    assert filled.base_shared_tokens == simulator_shared_prefix(load_system_prompt().text)
+    assert filled.base_shared_tokens == simulator_shared_prefix(base_prompt(verdict_format).text)
     assert filled.target_tokens == 2960
     assert 0 <= filled.overshoot < 20  # cut after a clause mark: a few tokens past the boundary at most
     assert simulator_shared_prefix(filled.system_text) == filled.shared_tokens
     assert measured <= 14  # a binary search, not a token count per line
 
 
-def test_the_filled_prompt_is_what_load_system_prompt_builds_from_the_guidance() -> None:
-    filled = fill_with(simulator_shared_prefix, 2960)[0].result()
-    assert load_system_prompt(extra_guidance=filled.guidance).text == filled.system_text
-    assert filled.system_text.startswith(load_system_prompt().text)
-    assert "\n".join(load_guidance()).startswith(filled.guidance)
+@each_format
+def test_the_filled_prompt_is_what_load_system_prompt_builds_from_the_guidance(
+    verdict_format: VerdictFormat,
+) -> None:
+    filled = fill_with(simulator_shared_prefix, 2960, verdict_format=verdict_format)[0].result()
+    assert base_prompt(verdict_format, filled.guidance).text == filled.system_text
+    assert filled.system_text.startswith(base_prompt(verdict_format).text)
+    assert "\n".join(guidance_of(verdict_format)).startswith(filled.guidance)
 
 
+@each_format
 @pytest.mark.parametrize("block", [16, 128, 500, 1024])
-def test_the_fill_reaches_the_next_boundary_with_the_least_guidance(block: int) -> None:
-    search = fill_with(simulator_shared_prefix, block)[0]
+def test_the_fill_reaches_the_next_boundary_with_the_least_guidance(
+    block: int, verdict_format: VerdictFormat
+) -> None:
+    search = fill_with(simulator_shared_prefix, block, verdict_format=verdict_format)[0]
     filled = search.result()
     assert filled.target_tokens == next_block_boundary(filled.base_shared_tokens, block)
     assert filled.shared_tokens >= filled.target_tokens
-    fewer = guidance_pieces(load_guidance())
+    fewer = guidance_pieces(guidance_of(verdict_format))
     used = len(guidance_pieces(filled.guidance.split("\n")))
     if used:
-        shorter = load_system_prompt(extra_guidance=join_pieces(fewer[: used - 1])).text
+        shorter = base_prompt(verdict_format, join_pieces(fewer[: used - 1])).text
         assert simulator_shared_prefix(shorter) < filled.target_tokens  # one piece less falls short
 
 
-def test_a_prefix_already_on_a_boundary_gets_no_guidance() -> None:
-    base = simulator_shared_prefix(load_system_prompt().text)
-    filled = fill_with(simulator_shared_prefix, base)[0].result()
+@each_format
+def test_all_the_guidance_fills_the_sparks_block_with_a_fifth_to_spare(verdict_format: VerdictFormat) -> None:
+    # The contract the fill relies on: the guidance reaches the Spark's 2,960-token block from its own prompt,
+    # with room for a tokenizer that counts fewer tokens than the simulator's (or a longer prompt).
+    whole = base_prompt(verdict_format, "\n".join(guidance_of(verdict_format))).text
+    assert simulator_shared_prefix(whole) >= 1.2 * 2960
+
+
+@each_format
+def test_a_prefix_already_on_a_boundary_gets_no_guidance(verdict_format: VerdictFormat) -> None:
+    base = simulator_shared_prefix(base_prompt(verdict_format).text)
+    filled = fill_with(simulator_shared_prefix, base, verdict_format=verdict_format)[0].result()
     assert filled.guidance == ""
     assert filled.added_tokens == 0
 

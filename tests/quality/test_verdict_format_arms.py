@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 
 from deploy.keyframes import make_keyframe
-from quality.records import JsonlRecordStore
-from quality.report import ReportPolicy, build_weekly_report, format_iso_week, render_html, render_markdown
+from quality.records import JsonlRecordStore, format_iso_week
+from quality.report import ReportPolicy, build_weekly_report, render_html, render_markdown
 from quality.runner import load_dataset, run_offline
 from tests.support import GatewayFactory, SimFactory
 

@@ -19,7 +19,8 @@ from PIL import Image
 
 from deploy.keyframes import LABELS, make_keyframe, render_keyframe
 from shaping.errors import ImageDecodeFailed, ImageDimensionsTooLarge, ImageRejected
-from shaping.image import THUMBNAIL_SIZE, ImageLimits, ShapedImage, _jpeg_segments, shape_image
+from shaping.image import THUMBNAIL_SIZE, ImageLimits, ShapedImage, shape_image
+from shaping.image.jpeg import jpeg_segments
 from shaping.tokens import TokenGrid
 
 LIMITS = ImageLimits()
@@ -106,7 +107,7 @@ def test_a_passed_through_frame_and_its_re_encoding_share_an_identity() -> None:
 
 def _with_second_frame_header(data: bytes, height: int) -> bytes:
     """The JPEG with a copy of its SOF0 saying another height inserted right after the first."""
-    sof = next(segment for segment in _jpeg_segments(data) if segment.marker == 0xC0)
+    sof = next(segment for segment in jpeg_segments(data) if segment.marker == 0xC0)
     body = data[sof.start : sof.end]
     return data[: sof.end] + body[:5] + struct.pack(">H", height) + body[7:] + data[sof.end :]
 

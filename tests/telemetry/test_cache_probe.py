@@ -9,8 +9,11 @@ import re
 
 from typer.testing import CliRunner
 
+from deploy.simulator.tokenizer import render_chat
 from gateway.cli.cache_probe import max_reusable_tokens, probe_engine
 from gateway.cli.main import app
+from shaping.prompt import load_system_prompt, prompt_version_for
+from shaping.verdict import VerdictFormat
 from tests.support import SimFactory
 
 
@@ -79,3 +82,29 @@ def test_an_unreachable_engine_is_reported_without_a_traceback() -> None:
     result = CliRunner().invoke(app, ["cache", "probe", "--engine-url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cache probe failed" in result.output
+
+
+def system_message_tokens(verdict_format: VerdictFormat) -> int:
+    """The system message the probe measures, as the simulator's tokenizer counts it."""
+    text = load_system_prompt(prompt_version_for(verdict_format)).text
+    return len(render_chat([("system", [text])], enable_thinking=False, add_generation_prompt=False))
+
+
+async def test_the_probe_sends_the_compact_prompt_unless_json_is_asked(start_sim: SimFactory) -> None:
+    sim = start_sim("instant")
+    default = await probe_engine(sim.url, seed=3)
+    assert default.verdict_format == "compact"
+    assert default.shared_prefix_tokens == system_message_tokens("compact")
+    asked = await probe_engine(sim.url, seed=3, verdict_format="json")
+    assert asked.verdict_format == "json"
+    assert asked.shared_prefix_tokens == system_message_tokens("json")
+    assert asked.production.prompt_tokens - default.production.prompt_tokens == (
+        system_message_tokens("json") - system_message_tokens("compact")
+    )  # the same keyframe and text: the requests differ by their system prompt only
+
+
+def test_the_verdict_format_is_a_probe_option(start_sim: SimFactory) -> None:
+    sim = start_sim("instant")
+    output = probe_output("--engine-url", sim.url, "--verdict-format", "json")
+    assert "json verdict" in output
+    assert "compact verdict" in probe_output("--engine-url", sim.url)

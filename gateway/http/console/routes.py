@@ -27,20 +27,13 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from litestar import MediaType, Request, Response, get, post
 from litestar.datastructures import Cookie, FormMultiDict
-from litestar.di import NamedDependency
+from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath
 from redis.exceptions import RedisError
 
-from gateway.errors import (
-    Forbidden,
-    InvalidRequest,
-    ModgateError,
-    NotFound,
-    StateUnavailable,
-    Unauthorized,
-)
+from gateway.errors import Forbidden, ModgateError, NotFound, StateUnavailable, Unauthorized
+from gateway.http.auth import OPERATOR_NAME, operator_name
 from gateway.http.console.sessions import (
-    OPERATOR_NAME,
     ConsoleSession,
     QualityHeadline,
     SessionSigner,
@@ -140,6 +133,10 @@ def _render(template: str, **context: Any) -> str:
 
 
 # --- who is asking -------------------------------------------------------------------------------------
+# Each route names who it lets in by the dependency it takes, resolved before its handler runs (the same
+# header checks as the /admin guard, gateway/http/guards.py, plus signed-in sessions): ``operator`` (None
+# for a stranger, whom the route answers with its sign-in page), ``signed_in`` (a stranger gets 401) or,
+# for the page itself, ``visitor``.
 
 @dataclass(frozen=True, slots=True)
 class _Operator:
@@ -156,24 +153,45 @@ def _signer(services: Services) -> SessionSigner | None:
     return None if token is None else SessionSigner(token, services.settings.console.session_ttl_s)
 
 
-async def _operator(request: Request[Any, Any, Any], services: Services) -> _Operator | None:
+async def _operator(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> _Operator | None:
     """The header's admin token (a wrong one is a 401, a business key a 403, as on /admin), else the signed
     session still in force (not signed out, on this replica or another), else None."""
     authorization = request.headers.get("authorization")
     if authorization is not None:
         token_id = await services.keys.authorize_admin(authorization)
-        name = request.headers.get("x-modgate-operator")
+        name = operator_name(request.headers.get("x-modgate-operator"))
         if name is None:
             return _Operator(token_id, f"{token_id} (console)", None)
-        if not OPERATOR_NAME.match(name):
-            raise InvalidRequest("X-Modgate-Operator must be 1-64 of A-Z a-z 0-9 _ . @ -",
-                                 param="X-Modgate-Operator")
         return _Operator(name, f"{name} ({token_id}, console)", None)
     signer = _signer(services)
     session = None if signer is None else signer.read(request.cookies.get(SESSION_COOKIE))
     if session is None or not await services.console.session_in_force(session):
         return None
     return _Operator(session.operator, session.actor, session)
+
+
+def _signed_in(operator: NamedDependency[_Operator | None]) -> _Operator:
+    """The operator, or 401 for a stranger (the routes a script polls: no sign-in page)."""
+    if operator is None:
+        raise Unauthorized("sign in to the console (or send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>')")
+    return operator
+
+
+async def _visitor(
+    request: Request[Any, Any, Any], services: NamedDependency[Services]
+) -> _Operator | None:
+    """The page's operator; None, not a 403, while admin calls are disabled: the page itself says so."""
+    return None if services.settings.admin_token is None else await _operator(request, services)
+
+
+OPERATOR = {
+    "operator": Provide(_operator),
+    "signed_in": Provide(_signed_in, sync_to_thread=False),
+    "visitor": Provide(_visitor),
+}
+"""The console routes' dependencies on who is asking."""
 
 
 # --- what the page shows -------------------------------------------------------------------------------
@@ -324,12 +342,13 @@ async def _dashboard(
 
 @get("/console", include_in_schema=False)
 async def console_page(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    request: Request[Any, Any, Any], services: NamedDependency[Services],
+    visitor: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """The console, or its sign-in form."""
     if services.settings.admin_token is None:
         return _sign_in_page(services, status=403)
-    operator = await _operator(request, services)
+    operator = visitor
     if operator is None:
         # Just signed in, yet no session came back: the browser dropped the cookie (Secure over plain HTTP).
         return _sign_in_page(services, cookie_dropped=request.query_params.get("signed_in") == "1")
@@ -384,10 +403,10 @@ async def console_sign_in(
 
 @post("/console/sign-out", include_in_schema=False)
 async def console_sign_out(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    request: Request[Any, Any, Any], services: NamedDependency[Services],
+    operator: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """End this session on the server (wherever a copy of its cookie went) and forget the cookie."""
-    operator = await _operator(request, services)
     form = await request.form()
     signer = _signer(services)
     if operator is not None and operator.session is not None and signer is not None and not signer.csrf_valid(
@@ -408,13 +427,13 @@ async def console_sign_out(
 
 @post("/console/sign-out-everywhere", include_in_schema=False)
 async def console_sign_out_everywhere(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    request: Request[Any, Any, Any], services: NamedDependency[Services],
+    operator: NamedDependency[_Operator | None],
 ) -> Response[Any]:
     """End every console session issued until now, on every replica (a lost laptop, a departing operator).
 
     From the page (session and CSRF token) or a script (``Authorization: Bearer <MODGATE_ADMIN_TOKEN>``).
     """
-    operator = await _operator(request, services)
     if operator is None:
         return _sign_in_page(services, 401, "Sign in to sign everyone out.")
     form = await request.form()
@@ -438,10 +457,10 @@ async def console_sign_out_everywhere(
 
 @post("/console/thinking", include_in_schema=False)
 async def console_flip_thinking(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    request: Request[Any, Any, Any], services: NamedDependency[Services],
+    operator: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """Set the default thinking mode, with a reason, the version the page showed and the CSRF token."""
-    operator = await _operator(request, services)
     if operator is None:
         return _sign_in_page(services, 401, "Sign in to change the thinking policy.")
     form = await request.form()
@@ -483,13 +502,10 @@ async def console_flip_thinking(
 
 @get("/console/panels", include_in_schema=False)
 async def console_panels(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    services: NamedDependency[Services], signed_in: NamedDependency[_Operator]
 ) -> Response[dict[str, Any]]:
     """The page's panels rendered now, for the page to swap in (and the policy version, to spot a flip)."""
-    operator = await _operator(request, services)
-    if operator is None:
-        raise Unauthorized("sign in to the console (or send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>')")
-    view = await _view(services, operator)
+    view = await _view(services, signed_in)
     panels = {name: _render(f"_{name}.html", **view) for name in _PANELS}
     policy: ThinkingPolicy = view["policy"]
     body = {"policy_version": policy.version, "default_mode": policy.default_mode, "panels": panels}
@@ -498,11 +514,10 @@ async def console_panels(
 
 @get("/console/quality/latest", include_in_schema=False)
 async def console_quality_report(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    services: NamedDependency[Services], signed_in: NamedDependency[_Operator]
 ) -> Response[bytes]:
-    """The newest weekly quality report's HTML file, as ``modgate quality report`` wrote it."""
-    if await _operator(request, services) is None:
-        raise Unauthorized("sign in to the console (or send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>')")
+    """The newest weekly quality report's HTML file, as ``modgate quality report`` wrote it (``signed_in``: an
+    operator's only)."""
     quality = await asyncio.to_thread(latest_quality_headline, services.settings.console.reports_dir)
     if quality is None or quality.html_report is None:
         raise NotFound(f"no HTML quality report in {services.settings.console.reports_dir}",

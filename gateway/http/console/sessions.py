@@ -9,8 +9,8 @@ remembered on the server: gateway/http/console/guard.py. The CSRF token is an HM
 second derived key: the server recomputes it, nothing is stored.
 
 The quality headline is read from the ``quality-YYYY-Www.json`` files ``modgate quality report`` writes,
-through a tolerant subset of their schema: importing :mod:`quality.report` would pull numpy, scikit-learn
-and matplotlib into the gateway for a dozen numbers.
+through the report's own models (:mod:`quality.summaries`, light: no numpy, scikit-learn or matplotlib)
+for the parts the console shows (recommendation, trend, costs); the rest of the file is not read.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-log = logging.getLogger("modgate.console")
+from gateway.http.auth import OPERATOR_NAME
+from quality.summaries import ArmCost, Decision, Recommendation, WeekSummary
 
-OPERATOR_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
-"""The names the audit trail accepts for the person behind the shared admin token (as X-Modgate-Operator)."""
+log = logging.getLogger("modgate.console")
 
 _COOKIE_VERSION = "v1"
 
@@ -133,44 +133,6 @@ class SessionSigner:
 _REPORT_NAME = re.compile(r"^quality-(\d{4}-W\d{2})\.json$")
 
 
-class _Recommendation(BaseModel):
-    """The report's recommendation, without its detail lines."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    decision: str
-    title: str
-    headline: str
-
-
-class WeekFigures(BaseModel):
-    """The fields of quality.report.WeekSummary the console shows (one entry of the report's ``trend``)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    week: str
-    frames: int = 0
-    agreement: float | None = None
-    agreement_low: float | None = None
-    agreement_high: float | None = None
-    flagged_frames: int = 0
-    flagged_agreement: float | None = None
-    flagged_agreement_low: float | None = None
-    flagged_agreement_high: float | None = None
-    noise_floor: float | None = None
-
-
-class ArmCostFigures(BaseModel):
-    """What one arm cost per frame in the report's week (a subset of quality.report.ArmCost)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    arm: str
-    frames: int
-    latency_p50_ms: float
-    mean_completion_tokens: float
-
-
 class _ReportFile(BaseModel):
     """The subset of a ``quality-YYYY-Www.json`` report the console reads; other fields are ignored."""
 
@@ -178,9 +140,9 @@ class _ReportFile(BaseModel):
 
     week: str
     generated_at: datetime
-    recommendation: _Recommendation
-    trend: list[WeekFigures] = []
-    costs: list[ArmCostFigures] = []
+    recommendation: Recommendation
+    trend: list[WeekSummary] = []
+    costs: list[ArmCost] = []
 
 
 class QualityHeadline(BaseModel):
@@ -188,11 +150,11 @@ class QualityHeadline(BaseModel):
 
     week: str
     generated_at: datetime
-    decision: str  # thinking_off_ok, keep_thinking_on, inconclusive or no_data
+    decision: Decision
     title: str
     headline: str
-    figures: WeekFigures | None  # None: the report carries no figures for its own week
-    costs: dict[str, ArmCostFigures]  # by arm: thinking_on, thinking_off
+    figures: WeekSummary | None  # None: the report carries no figures for its own week
+    costs: dict[str, ArmCost]  # by arm: thinking_on, thinking_off
     html_report: Path | None  # the HTML version beside the JSON, when it was written
     skipped: list[str]  # newer report files that could not be read
 

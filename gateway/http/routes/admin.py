@@ -1,6 +1,7 @@
 """Operators' calls: the thinking policy, its history and the audit trail.
 
-Every call needs the admin token (never a business key); every change needs a reason and is audited.
+Every call needs the admin token (never a business key), checked by the router's guard
+(gateway/http/guards.py); every change needs a reason and is audited under the ``actor`` the guard names.
 ``X-Modgate-Operator: <name>`` says who is behind the shared token (``modgate policy`` sends ``$USER``).
 """
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import Annotated, Any
 
 from litestar import Request, get, post, put
@@ -24,23 +24,10 @@ from gateway.policy.rules import ThinkingPolicy
 
 log = logging.getLogger("modgate.admin")
 
-_OPERATOR = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 # Fields the gateway fills in or shows alongside the document: never part of what a PUT decides.
 _SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed")
 
 Limit = Annotated[int, Parameter(ge=1, le=1000)]
-
-
-async def _actor(request: Request[Any, Any, Any], services: Services) -> str:
-    """The admin check, and a name for the audit trail: the operator's (if sent) and the token's id."""
-    token_id = await services.keys.authorize_admin(request.headers.get("authorization"))
-    operator = request.headers.get("x-modgate-operator")
-    if operator is None:
-        return token_id
-    if not _OPERATOR.match(operator):
-        raise InvalidRequest("X-Modgate-Operator must be 1-64 of A-Z a-z 0-9 _ . @ -",
-                             param="X-Modgate-Operator")
-    return f"{operator} ({token_id})"
 
 
 def _reason(value: object) -> str:
@@ -58,24 +45,20 @@ def policy_view(policy: ThinkingPolicy, services: Services) -> dict[str, Any]:
 
 
 @get("/admin/thinking-policy", responses=error_responses(responses.ADMIN_READ))
-async def get_thinking_policy(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
-) -> dict[str, Any]:
+async def get_thinking_policy(services: NamedDependency[Services]) -> dict[str, Any]:
     """The policy document in force on this replica, its content hash and the store's state."""
-    await _actor(request, services)
     return policy_view(services.policies.current(), services)
 
 
 @put("/admin/thinking-policy", responses=error_responses(responses.ADMIN_CHANGE))
 async def put_thinking_policy(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    request: Request[Any, Any, Any], services: NamedDependency[Services], actor: NamedDependency[str]
 ) -> dict[str, Any]:
     """Replace the policy document; the body is the whole document plus a ``reason``.
 
     A ``version`` in the body is the version the change was made from: if another flip came first the
     answer is 409 instead of silently overwriting it. Without one, the change applies to whatever is in force.
     """
-    actor = await _actor(request, services)
     try:
         body = await request.json()
     except ValueError as exc:
@@ -114,10 +97,9 @@ class RollbackRequest(BaseModel):
     "/admin/thinking-policy/rollback", status_code=200, responses=error_responses(responses.ADMIN_ROLLBACK)
 )
 async def rollback_thinking_policy(
-    request: Request[Any, Any, Any], data: JSONBody[RollbackRequest], services: NamedDependency[Services]
+    data: JSONBody[RollbackRequest], services: NamedDependency[Services], actor: NamedDependency[str]
 ) -> dict[str, Any]:
     """Put an earlier version's content back in force, as a new version (versions only go up)."""
-    actor = await _actor(request, services)
     reason = _reason(data.reason)
     update = await services.policies.rollback(data.to_version, actor, reason)
     if update.changed:
@@ -127,22 +109,16 @@ async def rollback_thinking_policy(
 
 
 @get("/admin/thinking-policy/history", responses=error_responses(responses.ADMIN_READ))
-async def thinking_policy_history(
-    request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 20
-) -> dict[str, Any]:
+async def thinking_policy_history(services: NamedDependency[Services], limit: Limit = 20) -> dict[str, Any]:
     """Earlier policy documents, newest first."""
-    await _actor(request, services)
     documents = await services.policies.history(limit)
     return {"data": [{**json.loads(doc.model_dump_json()), "content_hash": doc.content_hash()}
                      for doc in documents]}
 
 
 @get("/admin/audit", responses=error_responses(responses.ADMIN_READ))
-async def audit_trail(
-    request: Request[Any, Any, Any], services: NamedDependency[Services], limit: Limit = 50
-) -> dict[str, Any]:
+async def audit_trail(services: NamedDependency[Services], limit: Limit = 50) -> dict[str, Any]:
     """Who changed the policy, when, why, from which version to which, and what changed; newest first."""
-    await _actor(request, services)
     entries = await services.policies.audit(limit)
     return {"data": [json.loads(entry.model_dump_json()) for entry in entries]}
 

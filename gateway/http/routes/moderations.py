@@ -1,4 +1,4 @@
-"""``POST /v1/moderations``."""
+"""``POST /v1/moderations`` (behind the business-key guard, gateway/http/guards.py)."""
 
 from __future__ import annotations
 
@@ -101,10 +101,12 @@ def requested_mode(value: str | None) -> Mode | None:
     responses=error_responses(responses.MODERATION),
 )
 async def create_moderation(
-    request: Request[Any, Any, Any], data: JSONBody[ModerationRequest], services: NamedDependency[Services]
+    request: Request[Any, Any, Any],
+    data: JSONBody[ModerationRequest],
+    services: NamedDependency[Services],
+    caller: NamedDependency[Caller],
 ) -> Response[ModerationResponse]:
     """Moderate keyframes: the OpenAI moderation request and response, one result per image."""
-    caller = await services.keys.authenticate(request.headers.get("authorization"))
     requested = requested_mode(request.headers.get("x-modgate-thinking"))
     max_images = services.settings.shaping.max_images_per_request
     if isinstance(data.input, list) and not data.input:

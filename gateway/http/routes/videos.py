@@ -1,7 +1,8 @@
 """``POST /v1/videos/{video_id}/keyframes``: one video's keyframes, a verdict per frame and one for the video.
 
 The batch itself (packing, reuse, the video's verdict) is gateway/moderation/keyframe_batch.py, shared with
-``POST /v1/jobs``, which takes the same body and answers the same document later.
+``POST /v1/jobs``, which takes the same body and answers the same document later. Behind the business-key
+guard (gateway/http/guards.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
 from gateway.errors import InvalidRequest
+from gateway.http.auth import Caller
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import cancel_on_disconnect, refuse_deep_json, requested_mode
 from gateway.http.routes.responses import error_responses
@@ -34,9 +36,9 @@ async def moderate_video_keyframes(
     video_id: FromPath[str],
     data: JSONBody[KeyframeBatchRequest],
     services: NamedDependency[Services],
+    caller: NamedDependency[Caller],
 ) -> KeyframeBatchResponse:
     """Moderate one video's keyframes: a verdict per frame and one for the video."""
-    caller = await services.keys.authenticate(request.headers.get("authorization"))
     check_video_id(video_id)
     requested = requested_mode(request.headers.get("x-modgate-thinking"))
     limit = services.settings.shaping.max_frames_per_batch

@@ -1,0 +1,112 @@
+"""The simulated engine behind the routes: the chat template, the ground truth, the planned output, faults."""
+
+from __future__ import annotations
+
+import random
+import time
+import zlib
+from dataclasses import dataclass
+
+from deploy.simulator.answers import END_OF_OUTPUT, THINK_END, answer_text, answer_tokens
+from deploy.simulator.engine import SimScheduler, TokenEvent
+from deploy.simulator.metrics import SimMetrics
+from deploy.simulator.presets import SimPreset
+from deploy.simulator.protocol import ChatRequest, DecodedImage, EngineError, user_parts
+from deploy.simulator.tokenizer import Token, render_chat
+from deploy.simulator.truth import FrameTruth, SimVerdict, frame_truth
+from shaping.tokens import TokenGrid
+
+
+@dataclass
+class Faults:
+    """Failure modes, each a probability per request (slow adds ``slow_s`` before the first token)."""
+
+    error_rate: float = 0.0
+    slow_rate: float = 0.0
+    slow_s: float = 5.0
+    cut_stream_rate: float = 0.0
+    malformed_rate: float = 0.0
+    seed: int = 0
+
+
+class SimulatedEngine:
+    """Request handling on top of the scheduler: templates, verdicts and faults."""
+
+    def __init__(self, preset: SimPreset, time_scale: float, faults: Faults | None = None) -> None:
+        self.preset = preset
+        self.time_scale = time_scale
+        self.faults = faults or Faults()
+        self.metrics = SimMetrics(preset.model)
+        self.engine = SimScheduler(
+            preset, time_scale, observe_ttft=self.metrics.ttft.observe, observe_e2e=self.metrics.e2e.observe
+        )
+        self.metrics.watch(self.engine)
+        self.grid = TokenGrid(
+            pixels_per_token=preset.pixels_per_token,
+            min_pixels=4 * preset.pixels_per_token**2,
+            max_pixels=preset.max_image_pixels,
+            token_budget=preset.max_image_pixels // preset.pixels_per_token**2,
+        )
+        self._rng = random.Random(self.faults.seed)
+        self.started = time.time()
+
+    def set_faults(self, faults: Faults) -> None:
+        """Switch failure modes at runtime."""
+        self.faults = faults
+        self._rng = random.Random(faults.seed)
+
+    def chance(self, rate: float) -> bool:
+        """Whether a fault of this probability strikes now (a rate of 0 draws nothing from the seed)."""
+        return bool(rate) and self._rng.random() < rate
+
+    def prompt_tokens(
+        self, request: ChatRequest, add_generation_prompt: bool = True
+    ) -> tuple[list[Token], list[DecodedImage], bool]:
+        """Render the chat template into tokens; answers (tokens, images, enable_thinking)."""
+        kwargs = request.chat_template_kwargs or {}
+        enable_thinking = bool(kwargs.get("enable_thinking", True))
+        messages: list[tuple[str, list[Token | str]]] = []
+        images: list[DecodedImage] = []
+        for message in request.messages:
+            role = message.get("role")
+            if role not in ("system", "user", "assistant"):
+                raise EngineError(400, f"unsupported role {role!r}", "messages")
+            parts, found = user_parts(message.get("content", ""), self.grid)
+            messages.append((role, parts))
+            images += found
+        return render_chat(messages, enable_thinking, add_generation_prompt), images, enable_thinking
+
+    def truth(self, image: DecodedImage) -> FrameTruth:
+        """The simulator's ground truth for one decoded image (deploy.simulator.truth)."""
+        return frame_truth(
+            image.identity,
+            image.label,
+            disagreement=self.preset.thinking_off_disagreement,
+            separation=self.preset.separation_auroc,
+        )
+
+    def plan_output(
+        self, request: ChatRequest, images: list[DecodedImage], enable_thinking: bool
+    ) -> list[TokenEvent]:
+        """The tokens this request will generate: reasoning (thinking on), the answer, the stop token."""
+        truths = [self.truth(image) for image in images]
+        if self.chance(self.faults.malformed_rate):
+            answer, confidences = "I think this frame looks fine, probably.", list[float]()
+        else:
+            answer, confidences = answer_text(request, truths, enable_thinking)
+        output: list[TokenEvent] = []
+        if enable_thinking:
+            identity = images[0].identity if images else "text"
+            jitter = self.preset.reasoning_jitter
+            spread = zlib.crc32(identity.encode()) % (2 * jitter + 1) - jitter if jitter else 0
+            count = max(1, self.preset.reasoning_tokens + spread)
+            if request.thinking_token_budget is not None:
+                count = min(count, max(1, request.thinking_token_budget))
+            words = ("画面", "中", "显示", "人物", "场景", "没有", "明显", "违规", "内容", "，", "判断", "。")
+            output += [TokenEvent("reasoning", words[i % len(words)]) for i in range(count)]
+            # the closing tag: generated and counted, but neither reasoning (not in reasoning_tokens) nor text
+            output.append(TokenEvent("content", THINK_END))
+        references = [t.thinking_on for t in truths] or [SimVerdict("allow", ())]  # text only: one verdict
+        output += answer_tokens(answer, confidences, references)
+        output.append(TokenEvent("content", END_OF_OUTPUT))
+        return output

@@ -1,0 +1,49 @@
+"""A keyframe's bytes out of a strict base64 ``data:`` URL: the gateway never fetches an image itself."""
+
+from __future__ import annotations
+
+import binascii
+import re
+
+from shaping.errors import EmptyImage, ImageTooLarge, InvalidDataUrl, UnsupportedImageFormat, short_reason
+
+
+def decode_data_url(url: str, max_bytes: int) -> tuple[str, bytes]:
+    """The ``(mime, payload)`` of a strict base64 ``data:image/...`` URL of at most ``max_bytes`` bytes.
+
+    The declared type is only checked to be an image type: the format is judged later from the bytes.
+    """
+    if url[:5].lower() != "data:":
+        scheme, colon, _ = url[:32].partition(":")
+        shown = (
+            f"an {scheme.lower()!r} URL"
+            if colon and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme)
+            else "not a URL"
+        )
+        raise InvalidDataUrl(f"only data: URLs are accepted (the gateway never fetches images); got {shown}")
+    header, comma, payload = url[5:].partition(",")
+    if not comma:
+        raise InvalidDataUrl("the data URL has no comma between its header and its data")
+    if len(header) > 256:
+        raise InvalidDataUrl("the data URL header is longer than 256 characters")
+    mime, *parameters = (part.strip().lower() for part in header.split(";"))
+    if not parameters or parameters[-1] != "base64":
+        raise InvalidDataUrl("the data URL is not base64-encoded (its header does not end in ';base64')")
+    if not mime.startswith("image/"):
+        raise UnsupportedImageFormat(
+            f"the data URL declares {mime[:40] or 'no type'!r}, which is not an image type"
+        )
+    # Check the encoded length first: four characters carry three bytes, so a huge string is refused unread.
+    if len(payload) > 4 * -(-max_bytes // 3):
+        raise ImageTooLarge(
+            f"the data URL carries about {len(payload) // 4 * 3:,} bytes, over the {max_bytes:,}-byte limit"
+        )
+    try:
+        raw = binascii.a2b_base64(payload.encode("ascii"), strict_mode=True)
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise InvalidDataUrl(f"the data URL's base64 is not valid ({short_reason(exc)})") from exc
+    if len(raw) > max_bytes:
+        raise ImageTooLarge(f"the data URL carries {len(raw):,} bytes, over the {max_bytes:,}-byte limit")
+    if not raw:
+        raise EmptyImage("the data URL carries no bytes")
+    return mime, raw

@@ -1,0 +1,165 @@
+"""One keyframe from bytes to :class:`ShapedImage`: the checks, the decode and the pixels in their order."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from typing import Final
+
+from PIL import Image, ImageFile
+
+from shaping.errors import EmptyImage, ImageDecodeFailed, ImageTooLarge
+from shaping.image.decode import (
+    TRANSPOSE_FOR_ORIENTATION,
+    as_displayed,
+    check_decoded_size,
+    check_frames,
+    load_pixels,
+    open_image,
+    orientation_of,
+)
+from shaping.image.header import check_dimensions, size_from_header, sniff_format
+from shaping.image.identity import frame_identity, identity_scale
+from shaping.image.jpeg import baseline_jpeg_stream
+from shaping.image.limits import FORMAT_LABELS, ImageFormat, ImageLimits
+from shaping.image.pixels import encode_jpeg, flatten_to_rgb, resizable, resize
+from shaping.tokens import TokenGrid, smart_resize
+
+SHAPED_MIME: Final = "image/jpeg"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShapedImage:
+    """A keyframe ready for the engine: JPEG bytes exactly on the token grid, with its identities.
+
+    ``width``/``height`` and ``source_width``/``source_height`` are both as displayed (EXIF orientation
+    applied). ``phash`` is imagehash's 64-bit perceptual hash and ``thumbnail`` the 16×9 RGB cell means
+    (432 bytes) of the shaped pixels box-reduced 8× (the DCT's DC terms for a passthrough frame).
+    ``passthrough`` is true when the source JPEG's own bitstream was reused (no decode-resize-encode);
+    its metadata and trailing bytes are still dropped. ``decoded_size`` is the size the decoder produced,
+    as stored (1/8 of a passthrough frame each way, the DCT-scaled size of a drafted JPEG).
+    """
+
+    data: bytes = field(repr=False)
+    mime: str
+    width: int
+    height: int
+    source_width: int
+    source_height: int
+    source_format: ImageFormat
+    image_tokens: int
+    sha256: str
+    phash: str
+    thumbnail: bytes = field(repr=False)
+    passthrough: bool
+    decoded_size: tuple[int, int]  # the pixels the decoder produced (DCT scaling makes them fewer)
+
+    @property
+    def data_url(self) -> str:
+        """The shaped bytes as a base64 ``data:`` URL, as the engine's ``image_url`` takes them."""
+        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}"
+
+
+def shape_image(data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quality: int = 90) -> ShapedImage:
+    """Check, decode and shape one keyframe; raises :class:`~shaping.errors.ImageRejected` if refused."""
+    if not 1 <= jpeg_quality <= 100:
+        raise ValueError(f"jpeg_quality must be within 1..100, got {jpeg_quality}")
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        # A process-wide Pillow switch: with it on, truncated frames would decode as grey and pass.
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on; image shaping refuses to run with it")
+    if not data:
+        raise EmptyImage("the image has no bytes")
+    if len(data) > limits.max_bytes:
+        raise ImageTooLarge(f"the image is {len(data):,} bytes, over the {limits.max_bytes:,}-byte limit")
+    image_format = sniff_format(data, limits)
+    label = FORMAT_LABELS[image_format]
+    header_size = size_from_header(data, image_format)
+    check_dimensions(label, *header_size, limits)
+
+    with open_image(data, image_format) as image:
+        # Pillow's reading is the one decoding will follow: it must be ours (a second frame header, say,
+        # would have Pillow decode a picture of another size than the one checked).
+        stored_size = image.size
+        if stored_size != header_size:
+            raise ImageDecodeFailed(
+                f"the {label} header states {header_size[0]}×{header_size[1]} pixels, but the image reads "
+                f"as {stored_size[0]}×{stored_size[1]}"
+            )
+        # smart_resize is symmetric: the target in stored orientation, transposed with the pixels at the end.
+        target = smart_resize(*stored_size, grid)
+        check_frames(image, image_format, label, limits)
+        if image_format == "JPEG":
+            if image.size == target and image.mode == "RGB" and orientation_of(image) == 1:
+                stream = baseline_jpeg_stream(data)
+                if stream is not None:
+                    return _passthrough(stream, grid)
+            # DCT-domain scaling: Pillow picks 1/2, 1/4 or 1/8 only where the result still covers the target.
+            image.draft("RGB", target)
+        load_pixels(image, label)
+        check_decoded_size(image, stored_size, label)
+        decoded_size = image.size
+        orientation = orientation_of(image)
+        pixels = resize(resizable(image), target)
+        pixels = flatten_to_rgb(pixels)
+        transpose = TRANSPOSE_FOR_ORIENTATION.get(orientation)
+        if transpose is not None:
+            pixels = pixels.transpose(transpose)
+        source_width, source_height = as_displayed(stored_size, orientation)
+        scale = identity_scale(pixels.size)
+        return _shaped(
+            encode_jpeg(pixels, jpeg_quality),
+            pixels.size,
+            pixels.reduce(scale) if scale > 1 else pixels,
+            grid,
+            source=(source_width, source_height, image_format),
+            decoded_size=decoded_size,
+        )
+
+
+def _passthrough(stream: bytes, grid: TokenGrid) -> ShapedImage:
+    """Reuse an on-grid baseline JPEG's bitstream, decoded once at the identity's scale to prove it decodes.
+
+    At 1/8 scale libjpeg still reads every entropy-coded bit (truncation and corrupt data fail as in a full
+    decode); it only skips the inverse DCT beyond the DC term, the 8×8 block mean the identity is made of.
+    """
+    with open_image(stream, "JPEG") as image:
+        size = image.size
+        scale = identity_scale(size)
+        image.draft("RGB", (size[0] // scale, size[1] // scale))
+        load_pixels(image, "JPEG")
+        check_decoded_size(image, size, "JPEG")
+        return _shaped(
+            stream, size, image, grid, source=(*size, "JPEG"), decoded_size=image.size, passthrough=True
+        )
+
+
+def _shaped(
+    data: bytes,
+    size: tuple[int, int],
+    reduced: Image.Image,
+    grid: TokenGrid,
+    *,
+    source: tuple[int, int, ImageFormat],
+    decoded_size: tuple[int, int],
+    passthrough: bool = False,
+) -> ShapedImage:
+    """The shaped frame's description; ``reduced`` is its pixels at the identity's scale."""
+    width, height = size
+    factor = grid.pixels_per_token
+    phash, thumbnail = frame_identity(reduced)
+    return ShapedImage(
+        data=data,
+        mime=SHAPED_MIME,
+        width=width,
+        height=height,
+        source_width=source[0],
+        source_height=source[1],
+        source_format=source[2],
+        image_tokens=(width // factor) * (height // factor),
+        sha256=hashlib.sha256(data).hexdigest(),
+        phash=phash,
+        thumbnail=thumbnail,
+        passthrough=passthrough,
+        decoded_size=decoded_size,
+    )
