@@ -22,12 +22,13 @@ from gateway.moderation.service import ModerationService
 from gateway.moderation.wire import (
     ImageURL,
     ImageURLPart,
-    ModerationDetails,
     ModerationRequest,
+    ModerationResult,
     RequestOptions,
     TextPart,
 )
 from gateway.policy.rules import Mode
+from shaping.verdict import Action
 
 _VIDEO_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
@@ -61,22 +62,23 @@ class KeyframeBatchRequest(BaseModel):
     priority: int = Field(default=0, ge=-10, le=10)
 
 
-class KeyframeResult(BaseModel):
-    """One frame's verdict: the fields of a moderation result, plus where the frame is."""
+class FramePosition(BaseModel):
+    """Where a keyframe is: its place in the batch and, if the caller said, in the video."""
 
     index: int
     timestamp_ms: int | None
-    flagged: bool
-    categories: dict[str, bool]
-    category_scores: dict[str, float]
-    category_applied_input_types: dict[str, list[Literal["text", "image"]]]
-    modgate: ModerationDetails
+
+
+# Pydantic lays out inherited fields from the last base to the first: the position comes first on the wire,
+# then the fields of a moderation result, as ``{"index", "timestamp_ms", "flagged", ..., "modgate"}``.
+class KeyframeResult(ModerationResult, FramePosition):
+    """One frame's verdict: the fields of a moderation result, plus where the frame is."""
 
 
 class VideoVerdict(BaseModel):
     """The video as a whole: block if any frame is blocked, review if any frame needs review, else allow."""
 
-    action: Literal["allow", "review", "block"]
+    action: Action
     flagged: bool
     categories: list[str]  # named by the frames that decided the action
     blocked_frames: list[int]
@@ -109,7 +111,7 @@ def video_verdict(frames: list[KeyframeResult]) -> VideoVerdict:
         for name, score in frame.category_scores.items()
         if (frame.categories.get(name, False) if blocked else score > 0)
     })
-    action: Literal["allow", "review", "block"] = "block" if blocked else "review" if review else "allow"
+    action: Action = "block" if blocked else "review" if review else "allow"
     return VideoVerdict(action=action, flagged=action != "allow", categories=categories,
                         blocked_frames=blocked, review_frames=review)
 
@@ -140,15 +142,7 @@ async def moderate_keyframes(
     request = ModerationRequest(input=parts, model=batch.model, modgate=options)
     answer = await moderation.moderate(request, caller, requested, packing=packing)
     frames = [
-        KeyframeResult(
-            index=index,
-            timestamp_ms=frame.timestamp_ms,
-            flagged=result.flagged,
-            categories=result.categories,
-            category_scores=result.category_scores,
-            category_applied_input_types=result.category_applied_input_types,
-            modgate=result.modgate,
-        )
+        KeyframeResult(index=index, timestamp_ms=frame.timestamp_ms, **dict(result))
         for index, (frame, result) in enumerate(zip(batch.frames, answer.results, strict=True))
     ]
     fresh = {frame.modgate.request_id for frame in frames if frame.modgate.reused is None}

@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shaping.verdict import Action
+
 
 class ImageURL(BaseModel):
     """``{"url": "data:image/jpeg;base64,..."}``."""
@@ -58,7 +60,7 @@ class ModerationRequest(BaseModel):
 class EscalatedFrom(BaseModel):
     """The fast (thinking-off) verdict an escalated answer replaced, and why it was asked again."""
 
-    action: Literal["allow", "review", "block"]
+    action: Action
     categories: list[str]
     confidence: float | None
     why: Literal["review", "low_confidence", "no_confidence", "category"]
@@ -69,7 +71,7 @@ class EscalatedFrom(BaseModel):
 class ModerationDetails(BaseModel):
     """What modgate adds to each result: how the verdict was made."""
 
-    action: Literal["allow", "review", "block"]
+    action: Action
     reason: str | None = None  # set when the model's output could not be used as it was
     # P(action) from the engine's logprobs, normalised over allow/review/block; null when the engine gave
     # none, and then ``confidence_reason`` says why (never a number the model wrote)

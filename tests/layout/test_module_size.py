@@ -12,11 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "shaping", "quality", "deploy")
 MAX_LINES = 600
-BEING_SPLIT = frozenset(
-    {
-        "gateway/moderation/service.py",
-    }
-)
+BEING_SPLIT: frozenset[str] = frozenset()  # empty: every module has been split
 
 
 def modules() -> list[Path]:

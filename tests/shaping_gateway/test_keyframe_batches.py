@@ -79,6 +79,23 @@ def test_each_frame_gets_its_verdict_and_the_video_the_worst(gateway: ThreadedSe
     assert answer["reused_frames"] == 0
 
 
+def test_a_frames_result_is_its_position_then_a_moderation_results_fields_in_their_wire_order(
+    gateway: ThreadedServer,
+) -> None:
+    frame = post_batch(gateway, frames_body(FRAMES[0])).json()["frames"][0]
+    result = httpx.post(
+        f"{gateway.url}/v1/moderations",
+        json={"input": image_input(FRAMES[0])},
+        timeout=60,
+        headers={"X-Modgate-Thinking": "off"},
+    ).json()["results"][0]
+    fields = ["flagged", "categories", "category_scores", "category_applied_input_types", "modgate"]
+    assert list(result) == fields
+    assert list(frame) == ["index", "timestamp_ms", *fields]
+    assert list(frame["modgate"]) == list(result["modgate"])
+    assert frame["modgate"]["escalated_from"] is None  # null fields are sent, not left out
+
+
 @pytest.mark.parametrize(
     ("labels", "action"), [(("allow", "review"), "review"), (("allow", "allow"), "allow")]
 )

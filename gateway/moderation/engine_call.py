@@ -1,0 +1,159 @@
+"""One engine call: build the chat request, admit it, stream the answer, parse a verdict per frame with its
+confidence."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+
+from opentelemetry import trace
+
+from gateway.engine.fairness import WorkModel
+from gateway.engine.pool import EnginePool
+from gateway.errors import ModgateError
+from gateway.moderation.engine_identity import EngineIdentity
+from gateway.moderation.outcome import FrameOutcome
+from gateway.moderation.token_prediction import PromptTokenCheck
+from gateway.policy.rules import QueueLoad, RequestContext, ThinkingDecision
+from gateway.settings import EngineSettings
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.tracing import engine_span_attributes
+from shaping.confidence import with_confidence
+from shaping.image import ShapedImage
+from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request
+from shaping.verdict import VerdictFormat, parse_engine_output
+
+log = logging.getLogger("modgate.moderation")
+
+REASK_PRIORITY = -100
+"""Added to a request's priority for its escalation re-ask: below every request priority (-10..10), so a
+frame already half answered goes ahead of new asks at admission (and in the engine, with ``use_priority``),
+and re-asks keep their requests' order among themselves."""
+
+
+class FrameJudge:
+    """Asks the engine for the verdicts of up to K packed frames (or of a text) in one call."""
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        system_prompts: Mapping[VerdictFormat, SystemPrompt],
+        engines: EnginePool,
+        identity: EngineIdentity,
+        tokens: PromptTokenCheck,
+        work: WorkModel,
+        load: QueueLoad,
+        metrics: GatewayMetrics,
+        tracer: trace.Tracer,
+    ) -> None:
+        self.settings = settings
+        self.system_prompts = system_prompts
+        self.engines = engines
+        self.identity = identity
+        self.tokens = tokens
+        self.work = work  # engine work per call (fair share)
+        self.load = load
+        self.metrics = metrics
+        self.tracer = tracer
+
+    async def judge(
+        self,
+        frames: list[ShapedImage],
+        user_text: str,
+        decision: ThinkingDecision,
+        context: RequestContext,
+        request_id: str,
+        *,
+        reask: bool = False,
+    ) -> FrameOutcome:
+        """One outcome for the call: the first frame's verdict, every frame's in ``verdicts``."""
+        # a re-ask (escalation) goes ahead of new asks, at the admission queue and in the engine
+        priority = context.priority + (REASK_PRIORITY if reask else 0)
+        top_logprobs = self.settings.top_logprobs
+        body = build_chat_request(
+            self.system_prompts[decision.verdict_format],
+            list(frames),
+            user_text,
+            RequestOptions(
+                model=(await self.identity.current()).id,
+                enable_thinking=decision.mode == "on",
+                # the policy's cap is per keyframe: K packed frames need K answers (and K times the thought)
+                max_completion_tokens=decision.max_completion_tokens * max(1, len(frames)),
+                constraint=self.settings.verdict_constraint,
+                stream=True,
+                priority=priority if self.settings.use_priority else None,
+                thinking_token_budget=(
+                    None
+                    if decision.thinking_token_budget is None
+                    else decision.thinking_token_budget * max(1, len(frames))
+                ),
+                verdict_format=decision.verdict_format,
+                top_logprobs=top_logprobs,
+            ),
+        )
+        prediction = await self.tokens.predict(
+            frames, user_text, decision.mode == "on", decision.verdict_format
+        )
+        work = self.work.estimate(
+            context.tenant, len(frames), decision.mode == "on",
+            None if prediction is None else prediction.total,
+        )
+        queued_at = time.time_ns()  # span times are wall-clock nanoseconds
+        try:
+            async with self.engines.slot(priority=priority, work=work) as admission:
+                self.tracer.start_span("queue", start_time=queued_at).end()
+                self.metrics.queue_wait.observe(admission.queue_seconds)
+                self.load.observe_queue_wait(admission.queue_seconds)
+                with self.tracer.start_as_current_span("engine") as engine_span:
+                    answer = await admission.chat(body, request_id)
+                    usage = answer.usage
+                    admission.settle(
+                        self.work.actual(work, len(frames), usage.prompt_tokens, usage.completion_tokens)
+                    )
+                    engine_span.set_attributes(
+                        engine_span_attributes(
+                            request_id,
+                            usage.prompt_tokens,
+                            usage.cached_tokens,
+                            usage.completion_tokens,
+                            answer.ttft_s,
+                            answer.streamed,
+                        )
+                    )
+        except ModgateError as exc:
+            self.metrics.engine_errors.labels(type(exc).__name__).inc()
+            self.identity.forget()  # the engine may have restarted with other weights
+            raise
+        if answer.ttft_s is not None:
+            self.metrics.ttft.observe(answer.ttft_s)
+        self.metrics.prompt_tokens.inc(answer.usage.prompt_tokens)
+        self.metrics.cached_tokens.inc(answer.usage.cached_tokens)
+        self.tokens.check(prediction, answer, request_id)
+        with self.tracer.start_as_current_span("parsing"):
+            parsed = parse_engine_output(
+                answer.content, answer.reasoning, answer.finish_reason, frames=max(1, len(frames))
+            )
+            verdicts = with_confidence(
+                parsed.verdicts,
+                answer.logprobs,
+                answer.content,
+                missing=(
+                    "the engine returned no logprobs"
+                    if top_logprobs > 0
+                    else "logprobs are not asked of the engine (MODGATE_ENGINE__TOP_LOGPROBS=0)"
+                ),
+            )
+        for problem in parsed.problems:
+            self.metrics.unparsable.labels(problem).inc()
+            log.warning("unusable engine output", extra={"request_id": request_id, "problem": problem})
+        for judged in verdicts:
+            self.metrics.frames.labels(judged.action, "on" if decision.mode == "on" else "off").inc()
+        return FrameOutcome(
+            verdict=verdicts[0],
+            answer=answer,
+            decision=decision,
+            queue_s=admission.queue_seconds,
+            verdicts=verdicts,
+            packed=max(1, len(frames)),
+        )

@@ -1,0 +1,117 @@
+"""One frame's outcome (the verdict, the engine call that made it, how it was reached) and its wire result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from gateway.engine.client import EngineAnswer, Usage
+from gateway.moderation.verdict_cache import Reuse
+from gateway.moderation.wire import EscalatedFrom, ModerationDetails, ModerationResult
+from gateway.policy.rules import Mode, ThinkingDecision
+from shaping.image import ShapedImage
+from shaping.verdict import OPENAI_CATEGORIES, KeyframeVerdict
+
+
+@dataclass(frozen=True, slots=True)
+class FrameOutcome:
+    """What one engine call produced for one frame."""
+
+    verdict: KeyframeVerdict
+    answer: EngineAnswer
+    decision: ThinkingDecision
+    queue_s: float
+    verdicts: tuple[KeyframeVerdict, ...] = ()  # every frame's verdict of a packed engine call, in order
+    reused: Reuse | None = None  # the verdict was not asked of the engine for this frame
+    packed: int = 1  # frames in the engine request that judged this one
+    thinking_mode: Mode | None = None  # what the policy chose, when it differs from ``decision.mode``
+    fast: FrameOutcome | None = None  # escalated: the thinking-off outcome this one replaced
+    escalated_from: EscalatedFrom | None = None
+    escalation_skipped: Literal["cap_share", "cap_rate", "reask_failed"] | None = None
+
+
+def packed_share(outcome: FrameOutcome, position: int) -> FrameOutcome:
+    """One frame's part of a packed engine call: its own verdict, an even share of the call's tokens."""
+    k = outcome.packed
+    if k == 1:
+        return outcome
+    usage = outcome.answer.usage
+
+    def part(total: int) -> int:  # shares that add up to the total: the first frames take the remainder
+        return total // k + (1 if position < total % k else 0)
+
+    shared = Usage(
+        prompt_tokens=part(usage.prompt_tokens),
+        completion_tokens=part(usage.completion_tokens),
+        cached_tokens=part(usage.cached_tokens),
+        created_cache_tokens=part(usage.created_cache_tokens),
+        image_tokens=part(usage.image_tokens),
+        reasoning_tokens=part(usage.reasoning_tokens),
+    )
+    verdict = outcome.verdicts[position] if position < len(outcome.verdicts) else outcome.verdict
+    return replace(outcome, verdict=verdict, answer=replace(outcome.answer, usage=shared))
+
+
+def reused_outcome(
+    verdict: KeyframeVerdict, how: Reuse, decision: ThinkingDecision, source_request_id: str
+) -> FrameOutcome:
+    """A verdict not asked of the engine for this frame: no tokens, the engine request that made it."""
+    answer = EngineAnswer(
+        content=None,
+        reasoning=None,
+        finish_reason="stop",
+        usage=Usage(),
+        ttft_s=None,
+        total_s=0.0,
+        request_id=source_request_id,
+        streamed=False,
+    )
+    return FrameOutcome(verdict=verdict, answer=answer, decision=decision, queue_s=0.0, reused=how)
+
+
+def moderation_result(
+    outcome: FrameOutcome, frame: ShapedImage | None, latency_s: float, shaping_s: float
+) -> ModerationResult:
+    """The frame's (or the text's) result as the wire has it: OpenAI's fields, then how it was made."""
+    verdict, answer, decision = outcome.verdict, outcome.answer, outcome.decision
+    input_type: list[Literal["text", "image"]] = ["image"] if frame else ["text"]
+    named = set(verdict.categories)
+    usage = answer.usage
+    if verdict.category_scores is not None:  # read from the engine's logprobs (shaping.confidence)
+        scores = dict(verdict.category_scores)
+        category_scores = {c: scores.get(c, 0.0) for c in OPENAI_CATEGORIES}
+    else:  # no probabilities: a fixed mark for the categories the verdict names, 0.0 for the rest
+        weight = 1.0 if verdict.action == "block" else 0.5
+        category_scores = {c: weight if c in named else 0.0 for c in OPENAI_CATEGORIES}
+    return ModerationResult(
+        flagged=verdict.flagged,
+        categories={c: c in named and verdict.action == "block" for c in OPENAI_CATEGORIES},
+        category_scores=category_scores,
+        category_applied_input_types=dict.fromkeys(OPENAI_CATEGORIES, input_type),
+        modgate=ModerationDetails(
+            action=verdict.action,
+            reason=verdict.detail or None,
+            confidence=verdict.confidence,
+            confidence_reason=verdict.confidence_note if verdict.confidence is None else None,
+            verdict_format=decision.verdict_format,
+            thinking="on" if decision.mode == "on" else "off",
+            thinking_rule=decision.rule,
+            policy_version=decision.policy_version,
+            latency_ms=round(latency_s * 1000, 2),
+            queue_ms=round(outcome.queue_s * 1000, 2),
+            shaping_ms=round(shaping_s * 1000, 2),
+            ttft_ms=None if answer.ttft_s is None else round(answer.ttft_s * 1000, 2),
+            decode_ms=None if answer.ttft_s is None else round((answer.total_s - answer.ttft_s) * 1e3, 2),
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            image_tokens=usage.image_tokens,
+            completion_tokens=usage.completion_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+            frame_sha256=frame.sha256 if frame else None,
+            reused=outcome.reused,
+            request_id=answer.request_id,
+            thinking_mode=outcome.thinking_mode or decision.mode,
+            escalated_from=outcome.escalated_from,
+            escalation_skipped=outcome.escalation_skipped,
+        ),
+    )

@@ -1,0 +1,82 @@
+"""The prompt tokens an engine request should cost, predicted before the call and checked after (issue 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from gateway.engine.client import EngineAnswer
+from gateway.engine.pool import EnginePool
+from gateway.errors import ModgateError
+from gateway.telemetry.metrics import GatewayMetrics
+from shaping.accounting import PromptPrediction, TokenAccountant, compare_usage
+from shaping.image import ShapedImage
+from shaping.prompt import SystemPrompt
+from shaping.verdict import VerdictFormat
+
+log = logging.getLogger("modgate.moderation")
+
+
+class PromptTokenCheck:
+    """Predicts each engine request's prompt tokens and counts the requests the engine counted otherwise."""
+
+    def __init__(
+        self,
+        system_prompts: Mapping[VerdictFormat, SystemPrompt],
+        engines: EnginePool,
+        engine_model: Callable[[], Awaitable[str]],
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.system_prompts = system_prompts
+        self.engines = engines
+        self.engine_model = engine_model
+        self.metrics = metrics
+        # built with the first request of each verdict format (needs the model id)
+        self.accountants: dict[VerdictFormat, TokenAccountant] = {}
+        self._lock = asyncio.Lock()
+        self._paused_until = 0.0  # after a failed /tokenize: no prediction until then
+
+    async def predict(
+        self,
+        frames: list[ShapedImage],
+        user_text: str,
+        enable_thinking: bool,
+        verdict_format: VerdictFormat,
+    ) -> PromptPrediction | None:
+        """The prompt tokens this engine request should cost; what the accountant lacks is asked of /tokenize.
+
+        A failing /tokenize never fails a moderation: prediction pauses for a minute, the request goes on.
+        """
+        if time.monotonic() < self._paused_until:
+            return None
+        accountant = self.accountants.get(verdict_format)
+        if accountant is None:  # one per system prompt: each format's prompt counts its own tokens
+            accountant = TokenAccountant(self.system_prompts[verdict_format].text, await self.engine_model())
+            self.accountants[verdict_format] = accountant
+        if accountant.pending(enable_thinking, user_text, frames):
+            async with self._lock:  # concurrent first requests measure once
+                try:
+                    for _ in range(3):  # the image overhead is measured after the scaffold it is relative to
+                        for measurement in accountant.pending(enable_thinking, user_text, frames):
+                            counted = await self.engines.tokenize(measurement.body)
+                            accountant.record(measurement, counted)
+                except (ModgateError, KeyError, ValueError, TypeError) as exc:
+                    self._paused_until = time.monotonic() + 60.0
+                    log.warning("token prediction paused for 60 s: engine /tokenize failed: %s", exc)
+                    return None
+        return accountant.predict(enable_thinking, user_text, frames)
+
+    def check(self, prediction: PromptPrediction | None, answer: EngineAnswer, request_id: str) -> None:
+        """Count and log a request whose prompt tokens (or image tokens) the engine counted differently."""
+        if prediction is None:
+            return
+        if answer.usage.prompt_tokens:  # an engine without usage gives nothing to compare with
+            self.metrics.token_predictions.inc()
+        mismatch = compare_usage(prediction, answer.usage.prompt_tokens, answer.usage.image_tokens)
+        if mismatch is not None:
+            self.metrics.token_mismatches.inc()
+            log.warning(
+                "token prediction mismatch: %s", mismatch.describe(), extra={"request_id": request_id}
+            )
