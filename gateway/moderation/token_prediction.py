@@ -33,8 +33,9 @@ class PromptTokenCheck:
         self.engines = engines
         self.engine_model = engine_model
         self.metrics = metrics
-        # built with the first request of each verdict format (needs the model id)
-        self.accountants: dict[VerdictFormat, TokenAccountant] = {}
+        # one per system prompt and served model, built with its first request: each format's prompt counts
+        # its own tokens, and an engine that comes back with other weights is measured afresh
+        self.accountants: dict[tuple[VerdictFormat, str], TokenAccountant] = {}
         self._lock = asyncio.Lock()
         self._paused_until = 0.0  # after a failed /tokenize: no prediction until then
 
@@ -51,10 +52,11 @@ class PromptTokenCheck:
         """
         if time.monotonic() < self._paused_until:
             return None
-        accountant = self.accountants.get(verdict_format)
-        if accountant is None:  # one per system prompt: each format's prompt counts its own tokens
-            accountant = TokenAccountant(self.system_prompts[verdict_format].text, await self.engine_model())
-            self.accountants[verdict_format] = accountant
+        model = await self.engine_model()
+        accountant = self.accountants.get((verdict_format, model))
+        if accountant is None:
+            accountant = TokenAccountant(self.system_prompts[verdict_format].text, model)
+            self.accountants[verdict_format, model] = accountant
         if accountant.pending(enable_thinking, user_text, frames):
             async with self._lock:  # concurrent first requests measure once
                 try:

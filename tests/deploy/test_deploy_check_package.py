@@ -13,7 +13,6 @@ import pytest
 
 import deploy.check
 from deploy.check import EngineFlag, Location, UnreadableInputError, read_services
-from tests.layout.test_module_size import BEING_SPLIT
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -33,11 +32,7 @@ def test_no_module_in_deploy_is_longer_than_600_lines() -> None:
     lengths = {
         name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in _deploy_modules().items()
     }
-    # a module still being split this round is held by tests/layout/test_module_size.py's shrinking list
-    being_split = {path.removesuffix(".py").replace("/", ".") for path in BEING_SPLIT}
-    too_long = {
-        name: lines for name, lines in lengths.items() if lines > MAX_MODULE_LINES and name not in being_split
-    }
+    too_long = {name: lines for name, lines in lengths.items() if lines > MAX_MODULE_LINES}
     assert lengths, "no module found under deploy/"
     assert too_long == {}
 

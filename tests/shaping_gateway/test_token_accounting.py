@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,8 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
+from gateway.moderation.token_prediction import PromptTokenCheck
 from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
 from shaping.accounting import Measurement, PromptPrediction, TokenAccountant, compare_usage
+from shaping.prompt import load_system_prompt
 from tests.support import GatewayFactory, SimFactory, forward, image_input
 
 
@@ -163,3 +167,42 @@ def test_a_failing_tokenize_never_fails_a_moderation(engine_without_tokenize: Th
     assert answer["results"][0]["modgate"]["action"] == "block"
     assert counter(engine_without_tokenize, "modgate_token_predictions") == 0  # nothing to predict with
     assert counter(engine_without_tokenize, "modgate_token_prediction_mismatches") == 0
+
+
+# --- the gateway's check: one accountant per served model --------------------------------------------------
+
+
+class CountingPool:
+    """Answers /tokenize with a fixed count per kind of body and keeps the model each body named."""
+
+    def __init__(self) -> None:
+        self.models: list[str] = []
+
+    async def tokenize(self, body: dict[str, Any]) -> int:
+        self.models.append(body["model"])
+        return 100 if "messages" in body and len(body["messages"][-1]["content"]) > 1 else 40
+
+
+def test_an_engine_back_with_another_model_is_measured_afresh_under_its_own_name() -> None:
+    served = ["tiny-vlm-a"]
+
+    async def engine_model() -> str:
+        return served[0]
+
+    pool = CountingPool()
+    check = PromptTokenCheck({"compact": load_system_prompt("v2")}, pool, engine_model, GatewayMetrics())  # type: ignore[arg-type]  # a fake pool: only tokenize
+    frames = [Frame()]
+
+    async def predict() -> PromptPrediction | None:
+        return await check.predict(frames, "", False, "compact")  # type: ignore[arg-type]  # Frame reads as ShapedImage
+
+    first = asyncio.run(predict())
+    assert first is not None
+    assert set(pool.models) == {"tiny-vlm-a"}
+    measured = len(pool.models)
+    asyncio.run(predict())
+    assert len(pool.models) == measured  # the same model: nothing measured again
+    served[0] = "tiny-vlm-b"
+    asyncio.run(predict())
+    assert len(pool.models) > measured
+    assert set(pool.models[measured:]) == {"tiny-vlm-b"}
