@@ -56,7 +56,7 @@ class KeyframeBatchRequest(BaseModel):
     frames: list[Keyframe] = Field(min_length=1)
     packing: int | None = Field(default=None, ge=1, le=16)  # frames per engine request; default the setting
     # honoured where the thinking policy lets callers choose
-    thinking: Literal["on", "off", "escalate"] | None = None
+    thinking: Mode | None = None
     model: str | None = None
     tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)
     priority: int = Field(default=0, ge=-10, le=10)

@@ -6,7 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shaping.verdict import Action
+from gateway.policy.rules import EngineMode, Mode
+from quality.escalation import EscalationReason
+from shaping.verdict import Action, VerdictFormat
 
 
 class ImageURL(BaseModel):
@@ -38,12 +40,12 @@ class RequestOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # honoured only where the thinking policy lets callers ask
-    thinking: Literal["on", "off", "escalate"] | None = None
+    thinking: Mode | None = None
     video_id: str | None = Field(default=None, max_length=200)
     tags: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=16)
     priority: int = Field(default=0, ge=-10, le=10)
     # honoured where the thinking policy lets callers choose the mode, like ``thinking``
-    verdict_format: Literal["compact", "json"] | None = None
+    verdict_format: VerdictFormat | None = None
 
 
 class ModerationRequest(BaseModel):
@@ -63,7 +65,7 @@ class EscalatedFrom(BaseModel):
     action: Action
     categories: list[str]
     confidence: float | None
-    why: Literal["review", "low_confidence", "no_confidence", "category"]
+    why: EscalationReason
     threshold: float  # the policy's confidence threshold at the time
     request_id: str  # the fast engine request
 
@@ -77,8 +79,8 @@ class ModerationDetails(BaseModel):
     # none, and then ``confidence_reason`` says why (never a number the model wrote)
     confidence: float | None = None
     confidence_reason: str | None = None
-    verdict_format: Literal["compact", "json"] = "compact"  # what the model was asked to write
-    thinking: Literal["on", "off"]
+    verdict_format: VerdictFormat = "compact"  # what the model was asked to write
+    thinking: EngineMode
     thinking_rule: str
     policy_version: int
     latency_ms: float
@@ -95,7 +97,7 @@ class ModerationDetails(BaseModel):
     reused: Literal["exact", "near", None] = None
     request_id: str
     # escalate mode: the fast verdict a thinking-on answer replaced, or why an unsure one was not re-asked
-    thinking_mode: Literal["on", "off", "escalate"] | None = None  # the mode the policy chose for the frame
+    thinking_mode: Mode | None = None  # the mode the policy chose for the frame
     escalated_from: EscalatedFrom | None = None
     escalation_skipped: Literal["cap_share", "cap_rate", "reask_failed"] | None = None
 
