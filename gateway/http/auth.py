@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.caller import Caller
 from gateway.errors import Forbidden, InvalidRequest, StateUnavailable, Unauthorized
 
 OPERATOR_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
@@ -39,14 +39,6 @@ def operator_name(header: str | None) -> str | None:
             "X-Modgate-Operator must be 1-64 of A-Z a-z 0-9 _ . @ -", param="X-Modgate-Operator"
         )
     return header
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """An authenticated business caller."""
-
-    tenant: str
-    key_id: str  # the first 8 hex digits of the key's digest: safe to log
 
 
 class KeyLookup(Protocol):

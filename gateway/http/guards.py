@@ -23,7 +23,8 @@ from litestar.connection import ASGIConnection
 from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 
-from gateway.http.auth import Caller, operator_name
+from gateway.caller import Caller
+from gateway.http.auth import operator_name
 from gateway.http.services import Services
 
 # Where a guard leaves what it found, in the request's scope state, for the providers below.

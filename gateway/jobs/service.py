@@ -16,8 +16,8 @@ from typing import Any, Final
 
 import httpx
 
+from gateway.caller import Caller
 from gateway.errors import Conflict, InvalidRequest, NotFound, Overloaded
-from gateway.http.auth import Caller
 from gateway.jobs.models import Job, JobRecord, JobRequest, unix_now
 from gateway.jobs.store import JobStore
 from gateway.jobs.webhooks import WebhookSender

@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 
 import stamina
 
+from gateway.caller import Caller
 from gateway.errors import ClientError, ModgateError, Overloaded, ServerSideError, StateUnavailable
-from gateway.http.auth import Caller
 from gateway.jobs.models import Delivery, JobError, JobRecord, JobRequest, JobStatus
 from gateway.jobs.store import JobStore
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender

@@ -16,8 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.caller import Caller
 from gateway.errors import InvalidRequest
-from gateway.http.auth import Caller
 from gateway.moderation.service import ModerationService
 from gateway.moderation.wire import (
     ImageURL,

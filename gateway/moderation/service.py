@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from opentelemetry import trace
 
+from gateway.caller import Caller
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.client import EngineClient
 from gateway.engine.fairness import SHARED_FLOW, WorkModel
@@ -31,7 +32,6 @@ from gateway.errors import (
     UnprocessableImage,
     UnsupportedMedia,
 )
-from gateway.http.auth import Caller
 from gateway.moderation.engine_call import FrameJudge
 from gateway.moderation.engine_identity import EngineIdentity, EngineModel
 from gateway.moderation.escalation import Escalation

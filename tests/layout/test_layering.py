@@ -76,3 +76,17 @@ def test_a_configured_engine_is_passed_through_unchanged() -> None:
     settings = Settings(engine_url="http://engine.example:8000")
     with engine_settings(settings) as served:
         assert served is settings
+
+
+BELOW_THE_EDGE = ("moderation", "jobs", "engine", "policy")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [path for stage in BELOW_THE_EDGE for path in sorted((GATEWAY / stage).rglob("*.py"))],
+    ids=lambda path: str(path.relative_to(GATEWAY)),
+)
+def test_no_stage_below_the_http_edge_imports_it(path: Path) -> None:
+    """Dependencies point down the flow: the caller's identity comes in as a gateway.caller.Caller value."""
+    reached = {name for name in imported_modules(path) if name.split(".")[:2] == ["gateway", "http"]}
+    assert not reached, f"{path.relative_to(GATEWAY.parent)} imports {sorted(reached)}"

@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
+from gateway.caller import Caller
 from gateway.cli.embedded import ThreadedServer
-from gateway.http.auth import Caller
 from gateway.jobs.models import JobRecord
 from gateway.jobs.store_memory import MemoryJobStore
 from gateway.jobs.store_redis import GROUP, STREAM, RedisJobStore

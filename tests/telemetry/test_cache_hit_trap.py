@@ -15,7 +15,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
-from gateway.http.auth import Caller, KeyRing
+from gateway.caller import Caller
+from gateway.http.auth import KeyRing
 from gateway.http.services import open_services
 from gateway.moderation.wire import ModerationRequest
 from gateway.settings import Settings

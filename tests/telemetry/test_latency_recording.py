@@ -10,8 +10,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
+from gateway.caller import Caller
 from gateway.engine.client import EngineAnswer, EngineClient
-from gateway.http.auth import Caller, KeyRing
+from gateway.http.auth import KeyRing
 from gateway.http.services import open_services
 from gateway.moderation.wire import ModerationDetails, ModerationRequest
 from gateway.settings import Settings

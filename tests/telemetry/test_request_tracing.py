@@ -18,9 +18,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from deploy.keyframes import make_keyframe
+from gateway.caller import Caller
 from gateway.cli.embedded import ThreadedServer
 from gateway.errors import UpstreamError
-from gateway.http.auth import Caller, KeyRing
+from gateway.http.auth import KeyRing
 from gateway.http.services import Services, open_services
 from gateway.moderation.wire import ModerationDetails, ModerationRequest
 from gateway.settings import Settings, TelemetrySettings

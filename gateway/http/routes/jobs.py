@@ -11,7 +11,7 @@ from litestar import Response, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter, JSONBody
 
-from gateway.http.auth import Caller
+from gateway.caller import Caller
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json
 from gateway.http.routes.responses import error_responses

@@ -12,8 +12,8 @@ from litestar import Request, Response, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
 
+from gateway.caller import Caller
 from gateway.errors import InvalidRequest
-from gateway.http.auth import Caller
 from gateway.http.routes import responses
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services

@@ -13,8 +13,8 @@ from litestar import Request, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath, JSONBody
 
+from gateway.caller import Caller
 from gateway.errors import InvalidRequest
-from gateway.http.auth import Caller
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import cancel_on_disconnect, refuse_deep_json, requested_mode
 from gateway.http.routes.responses import error_responses

@@ -1,0 +1,13 @@
+"""Who a business request is for, as every stage after the HTTP edge sees it (authenticated there)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """An authenticated business caller."""
+
+    tenant: str
+    key_id: str  # the first 8 hex digits of the key's digest: safe to log
