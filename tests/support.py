@@ -16,6 +16,19 @@ SimFactory = Callable[..., ThreadedServer]
 GatewayFactory = Callable[..., ThreadedServer]
 
 
+class FakeClock:
+    """A clock that moves only when the test says so: set ``now`` or ``advance`` it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def data_url(image: bytes, mime: str = "image/jpeg") -> str:
     """A ``data:`` URL for image bytes."""
     return f"data:{mime};base64,{base64.b64encode(image).decode()}"

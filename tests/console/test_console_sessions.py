@@ -5,18 +5,10 @@ from __future__ import annotations
 import pytest
 
 from gateway.http.console.sessions import SessionSigner
+from tests.support import FakeClock
 
 TOKEN = "console-admin-token-0123456789"
 
-
-class Clock:
-    """Unix time that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_an_issued_session_reads_back_with_its_operator_and_actor() -> None:
@@ -28,7 +20,7 @@ def test_an_issued_session_reads_back_with_its_operator_and_actor() -> None:
 
 
 def test_a_session_expires_after_its_lifetime() -> None:
-    clock = Clock()
+    clock = FakeClock(1_800_000_000.0)
     signer = SessionSigner(TOKEN, ttl_s=3600, clock=clock)
     _, cookie = signer.issue("alice", "admin:1a2b3c4d")
     clock.now += 3599

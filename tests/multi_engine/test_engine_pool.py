@@ -18,6 +18,7 @@ from gateway.engine.client import EngineClient
 from gateway.engine.pool import EnginePool, EngineSlot, HeldEngine
 from gateway.errors import EngineUnavailable, Overloaded
 from gateway.settings import Settings
+from tests.support import FakeClock
 
 A, B = "http://engine-a.test", "http://engine-b.test"
 ANSWER = {
@@ -25,15 +26,6 @@ ANSWER = {
     "usage": {"prompt_tokens": 10, "completion_tokens": 1},
 }
 
-
-class FakeClock:
-    """Time that moves only when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def answering(request: httpx.Request) -> httpx.Response:

@@ -15,20 +15,12 @@ from gateway.policy.rules import (
     decide,
     policy_changes,
 )
+from tests.support import FakeClock
 
 
 def policy(**fields: Any) -> ThinkingPolicy:
     return ThinkingPolicy.model_validate(fields)
 
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_escalate_is_a_default_mode_a_rule_mode_and_a_caller_choice() -> None:
@@ -75,7 +67,7 @@ def test_a_threshold_change_is_a_change_of_content_and_is_diffed() -> None:
 
 
 def test_the_share_cap_holds_escalations_to_their_share_under_load() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queued = [3]
     budget = EscalationBudget(lambda: queued[0], clock)
     rule = EscalationPolicy(max_share=0.25, window_s=60, cap_applies="under_load")
@@ -92,7 +84,7 @@ def test_the_share_cap_holds_escalations_to_their_share_under_load() -> None:
 
 
 def test_under_load_only_the_cap_lets_everything_through_while_nobody_waits() -> None:
-    clock = Clock()
+    clock = FakeClock()
     queued = [0]
     budget = EscalationBudget(lambda: queued[0], clock)
     rule = EscalationPolicy(max_share=0.1, cap_applies="under_load")
@@ -105,7 +97,7 @@ def test_under_load_only_the_cap_lets_everything_through_while_nobody_waits() ->
 
 
 def test_the_rate_cap_counts_the_last_minute() -> None:
-    clock = Clock()
+    clock = FakeClock()
     budget = EscalationBudget(lambda: 0, clock)
     rule = EscalationPolicy(max_share=None, max_per_minute=5, cap_applies="always")
     for _ in range(5):

@@ -15,6 +15,7 @@ from gateway.policy.rules import (
     decide,
     policy_changes,
 )
+from tests.support import FakeClock
 
 
 def policy(**fields: Any) -> ThinkingPolicy:
@@ -170,15 +171,6 @@ def test_changes_name_each_field_that_differs_by_its_path() -> None:
         "load.queue_depth_low": {"old": None, "new": 2},
     }
 
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_load_rule_turns_off_above_the_high_mark_and_back_on_only_at_the_low_mark() -> None:

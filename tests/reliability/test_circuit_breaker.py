@@ -16,17 +16,7 @@ from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.processes import poll
 from tests.reliability.conftest import error_body
-from tests.support import GatewayFactory, SimFactory, image_input
-
-
-class FakeClock:
-    """Time that moves only when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import FakeClock, GatewayFactory, SimFactory, image_input
 
 
 def failing(exc: BaseException) -> bool:

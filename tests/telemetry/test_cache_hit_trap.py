@@ -24,24 +24,12 @@ from gateway.telemetry.windows import read_engine_cache_counters, stats_document
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
 from shaping.tokens import TokenGrid
-from tests.support import SimFactory, image_input
+from tests.support import FakeClock, SimFactory, image_input
 
 WINDOW_S = 300.0
 PROBES = 20
 PRODUCTION_FRAMES = 6
 
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def probe_body(model: str) -> dict[str, object]:

@@ -13,16 +13,7 @@ from gateway.telemetry.windows import (
     percentiles,
     read_engine_cache_counters,
 )
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support import FakeClock
 
 
 def sample(
@@ -61,7 +52,7 @@ def test_percentiles_interpolate_between_ranks() -> None:
 
 
 def test_samples_older_than_the_window_are_dropped() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     recent = RecentRequests(window_s=60, clock=clock)
     for _ in range(10):
         recent.add(sample(9.0, cached=900))  # an old burst of slow, fully cached requests
@@ -74,7 +65,7 @@ def test_samples_older_than_the_window_are_dropped() -> None:
 
 
 def test_keyframes_per_minute_counts_only_the_time_covered_so_far() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     recent = RecentRequests(window_s=300, clock=clock)
     clock.now += 30
     for _ in range(20):
@@ -83,7 +74,7 @@ def test_keyframes_per_minute_counts_only_the_time_covered_so_far() -> None:
 
 
 def test_thinking_share_and_token_sums_leave_out_reused_verdicts() -> None:
-    recent = RecentRequests(window_s=60, clock=FakeClock())
+    recent = RecentRequests(window_s=60, clock=FakeClock(50.0))
     recent.add(sample(thinking="on", cached=100))
     recent.add(sample(thinking="off"))
     recent.add(sample(thinking="off", reused="exact", ttft_s=None, prompt=0))
@@ -97,14 +88,14 @@ def test_thinking_share_and_token_sums_leave_out_reused_verdicts() -> None:
 
 
 def test_an_empty_window_has_no_rates_rather_than_zero_rates() -> None:
-    summary = RecentRequests(window_s=60, clock=FakeClock()).summary()
+    summary = RecentRequests(window_s=60, clock=FakeClock(50.0)).summary()
     assert summary.cached_share is None
     assert summary.thinking_share is None
     assert summary.latencies["end_to_end"].p50 is None
 
 
 def test_the_engine_rate_is_the_increase_between_scrapes_not_the_totals() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     window = EngineCacheWindow(window_s=60, clock=clock)
     window.observe(EngineCacheCounters(queries=100_000, hits=90_000, block_size=16))  # healthy since start
     clock.now += 15
@@ -117,7 +108,7 @@ def test_the_engine_rate_is_the_increase_between_scrapes_not_the_totals() -> Non
 
 
 def test_the_window_keeps_one_scrape_before_its_start_as_the_base() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     window = EngineCacheWindow(window_s=60, clock=clock)
     window.observe(EngineCacheCounters(queries=0, hits=0, block_size=None))
     clock.now += 10
@@ -130,7 +121,7 @@ def test_the_window_keeps_one_scrape_before_its_start_as_the_base() -> None:
 
 
 def test_an_engine_restart_counts_from_zero_instead_of_a_negative_increase() -> None:
-    clock = FakeClock()
+    clock = FakeClock(50.0)
     window = EngineCacheWindow(window_s=600, clock=clock)
     window.observe(EngineCacheCounters(queries=50_000, hits=40_000, block_size=None))
     clock.now += 15
@@ -140,7 +131,7 @@ def test_an_engine_restart_counts_from_zero_instead_of_a_negative_increase() -> 
 
 
 def test_no_queries_gives_no_ratio() -> None:
-    window = EngineCacheWindow(window_s=60, clock=FakeClock())
+    window = EngineCacheWindow(window_s=60, clock=FakeClock(50.0))
     window.observe(EngineCacheCounters(queries=10, hits=5, block_size=None))
     assert window.window_rate().ratio is None
 
