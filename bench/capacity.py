@@ -308,21 +308,21 @@ async def run_rate(http: httpx.AsyncClient, config: Configuration, rate_per_min:
 async def update_policy(http: httpx.AsyncClient, reason: str, **fields: Any) -> None:
     """Change fields of the thinking policy through the admin API, as an operator would.
 
-    The document is put back as shown; the server drops the fields it only shows.
+    The document is put back as shown (the server drops the fields it only shows); a group such as
+    ``escalation`` is changed field by field, its other fields kept.
     """
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     document = (await http.get("/admin/thinking-policy", headers=auth)).json()
-    document.update(fields, reason=f"capacity benchmark: {reason}")
+    for name, value in fields.items():
+        document[name] = {**document[name], **value} if isinstance(value, dict) else value
+    document["reason"] = f"capacity benchmark: {reason}"
     response = await http.put("/admin/thinking-policy", json=document, headers=auth)
     response.raise_for_status()
 
 
 async def set_escalation_threshold(http: httpx.AsyncClient, threshold: float) -> None:
     """Put the escalation threshold into the thinking policy."""
-    document = (await http.get("/admin/thinking-policy",
-                               headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})).json()
-    await update_policy(http, f"escalate below {threshold:g}",
-                        escalation={**document["escalation"], "threshold": threshold})
+    await update_policy(http, f"escalate below {threshold:g}", escalation={"threshold": threshold})
 
 
 async def set_reasoning_cap(http: httpx.AsyncClient, budget: int) -> None:
