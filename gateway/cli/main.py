@@ -173,6 +173,7 @@ def serve(
             # gateway (OpenCV, scipy, OpenTelemetry, ...) takes 2 s on an idle core and over 10 s on a busy
             # one, and the default 5 s had workers killed and restarted in a loop.
             timeout_worker_healthcheck=60,
+            timeout_keep_alive=served.keep_alive_s,  # longer than clients' pools: see Settings
             access_log=False,
             loop="uvloop",
             http="httptools",

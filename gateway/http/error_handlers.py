@@ -37,6 +37,9 @@ def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[
     """Litestar's own HTTP errors (unknown route, wrong method, body too large)."""
     response = modgate_error(request, InvalidRequest(str(exc.detail), code=_HTTP_CODES.get(exc.status_code)))
     response.status_code = exc.status_code
+    # a 405's Allow (RFC 9110 §15.5.6): Litestar's router names the route's methods in the exception
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
     return response
 
 
