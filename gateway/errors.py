@@ -3,7 +3,7 @@
 ModgateError
 ├── ClientError (4xx: the caller can fix it)
 │   ├── InvalidRequest 400, Unauthorized 401, Forbidden 403, NotFound 404, Conflict 409
-│   ├── PayloadTooLarge 413, UnsupportedMedia 415, UnprocessableImage 422
+│   ├── PayloadTooLarge 413, UnsupportedMedia 415, UnprocessableImage 422, UnprocessableRequest 422
 │   └── Overloaded 429 (with Retry-After)
 └── ServerSideError (5xx: the caller should retry later)
     ├── UpstreamError 502 (the engine answered badly: 5xx, malformed body, stream cut)
@@ -100,6 +100,14 @@ class UnprocessableImage(ClientError):
 
     status = 422
     default_code = "unprocessable_image"
+
+
+class UnprocessableRequest(ClientError):
+    """A body the OpenAPI document accepts that breaks a rule no schema can state (a low mark above its
+    high mark, two rules of one name): RFC 9110's 422, not the 400 of a body outside the document."""
+
+    status = 422
+    default_code = "unprocessable_request"
 
 
 class Overloaded(ClientError):

@@ -313,9 +313,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     # How long an idle client connection stays open. Longer than the pools of common clients (httpx 5 s,
-    # aiohttp 15 s, nginx's and AWS ALB's upstream 60 s, Go's net/http 90 s): a client then always drops an idle
-    # connection before the server does, and never sends a request into one the server is closing (the
-    # server's old 5 s equalled httpx's expiry: "Server disconnected without sending a response").
+    # aiohttp 15 s, nginx's and AWS ALB's upstream 60 s, Go's net/http 90 s): a client then always drops an
+    # idle connection before the server does, and never sends a request into one the server is closing
+    # (the server's old 5 s equalled httpx's expiry: "Server disconnected without sending a response").
     keep_alive_s: int = Field(default=120, ge=1, le=3600)
     engine_url: str | None = None  # unset: the built-in simulated engine; "http://a:8000,http://b:8000": two
     engine_caps: str | None = None  # "http://a:8000=8,http://b:8000=4"; an engine not listed: max_inflight

@@ -16,11 +16,14 @@ from litestar import Litestar, Router
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.plugins.pydantic import PydanticDIPlugin, PydanticSchemaPlugin
 
 from gateway.http.auth import KeyRing
 from gateway.http.console import routes as console
 from gateway.http.error_handlers import EXCEPTION_HANDLERS
 from gateway.http.guards import ACTOR, CALLER, admin_token, business_key
+from gateway.http.json_body import JsonTypesPlugin
+from gateway.http.openapi import exact_openapi
 from gateway.http.routes import admin, jobs, moderations, ops, videos
 from gateway.http.services import Services, open_services
 from gateway.settings import Settings
@@ -52,7 +55,7 @@ def create_app(
         services: Services = state.services
         return services
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             Router(
                 "/",
@@ -67,8 +70,12 @@ def create_app(
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
+        # bodies in JSON's own types, as the OpenAPI document reads them (gateway/http/json_body.py)
+        plugins=[JsonTypesPlugin(), PydanticSchemaPlugin(), PydanticDIPlugin()],
         request_max_body_size=settings.shaping.max_body_bytes,
         openapi_config=OpenAPIConfig(title="modgate", version="0.1.0", path="/schema"),
         logging_config=None,  # the process owns logging; an app must not reconfigure the root logger
         debug=False,
     )
+    exact_openapi(app, settings)
+    return app

@@ -31,7 +31,8 @@ from shaping.image import decode_data_url
 
 log = logging.getLogger("modgate.jobs")
 
-_IDEMPOTENCY_KEY: Final = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no spaces
+IDEMPOTENCY_KEY_PATTERN: Final = r"^[\x21-\x7e]{1,255}$"  # printable ASCII, no spaces (the document says)
+_IDEMPOTENCY_KEY: Final = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
 
 @dataclass

@@ -30,7 +30,8 @@ from gateway.moderation.wire import (
 from gateway.policy.rules import Mode
 from shaping.verdict import Action
 
-_VIDEO_ID = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+VIDEO_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"  # the OpenAPI document states it too
+_VIDEO_ID = re.compile(VIDEO_ID_PATTERN)
 
 
 def check_video_id(video_id: str) -> None:
@@ -42,7 +43,7 @@ def check_video_id(video_id: str) -> None:
 class Keyframe(BaseModel):
     """One keyframe of the video."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     image_url: ImageURL
     timestamp_ms: int | None = Field(default=None, ge=0)  # where in the video; echoed back
@@ -51,7 +52,7 @@ class Keyframe(BaseModel):
 class KeyframeBatchRequest(BaseModel):
     """The body of ``POST /v1/videos/{video_id}/keyframes`` (and, with ``video_id``, of ``POST /v1/jobs``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     frames: list[Keyframe] = Field(min_length=1)
     packing: int | None = Field(default=None, ge=1, le=16)  # frames per engine request; default the setting

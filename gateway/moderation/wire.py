@@ -14,11 +14,16 @@ from shaping.verdict import Action, VerdictFormat
 class ImageURL(BaseModel):
     """``{"url": "data:image/jpeg;base64,..."}``."""
 
+    # strict: JSON's own types, as the OpenAPI document says; unknown fields ignored (OpenAI's "detail")
+    model_config = ConfigDict(strict=True)
+
     url: str = Field(min_length=1)
 
 
 class ImageURLPart(BaseModel):
     """An image input part."""
+
+    model_config = ConfigDict(strict=True)
 
     type: Literal["image_url"]
     image_url: ImageURL
@@ -26,6 +31,8 @@ class ImageURLPart(BaseModel):
 
 class TextPart(BaseModel):
     """A text input part."""
+
+    model_config = ConfigDict(strict=True)
 
     type: Literal["text"]
     text: str
@@ -37,7 +44,7 @@ InputPart = Annotated[ImageURLPart | TextPart, Field(discriminator="type")]
 class RequestOptions(BaseModel):
     """Project-only request options (the ``openai`` client sends them with ``extra_body``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     # honoured only where the thinking policy lets callers ask
     thinking: Mode | None = None
@@ -51,7 +58,7 @@ class RequestOptions(BaseModel):
 class ModerationRequest(BaseModel):
     """``POST /v1/moderations``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     input: str | list[str] | list[InputPart]
     model: str | None = None

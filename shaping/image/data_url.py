@@ -7,6 +7,13 @@ import re
 
 from shaping.errors import EmptyImage, ImageTooLarge, InvalidDataUrl, UnsupportedImageFormat, short_reason
 
+# What ``decode_data_url`` takes, as one regular expression (the OpenAPI document states it): a data: URL of
+# an image type, base64 in strict form (whole quartets, padding only at the end), at least one byte.
+DATA_URL_PATTERN = (
+    r"^data:image/[A-Za-z0-9.+-]{1,64}(?:;[^;,]{0,32}){0,4};base64,"
+    r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{2}==)$"
+)
+
 
 def decode_data_url(url: str, max_bytes: int) -> tuple[str, bytes]:
     """The ``(mime, payload)`` of a strict base64 ``data:image/...`` URL of at most ``max_bytes`` bytes.

@@ -33,7 +33,8 @@ def healthz_on(connection: socket.socket, host: str) -> bytes:
 def still_served_after(url: str, idle_s: float) -> bool:
     """Whether a keep-alive connection left idle ``idle_s`` seconds still gets an answer."""
     address = urlsplit(url)
-    assert address.hostname and address.port
+    assert address.hostname
+    assert address.port
     with socket.create_connection((address.hostname, address.port), timeout=10) as connection:
         assert healthz_on(connection, address.netloc).startswith(b"HTTP/1.1 200")
         time.sleep(idle_s)

@@ -11,12 +11,15 @@ import json
 import logging
 from typing import Annotated, Any
 
-from litestar import Request, get, post, put
+from litestar import Request, Response, get, post, put, route
 from litestar.di import NamedDependency
+from litestar.enums import HttpMethod
+from litestar.exceptions import SerializationException
 from litestar.params import JSONBody, Parameter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, UnprocessableRequest
+from gateway.http.json_body import integral_numbers, validate_json_body
 from gateway.http.routes import responses
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
@@ -28,6 +31,8 @@ log = logging.getLogger("modgate.admin")
 _SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed")
 
 Limit = Annotated[int, Parameter(ge=1, le=1000)]
+# A reason: at least 3 characters once surrounding white space is stripped (``_reason``)
+REASON_PATTERN = r"^\s*\S[\s\S]+\S\s*$"
 
 
 def _reason(value: object) -> str:
@@ -42,6 +47,14 @@ def policy_view(policy: ThinkingPolicy, services: Services) -> dict[str, Any]:
     document: dict[str, Any] = json.loads(policy.model_dump_json())
     return {**document, "content_hash": policy.content_hash(),
             "store": services.policies.status().model_dump(mode="json")}
+
+
+@route("/admin/thinking-policy", http_method=[HttpMethod.OPTIONS], include_in_schema=False)
+async def thinking_policy_options(request: Request[Any, Any, Any]) -> Response[None]:
+    """``Allow`` naming every method of the path. Litestar's own OPTIONS answer, made when the path's first
+    method is registered, names only that one (GET), so this handler comes first and answers for all."""
+    methods = request.app.route_handler_method_map[request.scope["path_template"]]
+    return Response(None, status_code=204, headers={"Allow": ", ".join(sorted(methods))})
 
 
 @get("/admin/thinking-policy", responses=error_responses(responses.ADMIN_READ))
@@ -61,10 +74,11 @@ async def put_thinking_policy(
     """
     try:
         body = await request.json()
-    except ValueError as exc:
+    except (ValueError, SerializationException) as exc:
         raise InvalidRequest(f"the body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object")
+    body = integral_numbers(body)  # 2.0 is an integer to JSON Schema: a version of 2.0 is version 2
     reason = _reason(body.pop("reason", None))
     expected_version = body.pop("version", None)
     if expected_version is not None and (type(expected_version) is not int or expected_version < 1):
@@ -73,11 +87,14 @@ async def put_thinking_policy(
     for shown_only in _SHOWN_ONLY:
         body.pop(shown_only, None)
     try:
-        policy = ThinkingPolicy.model_validate(body)
+        policy = validate_json_body(ThinkingPolicy, body)  # JSON's own types, as the document says
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRequest(f"invalid policy: {where}: {first['msg']}", param=where or None) from exc
+        # a model validator's rule (between fields) is no schema's: the document accepted the body
+        rule_only = all(error["type"] == "value_error" for error in exc.errors())
+        refused = UnprocessableRequest if rule_only else InvalidRequest
+        raise refused(f"invalid policy: {where}: {first['msg']}", param=where or None) from exc
     update = await services.policies.replace(policy, actor, reason, expected_version)
     if update.changed:
         log.warning("thinking policy version %d by %s: %s", update.policy.version, actor, reason)
@@ -87,10 +104,10 @@ async def put_thinking_policy(
 class RollbackRequest(BaseModel):
     """``POST /admin/thinking-policy/rollback``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     to_version: int | None = Field(default=None, ge=1)  # unset: the version before the one in force
-    reason: str = Field(min_length=3, max_length=500)
+    reason: str = Field(min_length=3, max_length=500, pattern=REASON_PATTERN)
 
 
 @post(
@@ -124,5 +141,6 @@ async def audit_trail(services: NamedDependency[Services], limit: Limit = 50) ->
 
 
 ROUTES = [
-    get_thinking_policy, put_thinking_policy, rollback_thinking_policy, thinking_policy_history, audit_trail,
+    thinking_policy_options, get_thinking_policy, put_thinking_policy, rollback_thinking_policy,
+    thinking_policy_history, audit_trail,
 ]

@@ -18,7 +18,8 @@ _MEANING: dict[int, str] = {
     409: "Conflicts with the current state: an Idempotency-Key reused for another request, a stale version",
     413: "Too large: the body, an image's bytes, or the pixels its header claims",
     415: "An image format outside the allowlist (JPEG, PNG, WebP)",
-    422: "An image that cannot be used: undecodable, animated, or longer than 200:1",
+    422: "An image that cannot be used (undecodable, animated, or longer than 200:1), or a policy that "
+         "breaks a rule between its fields (a low mark above its high mark, two rules of one name)",
     429: "Overloaded (the admission queue is full or its deadline passed) or over the tenant's quota; see "
          "Retry-After and x-ratelimit-* (rate_limit_error)",
     500: "A gateway bug: logged with its traceback, answered without details",
@@ -33,7 +34,7 @@ MODERATION = (400, 401, 413, 415, 422, 429, 500, 502, 503, 504)
 JOB_SUBMIT = (400, 401, 409, 413, 415, 422, 429, 500, 503)
 JOB_READ = (400, 401, 404, 500, 503)
 ADMIN_READ = (400, 401, 403, 500, 503)
-ADMIN_CHANGE = (400, 401, 403, 409, 413, 500, 503)
+ADMIN_CHANGE = (400, 401, 403, 409, 413, 422, 500, 503)
 ADMIN_ROLLBACK = (*ADMIN_CHANGE, 404)  # no such version
 
 

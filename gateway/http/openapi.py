@@ -1,0 +1,100 @@
+"""The OpenAPI document says exactly what the server accepts.
+
+Litestar draws request bodies from the models' fields, but drops what pydantic enforces beyond them: closed
+objects (``extra="forbid"``: an unknown field is a 400), constraints on list items, and it cannot know
+the checks a route makes with its settings (data: URLs only unless remote images are on, frames per batch,
+webhooks off without a secret) or the body ``PUT /admin/thinking-policy`` reads itself. So each request
+body's schema is pydantic's own validation schema, completed here with what this app's settings enforce,
+in the one document Litestar serves (JSON, YAML and the browsable page alike).
+
+What a schema cannot state (a low mark below its high mark, unique rule names, an image that decodes) is
+refused with a 422 or an image's own 413/415/422, never with the 400 that means "not what the document says".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Litestar
+
+# Litestar's own plugin holds the one served document (every rendering reads its dict); it is not exported
+from litestar._openapi.plugin import OpenAPIPlugin
+from pydantic import BaseModel
+
+from gateway.http.routes.admin import REASON_PATTERN, RollbackRequest
+from gateway.jobs.models import JobRequest
+from gateway.jobs.service import IDEMPOTENCY_KEY_PATTERN
+from gateway.moderation.keyframe_batch import VIDEO_ID_PATTERN, KeyframeBatchRequest
+from gateway.moderation.wire import ModerationRequest
+from gateway.policy.rules import ThinkingPolicy
+from gateway.settings import Settings
+from shaping.image.data_url import DATA_URL_PATTERN
+
+REMOTE_URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://.+$"
+REF = "#/components/schemas/{model}"
+# What a PUT may carry besides the policy's own fields: ignored (the gateway fills them in)
+SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed")
+
+
+def model_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
+    """Pydantic's validation schema of ``model``, its nested models put among the document's components."""
+    schema = model.model_json_schema(ref_template=REF, mode="validation")
+    schemas.update(schema.pop("$defs", {}))
+    return schema
+
+
+def policy_change(schemas: dict[str, Any]) -> dict[str, Any]:
+    """The body of ``PUT /admin/thinking-policy``: the policy's fields, a ``reason``, and optionally the
+    ``version`` the change was made from."""
+    schema = model_schema(ThinkingPolicy, schemas)
+    properties = {
+        name: value for name, value in schema["properties"].items()
+        if name not in ("version", "reason", "updated_at", "updated_by")
+    }
+    properties["reason"] = {"type": "string", "pattern": REASON_PATTERN,
+                            "description": "why (at least 3 characters besides surrounding spaces)"}
+    properties["version"] = {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                             "description": "the version the change was made from: 409 if it is stale"}
+    for name in SHOWN_ONLY:
+        properties[name] = {"description": "shown by GET; ignored"}
+    return {**schema, "title": "ThinkingPolicyChange", "properties": properties, "required": ["reason"]}
+
+
+def image_url_pattern(settings: Settings) -> str:
+    """What ``image_url.url`` may be: a base64 data: URL of an image (or http(s) with remote images on)."""
+    if not settings.remote_images.enabled:
+        return DATA_URL_PATTERN
+    return f"(?:{DATA_URL_PATTERN})|(?:{REMOTE_URL_PATTERN})"
+
+
+def exact_openapi(app: Litestar, settings: Settings) -> None:
+    """Complete the document ``app`` serves with what its routes and settings really accept."""
+    document: dict[str, Any] = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
+    schemas: dict[str, Any] = document["components"]["schemas"]
+    for model in (ModerationRequest, KeyframeBatchRequest, JobRequest, RollbackRequest):
+        schemas[model.__name__] = model_schema(model, schemas)
+    schemas["ThinkingPolicyChange"] = policy_change(schemas)
+    schemas["ImageURL"]["properties"]["url"]["pattern"] = image_url_pattern(settings)
+    batch = schemas["KeyframeBatchRequest"]["properties"]
+    batch["frames"]["maxItems"] = settings.shaping.max_frames_per_batch
+    job = schemas["JobRequest"]["properties"]
+    job["frames"]["maxItems"] = settings.jobs.max_frames
+    job["video_id"]["pattern"] = VIDEO_ID_PATTERN
+    if settings.jobs.webhook_secret is None:  # webhooks are off: only no webhook is accepted
+        job["webhook_url"] = {"type": "null", "default": None,
+                              "description": "webhooks are off (MODGATE_JOBS__WEBHOOK_SECRET unset)"}
+    moderation_input = schemas["ModerationRequest"]["properties"]["input"]
+    for form in moderation_input["anyOf"]:  # a list of inputs: at least one, at most the setting
+        if form.get("type") == "array":
+            form.update(minItems=1, maxItems=settings.shaping.max_images_per_request)
+    paths = document["paths"]
+    paths["/admin/thinking-policy"]["put"]["requestBody"] = {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": REF.format(model="ThinkingPolicyChange")}}},
+    }
+    for parameter in paths["/v1/videos/{video_id}/keyframes"]["post"].get("parameters", []):
+        if parameter["name"] == "video_id" and parameter["in"] == "path":
+            parameter["schema"] = {"type": "string", "pattern": VIDEO_ID_PATTERN}
+    for parameter in paths["/v1/jobs"]["post"].get("parameters", []):
+        if parameter["name"] == "Idempotency-Key":
+            parameter["schema"] = {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}
