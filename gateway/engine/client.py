@@ -100,6 +100,13 @@ def _error_message(response: httpx.Response) -> str:
         return response.text[:200]
 
 
+ENGINE_KEEPALIVE_S = 2.0
+"""How long an idle engine connection is kept: under the engine servers' own keep-alive (vLLM's uvicorn
+5 s, ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``; llama.cpp's cpp-httplib 5 s), so the gateway drops it first and
+never sends a request into one the engine is closing. httpx's default, 5 s, equals theirs: that race is
+"Server disconnected without sending a response" on a pooled connection."""
+
+
 class EngineClient:
     """Talks to one engine over a shared ``httpx.AsyncClient``."""
 
@@ -123,7 +130,8 @@ class EngineClient:
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=httpx.Timeout(total_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                                keepalive_expiry=ENGINE_KEEPALIVE_S),
             transport=transport,
         )
 

@@ -1,9 +1,12 @@
-"""The gateway's OpenAPI document: valid (openapi-spec-validator), and every status a business route really
-answers is documented there with the OpenAI error schema; /metrics names its charset once."""
+"""The gateway's OpenAPI document: valid (openapi-spec-validator), every status a business route really
+answers documented there with the OpenAI error schema, every request body closed where extra fields are
+refused and with the patterns the server enforces; a 405 names the allowed methods; /metrics names its
+charset once."""
 
 from __future__ import annotations
 
 import io
+import re
 from concurrent.futures import ThreadPoolExecutor
 from email.message import Message
 from typing import Any
@@ -23,7 +26,7 @@ BUSINESS_ROUTES = {
     ("post", "/v1/videos/{video_id}/keyframes"): {200, 400, 401, 413, 415, 422, 429, 500, 502, 503, 504},
     ("post", "/v1/jobs"): {202, 400, 401, 409, 413, 415, 422, 429, 500, 503},
     ("get", "/v1/jobs/{job_id}"): {200, 401, 404, 500, 503},
-    ("put", "/admin/thinking-policy"): {200, 400, 401, 403, 409, 413, 503},
+    ("put", "/admin/thinking-policy"): {200, 400, 401, 403, 409, 413, 422, 503},
     ("post", "/admin/thinking-policy/rollback"): {200, 400, 401, 403, 404, 409, 503},
 }
 
@@ -136,3 +139,79 @@ def test_metrics_names_its_charset_once(gateway: ThreadedServer) -> None:
     assert message.get_content_charset() == "utf-8"
     names = [name.lower() for name, _ in message.get_params() or []]
     assert len(names) == len(set(names)), header
+
+
+REQUEST_BODIES = {
+    ("post", "/v1/moderations"): "ModerationRequest",
+    ("post", "/v1/videos/{video_id}/keyframes"): "KeyframeBatchRequest",
+    ("post", "/v1/jobs"): "JobRequest",
+    ("put", "/admin/thinking-policy"): "ThinkingPolicyChange",
+    ("post", "/admin/thinking-policy/rollback"): "RollbackRequest",
+}
+
+
+def test_every_request_body_is_documented_as_a_closed_object(gateway: ThreadedServer) -> None:
+    spec = openapi(gateway)
+    schemas = spec["components"]["schemas"]
+    for (method, path), name in REQUEST_BODIES.items():
+        body = spec["paths"][path][method]["requestBody"]
+        assert body["required"] is True
+        assert body["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{name}"}
+        assert schemas[name]["additionalProperties"] is False, name  # the server answers 400 to extras
+    for nested in ("RequestOptions", "Keyframe", "ThinkingRule", "LoadRule", "EscalationPolicy"):
+        assert schemas[nested]["additionalProperties"] is False, nested
+    assert "ImageURL" in schemas
+    assert schemas["ImageURL"].get("additionalProperties") is not False  # OpenAI's "detail" is ignored
+    assert schemas["ThinkingPolicyChange"]["required"] == ["reason"]
+    tags = schemas["RequestOptions"]["properties"]["tags"]
+    assert (tags["maxItems"], tags["items"]["maxLength"]) == (16, 64)
+
+
+def test_the_image_url_pattern_is_what_the_server_takes(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    sim = start_sim()
+    data_only = openapi(start_gateway(engine_url=sim.url))["components"]["schemas"]["ImageURL"]
+    remote_images = {"enabled": True, "allowlist": ["cdn.example.com"]}
+    remote = openapi(start_gateway(engine_url=sim.url, remote_images=remote_images))
+    pattern = re.compile(data_only["properties"]["url"]["pattern"])
+    remote_pattern = re.compile(remote["components"]["schemas"]["ImageURL"]["properties"]["url"]["pattern"])
+    keyframe = data_url(make_keyframe("allow", 320, 180, seed=1))
+    assert pattern.search(keyframe)
+    for refused in ("https://cdn.example.com/k.jpg", "data:text/plain;base64,AAAA", "data:image/jpeg,raw",
+                    "data:image/jpeg;base64,AAA", "data:image/jpeg;base64,", "0"):
+        assert not pattern.search(refused), refused
+    assert remote_pattern.search(keyframe)
+    assert remote_pattern.search("https://cdn.example.com/k.jpg")
+    assert not remote_pattern.search("ftp://cdn.example.com/k.jpg")
+
+
+def test_what_the_document_refuses_the_server_refuses_with_a_400(gateway: ThreadedServer) -> None:
+    frame = image_input(make_keyframe("allow", 320, 180, seed=2))
+    refused = {
+        "an extra field": {"input": frame, "stray": 1},
+        "false for an integer": {"input": frame, "modgate": {"priority": False}},
+        "a string for an integer": {"input": frame, "modgate": {"priority": "1"}},
+        "a tag past 64 characters": {"input": frame, "modgate": {"tags": ["t" * 65]}},
+        "an http URL": {"input": [{"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}]},
+    }
+    for what, body in refused.items():
+        answer = httpx.post(f"{gateway.url}/v1/moderations", json=body, timeout=60)
+        assert answer.status_code == 400, (what, answer.text)
+    # and what it accepts, the server takes: 2.0 is an integer to JSON Schema
+    integral = {"input": frame, "modgate": {"priority": 2.0}}
+    assert httpx.post(f"{gateway.url}/v1/moderations", json=integral, timeout=60).status_code == 200
+
+
+def test_a_405_names_the_methods_the_route_allows(gateway: ThreadedServer) -> None:
+    spec = openapi(gateway)
+    for path, operations in spec["paths"].items():
+        documented = {method.upper() for method in operations}
+        concrete = path.replace("{video_id}", "v1").replace("{job_id}", "job_0")
+        for method in ("TRACE", "DELETE", "PATCH"):
+            if method in documented:
+                continue
+            answer = httpx.request(method, f"{gateway.url}{concrete}", timeout=30)
+            assert answer.status_code == 405, (method, path, answer.status_code)
+            allowed = {name.strip() for name in answer.headers["allow"].split(",")}
+            assert allowed == documented | {"OPTIONS"}, (method, path, allowed)

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
+from deploy.simulator import Faults
 from gateway.cli.embedded import ThreadedServer
 from tests.processes import poll
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
@@ -95,8 +96,8 @@ def test_a_flip_needs_a_reason(gateway: ThreadedServer) -> None:
     [
         ({"default_mode": "sometimes"}, "default_mode"),
         ({"rules": [{"tenants": ["a"], "mode": "on"}]}, "rules.0.name"),
-        ({"load": {"enabled": True, "queue_depth_high": 2, "queue_depth_low": 5}}, "load"),
         ({"thinking": "off"}, "thinking"),
+        ({"shadow_share": "0.5"}, "shadow_share"),  # JSON's types, as the OpenAPI document says
     ],
 )
 def test_an_invalid_policy_is_a_400_naming_the_field(
@@ -104,6 +105,25 @@ def test_an_invalid_policy_is_a_400_naming_the_field(
 ) -> None:
     refused = admin(gateway, "PUT", "/admin/thinking-policy", {**body, "reason": "try it"})
     assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == param
+    assert admin(gateway, "GET", "/admin/thinking-policy").json()["version"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"load": {"enabled": True, "queue_depth_high": 2, "queue_depth_low": 5}}, "load"),
+        ({"rules": [{"name": "r", "tenants": ["a"], "mode": "on"}] * 2}, None),
+        ({"rules": [{"name": "r", "priority_at_least": 5, "priority_at_most": 1, "mode": "on"}]}, "rules.0"),
+    ],
+)
+def test_a_policy_breaking_a_rule_between_its_fields_is_a_422(
+    gateway: ThreadedServer, body: dict[str, Any], param: str | None
+) -> None:
+    # valid by the OpenAPI document (no schema compares two fields), refused for what it means
+    refused = admin(gateway, "PUT", "/admin/thinking-policy", {**body, "reason": "try it"})
+    assert refused.status_code == 422
+    assert refused.json()["error"]["code"] == "unprocessable_request"
     assert refused.json()["error"]["param"] == param
     assert admin(gateway, "GET", "/admin/thinking-policy").json()["version"] == 1
 
@@ -213,14 +233,20 @@ def queued(gateway: ThreadedServer) -> float:
 def test_the_load_rule_turns_thinking_off_while_the_queue_is_long_and_back_on_after(
     start_gateway: GatewayFactory, start_sim: SimFactory
 ) -> None:
-    sim = start_sim(preset="spark", time_scale=0.05)  # about 0.4 s a thinking keyframe: long enough to queue
+    # Every engine call held 5 s first: the queue stays put until the shed request has been decided, however
+    # slow the machine (with 0.4 s a keyframe it drained before a loaded machine sent the fourth request).
+    sim = start_sim(preset="spark", time_scale=0.05, faults=Faults(slow_rate=1.0, slow_s=5.0))
     gateway = start_gateway(engine_url=sim.url, max_inflight=1)
     flip(gateway, load={"enabled": True, "queue_depth_high": 1, "queue_depth_low": 0})
     with ThreadPoolExecutor(max_workers=4) as pool:
         backlog = [pool.submit(moderated, gateway, None, seed) for seed in (11, 12, 13)]
         # One in the engine, two waiting: above the high mark of 1.
         poll(lambda: queued(gateway) >= 2, 30, "the queue to build up", every_s=0.02)
-        shed = moderated(gateway, seed=14)
+        shedding = pool.submit(moderated, gateway, None, 14)
+        # its mode is chosen before it waits for a slot: once it waits, the engine may go back to full speed
+        poll(lambda: queued(gateway) >= 3, 30, "the fourth request to wait too", every_s=0.02)
+        httpx.post(f"{sim.url}/sim/faults", json={}, timeout=10).raise_for_status()
+        shed = shedding.result()
         early = [future.result() for future in backlog]
     assert (shed["thinking"], shed["thinking_rule"]) == ("off", "load")
     assert shed["reasoning_tokens"] == 0
