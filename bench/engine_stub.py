@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,12 +87,28 @@ async def _record(app: ASGIApp, scope: Scope, body: bytes) -> Recorded:
 _FRAMING = {b"content-length", b"transfer-encoding"}
 
 
+def canonical(body: bytes) -> str:
+    """The request a body makes, whatever its serialisation: its JSON with keys sorted."""
+    try:
+        return json.dumps(json.loads(body), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        return body.decode(errors="replace")
+
+
 class ReplayingEngine:
-    """ASGI app: chat completions replayed per distinct body, the rest passed to the simulator."""
+    """ASGI app: chat completions replayed per distinct body, the rest passed to the simulator.
+
+    It also counts what it was asked: distinct bodies (bytes) and distinct requests (the same JSON however
+    serialised, ``canonical``), and keeps the last body, so a benchmark can post exactly what a gateway
+    sent and show that every arm asked the same.
+    """
 
     def __init__(self, simulator: ASGIApp) -> None:
         self.simulator = simulator
         self.recorded: dict[bytes, Recorded] = {}
+        self.requests: dict[bytes, str] = {}  # body -> canonical request, computed once per distinct body
+        self.last_body = b""
+        self.asked = 0  # chat requests, replayed or not
         self.replays = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -100,11 +117,17 @@ class ReplayingEngine:
             if scope["type"] == "http" and scope["path"] == "/stub/info":
                 await self._info(send)
                 return
+            if scope["type"] == "http" and scope["path"] == "/stub/last":
+                await _send_json(send, self.last_body)
+                return
             await self.simulator(scope, receive, send)
             return
         body = await _read_body(receive)
+        self.last_body = body
+        self.asked += 1
         answer = self.recorded.get(body)
         if answer is None:
+            self.requests[body] = canonical(body)
             answer = await _record(self.simulator, scope, body)
             if answer.status == 200:
                 self.recorded[body] = answer
@@ -115,10 +138,15 @@ class ReplayingEngine:
         await send({"type": "http.response.body", "body": answer.body, "more_body": False})
 
     async def _info(self, send: Send) -> None:
-        body = f'{{"distinct_bodies": {len(self.recorded)}, "replays": {self.replays}}}'.encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        info = {"distinct_bodies": len(self.recorded), "distinct_requests": len(set(self.requests.values())),
+                "requests": self.asked, "replays": self.replays}
+        await _send_json(send, json.dumps(info).encode())
+
+
+async def _send_json(send: Send, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def create_stub_app() -> ReplayingEngine:

@@ -36,7 +36,8 @@ def plot_overhead(report: dict[str, Any], out: Path) -> Path:
     """Added latency and throughput against concurrency, one line per gateway."""
     results = report["results"]
     clients = sorted(int(c) for c in results)
-    arms = [arm for arm in results[str(clients[0])]["arms"] if arm != "engine"]
+    arms = [arm for arm, row in results[str(clients[0])]["arms"].items() if "added_p50_ms" in row]
+    engines = [arm for arm, row in results[str(clients[0])]["arms"].items() if "added_p50_ms" not in row]
     fig, (latency, throughput) = plt.subplots(1, 2, figsize=(11, 4.2))
     for arm in arms:
         for key, style in (("added_p50_ms", "-o"), ("added_p99_ms", "--^")):
@@ -47,7 +48,7 @@ def plot_overhead(report: dict[str, Any], out: Path) -> Path:
     latency.set_xticks(clients, [str(c) for c in clients])
     latency.grid(True, which="both", alpha=0.3)
     latency.legend(fontsize=8)
-    for arm in ["engine", *arms]:
+    for arm in [*engines, *arms]:
         throughput.plot(clients, [results[str(c)]["arms"][arm]["rps"] for c in clients], "-o", label=arm)
     throughput.set(xscale="log", yscale="log", xlabel="concurrent clients (closed loop)",
                    ylabel="requests per second", title="Throughput (one keyframe per request)")
