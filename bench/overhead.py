@@ -341,6 +341,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         engine_url = stack.enter_context(engine_stub())
         otlp_url = stack.enter_context(otlp_sink()) if "production" in args.paths else ""
+        exported: dict[str, Any] = {}
+        if otlp_url:  # read once the gateways have stopped (and flushed what they batched), before the sink
+            stack.callback(lambda: exported.update(httpx.get(f"{otlp_url}/sink/info", timeout=30).json()))
         urls: dict[str, str] = {}
         for path in args.paths:
             environment = {**gateway_environment(path, callers[path], args.redis_url, otlp_url), **extra_env}
@@ -364,7 +367,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stub_info = httpx.get(f"{engine_url}/stub/info").json()
         reused = {name: reused_verdicts(httpx.get(f"{url}/metrics", timeout=30).text)
                   for name, url in urls.items() if name.startswith("modgate@")}
-        exported = httpx.get(f"{otlp_url}/sink/info").json() if otlp_url else None
     return {
         "setup": {
             "engine": "stub",

@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
 
+import httpx
 import pytest
 
-from bench import overhead, plots
+from bench import engine_stub, overhead, plots
 
 
 def _rows(printed: str) -> dict[tuple[int, str], list[str]]:
     """Table rows by (clients, arm): ``clients arm p50 p99 req/s [added p50 added p99]``."""
     rows = {}
     for line in printed.splitlines():
-        match = re.match(r"\s+(\d+)\s+(engine|modgate\S*|litellm)\s+(.*)$", line)
+        match = re.match(r"\s+(\d+)\s+(engine\S*|modgate\S*|litellm\S*)\s+(.*)$", line)
         if match:
             rows[(int(match[1]), match[2])] = match[3].split()
     return rows
 
 
-def _stub_counts(printed: str) -> tuple[int, int]:
-    """The engine stub's distinct bodies and replayed answers, as the benchmark prints them."""
-    found = re.search(r"engine stub: (\d+) distinct request bodies, (\d+) replayed answers", printed)
+def _stub_counts(printed: str) -> tuple[int, int, int]:
+    """The engine stub's distinct bodies, distinct requests and replayed answers, as the benchmark prints."""
+    found = re.search(
+        r"engine stub: (\d+) distinct request bodies, (\d+) distinct requests, (\d+) replayed", printed
+    )
     assert found, printed
-    return int(found.group(1)), int(found.group(2))
+    return int(found.group(1)), int(found.group(2)), int(found.group(3))
 
 
 def test_the_overhead_benchmark_prints_every_arm_at_every_concurrency(
@@ -33,7 +37,8 @@ def test_the_overhead_benchmark_prints_every_arm_at_every_concurrency(
 ) -> None:
     report = tmp_path / "overhead.json"
     overhead.main(["--requests", "6", "--rounds", "2", "--concurrency", "1", "3", "--arms", "modgate",
-                   "--variant", "json-logs", "MODGATE_TELEMETRY__JSON_LOGS=true", "--json", str(report)])
+                   "--paths", "cheapest", "--variant", "json-logs", "MODGATE_TELEMETRY__JSON_LOGS=true",
+                   "--json", str(report)])
     printed = capsys.readouterr().out
     rows = _rows(printed)
     assert set(rows) == {(c, arm) for c in (1, 3) for arm in ("engine", "modgate", "modgate:json-logs")}
@@ -42,11 +47,13 @@ def test_the_overhead_benchmark_prints_every_arm_at_every_concurrency(
         figures = cells[:3] if arm == "engine" else cells
         assert all(float(cell) == float(cell) for cell in figures)  # numbers, not NaN
         assert (cells[3:] == ["-", "-"]) == (arm == "engine")
-    # a handful of distinct bodies (the engine arm's, modgate's, start-up checks'), each replayed: the stub
-    # answers from its recordings instead of running the simulator for every timed request
-    distinct, replays = _stub_counts(printed)
-    assert 2 <= distinct <= 4
+    # one body: the engine arm posts the very bytes modgate sent (both modgate arms send the same), so the
+    # stub records it once and replays it for every timed request
+    distinct, requests, replays = _stub_counts(printed)
+    assert (distinct, requests) == (1, 1)
     assert replays >= 6 * 2 * 3 - distinct
+    like = "like with like: 1 keyframe(s), 1 distinct engine requests: every arm asked the engine the same"
+    assert like in printed
     saved = json.loads(report.read_text())
     assert set(saved["results"]) == {"1", "3"}
     assert saved["results"]["1"]["arms"]["modgate"]["added_p50_ms"] == pytest.approx(
@@ -59,20 +66,22 @@ def test_the_overhead_benchmark_runs_litellm_beside_modgate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The first run on a machine installs LiteLLM into ${MODGATE_BENCH_HOME:-~/.cache/modgate} (minutes).
-    overhead.main(["--requests", "4", "--rounds", "1", "--concurrency", "2"])
+    overhead.main(["--requests", "4", "--rounds", "1", "--concurrency", "2", "--paths", "cheapest"])
     printed = capsys.readouterr().out
     assert set(_rows(printed)) == {(2, "engine"), (2, "modgate"), (2, "litellm")}
     assert re.search(r"modgate/litellm: added p50 \S+x, added p99 \S+x, req/s \S+x", printed)
-    distinct, replays = _stub_counts(printed)  # LiteLLM forwards its own rewrite of the body: one more
-    assert 3 <= distinct <= 5
+    # LiteLLM forwards its own serialisation of the body, but the same request: one more body, no more
+    distinct, requests, replays = _stub_counts(printed)
+    assert (distinct, requests) == (2, 1)
     assert replays >= 4 * 3 - distinct
+    assert "every arm asked the engine the same" in printed
 
 
 def test_the_overhead_benchmark_measures_modgate_with_worker_processes(
     redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     overhead.main(["--requests", "6", "--rounds", "1", "--concurrency", "2", "--arms", "modgate",
-                   "--workers", "2", "--redis-url", redis_url, "--markdown"])
+                   "--paths", "cheapest", "--workers", "2", "--redis-url", redis_url, "--markdown"])
     printed = capsys.readouterr().out
     assert set(_rows(printed)) == {(2, "engine"), (2, "modgate"), (2, "modgate:workers-2")}
     assert "| clients | modgate req/s (÷ LiteLLM) | modgate:workers-2 req/s (÷ LiteLLM) |" in printed
@@ -84,3 +93,42 @@ def test_worker_arms_without_redis_are_refused_before_anything_starts(
     with pytest.raises(SystemExit):
         overhead.main(["--workers", "2", "--redis-url", ""])
     assert "--workers needs --redis-url" in capsys.readouterr().err
+
+
+def test_the_production_path_shapes_keeps_state_in_redis_misses_every_lookup_and_exports(
+    redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overhead.main(["--requests", "6", "--rounds", "1", "--concurrency", "1", "2", "--arms", "modgate",
+                   "--paths", "production", "--frames", "3", "--redis-url", redis_url])
+    printed = capsys.readouterr().out
+    arms = ("engine@production", "modgate@production")
+    assert set(_rows(printed)) == {(c, arm) for c in (1, 2) for arm in arms}
+    floor = re.search(r"production: 3 keyframe\(s\) of 1280x720 from (\d+) tenant\(s\), shaped to "
+                      r"(\d+)x(\d+) \(\d+ image tokens, resized\); shaping floor ([\d.]+) ms", printed)
+    assert floor, printed
+    assert (int(floor[2]), int(floor[3])) != (1280, 720)  # shaped: the resize is on this path
+    assert float(floor[4]) > 0
+    distinct, requests, _ = _stub_counts(printed)
+    assert (distinct, requests) == (3, 3)  # one request per keyframe, the same from both arms
+    assert "verdict cache: modgate@production reused 0 verdicts (every lookup a miss)" in printed
+    exported = re.search(r"OTLP export to the local receiver: (\d+) trace and (\d+) metric posts", printed)
+    assert exported, printed
+    assert int(exported[1]) >= 1  # the gateway's spans reached the receiver (flushed at the latest on stop)
+
+
+def test_the_stub_counts_one_request_however_it_is_serialised() -> None:
+    stub = engine_stub.create_stub_app()
+    same = [b'{"model": "m", "temperature": 0}', b'{"temperature":0,"model":"m"}']
+
+    async def post_both() -> dict[str, int]:
+        transport = httpx.ASGITransport(app=stub)
+        async with httpx.AsyncClient(transport=transport, base_url="http://stub") as client:
+            for body in same:
+                await client.post("/v1/chat/completions", content=body)
+            last = (await client.get("/stub/last")).content
+            info: dict[str, int] = (await client.get("/stub/info")).json()
+        assert last == same[-1]
+        return info
+
+    info = asyncio.run(post_both())
+    assert (info["distinct_requests"], info["requests"]) == (1, 2)
