@@ -67,6 +67,7 @@ from bench.overhead_paths import (
     gateway_environment,
     litellm_body,
     reused_verdicts,
+    shaping_floor,
 )
 from bench.servers import free_port, gateway, process
 from deploy.simulator import PRESETS
@@ -157,6 +158,12 @@ class Setup:
     frames: dict[str, PathFrames]
     callers: dict[str, Callers]
     engine_bodies: dict[str, list[bytes]] = field(default_factory=dict)
+    shaping_times: dict[str, list[float]] = field(default_factory=dict)  # measured between rounds
+
+    def time_shaping(self) -> None:
+        """Shape every path's keyframes once more (between rounds: the same load as the arms had)."""
+        for path, frames in self.frames.items():
+            self.shaping_times.setdefault(path, []).extend(frames.shaping_times())
 
 
 def arms_for(urls: dict[str, str], setup: Setup) -> dict[str, Arm]:
@@ -210,6 +217,7 @@ async def measure(urls: dict[str, str], setup: Setup, engine_url: str, requests:
         for round_no in range(rounds):
             for name in names[round_no % len(names):] + names[: round_no % len(names)]:
                 await closed_loop(arms[name], per_round, concurrency, runs[name])
+            setup.time_shaping()
         results[concurrency] = runs
     for name, arm in arms.items():
         if name.startswith("modgate") and arm.sent > arm.distinct and path_of(name) == "production":
@@ -336,7 +344,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         frames["production"] = PathFrames.make("production", *PRODUCTION_FRAME, args.frames)
         callers["production"] = Callers.make(-(-timed // args.frames))  # no (tenant, keyframe) twice
     setup = Setup(frames, callers)
-    floor = {path: frames[path].shaping_floor_ms() for path in args.paths}
     load_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
         engine_url = stack.enter_context(engine_stub())
@@ -367,6 +374,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stub_info = httpx.get(f"{engine_url}/stub/info").json()
         reused = {name: reused_verdicts(httpx.get(f"{url}/metrics", timeout=30).text)
                   for name, url in urls.items() if name.startswith("modgate@")}
+    floor = {path: shaping_floor(setup.shaping_times[path], frames[path].shaped()) for path in args.paths}
     return {
         "setup": {
             "engine": "stub",
@@ -441,7 +449,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{path}: {frames['keyframes']} keyframe(s) of {frames['source']} from {frames['tenants']} "
               f"tenant(s), shaped to {floor['shaped']} ({floor['image_tokens']} image tokens, "
               f"{'passed through' if floor['passthrough'] else 'resized'}); shaping floor "
-              f"{floor['median_ms']:.2f} ms (median, one thread, this run)")
+              f"{floor['median_ms']:.2f} ms (median of {floor['samples']}, one thread, between this run's "
+              "rounds)")
     if setup["stub"]:
         print(f"engine stub: {setup['stub']['distinct_bodies']} distinct request bodies, "
               f"{setup['stub']['distinct_requests']} distinct requests, {setup['stub']['replays']} replayed "

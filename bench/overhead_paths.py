@@ -125,24 +125,34 @@ class PathFrames:
                        "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(frame).decode()}}],
         }).encode() for frame in self.sources]
 
-    def shaping_floor_ms(self, repeats: int = 3) -> dict[str, Any]:
-        """The median time of modgate's shaping step (``shape_image``, its settings) on these keyframes,
-        one thread, in this process: what any gateway that resizes must spend."""
+    def shaping_times(self) -> list[float]:
+        """Seconds of modgate's shaping step (``shape_image``, its settings) on each of these keyframes, one
+        thread, in this process: what any gateway that resizes must spend."""
         settings = Settings()
         shaping = settings.shaping
         grid = TokenGrid(pixels_per_token=shaping.pixels_per_token, token_budget=shaping.image_token_budget)
         limits = ImageLimits(max_bytes=shaping.max_image_bytes, animated=shaping.animated,
                              max_pixels_decoded=settings.limits.max_image_pixels)
         times = []
-        shaped = None
-        for _ in range(repeats):
-            for frame in self.sources:
-                started = time.perf_counter()
-                shaped = shape_image(frame, limits, grid, jpeg_quality=shaping.jpeg_quality)
-                times.append(time.perf_counter() - started)
-        assert shaped is not None
-        return {"median_ms": statistics.median(times) * 1e3, "shaped": f"{shaped.width}x{shaped.height}",
-                "image_tokens": shaped.image_tokens, "passthrough": shaped.passthrough}
+        for frame in self.sources:
+            started = time.perf_counter()
+            shape_image(frame, limits, grid, jpeg_quality=shaping.jpeg_quality)
+            times.append(time.perf_counter() - started)
+        return times
+
+    def shaped(self) -> dict[str, Any]:
+        """What shaping makes of the first keyframe."""
+        settings = Settings()
+        shaping = settings.shaping
+        grid = TokenGrid(pixels_per_token=shaping.pixels_per_token, token_budget=shaping.image_token_budget)
+        frame = shape_image(self.sources[0], ImageLimits(), grid, jpeg_quality=shaping.jpeg_quality)
+        return {"shaped": f"{frame.width}x{frame.height}", "image_tokens": frame.image_tokens,
+                "passthrough": frame.passthrough}
+
+
+def shaping_floor(times: list[float], shaped: dict[str, Any]) -> dict[str, Any]:
+    """The median of the shaping times, with what the shaping made."""
+    return {"median_ms": statistics.median(times) * 1e3, "samples": len(times), **shaped}
 
 
 def gateway_environment(path: str, callers: Callers, redis_url: str, otlp_url: str) -> dict[str, str]:

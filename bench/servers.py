@@ -84,11 +84,11 @@ def gateway(engine_url: str, **env: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port)]
-    # Worker processes each import the gateway (seconds apiece on a busy machine) before it is ready.
+    # Worker processes each import the gateway (seconds apiece; over a minute at load 27) before it is ready.
     with process(
         args,
         f"{url}/readyz",
         {"MODGATE_ENGINE_URL": engine_url, "MODGATE_LOG_LEVEL": "warning", **env},
-        ready_timeout_s=60 * max(1, int(env.get("MODGATE_WORKERS", "1"))),
+        ready_timeout_s=180 * max(1, int(env.get("MODGATE_WORKERS", "1"))),
     ):
         yield url
