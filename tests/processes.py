@@ -75,8 +75,8 @@ class GatewayProcess:
     def wait_ready(self, path: str) -> None:
         """Wait until ``path`` answers 200; fail, with what it printed, if it exits or time runs out."""
         try:
-            # importing the gateway (Litestar, OpenTelemetry, scipy, scikit-learn) takes 2 s on an idle core and
-            # over 60 s at load 30: the old 60 s failed tests/reliability/test_overload.py at its start
+            # importing the gateway (Litestar, OpenTelemetry, scipy, scikit-learn) takes 2 s on an idle core
+            # and over 60 s at load 30: the old 60 s failed tests/reliability/test_overload.py at its start
             wait_until_ready(f"{self.url}{path}", self.process, timeout_s=180)
         except RuntimeError as exc:
             pytest.fail(f"{exc}\n{self.log()}")
