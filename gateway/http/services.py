@@ -134,6 +134,7 @@ async def _system_prompt(
     engine_url: str,
     transport: httpx.AsyncBaseTransport | None,
     verdict_format: VerdictFormat,
+    metrics: GatewayMetrics,
 ) -> SystemPrompt:
     """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
 
@@ -141,6 +142,8 @@ async def _system_prompt(
     prompt in force (said loudly): the gateway still serves, the cache just cannot hit.
     """
     version = prompt_version_for(verdict_format)
+    cacheable = metrics.cacheable_prefix.labels(verdict_format)
+    cacheable.set(0)
     if not settings.shaping.block_filling_prefix:
         return load_system_prompt(version)
     try:
@@ -162,6 +165,7 @@ async def _system_prompt(
         filled.block_size,
         filled.overshoot,
     )
+    cacheable.set(filled.shared_tokens // filled.block_size * filled.block_size)  # whole blocks only
     return prompt
 
 
@@ -282,7 +286,9 @@ async def open_services(
             policies=policies,
             metrics=metrics,
             system_prompts={
-                verdict_format: await _system_prompt(settings, engine_url, engine_transport, verdict_format)
+                verdict_format: await _system_prompt(
+                    settings, engine_url, engine_transport, verdict_format, metrics
+                )
                 for verdict_format in VERDICT_FORMATS
             },
             executor=executor,
@@ -306,6 +312,9 @@ async def open_services(
             counters=metrics,
         )
         stack.push_async_callback(moderation.shadow.drain, timeout_s=10.0)
+        metrics.queue_size.set(admission.queue_size)
+        metrics.load_shedding.set_function(lambda: 1.0 if moderation.load.shedding else 0.0)
+        metrics.shadow_share.set_function(lambda: policies.current().shadow_share)
         jobs = _job_service(settings, state, moderation, executor, remote_images)
         stack.push_async_callback(jobs.stop)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
