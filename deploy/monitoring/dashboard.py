@@ -80,120 +80,283 @@ def _rate(metric: str, by: str | None = None, matcher: str = "") -> str:
 
 
 ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
-    ("Overview", (
-        PanelSpec("Keyframes a minute", "Keyframes answered per minute, all replicas (the business needs 45).",
-                  "short", (q(f"60 * {_rate('modgate_tenant_frames_total')}"),), kind="stat", width=4),
-        PanelSpec("End-to-end p95", "95th percentile of a keyframe's end-to-end latency.", "s",
-                  (q(_quantile(0.95, "modgate_request_seconds")),), kind="stat", width=4),
-        PanelSpec("Latency SLO burn (1h)", "Share of keyframes over 15 s in the last hour / the 1 % budget: "
-                  "above 14.4 together with the 5-minute window, ModgateLatencyBudgetBurnFast pages.", "short",
-                  (q(f"modgate:request_slo_misses:ratio_rate1h / {SLO_BUDGET}"),), kind="stat", width=4),
-        PanelSpec("Engines up", "Engines whose circuit lets calls through, out of all, per replica.", "short",
-                  (q(f"sum by (instance) (modgate_engine_up{{{SEL}}})", "{{instance}}"),), kind="stat", width=4),
-        PanelSpec("Queue fill", "Requests waiting for a slot / the queue's size (at 1: 429 overloaded).",
-                  "percentunit", (q(f"max(modgate_engine_queued{{{SEL}}} / modgate_engine_queue_size{{{SEL}}})"),),
-                  kind="stat", width=4, max_value=1),
-        PanelSpec("Failing requests", "Share of moderation requests answered with anything but ok.",
-                  "percentunit", (q(_rate("modgate_requests_total", matcher='outcome!="ok"') + " / "
-                                    + _rate("modgate_requests_total")),), kind="stat", width=4, max_value=1),
-    )),
-    ("Latency", (
-        PanelSpec("End to end", "What callers wait for, per keyframe.", "s", (
-            q(_quantile(0.5, "modgate_request_seconds"), "p50"),
-            q(_quantile(0.95, "modgate_request_seconds"), "p95"),
-            q(_quantile(0.99, "modgate_request_seconds"), "p99"),
-        )),
-        PanelSpec("Where the time goes (p95)", "Queue wait, image shaping, engine time to first token, decode.",
-                  "s", (
-                      q(_quantile(0.95, "modgate_queue_wait_seconds"), "queue wait"),
-                      q(_quantile(0.95, "modgate_shaping_seconds"), "shaping"),
-                      q(_quantile(0.95, "modgate_engine_ttft_seconds"), "TTFT"),
-                      q(_quantile(0.95, "modgate_engine_decode_seconds"), "decode"),
-                  )),
-        PanelSpec("Latency budget burn rate", "Keyframes over 15 s / the 1 % budget, by window (1 = the budget "
-                  "lasts exactly 30 days).", "short", (
-                      q(f"modgate:request_slo_misses:ratio_rate5m / {SLO_BUDGET}", "5m"),
-                      q(f"modgate:request_slo_misses:ratio_rate1h / {SLO_BUDGET}", "1h"),
-                      q(f"modgate:request_slo_misses:ratio_rate6h / {SLO_BUDGET}", "6h"),
-                  )),
-    )),
-    ("Queue and slots", (
-        PanelSpec("Engine slots", "Calls at each engine from the selected replicas, and each engine's cap.",
-                  "short", (
-                      q(f"sum by (engine) (modgate_engine_slot_inflight{{{SEL}}})", "in flight {{engine}}"),
-                      q(f"max by (engine) (modgate_engine_slot_cap{{{SEL}}})", "cap {{engine}}"),
-                  )),
-        PanelSpec("Admission queue", "Requests waiting for a slot, and the size past which 429 answers.",
-                  "short", (
-                      q(f"sum by (instance) (modgate_engine_queued{{{SEL}}})", "queued {{instance}}"),
-                      q(f"max(modgate_engine_queue_size{{{SEL}}})", "queue size"),
-                  )),
-        PanelSpec("Engine circuits and failovers", "1 while an engine's circuit lets calls through; calls moved "
-                  "to another engine a second.", "short", (
-                      q(f"min by (engine) (modgate_engine_up{{{SEL}}})", "up {{engine}}"),
-                      q(_rate("modgate_engine_failovers_total", "engine"), "failovers/s {{engine}}"),
-                  )),
-    )),
-    ("Thinking and escalations", (
-        PanelSpec("Thinking share", "Engine-judged keyframes with thinking on (recent window); the policy's "
-                  "default; the load rule shedding thinking.", "percentunit", (
-                      q(f"avg(modgate_window_thinking_share{{{SEL}}})", "thinking on"),
-                      q(f"max(modgate_thinking_default_on{{{SEL}}})", "default on"),
-                      q(f"max(modgate_thinking_load_shedding{{{SEL}}})", "load rule shedding"),
-                  ), max_value=1),
-        PanelSpec("Keyframes by thinking mode", "Keyframes a second by thinking mode (reused: from the verdict "
-                  "cache).", "short", (q(_rate("modgate_tenant_frames_total", "thinking"), "{{thinking}}"),)),
-        PanelSpec("Escalations", "Fast verdicts asked again with thinking on, by why; and unsure ones answered "
-                  "fast anyway, by why (cap_*: the cap bound).", "short", (
-                      q(_rate("modgate_escalations_total", "reason"), "asked again: {{reason}}"),
-                      q(_rate("modgate_escalations_skipped_total", "reason"), "answered fast: {{reason}}"),
-                  )),
-    )),
-    ("Cache and reuse", (
-        PanelSpec("Prefix cache", "Cached / prompt tokens of the gateway's own calls, and the engine's own hit "
-                  "ratio, both over the recent window (never since start).", "percentunit", (
-                      q(f"avg(modgate_window_prompt_cached_ratio{{{SEL}}})", "gateway calls"),
-                      q(f"avg(modgate_window_engine_prefix_cache_hit_ratio{{{SEL}}})", "engine"),
-                  ), max_value=1),
-        PanelSpec("Cached tokens per call", "What each engine call takes from the prefix cache, against what "
-                  "the block-filled prefix should give (its whole KV blocks).", "short", (
-                      q(f"{_rate('modgate_cached_tokens_total')} / {_rate('modgate_queue_wait_seconds_count')}",
-                        "cached per call"),
-                      q(f"max by (verdict_format) (modgate_prefix_cacheable_tokens{{{SEL}}})",
-                        "cacheable ({{verdict_format}})"),
-                      q(f"max(modgate_engine_kv_block_size_tokens{{{SEL}}})", "KV block"),
-                  )),
-        PanelSpec("Verdicts reused", "Verdicts answered from the verdict cache a second, by kind.", "short",
-                  (q(_rate("modgate_reused_verdicts_total", "kind"), "{{kind}}"),)),
-    )),
-    ("Errors", (
-        PanelSpec("Requests by outcome", "Moderation requests a second by outcome (ok, overloaded = 429, "
-                  "engine_* = upstream, invalid_request … = the caller's).", "reqps",
-                  (q(_rate("modgate_requests_total", "outcome"), "{{outcome}}"),)),
-        PanelSpec("Engine errors and unusable outputs", "Engine call failures by kind; outputs that were no "
-                  "verdict (each became review), by problem.", "short", (
-                      q(_rate("modgate_engine_errors_total", "kind"), "engine: {{kind}}"),
-                      q(_rate("modgate_unparsable_outputs_total", "problem"), "unparsable: {{problem}}"),
-                  )),
-        PanelSpec("Shadow pairs", "Shadow judgements for the quality module a second, by outcome.", "short",
-                  (q(_rate("modgate_shadow_pairs_total", "outcome"), "{{outcome}}"),)),
-    )),
-    ("Tenants", (
-        PanelSpec("Keyframes a minute by tenant", "Keyframes answered per minute, by tenant.", "short",
-                  (q(f"60 * {_rate('modgate_tenant_frames_total', 'tenant')}", "{{tenant}}"),)),
-        PanelSpec("End-to-end p95 by tenant", "Who waits: each tenant's 95th percentile.", "s",
-                  (q(_quantile(0.95, "modgate_tenant_request_seconds", "tenant, le"), "{{tenant}}"),)),
-        PanelSpec("Slot wait p95 by tenant", "Each tenant's wait for an engine slot (fair share).", "s",
-                  (q(_quantile(0.95, "modgate_tenant_queue_wait_seconds", "tenant, le"), "{{tenant}}"),)),
-        PanelSpec("Engine work share", "Each tenant's share of the engine work served (prompt-token "
-                  "equivalents), against its weight's share.", "percentunit", (
-                      q(f"{_rate('modgate_tenant_engine_work_total', 'tenant')} / ignoring (tenant) group_left "
-                        f"{_rate('modgate_tenant_engine_work_total')}", "{{tenant}}"),
-                  ), max_value=1, width=12),
-        PanelSpec("Quota refusals by tenant", "Requests refused 429 over a tenant's quota a second.", "reqps",
-                  (q(_rate("modgate_tenant_quota_refusals_total", "tenant, quota"), "{{tenant}} {{quota}}"),),
-                  width=12),
-    )),
+    (
+        "Overview",
+        (
+            PanelSpec(
+                "Keyframes a minute",
+                "Keyframes answered per minute, all replicas (the business needs 45).",
+                "short",
+                (q(f"60 * {_rate('modgate_tenant_frames_total')}"),),
+                kind="stat",
+                width=4,
+            ),
+            PanelSpec(
+                "End-to-end p95",
+                "95th percentile of a keyframe's end-to-end latency.",
+                "s",
+                (q(_quantile(0.95, "modgate_request_seconds")),),
+                kind="stat",
+                width=4,
+            ),
+            PanelSpec(
+                "Latency SLO burn (1h)",
+                "Share of keyframes over 15 s in the last hour / the 1 % budget: "
+                "above 14.4 together with the 5-minute window, ModgateLatencyBudgetBurnFast pages.",
+                "short",
+                (q(f"modgate:request_slo_misses:ratio_rate1h / {SLO_BUDGET}"),),
+                kind="stat",
+                width=4,
+            ),
+            PanelSpec(
+                "Engines up",
+                "Engines whose circuit lets calls through, out of all, per replica.",
+                "short",
+                (q(f"sum by (instance) (modgate_engine_up{{{SEL}}})", "{{instance}}"),),
+                kind="stat",
+                width=4,
+            ),
+            PanelSpec(
+                "Queue fill",
+                "Requests waiting for a slot / the queue's size (at 1: 429 overloaded).",
+                "percentunit",
+                (q(f"max(modgate_engine_queued{{{SEL}}} / modgate_engine_queue_size{{{SEL}}})"),),
+                kind="stat",
+                width=4,
+                max_value=1,
+            ),
+            PanelSpec(
+                "Failing requests",
+                "Share of moderation requests answered with anything but ok.",
+                "percentunit",
+                (
+                    q(
+                        _rate("modgate_requests_total", matcher='outcome!="ok"')
+                        + " / "
+                        + _rate("modgate_requests_total")
+                    ),
+                ),
+                kind="stat",
+                width=4,
+                max_value=1,
+            ),
+        ),
+    ),
+    (
+        "Latency",
+        (
+            PanelSpec(
+                "End to end",
+                "What callers wait for, per keyframe.",
+                "s",
+                (
+                    q(_quantile(0.5, "modgate_request_seconds"), "p50"),
+                    q(_quantile(0.95, "modgate_request_seconds"), "p95"),
+                    q(_quantile(0.99, "modgate_request_seconds"), "p99"),
+                ),
+            ),
+            PanelSpec(
+                "Where the time goes (p95)",
+                "Queue wait, image shaping, engine time to first token, decode.",
+                "s",
+                (
+                    q(_quantile(0.95, "modgate_queue_wait_seconds"), "queue wait"),
+                    q(_quantile(0.95, "modgate_shaping_seconds"), "shaping"),
+                    q(_quantile(0.95, "modgate_engine_ttft_seconds"), "TTFT"),
+                    q(_quantile(0.95, "modgate_engine_decode_seconds"), "decode"),
+                ),
+            ),
+            PanelSpec(
+                "Latency budget burn rate",
+                "Keyframes over 15 s / the 1 % budget, by window (1 = the budget lasts exactly 30 days).",
+                "short",
+                (
+                    q(f"modgate:request_slo_misses:ratio_rate5m / {SLO_BUDGET}", "5m"),
+                    q(f"modgate:request_slo_misses:ratio_rate1h / {SLO_BUDGET}", "1h"),
+                    q(f"modgate:request_slo_misses:ratio_rate6h / {SLO_BUDGET}", "6h"),
+                ),
+            ),
+        ),
+    ),
+    (
+        "Queue and slots",
+        (
+            PanelSpec(
+                "Engine slots",
+                "Calls at each engine from the selected replicas, and each engine's cap.",
+                "short",
+                (
+                    q(f"sum by (engine) (modgate_engine_slot_inflight{{{SEL}}})", "in flight {{engine}}"),
+                    q(f"max by (engine) (modgate_engine_slot_cap{{{SEL}}})", "cap {{engine}}"),
+                ),
+            ),
+            PanelSpec(
+                "Admission queue",
+                "Requests waiting for a slot, and the size past which 429 answers.",
+                "short",
+                (
+                    q(f"sum by (instance) (modgate_engine_queued{{{SEL}}})", "queued {{instance}}"),
+                    q(f"max(modgate_engine_queue_size{{{SEL}}})", "queue size"),
+                ),
+            ),
+            PanelSpec(
+                "Engine circuits and failovers",
+                "1 while an engine's circuit lets calls through; calls moved to another engine a second.",
+                "short",
+                (
+                    q(f"min by (engine) (modgate_engine_up{{{SEL}}})", "up {{engine}}"),
+                    q(_rate("modgate_engine_failovers_total", "engine"), "failovers/s {{engine}}"),
+                ),
+            ),
+        ),
+    ),
+    (
+        "Thinking and escalations",
+        (
+            PanelSpec(
+                "Thinking share",
+                "Engine-judged keyframes with thinking on (recent window); the policy's "
+                "default; the load rule shedding thinking.",
+                "percentunit",
+                (
+                    q(f"avg(modgate_window_thinking_share{{{SEL}}})", "thinking on"),
+                    q(f"max(modgate_thinking_default_on{{{SEL}}})", "default on"),
+                    q(f"max(modgate_thinking_load_shedding{{{SEL}}})", "load rule shedding"),
+                ),
+                max_value=1,
+            ),
+            PanelSpec(
+                "Keyframes by thinking mode",
+                "Keyframes a second by thinking mode (reused: from the verdict cache).",
+                "short",
+                (q(_rate("modgate_tenant_frames_total", "thinking"), "{{thinking}}"),),
+            ),
+            PanelSpec(
+                "Escalations",
+                "Fast verdicts asked again with thinking on, by why; and unsure ones answered "
+                "fast anyway, by why (cap_*: the cap bound).",
+                "short",
+                (
+                    q(_rate("modgate_escalations_total", "reason"), "asked again: {{reason}}"),
+                    q(_rate("modgate_escalations_skipped_total", "reason"), "answered fast: {{reason}}"),
+                ),
+            ),
+        ),
+    ),
+    (
+        "Cache and reuse",
+        (
+            PanelSpec(
+                "Prefix cache",
+                "Cached / prompt tokens of the gateway's own calls, and the engine's own hit "
+                "ratio, both over the recent window (never since start).",
+                "percentunit",
+                (
+                    q(f"avg(modgate_window_prompt_cached_ratio{{{SEL}}})", "gateway calls"),
+                    q(f"avg(modgate_window_engine_prefix_cache_hit_ratio{{{SEL}}})", "engine"),
+                ),
+                max_value=1,
+            ),
+            PanelSpec(
+                "Cached tokens per call",
+                "What each engine call takes from the prefix cache, against what "
+                "the block-filled prefix should give (its whole KV blocks).",
+                "short",
+                (
+                    q(
+                        f"{_rate('modgate_cached_tokens_total')} / "
+                        f"{_rate('modgate_queue_wait_seconds_count')}",
+                        "cached per call",
+                    ),
+                    q(
+                        f"max by (verdict_format) (modgate_prefix_cacheable_tokens{{{SEL}}})",
+                        "cacheable ({{verdict_format}})",
+                    ),
+                    q(f"max(modgate_engine_kv_block_size_tokens{{{SEL}}})", "KV block"),
+                ),
+            ),
+            PanelSpec(
+                "Verdicts reused",
+                "Verdicts answered from the verdict cache a second, by kind.",
+                "short",
+                (q(_rate("modgate_reused_verdicts_total", "kind"), "{{kind}}"),),
+            ),
+        ),
+    ),
+    (
+        "Errors",
+        (
+            PanelSpec(
+                "Requests by outcome",
+                "Moderation requests a second by outcome (ok, overloaded = 429, "
+                "engine_* = upstream, invalid_request … = the caller's).",
+                "reqps",
+                (q(_rate("modgate_requests_total", "outcome"), "{{outcome}}"),),
+            ),
+            PanelSpec(
+                "Engine errors and unusable outputs",
+                "Engine call failures by kind; outputs that were no "
+                "verdict (each became review), by problem.",
+                "short",
+                (
+                    q(_rate("modgate_engine_errors_total", "kind"), "engine: {{kind}}"),
+                    q(_rate("modgate_unparsable_outputs_total", "problem"), "unparsable: {{problem}}"),
+                ),
+            ),
+            PanelSpec(
+                "Shadow pairs",
+                "Shadow judgements for the quality module a second, by outcome.",
+                "short",
+                (q(_rate("modgate_shadow_pairs_total", "outcome"), "{{outcome}}"),),
+            ),
+        ),
+    ),
+    (
+        "Tenants",
+        (
+            PanelSpec(
+                "Keyframes a minute by tenant",
+                "Keyframes answered per minute, by tenant.",
+                "short",
+                (q(f"60 * {_rate('modgate_tenant_frames_total', 'tenant')}", "{{tenant}}"),),
+            ),
+            PanelSpec(
+                "End-to-end p95 by tenant",
+                "Who waits: each tenant's 95th percentile.",
+                "s",
+                (q(_quantile(0.95, "modgate_tenant_request_seconds", "tenant, le"), "{{tenant}}"),),
+            ),
+            PanelSpec(
+                "Slot wait p95 by tenant",
+                "Each tenant's wait for an engine slot (fair share).",
+                "s",
+                (q(_quantile(0.95, "modgate_tenant_queue_wait_seconds", "tenant, le"), "{{tenant}}"),),
+            ),
+            PanelSpec(
+                "Engine work share",
+                "Each tenant's share of the engine work served (prompt-token "
+                "equivalents), against its weight's share.",
+                "percentunit",
+                (
+                    q(
+                        f"{_rate('modgate_tenant_engine_work_total', 'tenant')} "
+                        "/ ignoring (tenant) group_left "
+                        f"{_rate('modgate_tenant_engine_work_total')}",
+                        "{{tenant}}",
+                    ),
+                ),
+                max_value=1,
+                width=12,
+            ),
+            PanelSpec(
+                "Quota refusals by tenant",
+                "Requests refused 429 over a tenant's quota a second.",
+                "reqps",
+                (q(_rate("modgate_tenant_quota_refusals_total", "tenant, quota"), "{{tenant}} {{quota}}"),),
+                width=12,
+            ),
+        ),
+    ),
 )
 
 
@@ -224,9 +387,9 @@ def _panel(spec: PanelSpec) -> StatPanel | TimeseriesPanel:
     if spec.max_value is not None:
         panel = panel.max(spec.max_value)
     if spec.kind == "stat":
-        panel = panel.thresholds(ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(
-            [Threshold(value=None, color="green")]
-        ))
+        panel = panel.thresholds(
+            ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps([Threshold(value=None, color="green")])
+        )
     for index, query in enumerate(spec.queries):
         panel = panel.with_target(_target(query, chr(ord("A") + index)))
     return panel

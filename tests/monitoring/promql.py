@@ -16,10 +16,23 @@ from deploy.monitoring.dashboard import panel_queries
 from deploy.monitoring.prometheusrule import DASHBOARD, RULES
 
 # PromQL words that are not metric names (operators, modifiers); functions are told by their "(".
-KEYWORDS = frozenset({
-    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
-    "inf", "nan",
-})
+KEYWORDS = frozenset(
+    {
+        "and",
+        "or",
+        "unless",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "offset",
+        "inf",
+        "nan",
+    }
+)
 # Series Prometheus itself writes for every target: a rule may name them, no /metrics has them.
 SCRAPE_SERIES = frozenset({"up"})
 

@@ -26,9 +26,20 @@ def test_promtool_checks_the_rules_file() -> None:
 
 def test_promtool_refuses_a_rule_whose_expression_does_not_parse(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
-    broken.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [
-        {"alert": "Broken", "expr": "sum(rate(modgate_requests_total[5m]) > 1"},
-    ]}]}))
+    broken.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "g",
+                        "rules": [
+                            {"alert": "Broken", "expr": "sum(rate(modgate_requests_total[5m]) > 1"},
+                        ],
+                    }
+                ]
+            }
+        )
+    )
 
     result = run_promtool("check", "rules", broken)
 
@@ -45,16 +56,29 @@ def test_promtool_unit_tests_of_the_rules_pass(tests: Path) -> None:
 
 def test_a_wrong_expectation_fails_promtool_test_rules(tmp_path: Path) -> None:
     (tmp_path / "modgate-rules.yaml").write_text(RULES.read_text())
-    (tmp_path / "wrong.test.yaml").write_text(yaml.safe_dump({
-        "rule_files": ["modgate-rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": 'modgate_engine_leases_local_only{instance="gw-a"}', "values": "0x5"}],
-            "alert_rule_test": [{"eval_time": "5m", "alertname": "ModgateRedisUnreachable",
-                                 "exp_alerts": [{"exp_labels": {"severity": "critical", "instance": "gw-a"}}]}],
-        }],
-    }))
+    (tmp_path / "wrong.test.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": ["modgate-rules.yaml"],
+                "evaluation_interval": "1m",
+                "tests": [
+                    {
+                        "interval": "1m",
+                        "input_series": [
+                            {"series": 'modgate_engine_leases_local_only{instance="gw-a"}', "values": "0x5"}
+                        ],
+                        "alert_rule_test": [
+                            {
+                                "eval_time": "5m",
+                                "alertname": "ModgateRedisUnreachable",
+                                "exp_alerts": [{"exp_labels": {"severity": "critical", "instance": "gw-a"}}],
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+    )
 
     result = run_promtool("test", "rules", "wrong.test.yaml", cwd=tmp_path)
 
@@ -104,6 +128,7 @@ def test_every_alert_has_a_summary_a_severity_and_a_runbook_section(alert: dict[
 
 def test_the_kubernetes_prometheusrule_is_the_rules_file_regenerated() -> None:
     assert PROMETHEUS_RULE.read_text() == prometheus_rule_yaml(), "run: python -m deploy.monitoring"
-    assert yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]["groups"] == (
-        yaml.safe_load(RULES.read_text())["groups"]
+    assert (
+        yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]["groups"]
+        == (yaml.safe_load(RULES.read_text())["groups"])
     )

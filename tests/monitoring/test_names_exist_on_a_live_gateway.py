@@ -25,8 +25,9 @@ KEYS = "key-a:acme,key-b:globex"
 
 
 def post(gateway: ThreadedServer, key: str, body: object) -> httpx.Response:
-    return httpx.post(f"{gateway.url}/v1/moderations", json=body, headers={"Authorization": f"Bearer {key}"},
-                      timeout=60)
+    return httpx.post(
+        f"{gateway.url}/v1/moderations", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60
+    )
 
 
 @pytest.fixture
@@ -34,8 +35,12 @@ def scraped(start_sim: SimFactory, start_gateway: GatewayFactory, redis_url: str
     """``/metrics`` of a gateway (with Redis) after ok answers, a 400, quota 429s and overload 429s."""
     slow = start_sim(faults=Faults(slow_rate=1.0, slow_s=1.0))
     gateway = start_gateway(
-        engine_url=slow.url, redis_url=redis_url, api_keys=KEYS, max_inflight=1,
-        admission={"queue_size": 0}, shaping={"verdict_cache_ttl_s": 0},
+        engine_url=slow.url,
+        redis_url=redis_url,
+        api_keys=KEYS,
+        max_inflight=1,
+        admission={"queue_size": 0},
+        shaping={"verdict_cache_ttl_s": 0},
         tenants={"keyframes_per_minute": {"globex": 1}},
     )
     frame = {"input": image_input(make_keyframe("allow", 320, 180, seed=3))}
@@ -44,7 +49,9 @@ def scraped(start_sim: SimFactory, start_gateway: GatewayFactory, redis_url: str
     assert post(gateway, "key-b", frame).status_code == 200
     assert post(gateway, "key-b", frame).status_code == 429  # over globex's 1 keyframe a minute
     with ThreadPoolExecutor(max_workers=3) as pool:  # three at once for one slot and no waiting room
-        statuses = [response.status_code for response in pool.map(lambda _: post(gateway, "key-a", frame), range(3))]
+        statuses = [
+            response.status_code for response in pool.map(lambda _: post(gateway, "key-a", frame), range(3))
+        ]
     assert 429 in statuses
     response = httpx.get(f"{gateway.url}/metrics")
     assert response.status_code == 200
@@ -67,8 +74,11 @@ def test_the_traffic_left_the_series_the_alerts_count(scraped: str) -> None:
     lines = scraped.splitlines()
 
     assert any(line.startswith('modgate_requests_total{outcome="overloaded"') for line in lines)
-    assert any(line.startswith('modgate_tenant_quota_refusals_total{quota="keyframes_per_minute",tenant="globex"}')
-               and not line.endswith(" 0.0") for line in lines)
+    assert any(
+        line.startswith('modgate_tenant_quota_refusals_total{quota="keyframes_per_minute",tenant="globex"}')
+        and not line.endswith(" 0.0")
+        for line in lines
+    )
     assert any(line.startswith('modgate_request_seconds_bucket{le="15.0"}') for line in lines)
     assert "modgate_engine_leases_local_only 0.0" in lines
     assert "modgate_engine_queue_size 0.0" in lines
