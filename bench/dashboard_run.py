@@ -158,6 +158,7 @@ def main() -> None:
             "MODGATE_ADMISSION__QUEUE_SIZE": "6",
             "MODGATE_TENANTS__KEYFRAMES_PER_MINUTE": "globex=40",
             "MODGATE_TELEMETRY__WINDOW_S": "60",
+            "MODGATE_SHAPING__BLOCK_FILLING_PREFIX": "true",  # whole KV blocks shared: the cache row hits
         }
         with gateway(engine, **env) as url, prometheus(url.removeprefix("http://"), Path(tmp)) as prom:
             traffic = Traffic(url)
@@ -170,7 +171,9 @@ def main() -> None:
                 ("escalate mode: thinking only for unsure fast verdicts", 3, {"error_rate": 0.0}),
                 ("thinking off", 3, "off"),
             ]
+            marks = []
             for name, workers, change in phases:
+                marks.append(time.time() - start)
                 if isinstance(change, dict):
                     httpx.post(f"{engine}/sim/faults", json=change).raise_for_status()
                 if name.startswith("escalate"):
@@ -189,12 +192,13 @@ def main() -> None:
             phase_names = ", ".join(name.split(":")[0] for name, _, _ in phases)
             caption = (
                 "A rendering (matplotlib, deploy/monitoring/render.py) of modgate-dashboard.json, not a "
-                f"Grafana screenshot.\nSeries: a real Prometheus scraping a real gateway for {end - start:.0f} s "
+                "Grafana screenshot.\n"
+                f"Series: a real Prometheus scraping a real gateway for {end - start:.0f} s "
                 f"(python -m bench.dashboard_run; the simulator at time scale {args.time_scale:g}; phases of "
-                f"{args.phase_s:g} s: {phase_names}).\n"
+                f"{args.phase_s:g} s, dotted lines: {phase_names}).\n"
                 f"Machine load {load[0]:.1f} (1 min) / {load[1]:.1f} (5 min) on 2 cores shared."
             )
-            render(json.loads(DASHBOARD.read_text()), prom, start, end, 5.0, args.out, caption)
+            render(json.loads(DASHBOARD.read_text()), prom, start, end, 5.0, args.out, caption, marks[1:])
             print(f"wrote {args.out}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 

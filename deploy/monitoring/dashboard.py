@@ -220,7 +220,7 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                 "percentunit",
                 (
                     q(f"avg(modgate_window_thinking_share{{{SEL}}})", "thinking on"),
-                    q(f"max(modgate_thinking_default_on{{{SEL}}})", "default on"),
+                    q(f"max by (mode) (modgate_thinking_default_mode{{{SEL}}})", "default {{mode}}"),
                     q(f"max(modgate_thinking_load_shedding{{{SEL}}})", "load rule shedding"),
                 ),
                 max_value=1,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,9 @@ def _axes_box(grid: dict[str, int], total_units: int) -> tuple[float, float, flo
 
 
 def render(document: dict[str, Any], prometheus_url: str, start: float, end: float, step: float,
-           out: Path, caption: str) -> None:
-    """Draw every panel of ``document`` with the series Prometheus has between ``start`` and ``end``."""
+           out: Path, caption: str, marks: Sequence[float] = ()) -> None:
+    """Draw every panel of ``document`` with the series Prometheus has between ``start`` and ``end``;
+    ``marks`` (seconds after ``start``, e.g. where a run's phases begin) as dotted lines on time series."""
     panels = document["panels"]
     total_units = max(panel["gridPos"]["y"] + panel["gridPos"]["h"] for panel in panels) + ROW_UNITS
     figure = plt.figure(figsize=(WIDTH_INCHES, total_units * UNIT_INCHES))
@@ -106,6 +108,8 @@ def render(document: dict[str, Any], prometheus_url: str, start: float, end: flo
                 _stat(axes, series, unit)
             else:
                 _timeseries(axes, series, unit, panel["fieldConfig"]["defaults"])
+                for mark in marks:
+                    axes.axvline(mark / 60, color="grey", linestyle=":", linewidth=0.8)
     figure.savefig(out, dpi=72)
     plt.close(figure)
 

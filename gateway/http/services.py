@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import httpx
 import redis.asyncio as aioredis
@@ -41,7 +42,7 @@ from gateway.moderation.verdict_cache import (
     RedisVerdictCache,
     VerdictCache,
 )
-from gateway.policy.rules import PolicyStore
+from gateway.policy.rules import MODES, Mode, PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
@@ -167,6 +168,11 @@ async def _system_prompt(
     )
     cacheable.set(filled.shared_tokens // filled.block_size * filled.block_size)  # whole blocks only
     return prompt
+
+
+def _is_default_mode(policies: PolicyStore, mode: Mode) -> float:
+    """1.0 while ``mode`` is the default of the policy in force (``modgate_thinking_default_mode``)."""
+    return 1.0 if policies.current().default_mode == mode else 0.0
 
 
 def _quality_records(settings: Settings, state: aioredis.Redis | None) -> RecordStore:
@@ -315,6 +321,8 @@ async def open_services(
         metrics.queue_size.set(admission.queue_size)
         metrics.load_shedding.set_function(lambda: 1.0 if moderation.load.shedding else 0.0)
         metrics.shadow_share.set_function(lambda: policies.current().shadow_share)
+        for mode in MODES:
+            metrics.default_mode.labels(mode).set_function(partial(_is_default_mode, policies, mode))
         jobs = _job_service(settings, state, moderation, executor, remote_images)
         stack.push_async_callback(jobs.stop)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so

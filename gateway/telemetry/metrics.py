@@ -147,6 +147,12 @@ class GatewayMetrics:
             "1 while the policy's load rule holds thinking off on this replica (queue above its mark).",
             registry=registry,
         )
+        self.default_mode = Gauge(
+            "modgate_thinking_default_mode",
+            "1 for the thinking policy's default mode (on, off or escalate), 0 for the others.",
+            ["mode"],
+            registry=registry,
+        )
         self.shadow_share = Gauge(
             "modgate_policy_shadow_share",
             "The policy's shadow_share: the share of live frames re-judged in the other mode (0: none).",
