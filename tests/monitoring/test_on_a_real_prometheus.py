@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from tests.support import GatewayFactory, SimFactory, image_input
 
 
 @pytest.fixture
-def prom(start_sim: SimFactory, start_gateway: GatewayFactory, tmp_path: Path) -> str:
+def prom(start_sim: SimFactory, start_gateway: GatewayFactory, tmp_path: Path) -> Iterator[str]:
     """A Prometheus that has scraped a gateway with traffic and evaluated the rules at least twice."""
     gateway = start_gateway(engine_url=start_sim().url)
     for seed in range(3):
