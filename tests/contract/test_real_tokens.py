@@ -113,6 +113,9 @@ def test_a_verdict_is_generated_in_qwens_tokens_with_a_logprob_at_each(engine: E
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": "请审核。"}],
         "chat_template_kwargs": {"enable_thinking": False},
         "structured_outputs": {"choice": [verdict]},
+        # The grammar allows any spelling of the choice ("b" "lock" too); a trained model writes the
+        # canonical cut, the random tiny one is steered to it (the ids are Qwen's, so the bias names them)
+        "logit_bias": {str(token): 100 for token in engine.bpe.encode(verdict)},
         "max_completion_tokens": 16,
         "logprobs": True,
         "top_logprobs": 3,
