@@ -114,7 +114,7 @@ def litellm_proxy(engine_url: str, model: str, master_key: str, workers: int = 1
         )
         try:
             try:
-                wait_until_ready(f"{url}/health/liveliness", proc, timeout_s=180)
+                wait_until_ready(f"{url}/health/liveliness", proc, timeout_s=600)  # minutes at load 30
             except RuntimeError as exc:
                 log.flush()
                 tail = (Path(tmp) / "litellm.log").read_text(errors="replace")[-2000:]
