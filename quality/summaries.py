@@ -22,6 +22,9 @@ __all__ = [
     "Comparison",
     "DataNotes",
     "Decision",
+    "EngineComparison",
+    "EngineDecision",
+    "EngineSection",
     "EscalationSample",
     "Estimate",
     "HumanScore",
@@ -258,6 +261,27 @@ class ThresholdSection(BaseModel):
     recommendation: str
 
 
+EngineDecision = Literal["switch_ok", "keep_reference", "inconclusive"]
+
+
+class EngineComparison(BaseModel):
+    """One arm judged by both engines: the reference engine's verdicts against the other's."""
+
+    arm: Arm
+    comparison: Comparison
+    candidate_cost: ArmCost | None = None  # the other engine's latency and tokens on this arm
+
+
+class EngineSection(BaseModel):
+    """The engine as an arm: the other engine against the reference on the frames both judged."""
+
+    reference_engine: str
+    candidate_engine: str
+    comparisons: list[EngineComparison]
+    decision: EngineDecision
+    headline: str
+
+
 class WeeklyReport(BaseModel):
     week: str
     week_start: datetime
@@ -277,6 +301,7 @@ class WeeklyReport(BaseModel):
     trend: list[WeekSummary]
     data: DataNotes
     escalation: ThresholdSection | None = None  # None: no pair had a fast verdict to judge
+    engines: EngineSection | None = None  # None: one engine judged the whole week
 
     @property
     def last_day(self) -> datetime:

@@ -1,0 +1,101 @@
+"""The weekly report at fleet scale: wall time and peak memory of `modgate quality report` on one week.
+
+    python -m bench.quality_report --pairs 1000000                 # Parquet partition, today's report
+    python -m bench.quality_report --pairs 250000 --format jsonl   # the gateway's JSONL file
+    python -m bench.quality_report --pairs 250000 --format jsonl --code /path/to/older/checkout
+
+Generates the week's records column by column (:mod:`bench.quality_week`: random shadow pairs with
+everything around them), writes them as the chosen store holds them, then runs the report command in a
+child process (the `--code` checkout's, when given) and prints its wall time, its peak resident memory
+(the child's own, from `getrusage`) and the machine's load average, which every figure must carry on a
+shared machine. One run per call: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.quality_week import week_table, write_jsonl, write_parquet
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def run_report(code: Path, records: Path, out: Path, *, bootstrap: int) -> tuple[float, float, int]:
+    """(seconds, peak RSS in MB, exit code) of one `modgate quality report` in a child process."""
+    command = [
+        sys.executable,
+        "-c",
+        "from gateway.cli.main import main; main()",
+        "quality",
+        "report",
+        "--week",
+        "2026-W48",
+        "--records",
+        str(records),
+        "--out",
+        str(out),
+        "--trend-weeks",
+        "0",
+        "--bootstrap",
+        str(bootstrap),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=code, env=env, check=False, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # kilobytes on Linux
+    if done.returncode:
+        print(done.stderr[-3000:], file=sys.stderr)
+    else:
+        print(done.stderr.strip().splitlines()[0] if done.stderr.strip() else "", file=sys.stderr)
+    return seconds, peak_mb, done.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=1_000_000)
+    parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    parser.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument("--bootstrap", type=int, default=2000)
+    parser.add_argument("--keep", type=Path, default=None, help="write the records here and keep them")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="modgate-quality-bench-"))
+    records = args.keep or work / "records"
+    try:
+        started = time.perf_counter()
+        table = week_table(args.pairs)
+        if args.format == "jsonl":
+            written = write_jsonl(table, records / "records-2026-W48.jsonl")
+        else:
+            write_parquet(table, records)
+            written = table.num_rows
+        size_mb = sum(p.stat().st_size for p in records.rglob("*") if p.is_file()) / 1e6
+        del table
+        print(
+            f"generated {args.pairs:,} pairs: {written:,} records, {size_mb:,.0f} MB of {args.format} "
+            f"in {time.perf_counter() - started:.1f} s ({_load()})"
+        )
+        seconds, peak_mb, code = run_report(args.code, records, work / "reports", bootstrap=args.bootstrap)
+        print(
+            f"report: {args.pairs:,} pairs ({args.format}, code {args.code}): {seconds:.1f} s wall, "
+            f"peak RSS {peak_mb:,.0f} MB, exit {code} ({_load()})"
+        )
+        return code
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
