@@ -63,7 +63,9 @@ def run_report(code: Path, records: Path, out: Path, *, bootstrap: int) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pairs", type=int, default=1_000_000)
     parser.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
     parser.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[1])

@@ -96,7 +96,7 @@ def week_table(
         columns["arm"].append(np.full(count, arm, dtype=object))
         columns["action"].append(action)
         columns["flagged"].append(flagged)
-        columns["categories"].append(np.asarray(categories + [None], dtype=object)[:-1])
+        columns["categories"].append(np.asarray([*categories, None], dtype=object)[:-1])
         columns["policy_version"].append(np.where(rows % 10 == 0, 4, 3))
         columns["prompt_tokens"].append(np.full(count, 1076))
         columns["cached_tokens"].append(np.where(rng.random(count) < 0.7, 416, 0))
@@ -118,7 +118,7 @@ def week_table(
             {"flagged": bool(f), "action": "block" if f else "allow"} if lab else None
             for f, lab in zip(on_flagged[rows], labelled, strict=True)
         ]
-        columns["human_label"].append(np.asarray(label + [None], dtype=object)[:-1])
+        columns["human_label"].append(np.asarray([*label, None], dtype=object)[:-1])
         fast = arm == "thinking_off"
         columns["confidence"].append(
             np.where(fast, np.round(confidence[rows], 6), np.nan).astype(object)
@@ -146,7 +146,9 @@ def week_table(
     emit(duplicate, "thinking_off", ~off_flagged[duplicate], 3600)
     if second_engine > 0:
         other = every[rng.random(n) < second_engine]
-        emit(other, "thinking_off", off_flagged[other] ^ (rng.random(other.size) < 0.03), 60, engine="llamacpp")
+        emit(
+            other, "thinking_off", off_flagged[other] ^ (rng.random(other.size) < 0.03), 60, engine="llamacpp"
+        )
     arrays = []
     for name in RECORD_SCHEMA.names:
         values = np.concatenate(columns[name])

@@ -25,10 +25,14 @@ from quality.records import VerdictRecord, format_iso_week, parse_iso_week
 
 __all__ = [
     "RECORD_SCHEMA",
+    "convert_jsonl_weeks",
     "jsonl_batches",
+    "jsonl_path",
     "partition_dir",
     "record_batches",
+    "records_table",
     "week_partitions",
+    "week_source",
     "write_week_partition",
 ]
 
@@ -83,6 +87,11 @@ def record_batches(records: Iterable[VerdictRecord], rows: int = BATCH_ROWS) -> 
             chunk = []
     if chunk:
         yield pa.RecordBatch.from_pylist(chunk, schema=RECORD_SCHEMA)
+
+
+def records_table(records: Iterable[VerdictRecord]) -> pa.Table:
+    """Records as one arrow table (built a batch at a time)."""
+    return pa.Table.from_batches(record_batches(records), RECORD_SCHEMA)
 
 
 def _lines(path: Path) -> Iterator[VerdictRecord]:
@@ -170,3 +179,49 @@ def write_week_partition(
     for label in list(writers):
         close(label)
     return written
+
+
+def jsonl_path(directory: Path, year: int, week: int) -> Path:
+    """Where `quality.records.JsonlRecordStore` keeps a week."""
+    return directory / f"records-{format_iso_week(year, week)}.jsonl"
+
+
+def week_source(directory: Path, year: int, week: int, scratch: Path) -> Path | None:
+    """The folder of Parquet files that holds a week's records, or None when `directory` has none.
+
+    The week's own partition when it is at least as new as the week's JSONL file; otherwise the JSONL
+    file (which the gateway may still be appending to) is converted into `scratch` a batch at a time.
+    """
+    partition = partition_dir(directory, year, week)
+    jsonl = jsonl_path(directory, year, week)
+    parts = list(partition.glob("*.parquet")) if partition.is_dir() else []
+    if parts and (not jsonl.exists() or max(p.stat().st_mtime for p in parts) >= jsonl.stat().st_mtime):
+        return partition
+    if not jsonl.exists():
+        return None
+    write_week_partition(jsonl_batches(jsonl), scratch)
+    return partition_dir(scratch, year, week)
+
+
+def convert_jsonl_weeks(directory: Path, *, replace: bool = False) -> dict[str, int]:
+    """Every `records-*.jsonl` week under `directory` as its Parquet partition; returns records per week.
+
+    A week that already has a partition is left alone unless `replace` (then its part files are removed
+    first, after the new ones are written). JSONL files are kept: the gateway appends to them.
+    """
+    converted: dict[str, int] = {}
+    for path in sorted(directory.glob("records-*.jsonl")):
+        label = path.stem.removeprefix("records-")
+        try:
+            year, week = parse_iso_week(label)
+        except ValueError:
+            continue
+        partition = partition_dir(directory, year, week)
+        old = sorted(partition.glob("*.parquet")) if partition.is_dir() else []
+        if old and not replace:
+            continue
+        written = write_week_partition(jsonl_batches(path), directory)
+        for stale in old:
+            stale.unlink()
+        converted[label] = sum(pq.ParquetFile(p).metadata.num_rows for p in written)
+    return converted

@@ -52,9 +52,16 @@ def _codes(values: pa.ChunkedArray | pa.Array) -> tuple[IntArray, list[str | Non
         return np.zeros(0, dtype=np.int64), []
     combined = pa.chunked_array(chunks).unify_dictionaries() if len(chunks) > 1 else pa.chunked_array(chunks)
     dictionary = combined.chunk(0).dictionary.to_pylist() if combined.num_chunks else []
-    codes = np.concatenate(
-        [np.asarray(c.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64) for c in combined.chunks]
-    ) if combined.num_chunks else np.zeros(0, dtype=np.int64)
+    codes = (
+        np.concatenate(
+            [
+                np.asarray(c.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+                for c in combined.chunks
+            ]
+        )
+        if combined.num_chunks
+        else np.zeros(0, dtype=np.int64)
+    )
     return codes, dictionary
 
 
@@ -89,7 +96,9 @@ class PairColumns:
         """The pairs at `rows`, in that order, with video codes renumbered by first appearance."""
         indices = pa.array(rows, pa.int64())
         tenant_codes = first_appearance_codes(self.tenant[rows])
-        tenants = [self.tenants[int(t)] for t in self.tenant[rows][np.unique(tenant_codes, return_index=True)[1]]]
+        tenants = [
+            self.tenants[int(t)] for t in self.tenant[rows][np.unique(tenant_codes, return_index=True)[1]]
+        ]
         return PairColumns(
             reference=self.reference,
             candidate=self.candidate,
@@ -124,7 +133,9 @@ class PairColumns:
         action_index = pa.array(list(ACTIONS))
 
         def actions(name: str) -> IntArray:
-            return np.asarray(pc.index_in(table.column(name), action_index).to_numpy(zero_copy_only=False), np.int64)
+            return np.asarray(
+                pc.index_in(table.column(name), action_index).to_numpy(zero_copy_only=False), np.int64
+            )
 
         def floats(name: str) -> FloatArray:
             return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)

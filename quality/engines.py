@@ -14,7 +14,7 @@ from quality.columns import PairColumns
 from quality.notation import count, interval, pct
 from quality.records import ARMS
 from quality.sections import ComparisonPlan, arm_cost
-from quality.summaries import EngineComparison, EngineSection, Rate, ReportPolicy
+from quality.summaries import EngineComparison, EngineDecision, EngineSection, Rate, ReportPolicy
 from quality.weekly_sql import PairQuery, WeekQueries
 
 __all__ = ["engine_comparison_plans", "engine_section", "primary_engine"]
@@ -37,7 +37,9 @@ def primary_engine(engines: Sequence[str]) -> str:
 class EnginePlan(ComparisonPlan):
     """One arm on the reference engine against the same arm on another engine."""
 
-    def __init__(self, queries: WeekQueries, arm: str, engines: tuple[str, str], policy: ReportPolicy) -> None:
+    def __init__(
+        self, queries: WeekQueries, arm: str, engines: tuple[str, str], policy: ReportPolicy
+    ) -> None:
         table, _ = queries.pairs(
             PairQuery(arm, arm, reference_engine=engines[0], candidate_engine=engines[1])
         )
@@ -92,7 +94,7 @@ def engine_section(
 
 def _recommend(
     comparisons: Sequence[EngineComparison], primary: str, other: str, policy: ReportPolicy
-) -> tuple[str, str]:
+) -> tuple[EngineDecision, str]:
     """Switch only when every arm both engines judged clears both policy minimums, interval and all."""
     a, b = engine_name(primary), engine_name(other)
     lines, below, unsure = [], [], []
@@ -109,7 +111,11 @@ def _recommend(
             flagged is not None and flagged.value < policy.min_flagged_agreement
         ):
             below.append(item.arm)
-        elif agreement.low < policy.min_agreement or flagged is None or flagged.low < policy.min_flagged_agreement:
+        elif (
+            agreement.low < policy.min_agreement
+            or flagged is None
+            or flagged.low < policy.min_flagged_agreement
+        ):
             unsure.append(item.arm)
     minimums = f"{pct(policy.min_agreement, 0)}, {pct(policy.min_flagged_agreement, 0)} on flagged"
     evidence = "; ".join(lines)

@@ -19,7 +19,6 @@ interval on the Kish effective sample size, as elsewhere in the report. Plain CP
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -31,8 +30,8 @@ from numpy.typing import NDArray
 from quality.columns import IntArray, PairColumns, run_bootstrap
 from quality.records import PairedRecord
 from quality.stats import wilson_interval
-from shaping.verdict import ACTIONS
 from quality.summaries import EscalationSample, Estimate, ThresholdRow, ThresholdSection
+from shaping.verdict import ACTIONS
 
 __all__ = [
     "ESCALATION_REASONS",
@@ -317,7 +316,9 @@ class ThresholdPlan:
             per_video[:, 1 + column] = np.bincount(cluster, w * escalated, minlength=self.n_videos)
             per_video[:, 1 + t + column] = np.bincount(cluster, w * agree, minlength=self.n_videos)
             self.recovered.append(
-                float(np.sum(w * (frames.disagree & escalated))) / disagree_weight if disagree_weight > 0 else None
+                float(np.sum(w * (frames.disagree & escalated))) / disagree_weight
+                if disagree_weight > 0
+                else None
             )
         per_video[:, -1] = np.bincount(cluster, w * frames.disagree, minlength=self.n_videos)
         self.per_video, self.disagree_weight = per_video, disagree_weight

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 from pydantic import ValidationError
 
-from quality.columnar import RECORD_SCHEMA, record_batches
+from quality.columnar import records_table
 from quality.columns import PairColumns, run_bootstrap
 from quality.engines import engine_comparison_plans, engine_section, primary_engine
 from quality.escalation import ThresholdPlan
@@ -35,7 +35,6 @@ from quality.sections import (
     human_scores,
     sample_size_needed,
 )
-from quality.weekly_sql import PairQuery, WeekQueries
 from quality.summaries import (
     ArmCost,
     CategoryRow,
@@ -50,6 +49,7 @@ from quality.summaries import (
     WeeklyReport,
     WeekSummary,
 )
+from quality.weekly_sql import PairQuery, WeekQueries
 
 __all__ = [
     "ArmCost",
@@ -95,8 +95,7 @@ def build_weekly_report(
     The records go into arrow batches a slice at a time and the report is computed over those columns
     (`build_weekly_report_from`), so no more than a batch of them is ever held as objects.
     """
-    return build_weekly_report_from(pa.Table.from_batches(record_batches(records), RECORD_SCHEMA), week,
-                                    policy, previous, generated_at)
+    return build_weekly_report_from(records_table(records), week, policy, previous, generated_at)
 
 
 def build_weekly_report_from(
@@ -105,12 +104,16 @@ def build_weekly_report_from(
     policy: ReportPolicy | None = None,
     previous: Sequence[WeekSummary] = (),
     generated_at: datetime | None = None,
+    *,
+    only_source: str | None = None,
 ) -> WeeklyReport:
-    """The report from columns: a folder of Parquet files (a week's partition) or an arrow table."""
+    """The report from columns: a folder of Parquet files (a week's partition) or an arrow table.
+
+    `only_source` keeps one source of records (`shadow` or `offline`)."""
     policy = policy or ReportPolicy()
     year, number = parse_iso_week(week)
     start, end = week_bounds(year, number)
-    queries = WeekQueries.open(source, start, end)
+    queries = WeekQueries.open(source, start, end, only_source=only_source)
     try:
         return _build(queries, policy, format_iso_week(year, number), (start, end), previous, generated_at)
     finally:
@@ -170,11 +173,7 @@ def _build(
 
     comparison = comparison_plan.result() if comparison_plan else None
     start, end = bounds
-    costs = [
-        cost
-        for arm in ARMS
-        if (cost := arm_cost(arm, *queries.arm_columns(arm, engine))) is not None
-    ]
+    costs = [cost for arm in ARMS if (cost := arm_cost(arm, *queries.arm_columns(arm, engine))) is not None]
     report = WeeklyReport(
         week=week,
         week_start=start,

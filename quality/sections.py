@@ -9,6 +9,7 @@ same videos share one draw), then `result()` gives the section. Counts per video
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,7 @@ from quality.stats import (
     BootstrapInterval,
     Proportion,
     TableBootstrap,
+    TableStatistic,
     ac1_from_table,
     agreement_from_table,
     classification_scores,
@@ -183,7 +185,9 @@ def _members(pairs: PairColumns) -> dict[str, tuple[IntArray, IntArray]]:
         chosen = []
         for members, names in sides:
             code = names.index(name) if name in names else -1
-            chosen.append(np.unique(members[members[:, 1] == code, 0]) if code >= 0 else np.zeros(0, np.int64))
+            chosen.append(
+                np.unique(members[members[:, 1] == code, 0]) if code >= 0 else np.zeros(0, np.int64)
+            )
         found[name] = (chosen[0], chosen[1])
     return found
 
@@ -241,7 +245,10 @@ class CategoryPlan:
 class TenantPlan:
     """Agreement per tenant, largest first (each tenant's videos bootstrapped on their own)."""
 
-    _STATS = {"agreement": agreement_from_table, "flagged": flagged_agreement_from_table}
+    _STATS: ClassVar[dict[str, TableStatistic]] = {
+        "agreement": agreement_from_table,
+        "flagged": flagged_agreement_from_table,
+    }
 
     def __init__(self, pairs: PairColumns, policy: ReportPolicy) -> None:
         self.policy = policy

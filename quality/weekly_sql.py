@@ -65,7 +65,12 @@ class WeekQueries:
 
     @classmethod
     def open(
-        cls, source: Path | pa.Table | Iterable[pa.RecordBatch], start: datetime, end: datetime
+        cls,
+        source: Path | pa.Table | Iterable[pa.RecordBatch],
+        start: datetime,
+        end: datetime,
+        *,
+        only_source: str | None = None,
     ) -> WeekQueries:
         """Parquet files under a folder (read where they lie), or arrow data (spilled to a temporary file)."""
         db = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "preserve_insertion_order": True})
@@ -74,9 +79,10 @@ class WeekQueries:
             if files:
                 listed = ", ".join(_literal(f) for f in files)
                 db.execute(
-                    f"CREATE VIEW store AS SELECT * EXCLUDE (filename, file_row_number), "  # noqa: S608  # our own file names, quoted
+                    f"CREATE VIEW store AS SELECT * EXCLUDE (filename, file_row_number), "
                     f"dense_rank() OVER (ORDER BY filename) * 4294967296 + file_row_number AS seq "
-                    f"FROM read_parquet([{listed}], filename = true, file_row_number = true, union_by_name = true)"
+                    f"FROM read_parquet([{listed}], filename = true, file_row_number = true, "
+                    "union_by_name = true)"
                 )
             else:
                 db.register("empty_records", RECORD_SCHEMA.empty_table())
@@ -87,8 +93,11 @@ class WeekQueries:
             db.register("arrow_records", numbered)
             db.execute("CREATE TABLE store AS SELECT * FROM arrow_records")
             db.unregister("arrow_records")
-        bounds = f"TIMESTAMPTZ {_literal(start.isoformat())} AND recorded_at < TIMESTAMPTZ {_literal(end.isoformat())}"
-        db.execute(f"CREATE VIEW week AS SELECT * FROM store WHERE recorded_at >= {bounds}")  # noqa: S608  # ISO times
+        low, high = _literal(start.isoformat()), _literal(end.isoformat())
+        bounds = f"TIMESTAMPTZ {low} AND recorded_at < TIMESTAMPTZ {high}"
+        if only_source is not None:
+            bounds += f" AND source = {_literal(only_source)}"
+        db.execute(f"CREATE VIEW week AS SELECT * FROM store WHERE recorded_at >= {bounds}")
         return cls(db)
 
     def close(self) -> None:
@@ -99,7 +108,9 @@ class WeekQueries:
         by_source = self.db.execute(
             "SELECT source, count(*) FROM week GROUP BY source ORDER BY min(seq)"
         ).fetchall()
-        versions = [v for (v,) in self.db.execute("SELECT DISTINCT policy_version FROM week ORDER BY 1").fetchall()]
+        versions = [
+            v for (v,) in self.db.execute("SELECT DISTINCT policy_version FROM week ORDER BY 1").fetchall()
+        ]
         tenants, records = self.db.execute("SELECT count(DISTINCT tenant), count(*) FROM week").fetchall()[0]
         engines = [e for (e,) in self.db.execute("SELECT DISTINCT engine FROM week ORDER BY 1").fetchall()]
         return WeekCounts(
@@ -128,7 +139,7 @@ class WeekQueries:
             + (f" AND engine = {_literal(query.reference_engine)}" if query.reference_engine else "")
             + " THEN 'r' ELSE 'c' END"
         )
-        return f"SELECT *, {side} AS side FROM week WHERE " + " AND ".join(conditions)  # noqa: S608  # quoted literals
+        return f"SELECT *, {side} AS side FROM week WHERE " + " AND ".join(conditions)
 
     def pairs(self, query: PairQuery) -> tuple[pa.Table, dict[str, int]]:
         """One row per paired frame, in the order of its reference record; and what did not pair.
@@ -139,7 +150,7 @@ class WeekQueries:
         reused = 0
         if query.skip_reused_candidates:
             every = self._eligible(replace(query, skip_reused_candidates=False))
-            skipped = f"SELECT count(*) FROM ({every}) WHERE side = 'c' AND reused"  # noqa: S608  # quoted literals
+            skipped = f"SELECT count(*) FROM ({every}) WHERE side = 'c' AND reused"
             reused = int(self.db.execute(skipped).fetchall()[0][0])
         self.db.execute(
             f"""
@@ -150,10 +161,10 @@ class WeekQueries:
                 ) AS nth
                 FROM ({self._eligible(query)})
             ) WHERE nth = 1
-            """  # noqa: S608  # quoted literals
+            """
         )
         eligible, firsts_r, firsts_c = self.db.execute(
-            f"SELECT (SELECT count(*) FROM ({self._eligible(query)})), "  # noqa: S608  # quoted literals
+            f"SELECT (SELECT count(*) FROM ({self._eligible(query)})), "
             "count(*) FILTER (WHERE side = 'r'), count(*) FILTER (WHERE side = 'c') FROM firsts"
         ).fetchall()[0]
         table = self.db.sql(
@@ -188,7 +199,7 @@ class WeekQueries:
         """An arm's fresh verdicts' latency, TTFT and token columns, and how many were cache hits."""
         fresh = self.db.sql(
             "SELECT latency_ms, ttft_ms, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens "
-            f"FROM week WHERE arm = {_literal(arm)} AND NOT reused AND engine = {_literal(engine)}"  # noqa: S608  # quoted literals
+            f"FROM week WHERE arm = {_literal(arm)} AND NOT reused AND engine = {_literal(engine)}"
         ).to_arrow_table()
         hits = self.db.execute(
             "SELECT count(*) FROM week WHERE arm = $arm AND reused AND engine = $engine",
