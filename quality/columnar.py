@@ -140,9 +140,16 @@ def _week_labels(batch: pa.RecordBatch) -> pa.Array:
 
 
 def write_week_partition(
-    records: pa.Table | Iterable[pa.RecordBatch], directory: Path, *, rows_per_file: int = 2_000_000
+    records: pa.Table | Iterable[pa.RecordBatch],
+    directory: Path,
+    *,
+    rows_per_file: int = 2_000_000,
+    only_week: str | None = None,
 ) -> list[Path]:
     """Append records to the Parquet partitions of their ISO weeks; returns the files written.
+
+    `only_week` keeps the records of one week (a JSONL file is read for its own week only, as
+    `JsonlRecordStore.read_week` reads it).
 
     Each call writes new part files (never rewrites old ones), so a converter and a later run can add to
     the same week; a part file is written under a temporary name and renamed, so readers never see half.
@@ -164,6 +171,8 @@ def write_week_partition(
         batch = batch.select(RECORD_SCHEMA.names).cast(RECORD_SCHEMA)
         labels = _week_labels(batch)
         for label in pc.unique(labels).to_pylist():
+            if only_week is not None and label != only_week:
+                continue
             part = batch.filter(pc.equal(labels, label))
             if label not in writers:
                 folder = partition_dir(directory, *parse_iso_week(label))
@@ -199,7 +208,7 @@ def week_source(directory: Path, year: int, week: int, scratch: Path) -> Path | 
         return partition
     if not jsonl.exists():
         return None
-    write_week_partition(jsonl_batches(jsonl), scratch)
+    write_week_partition(jsonl_batches(jsonl), scratch, only_week=format_iso_week(year, week))
     return partition_dir(scratch, year, week)
 
 
@@ -220,7 +229,7 @@ def convert_jsonl_weeks(directory: Path, *, replace: bool = False) -> dict[str, 
         old = sorted(partition.glob("*.parquet")) if partition.is_dir() else []
         if old and not replace:
             continue
-        written = write_week_partition(jsonl_batches(path), directory)
+        written = write_week_partition(jsonl_batches(path), directory, only_week=label)
         for stale in old:
             stale.unlink()
         converted[label] = sum(pq.ParquetFile(p).metadata.num_rows for p in written)

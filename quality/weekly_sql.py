@@ -14,6 +14,7 @@ position in the store (`seq`), and the numbers are the same to the last bit.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -60,8 +61,9 @@ def _literal(text: str) -> str:
 class WeekQueries:
     """One week's records behind a DuckDB connection, as the view `week` (with its store order `seq`)."""
 
-    def __init__(self, connection: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, connection: duckdb.DuckDBPyConnection, spill: tempfile.TemporaryDirectory[str]) -> None:
         self.db = connection
+        self._spill = spill
 
     @classmethod
     def open(
@@ -73,7 +75,15 @@ class WeekQueries:
         only_source: str | None = None,
     ) -> WeekQueries:
         """Parquet files under a folder (read where they lie), or arrow data (spilled to a temporary file)."""
-        db = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "preserve_insertion_order": True})
+        # DuckDB spills past its memory limit into a folder of its own, removed on close
+        spill = tempfile.TemporaryDirectory(prefix="modgate-duckdb-")
+        db = duckdb.connect(
+            config={
+                "memory_limit": MEMORY_LIMIT,
+                "preserve_insertion_order": True,
+                "temp_directory": spill.name,
+            }
+        )
         if isinstance(source, Path):
             files = sorted(str(p) for p in source.rglob("*.parquet"))
             if files:
@@ -98,10 +108,11 @@ class WeekQueries:
         if only_source is not None:
             bounds += f" AND source = {_literal(only_source)}"
         db.execute(f"CREATE VIEW week AS SELECT * FROM store WHERE recorded_at >= {bounds}")
-        return cls(db)
+        return cls(db, spill)
 
     def close(self) -> None:
         self.db.close()
+        self._spill.cleanup()
 
     def counts(self) -> WeekCounts:
         by_arm = dict(self.db.execute("SELECT arm, count(*) FROM week GROUP BY arm").fetchall())
