@@ -31,8 +31,9 @@ def _load() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
 
 
-def run_report(code: Path, records: Path, out: Path, *, bootstrap: int) -> tuple[float, float, int]:
-    """(seconds, peak RSS in MB, exit code) of one `modgate quality report` in a child process."""
+def run_report(code: Path, records: Path, out: Path, *, bootstrap: int) -> tuple[float, float, float, int]:
+    """(wall seconds, CPU seconds, peak RSS in MB, exit code) of one `modgate quality report` in a child
+    process. CPU seconds (user + system) say what the work costs whatever else shares the machine."""
     command = [
         sys.executable,
         "-c",
@@ -54,12 +55,14 @@ def run_report(code: Path, records: Path, out: Path, *, bootstrap: int) -> tuple
     started = time.perf_counter()
     done = subprocess.run(command, cwd=code, env=env, check=False, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # kilobytes on Linux
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak_mb = usage.ru_maxrss / 1024  # kilobytes on Linux
+    cpu = usage.ru_utime + usage.ru_stime
     if done.returncode:
         print(done.stderr[-3000:], file=sys.stderr)
     else:
         print(done.stderr.strip().splitlines()[0] if done.stderr.strip() else "", file=sys.stderr)
-    return seconds, peak_mb, done.returncode
+    return seconds, cpu, peak_mb, done.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
             f"generated {args.pairs:,} pairs: {written:,} records, {size_mb:,.0f} MB of {args.format} "
             f"in {time.perf_counter() - started:.1f} s ({_load()})"
         )
-        seconds, peak_mb, code = run_report(args.code, records, work / "reports", bootstrap=args.bootstrap)
+        seconds, cpu, peak_mb, code = run_report(
+            args.code, records, work / "reports", bootstrap=args.bootstrap
+        )
         print(
             f"report: {args.pairs:,} pairs ({args.format}, code {args.code}): {seconds:.1f} s wall, "
-            f"peak RSS {peak_mb:,.0f} MB, exit {code} ({_load()})"
+            f"{cpu:.1f} s CPU, peak RSS {peak_mb:,.0f} MB, exit {code} ({_load()})"
         )
         return code
     finally:

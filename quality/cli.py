@@ -62,6 +62,11 @@ quality_app = typer.Typer(
 console = Console(stderr=True)
 
 
+class EngineKind(StrEnum):
+    vllm = "vllm"
+    llamacpp = "llamacpp"
+
+
 class SourceFilter(StrEnum):
     all = "all"
     shadow = "shadow"
@@ -137,9 +142,21 @@ def run(
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, max=64, help="Frames in flight at once.")] = 4,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for one verdict.")] = 300.0,
+    engine: Annotated[
+        EngineKind, typer.Option(help="The kind of engine behind --gateway-url (recorded on each verdict).")
+    ] = EngineKind.vllm,
+    second_gateway_url: Annotated[
+        str | None,
+        typer.Option(help="A gateway in front of a second engine: every frame and arm is judged there too."),
+    ] = None,
+    second_engine: Annotated[
+        EngineKind, typer.Option(help="The kind of engine behind --second-gateway-url.")
+    ] = EngineKind.llamacpp,
 ) -> None:
     """Send every keyframe through the gateway under each arm and record paired verdicts.
 
+    With `--second-gateway-url` the engine is an arm too: the same frames and arms go to a second
+    gateway (in front of, say, llama.cpp), and the weekly report compares the engines.
     Interrupt it at any time: running the same command again skips what is already recorded.
     """
     try:
@@ -149,11 +166,17 @@ def run(
     except DatasetError as exc:
         raise _fail(str(exc)) from exc
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if second_gateway_url is not None and second_engine is engine:
+        raise _fail(f"both gateways are named {engine.value}: give --second-engine the other engine's kind")
+    engines = 1 if second_gateway_url is None else 2
 
     async def main() -> RunSummary:
         async with (
             open_store(out, redis_url, mirror=True) as store,
             httpx.AsyncClient(base_url=gateway_url, headers=headers, timeout=timeout) as client,
+            httpx.AsyncClient(
+                base_url=second_gateway_url or gateway_url, headers=headers, timeout=timeout
+            ) as second,
         ):
             with Progress(
                 SpinnerColumn(),
@@ -166,8 +189,8 @@ def run(
                 console=console,
             ) as progress:
                 task = progress.add_task(
-                    f"{len(keyframes):,} frames × {len(chosen_arms)} arms",
-                    total=len(keyframes) * len(chosen_arms),
+                    f"{len(keyframes):,} frames × {len(chosen_arms)} arms × {engines} engines",
+                    total=len(keyframes) * len(chosen_arms) * engines,
                     status="",
                 )
                 counts = {"sent": 0, "skipped": 0, "failed": 0}
@@ -189,6 +212,8 @@ def run(
                     labels=label_table,
                     concurrency=concurrency,
                     on_progress=on_progress,
+                    engine=engine.value,
+                    other_engines=[(second_engine.value, second)] if second_gateway_url else [],
                 )
 
     try:

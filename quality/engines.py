@@ -14,13 +14,17 @@ from quality.columns import PairColumns
 from quality.notation import count, interval, pct
 from quality.records import ARMS
 from quality.sections import ComparisonPlan, arm_cost
-from quality.summaries import EngineComparison, EngineDecision, EngineSection, Rate, ReportPolicy
+from quality.summaries import (
+    ENGINE_NAMES,
+    EngineComparison,
+    EngineDecision,
+    EngineSection,
+    Rate,
+    ReportPolicy,
+)
 from quality.weekly_sql import PairQuery, WeekQueries
 
 __all__ = ["engine_comparison_plans", "engine_section", "primary_engine"]
-
-# what an engine is called in sentences
-ENGINE_NAMES = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
 
 
 def engine_name(kind: str) -> str:
@@ -104,7 +108,7 @@ def _recommend(
         text = (
             f"{item.arm.replace('_', ' ')}: {b} agrees {_rate_text(agreement)} with {a} over "
             f"{count(comparison.frames)} frames"
-            + (f", {_rate_text(flagged)} on the {count(flagged.n)} {a} flagged" if flagged else "")
+            + (f", {_rate_text(flagged)} on the {count(flagged.n)} frames {a} flagged" if flagged else "")
         )
         lines.append(text)
         if agreement.value < policy.min_agreement or (

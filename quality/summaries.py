@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quality.records import Arm
 
 __all__ = [
+    "ENGINE_NAMES",
     "ArmCost",
     "CategoryRow",
     "Coefficient",
@@ -262,6 +263,8 @@ class ThresholdSection(BaseModel):
 
 
 EngineDecision = Literal["switch_ok", "keep_reference", "inconclusive"]
+# the kinds of engine a verdict record names (VerdictRecord.engine), as sentences name them
+ENGINE_NAMES: dict[str, str] = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
 
 
 class EngineComparison(BaseModel):

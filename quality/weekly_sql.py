@@ -61,7 +61,9 @@ def _literal(text: str) -> str:
 class WeekQueries:
     """One week's records behind a DuckDB connection, as the view `week` (with its store order `seq`)."""
 
-    def __init__(self, connection: duckdb.DuckDBPyConnection, spill: tempfile.TemporaryDirectory[str]) -> None:
+    def __init__(
+        self, connection: duckdb.DuckDBPyConnection, spill: tempfile.TemporaryDirectory[str]
+    ) -> None:
         self.db = connection
         self._spill = spill
 
