@@ -238,15 +238,21 @@ async def _week_input(
 ) -> Path | pa.Table | None:
     """A week's records as columns: its Parquet partition (or JSONL file, converted in batches) when the
     records are files, else the store's records (the Redis stream) as an arrow table."""
-    from quality.columnar import records_table, week_source
+    from quality.columnar import records_table, week_source, write_week_partition
 
     year, number = parse_iso_week(label)
     if directory is not None:
         return await asyncio.to_thread(week_source, directory, year, number, scratch / label)
+    if isinstance(store, RedisRecordStore):
+        # a page of the stream at a time into Parquet: never the whole week as objects
+        written = []
+        async for page in store.pages(*week_bounds(year, number)):
+            if page:
+                table = records_table(page)
+                written += await asyncio.to_thread(write_week_partition, table, scratch / label)
+        return scratch / label if written else None
     records = await store.read_week(year, number)
-    if not records:
-        return None
-    return records_table(records)
+    return records_table(records) if records else None
 
 
 async def _trend(

@@ -12,8 +12,10 @@ and memory holds one slice of weights, never resamples × videos.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,8 +32,9 @@ __all__ = ["PairColumns", "ResampleConsumer", "first_appearance_codes", "run_boo
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 FloatArray = NDArray[np.float64]
-# weights held at once: rows × videos int64, about 160 MB
-_WEIGHT_CELLS = 20_000_000
+# weights held at once per group: rows × videos, as int64 and as float64, about 80 MB each
+_WEIGHT_CELLS = 10_000_000
+_WORKERS = min(2, os.cpu_count() or 1)
 
 
 def first_appearance_codes(keys: IntArray) -> IntArray:
@@ -145,7 +148,7 @@ class PairColumns:
         tenant_codes, tenant_names = _codes(table.column("tenant"))
         tenant_order = first_appearance_codes(tenant_codes)
         order = tenant_codes[np.unique(tenant_order, return_index=True)[1]] if n else np.zeros(0, np.int64)
-        label = table.column("label_flagged").to_numpy(zero_copy_only=False)
+        label = pc.fill_null(pc.cast(table.column("label_flagged"), pa.int8()), -1)
         return cls(
             reference=reference,
             candidate=candidate,
@@ -156,9 +159,7 @@ class PairColumns:
             video=first_appearance_codes(keys),
             tenant=tenant_order,
             tenants=[str(tenant_names[int(t)]) for t in order],
-            label=np.asarray([-1 if v is None else int(v) for v in label], dtype=np.int8)
-            if label.dtype == object
-            else np.asarray(label, dtype=np.int8),
+            label=np.asarray(label.to_numpy(zero_copy_only=False), dtype=np.int8),
             ref_categories=_list_column(table, "ref_categories"),
             cand_categories=_list_column(table, "cand_categories"),
             confidence=floats("cand_confidence"),
@@ -224,9 +225,10 @@ def _list_column(table: pa.Table, name: str) -> pa.ListArray:
 
 class ResampleConsumer(Protocol):
     """Takes the video bootstrap's weights a slice of resamples at a time: rows `start` … of (resamples,
-    videos) multinomial draws; the same rows it would see in one (resamples, videos) matrix."""
+    videos) multinomial draws (as float64, exact: they are small integers); the same rows it would see in
+    one (resamples, videos) matrix."""
 
-    def feed(self, start: int, weights: IntArray) -> None: ...
+    def feed(self, start: int, weights: FloatArray) -> None: ...
 
 
 def run_bootstrap(
@@ -241,11 +243,27 @@ def run_bootstrap(
     by_key: dict[tuple[int, int, int], list[ResampleConsumer]] = defaultdict(list)
     for videos, resamples, seed, consumer in groups:
         by_key[(videos, resamples, seed)].append(consumer)
-    for (videos, resamples, seed), consumers in by_key.items():
+
+    def draw(key: tuple[int, int, int]) -> None:
+        videos, resamples, seed = key
         rng = np.random.default_rng(seed)
         probabilities = np.full(videos, 1 / videos)
         step = max(1, min(resamples, cells // max(videos, 1)))
         for start in range(0, resamples, step):
             weights = rng.multinomial(videos, probabilities, size=min(step, resamples - start))
-            for consumer in consumers:
-                consumer.feed(start, weights)
+            as_float = weights.astype(np.float64)
+            del weights
+            for consumer in by_key[key]:
+                consumer.feed(start, as_float)
+
+    # Each group has its own generator, so groups may draw side by side: numpy releases the GIL while
+    # it draws and multiplies, and the draws of a group do not depend on the others.
+    keys = sorted(by_key, key=lambda k: -k[0] * k[1])
+    workers = min(len(keys), _WORKERS)
+    if workers <= 1:
+        for key in keys:
+            draw(key)
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bootstrap") as pool:
+        for future in [pool.submit(draw, key) for key in keys]:
+            future.result()

@@ -329,14 +329,45 @@ class ThresholdPlan:
             self.score = -np.nan_to_num(frames.confidence, nan=-1.0)  # lower confidence: likelier to disagree
             values, ranks = np.unique(self.score, return_inverse=True)
             self.rank = (np.asarray(ranks, dtype=np.int64), int(values.size))
+            # whole weights (every sample but inverse-probability ones): every sum below is exact, so
+            # the statistic can be summed over frames instead of score levels and come out the same
+            self.whole = bool(np.all(frames.weight == np.round(frames.weight)))
+            if self.whole:
+                self._prepare_fast_auroc()
+
+    def _prepare_fast_auroc(self) -> None:
+        ranks, _ = self.rank
+        frames = self.frames
+        positive = np.flatnonzero(frames.disagree)
+        negative = np.flatnonzero(~frames.disagree)
+        negative = negative[np.argsort(ranks[negative], kind="stable")]
+        negative_ranks = ranks[negative]
+        self._pos, self._neg = positive, negative
+        self._below = np.searchsorted(negative_ranks, ranks[positive], side="left")
+        self._upto = np.searchsorted(negative_ranks, ranks[positive], side="right")
+
+    def _fast_auroc(self, draws: FloatArray) -> FloatArray:
+        """`weighted_auroc` for whole frame weights: per resample, the negatives' weight below and at
+        each positive's score from one cumulative sum over the negatives in score order."""
+        frames = self.frames
+        pos_weight = draws[:, frames.video[self._pos]] * frames.weight[self._pos][None, :]
+        neg_weight = draws[:, frames.video[self._neg]] * frames.weight[self._neg][None, :]
+        cumulative = np.zeros((draws.shape[0], self._neg.size + 1))
+        np.cumsum(neg_weight, axis=1, out=cumulative[:, 1:])
+        below = cumulative[:, self._below]
+        ties = cumulative[:, self._upto] - below
+        wins = np.sum(pos_weight * (below + 0.5 * ties), axis=1)
+        total = pos_weight.sum(axis=1) * cumulative[:, -1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(np.where(total > 0, wins / total, np.nan), dtype=np.float64)
 
     def groups(self) -> list[tuple[int, int, int, ThresholdPlan]]:
         if self.frames.size == 0:
             return []
         return [(self.n_videos, self.resamples, self.seed, self)]
 
-    def feed(self, start: int, weights: IntArray) -> None:
-        draws = weights.astype(np.float64)
+    def feed(self, start: int, weights: FloatArray) -> None:
+        draws = weights
         self.resampled.append(draws @ self.per_video)
         auroc_rows = min(self.resamples, _AUROC_RESAMPLES) - start
         if not self.with_auroc or auroc_rows <= 0:
@@ -345,6 +376,9 @@ class ThresholdPlan:
         step = max(1, _FRAME_CELLS // max(frames.size, 1))
         for first in range(0, min(auroc_rows, draws.shape[0]), step):
             last = min(first + step, auroc_rows, draws.shape[0])
+            if self.whole:
+                self.auroc_boot.append(self._fast_auroc(draws[first:last]))
+                continue
             frame_draws = draws[first:last, frames.video] * frames.weight[None, :]
             self.auroc_boot.append(weighted_auroc(self.score, frames.disagree, frame_draws, self.rank))
 

@@ -57,13 +57,6 @@ def recommend(report: WeeklyReport) -> Recommendation:
     # every category the report judges is held to the flagged minimum too, as the table beside it says
     judged = [row for row in report.categories if row.judged and row.flagged_agreement is not None]
     failing = [row for row in judged if row.below_threshold]
-    unsure = [
-        row
-        for row in judged
-        if not row.below_threshold
-        and row.flagged_agreement is not None
-        and row.flagged_agreement.low < policy.min_flagged_agreement
-    ]
 
     decision: Decision
     if agreement_below or flagged_below or failing:
@@ -78,10 +71,10 @@ def recommend(report: WeeklyReport) -> Recommendation:
         if failing:
             reasons.append(_failing_text(failing, judged, min_flagged))
         headline = f"{evidence}: {'; '.join(reasons)}. Keep thinking on."
-    elif agreement_ok and flagged_ok and not unsure:
+    elif agreement_ok and flagged_ok:
         decision, title = "thinking_off_ok", "Thinking off meets policy"
         categories = (
-            f" and on flagged frames in each of the {count(len(judged))} categories judged" if judged else ""
+            f", and every category judged ({count(len(judged))}) meets the flagged minimum" if judged else ""
         )
         headline = (
             f"{evidence}: both intervals clear the policy minimums ({min_all}, {min_flagged} on flagged)"
@@ -97,12 +90,6 @@ def recommend(report: WeeklyReport) -> Recommendation:
                 "too few flagged frames to judge"
                 if flagged is None
                 else f"the flagged interval still reaches below the {min_flagged} minimum"
-            )
-        if unsure:
-            names = ", ".join(row.category for row in unsure[:4]) + (" …" if len(unsure) > 4 else "")
-            short.append(
-                f"the flagged interval of {count(len(unsure))} of {count(len(judged))} categories "
-                f"({names}) still reaches below {min_flagged}"
             )
         headline = f"{evidence}, but {' and '.join(short)}. Keep thinking on"
         if report.sample_size is not None:

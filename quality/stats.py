@@ -339,11 +339,11 @@ class TableBootstrap:
     def n_videos(self) -> int:
         return int(self._counts[0].shape[0]) if self._counts else 0
 
-    def feed(self, start: int, weights: NDArray[np.int64]) -> None:
+    def feed(self, start: int, weights: FloatArray) -> None:
         if self._stacked is None:
             self._stacked = np.hstack(self._counts).astype(np.float64)
         # integer counts in float64: every sum is exact (far below 2**53), so BLAS gives the int result
-        resampled = weights.astype(np.float64) @ self._stacked
+        resampled = weights @ self._stacked
         for index, statistics in enumerate(self._statistics):
             table = AgreementTable.from_counts(resampled[:, 4 * index : 4 * index + 4])
             for name, statistic in statistics.items():

@@ -90,9 +90,10 @@ class WeekQueries:
             files = sorted(str(p) for p in source.rglob("*.parquet"))
             if files:
                 listed = ", ".join(_literal(f) for f in files)
+                # a record's place in the store: its file's place in the sorted list, then its row in it
                 db.execute(
                     f"CREATE VIEW store AS SELECT * EXCLUDE (filename, file_row_number), "
-                    f"dense_rank() OVER (ORDER BY filename) * 4294967296 + file_row_number AS seq "
+                    f"list_position([{listed}], filename)::BIGINT * 4294967296 + file_row_number AS seq "
                     f"FROM read_parquet([{listed}], filename = true, file_row_number = true, "
                     "union_by_name = true)"
                 )

@@ -96,14 +96,7 @@ def test_when_no_category_fails_and_every_interval_clears_thinking_off_meets_pol
     headline = report.recommendation.headline
     print(f"\nnone failing: {report.recommendation.title}: {headline}")
     assert report.recommendation.decision == "thinking_off_ok"
-    assert "in each of the 6 categories judged" in headline
-
-
-def test_categories_that_pass_on_their_value_but_not_their_interval_leave_the_decision_open() -> None:
-    report = build_weekly_report(crafted_week(set(), flagged_per_category=20), "2026-W48", POLICY)
-    assert not any(row.below_threshold for row in report.categories)
-    assert report.recommendation.decision == "inconclusive"
-    assert "of 6 categories" in report.recommendation.headline
+    assert "and every category judged (6) meets the flagged minimum" in headline
 
 
 @pytest.mark.parametrize("failing", [set(CATEGORIES), {"hate"}, set()])
