@@ -74,20 +74,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--keep", type=Path, default=None, help="write the records here and keep them")
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=1_000_000,
+        help="generate at most this many pairs at a time (Parquet only)",
+    )
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="modgate-quality-bench-"))
     records = args.keep or work / "records"
     try:
         started = time.perf_counter()
-        table = week_table(args.pairs)
         if args.format == "jsonl":
-            written = write_jsonl(table, records / "records-2026-W48.jsonl")
+            written = write_jsonl(week_table(args.pairs), records / "records-2026-W48.jsonl")
         else:
-            write_parquet(table, records)
-            written = table.num_rows
+            written = 0
+            for part, first in enumerate(range(0, args.pairs, args.chunk)):
+                # each slice its own videos and frames: one week made of independent fleets' pairs
+                table = week_table(
+                    min(args.chunk, args.pairs - first), seed=48 + part, video_prefix=f"video-{part}-"
+                )
+                write_parquet(table, records)
+                written += table.num_rows
+                del table
         size_mb = sum(p.stat().st_size for p in records.rglob("*") if p.is_file()) / 1e6
-        del table
         print(
             f"generated {args.pairs:,} pairs: {written:,} records, {size_mb:,.0f} MB of {args.format} "
             f"in {time.perf_counter() - started:.1f} s ({_load()})"

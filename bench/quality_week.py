@@ -47,6 +47,7 @@ def week_table(
     renamed: float = 0.1,
     second_engine: float = 0.0,
     seed: int = 48,
+    video_prefix: str = "video-",
 ) -> pa.Table:
     """About `pairs` random thinking on/off pairs and everything around them, as one arrow table."""
     rng = np.random.default_rng(seed)
@@ -71,7 +72,7 @@ def week_table(
     seconds = rng.integers(0, 7 * 86400 - 120, size=n)
     outside = rng.random(n) < 0.002
     frame = _hex_ids("frame", n, seed)
-    video_ids = np.char.add("video-", np.char.zfill(video.astype(str), 6)).astype(object)
+    video_ids = np.char.add(video_prefix, np.char.zfill(video.astype(str), 6)).astype(object)
     video_ids[no_video] = None
     tenants = np.asarray(TENANTS, dtype=object)[(video % len(TENANTS))]
 

@@ -32,8 +32,8 @@ __all__ = ["PairColumns", "ResampleConsumer", "first_appearance_codes", "run_boo
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 FloatArray = NDArray[np.float64]
-# weights held at once per group: rows × videos, as int64 and as float64, about 80 MB each
-_WEIGHT_CELLS = 10_000_000
+# weights held at once per group: rows × videos, as int64 and as float64, about 40 MB each
+_WEIGHT_CELLS = 5_000_000
 _WORKERS = min(2, os.cpu_count() or 1)
 
 

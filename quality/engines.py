@@ -16,6 +16,7 @@ from quality.records import ARMS
 from quality.sections import ComparisonPlan, arm_cost
 from quality.summaries import (
     ENGINE_NAMES,
+    ArmCost,
     EngineComparison,
     EngineDecision,
     EngineSection,
@@ -49,6 +50,11 @@ class EnginePlan(ComparisonPlan):
         )
         super().__init__(PairColumns.from_table(table, arm, arm), policy)
         self.arm, self.engines, self.queries = arm, engines, queries
+        self.cost: ArmCost | None = None
+
+    def fetch_cost(self) -> None:
+        """The other engine's latency and tokens on this arm (a query: before the connection closes)."""
+        self.cost = arm_cost(self.arm, *self.queries.arm_columns(self.arm, self.engines[1]))  # type: ignore[arg-type]  # an arm name from ARMS
 
 
 def engine_comparison_plans(
@@ -78,12 +84,11 @@ def engine_section(
     chosen = [plan for engine, plan in plans if engine == other]
     comparisons = []
     for plan in chosen:
-        fresh, hits = plan.queries.arm_columns(plan.arm, other)
         comparisons.append(
             EngineComparison(
                 arm=plan.arm,  # type: ignore[arg-type]  # an arm name from ARMS
                 comparison=plan.result(),
-                candidate_cost=arm_cost(plan.arm, fresh, hits),  # type: ignore[arg-type]  # (the same)
+                candidate_cost=plan.cost,
             )
         )
     decision, headline = _recommend(comparisons, primary, other, policy)

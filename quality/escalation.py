@@ -267,7 +267,7 @@ def threshold_section(
 
 # AUROC resamples: the first 400 draws (frame-level weights cost frames × resamples)
 _AUROC_RESAMPLES = 400
-_FRAME_CELLS = 8_000_000
+_FRAME_CELLS = 4_000_000
 
 
 class ThresholdPlan:

@@ -169,11 +169,15 @@ def _build(
         if plan is not None:
             plans.append(plan)
     plans.extend(p for _, p in engine_plans)
+    costs = [cost for arm in ARMS if (cost := arm_cost(arm, *queries.arm_columns(arm, engine))) is not None]
+    for _, engine_plan in engine_plans:
+        engine_plan.fetch_cost()
+    # every query has run: DuckDB's buffers go before the bootstrap's weights come
+    queries.close()
     run_bootstrap(group for plan in plans for group in plan.groups())
 
     comparison = comparison_plan.result() if comparison_plan else None
     start, end = bounds
-    costs = [cost for arm in ARMS if (cost := arm_cost(arm, *queries.arm_columns(arm, engine))) is not None]
     report = WeeklyReport(
         week=week,
         week_start=start,

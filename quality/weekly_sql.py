@@ -114,6 +114,7 @@ class WeekQueries:
         return cls(db, spill)
 
     def close(self) -> None:
+        """Close the connection and remove its spill folder (again: nothing)."""
         self.db.close()
         self._spill.cleanup()
 
