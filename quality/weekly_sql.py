@@ -54,6 +54,13 @@ class WeekCounts:
     engines: list[str]
 
 
+# what pairing and the pair rows need of a record (not its request id, tokens or timings)
+_PAIR_COLUMNS = (
+    "frame_sha256, policy_version, recorded_at, seq, arm, reused, flagged, action, categories, video_id, "
+    "tenant, human_label, confidence, selection, selection_probability"
+)
+
+
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -154,7 +161,7 @@ class WeekQueries:
             + (f" AND engine = {_literal(query.reference_engine)}" if query.reference_engine else "")
             + " THEN 'r' ELSE 'c' END"
         )
-        return f"SELECT *, {side} AS side FROM week WHERE " + " AND ".join(conditions)
+        return f"SELECT {_PAIR_COLUMNS}, {side} AS side FROM week WHERE " + " AND ".join(conditions)
 
     def pairs(self, query: PairQuery) -> tuple[pa.Table, dict[str, int]]:
         """One row per paired frame, in the order of its reference record; and what did not pair.
