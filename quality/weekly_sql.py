@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from quality.columnar import RECORD_SCHEMA
@@ -109,7 +110,7 @@ class WeekQueries:
                 db.execute("CREATE VIEW store AS SELECT *, 0::BIGINT AS seq FROM empty_records")
         else:
             table = source if isinstance(source, pa.Table) else pa.Table.from_batches(source, RECORD_SCHEMA)
-            numbered = table.append_column("seq", pa.array(range(table.num_rows), pa.int64()))
+            numbered = table.append_column("seq", pa.array(np.arange(table.num_rows, dtype=np.int64)))
             db.register("arrow_records", numbered)
             db.execute("CREATE TABLE store AS SELECT * FROM arrow_records")
             db.unregister("arrow_records")
