@@ -31,13 +31,27 @@ def _load() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
 
 
+# The child reports its own peak: getrusage's figure for children also counts the parent's pages the
+# child held between fork and exec, which here are the generated records.
+_CHILD = (
+    "import atexit, sys\n"
+    "def peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            print('child-peak-kb', line.split()[1], file=sys.stderr)\n"
+    "atexit.register(peak)\n"
+    "from gateway.cli.main import main\n"
+    "main()\n"
+)
+
+
 def run_report(code: Path, records: Path, out: Path, *, bootstrap: int) -> tuple[float, float, float, int]:
     """(wall seconds, CPU seconds, peak RSS in MB, exit code) of one `modgate quality report` in a child
     process. CPU seconds (user + system) say what the work costs whatever else shares the machine."""
     command = [
         sys.executable,
         "-c",
-        "from gateway.cli.main import main; main()",
+        _CHILD,
         "quality",
         "report",
         "--week",
@@ -56,8 +70,9 @@ def run_report(code: Path, records: Path, out: Path, *, bootstrap: int) -> tuple
     done = subprocess.run(command, cwd=code, env=env, check=False, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    peak_mb = usage.ru_maxrss / 1024  # kilobytes on Linux
     cpu = usage.ru_utime + usage.ru_stime
+    peaks = [int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("child-peak-kb")]
+    peak_mb = peaks[-1] / 1024 if peaks else float("nan")
     if done.returncode:
         print(done.stderr[-3000:], file=sys.stderr)
     else:
@@ -74,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code", type=Path, default=Path(__file__).resolve().parents[1])
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--keep", type=Path, default=None, help="write the records here and keep them")
+    parser.add_argument("--records", type=Path, default=None, help="report on records already written here")
     parser.add_argument(
         "--chunk",
         type=int,
@@ -86,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     records = args.keep or work / "records"
     try:
         started = time.perf_counter()
-        if args.format == "jsonl":
+        if args.records is not None:
+            records, written = args.records, -1
+        elif args.format == "jsonl":
             written = write_jsonl(week_table(args.pairs), records / "records-2026-W48.jsonl")
         else:
             written = 0
