@@ -108,8 +108,10 @@ class TenantSettings(BaseModel):
     default_keyframes_per_minute: int = Field(default=0, ge=0)
     max_concurrent: TenantCounts = Field(default_factory=dict)  # moderation requests at once, per replica
     default_max_concurrent: int = Field(default=0, ge=0)
-    # One output token's engine time in prompt tokens (prefill ~3,000 tok/s, decode ~105 tok/s on the Spark)
-    output_token_weight: float = Field(default=28.0, ge=0, le=1000)
+    # One output token's engine time in prompt tokens: the Spark preset's prefill / decode rates, 3,500 / 96
+    # tokens/s (deploy/simulator/presets.py, SimPreset.output_token_weight; a test holds the two together).
+    # The built-in simulator uses its own preset's; set it for another engine (docs/tenants.md).
+    output_token_weight: float = Field(default=36.5, ge=0, le=1000)
     redis_key: str = Field(default="modgate:tenants", min_length=1)  # hash: tenant -> JSON limits
     reload_interval_s: float = Field(default=5.0, gt=0)  # how often Redis-held tenants are read again
 
