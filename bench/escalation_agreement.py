@@ -209,12 +209,22 @@ async def measure(
                               "max_per_minute": None, "always_categories": list(ALWAYS)}
     (await http.put("/admin/thinking-policy", json=document, headers=auth)).raise_for_status()
     slots = asyncio.Semaphore(clients)
+    retried: list[int] = []
 
     async def moderate(image: bytes, mode: str | None) -> dict[str, Any]:
         url = "data:image/jpeg;base64," + base64.b64encode(image).decode()
         headers = {"X-Modgate-Thinking": mode} if mode else {}
         body = {"input": [{"type": "image_url", "image_url": {"url": url}}]}
-        response = await http.post("/v1/moderations", json=body, headers=headers)
+        try:
+            response = await http.post("/v1/moderations", json=body, headers=headers)
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            response = None
+        if response is None or response.status_code == 502:
+            # a pooled keep-alive connection closed as it was reused, here or between the gateway and the
+            # engine (issue 24 part 5, fixed elsewhere): a moderation is safe to ask again, so it is sent
+            # once more, and counted
+            retried.append(1)
+            response = await http.post("/v1/moderations", json=body, headers=headers)
         response.raise_for_status()
         result: dict[str, Any] = response.json()["results"][0]
         return result
@@ -223,8 +233,8 @@ async def measure(
         return result["modgate"]["action"], tuple(c for c, hit in result["categories"].items() if hit)
 
     async def one(index: int, label: str) -> FrameOutcome:
-        image = make_keyframe(label, *size, seed=seed * 1_000_000 + index)
         async with slots:
+            image = make_keyframe(label, *size, seed=seed * 1_000_000 + index)
             answered = await moderate(image, None)
             reference = await moderate(image, "on")
         details = answered["modgate"]
@@ -236,7 +246,10 @@ async def measure(
         return FrameOutcome(fast, verdict(answered), before is not None, verdict(reference))
 
     labels = frame_labels(frames, seed)
-    return list(await asyncio.gather(*(one(i, label) for i, label in enumerate(labels))))
+    outcomes = list(await asyncio.gather(*(one(i, label) for i, label in enumerate(labels))))
+    if retried:
+        print(f"{len(retried)} requests sent again after the server closed a pooled connection")
+    return outcomes
 
 
 def print_run(run: AgreementRun) -> None:
