@@ -60,6 +60,7 @@ def test_the_closed_form_is_the_binormal_arithmetic_at_the_presets_numbers() -> 
     assert expected_escalated(1.0, 0.85, 0.06) == pytest.approx(1.0)
 
 
+@pytest.mark.timeout(900)  # 500 frames, each asked two or three times: minutes on a loaded machine
 def test_escalations_measured_agreement_holds_the_presets_expectation_within_its_interval(
     start_sim: SimFactory, start_gateway: GatewayFactory,
 ) -> None:
