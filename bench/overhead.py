@@ -374,7 +374,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stub_info = httpx.get(f"{engine_url}/stub/info").json()
         reused = {name: reused_verdicts(httpx.get(f"{url}/metrics", timeout=30).text)
                   for name, url in urls.items() if name.startswith("modgate@")}
-    floor = {path: shaping_floor(setup.shaping_times[path], frames[path].shaped()) for path in args.paths}
+    floor = {path: shaping_floor(times, frames[path].shaped()) for path, times in setup.shaping_times.items()}
     return {
         "setup": {
             "engine": "stub",
