@@ -213,6 +213,8 @@ class JobSettings(BaseModel):
     webhook_allowlist: HostList = Field(default_factory=list)  # hosts a webhook may go to (operator-trusted)
     webhook_timeout_s: float = Field(default=10.0, gt=0)
     webhook_attempts: int = Field(default=5, ge=1, le=20)
+    # At shutdown: how long running jobs may go on; the rest go back to the stream for another gateway.
+    stop_grace_s: float = Field(default=10.0, ge=0, le=600)
 
     @field_validator("webhook_secret")
     @classmethod
@@ -321,6 +323,8 @@ class Settings(BaseSettings):
     admin_token: str | None = None
     model_name: str = "modgate-moderation"  # the name answered in the moderation response
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # After SIGTERM: seconds /readyz answers 503 while requests are still served (gateway/drain.py).
+    drain_s: float = Field(default=5.0, ge=0, le=600)
 
     engine: EngineSettings = EngineSettings()
     admission: AdmissionSettings = AdmissionSettings()

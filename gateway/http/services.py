@@ -9,13 +9,14 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
@@ -80,6 +81,7 @@ class Services:
     quotas: TenantQuotas  # per-tenant keyframes a minute and requests at once (gateway/http/quotas.py)
     tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
     console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
+    drain: Drain = field(default_factory=Drain)  # set by SIGTERM: /readyz 503 while still serving
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -102,6 +104,7 @@ def _job_service(
     moderation: ModerationService,
     executor: Executor,
     remote_images: RemoteImageFetcher | None,
+    drain: Drain,
 ) -> JobService:
     group = settings.jobs
     store: JobStore = (
@@ -117,7 +120,8 @@ def _job_service(
             secret.get_secret_value(), timeout_s=group.webhook_timeout_s, attempts=group.webhook_attempts
         )
     )
-    return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks)
+    return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks,
+                      accepting=lambda: not drain.active)
 
 
 def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictCache:
@@ -208,6 +212,7 @@ async def open_services(
     engine_transport: httpx.AsyncBaseTransport | None = None,
     *,
     clock: Clock = time.monotonic,
+    drain: Drain | None = None,
 ) -> AsyncIterator[Services]:
     """Build every client the handlers need; close them all on the way out (``clock``: the stats windows').
 
@@ -306,7 +311,8 @@ async def open_services(
             counters=metrics,
         )
         stack.push_async_callback(moderation.shadow.drain, timeout_s=10.0)
-        jobs = _job_service(settings, state, moderation, executor, remote_images)
+        drain = drain or Drain(settings.drain_s)
+        jobs = _job_service(settings, state, moderation, executor, remote_images, drain)
         stack.push_async_callback(jobs.stop)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
@@ -337,4 +343,5 @@ async def open_services(
                 ),
                 state,
             ),
+            drain=drain,
         )

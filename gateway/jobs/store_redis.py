@@ -46,6 +46,16 @@ redis.call('HDEL', KEYS[1], 'request')
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 return 1
 """
+# KEYS[1] the stream; ARGV: group, entry id, job id, consumer. Only an entry still pending to this consumer:
+# one another gateway has taken over already is left to it (re-adding it would have two gateways work it).
+_REQUEUE: Final = """
+local mine = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1, ARGV[4])
+if #mine == 0 then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('XADD', KEYS[1], '*', 'job', ARGV[3])
+return 1
+"""
 
 
 class RedisJobStore:
@@ -62,6 +72,7 @@ class RedisJobStore:
         self._submit = client.register_script(_SUBMIT)
         self._start_attempt = client.register_script(_START_ATTEMPT)
         self._complete = client.register_script(_COMPLETE)
+        self._requeue = client.register_script(_REQUEUE)
 
     @staticmethod
     def job_key(job_id: str) -> str:
@@ -186,6 +197,15 @@ class RedisJobStore:
             await self._redis.hset(
                 self.job_key(job_id), mapping={"webhook_status": status, "webhook_attempts": attempts}
             )
+
+    async def requeue(self, consumer: str, delivery: Delivery) -> bool:
+        """Move the entry to the stream's end as a new one, so the next ``XREADGROUP`` of any gateway takes
+        it now rather than after ``claim_idle_s`` (only while it is still pending to ``consumer``)."""
+        async with self._state("requeue the job"):
+            moved = await self._requeue(
+                keys=[STREAM], args=[GROUP, delivery.entry_id, delivery.job_id, consumer]
+            )
+        return int(moved) == 1
 
     async def ack(self, delivery: Delivery) -> None:
         """Acknowledge and delete the entry (the stream holds only unfinished work)."""
