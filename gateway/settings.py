@@ -215,6 +215,10 @@ class JobSettings(BaseModel):
     webhook_attempts: int = Field(default=5, ge=1, le=20)
     # At shutdown: how long running jobs may go on; the rest go back to the stream for another gateway.
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
+    # Redis replicas that must hold a job (WAIT) before its submission is answered 202, and before its
+    # completion counts: what asynchronous replication would lose in a failover (0: do not wait).
+    wait_replicas: int = Field(default=0, ge=0, le=16)
+    wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
 
     @field_validator("webhook_secret")
     @classmethod
@@ -353,6 +357,16 @@ class Settings(BaseSettings):
         if len(set(urls)) != len(urls):
             raise ValueError("MODGATE_ENGINE_URL lists an engine twice")
         return ",".join(urls) or None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_well_formed(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        from gateway.state import check_redis_url  # redis-py is imported only where a URL is given
+
+        check_redis_url(value.strip())  # redis://, rediss://, unix:// or redis+sentinel:// (gateway/state.py)
+        return value.strip()
 
     @field_validator("engine_caps")
     @classmethod

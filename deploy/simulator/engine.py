@@ -175,6 +175,7 @@ class SimScheduler:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.peak_running = 0
+        self.peak_requests = 0  # most requests at the engine at once, running or waiting: a gateway's cap
 
     @property
     def num_running(self) -> int:
@@ -222,6 +223,7 @@ class SimScheduler:
         """Queue a sequence for a batch slot (in priority order under ``scheduling_policy`` priority)."""
         priority = sequence.priority if self.preset.scheduling_policy == "priority" else 0
         heapq.heappush(self._waiting, (priority, next(self._order), sequence))
+        self.peak_requests = max(self.peak_requests, len(self._running) + len(self._waiting))
 
     def _abort(self, sequence: Sequence) -> None:
         if sequence in self._running:

@@ -45,6 +45,7 @@ from gateway.moderation.verdict_cache import (
 from gateway.policy.rules import PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
 from gateway.settings import Settings
+from gateway.state import open_redis
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
 from gateway.telemetry.tenants import TenantFigures
 from gateway.telemetry.tracing import Telemetry, build_telemetry
@@ -110,7 +111,8 @@ def _job_service(
     store: JobStore = (
         MemoryJobStore()
         if state is None
-        else RedisJobStore(state, claim_idle_s=group.claim_idle_s, ttl_s=group.result_ttl_s)
+        else RedisJobStore(state, claim_idle_s=group.claim_idle_s, ttl_s=group.result_ttl_s,
+                           wait_replicas=group.wait_replicas, wait_timeout_ms=group.wait_timeout_ms)
     )
     secret = group.webhook_secret
     webhooks = (
@@ -185,7 +187,7 @@ def redis_client(url: str) -> aioredis.Redis:
     have run (a lease taken, a flip applied), and only its store knows whether running it again is safe.
     The policy store and the engine leases must answer sooner still: they put a deadline on each call.
     """
-    return aioredis.Redis.from_url(
+    return open_redis(  # a plain server, or the primary behind Sentinel (gateway/state.py)
         url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10,
         retry=Retry(NoBackoff(), 0),
     )
