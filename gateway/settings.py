@@ -289,6 +289,9 @@ class LeaseSettings(BaseModel):
     renew_every_s: float = Field(default=3.0, gt=0)
     redis_timeout_s: float = Field(default=0.5, gt=0)
     retry_after_failure_s: float = Field(default=5.0, gt=0)  # local caps only, this long after Redis failed
+    # The next free slot goes to the tenant served least across every replica (Redis decides, with the
+    # lease); off: each replica shares its own slots between its own tenants, and replicas race for leases.
+    fair_share: bool = True
 
     @model_validator(mode="after")
     def _renewed_before_expiry(self) -> LeaseSettings:
