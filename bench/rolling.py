@@ -143,6 +143,9 @@ def fleet(
             "MODGATE_JOBS__STOP_GRACE_S": "5",
             "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",  # every keyframe goes to the engine
             "MODGATE_ADMISSION__QUEUE_TIMEOUT_S": "120",
+            # A replica starved of CPU (a neighbour importing the gateway on 2 busy cores) misses the 0.5 s
+            # lease deadline and serves on its local cap for 5 s, as if Redis were down: give it 2 s here.
+            "MODGATE_LEASES__REDIS_TIMEOUT_S": "2",
         }
         gateways = [Replica(f"gateway-{i}", env, directory / "logs") for i in range(replicas)]
         balancer = HAProxy(gateways, directory / "haproxy")
