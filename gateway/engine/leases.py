@@ -5,6 +5,8 @@ by when their lease expires (Redis server time, in milliseconds, so replicas' cl
 
 - acquire: one Lua script drops expired members, then adds ours only if fewer than ``cap`` remain —
   atomic, so two replicas can never both take the last slot;
+- fair acquire (``MODGATE_LEASES__FAIR_SHARE``): the same, but the free slot goes only to the waiting tenant
+  served least (per weight) on any replica: one fair share across replicas (docs/tenants.md);
 - release: ``ZREM``;
 - renewal: a background task pushes the expiry of every lease this replica holds ``ttl_s`` ahead again,
   every ``renew_every_s`` seconds. A replica that dies (``kill -9``, a lost node) stops renewing, and its

@@ -16,8 +16,9 @@
   with room, once per engine; anything the engine may have started (timeouts, cut streams) is not retried.
 - Replicas: with :class:`EngineLeases` (Redis) a request also needs a lease on its engine, so the engine's
   cap holds across every replica. A request whose engines' shared slots are all taken by other replicas
-  asks Redis again (10 ms, doubling to 100 ms) until its deadline: priority order holds within a replica,
-  not across replicas. When Redis cannot be reached the pool serves on this replica's local caps
+  asks Redis again (10 ms, doubling to 100 ms; 50 ms with fair leases) until its deadline. With fair leases
+  (the default) Redis also decides which tenant a freed slot goes to, across every replica; priority order
+  holds within a replica. When Redis cannot be reached the pool serves on this replica's local caps
   alone (logged loudly, ``modgate_engine_leases_local_only`` 1) rather than refusing traffic: with N
   replicas an engine may then see up to N × its cap, which it survives by queueing inside vLLM; refusing
   every request because the coordination store is down would be the worse failure.
