@@ -11,20 +11,30 @@ from __future__ import annotations
 
 import heapq
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deploy.simulator.engine import Sequence, SimScheduler, TokenEvent
 from deploy.simulator.presets import SimPreset
-from deploy.simulator.tokenizer import Token
+from deploy.simulator.scheduler import StepLoop
+from deploy.simulator.tokenizer import ImageSlot, Token
 
 
 @dataclass(frozen=True, slots=True)
 class RequestShape:
-    """A request as the engine's work: prompt tokens (none cached) and output tokens, spread ± jitter."""
+    """A request as the engine's work: prompt tokens and output tokens, spread ± jitter.
+
+    With ``image_tokens`` the prompt is laid out as the chat template lays out a keyframe request: a
+    system message of ``shared_prefix_tokens`` (the same in every request), then a user message (its
+    header, one image of its own, the instruction and the assistant header). Without, every prompt token
+    is the request's own.
+    """
 
     prompt_tokens: int = 1076
     output_tokens: int = 95
     output_jitter: int = 10
+    shared_prefix_tokens: int = 0
+    image_tokens: int = 0
 
     def output_for(self, index: int) -> int:
         """Output tokens of the ``index``-th request: deterministic, mean ``output_tokens``."""
@@ -34,8 +44,17 @@ class RequestShape:
         return max(1, self.output_tokens + (index * 8) % span - self.output_jitter)
 
 
-SEED_SHAPE = RequestShape()
-"""The seed's request: 416 system + 660 image tokens (+ the instruction) = 1,076; ~95 output (thinking on)."""
+SEED_SHAPE = RequestShape(shared_prefix_tokens=416, image_tokens=640)
+"""The seed's request: 1,076 prompt tokens, ~95 output (thinking on).
+
+Laid out as the template does: the 416-token system prompt, the user header (3), the image, then the
+instruction and the assistant header (17); the image is 640 of the seed's "660" so the total stays
+1,076 (the seed rounded 416 + 660). vLLM's law reuses none of it (no full 2,960-token block).
+"""
+THINKING_OFF_SHAPE = RequestShape(
+    output_tokens=3, output_jitter=1, shared_prefix_tokens=416, image_tokens=640
+)
+"""The seed's request with thinking off and the compact verdict: 2-6 output tokens (3 on average)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +80,17 @@ def closed_loop(
     requests: int = 240,
     warmup: int = 40,
     turnaround_s: float = 0.001,
+    law: Callable[[SimPreset], StepLoop] | None = None,
 ) -> LoadFigures:
     """``callers`` callers, each sending its next request ``turnaround_s`` after an answer ends.
 
     Starts are staggered over one expected end to end (callers that start together stay in step and
-    queue their prefills behind each other, a burst that steady traffic does not have).
+    queue their prefills behind each other, a burst that steady traffic does not have). ``law`` builds the
+    engine's scheduler from the preset (default: vLLM's, ``SimScheduler``).
     """
     if callers < 1 or requests < 2:
         raise ValueError("need at least one caller and two measured requests")
-    engine = SimScheduler(preset, time_scale=1.0)
+    engine = law(preset) if law is not None else SimScheduler(preset, time_scale=1.0)
     clock = 0.0
     arrivals: list[tuple[float, int]] = []  # (time, request index)
     spacing = 8.56 / callers
@@ -117,10 +138,19 @@ class _Finished:
     output_tokens: int
 
 
+def _prompt(index: int, shape: RequestShape) -> list[Token]:
+    if not shape.image_tokens:
+        return [f"r{index}:{position}" for position in range(shape.prompt_tokens)]
+    system_body = max(0, shape.shared_prefix_tokens - 5)
+    system: list[Token] = ["<|im_start|>", "system", "\n", *(f"system:{i}" for i in range(system_body)),
+                           "<|im_end|>", "\n"]
+    image: list[Token] = [ImageSlot(f"frame-{index}", i) for i in range(shape.image_tokens)]
+    tail = max(0, shape.prompt_tokens - len(system) - 3 - len(image))
+    return [*system, "<|im_start|>", "user", "\n", *image, *(f"instruction:{i}" for i in range(tail))]
+
+
 def _sequence(index: int, shape: RequestShape, arrival: float) -> Sequence:
-    # Distinct prompt tokens per request: nothing is cached, as on the Spark (a 1,076-token prompt never
-    # fills one 2,960-token block).
-    prompt: list[Token] = [f"r{index}:{position}" for position in range(shape.prompt_tokens)]
+    prompt = _prompt(index, shape)
     output = [TokenEvent("reasoning", "x") for _ in range(shape.output_for(index))]
     return Sequence(
         request_id=f"virtual-{index}", prompt=prompt, output=output, max_tokens=len(output),
