@@ -35,10 +35,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.scheduler import Sequence, StepLoop, StepPlan
-from deploy.simulator.tokenizer import ImageSlot, Token
+from deploy.simulator.tokenizer import ImageSlot, Token, render_chat
 
 GENERATED: Token = "\x00generated"  # a slot's output token: never equal to a prompt token
 _CHECKPOINT_TAIL = 4  # server-context.cpp: checkpoints 4 and 4 + n_ubatch tokens before the prompt's end
@@ -101,9 +102,16 @@ def common_prefix(a: list[Token], b: list[Token]) -> int:
     return low
 
 
+@cache
+def user_header() -> tuple[Token, ...]:
+    """The tokens that open a user message in the chat template (``<|im_start|>user\n``)."""
+    return tuple(render_chat([("user", [])], True, False)[:3])
+
+
 def user_message_starts(prompt: list[Token]) -> list[int]:
     """Where each user message begins (its ``<|im_start|>``), as the chat template's spans mark them."""
-    return [i for i in range(len(prompt) - 1) if prompt[i] == "<|im_start|>" and prompt[i + 1] == "user"]
+    opening, role = user_header()[:2]
+    return [i for i in range(len(prompt) - 1) if prompt[i] == opening and prompt[i + 1] == role]
 
 
 def _image_run(prompt: list[Token], start: int) -> int:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import heapq
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deploy.simulator.engine import Sequence, SimScheduler, TokenEvent
+from deploy.simulator.llamacpp_law import user_header
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.scheduler import StepLoop
 from deploy.simulator.tokenizer import ImageSlot, Token
@@ -70,6 +71,7 @@ class LoadFigures:
     e2e_p50_s: float
     generation_tokens_per_s: float
     in_flight_mean: float
+    passes_per_request: float = 0.0  # forward passes the engine ran, over the whole run, per finished request
 
 
 def closed_loop(
@@ -99,6 +101,7 @@ def closed_loop(
     issued = callers
     in_engine: dict[int, Sequence] = {}
     finished: list[_Finished] = []
+    passes = 0
     measured_left = requests  # callers keep sending until every measured request has ended: no drain
     while measured_left:
         while arrivals and arrivals[0][0] <= clock:
@@ -116,6 +119,7 @@ def closed_loop(
             clock = max(clock, arrivals[0][0])
             continue
         clock += step.seconds
+        passes += step.passes
         engine.complete_step(step, clock)
         for index, sequence in list(in_engine.items()):
             if sequence.generated < len(sequence.output):
@@ -126,7 +130,8 @@ def closed_loop(
             measured_left -= warmup <= index < warmup + requests
             heapq.heappush(arrivals, (clock + turnaround_s, issued))
             issued += 1
-    return _figures(callers, finished, warmup, requests)
+    figures = _figures(callers, finished, warmup, requests)
+    return replace(figures, passes_per_request=passes / len(finished))
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +146,11 @@ class _Finished:
 def _prompt(index: int, shape: RequestShape) -> list[Token]:
     if not shape.image_tokens:
         return [f"r{index}:{position}" for position in range(shape.prompt_tokens)]
-    system_body = max(0, shape.shared_prefix_tokens - 5)
-    system: list[Token] = ["<|im_start|>", "system", "\n", *(f"system:{i}" for i in range(system_body)),
-                           "<|im_end|>", "\n"]
+    header = list(user_header())  # the template's own tokens mark where the user message starts
+    system: list[Token] = [f"system:{i}" for i in range(shape.shared_prefix_tokens)]
     image: list[Token] = [ImageSlot(f"frame-{index}", i) for i in range(shape.image_tokens)]
-    tail = max(0, shape.prompt_tokens - len(system) - 3 - len(image))
-    return [*system, "<|im_start|>", "user", "\n", *image, *(f"instruction:{i}" for i in range(tail))]
+    tail = max(0, shape.prompt_tokens - len(system) - len(header) - len(image))
+    return [*system, *header, *image, *(f"instruction:{i}" for i in range(tail))]
 
 
 def _sequence(index: int, shape: RequestShape, arrival: float) -> Sequence:
