@@ -17,6 +17,8 @@ from typing import Any
 
 from deploy.check import DEFAULT_MAX_INFLIGHT, ServiceFlags, UnreadableInputError, read_services
 from deploy.check.llamacpp import server_settings, slots
+from deploy.simulator.engine import SimScheduler
+from deploy.simulator.hardware import SPARK_GGUF, SPARK_NVFP4, WeightReads
 from deploy.simulator.llamacpp_law import LlamaCppOptions, LlamaCppScheduler
 from deploy.simulator.presets import PRESETS, SimPreset
 from deploy.simulator.virtual import SEED_SHAPE, THINKING_OFF_SHAPE, LoadFigures, RequestShape, closed_loop
@@ -127,6 +129,8 @@ class Prediction:
     # llama.cpp: thinking off beside the baseline's, the prompt tokens its cache reused, what it assumes.
     thinking_off: tuple[LoadFigures, LoadFigures] | None = None
     reused_tokens: dict[str, float] = field(default_factory=dict)
+    # Both engines again with each pass at least its weight reads (deploy.simulator.hardware), by mode.
+    with_weight_reads: dict[str, tuple[LoadFigures, LoadFigures]] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -288,6 +292,16 @@ LLAMACPP_ASSUMPTIONS = (
 )
 
 
+WEIGHT_READS_ASSUMPTION = (
+    f"each forward pass takes at least the time to read the weights its tokens route to at "
+    f"{SPARK_GGUF.bandwidth_gb_s:.0f} GB/s (min(all, tokens x one token's path): llama.cpp's "
+    f"{SPARK_GGUF.total_gb:.0f} GB GGUF, {SPARK_GGUF.per_token_gb:.1f} GB a token; vLLM's "
+    f"{SPARK_NVFP4.total_gb:.0f} GB NVFP4, {SPARK_NVFP4.per_token_gb:.1f} GB): a hardware floor the fitted "
+    "rates do not hold (with it the tuned vLLM reads below its measured 46.7/min), so this pair is the "
+    "pessimistic side of the prediction, the fitted one the optimistic side"
+)
+
+
 def _llamacpp_options(engine: ServiceFlags) -> tuple[dict[str, Any], list[FlagReading]]:
     """LlamaCppOptions fields from llama-server's settings (its aliases and LLAMA_ARG_* variables)."""
     settings = server_settings(
@@ -311,13 +325,15 @@ def _llamacpp_options(engine: ServiceFlags) -> tuple[dict[str, Any], list[FlagRe
 
 
 def _llamacpp_run(
-    preset: SimPreset, options: LlamaCppOptions, callers: int, requests: int, shape: RequestShape
+    preset: SimPreset, options: LlamaCppOptions, callers: int, requests: int, shape: RequestShape,
+    reads: WeightReads | None = None,
 ) -> tuple[LoadFigures, float]:
     """The figures of one closed-loop run and the prompt tokens reused per request."""
     engines: list[LlamaCppScheduler] = []
 
     def law(chosen: SimPreset) -> LlamaCppScheduler:
         engines.append(LlamaCppScheduler(chosen, 1.0, options))
+        engines[-1].weight_reads = reads
         return engines[-1]
 
     figures = closed_loop(preset, callers, shape=shape, requests=requests, law=law)
@@ -334,13 +350,29 @@ def _predict_llamacpp(
     on, reused_on = _llamacpp_run(tuned, options, callers, requests, SEED_SHAPE)
     off, reused_off = _llamacpp_run(tuned, options, callers, requests, THINKING_OFF_SHAPE)
     base_off = closed_loop(tuned, callers, shape=THINKING_OFF_SHAPE, requests=requests)
+    floored = {
+        mode: (_llamacpp_run(tuned, options, callers, requests, shape, SPARK_GGUF)[0],
+               _vllm_run(tuned, callers, requests, shape, SPARK_NVFP4))
+        for mode, shape in (("on", SEED_SHAPE), ("off", THINKING_OFF_SHAPE))
+    }
     assumptions = [text.format(prefill=tuned.prefill_tokens_per_s, decode=tuned.decode_tokens_per_s,
                                overhead=tuned.step_overhead_s) for text in LLAMACPP_ASSUMPTIONS]
     return Prediction(
         engine.name, callers, fields, on, base_on, readings, engine_kind="llamacpp",
         thinking_off=(off, base_off), reused_tokens={"on": reused_on, "off": reused_off},
-        assumptions=assumptions,
+        assumptions=assumptions, with_weight_reads=floored,
     )
+
+
+def _vllm_run(
+    preset: SimPreset, callers: int, requests: int, shape: RequestShape, reads: WeightReads
+) -> LoadFigures:
+    def law(chosen: SimPreset) -> SimScheduler:
+        engine = SimScheduler(chosen, 1.0)
+        engine.weight_reads = reads
+        return engine
+
+    return closed_loop(preset, callers, shape=shape, requests=requests, law=law)
 
 
 def _llamacpp_json(
@@ -357,5 +389,10 @@ def _llamacpp_json(
             "baseline": figures(baseline),
         },
         "reused_prompt_tokens_per_request": prediction.reused_tokens,
+        "with_weight_reads": {
+            "assumption": WEIGHT_READS_ASSUMPTION,
+            **{f"thinking_{mode}": {"predicted": figures(mine), "baseline": figures(theirs)}
+               for mode, (mine, theirs) in prediction.with_weight_reads.items()},
+        },
         "assumptions": prediction.assumptions,
     }
