@@ -12,7 +12,7 @@ from deploy.simulator.llamacpp_law import (
     LlamaCppScheduler,
     micro_batches,
 )
-from deploy.simulator.scheduler import Sequence, StepPlan, TokenEvent
+from deploy.simulator.scheduler import FinishEvent, Sequence, StepPlan, TokenEvent
 from deploy.simulator.tokenizer import ImageSlot, Token, render_chat
 from deploy.simulator.virtual import SEED_SHAPE, THINKING_OFF_SHAPE, closed_loop
 
@@ -207,3 +207,20 @@ def test_in_a_closed_loop_each_keyframe_reuses_the_shared_system_prompt_and_no_m
         warm, rest = divmod(counters.prefix_cache_hits, shape.shared_prefix_tokens)
         assert rest == 0
         assert started - 8 <= warm < started
+
+
+async def test_the_served_loop_runs_the_law_and_reports_the_reused_tokens_in_usage() -> None:
+    engine = LlamaCppScheduler(SPARK, 0.0, HYBRID)
+    engine.start()
+    try:
+        finishes = []
+        for frame in ("a", "b"):
+            events = [event async for event in engine.generate(request(frame, output=4))]
+            assert len(events) == 5  # four tokens, then the finish with usage
+            finish = events[-1]
+            assert isinstance(finish, FinishEvent)
+            finishes.append(finish)
+    finally:
+        await engine.stop()
+    assert [finish.cached_tokens for finish in finishes] == [0, user_start(request("x").prompt)]
+    assert engine.counters.requests_finished == 2
