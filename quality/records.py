@@ -114,7 +114,9 @@ class VerdictRecord(BaseModel):
     # the chance this frame was paired at all, given its fast verdict (1 for an escalation below the
     # threshold, the shadow share for a random pair): inverse-probability weights use it
     selection_probability: float | None = Field(default=None, gt=0, le=1)
-    engine: str = "vllm"  # the kind of engine that judged it (vllm or llamacpp): an arm beside mode and format
+    engine: str = (
+        "vllm"  # the kind of engine that judged it (vllm or llamacpp): an arm beside mode and format
+    )
 
     @field_validator("recorded_at")
     @classmethod
