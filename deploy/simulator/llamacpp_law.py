@@ -41,7 +41,7 @@ from deploy.simulator.presets import SimPreset
 from deploy.simulator.scheduler import Sequence, StepLoop, StepPlan
 from deploy.simulator.tokenizer import ImageSlot, Token, render_chat
 
-GENERATED: Token = "\x00generated"  # a slot's output token: never equal to a prompt token
+GENERATED: Token = -1  # a slot's output token: never equal to a prompt token
 _CHECKPOINT_TAIL = 4  # server-context.cpp: checkpoints 4 and 4 + n_ubatch tokens before the prompt's end
 
 

@@ -145,19 +145,28 @@ class _Finished:
 
 def _prompt(index: int, shape: RequestShape) -> list[Token]:
     if not shape.image_tokens:
-        return [f"r{index}:{position}" for position in range(shape.prompt_tokens)]
+        # Distinct prompt tokens per request: nothing is cached, as on the Spark (a 1,076-token prompt
+        # never fills one 2,960-token block).
+        return [ImageSlot(f"r{index}", position) for position in range(shape.prompt_tokens)]
     header = list(user_header())  # the template's own tokens mark where the user message starts
-    system: list[Token] = [f"system:{i}" for i in range(shape.shared_prefix_tokens)]
+    # Stand-in text tokens: ids past the vocabulary, the same in every request (system) or after the image.
+    system: list[Token] = [_TEXT + i for i in range(shape.shared_prefix_tokens)]
     image: list[Token] = [ImageSlot(f"frame-{index}", i) for i in range(shape.image_tokens)]
     tail = max(0, shape.prompt_tokens - len(system) - len(header) - len(image))
-    return [*system, *header, *image, *(f"instruction:{i}" for i in range(tail))]
+    return [*system, *header, *image, *(_TEXT + len(system) + i for i in range(tail))]
+
+
+_TEXT = 1_000_000  # no vocabulary reaches it
 
 
 def _sequence(index: int, shape: RequestShape, arrival: float) -> Sequence:
     prompt = _prompt(index, shape)
     output = [TokenEvent("reasoning", "x") for _ in range(shape.output_for(index))]
     return Sequence(
-        request_id=f"virtual-{index}", prompt=prompt, output=output, max_tokens=len(output),
+        request_id=f"virtual-{index}",
+        prompt=prompt,
+        output=output,
+        max_tokens=len(output),
         arrival=arrival,
     )
 

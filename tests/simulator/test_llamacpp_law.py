@@ -11,6 +11,7 @@ from deploy.simulator.llamacpp_law import (
     LlamaCppOptions,
     LlamaCppScheduler,
     micro_batches,
+    user_header,
 )
 from deploy.simulator.scheduler import FinishEvent, Sequence, StepPlan, TokenEvent
 from deploy.simulator.tokenizer import ImageSlot, Token, render_chat
@@ -24,7 +25,7 @@ HYBRID = LlamaCppOptions(n_parallel=2, n_ctx=16384)
 
 
 def keyframe_prompt(frame: str, image_tokens: int = 64, system: str = SYSTEM) -> list[Token]:
-    image: list[Token | str] = [ImageSlot(frame, i) for i in range(image_tokens)]
+    image: list[ImageSlot | str] = [ImageSlot(frame, i) for i in range(image_tokens)]
     return render_chat([("system", [system]), ("user", [*image, INSTRUCTION])], enable_thinking=False)
 
 
@@ -53,7 +54,8 @@ def shared_prefix(prompt: list[Token]) -> int:
 
 
 def user_start(prompt: list[Token]) -> int:
-    return next(i for i in range(len(prompt)) if prompt[i] == "<|im_start|>" and prompt[i + 1] == "user")
+    header = list(user_header())
+    return next(i for i in range(len(prompt)) if prompt[i : i + len(header)] == header)
 
 
 def test_an_attention_only_model_reuses_the_whole_common_prefix_on_the_same_slot() -> None:
@@ -135,7 +137,7 @@ def test_generated_tokens_and_a_prompt_share_one_batch_and_one_pass_with_unified
     for _ in range(5):
         engine.complete_step(engine.plan_step(), 0.0)
     assert long_running.prefill_done
-    text_only = Sequence("t", ["<|im_start|>", "user", "\n", *[f"w{i}" for i in range(40)]],
+    text_only = Sequence("t", [*user_header(), *range(1000, 1040)],
                          [TokenEvent("content", "x")], max_tokens=1, arrival=0.0)
     engine.submit(text_only)
     step = engine.plan_step()
