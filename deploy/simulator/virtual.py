@@ -27,14 +27,16 @@ class RequestShape:
 
     With ``image_tokens`` the prompt is laid out as the chat template lays out a keyframe request: a
     system message of ``shared_prefix_tokens`` (the same in every request), then a user message (its
-    header, one image of its own, the instruction and the assistant header). Without, every prompt token
-    is the request's own.
+    header, one image of its own, the instruction and the assistant header). Without, the prompt is the
+    shared prefix, then tokens of the request's own.
     """
 
     prompt_tokens: int = 1076
     output_tokens: int = 95
     output_jitter: int = 10
-    shared_prefix_tokens: int = 0
+    shared_prefix_tokens: int = (
+        0  # leading prompt tokens every request repeats (what the prefix cache can reuse)
+    )
     image_tokens: int = 0
 
     def output_for(self, index: int) -> int:
@@ -145,9 +147,11 @@ class _Finished:
 
 def _prompt(index: int, shape: RequestShape) -> list[Token]:
     if not shape.image_tokens:
-        # Distinct prompt tokens per request: nothing is cached, as on the Spark (a 1,076-token prompt
-        # never fills one 2,960-token block).
-        return [ImageSlot(f"r{index}", position) for position in range(shape.prompt_tokens)]
+        # Distinct prompt tokens per request past the shared prefix: by default nothing is cached, as on
+        # the Spark (a 1,076-token prompt never fills one 2,960-token block).
+        shared = min(shape.shared_prefix_tokens, shape.prompt_tokens)
+        prompt: list[Token] = [ImageSlot("shared", position) for position in range(shared)]
+        return prompt + [ImageSlot(f"r{index}", position) for position in range(shared, shape.prompt_tokens)]
     header = list(user_header())  # the template's own tokens mark where the user message starts
     # Stand-in text tokens: ids past the vocabulary, the same in every request (system) or after the image.
     system: list[Token] = [_TEXT + i for i in range(shape.shared_prefix_tokens)]
