@@ -18,7 +18,7 @@ from typing import Any
 from deploy.check import DEFAULT_MAX_INFLIGHT, ServiceFlags, UnreadableInputError, read_services
 from deploy.check.llamacpp import server_settings, slots
 from deploy.simulator.engine import SimScheduler
-from deploy.simulator.hardware import SPARK_GGUF, SPARK_NVFP4, WeightReads
+from deploy.simulator.hardware import SPARK_GGUF, SPARK_NVFP4, WeightReadFloor
 from deploy.simulator.llamacpp_law import LlamaCppOptions, LlamaCppScheduler
 from deploy.simulator.presets import PRESETS, SimPreset
 from deploy.simulator.virtual import SEED_SHAPE, THINKING_OFF_SHAPE, LoadFigures, RequestShape, closed_loop
@@ -326,14 +326,14 @@ def _llamacpp_options(engine: ServiceFlags) -> tuple[dict[str, Any], list[FlagRe
 
 def _llamacpp_run(
     preset: SimPreset, options: LlamaCppOptions, callers: int, requests: int, shape: RequestShape,
-    reads: WeightReads | None = None,
+    reads: WeightReadFloor | None = None,
 ) -> tuple[LoadFigures, float]:
     """The figures of one closed-loop run and the prompt tokens reused per request."""
     engines: list[LlamaCppScheduler] = []
 
     def law(chosen: SimPreset) -> LlamaCppScheduler:
         engines.append(LlamaCppScheduler(chosen, 1.0, options))
-        engines[-1].weight_reads = reads
+        engines[-1].weight_read_floor = reads
         return engines[-1]
 
     figures = closed_loop(preset, callers, shape=shape, requests=requests, law=law)
@@ -365,11 +365,11 @@ def _predict_llamacpp(
 
 
 def _vllm_run(
-    preset: SimPreset, callers: int, requests: int, shape: RequestShape, reads: WeightReads
+    preset: SimPreset, callers: int, requests: int, shape: RequestShape, reads: WeightReadFloor
 ) -> LoadFigures:
     def law(chosen: SimPreset) -> SimScheduler:
         engine = SimScheduler(chosen, 1.0)
-        engine.weight_reads = reads
+        engine.weight_read_floor = reads
         return engine
 
     return closed_loop(preset, callers, shape=shape, requests=requests, law=law)

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from deploy.simulator.hardware import WeightReads
+from deploy.simulator.hardware import WeightReadFloor
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.tokenizer import Token
 
@@ -121,7 +121,7 @@ class StepLoop(ABC):
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.peak_running = 0
-        self.weight_reads: WeightReads | None = None  # a hardware floor on each pass (deploy predict only)
+        self.weight_read_floor: WeightReadFloor | None = None  # a floor on each pass (deploy predict)
 
     # --- the law: what each engine defines -----------------------------------------------------------
 
@@ -189,15 +189,15 @@ class StepLoop(ABC):
 
     def _step_seconds(self, prefill_tokens: int, decode_tokens: int) -> float:
         """One forward pass, in Spark seconds: its tokens at the preset's rates plus the per-pass overhead
-        (at least its weight reads, where ``weight_reads`` is set)."""
+        (at least its weight reads, where ``weight_read_floor`` is set)."""
         preset = self.preset
         seconds = preset.step_overhead_s
         if preset.prefill_tokens_per_s > 0:
             seconds += prefill_tokens / preset.prefill_tokens_per_s
         if preset.decode_tokens_per_s > 0:
             seconds += decode_tokens / preset.decode_tokens_per_s
-        if self.weight_reads is not None:
-            seconds = max(seconds, self.weight_reads.seconds(prefill_tokens + decode_tokens))
+        if self.weight_read_floor is not None:
+            seconds = max(seconds, self.weight_read_floor.seconds(prefill_tokens + decode_tokens))
         return seconds
 
     async def _loop(self) -> None:
