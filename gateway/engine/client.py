@@ -130,6 +130,8 @@ class EngineClient:
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=httpx.Timeout(total_timeout_s, connect=connect_timeout_s),
+            # idle connections dropped before the engine's own keep-alive closes them (ENGINE_KEEPALIVE_S): a
+            # call sent on a connection the engine is closing fails mid-answer (502) and is not retried
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                                 keepalive_expiry=ENGINE_KEEPALIVE_S),
             transport=transport,
