@@ -268,7 +268,8 @@ class EngineClient:
                     if response.status_code != 200:
                         await response.aread()
                         status = response.status_code
-                        message = f"engine answered {status}: {_error_message(response)}"
+                        explained = (self._wire or wire_for("vllm")).explain(_error_message(response))
+                        message = f"engine answered {status}: {explained}"
                         if 400 <= status < 500:
                             raise UpstreamError(message, code=ENGINE_REJECTED)
                         raise (EngineUnavailable if status == 503 else UpstreamError)(message)

@@ -60,6 +60,10 @@ class EngineWire:
         """The count in the last step's answer."""
         return int(payload["count"])
 
+    def explain(self, message: str) -> str:
+        """The engine's refusal with what to change, where the gateway knows it."""
+        return message
+
     def cache_counters(self, samples: Iterable[Sample]) -> tuple[float, float] | None:
         """``(prompt tokens looked up in the prefix cache, of which found)`` from ``/metrics``, or None."""
         queries = hits = None
@@ -103,7 +107,9 @@ class LlamaCppWire(EngineWire):
                 "llama.cpp's /tokenize counts text only (an image's tokens come from its mmproj at prefill)",
                 code="engine_cannot_count_images",
             )
-        template: dict[str, Any] = {key: body[key] for key in ("messages", "chat_template_kwargs") if key in body}
+        template: dict[str, Any] = {
+            key: body[key] for key in ("messages", "chat_template_kwargs") if key in body
+        }
         template["add_generation_prompt"] = bool(body.get("add_generation_prompt", True))
         return [("/apply-template", lambda _previous: template),
                 ("/tokenize", lambda previous: count(str(previous["prompt"])))]
@@ -111,6 +117,13 @@ class LlamaCppWire(EngineWire):
     def token_count(self, payload: dict[str, Any]) -> int:
         """``{"tokens": [...]}``: the count is its length."""
         return len(payload["tokens"])
+
+    def explain(self, message: str) -> str:
+        """llama-server's refusals, each with the setting that fixes it."""
+        for clue, advice in _LLAMACPP_ADVICE:
+            if clue in message:
+                return f"{message} ({advice})"
+        return message
 
     def model_root(self, card: dict[str, Any]) -> str:
         """llama.cpp lists no weights path; its kind and the model's size and type stand for it."""
@@ -129,6 +142,15 @@ class LlamaCppWire(EngineWire):
                 cached = sample.value
         return None if processed is None or cached is None else (processed + cached, cached)
 
+
+_LLAMACPP_ADVICE: Final = (
+    ("image input is not supported",
+     "this llama-server has no vision projector: start it with --mmproj <mmproj.gguf>, as "
+     "`modgate engine-llamacpp` does, or send text only"),
+    ("exceeds the available context size",
+     "one slot's context is -c divided by --parallel: raise llama-server's -c, lower --parallel, or send "
+     "fewer or smaller frames per request (MODGATE_SHAPING__IMAGE_TOKEN_BUDGET)"),
+)
 
 # priority: llama.cpp schedules first come first served; structured_outputs/thinking_token_budget are
 # re-said above in its own terms.
