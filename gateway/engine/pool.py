@@ -253,7 +253,7 @@ class EnginePool:
         healthy = await asyncio.gather(*(engine.client.healthy() for engine in self.engines))
         return [
             {"url": engine.url, "up": ok and engine.state != "open", "health": ok, "circuit": engine.state,
-             "inflight": engine.inflight, "cap": engine.cap}
+             "inflight": engine.inflight, "cap": engine.cap, "kind": engine.client.kind}
             for engine, ok in zip(self.engines, healthy, strict=True)
         ]
 
