@@ -14,8 +14,8 @@ from typing import Any
 
 from deploy.simulator.engine import TokenEvent
 from deploy.simulator.protocol import ChatRequest, EngineError
-from deploy.simulator.tokenizer import split_text
 from deploy.simulator.truth import FrameTruth, SimVerdict
+from shaping.bpe import QwenBPE
 from shaping.verdict import ACTIONS, MODEL_CATEGORIES, compact_text
 
 END_OF_OUTPUT = "<|im_end|>"  # the stop token: generated (one decode step), counted, never in the text
@@ -102,9 +102,6 @@ def answer_text(
     return one_json, confidences
 
 
-_CATEGORY_HEADS = tuple(dict.fromkeys(split_text(c)[0] for c in MODEL_CATEGORIES))  # "sexual", "violence", …
-
-
 def _distribution(
     chosen: str, probability: float, others: list[str], weights: list[float]
 ) -> list[tuple[str, float]]:
@@ -125,10 +122,16 @@ def _action_alternatives(chosen: str, confidence: float, reference: str) -> list
     return _distribution(chosen, confidence, others, [0.75, 0.25])
 
 
-def _category_alternatives(head: str, confidence: float) -> list[tuple[str, float]]:
-    """The categories' first tokens at a category's place: the named one at ``(1 + confidence) / 2``."""
-    others = [h for h in _CATEGORY_HEADS if h != head]
-    return _distribution(head, (1 + confidence) / 2, others, [1.0] * len(others))
+def _category_alternatives(bpe: QwenBPE, piece: str, lead: str, confidence: float) -> list[tuple[str, float]]:
+    """At the token holding a category's first letter (``:self`` or ``viol``), the tokens the other
+    categories would start with there (``lead`` is what the token writes before the name); the named one
+    at ``(1 + confidence) / 2``."""
+    others = []
+    for category in MODEL_CATEGORIES:
+        head = bpe.pieces(lead + category)[0] if lead else bpe.pieces(category)[0]
+        if head != piece and head not in others:
+            others.append(head)
+    return _distribution(piece, (1 + confidence) / 2, others, [1.0] * len(others))
 
 
 def _verdict_places(answer: str) -> tuple[dict[int, int], dict[int, int]]:
@@ -155,18 +158,24 @@ def _verdict_places(answer: str) -> tuple[dict[int, int], dict[int, int]]:
     return actions, categories
 
 
-def answer_tokens(answer: str, confidences: list[float], references: list[SimVerdict]) -> list[TokenEvent]:
-    """The answer as tokens; at each verdict's action and categories, the alternatives the model weighed."""
+def answer_tokens(
+    bpe: QwenBPE, answer: str, confidences: list[float], references: list[SimVerdict]
+) -> list[TokenEvent]:
+    """The answer in the model's tokens; at each verdict's action and categories (the token holding their
+    first letter: BPE may merge a category's head with the colon), the alternatives the model weighed."""
     actions, categories = _verdict_places(answer)
     events: list[TokenEvent] = []
     position = 0
-    for piece in split_text(answer):
+    for piece in bpe.pieces(answer):
         alternatives: list[tuple[str, float]] = [(piece, 0.0)]
+        inside = range(position, position + len(piece))
+        category = next((c for c in inside if c in categories), None)
         if position in actions and actions[position] < min(len(confidences), len(references)):
             frame = actions[position]
             alternatives = _action_alternatives(piece, confidences[frame], references[frame].action)
-        elif position in categories and categories[position] < len(confidences):
-            alternatives = _category_alternatives(piece, confidences[categories[position]])
+        elif category is not None and categories[category] < len(confidences):
+            lead = piece[: category - position]
+            alternatives = _category_alternatives(bpe, piece, lead, confidences[categories[category]])
         logprob = dict(alternatives).get(piece, 0.0)
         events.append(TokenEvent("content", piece, logprob, tuple(alternatives)))
         position += len(piece)

@@ -32,7 +32,7 @@ from deploy.simulator.presets import SimPreset
 from deploy.simulator.protocol import EngineError, decode_image, parse_chat
 from deploy.simulator.responses import Completion, streamed, whole
 from deploy.simulator.service import Faults, SimulatedEngine
-from deploy.simulator.tokenizer import split_text, token_id
+from deploy.simulator.tokenizer import token_id
 
 
 class FaultsUpdate(BaseModel):
@@ -146,13 +146,19 @@ async def tokenize(request: Request[Any, Any, Any], state: State) -> dict[str, A
             chat, add_generation_prompt=bool(raw.get("add_generation_prompt", True))
         )
     elif isinstance(raw.get("prompt"), str):
-        tokens = list(split_text(raw["prompt"]))
+        # vLLM's completion-style body {"model", "prompt", "add_special_tokens"}: Qwen's tokenizer adds no
+        # BOS, so add_special_tokens changes no count, but it is checked as vLLM checks it
+        if raw.get("model") not in (None, sim.preset.model):
+            raise EngineError(404, f"The model `{raw['model']}` does not exist.", "model")
+        if not isinstance(raw.get("add_special_tokens", True), bool):
+            raise EngineError(400, "add_special_tokens must be a boolean", "add_special_tokens")
+        tokens = list(sim.bpe.encode(raw["prompt"]))
     else:
         raise EngineError(400, "either 'prompt' or 'messages' is required")
     return {
         "count": len(tokens),
         "max_model_len": sim.preset.max_model_len,
-        "tokens": [token_id(t) for t in tokens],
+        "tokens": [token_id(t, sim.bpe) for t in tokens],
         "token_strs": None,
     }
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from shaping.bpe import DEFAULT_FAMILY, Family
+
 SPARK_PREFILL_TOKENS_PER_S = 3500.0
 SPARK_DECODE_TOKENS_PER_S = 96.0
 
@@ -15,6 +17,7 @@ class SimPreset:
     name: str
     model: str
     model_root: str = ""  # what /v1/models says in ``root`` (vLLM: the weights' path); empty: the model id
+    tokenizer: Family = DEFAULT_FAMILY  # whose BPE counts the prompt (shaping.bpe): the Spark's Qwen3.5/3.6
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 4096
     max_model_len: int = 131072

@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.keyframes import Label, read_label
-from deploy.simulator.tokenizer import ImageSlot, Token
+from deploy.simulator.tokenizer import ImageSlot
 from shaping.errors import ImageRejected
 from shaping.tokens import TokenGrid, image_tokens
 
@@ -78,12 +78,12 @@ def decode_image(url: str, explicit_uuid: str | None, grid: TokenGrid) -> Decode
     return DecodedImage(identity=identity, tokens=tokens, label=label)
 
 
-def user_parts(content: Any, grid: TokenGrid) -> tuple[list[Token | str], list[DecodedImage]]:
+def user_parts(content: Any, grid: TokenGrid) -> tuple[list[ImageSlot | str], list[DecodedImage]]:
     if isinstance(content, str):
         return [content], []
     if not isinstance(content, list):
         raise EngineError(400, "message content must be a string or a list of parts", "messages")
-    parts: list[Token | str] = []
+    parts: list[ImageSlot | str] = []
     images: list[DecodedImage] = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None

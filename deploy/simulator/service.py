@@ -12,8 +12,9 @@ from deploy.simulator.engine import SimScheduler, TokenEvent
 from deploy.simulator.metrics import SimMetrics
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.protocol import ChatRequest, DecodedImage, EngineError, user_parts
-from deploy.simulator.tokenizer import Token, render_chat
+from deploy.simulator.tokenizer import ImageSlot, Token, render_chat
 from deploy.simulator.truth import FrameTruth, SimVerdict, frame_truth
+from shaping.bpe import qwen_bpe
 from shaping.tokens import TokenGrid
 
 
@@ -37,6 +38,7 @@ class SimulatedEngine:
         self.time_scale = time_scale
         self.faults = faults or Faults()
         self.metrics = SimMetrics(preset.model)
+        self.bpe = qwen_bpe(preset.tokenizer)
         self.engine = SimScheduler(
             preset, time_scale, observe_ttft=self.metrics.ttft.observe, observe_e2e=self.metrics.e2e.observe
         )
@@ -65,7 +67,7 @@ class SimulatedEngine:
         """Render the chat template into tokens; answers (tokens, images, enable_thinking)."""
         kwargs = request.chat_template_kwargs or {}
         enable_thinking = bool(kwargs.get("enable_thinking", True))
-        messages: list[tuple[str, list[Token | str]]] = []
+        messages: list[tuple[str, list[ImageSlot | str]]] = []
         images: list[DecodedImage] = []
         for message in request.messages:
             role = message.get("role")
@@ -74,7 +76,11 @@ class SimulatedEngine:
             parts, found = user_parts(message.get("content", ""), self.grid)
             messages.append((role, parts))
             images += found
-        return render_chat(messages, enable_thinking, add_generation_prompt), images, enable_thinking
+        return (
+            render_chat(messages, enable_thinking, add_generation_prompt, bpe=self.bpe),
+            images,
+            enable_thinking,
+        )
 
     def truth(self, image: DecodedImage) -> FrameTruth:
         """The simulator's ground truth for one decoded image (deploy.simulator.truth)."""
@@ -107,6 +113,6 @@ class SimulatedEngine:
             # the closing tag: generated and counted, but neither reasoning (not in reasoning_tokens) nor text
             output.append(TokenEvent("content", THINK_END))
         references = [t.thinking_on for t in truths] or [SimVerdict("allow", ())]  # text only: one verdict
-        output += answer_tokens(answer, confidences, references)
+        output += answer_tokens(self.bpe, answer, confidences, references)
         output.append(TokenEvent("content", END_OF_OUTPUT))
         return output

@@ -1,20 +1,18 @@
-"""A deterministic stand-in for the model's tokenizer and Qwen-style chat template.
+"""The simulated engine's tokenizer: Qwen's real BPE (shaping.bpe) and its ChatML chat template.
 
-It is not the real tokenizer; it is stable, cheap, and close to the Spark's counts for the canonical
-prompt (about 400 tokens for its ~700 characters). Image placeholders carry the image's identity so the
-prefix cache hashes it with the block, as vLLM does.
+A prompt is rendered the way vLLM renders it (the template to one string, then the tokenizer over the whole
+string, so merges across a message's text are the model's own), except that an image is a run of
+:class:`ImageSlot` positions carrying the image's identity, so the prefix cache hashes it with the block as
+vLLM does. Which family's vocabulary is used is the preset's ``tokenizer`` (``qwen3.6`` for the Spark).
 """
 
 from __future__ import annotations
 
-import re
-import zlib
 from dataclasses import dataclass
 
-_TOKEN = re.compile(
-    r"[\u3400-\u9fff\uf900-\ufaff]{1,2}|[A-Za-z]{1,8}|[0-9]|\n|[ \t]+|[^\sA-Za-z0-9\u3400-\u9fff]"
-)
-VOCAB_SIZE = 151_936
+from shaping.bpe import QwenBPE, qwen_bpe
+
+IMAGE_PAD = "<|image_pad|>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,34 +23,36 @@ class ImageSlot:
     index: int
 
 
-Token = str | ImageSlot
+Token = int | ImageSlot
 
 
-def split_text(text: str) -> list[str]:
-    """Text into token pieces."""
-    return _TOKEN.findall(text)
-
-
-def token_id(token: Token) -> int:
-    """A stable integer id for a token piece (what ``/tokenize`` answers)."""
-    if isinstance(token, ImageSlot):
-        return 151_655  # Qwen's image pad token
-    return zlib.crc32(token.encode()) % VOCAB_SIZE
+def token_id(token: Token, bpe: QwenBPE) -> int:
+    """The id ``/tokenize`` answers for a token (an image position is the image pad token, as in vLLM)."""
+    return bpe.special(IMAGE_PAD) if isinstance(token, ImageSlot) else token
 
 
 def render_chat(
-    messages: list[tuple[str, list[Token | str]]], enable_thinking: bool, add_generation_prompt: bool = True
+    messages: list[tuple[str, list[ImageSlot | str]]],
+    enable_thinking: bool,
+    add_generation_prompt: bool = True,
+    *,
+    bpe: QwenBPE | None = None,
 ) -> list[Token]:
-    """Qwen-style template: ``<|im_start|>role\\n … <|im_end|>\\n``, then the assistant header if asked."""
+    """Qwen's template: ``<|im_start|>role\\n … <|im_end|>\\n``, then the assistant header if asked
+    (``bpe``: whose tokens, by default the Spark's family)."""
+    bpe = bpe or qwen_bpe()
     tokens: list[Token] = []
+    text = ""
     for role, parts in messages:
-        tokens += ["<|im_start|>", role, "\n"]
+        text += f"<|im_start|>{role}\n"
         for part in parts:
-            tokens += split_text(part) if isinstance(part, str) else [part]
-        tokens += ["<|im_end|>", "\n"]
-    if not add_generation_prompt:  # the empty thinking block belongs to the assistant header, as in Qwen's
-        return tokens
-    tokens += ["<|im_start|>", "assistant", "\n"]
-    if not enable_thinking:
-        tokens += ["<think>", "\n\n", "</think>", "\n\n"]
-    return tokens
+            if isinstance(part, str):
+                text += part
+            else:
+                tokens += bpe.encode(text)
+                text = ""
+                tokens.append(part)
+        text += "<|im_end|>\n"
+    if add_generation_prompt:  # the empty thinking block belongs to the assistant header, as in Qwen's
+        text += bpe.generation_prompt(enable_thinking)
+    return tokens + bpe.encode(text)

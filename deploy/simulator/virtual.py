@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from deploy.simulator.engine import Sequence, SimScheduler, TokenEvent
 from deploy.simulator.presets import SimPreset
-from deploy.simulator.tokenizer import Token
+from deploy.simulator.tokenizer import ImageSlot, Token
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +120,13 @@ class _Finished:
 def _sequence(index: int, shape: RequestShape, arrival: float) -> Sequence:
     # Distinct prompt tokens per request: nothing is cached, as on the Spark (a 1,076-token prompt never
     # fills one 2,960-token block).
-    prompt: list[Token] = [f"r{index}:{position}" for position in range(shape.prompt_tokens)]
+    prompt: list[Token] = [ImageSlot(f"r{index}", position) for position in range(shape.prompt_tokens)]
     output = [TokenEvent("reasoning", "x") for _ in range(shape.output_for(index))]
     return Sequence(
-        request_id=f"virtual-{index}", prompt=prompt, output=output, max_tokens=len(output),
+        request_id=f"virtual-{index}",
+        prompt=prompt,
+        output=output,
+        max_tokens=len(output),
         arrival=arrival,
     )
 

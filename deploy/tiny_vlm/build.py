@@ -187,6 +187,27 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> Idefics3Config:
     )  # fmt: skip
 
 
+LENGTH_PULL = 1.0
+
+
+def prefer_long_tokens(model: Idefics3ForConditionalGeneration, ranks: dict[bytes, int]) -> None:
+    """Make the random model write the longest token the grammar allows, as a trained model writes a word.
+
+    Random weights under a grammar pick any cut of the allowed text (``b`` ``l`` ``o`` …: a one-frame verdict
+    in 30-50 tokens). One embedding dimension is set to ``LENGTH_PULL`` × the token's length in bytes (0 for
+    special tokens): the residual stream carries it, so after the final norm that dimension is positive and
+    the tied output embedding adds a logit in proportion to each token's length (about 11 per byte). Under
+    the grammar the model then writes verdicts in long tokens, near Qwen's own cut; without one it runs to
+    the token limit, as before.
+    """
+    with torch.no_grad():
+        embedding = model.get_input_embeddings().weight
+        lengths = torch.zeros(embedding.shape[0])
+        for token, rank in ranks.items():
+            lengths[rank] = len(token)
+        embedding[:, 0] = LENGTH_PULL * lengths
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Write a JSON file with sorted keys (byte-stable across builds)."""
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -216,7 +237,9 @@ def build(out: Path, vocab_file: Path) -> None:
     say_qwen2(out)
     config = model_config(tokenizer)
     torch.manual_seed(SEED)
-    Idefics3ForConditionalGeneration(config).save_pretrained(out)
+    model = Idefics3ForConditionalGeneration(config)
+    prefer_long_tokens(model, read_ranks(vocab_file))
+    model.save_pretrained(out)
     write_json(out / "preprocessor_config.json", {
         "image_processor_type": "Idefics3ImageProcessor", "processor_class": "Idefics3Processor",
         # Longest edge resized to 256 px, split into 64 px tiles (up to 4 x 4) plus one global tile.

@@ -153,10 +153,11 @@ def test_the_compact_verdict_costs_the_stop_token_more_than_its_pieces(start_sim
             ).json()["usage"]["completion_tokens"]
             for label in ("allow", "review", "block:violence", "block:harassment", "block:self-harm")
         }
+    # Qwen's BPE: block : viol ence, block : har ass ment, block :self -h arm (the colon merges with "self")
     assert usage == {
         "allow": 2,
         "review": 2,
-        "block:violence": 4,
-        "block:harassment": 5,
-        "block:self-harm": 6,
+        "block:violence": 5,
+        "block:harassment": 6,
+        "block:self-harm": 5,
     }
