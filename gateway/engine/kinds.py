@@ -87,7 +87,12 @@ class LlamaCppWire(EngineWire):
         out = {key: value for key, value in body.items() if key not in _VLLM_ONLY}
         constraint = body.get("structured_outputs")
         if isinstance(constraint, dict) and "regex" in constraint:
-            out["grammar"] = regex_to_gbnf(str(constraint["regex"]))
+            grammar = regex_to_gbnf(str(constraint["regex"]))
+            if thinking_on(body):
+                # llama.cpp holds the grammar from the first generated token (vLLM: after the reasoning);
+                # the template opened <think>, so the grammar lets the thought run to </think> first.
+                grammar = THOUGHT_RULES + grammar.replace("root ::= ", "verdict ::= ", 1)
+            out["grammar"] = grammar
         if body.get("thinking_token_budget") is not None:
             out["reasoning_budget_tokens"] = body["thinking_token_budget"]
         messages = body.get("messages")
@@ -141,6 +146,16 @@ class LlamaCppWire(EngineWire):
             elif sample.name == "llamacpp:prompt_tokens_cached_total":
                 cached = sample.value
         return None if processed is None or cached is None else (processed + cached, cached)
+
+
+THOUGHT_RULES: Final = 'root ::= thought verdict\nthought ::= [^<]* "</think>" "\\n"*\n'
+"""The reasoning before the verdict, in GBNF: anything up to ``</think>``, then the blank lines after it."""
+
+
+def thinking_on(body: dict[str, Any]) -> bool:
+    """Whether the request asks for reasoning (``chat_template_kwargs.enable_thinking``, default on)."""
+    kwargs = body.get("chat_template_kwargs")
+    return not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
 
 
 _LLAMACPP_ADVICE: Final = (

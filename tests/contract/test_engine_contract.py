@@ -34,6 +34,19 @@ from shaping.verdict import (
 )
 from tests.support import SimFactory
 
+# Differences the real llama-server showed (10:15 UTC run) that no test pins yet, each as it was seen.
+LLAMACPP_UNPINNED = {
+    "test_thinking_on_puts_reasoning_in_the_reasoning_field": "the JSON-verdict regex with a thought rule: "
+    "no reasoning_content came back",
+    "test_a_malformed_request_gets_the_openai_error_shape": "its error has no 'param'; stream_options "
+    "without stream and max_completion_tokens -1 are accepted (200)",
+    "test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done": "streamed reasoning deltas",
+    "test_logprobs_come_for_every_token_and_the_grammar_masks_the_verdicts_alternatives": "entries carry "
+    "'id' first and the alternatives are raw (unmasked) logits",
+    "test_streamed_logprobs_are_the_same_tokens_delta_by_delta": "streamed logprob entries differ",
+    "test_the_compact_forms_cost_a_handful_of_tokens_on_the_engines_tokenizer": "block:violence/graphic is "
+    "6 tokens (the simulator's Qwen BPE since main's tokenizer change says the same)",
+}
 LLAMACPP_METRIC_NAMES = (  # what the gateway reads of llama-server's /metrics (unlabelled)
     "llamacpp:prompt_tokens",
     "llamacpp:prompt_tokens_cached",
@@ -92,6 +105,9 @@ def engine(request: pytest.FixtureRequest, start_sim: SimFactory) -> Iterator[En
         url = start_sim("instant", time_scale=0.0, block_size=128).url
     elif request.param == "llamacpp":
         url = request.getfixturevalue("real_llamacpp_url")
+        gap = LLAMACPP_UNPINNED.get(request.node.originalname)
+        if gap:  # strict: the day the assertion holds on llama.cpp, this fails and the entry goes
+            request.applymarker(pytest.mark.xfail(strict=True, reason=gap))
     else:
         url = request.getfixturevalue("real_engine_url")
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
