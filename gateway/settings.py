@@ -10,6 +10,7 @@ from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validat
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shaping.tokens import TokenGrid, smallest_honoured_budget
+from shaping.verdict import ACTIONS
 
 
 def _comma_separated(value: object) -> object:
@@ -42,7 +43,8 @@ class EngineSettings(BaseModel):
     max_completion_tokens_direct: int = Field(default=64, ge=1)
     verdict_constraint: Literal["json_schema", "regex"] = "json_schema"  # how the JSON verdict format is held
     # Alternatives asked per generated token (vLLM's top_logprobs, at most its --max-logprobs, default 20):
-    # the verdict's confidence is read from them (shaping.confidence). 0: none asked, confidence is null.
+    # the verdict's confidence is read from them (shaping.confidence). 0: none asked, confidence is null;
+    # fewer than the actions cannot show each action's first token and is refused (_sees_every_action).
     top_logprobs: int = Field(default=10, ge=0, le=20)
     use_priority: bool = False  # needs the engine started with --scheduling-policy priority
     # What served the verdicts, part of the verdict-reuse scope with the model's id and root (/v1/models):
@@ -76,6 +78,18 @@ class EngineSettings(BaseModel):
                 stripped = kind.strip()
                 return "vllm" if stripped == "vllm" else "llamacpp" if stripped == "llamacpp" else "auto"
         return self.kind
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _sees_every_action(cls, value: int) -> int:
+        """Refused: a ``top_logprobs`` that cannot list each action's first token at the verdict's start."""
+        if 0 < value < len(ACTIONS):
+            raise ValueError(
+                f"MODGATE_ENGINE__TOP_LOGPROBS={value} is too small to see each action's first token: the "
+                f"verdict's confidence needs at least {len(ACTIONS)} alternatives per token "
+                f"({', '.join(ACTIONS)}), or 0 to ask for no logprobs (confidence null)"
+            )
+        return value
 
 
 class AdmissionSettings(BaseModel):
@@ -121,8 +135,10 @@ class TenantSettings(BaseModel):
     default_keyframes_per_minute: int = Field(default=0, ge=0)
     max_concurrent: TenantCounts = Field(default_factory=dict)  # moderation requests at once, per replica
     default_max_concurrent: int = Field(default=0, ge=0)
-    # One output token's engine time in prompt tokens (prefill ~3,000 tok/s, decode ~105 tok/s on the Spark)
-    output_token_weight: float = Field(default=28.0, ge=0, le=1000)
+    # One output token's engine time in prompt tokens: the Spark preset's prefill / decode rates, 3,500 / 96
+    # tokens/s (deploy/simulator/presets.py, SimPreset.output_token_weight; a test holds the two together).
+    # The built-in simulator uses its own preset's; set it for another engine (docs/tenants.md).
+    output_token_weight: float = Field(default=36.5, ge=0, le=1000)
     redis_key: str = Field(default="modgate:tenants", min_length=1)  # hash: tenant -> JSON limits
     reload_interval_s: float = Field(default=5.0, gt=0)  # how often Redis-held tenants are read again
 
@@ -240,6 +256,12 @@ class JobSettings(BaseModel):
     webhook_allowlist: HostList = Field(default_factory=list)  # hosts a webhook may go to (operator-trusted)
     webhook_timeout_s: float = Field(default=10.0, gt=0)
     webhook_attempts: int = Field(default=5, ge=1, le=20)
+    # At shutdown: how long running jobs may go on; the rest go back to the stream for another gateway.
+    stop_grace_s: float = Field(default=10.0, ge=0, le=600)
+    # Redis replicas that must hold a job (WAIT) before its submission is answered 202, and before its
+    # completion counts: what asynchronous replication would lose in a failover (0: do not wait).
+    wait_replicas: int = Field(default=0, ge=0, le=16)
+    wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
 
     @field_validator("webhook_secret")
     @classmethod
@@ -310,6 +332,9 @@ class LeaseSettings(BaseModel):
     renew_every_s: float = Field(default=3.0, gt=0)
     redis_timeout_s: float = Field(default=0.5, gt=0)
     retry_after_failure_s: float = Field(default=5.0, gt=0)  # local caps only, this long after Redis failed
+    # The next free slot goes to the tenant served least across every replica (Redis decides, with the
+    # lease); off: each replica shares its own slots between its own tenants, and replicas race for leases.
+    fair_share: bool = True
 
     @model_validator(mode="after")
     def _renewed_before_expiry(self) -> LeaseSettings:
@@ -323,6 +348,24 @@ class QualitySettings(BaseModel):
 
     records_dir: Path = Path("var/quality/records")  # one JSONL file per ISO week, read by the weekly report
     redis_stream: str = "modgate:quality:records"  # mirrored there when MODGATE_REDIS_URL is set
+
+
+class ShadowSettings(BaseModel):
+    """A second engine for shadow pairs: the policy's ``shadow_share`` of live frames is judged there too, in
+    the live thinking mode and verdict format, so one engine's verdicts are measured against the other's."""
+
+    engine_url: str | None = None  # unset: shadow pairs only on the live engines, in the other thinking mode
+    engine_kind: Literal["vllm", "llamacpp"] = "llamacpp"  # recorded with its verdicts (VerdictRecord.engine)
+    max_inflight: int = Field(default=8, ge=1, le=1024)  # the second engine's cap (llama.cpp: its slots)
+
+    @field_validator("engine_url")
+    @classmethod
+    def _http(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"MODGATE_SHADOW__ENGINE_URL must start with http:// or https://, got {value!r}")
+        return value.rstrip("/")
 
 
 class SimulatorSettings(BaseModel):
@@ -348,6 +391,8 @@ class Settings(BaseSettings):
     admin_token: str | None = None
     model_name: str = "modgate-moderation"  # the name answered in the moderation response
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # After SIGTERM: seconds /readyz answers 503 while requests are still served (gateway/drain.py).
+    drain_s: float = Field(default=5.0, ge=0, le=600)
 
     engine: EngineSettings = EngineSettings()
     admission: AdmissionSettings = AdmissionSettings()
@@ -362,6 +407,7 @@ class Settings(BaseSettings):
     console: ConsoleSettings = ConsoleSettings()
     leases: LeaseSettings = LeaseSettings()
     quality: QualitySettings = QualitySettings()
+    shadow: ShadowSettings = ShadowSettings()
     tenants: TenantSettings = TenantSettings()
 
     @field_validator("engine_url")
@@ -376,6 +422,16 @@ class Settings(BaseSettings):
         if len(set(urls)) != len(urls):
             raise ValueError("MODGATE_ENGINE_URL lists an engine twice")
         return ",".join(urls) or None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_well_formed(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        from gateway.state import check_redis_url  # redis-py is imported only where a URL is given
+
+        check_redis_url(value.strip())  # redis://, rediss://, unix:// or redis+sentinel:// (gateway/state.py)
+        return value.strip()
 
     @field_validator("engine_caps")
     @classmethod

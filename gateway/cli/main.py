@@ -29,7 +29,8 @@ from quality.cli import quality_app
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from gateway.settings import Settings
+    from deploy.simulator.presets import SimPreset
+    from gateway.settings import Settings, TenantSettings
 
 log = logging.getLogger("modgate.gateway")
 
@@ -88,18 +89,30 @@ def engine_settings(settings: Settings) -> Iterator[Settings]:
             preset.name,
             settings.simulator.time_scale,
         )
-        yield settings.model_copy(update={"engine_url": server.url})
+        tenants = work_weighed(settings, preset)
+        yield settings.model_copy(update={"engine_url": server.url, "tenants": tenants})
+
+
+def work_weighed(settings: Settings, preset: SimPreset) -> TenantSettings:
+    """The tenants' settings with the fair share's work weight of the simulated engine's own preset, unless
+    MODGATE_TENANTS__OUTPUT_TOKEN_WEIGHT was set (or the preset costs no time)."""
+    weight = preset.output_token_weight
+    if weight is None or "output_token_weight" in settings.tenants.model_fields_set:
+        return settings.tenants
+    return settings.tenants.model_copy(update={"output_token_weight": round(weight, 1)})
 
 
 def served_app() -> Litestar:
     """The app as each worker process builds it (``--workers`` above 1): settings from the environment."""
+    from gateway.cli.serving import PROCESS_DRAIN
     from gateway.http.app import create_app
     from gateway.settings import Settings
     from gateway.telemetry.tracing import configure_logging
 
     settings = Settings()
     configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
-    return create_app(settings)
+    PROCESS_DRAIN.period_s = settings.drain_s  # the drain this worker's server begins on SIGTERM
+    return create_app(settings, drain=PROCESS_DRAIN)
 
 
 @app.command()
@@ -121,6 +134,8 @@ def serve(
     """Serve the gateway; with MODGATE_ENGINE_URL unset it starts the simulated engine itself."""
     import uvicorn
 
+    from gateway.cli.serving import run as run_server
+    from gateway.drain import Drain
     from gateway.http.app import create_app
     from gateway.settings import Settings
     from gateway.telemetry.tracing import configure_logging
@@ -165,8 +180,11 @@ def serve(
     with engine_settings(settings) as served:
         if workers > 1 and served.engine_url:
             os.environ["MODGATE_ENGINE_URL"] = served.engine_url  # worker processes read the environment
-        target: Litestar | str = create_app(served) if workers == 1 else "gateway.cli.main:served_app"
-        uvicorn.run(
+        drain = Drain(served.drain_s)
+        target: Litestar | str = (
+            create_app(served, drain=drain) if workers == 1 else "gateway.cli.main:served_app"
+        )
+        config = uvicorn.Config(
             target,
             host=served.host,
             port=served.port,
@@ -182,6 +200,7 @@ def serve(
             http="httptools",
             log_config=log_config,
         )
+        run_server(config, drain)  # SIGTERM: drain MODGATE_DRAIN_S, finish, exit 0 (gateway/cli/serving.py)
 
 
 def _spawn_without_main_module() -> None:
