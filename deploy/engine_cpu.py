@@ -115,7 +115,7 @@ def log_tail(path: Path, lines: int = 60) -> str:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
     """Hold an exclusive file lock: two sessions booting at once must not install into one venv."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a") as lock_file:
@@ -126,7 +126,7 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
-def _run_logged(command: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> None:
+def run_logged(command: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> None:
     """Run one step with its output appended to the log; fail with the log tail."""
     with log_path.open("a", encoding="utf-8") as log:
         log.write(f"\n$ {' '.join(command)}\n")
@@ -152,22 +152,22 @@ def ensure_engine_venv(venv_dir: Path | None = None, log_path: Path | None = Non
     venv = venv_dir or default_venv_dir()
     log = log_path or venv.parent / "logs" / f"{venv.name}-install.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(venv.parent / f".{venv.name}.lock"):
+    with exclusive_lock(venv.parent / f".{venv.name}.lock"):
         if is_engine_installed(venv):
             return venv_python(venv)
         if venv.exists():
             # No marker: an earlier install died half-way; start over rather than trust it.
             shutil.rmtree(venv)
         log.write_text(f"modgate engine install into {venv}\n", encoding="utf-8")
-        _run_logged([sys.executable, "-m", "venv", str(venv)], log)
+        run_logged([sys.executable, "-m", "venv", str(venv)], log)
         python = str(venv_python(venv))
         # pip's cache stays on (no --no-cache-dir) for indexes that allow caching; the PyPI front of these
         # machines sends no cache headers, so here reuse comes from keeping this venv (ENGINE_FACTS.md).
         pip = [python, "-m", "pip", "install", "--progress-bar", "off"]
-        _run_logged([*pip, TORCH_REQUIREMENT], log)
-        _run_logged([*pip, VLLM_REQUIREMENT], log)
-        _run_logged([python, "-m", "pip", "uninstall", "-y", *UNWANTED_PACKAGES], log)
-        _run_logged([python, "-c", "; ".join(f"import {name}" for name in BUILDER_IMPORTS)], log)
+        run_logged([*pip, TORCH_REQUIREMENT], log)
+        run_logged([*pip, VLLM_REQUIREMENT], log)
+        run_logged([python, "-m", "pip", "uninstall", "-y", *UNWANTED_PACKAGES], log)
+        run_logged([python, "-c", "; ".join(f"import {name}" for name in BUILDER_IMPORTS)], log)
         (venv / INSTALL_MARKER).write_text(INSTALL_SPEC + "\n", encoding="utf-8")
     return venv_python(venv)
 
@@ -193,7 +193,7 @@ def ensure_tiny_vlm(python: Path, model_dir: Path | None = None, log_path: Path 
     log.parent.mkdir(parents=True, exist_ok=True)
     fingerprint = builder_fingerprint()
     stamp = out / BUILD_STAMP
-    with _exclusive(out.parent / f".{out.name}.lock"):
+    with exclusive_lock(out.parent / f".{out.name}.lock"):
         if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == fingerprint:
             return out
         if out.exists():
@@ -208,7 +208,7 @@ def ensure_tiny_vlm(python: Path, model_dir: Path | None = None, log_path: Path 
             "--vocab",
             str(tiny_vlm_vocabulary()),
         ]
-        _run_logged(command, log, env=env)
+        run_logged(command, log, env=env)
         stamp.write_text(fingerprint + "\n", encoding="utf-8")
     return out
 
@@ -250,7 +250,7 @@ def engine_command(
     ]  # fmt: skip
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Have Linux SIGTERM the server if the process that started it dies, so no engine is orphaned.
 
     The server runs in its own session (so ``stop`` can signal its whole group), which also shields it
@@ -259,7 +259,7 @@ def _die_with_parent() -> None:
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _client_host(host: str) -> str:
+def client_host(host: str) -> str:
     """The address a local client dials for a server bound to ``host``."""
     return "127.0.0.1" if host in {"0.0.0.0", "", "::"} else host  # noqa: S104 - mapping, not binding
 
@@ -329,36 +329,45 @@ def start_engine(
     """Start the api_server and wait until ``GET /health`` is 200; fail with the log tail otherwise."""
     bound_port = port or free_port(host)
     log = log_path or engine_home() / "logs" / f"engine-{bound_port}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    command = engine_command(python, model_dir, host, bound_port, extra_args)
+    return launch_server(command, env, log, f"http://{client_host(host)}:{bound_port}", ready_timeout, "vLLM")
+
+
+def launch_server(
+    command: list[str], env: dict[str, str], log: Path, url: str, ready_timeout: float, server: str
+) -> EngineProcess:
+    """Start a server in its own process group, logged to ``log``; wait until ``GET /health`` is 200."""
+    log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w", encoding="utf-8") as log_file:
-        process = subprocess.Popen(  # noqa: S603 - fixed argument list built by engine_command
-            engine_command(python, model_dir, host, bound_port, extra_args),
+        process = subprocess.Popen(  # noqa: S603 - fixed argument lists built by this module's callers
+            command,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,  # its own process group, so stop() reaches the engine core too
-            preexec_fn=_die_with_parent,  # one foreign call between fork and exec, resolved beforehand
+            preexec_fn=die_with_parent,  # one foreign call between fork and exec, resolved beforehand
         )
-    engine = EngineProcess(process, f"http://{_client_host(host)}:{bound_port}", log)
+    engine = EngineProcess(process, url, log)
     try:
-        _wait_until_healthy(engine, ready_timeout)
+        wait_until_healthy(engine, ready_timeout, server)
     except BaseException:
         engine.stop()
         raise
     return engine
 
 
-def _wait_until_healthy(engine: EngineProcess, timeout: float) -> None:
-    """Poll ``/health`` until 200, the process dies, or ``timeout`` seconds pass."""
+def wait_until_healthy(engine: EngineProcess, timeout: float, server: str = "vLLM") -> None:
+    """Poll ``/health`` until 200, the process dies, or ``timeout`` seconds pass (``server`` names it)."""
     deadline = time.monotonic() + timeout
     with httpx.Client(timeout=5.0) as client:
         while True:
             code = engine.process.poll()
             if code is not None:
                 raise EngineError(
-                    f"vLLM exited with code {code} before it was ready; last lines of {engine.log_path}:\n"
+                    f"{server} exited with code {code} before it was ready; last lines of {engine.log_path}:"
+                    "\n"
                     + log_tail(engine.log_path)
                 )
             with contextlib.suppress(httpx.TransportError):
@@ -366,7 +375,7 @@ def _wait_until_healthy(engine: EngineProcess, timeout: float) -> None:
                     return
             if time.monotonic() > deadline:
                 raise EngineError(
-                    f"vLLM was not ready after {timeout:.0f} s; last lines of {engine.log_path}:\n"
+                    f"{server} was not ready after {timeout:.0f} s; last lines of {engine.log_path}:\n"
                     + log_tail(engine.log_path)
                 )
             time.sleep(1.0)
@@ -393,7 +402,7 @@ def boot_engine(
     return engine, EngineTimings(installed - began, built - installed, ready - built)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
+def interrupt_to_keyboard(signum: int, frame: FrameType | None) -> None:
     """Turn SIGTERM/SIGHUP into KeyboardInterrupt so the engine is stopped on the way out."""
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -403,8 +412,8 @@ def run_engine_cpu(host: str, port: int, model_dir: Path | None, ready_timeout: 
     # Ctrl-C explicitly (a shell may start background jobs with SIGINT ignored); a supervisor's SIGTERM
     # or a closed terminal's SIGHUP must stop the engine too, not leave it running in its own session.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt_to_keyboard)
+    signal.signal(signal.SIGHUP, interrupt_to_keyboard)
     try:
         engine, timings = boot_engine(host=host, port=port, model_dir=model_dir, ready_timeout=ready_timeout)
     except EngineError as exc:

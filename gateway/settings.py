@@ -51,6 +51,33 @@ class EngineSettings(BaseModel):
     # set it when new weights go live under the same name and path (e.g. the weights' commit).
     model_revision: str = Field(default="", max_length=200)
     model_recheck_s: float = Field(default=5.0, ge=0)  # /v1/models re-read this often (0: every request)
+    # Which server each engine is (gateway/engine/kinds.py): "auto" detects it from GET /props; `kinds`
+    # sets it per engine URL ("http://a:8000=vllm,http://b:8080=llamacpp"), over `kind`.
+    kind: Literal["auto", "vllm", "llamacpp"] = "auto"
+    kinds: str | None = None
+
+    @field_validator("kinds")
+    @classmethod
+    def _kinds_well_formed(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        for item in value.split(","):
+            url, sep, kind = item.strip().rpartition("=")
+            if not sep or not url or kind.strip() not in {"auto", "vllm", "llamacpp"}:
+                raise ValueError(
+                    "MODGATE_ENGINE__KINDS must look like 'http://a:8000=vllm,http://b:8080=llamacpp' "
+                    f"(each kind auto, vllm or llamacpp), got {item.strip()!r}"
+                )
+        return value
+
+    def kind_of(self, url: str) -> Literal["auto", "vllm", "llamacpp"]:
+        """An engine's kind: its MODGATE_ENGINE__KINDS entry, else MODGATE_ENGINE__KIND."""
+        for item in (self.kinds or "").split(","):
+            listed, _, kind = item.strip().rpartition("=")
+            if listed.strip().rstrip("/") == url.rstrip("/"):
+                stripped = kind.strip()
+                return "vllm" if stripped == "vllm" else "llamacpp" if stripped == "llamacpp" else "auto"
+        return self.kind
 
     @field_validator("top_logprobs")
     @classmethod

@@ -17,6 +17,7 @@ import typer
 
 from deploy.cli import deploy_app
 from deploy.engine_cpu import engine_cpu as engine_cpu_command
+from deploy.engine_llamacpp import engine_llamacpp as engine_llamacpp_command
 from gateway.cli.cache_probe import cache_app
 from gateway.cli.policy import policy_app
 from gateway.cli.prefix import plan as cache_plan
@@ -42,6 +43,9 @@ app.add_typer(deploy_app, name="deploy")
 app.add_typer(policy_app, name="policy")
 app.command("engine-cpu", help="Install, build and serve the real vLLM CPU engine (tiny generated model).")(
     engine_cpu_command
+)
+app.command("engine-llamacpp", help="Build and serve the real llama.cpp server (tiny model as GGUF).")(
+    engine_llamacpp_command
 )
 cache_app.command("plan")(cache_plan)  # beside `cache probe`: what the prefix cache can ever reuse
 app.add_typer(cache_app, name="cache")

@@ -1,4 +1,7 @@
-"""The engine client: one vLLM OpenAI-compatible server, streamed so the first token is seen when it comes.
+"""The engine client: one OpenAI-compatible engine server, streamed so the first token is seen when it comes.
+
+Which server (vLLM or llama.cpp's) is its :class:`~gateway.engine.kinds.EngineWire`: set, or detected from
+``GET /props`` on first use; the wire reshapes the request body and reads what differs.
 
 Connect errors are retried (the engine never saw the request); nothing is retried once the engine has
 started answering. Deadlines: connect, first token, total. Every failure is translated into the gateway's
@@ -19,6 +22,7 @@ import msgspec
 import stamina
 
 from gateway.engine.circuit import CircuitBreaker
+from gateway.engine.kinds import EngineKindSetting, EngineWire, kind_from_props, wire_for
 from gateway.errors import EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
 from shaping.confidence import TokenLogprob
 
@@ -121,9 +125,13 @@ class EngineClient:
         max_connections: int,
         transport: httpx.AsyncBaseTransport | None = None,
         circuit: CircuitBreaker | None = None,
+        kind: EngineKindSetting = "auto",
     ) -> None:
         self.base_url = base_url
         self.circuit = circuit
+        self._wire: EngineWire | None = None if kind == "auto" else wire_for(kind)
+        self.slots: int | None = None  # llama.cpp's --parallel slots, from /props (None: not said)
+        self.vision: bool | None = None  # whether /props says the server takes images (None: not said)
         self.first_token_timeout_s = first_token_timeout_s
         self.total_timeout_s = total_timeout_s
         self.connect_retries = connect_retries
@@ -141,6 +149,32 @@ class EngineClient:
         """Close the connection pool."""
         await self._http.aclose()
 
+    async def wire(self) -> EngineWire:
+        """This engine's protocol, detected once from ``GET /props`` (a loading engine is asked again)."""
+        if self._wire is not None:
+            return self._wire
+        try:
+            response = await self._http.get("/props", timeout=5.0)
+            payload = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return wire_for("vllm")  # not known yet: the default shape, and ask again next time
+        if response.status_code == 503:
+            return wire_for("llamacpp")  # llama-server answers 503 while loading; vLLM serves no /props
+        wire = wire_for(kind_from_props(response.status_code, payload))
+        if isinstance(payload, dict):
+            total = payload.get("total_slots")
+            self.slots = total if isinstance(total, int) and total > 0 else None
+            modalities = payload.get("modalities")
+            if isinstance(modalities, dict):
+                self.vision = bool(modalities.get("vision"))
+        self._wire = wire
+        return wire
+
+    @property
+    def kind(self) -> str:
+        """The engine kind, or "unknown" before it was detected."""
+        return "unknown" if self._wire is None else self._wire.kind
+
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``)."""
         return [model_id for model_id, _ in await self.model_cards()]
@@ -148,8 +182,9 @@ class EngineClient:
     async def model_cards(self) -> list[tuple[str, str]]:
         """The served models as ``(id, root)``: vLLM's ``root`` is the weights' path or repository."""
         response = await self._get("/v1/models")
+        wire = await self.wire()
         try:
-            return [(str(item["id"]), str(item.get("root") or "")) for item in response.json()["data"]]
+            return [(str(item["id"]), wire.model_root(item)) for item in response.json()["data"]]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UpstreamError(f"engine /v1/models answered an unexpected body: {exc}") from exc
 
@@ -166,16 +201,21 @@ class EngineClient:
         return (await self._get("/metrics")).text
 
     async def tokenize(self, body: dict[str, Any]) -> int:
-        """Token count of a prompt or messages (``POST /tokenize``)."""
-        try:
-            response = await self._http.post("/tokenize", json=body)
-        except httpx.HTTPError as exc:
-            raise EngineUnavailable(f"engine /tokenize failed: {exc!r}") from exc
-        if response.status_code != 200:
-            raise UpstreamError(
-                f"engine /tokenize answered {response.status_code}: {_error_message(response)}"
-            )
-        return int(response.json()["count"])
+        """Token count of a prompt or messages (``POST /tokenize``, in the engine's own terms)."""
+        wire = await self.wire()
+        steps = wire.tokenize_steps(body)
+        payload: dict[str, Any] = {}
+        for path, make_body in steps:
+            try:
+                response = await self._http.post(path, json=make_body(payload))
+            except httpx.HTTPError as exc:
+                raise EngineUnavailable(f"engine {path} failed: {exc!r}") from exc
+            if response.status_code != 200:
+                raise UpstreamError(
+                    f"engine {path} answered {response.status_code}: {_error_message(response)}"
+                )
+            payload = response.json()
+        return wire.token_count(payload)
 
     async def _get(self, path: str) -> httpx.Response:
         try:
@@ -209,6 +249,7 @@ class EngineClient:
 
     async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
         """One chat completion (streamed if the body asks); refused at once while the circuit is open."""
+        body = (await self.wire()).chat_body(body)
         if self.circuit is None:
             return await self._chat(body, request_id)
         async with self.circuit.call(engine_failed):
@@ -237,7 +278,8 @@ class EngineClient:
                     if response.status_code != 200:
                         await response.aread()
                         status = response.status_code
-                        message = f"engine answered {status}: {_error_message(response)}"
+                        explained = (self._wire or wire_for("vllm")).explain(_error_message(response))
+                        message = f"engine answered {status}: {explained}"
                         if 400 <= status < 500:
                             raise UpstreamError(message, code=ENGINE_REJECTED)
                         raise (EngineUnavailable if status == 503 else UpstreamError)(message)

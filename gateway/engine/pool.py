@@ -68,6 +68,7 @@ class EngineSlot:
     inflight: int = 0  # calls this replica has at the engine (or is getting a lease for)
     peak_inflight: int = 0
     failovers: int = 0  # calls moved away from this engine because it could not take them
+    cap_configured: bool = False  # set in MODGATE_ENGINE_CAPS: its own slot count does not replace it
     _outcomes: deque[bool] = field(default_factory=lambda: deque(maxlen=20))  # True: the engine failed
 
     @property
@@ -215,6 +216,13 @@ class EnginePool:
 
     # --- what the rest of the gateway reads ---
 
+    async def detect_engines(self, timeout_s: float = 5.0) -> None:
+        """Ask each engine what it is (kind, slots) now rather than on its first call; never fails."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(engine.client.wire() for engine in self.engines))
+        self.refresh()
+
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``) of the first engine that answers."""
         return await self._ask_any(lambda client: client.model_ids())
@@ -253,7 +261,7 @@ class EnginePool:
         healthy = await asyncio.gather(*(engine.client.healthy() for engine in self.engines))
         return [
             {"url": engine.url, "up": ok and engine.state != "open", "health": ok, "circuit": engine.state,
-             "inflight": engine.inflight, "cap": engine.cap}
+             "inflight": engine.inflight, "cap": engine.cap, "kind": engine.client.kind}
             for engine, ok in zip(self.engines, healthy, strict=True)
         ]
 
@@ -264,7 +272,16 @@ class EnginePool:
     # --- slots ---
 
     def refresh(self) -> None:
-        """Size the shared queue to what the engines can take now; refuse waiters when no engine would."""
+        """Size the shared queue to what the engines can take now; refuse waiters when no engine would.
+
+        An engine that says how many slots it has (llama.cpp's ``--parallel``, in ``/props``) is capped at
+        them unless MODGATE_ENGINE_CAPS sets its cap: more would only queue inside llama-server, where no
+        priority or tenant share holds.
+        """
+        for engine in self.engines:
+            slots = engine.client.slots
+            if slots is not None and not engine.cap_configured:
+                engine.cap = slots
         self.queue.resize(sum(engine.inflight + engine.room() for engine in self.engines))
         if self.queue.queued and not self._any_engine_accepts():
             self.queue.fail_waiters(self._refusal)
@@ -498,8 +515,9 @@ def build_engine_pool(
             max_connections=cap * 2,
             transport=transport,
             circuit=circuit,
+            kind=settings.engine.kind_of(url),
         )
-        engines.append(EngineSlot(client, cap, circuit))
+        engines.append(EngineSlot(client, cap, circuit, cap_configured=url in settings.engine_cap_map()))
     admission = settings.admission
     total_cap = sum(engine.cap for engine in engines)
     queue = AdmissionQueue(total_cap, admission.queue_size, admission.queue_timeout_s,

@@ -356,6 +356,7 @@ async def open_services(
         stack.push_async_callback(jobs.stop)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
+        await engines.detect_engines()  # each engine's kind and slots (llama.cpp: its --parallel)
         directory.start()
         engine_cache.start()
         jobs.start()

@@ -24,6 +24,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.engine.kinds import WIRES
+
 log = logging.getLogger("modgate.stats")
 
 Clock = Callable[[], float]
@@ -31,9 +33,6 @@ Clock = Callable[[], float]
 LATENCIES = ("end_to_end", "ttft", "queue_wait", "shaping", "decode")
 """The per-keyframe latencies, in the order tables show them."""
 
-# vLLM v1 names first; the v0 engine called them gpu_prefix_cache_* (same meaning: tokens, since start).
-_QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
-_HITS = ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,22 +202,23 @@ class EngineCacheCounters:
 def read_engine_cache_counters(text: str) -> EngineCacheCounters:
     """Read the prefix-cache counters and block size from the engine's Prometheus text.
 
-    Sums over label sets (one per engine in a data-parallel server). Raises ValueError when the engine
-    exposes no prefix-cache counter (prefix caching off, or not a vLLM server).
+    Sums over label sets (one per engine in a data-parallel server). llama.cpp's server counts the prompt
+    tokens it processed and those it reused: looked up = both, found = reused. Raises ValueError when the
+    engine exposes no prefix-cache counter (prefix caching off, ``--metrics`` not given, another server).
     """
-    sums: dict[str, float] = {}
+    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
     block_size: int | None = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            if name in _QUERIES or name in _HITS:  # a counter's "_created" sample has another name
-                sums[name] = sums.get(name, 0.0) + sample.value
-            elif sample.name == "vllm:cache_config_info" and sample.labels.get("block_size", "").isdigit():
-                block_size = int(sample.labels["block_size"])
-    queries = next((sums[n] for n in _QUERIES if n in sums), None)
-    hits = next((sums[n] for n in _HITS if n in sums), None)
-    if queries is None or hits is None:
-        raise ValueError("the engine's /metrics has no vllm:prefix_cache_queries_total / hits_total counters")
+    for sample in samples:
+        if sample.name == "vllm:cache_config_info" and sample.labels.get("block_size", "").isdigit():
+            block_size = int(sample.labels["block_size"])
+    # Each engine kind names its counters (gateway/engine/kinds.py): the names in the text say which it is.
+    counted = next((found for wire in WIRES.values() if (found := wire.cache_counters(samples))), None)
+    if counted is None:
+        raise ValueError(
+            "the engine's /metrics has no prefix-cache counters (vllm:prefix_cache_queries_total / "
+            "hits_total, or llama.cpp's llamacpp:prompt_tokens_total / prompt_tokens_cached_total)"
+        )
+    queries, hits = counted
     return EngineCacheCounters(queries=queries, hits=hits, block_size=block_size)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.engine_cpu import EngineError, boot_engine
+from deploy.engine_llamacpp import boot_llamacpp
 
 # The first test that asks for the engine pays for the install (minutes on a cold machine) and the
 # start (~90 s): give those tests room beyond the suite's default per-test timeout.
@@ -25,8 +26,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Give tests that use the real engine the boot budget, unless they set their own timeout."""
     for item in items:
         # The vllm marker too: a test may ask for the engine late, via request.getfixturevalue.
-        asks = "real_engine_url" in getattr(item, "fixturenames", ())
-        if (asks or item.get_closest_marker("vllm")) and item.get_closest_marker("timeout") is None:
+        names = getattr(item, "fixturenames", ())
+        asks = "real_engine_url" in names or "real_llamacpp_url" in names
+        marked = item.get_closest_marker("vllm") or item.get_closest_marker("llamacpp")
+        if (asks or marked) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT_S))
 
 
@@ -56,9 +59,39 @@ def real_engine_url() -> Iterator[str]:
         engine.stop()
 
 
+@pytest.fixture(scope="session")
+def real_llamacpp_url() -> Iterator[str]:
+    """Base URL of the real llama.cpp server (``modgate engine-llamacpp``) serving ``tiny`` with its mmproj.
+
+    Fails (never skips) when it cannot be built or started; ``MODGATE_TEST_LLAMACPP_URL`` names one that
+    is already up.
+    """
+    external = os.environ.get("MODGATE_TEST_LLAMACPP_URL")
+    if external:
+        _boot_report.append(f"real llama-server: using {external} (MODGATE_TEST_LLAMACPP_URL)")
+        yield external.rstrip("/")
+        return
+    try:
+        engine, timings = boot_llamacpp()
+    except EngineError as exc:
+        failure = str(exc)
+    else:
+        failure = ""
+    if failure:
+        pytest.fail(f"the real llama.cpp server did not start: {failure}", pytrace=False)
+    _boot_report.append(
+        f"real llama-server at {engine.url}: {timings.summary()}, "
+        f"RSS {engine.rss_bytes() / 2**20:.0f} MiB, log {engine.log_path}"
+    )
+    try:
+        yield engine.url
+    finally:
+        engine.stop()
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Put the engine's install/build/start times in the report, so CI logs show them."""
     if _boot_report:
-        terminalreporter.section("real vLLM CPU engine")
+        terminalreporter.section("real engines (vLLM CPU, llama.cpp)")
         for line in _boot_report:
             terminalreporter.write_line(line)

@@ -1,7 +1,9 @@
-"""One engine contract, held by the simulator and by the real vLLM (CPU build) alike.
+"""One engine contract, held by the simulator, the real vLLM (CPU build) and the real llama.cpp server.
 
-Every test runs twice: ``[simulator]`` and ``[vllm]``. Where the two differ, the simulator is fixed, never
-the assertion.
+Every test runs three times: ``[simulator]``, ``[vllm]`` and ``[llamacpp]``. Where the simulator and vLLM
+differ, the simulator is fixed, never the assertion. Where llama.cpp differs, the test pins what it does
+instead (``engine.kind == "llamacpp"``) and docs/engines.md says it. Requests go through the engine's
+:class:`~gateway.engine.kinds.EngineWire`, as the gateway sends them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
+from gateway.engine.kinds import EngineKind, wire_for
 from shaping.confidence import TokenLogprob, with_confidence
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt, prompt_version_for
@@ -32,6 +35,26 @@ from shaping.verdict import (
 )
 from tests.support import SimFactory
 
+# Differences the real llama-server showed (10:15 UTC run) that no test pins yet, each as it was seen.
+LLAMACPP_UNPINNED = {
+    "test_thinking_on_puts_reasoning_in_the_reasoning_field": "the JSON-verdict regex with a thought rule: "
+    "no reasoning_content came back",
+    "test_a_malformed_request_gets_the_openai_error_shape": "its error has no 'param'; stream_options "
+    "without stream and max_completion_tokens -1 are accepted (200)",
+    "test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done": "streamed reasoning deltas",
+    "test_logprobs_come_for_every_token_and_the_grammar_masks_the_verdicts_alternatives": "entries carry "
+    "'id' first and the alternatives are raw (unmasked) logits",
+    "test_streamed_logprobs_are_the_same_tokens_delta_by_delta": "streamed logprob entries differ",
+    "test_the_compact_forms_cost_a_handful_of_tokens_on_the_engines_tokenizer": "block:violence/graphic is "
+    "6 tokens (the simulator's Qwen BPE since main's tokenizer change says the same)",
+}
+LLAMACPP_METRIC_NAMES = (  # what the gateway reads of llama-server's /metrics (unlabelled)
+    "llamacpp:prompt_tokens",
+    "llamacpp:prompt_tokens_cached",
+    "llamacpp:tokens_predicted",
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
+)
 METRIC_NAMES = (
     "vllm:prefix_cache_queries",
     "vllm:prefix_cache_hits",
@@ -53,14 +76,39 @@ class Engine:
     url: str
     model: str
 
+    @property
+    def wire_kind(self) -> EngineKind:
+        return "llamacpp" if self.kind == "llamacpp" else "vllm"
+
+    @property
+    def llamacpp(self) -> bool:
+        return self.kind == "llamacpp"
+
     def post(self, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
-        return httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=300, **kwargs)
+        sent = wire_for(self.wire_kind).chat_body(body)
+        return httpx.post(f"{self.url}/v1/chat/completions", json=sent, timeout=300, **kwargs)
 
 
-@pytest.fixture(params=["simulator", pytest.param("vllm", marks=pytest.mark.vllm)])
+def reasoning_of(message: dict[str, Any]) -> str | None:
+    """vLLM's ``reasoning`` or llama.cpp's ``reasoning_content`` (the client reads both)."""
+    return message.get("reasoning") or message.get("reasoning_content")
+
+
+@pytest.fixture(
+    params=[
+        "simulator",
+        pytest.param("vllm", marks=pytest.mark.vllm),
+        pytest.param("llamacpp", marks=pytest.mark.llamacpp),
+    ]
+)
 def engine(request: pytest.FixtureRequest, start_sim: SimFactory) -> Iterator[Engine]:
     if request.param == "simulator":
         url = start_sim("instant", time_scale=0.0, block_size=128).url
+    elif request.param == "llamacpp":
+        url = request.getfixturevalue("real_llamacpp_url")
+        gap = LLAMACPP_UNPINNED.get(request.node.originalname)
+        if gap:  # strict: the day the assertion holds on llama.cpp, this fails and the entry goes
+            request.applymarker(pytest.mark.xfail(strict=True, reason=gap))
     else:
         url = request.getfixturevalue("real_engine_url")
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -127,27 +175,47 @@ def test_thinking_off_gives_no_reasoning(engine: Engine) -> None:
     message = body["choices"][0]["message"]
     assert not message.get("reasoning")
     assert not message.get("reasoning_content")
-    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    if engine.llamacpp:  # llama.cpp's usage has no completion_tokens_details: no reasoning count at all
+        assert "completion_tokens_details" not in body["usage"]
+    else:
+        assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
 
 
 def test_thinking_on_puts_reasoning_in_the_reasoning_field(engine: Engine) -> None:
     body = engine.post(keyframe_request(engine, thinking=True, max_tokens=24)).json()
     message = body["choices"][0]["message"]
-    assert message["reasoning"]
-    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+    if engine.llamacpp:  # --reasoning-format deepseek: the thought in reasoning_content, uncounted in usage
+        assert message["reasoning_content"]
+        assert "completion_tokens_details" not in body["usage"]
+    else:
+        assert message["reasoning"]
+        assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
 
 
 def test_usage_details_carry_cache_and_image_tokens(engine: Engine) -> None:
-    usage = engine.post(keyframe_request(engine, thinking=False)).json()["usage"]
+    answer = engine.post(keyframe_request(engine, thinking=False)).json()
+    usage = answer["usage"]
     details = usage["prompt_tokens_details"]
-    assert {"cached_tokens", "created_cache_tokens", "multimodal_tokens"} <= set(details)
-    assert details["multimodal_tokens"]["image"] > 0
+    if engine.llamacpp:  # cached tokens only, no image count; per-request timings beside usage
+        assert set(details) == {"cached_tokens"}
+        assert answer["timings"]["cache_n"] == details["cached_tokens"]
+        assert answer["timings"]["prompt_n"] + answer["timings"]["cache_n"] == usage["prompt_tokens"]
+    else:
+        assert {"cached_tokens", "created_cache_tokens", "multimodal_tokens"} <= set(details)
+        assert details["multimodal_tokens"]["image"] > 0
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
 def test_a_repeated_prompt_is_cached_in_whole_blocks_never_the_whole_prompt(engine: Engine) -> None:
-    block = block_size(engine)
     body = keyframe_request(engine, thinking=False, seed=engine.kind.__len__() + 40)
+    if engine.llamacpp:  # token by token, no block: a repeat reuses all but what must be evaluated again
+        usages = [engine.post(body).json()["usage"] for _ in range(3)]
+        cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+        prompt = usages[0]["prompt_tokens"]
+        assert 0 < cached[-1] < prompt, (cached, prompt)
+        assert cached[-1] >= prompt - 8, (cached, prompt)
+        return
+    block = block_size(engine)
     usages = [engine.post(body).json()["usage"] for _ in range(3)]
     prompt = usages[0]["prompt_tokens"]
     assert prompt > block  # else the test could not see a hit
@@ -161,6 +229,11 @@ def test_a_repeated_prompt_is_cached_in_whole_blocks_never_the_whole_prompt(engi
 def test_metrics_carry_the_names_and_labels_the_gateway_reads(engine: Engine) -> None:
     engine.post(keyframe_request(engine, thinking=False))
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{engine.url}/metrics").text)}
+    if engine.llamacpp:  # its own names, one server one model: no labels
+        for name in LLAMACPP_METRIC_NAMES:
+            assert name in families, f"{name} missing from /metrics"
+            assert families[name].samples[0].labels == {}
+        return
     for name in METRIC_NAMES:
         assert name in families, f"{name} missing from /metrics"
         labels = families[name].samples[0].labels
@@ -198,7 +271,7 @@ def test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done(engine: 
     assert last["choices"] == []
     assert last["usage"]["completion_tokens"] > 0
     deltas = [json.loads(e)["choices"][0]["delta"] for e in events[:-2] if json.loads(e)["choices"]]
-    assert any(d.get("reasoning") for d in deltas)
+    assert any(reasoning_of(d) for d in deltas)
     finishes = [
         json.loads(e)["choices"][0].get("finish_reason") for e in events[:-2] if json.loads(e)["choices"]
     ]
@@ -341,6 +414,9 @@ def test_streamed_logprobs_are_the_same_tokens_delta_by_delta(engine: Engine, th
 
 def test_the_compact_forms_cost_a_handful_of_tokens_on_the_engines_tokenizer(engine: Engine) -> None:
     def count(text: str) -> int:
+        if engine.llamacpp:  # its /tokenize takes "content" and lists the tokens
+            body = {"content": text, "add_special": False}
+            return len(httpx.post(f"{engine.url}/tokenize", json=body, timeout=30).json()["tokens"])
         body = {"model": engine.model, "prompt": text, "add_special_tokens": False}
         return int(httpx.post(f"{engine.url}/tokenize", json=body, timeout=30).json()["count"])
 

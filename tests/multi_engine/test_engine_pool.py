@@ -232,8 +232,10 @@ async def test_readiness_reports_each_engine_and_only_a_healthy_closed_one_is_up
     pool = pool_of(engine_slot(A, 2), engine_slot(B, 3, refusing))
     report = json.loads(json.dumps(await pool.readiness()))  # what /readyz embeds must serialise
     assert report == [
-        {"url": A, "up": True, "health": True, "circuit": "closed", "inflight": 0, "cap": 2},
-        {"url": B, "up": False, "health": False, "circuit": "closed", "inflight": 0, "cap": 3},
+        {"url": A, "up": True, "health": True, "circuit": "closed", "inflight": 0, "cap": 2,
+         "kind": "unknown"},
+        {"url": B, "up": False, "health": False, "circuit": "closed", "inflight": 0, "cap": 3,
+         "kind": "unknown"},
     ]
     pool.engines[0].circuit.record_failure()
     assert [engine["up"] for engine in await pool.readiness()] == [False, False]

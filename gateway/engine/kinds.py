@@ -1,0 +1,206 @@
+"""One small protocol per engine kind: what the request body looks like and where things come back.
+
+The moderation path builds one request (vLLM's OpenAI-compatible shape, shaping/prompt.py) and reads one
+answer shape (gateway/engine/client.py); an :class:`EngineWire` turns the first into what its engine
+takes and reads what its engine serves. The moderation path never asks which kind it talks to.
+
+- vLLM (``VllmWire``): the body as built; ``structured_outputs.regex``; thinking via
+  ``chat_template_kwargs``; logprobs already grammar-masked; ``vllm:prefix_cache_*`` counters.
+- llama.cpp's ``llama-server`` (``LlamaCppWire``, read from its tools/server sources): the regex becomes a
+  GBNF ``grammar``; ``thinking_token_budget`` becomes ``reasoning_budget_tokens``; no ``priority``;
+  logprobs are softmax over the raw logits (not grammar-masked: shaping.confidence renormalises over the
+  alternatives that can begin a verdict); ``/tokenize`` takes text (``/apply-template`` renders the
+  messages first) and counts no image tokens; its cache counters are ``llamacpp:prompt_tokens_total``
+  (processed, cached excluded) and ``llamacpp:prompt_tokens_cached_total``; ``/props`` names its
+  ``--parallel`` slots (``total_slots``) and whether it has a vision projector.
+
+The kind is detected per engine from ``GET /props`` (only llama-server serves it) unless set with
+``MODGATE_ENGINE__KIND`` or per engine URL with ``MODGATE_ENGINE__KINDS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Final, Literal
+
+from prometheus_client.samples import Sample
+
+from gateway.engine.gbnf import regex_to_gbnf
+from gateway.errors import UpstreamError
+
+TokenizeStep = tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]
+"""One POST of a token count: its path and its body, made from the previous step's answer."""
+
+EngineKind = Literal["vllm", "llamacpp"]
+ENGINE_KINDS: Final[tuple[EngineKind, ...]] = ("vllm", "llamacpp")
+EngineKindSetting = Literal["auto", "vllm", "llamacpp"]
+
+
+class EngineWire:
+    """vLLM's OpenAI-compatible server: the shape the gateway builds, taken as it is."""
+
+    kind: ClassVar[EngineKind] = "vllm"
+    # Under a grammar vLLM returns the probabilities the grammar left (masked logits), llama.cpp does not.
+    logprobs_grammar_masked: ClassVar[bool] = True
+    counts_image_tokens: ClassVar[bool] = True  # usage.prompt_tokens_details.multimodal_tokens
+
+    def chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body this engine takes for the gateway's chat request."""
+        return body
+
+    def model_root(self, card: dict[str, Any]) -> str:
+        """The weights' identity in a ``/v1/models`` entry (part of the verdict-reuse scope)."""
+        return str(card.get("root") or "")
+
+    def tokenize_steps(self, body: dict[str, Any]) -> list[TokenizeStep]:
+        """The calls that count a prompt's tokens (vLLM: one ``/tokenize``, which takes messages)."""
+        return [("/tokenize", lambda _previous: body)]
+
+    def token_count(self, payload: dict[str, Any]) -> int:
+        """The count in the last step's answer."""
+        return int(payload["count"])
+
+    def explain(self, message: str) -> str:
+        """The engine's refusal with what to change, where the gateway knows it."""
+        return message
+
+    def cache_counters(self, samples: Iterable[Sample]) -> tuple[float, float] | None:
+        """``(prompt tokens looked up in the prefix cache, of which found)`` from ``/metrics``, or None."""
+        queries = hits = None
+        for sample in samples:
+            if sample.name in {"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"}:
+                queries = (queries or 0.0) + sample.value
+            elif sample.name in {"vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"}:
+                hits = (hits or 0.0) + sample.value
+        return None if queries is None or hits is None else (queries, hits)
+
+
+class LlamaCppWire(EngineWire):
+    """llama.cpp's ``llama-server`` (started with ``--jinja``, ``--metrics``; vision with ``--mmproj``)."""
+
+    kind: ClassVar[EngineKind] = "llamacpp"
+    logprobs_grammar_masked: ClassVar[bool] = False
+    counts_image_tokens: ClassVar[bool] = False
+
+    def chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Regex to GBNF, the reasoning budget by llama.cpp's name, no vLLM-only fields."""
+        out = {key: value for key, value in body.items() if key not in _VLLM_ONLY}
+        constraint = body.get("structured_outputs")
+        if isinstance(constraint, dict) and "regex" in constraint:
+            grammar = regex_to_gbnf(str(constraint["regex"]))
+            if thinking_on(body):
+                # llama.cpp holds the grammar from the first generated token (vLLM: after the reasoning);
+                # the template opened <think>, so the grammar lets the thought run to </think> first.
+                grammar = THOUGHT_RULES + grammar.replace("root ::= ", "verdict ::= ", 1)
+            out["grammar"] = grammar
+        if body.get("thinking_token_budget") is not None:
+            out["reasoning_budget_tokens"] = body["thinking_token_budget"]
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            out["messages"] = [_without_uuids(message) for message in messages]
+        return out
+
+    def tokenize_steps(self, body: dict[str, Any]) -> list[TokenizeStep]:
+        """``/apply-template`` renders the messages, ``/tokenize`` counts the text (special tokens parsed)."""
+        def count(text: str) -> dict[str, Any]:
+            return {"content": text, "add_special": False, "parse_special": True}
+
+        if "messages" not in body:
+            return [("/tokenize", lambda _previous: count(str(body.get("prompt", ""))))]
+        if any(_has_image(message) for message in body["messages"]):
+            raise UpstreamError(
+                "llama.cpp's /tokenize counts text only (an image's tokens come from its mmproj at prefill)",
+                code="engine_cannot_count_images",
+            )
+        template: dict[str, Any] = {
+            key: body[key] for key in ("messages", "chat_template_kwargs") if key in body
+        }
+        template["add_generation_prompt"] = bool(body.get("add_generation_prompt", True))
+        return [("/apply-template", lambda _previous: template),
+                ("/tokenize", lambda previous: count(str(previous["prompt"])))]
+
+    def token_count(self, payload: dict[str, Any]) -> int:
+        """``{"tokens": [...]}``: the count is its length."""
+        return len(payload["tokens"])
+
+    def explain(self, message: str) -> str:
+        """llama-server's refusals, each with the setting that fixes it."""
+        for clue, advice in _LLAMACPP_ADVICE:
+            if clue in message:
+                return f"{message} ({advice})"
+        return message
+
+    def model_root(self, card: dict[str, Any]) -> str:
+        """llama.cpp lists no weights path; its kind and the model's size and type stand for it."""
+        meta = card.get("meta")
+        if not isinstance(meta, dict):
+            meta = {}
+        return "llamacpp:" + ":".join(str(meta.get(key, "")) for key in ("n_params", "size", "ftype"))
+
+    def cache_counters(self, samples: Iterable[Sample]) -> tuple[float, float] | None:
+        """Looked up = processed + reused (``prompt_tokens_total`` excludes what the cache held)."""
+        processed = cached = None
+        for sample in samples:
+            if sample.name == "llamacpp:prompt_tokens_total":
+                processed = sample.value
+            elif sample.name == "llamacpp:prompt_tokens_cached_total":
+                cached = sample.value
+        return None if processed is None or cached is None else (processed + cached, cached)
+
+
+THOUGHT_RULES: Final = 'root ::= thought verdict\nthought ::= [^<]* "</think>" "\\n"*\n'
+"""The reasoning before the verdict, in GBNF: anything up to ``</think>``, then the blank lines after it."""
+
+
+def thinking_on(body: dict[str, Any]) -> bool:
+    """Whether the request asks for reasoning (``chat_template_kwargs.enable_thinking``, default on)."""
+    kwargs = body.get("chat_template_kwargs")
+    return not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
+
+
+_LLAMACPP_ADVICE: Final = (
+    ("image input is not supported",
+     "this llama-server has no vision projector: start it with --mmproj <mmproj.gguf>, as "
+     "`modgate engine-llamacpp` does, or send text only"),
+    ("exceeds the available context size",
+     "one slot's context is -c divided by --parallel: raise llama-server's -c, lower --parallel, or send "
+     "fewer or smaller frames per request (MODGATE_SHAPING__IMAGE_TOKEN_BUDGET)"),
+)
+
+# priority: llama.cpp schedules first come first served; structured_outputs/thinking_token_budget are
+# re-said above in its own terms.
+_VLLM_ONLY: Final = frozenset({"structured_outputs", "thinking_token_budget", "priority"})
+
+
+def _has_image(message: object) -> bool:
+    """Whether a chat message carries an image part."""
+    content = message.get("content") if isinstance(message, dict) else None
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") == "image_url" for part in content
+    )
+
+
+def _without_uuids(message: object) -> object:
+    """A message without vLLM's per-image ``uuid`` (llama.cpp hashes the image bytes itself)."""
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        return message
+    parts = [
+        {key: value for key, value in part.items() if key != "uuid"} if isinstance(part, dict) else part
+        for part in message["content"]
+    ]
+    return {**message, "content": parts}
+
+
+WIRES: Final[dict[EngineKind, EngineWire]] = {"vllm": EngineWire(), "llamacpp": LlamaCppWire()}
+
+
+def wire_for(kind: EngineKind) -> EngineWire:
+    """The protocol of one engine kind."""
+    return WIRES[kind]
+
+
+def kind_from_props(status: int, payload: object) -> EngineKind:
+    """The kind an engine's ``GET /props`` answer shows: llama-server's names its slots; vLLM has none."""
+    if status == 200 and isinstance(payload, dict) and "total_slots" in payload:
+        return "llamacpp"
+    return "vllm"

@@ -1,0 +1,100 @@
+"""The gateway in front of the real llama.cpp server: the README's first request and a keyframe batch through
+the official ``openai`` client, the kind and slots detected, and what llama.cpp refuses said clearly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from deploy.keyframes import make_keyframe
+from tests.support import GatewayFactory, data_url, image_input
+
+pytestmark = pytest.mark.llamacpp
+
+
+def client_for(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.mark.xfail(strict=True, reason="10:27 UTC on the real llama-server: a verdict came back but its "
+                   "confidence was None (llama.cpp's streamed logprobs are not read yet)")
+@pytest.mark.parametrize("thinking", ["on", "off"])
+def test_the_readmes_first_request_through_the_gateway_to_llamacpp_gets_a_verdict(
+    real_llamacpp_url: str, start_gateway: GatewayFactory, thinking: str
+) -> None:
+    gateway = start_gateway(engine_url=real_llamacpp_url)
+    with client_for(gateway.url) as client:
+        response = client.moderations.create(
+            model="modgate-moderation",
+            input=image_input(make_keyframe("block:violence", 640, 360, seed=9)),
+            extra_headers={"X-Modgate-Thinking": thinking},
+        )
+    (result,) = response.results
+    details = result.model_extra["modgate"]
+    assert details["action"] in ("allow", "review", "block")
+    if details["reason"]:
+        assert details["action"] == "review"
+    assert details["thinking"] == thinking
+    assert details["prompt_tokens"] > 0
+    # llama.cpp's usage carries no image token count (docs/engines.md): 0, never a guess
+    assert details["image_tokens"] == 0
+    assert details["ttft_ms"] is not None
+    assert isinstance(result.flagged, bool)
+    if details["reason"] is None:  # a finished verdict: its confidence renormalised over what can begin one
+        assert 0 < details["confidence"] <= 1
+    else:
+        assert details["confidence_reason"]
+
+
+def test_a_keyframe_batch_through_the_gateway_to_llamacpp_gets_a_verdict_per_frame(
+    real_llamacpp_url: str, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=real_llamacpp_url)
+    frames = [
+        {"image_url": {"url": data_url(make_keyframe(label, 640, 360, seed=seed))}, "timestamp_ms": 500 * n}
+        for n, (seed, label) in enumerate(((3, "allow"), (4, "block:violence"), (5, "allow")))
+    ]
+    with client_for(gateway.url) as client:
+        answer: Any = client.post(
+            "/videos/clip-1/keyframes",
+            body={"frames": frames, "packing": 1, "thinking": "off"},
+            cast_to=object,
+        )
+    assert answer["object"] == "video.keyframes.moderation"
+    assert [frame["index"] for frame in answer["frames"]] == [0, 1, 2]
+    for frame in answer["frames"]:
+        assert frame["modgate"]["action"] in ("allow", "review", "block")
+    assert answer["verdict"]["action"] in ("allow", "review", "block")
+
+
+def test_the_gateway_caps_llamacpp_at_its_slots_and_names_its_kind(
+    real_llamacpp_url: str, start_gateway: GatewayFactory
+) -> None:
+    slots = httpx.get(f"{real_llamacpp_url}/props", timeout=30).json()["total_slots"]
+    gateway = start_gateway(engine_url=real_llamacpp_url, max_inflight=32)
+    ready = httpx.get(f"{gateway.url}/readyz", timeout=30).json()
+    (engine,) = ready["engines"]
+    assert engine["cap"] == slots < 32
+    assert engine["kind"] == "llamacpp"
+    assert ready["model"]["root"].startswith("llamacpp:")  # verdict reuse is scoped by the engine's kind
+
+
+def test_an_image_sent_to_a_llamacpp_without_a_vision_projector_gets_a_clear_error(
+    start_gateway: GatewayFactory, real_llamacpp_url: str
+) -> None:
+    from deploy.engine_llamacpp import boot_llamacpp
+
+    engine, _timings = boot_llamacpp(slots=1, vision=False)
+    with engine:
+        gateway = start_gateway(engine_url=engine.url)
+        with client_for(gateway.url) as client, pytest.raises(openai.APIStatusError) as caught:
+            client.moderations.create(input=image_input(make_keyframe("allow", 320, 180, seed=2)))
+    error = caught.value
+    assert 400 <= error.status_code < 600
+    assert error.status_code != 500
+    body = error.response.json()["error"]
+    assert {"message", "type", "code"} <= set(body)
+    assert "--mmproj" in body["message"]
