@@ -248,6 +248,8 @@ class SimScheduler:
         """The cost model, in Spark seconds: prefill and decode tokens at their rates (time_scale apart)."""
         preset = self.preset
         seconds = preset.step_overhead_s
+        if preset.weight_reads is not None:
+            seconds += preset.weight_reads.seconds(prefill_tokens)
         if preset.prefill_tokens_per_s > 0:
             seconds += prefill_tokens / preset.prefill_tokens_per_s
         if preset.decode_tokens_per_s > 0:
@@ -262,8 +264,9 @@ class SimScheduler:
             allowance = min(allowance, preset.max_num_prefill_tokens_per_step)
         share = preset.prefill_compute_share
         if share is not None and decode_tokens and 0 < share < 1 and preset.decode_tokens_per_s > 0:
-            # Prefill may take at most `share` of the step's time while sequences decode; with nothing
-            # decoding the step is all prefill (an engine with work to do does not idle).
+            # Prefill may take at most `share` of the step's compute while sequences decode (tokens at the
+            # two rates; the weights a chunk reads are not counted against it); with nothing decoding the
+            # step is all prefill (an engine with work to do does not idle).
             decode_s = decode_tokens / preset.decode_tokens_per_s
             allowance = min(allowance, int(share / (1 - share) * decode_s * preset.prefill_tokens_per_s))
         return max(0, allowance)

@@ -25,6 +25,9 @@ class RequestShape:
     prompt_tokens: int = 1076
     output_tokens: int = 95
     output_jitter: int = 10
+    shared_prefix_tokens: int = (
+        0  # leading prompt tokens every request repeats (what the prefix cache can reuse)
+    )
 
     def output_for(self, index: int) -> int:
         """Output tokens of the ``index``-th request: deterministic, mean ``output_tokens``."""
@@ -118,9 +121,11 @@ class _Finished:
 
 
 def _sequence(index: int, shape: RequestShape, arrival: float) -> Sequence:
-    # Distinct prompt tokens per request: nothing is cached, as on the Spark (a 1,076-token prompt never
-    # fills one 2,960-token block).
-    prompt: list[Token] = [ImageSlot(f"r{index}", position) for position in range(shape.prompt_tokens)]
+    # Distinct prompt tokens per request past the shared prefix: by default nothing is cached, as on the
+    # Spark (a 1,076-token prompt never fills one 2,960-token block).
+    shared = min(shape.shared_prefix_tokens, shape.prompt_tokens)
+    prompt: list[Token] = [ImageSlot("shared", position) for position in range(shared)]
+    prompt += [ImageSlot(f"r{index}", position) for position in range(shared, shape.prompt_tokens)]
     output = [TokenEvent("reasoning", "x") for _ in range(shape.output_for(index))]
     return Sequence(
         request_id=f"virtual-{index}",
