@@ -208,7 +208,14 @@ def run(urls: dict[str, str], requests: int = 40, warmup: int = 8) -> tuple[SimP
               f"TTFT {figures.ttft_mean_s:.3f} s, "
               f"end to end {figures.e2e_mean_s:.3f} s, {figures.prompt_tokens} prompt tokens "
               f"({figures.cached_tokens:.0f} cached); {measured[config.name][1]}", flush=True)  # fmt: skip
-    preset = fit(measured[FIT.name][0])
+    # The machine is shared: the fit configuration again at the end shows how far its speed drifted.
+    again = asyncio.run(measure(urls[FIT.flags], FIT, requests, warmup))
+    first = measured[FIT.name][0]
+    drift = again.requests_per_min / first.requests_per_min
+    print(f"the fit configuration again at the end: {again.requests_per_min:.1f}/min ({drift:.2f} of the "
+          f"first), TTFT {again.ttft_mean_s:.3f} s, end to end {again.e2e_mean_s:.3f} s; {machine_load()}",
+          flush=True)  # fmt: skip
+    preset = fit(first)
     document: dict[str, list[Any]] = {"fit": [], "held_out": []}
     for config in configs:
         if config.name not in measured:
