@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import httpx
 import redis.asyncio as aioredis
@@ -41,7 +42,7 @@ from gateway.moderation.verdict_cache import (
     RedisVerdictCache,
     VerdictCache,
 )
-from gateway.policy.rules import PolicyStore
+from gateway.policy.rules import MODES, Mode, PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
@@ -134,6 +135,7 @@ async def _system_prompt(
     engine_url: str,
     transport: httpx.AsyncBaseTransport | None,
     verdict_format: VerdictFormat,
+    metrics: GatewayMetrics,
 ) -> SystemPrompt:
     """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
 
@@ -141,6 +143,8 @@ async def _system_prompt(
     prompt in force (said loudly): the gateway still serves, the cache just cannot hit.
     """
     version = prompt_version_for(verdict_format)
+    cacheable = metrics.cacheable_prefix.labels(verdict_format)
+    cacheable.set(0)
     if not settings.shaping.block_filling_prefix:
         return load_system_prompt(version)
     try:
@@ -162,7 +166,13 @@ async def _system_prompt(
         filled.block_size,
         filled.overshoot,
     )
+    cacheable.set(filled.shared_tokens // filled.block_size * filled.block_size)  # whole blocks only
     return prompt
+
+
+def _is_default_mode(policies: PolicyStore, mode: Mode) -> float:
+    """1.0 while ``mode`` is the default of the policy in force (``modgate_thinking_default_mode``)."""
+    return 1.0 if policies.current().default_mode == mode else 0.0
 
 
 def _quality_records(settings: Settings, state: aioredis.Redis | None) -> RecordStore:
@@ -282,7 +292,9 @@ async def open_services(
             policies=policies,
             metrics=metrics,
             system_prompts={
-                verdict_format: await _system_prompt(settings, engine_url, engine_transport, verdict_format)
+                verdict_format: await _system_prompt(
+                    settings, engine_url, engine_transport, verdict_format, metrics
+                )
                 for verdict_format in VERDICT_FORMATS
             },
             executor=executor,
@@ -306,6 +318,11 @@ async def open_services(
             counters=metrics,
         )
         stack.push_async_callback(moderation.shadow.drain, timeout_s=10.0)
+        metrics.queue_size.set(admission.queue_size)
+        metrics.load_shedding.set_function(lambda: 1.0 if moderation.load.shedding else 0.0)
+        metrics.shadow_share.set_function(lambda: policies.current().shadow_share)
+        for mode in MODES:
+            metrics.default_mode.labels(mode).set_function(partial(_is_default_mode, policies, mode))
         jobs = _job_service(settings, state, moderation, executor, remote_images)
         stack.push_async_callback(jobs.stop)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so

@@ -136,6 +136,36 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        # What the alert rules compare the counters above with (deploy/monitoring/, docs/alerts.md).
+        self.queue_size = Gauge(
+            "modgate_engine_queue_size",
+            "Requests the admission queue holds waiting for a slot before it answers 429.",
+            registry=registry,
+        )
+        self.load_shedding = Gauge(
+            "modgate_thinking_load_shedding",
+            "1 while the policy's load rule holds thinking off on this replica (queue above its mark).",
+            registry=registry,
+        )
+        self.default_mode = Gauge(
+            "modgate_thinking_default_mode",
+            "1 for the thinking policy's default mode (on, off or escalate), 0 for the others.",
+            ["mode"],
+            registry=registry,
+        )
+        self.shadow_share = Gauge(
+            "modgate_policy_shadow_share",
+            "The policy's shadow_share: the share of live frames re-judged in the other mode (0: none).",
+            registry=registry,
+        )
+        self.cacheable_prefix = Gauge(
+            "modgate_prefix_cacheable_tokens",
+            "Prompt tokens every request should take from the engine's prefix cache: the whole KV blocks of "
+            "the block-filled shared prefix (0: block filling off, or the engine could not be measured).",
+            ["verdict_format"],
+            registry=registry,
+        )
+
     def shadow(self, outcome: str) -> None:
         """Count one shadow judgement's outcome."""
         self.shadow_pairs.labels(outcome).inc()

@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -50,9 +51,45 @@ def build(folder: Path) -> tuple[Manifest, ...]:
     return tuple(document for document in yaml.safe_load_all(result.stdout) if document is not None)
 
 
+# Custom resources the overlays render, validated against their CRD's schema (vendored in fixtures/crds).
+CRDS = Path(__file__).resolve().parent / "fixtures" / "crds"
+
+
+def _strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI v3 CRD schema that refuses unknown fields (the API server prunes them silently)."""
+    out = {key: value for key, value in schema.items() if not key.startswith("x-kubernetes")}
+    if "properties" in out:
+        out["properties"] = {key: _strict(value) for key, value in out["properties"].items()}
+        if "additionalProperties" not in out and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    if isinstance(out.get("items"), dict):
+        out["items"] = _strict(out["items"])
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = _strict(out["additionalProperties"])
+    return out
+
+
+@cache
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> strict schema, for each vendored CRD's served versions."""
+    schemas = {}
+    for path in CRDS.glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        for served in crd["spec"]["versions"]:
+            key = (f"{crd['spec']['group']}/{served['name']}", crd["spec"]["names"]["kind"])
+            schema = _strict(served["schema"]["openAPIV3Schema"])
+            schema["properties"]["metadata"] = {"type": "object"}  # checked by the API server, not the CRD
+            schemas[key] = schema
+    return schemas
+
+
 def schema_errors(manifest: Manifest, version: str) -> str | None:
     """What the Kubernetes schema of `version` finds wrong with one object (strict: no unknown fields)."""
     name = f"{manifest.get('kind')}/{manifest.get('metadata', {}).get('name')}"
+    custom = crd_schemas().get((manifest.get("apiVersion", ""), manifest.get("kind", "")))
+    if custom is not None:
+        error = jsonschema.exceptions.best_match(jsonschema.Draft7Validator(custom).iter_errors(manifest))
+        return None if error is None else f"{name}: {'.'.join(map(str, error.path))}: {error.message}"
     try:
         kubernetes_validate.validate(manifest, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
@@ -125,3 +162,17 @@ def test_the_queued_metric_overlay_renders_the_base_with_a_pods_metric_beside_cp
         ("Pods", None),
     ]
     assert overlay[changed[0]]["spec"]["scaleTargetRef"] == base[changed[0]]["spec"]["scaleTargetRef"]
+
+
+def test_the_monitoring_overlay_adds_the_prometheusrule_and_its_schema_refuses_a_misspelt_field() -> None:
+    base = {(m["kind"], m["metadata"]["name"]) for m in build(K8S / "base")}
+    overlay = {(m["kind"], m["metadata"]["name"]): m for m in build(K8S / "overlays" / "monitoring")}
+    rule = overlay[("PrometheusRule", "modgate")]
+    group = rule["spec"]["groups"][0]
+    misspelt = {**rule, "spec": {"groups": [{**group, "rulez": group["rules"]}]}}
+    bad_for = {**rule, "spec": {"groups": [{**group, "rules": [{**group["rules"][-1], "for": "5 minutes"}]}]}}
+
+    assert set(overlay) - base == {("PrometheusRule", "modgate")}
+    assert schema_errors(rule, KUBERNETES_VERSIONS[0]) is None
+    assert "rulez" in (schema_errors(misspelt, KUBERNETES_VERSIONS[0]) or "")
+    assert "5 minutes" in (schema_errors(bad_for, KUBERNETES_VERSIONS[0]) or "")
