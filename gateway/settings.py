@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shaping.bpe import Family
 from shaping.tokens import TokenGrid, smallest_honoured_budget
 
 
@@ -301,8 +302,9 @@ class QualitySettings(BaseModel):
 class SimulatorSettings(BaseModel):
     """The built-in simulated engine that `modgate serve` starts when no engine URL is set."""
 
-    preset: Literal["spark", "instant"] = "spark"
+    preset: Literal["spark", "vllm-cpu", "instant"] = "spark"
     time_scale: float = Field(default=0.02, ge=0)
+    tokenizer: Family | None = None  # whose BPE the simulator counts with; None: the preset's (qwen3.6)
 
 
 class Settings(BaseSettings):
