@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shaping.bpe import Family
 from shaping.tokens import TokenGrid, smallest_honoured_budget
+from shaping.verdict import ACTIONS
 
 
 def _comma_separated(value: object) -> object:
@@ -43,13 +44,26 @@ class EngineSettings(BaseModel):
     max_completion_tokens_direct: int = Field(default=64, ge=1)
     verdict_constraint: Literal["json_schema", "regex"] = "json_schema"  # how the JSON verdict format is held
     # Alternatives asked per generated token (vLLM's top_logprobs, at most its --max-logprobs, default 20):
-    # the verdict's confidence is read from them (shaping.confidence). 0: none asked, confidence is null.
+    # the verdict's confidence is read from them (shaping.confidence). 0: none asked, confidence is null;
+    # fewer than the actions cannot show each action's first token and is refused (_sees_every_action).
     top_logprobs: int = Field(default=10, ge=0, le=20)
     use_priority: bool = False  # needs the engine started with --scheduling-policy priority
     # What served the verdicts, part of the verdict-reuse scope with the model's id and root (/v1/models):
     # set it when new weights go live under the same name and path (e.g. the weights' commit).
     model_revision: str = Field(default="", max_length=200)
     model_recheck_s: float = Field(default=5.0, ge=0)  # /v1/models re-read this often (0: every request)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _sees_every_action(cls, value: int) -> int:
+        """Refused: a ``top_logprobs`` that cannot list each action's first token at the verdict's start."""
+        if 0 < value < len(ACTIONS):
+            raise ValueError(
+                f"MODGATE_ENGINE__TOP_LOGPROBS={value} is too small to see each action's first token: the "
+                f"verdict's confidence needs at least {len(ACTIONS)} alternatives per token "
+                f"({', '.join(ACTIONS)}), or 0 to ask for no logprobs (confidence null)"
+            )
+        return value
 
 
 class AdmissionSettings(BaseModel):
@@ -95,8 +109,10 @@ class TenantSettings(BaseModel):
     default_keyframes_per_minute: int = Field(default=0, ge=0)
     max_concurrent: TenantCounts = Field(default_factory=dict)  # moderation requests at once, per replica
     default_max_concurrent: int = Field(default=0, ge=0)
-    # One output token's engine time in prompt tokens (prefill ~3,000 tok/s, decode ~105 tok/s on the Spark)
-    output_token_weight: float = Field(default=28.0, ge=0, le=1000)
+    # One output token's engine time in prompt tokens: the Spark preset's prefill / decode rates, 3,500 / 96
+    # tokens/s (deploy/simulator/presets.py, SimPreset.output_token_weight; a test holds the two together).
+    # The built-in simulator uses its own preset's; set it for another engine (docs/tenants.md).
+    output_token_weight: float = Field(default=36.5, ge=0, le=1000)
     redis_key: str = Field(default="modgate:tenants", min_length=1)  # hash: tenant -> JSON limits
     reload_interval_s: float = Field(default=5.0, gt=0)  # how often Redis-held tenants are read again
 

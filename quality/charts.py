@@ -116,9 +116,21 @@ def _status_color(row: CategoryRow) -> str:
     return FAIL if row.below_threshold else PASS
 
 
+def agreement_axis_floor(lows: Sequence[float], minimum: float) -> float:
+    """The left end of an agreement axis: below every interval drawn and the policy line, in 10-point
+    steps (5 when everything sits above 90 %), never below 0."""
+    bottom = min([minimum, *lows])
+    step = 0.05 if bottom >= 0.9 else 0.1
+    return max(0.0, math.floor((bottom - 0.01) / step) * step)
+
+
 def category_chart(categories: Sequence[CategoryRow], policy: ReportPolicy) -> bytes:
-    """Per category: agreement on flagged frames with its interval, and each arm's flag rate."""
-    rows = list(categories)[:14]
+    """Per category: agreement on flagged frames with its interval, and each arm's flag rate.
+
+    Every row of the report's category table is drawn, and the axis starts below the lowest interval,
+    so a category far under the minimum is on the picture as it is in the table.
+    """
+    rows = list(categories)
     height = max(2.2, 0.36 * len(rows) + 1.2)
     figure = _figure(10.4, height)
     left, right = figure.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1.35, 1]})
@@ -126,11 +138,15 @@ def category_chart(categories: Sequence[CategoryRow], policy: ReportPolicy) -> b
     names = [row.category for row in rows]
 
     _style(left, "Agreement on frames thinking on flagged")
+    floor = agreement_axis_floor(
+        [row.flagged_agreement.low for row in rows if row.flagged_agreement is not None],
+        policy.min_flagged_agreement,
+    )
     for y, row in zip(positions, rows, strict=True):
         rate = row.flagged_agreement
         color = _status_color(row)
         if rate is None:
-            left.text(0.502, y, "no flagged frames", va="center", fontsize=8, color=MUTED)
+            left.text(floor + 0.002, y, "no flagged frames", va="center", fontsize=8, color=MUTED)
             continue
         left.plot(
             [rate.low, rate.high], [y, y], color=color, linewidth=2.2, solid_capstyle="round", alpha=0.55
@@ -146,7 +162,7 @@ def category_chart(categories: Sequence[CategoryRow], policy: ReportPolicy) -> b
         color=FAIL,
         va="bottom",
     )
-    left.set_xlim(0.5, 1.0)
+    left.set_xlim(floor, 1.0)
     left.set_ylim(-0.7, len(rows) - 0.3)
     left.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     left.set_yticks(positions, names)

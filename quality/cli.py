@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -45,6 +46,8 @@ from quality.runner import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from quality.report import ReportPolicy, WeekSummary
 
 __all__ = ["quality_app"]
@@ -57,6 +60,11 @@ quality_app = typer.Typer(
     no_args_is_help=True,
 )
 console = Console(stderr=True)
+
+
+class EngineKind(StrEnum):
+    vllm = "vllm"
+    llamacpp = "llamacpp"
 
 
 class SourceFilter(StrEnum):
@@ -134,9 +142,21 @@ def run(
     ] = None,
     concurrency: Annotated[int, typer.Option(min=1, max=64, help="Frames in flight at once.")] = 4,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for one verdict.")] = 300.0,
+    engine: Annotated[
+        EngineKind, typer.Option(help="The kind of engine behind --gateway-url (recorded on each verdict).")
+    ] = EngineKind.vllm,
+    second_gateway_url: Annotated[
+        str | None,
+        typer.Option(help="A gateway in front of a second engine: every frame and arm is judged there too."),
+    ] = None,
+    second_engine: Annotated[
+        EngineKind, typer.Option(help="The kind of engine behind --second-gateway-url.")
+    ] = EngineKind.llamacpp,
 ) -> None:
     """Send every keyframe through the gateway under each arm and record paired verdicts.
 
+    With `--second-gateway-url` the engine is an arm too: the same frames and arms go to a second
+    gateway (in front of, say, llama.cpp), and the weekly report compares the engines.
     Interrupt it at any time: running the same command again skips what is already recorded.
     """
     try:
@@ -146,11 +166,17 @@ def run(
     except DatasetError as exc:
         raise _fail(str(exc)) from exc
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if second_gateway_url is not None and second_engine is engine:
+        raise _fail(f"both gateways are named {engine.value}: give --second-engine the other engine's kind")
+    engines = 1 if second_gateway_url is None else 2
 
     async def main() -> RunSummary:
         async with (
             open_store(out, redis_url, mirror=True) as store,
             httpx.AsyncClient(base_url=gateway_url, headers=headers, timeout=timeout) as client,
+            httpx.AsyncClient(
+                base_url=second_gateway_url or gateway_url, headers=headers, timeout=timeout
+            ) as second,
         ):
             with Progress(
                 SpinnerColumn(),
@@ -163,8 +189,8 @@ def run(
                 console=console,
             ) as progress:
                 task = progress.add_task(
-                    f"{len(keyframes):,} frames × {len(chosen_arms)} arms",
-                    total=len(keyframes) * len(chosen_arms),
+                    f"{len(keyframes):,} frames × {len(chosen_arms)} arms × {engines} engines",
+                    total=len(keyframes) * len(chosen_arms) * engines,
                     status="",
                 )
                 counts = {"sent": 0, "skipped": 0, "failed": 0}
@@ -186,6 +212,8 @@ def run(
                     labels=label_table,
                     concurrency=concurrency,
                     on_progress=on_progress,
+                    engine=engine.value,
+                    other_engines=[(second_engine.value, second)] if second_gateway_url else [],
                 )
 
     try:
@@ -205,11 +233,39 @@ def run(
         raise _fail(f"{summary.total_failed:,} verdicts failed; run again to retry them", code=1)
 
 
+async def _week_input(
+    store: RecordStore, directory: Path | None, label: str, scratch: Path
+) -> Path | pa.Table | None:
+    """A week's records as columns: its Parquet partition (or JSONL file, converted in batches) when the
+    records are files, else the store's records (the Redis stream) as an arrow table."""
+    from quality.columnar import records_table, week_source, write_week_partition
+
+    year, number = parse_iso_week(label)
+    if directory is not None:
+        return await asyncio.to_thread(week_source, directory, year, number, scratch / label)
+    if isinstance(store, RedisRecordStore):
+        # a page of the stream at a time into Parquet: never the whole week as objects
+        written = []
+        async for page in store.pages(*week_bounds(year, number)):
+            if page:
+                table = records_table(page)
+                written += await asyncio.to_thread(write_week_partition, table, scratch / label)
+        return scratch / label if written else None
+    records = await store.read_week(year, number)
+    return records_table(records) if records else None
+
+
 async def _trend(
-    store: RecordStore, reports: Path, week: str, weeks: int, policy: ReportPolicy
+    store: RecordStore,
+    directory: Path | None,
+    reports: Path,
+    week: str,
+    weeks: int,
+    policy: ReportPolicy,
+    scratch: Path,
 ) -> list[WeekSummary]:
     """Earlier weeks from reports already written; weeks without one are recomputed from the records."""
-    from quality.report import build_weekly_report, load_previous_summaries
+    from quality.report import build_weekly_report_from, load_previous_summaries
 
     known = {s.week: s for s in load_previous_summaries(reports, week, limit=weeks)}
     year, number = parse_iso_week(week)
@@ -218,10 +274,11 @@ async def _trend(
         label = format_iso_week(*iso_week_of(start - timedelta(days=7 * back)))
         if label in known:
             continue
-        records = await store.read_week(*parse_iso_week(label))
-        if records:
-            earlier = await asyncio.to_thread(build_weekly_report, records, label, policy)
-            known[label] = earlier.summary()
+        source = await _week_input(store, directory, label, scratch)
+        if source is not None:
+            earlier = await asyncio.to_thread(build_weekly_report_from, source, label, policy)
+            if earlier.data.records:
+                known[label] = earlier.summary()
     return sorted(known.values(), key=lambda s: s.week)[-weeks:]
 
 
@@ -231,7 +288,10 @@ def report(
         str, typer.Option(help="ISO week like 2026-W48, or `last` for the last complete week.")
     ] = "last",
     records: Annotated[
-        Path | None, typer.Option(help=f"Directory of JSONL records (default {DEFAULT_RECORDS}).")
+        Path | None,
+        typer.Option(
+            help=f"Directory of records: Parquet weeks and JSONL files (default {DEFAULT_RECORDS})."
+        ),
     ] = None,
     redis_url: Annotated[
         str | None, typer.Option(envvar="MODGATE_REDIS_URL", help="Read records from this Redis stream.")
@@ -249,7 +309,7 @@ def report(
 ) -> None:
     """Write the weekly quality report (HTML, Markdown, JSON), led by a recommendation."""
     # matplotlib, scikit-learn and statsmodels take seconds to import: only this command pays for them
-    from quality.report import ReportPolicy, build_weekly_report, write_report
+    from quality.report import ReportPolicy, build_weekly_report_from, write_report
 
     try:
         label = resolve_week(week)
@@ -262,14 +322,26 @@ def report(
         min_flagged_agreement=min_flagged_agreement,
         bootstrap_resamples=bootstrap,
     )
+    directory = records if records is not None else (None if redis_url else DEFAULT_RECORDS)
 
-    async def main() -> tuple[str, str, list[Path]]:
+    async def main(scratch: Path) -> tuple[str, str, list[Path]]:
+        from quality.columnar import RECORD_SCHEMA
+
         async with open_store(records, None if records is not None else redis_url, mirror=False) as store:
-            week_records = await store.read_week(*parse_iso_week(label))
-            if source is not SourceFilter.all:
-                week_records = [r for r in week_records if r.source == source.value]
-            previous = await _trend(store, out, label, trend_weeks, policy) if trend_weeks else []
-        built = await asyncio.to_thread(build_weekly_report, week_records, label, policy, previous)
+            week_input = await _week_input(store, directory, label, scratch)
+            previous = (
+                await _trend(store, directory, out, label, trend_weeks, policy, scratch)
+                if trend_weeks
+                else []
+            )
+        built = await asyncio.to_thread(
+            build_weekly_report_from,
+            week_input if week_input is not None else RECORD_SCHEMA.empty_table(),
+            label,
+            policy,
+            previous,
+            only_source=None if source is SourceFilter.all else source.value,
+        )
         files = await asyncio.to_thread(write_report, built, out)
         return (
             built.recommendation.title,
@@ -277,8 +349,34 @@ def report(
             [files.html, files.markdown, files.json],
         )
 
-    title, headline, paths = asyncio.run(main())
+    with tempfile.TemporaryDirectory(prefix="modgate-quality-") as scratch:
+        title, headline, paths = asyncio.run(main(Path(scratch)))
     console.print(f"[bold]{label} · {title}[/]")
     console.print(headline, highlight=False)
     for path in paths:
         typer.echo(str(path))
+
+
+@quality_app.command()
+def convert(
+    records: Annotated[
+        Path, typer.Option(help="Directory of JSONL record files; Parquet weeks are written beside them.")
+    ] = DEFAULT_RECORDS,
+    replace: Annotated[
+        bool, typer.Option(help="Convert weeks that already have a Parquet partition again.")
+    ] = False,
+) -> None:
+    """Convert the JSONL weeks under a records directory to Parquet partitions (`week=2026-W48/`).
+
+    The JSONL files stay (the gateway appends to them); the report reads a week's Parquet partition when
+    it is at least as new as the week's JSONL file.
+    """
+    from quality.columnar import convert_jsonl_weeks
+
+    if not records.is_dir():
+        raise _fail(f"{records} is not a directory of quality records")
+    converted = convert_jsonl_weeks(records, replace=replace)
+    if not converted:
+        console.print(f"nothing to convert in {records} (every JSONL week has its Parquet partition)")
+    for label, rows in converted.items():
+        typer.echo(f"{label}: {rows:,} records → {records / f'week={label}'}")

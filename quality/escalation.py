@@ -19,23 +19,26 @@ interval on the Kish effective sample size, as elsewhere in the report. Plain CP
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import pyarrow as pa
 from numpy.typing import NDArray
 
+from quality.columns import IntArray, PairColumns, run_bootstrap
 from quality.records import PairedRecord
 from quality.stats import wilson_interval
 from quality.summaries import EscalationSample, Estimate, ThresholdRow, ThresholdSection
+from shaping.verdict import ACTIONS
 
 __all__ = [
     "ESCALATION_REASONS",
     "EscalationReason",
     "EscalationSample",
     "Estimate",
+    "ThresholdPlan",
     "ThresholdRow",
     "ThresholdSection",
     "escalation_reason",
@@ -98,36 +101,45 @@ class _Frames:
         return int(self.weight.size)
 
 
+def _disagree(pairs: PairColumns) -> BoolArray:
+    """`not same_verdict(...)` of each pair's fast verdict against thinking on's, without a loop over all."""
+    disagree = pairs.ref_action != pairs.cand_action
+    blocks = np.flatnonzero(~disagree & (pairs.cand_action == ACTIONS.index("block")))
+    if blocks.size:
+        indices = pa.array(blocks, pa.int64())
+        fast = pairs.cand_categories.take(indices).to_pylist()
+        thinking = pairs.ref_categories.take(indices).to_pylist()
+        disagree[blocks] = [set(f or ()) != set(t or ()) for f, t in zip(fast, thinking, strict=True)]
+    return np.asarray(disagree, dtype=np.bool_)
+
+
 def _select(
-    pairs: Sequence[PairedRecord], sample: EscalationSample, always: Collection[str]
+    pairs: PairColumns, sample: EscalationSample, always: Collection[str]
 ) -> tuple[_Frames, int, int]:
     """The pairs the estimate may use, and counts of escalation pairs and of verdicts without confidence."""
-    confidence, forced, disagree, weight, videos = [], [], [], [], []
-    escalation_pairs = without = 0
-    codes: dict[str, int] = {}
-    for index, pair in enumerate(pairs):
-        fast, thinking = pair.candidate, pair.reference
-        if fast.selection == "escalation":
-            escalation_pairs += 1
-            if sample == "random":
-                continue
-        probability = fast.selection_probability if sample == "ipw" else None
-        weight.append(1.0 / probability if probability else 1.0)
-        reason = escalation_reason(fast.action, fast.categories, fast.confidence, math.inf, always)
-        without += fast.confidence is None
-        forced.append(reason in ("review", "category", "no_confidence"))
-        confidence.append(math.nan if fast.confidence is None else fast.confidence)
-        disagree.append(not same_verdict(fast.action, fast.categories, thinking.action, thinking.categories))
-        key = f"v:{pair.video_id}" if pair.video_id is not None else f"f:{index}"
-        videos.append(codes.setdefault(key, len(codes)))
+    escalation_pairs = int(pairs.escalation.sum())
+    kept = np.flatnonzero(~pairs.escalation) if sample == "random" else np.arange(len(pairs))
+    chosen = pairs.take(kept)
+    weight = np.ones(len(chosen))
+    if sample == "ipw":
+        known = np.isfinite(chosen.probability) & (chosen.probability != 0)
+        weight[known] = 1.0 / chosen.probability[known]
+    named_always = np.zeros(len(chosen), dtype=np.bool_)
+    if always:
+        members, names = chosen.category_members("candidate")
+        codes = [names.index(name) for name in always if name in names]
+        if codes and members.size:
+            named_always[members[np.isin(members[:, 1], codes), 0]] = True
+    without_confidence = np.isnan(chosen.confidence)
+    forced = (chosen.cand_action == ACTIONS.index("review")) | named_always | without_confidence
     frames = _Frames(
-        confidence=np.asarray(confidence, dtype=np.float64),
+        confidence=chosen.confidence,
         forced=np.asarray(forced, dtype=np.bool_),
-        disagree=np.asarray(disagree, dtype=np.bool_),
+        disagree=_disagree(chosen),
         weight=np.asarray(weight, dtype=np.float64),
-        video=np.asarray(videos, dtype=np.int64),
+        video=chosen.video,
     )
-    return frames, escalation_pairs, without
+    return frames, escalation_pairs, int(without_confidence.sum())
 
 
 def _escalated(frames: _Frames, thresholds: FloatArray) -> BoolArray:
@@ -137,17 +149,22 @@ def _escalated(frames: _Frames, thresholds: FloatArray) -> BoolArray:
     return np.asarray(frames.forced[:, None] | below | everything, dtype=np.bool_)
 
 
-def weighted_auroc(score: FloatArray, positive: BoolArray, weights: FloatArray) -> FloatArray:
+def weighted_auroc(
+    score: FloatArray, positive: BoolArray, weights: FloatArray, rank: tuple[IntArray, int] | None = None
+) -> FloatArray:
     """AUROC of ``score`` for ``positive`` under each row of ``weights`` (resamples × frames); ties count ½.
 
     The weighted Mann-Whitney statistic: the chance that a positive frame scores above a negative one.
-    NaN for a row whose weights leave one class empty.
+    NaN for a row whose weights leave one class empty. ``rank``: the scores' ranks and level count, when
+    the caller computes them once for many calls.
     """
-    values, rank = np.unique(score, return_inverse=True)
-    levels = values.size
+    if rank is None:
+        values, ranks = np.unique(score, return_inverse=True)
+        rank = (np.asarray(ranks, dtype=np.int64), int(values.size))
+    ranks, levels = rank
     weights = np.atleast_2d(weights)
-    pos = np.stack([np.bincount(rank, w * positive, minlength=levels) for w in weights])
-    neg = np.stack([np.bincount(rank, w * ~positive, minlength=levels) for w in weights])
+    pos = np.stack([np.bincount(ranks, w * positive, minlength=levels) for w in weights])
+    neg = np.stack([np.bincount(ranks, w * ~positive, minlength=levels) for w in weights])
     below = np.cumsum(neg, axis=1) - neg  # negative weight strictly below each level
     wins = np.sum(pos * (below + 0.5 * neg), axis=1)
     total = pos.sum(axis=1) * neg.sum(axis=1)
@@ -232,70 +249,177 @@ def threshold_section(
     candidate. ``sample="random"`` uses only pairs not chosen by escalation (random shadow pairs and
     offline runs), unweighted; ``"ipw"`` uses every pair weighted by 1 / its ``selection_probability``.
     """
-    frames, escalation_pairs, without = _select(pairs, sample, set(always))
-    if frames.size == 0:
+    if not pairs:
         return None
-    grid = (
-        np.asarray(sorted(set(thresholds)), dtype=np.float64)
-        if thresholds is not None
-        else default_thresholds(frames.confidence)
+    plan = ThresholdPlan(
+        PairColumns.from_pairs(pairs),
+        sample=sample,
+        always=always,
+        target=target,
+        thresholds=thresholds,
+        resamples=resamples,
+        confidence=confidence,
+        seed=seed,
     )
-    escalated = _escalated(frames, grid)
-    agree = escalated | ~frames.disagree[:, None]
-    w = frames.weight
-    _, cluster = np.unique(frames.video, return_inverse=True)
-    n_videos = int(cluster.max()) + 1
-    per_video = np.zeros((n_videos, 1 + 2 * grid.size + 1))
-    columns = np.hstack(
-        [w[:, None], w[:, None] * escalated, w[:, None] * agree, (w * frames.disagree)[:, None]]
-    )
-    np.add.at(per_video, cluster, columns)
-    rng = np.random.default_rng(seed)
-    draws = rng.multinomial(n_videos, np.full(n_videos, 1 / n_videos), size=resamples).astype(np.float64)
-    resampled = draws @ per_video
-    observed = per_video.sum(axis=0)
-    t = grid.size
-    with np.errstate(divide="ignore", invalid="ignore"):
-        boot_escalated = resampled[:, 1 : 1 + t] / resampled[:, :1]
-        boot_agree = resampled[:, 1 + t : 1 + 2 * t] / resampled[:, :1]
-        boot_disagree = resampled[:, -1] / resampled[:, 0]
-    total = observed[0]
-    disagree_weight = float(np.sum(w * frames.disagree))
-    rows = []
-    for column, threshold in enumerate(grid):
-        recovered = (
-            float(np.sum(w * (frames.disagree & escalated[:, column]))) / disagree_weight
-            if disagree_weight > 0
-            else None
+    run_bootstrap(plan.groups())
+    return plan.result()
+
+
+# AUROC resamples: the first 400 draws (frame-level weights cost frames × resamples)
+_AUROC_RESAMPLES = 400
+_FRAME_CELLS = 4_000_000
+
+
+class ThresholdPlan:
+    """The threshold section over paired columns, in two steps like the report's other sections: its
+    bootstrap goes to `quality.columns.run_bootstrap` (`groups()`), then `result()`.
+
+    Per video, weighted sums of: frames, escalated frames per threshold, agreeing frames per threshold,
+    and disagreeing frames; each resample is draws @ those sums. Frame-level weights are built only for
+    the AUROC, a few resamples at a time.
+    """
+
+    def __init__(
+        self,
+        pairs: PairColumns,
+        *,
+        sample: EscalationSample = "random",
+        always: Collection[str] = ("sexual/minors",),
+        target: float = 0.99,
+        thresholds: Sequence[float] | None = None,
+        resamples: int = 1000,
+        confidence: float = 0.95,
+        seed: int = 0,
+    ) -> None:
+        self.sample, self.always, self.target = sample, set(always), target
+        self.resamples, self.confidence, self.seed = resamples, confidence, seed
+        frames, self.escalation_pairs, self.without = _select(pairs, sample, self.always)
+        self.frames = frames
+        if frames.size == 0:
+            return
+        self.grid = (
+            np.asarray(sorted(set(thresholds)), dtype=np.float64)
+            if thresholds is not None
+            else default_thresholds(frames.confidence)
         )
-        rows.append(
+        w, t = frames.weight, self.grid.size
+        cluster = frames.video
+        self.n_videos = int(cluster.max()) + 1
+        per_video = np.zeros((self.n_videos, 1 + 2 * t + 1))
+        per_video[:, 0] = np.bincount(cluster, w, minlength=self.n_videos)
+        confidence_or_low = np.nan_to_num(frames.confidence, nan=-1.0)
+        self.recovered: list[float | None] = []
+        disagree_weight = float(np.sum(w * frames.disagree))
+        for column, threshold in enumerate(self.grid):
+            escalated = frames.forced | (confidence_or_low < threshold) | bool(threshold >= 1)
+            agree = escalated | ~frames.disagree
+            per_video[:, 1 + column] = np.bincount(cluster, w * escalated, minlength=self.n_videos)
+            per_video[:, 1 + t + column] = np.bincount(cluster, w * agree, minlength=self.n_videos)
+            self.recovered.append(
+                float(np.sum(w * (frames.disagree & escalated))) / disagree_weight
+                if disagree_weight > 0
+                else None
+            )
+        per_video[:, -1] = np.bincount(cluster, w * frames.disagree, minlength=self.n_videos)
+        self.per_video, self.disagree_weight = per_video, disagree_weight
+        self.resampled: list[FloatArray] = []
+        self.auroc_boot: list[FloatArray] = []
+        self.with_auroc = bool(frames.disagree.any() and not frames.disagree.all())
+        if self.with_auroc:
+            self.score = -np.nan_to_num(frames.confidence, nan=-1.0)  # lower confidence: likelier to disagree
+            values, ranks = np.unique(self.score, return_inverse=True)
+            self.rank = (np.asarray(ranks, dtype=np.int64), int(values.size))
+            # whole weights (every sample but inverse-probability ones): every sum below is exact, so
+            # the statistic can be summed over frames instead of score levels and come out the same
+            self.whole = bool(np.all(frames.weight == np.round(frames.weight)))
+            if self.whole:
+                self._prepare_fast_auroc()
+
+    def _prepare_fast_auroc(self) -> None:
+        ranks, _ = self.rank
+        frames = self.frames
+        positive = np.flatnonzero(frames.disagree)
+        negative = np.flatnonzero(~frames.disagree)
+        negative = negative[np.argsort(ranks[negative], kind="stable")]
+        negative_ranks = ranks[negative]
+        self._pos, self._neg = positive, negative
+        self._below = np.searchsorted(negative_ranks, ranks[positive], side="left")
+        self._upto = np.searchsorted(negative_ranks, ranks[positive], side="right")
+
+    def _fast_auroc(self, draws: FloatArray) -> FloatArray:
+        """`weighted_auroc` for whole frame weights: per resample, the negatives' weight below and at
+        each positive's score from one cumulative sum over the negatives in score order."""
+        frames = self.frames
+        pos_weight = draws[:, frames.video[self._pos]] * frames.weight[self._pos][None, :]
+        neg_weight = draws[:, frames.video[self._neg]] * frames.weight[self._neg][None, :]
+        cumulative = np.zeros((draws.shape[0], self._neg.size + 1))
+        np.cumsum(neg_weight, axis=1, out=cumulative[:, 1:])
+        below = cumulative[:, self._below]
+        ties = cumulative[:, self._upto] - below
+        wins = np.sum(pos_weight * (below + 0.5 * ties), axis=1)
+        total = pos_weight.sum(axis=1) * cumulative[:, -1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.asarray(np.where(total > 0, wins / total, np.nan), dtype=np.float64)
+
+    def groups(self) -> list[tuple[int, int, int, ThresholdPlan]]:
+        if self.frames.size == 0:
+            return []
+        return [(self.n_videos, self.resamples, self.seed, self)]
+
+    def feed(self, start: int, weights: FloatArray) -> None:
+        draws = weights
+        self.resampled.append(draws @ self.per_video)
+        auroc_rows = min(self.resamples, _AUROC_RESAMPLES) - start
+        if not self.with_auroc or auroc_rows <= 0:
+            return
+        frames = self.frames
+        step = max(1, _FRAME_CELLS // max(frames.size, 1))
+        for first in range(0, min(auroc_rows, draws.shape[0]), step):
+            last = min(first + step, auroc_rows, draws.shape[0])
+            if self.whole:
+                self.auroc_boot.append(self._fast_auroc(draws[first:last]))
+                continue
+            frame_draws = draws[first:last, frames.video] * frames.weight[None, :]
+            self.auroc_boot.append(weighted_auroc(self.score, frames.disagree, frame_draws, self.rank))
+
+    def result(self) -> ThresholdSection | None:
+        frames = self.frames
+        if frames.size == 0:
+            return None
+        w, t, confidence = frames.weight, self.grid.size, self.confidence
+        resampled = np.vstack(self.resampled)
+        observed = self.per_video.sum(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boot_escalated = resampled[:, 1 : 1 + t] / resampled[:, :1]
+            boot_agree = resampled[:, 1 + t : 1 + 2 * t] / resampled[:, :1]
+            boot_disagree = resampled[:, -1] / resampled[:, 0]
+        total = observed[0]
+        rows = [
             ThresholdRow(
                 threshold=float(threshold),
                 escalated=_estimate(observed[1 + column] / total, boot_escalated[:, column], w, confidence),
                 agreement=_estimate(observed[1 + t + column] / total, boot_agree[:, column], w, confidence),
-                recovered=recovered,
+                recovered=self.recovered[column],
             )
+            for column, threshold in enumerate(self.grid)
+        ]
+        auroc: Estimate | None = None
+        if self.with_auroc:
+            point = float(weighted_auroc(self.score, frames.disagree, w[None, :], self.rank)[0])
+            auroc = _estimate(point, np.concatenate(self.auroc_boot), w, confidence, wilson=False)
+        recommended, text = _recommend(rows, self.target)
+        return ThresholdSection(
+            sample=self.sample,
+            pairs=frames.size,
+            videos=self.n_videos,
+            effective_pairs=round(float(w.sum() ** 2 / np.sum(w**2)), 1),
+            escalation_pairs=self.escalation_pairs,
+            without_confidence=self.without,
+            always_escalate=sorted(self.always),
+            target_agreement=self.target,
+            disagreement=_estimate(self.disagree_weight / total, boot_disagree, w, confidence),
+            auroc=auroc,
+            rows=rows,
+            recommended=recommended,
+            recommendation=text[0].upper() + text[1:],
         )
-    auroc: Estimate | None = None
-    if frames.disagree.any() and not frames.disagree.all():
-        score = -np.nan_to_num(frames.confidence, nan=-1.0)  # lower confidence: more likely to disagree
-        point = float(weighted_auroc(score, frames.disagree, w[None, :])[0])
-        frame_draws = draws[: min(resamples, 400), cluster] * w[None, :]
-        boot = weighted_auroc(score, frames.disagree, frame_draws)
-        auroc = _estimate(point, boot, w, confidence, wilson=False)
-    recommended, text = _recommend(rows, target)
-    return ThresholdSection(
-        sample=sample,
-        pairs=frames.size,
-        videos=n_videos,
-        effective_pairs=round(float(w.sum() ** 2 / np.sum(w**2)), 1),
-        escalation_pairs=escalation_pairs,
-        without_confidence=without,
-        always_escalate=sorted(always),
-        target_agreement=target,
-        disagreement=_estimate(disagree_weight / total, boot_disagree, w, confidence),
-        auroc=auroc,
-        rows=rows,
-        recommended=recommended,
-        recommendation=text[0].upper() + text[1:],
-    )

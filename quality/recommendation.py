@@ -1,13 +1,14 @@
 """The report's recommendation: the decision on turning thinking off, its headline and the detail lines.
 
-Judged from a built report (its comparison intervals against the policy minimums); sentences only, no
-statistics computed here.
+Judged from a built report: its comparison intervals against the policy minimums, and every category it
+judges against the flagged minimum (a headline must never pass a policy its own category table fails);
+sentences only, no statistics computed here.
 """
 
 from __future__ import annotations
 
 from quality.notation import count, interval, pct, points, points_interval
-from quality.summaries import Decision, Rate, Recommendation, WeeklyReport
+from quality.summaries import CategoryRow, Decision, Rate, Recommendation, WeeklyReport
 
 __all__ = ["recommend"]
 
@@ -53,22 +54,31 @@ def recommend(report: WeeklyReport) -> Recommendation:
     flagged_ok = flagged is not None and flagged.low >= policy.min_flagged_agreement
     agreement_below = agreement.value < policy.min_agreement
     flagged_below = flagged is not None and flagged.value < policy.min_flagged_agreement
+    # every category the report judges is held to the flagged minimum too, as the table beside it says
+    judged = [row for row in report.categories if row.judged and row.flagged_agreement is not None]
+    failing = [row for row in judged if row.below_threshold]
 
     decision: Decision
-    if agreement_below or flagged_below:
+    if agreement_below or flagged_below or failing:
         decision, title = "keep_thinking_on", "Keep thinking on"
+        reasons = []
         if agreement_below and flagged_below:
-            verdict = f"both below the policy minimums ({min_all}, {min_flagged} on flagged)"
+            reasons.append(f"both below the policy minimums ({min_all}, {min_flagged} on flagged)")
         elif agreement_below:
-            verdict = f"below the {min_all} policy minimum"
-        else:
-            verdict = f"the flagged figure is below the {min_flagged} policy minimum"
-        headline = f"{evidence}: {verdict}. Keep thinking on."
+            reasons.append(f"below the {min_all} policy minimum")
+        elif flagged_below:
+            reasons.append(f"the flagged figure is below the {min_flagged} policy minimum")
+        if failing:
+            reasons.append(_failing_text(failing, judged, min_flagged))
+        headline = f"{evidence}: {'; '.join(reasons)}. Keep thinking on."
     elif agreement_ok and flagged_ok:
         decision, title = "thinking_off_ok", "Thinking off meets policy"
+        categories = (
+            f", and every category judged ({count(len(judged))}) meets the flagged minimum" if judged else ""
+        )
         headline = (
-            f"{evidence}: both intervals clear the policy minimums ({min_all}, {min_flagged} on flagged). "
-            "Thinking can be turned off where this policy applies."
+            f"{evidence}: both intervals clear the policy minimums ({min_all}, {min_flagged} on flagged)"
+            f"{categories}. Thinking can be turned off where this policy applies."
         )
     else:
         decision, title = "inconclusive", "Not enough evidence yet"
@@ -88,6 +98,20 @@ def recommend(report: WeeklyReport) -> Recommendation:
         headline += "."
 
     return Recommendation(decision=decision, title=title, headline=headline, details=_details(report))
+
+
+def _failing_text(failing: list[CategoryRow], judged: list[CategoryRow], min_flagged: str) -> str:
+    if len(failing) == len(judged):
+        scope = "every category judged" if len(judged) > 1 else "the one category judged"
+        return f"{scope} ({count(len(judged))}) is below the {min_flagged} flagged minimum"
+    names = ", ".join(
+        f"{row.category} {pct(row.flagged_agreement.value)}" for row in failing[:3] if row.flagged_agreement
+    )
+    more = f" and {count(len(failing) - 3)} more" if len(failing) > 3 else ""
+    return (
+        f"{count(len(failing))} of {count(len(judged))} categories judged are below the {min_flagged} "
+        f"flagged minimum ({names}{more})"
+    )
 
 
 def _details(report: WeeklyReport) -> list[str]:

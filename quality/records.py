@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -114,6 +114,9 @@ class VerdictRecord(BaseModel):
     # the chance this frame was paired at all, given its fast verdict (1 for an escalation below the
     # threshold, the shadow share for a random pair): inverse-probability weights use it
     selection_probability: float | None = Field(default=None, gt=0, le=1)
+    engine: str = (
+        "vllm"  # the kind of engine that judged it (vllm or llamacpp): an arm beside mode and format
+    )
 
     @field_validator("recorded_at")
     @classmethod
@@ -399,11 +402,15 @@ class RedisRecordStore:
         return await self.read_range(*week_bounds(year, week))
 
     async def read_range(self, start: datetime | None, end: datetime | None) -> list[VerdictRecord]:
+        return [record async for page in self.pages(start, end) for record in page]
+
+    async def pages(self, start: datetime | None, end: datetime | None) -> AsyncIterator[list[VerdictRecord]]:
+        """The records of a time range a page (`page_size` stream entries) at a time."""
         low = "-" if start is None else f"{max(0, int((start - self.margin).timestamp() * 1000))}-0"
         high = "+" if end is None else f"{int((end + self.margin).timestamp() * 1000)}"
-        records: list[VerdictRecord] = []
         while True:
             entries = await self.redis.xrange(self.stream, min=low, max=high, count=self.page_size) or []
+            records: list[VerdictRecord] = []
             for _, fields in entries:
                 raw = (fields or {}).get(b"record", (fields or {}).get("record"))
                 if raw is None:
@@ -412,8 +419,9 @@ class RedisRecordStore:
                 record = _parse_line(text, f"redis stream {self.stream}")
                 if record is not None and _in_range(record, start, end):
                     records.append(record)
+            yield records
             if len(entries) < self.page_size:
-                return records
+                return
             last_id: Any = entries[-1][0]
             low = "(" + (last_id.decode() if isinstance(last_id, bytes) else str(last_id))
 

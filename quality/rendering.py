@@ -6,7 +6,7 @@ from jinja2 import Environment, PackageLoader
 
 from quality import charts
 from quality.notation import count, interval, pct, points, points_interval
-from quality.summaries import Coefficient, Rate, ThresholdRow, ThresholdSection, WeeklyReport
+from quality.summaries import ENGINE_NAMES, Coefficient, Rate, ThresholdRow, ThresholdSection, WeeklyReport
 
 __all__ = ["SHOWN_THRESHOLDS", "render_html", "render_json", "render_markdown", "shown_rows"]
 
@@ -39,7 +39,13 @@ def render_html(report: WeeklyReport) -> str:
     if report.costs:
         images["costs"] = charts.png_data_uri(charts.cost_chart(report.costs))
     template = _environment().get_template("weekly_report.html.jinja")
-    return template.render(report=report, images=images, arm_label=charts.ARM_LABELS, shown_rows=shown_rows)
+    return template.render(
+        report=report,
+        images=images,
+        arm_label=charts.ARM_LABELS,
+        engine_label=ENGINE_NAMES,
+        shown_rows=shown_rows,
+    )
 
 
 def _md_rate(rate: Rate | None) -> str:
@@ -162,6 +168,7 @@ def render_markdown(report: WeeklyReport) -> str:
             for c in report.format_comparisons
         ]
     lines += _md_escalation(report.escalation)
+    lines += _md_engines(report)
     if report.categories:
         lines += [
             "",
@@ -251,3 +258,29 @@ def render_markdown(report: WeeklyReport) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _md_engines(report: WeeklyReport) -> list[str]:
+    section = report.engines
+    if section is None:
+        return []
+    a = ENGINE_NAMES.get(section.reference_engine, section.reference_engine)
+    b = ENGINE_NAMES.get(section.candidate_engine, section.candidate_engine)
+    lines = [
+        "",
+        f"## Engines: {b} against {a}",
+        "",
+        section.headline,
+        "",
+        f"| arm | frames | agreement | on flagged | kappa | {b} latency p50 | {b} completion tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for item in section.comparisons:
+        c, cost = item.comparison, item.candidate_cost
+        latency = "–" if cost is None else f"{cost.latency_p50_ms / 1000:.2f} s"
+        tokens = "–" if cost is None else f"{cost.mean_completion_tokens:.0f}"
+        lines.append(
+            f"| {item.arm} | {c.frames:,} | {_md_rate(c.agreement)} | {_md_rate(c.flagged_agreement)} | "
+            f"{_md_coefficient(c.kappa)} | {latency} | {tokens} |"
+        )
+    return lines

@@ -12,27 +12,29 @@ the rendering in :mod:`quality.rendering` (charts from :mod:`quality.charts`).
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 from pydantic import ValidationError
 
-from quality.escalation import threshold_section
+from quality.columnar import records_table
+from quality.columns import PairColumns, run_bootstrap
+from quality.engines import engine_comparison_plans, engine_section, primary_engine
+from quality.escalation import ThresholdPlan
 from quality.recommendation import recommend
-from quality.records import (
-    ARMS,
-    Arm,
-    VerdictRecord,
-    format_iso_week,
-    pair_records,
-    parse_iso_week,
-    week_bounds,
-)
+from quality.records import ARMS, Arm, VerdictRecord, format_iso_week, parse_iso_week, week_bounds
 from quality.rendering import render_html, render_json, render_markdown
-from quality.sections import arm_costs, category_rows, compare, human_scores, sample_size_needed, tenant_rows
+from quality.sections import (
+    CategoryPlan,
+    ComparisonPlan,
+    TenantPlan,
+    arm_cost,
+    human_scores,
+    sample_size_needed,
+)
 from quality.summaries import (
     ArmCost,
     CategoryRow,
@@ -47,6 +49,7 @@ from quality.summaries import (
     WeeklyReport,
     WeekSummary,
 )
+from quality.weekly_sql import PairQuery, WeekQueries
 
 __all__ = [
     "ArmCost",
@@ -62,6 +65,7 @@ __all__ = [
     "WeekSummary",
     "WeeklyReport",
     "build_weekly_report",
+    "build_weekly_report_from",
     "load_previous_summaries",
     "render_html",
     "render_json",
@@ -86,52 +90,70 @@ def build_weekly_report(
     previous: Sequence[WeekSummary] = (),
     generated_at: datetime | None = None,
 ) -> WeeklyReport:
-    """Everything the report says about one ISO week (`2026-W48`). CPU-bound: run it in a thread."""
+    """Everything the report says about one ISO week (`2026-W48`). CPU-bound: run it in a thread.
+
+    The records go into arrow batches a slice at a time and the report is computed over those columns
+    (`build_weekly_report_from`), so no more than a batch of them is ever held as objects.
+    """
+    return build_weekly_report_from(records_table(records), week, policy, previous, generated_at)
+
+
+def build_weekly_report_from(
+    source: Path | pa.Table,
+    week: str,
+    policy: ReportPolicy | None = None,
+    previous: Sequence[WeekSummary] = (),
+    generated_at: datetime | None = None,
+    *,
+    only_source: str | None = None,
+) -> WeeklyReport:
+    """The report from columns: a folder of Parquet files (a week's partition) or an arrow table.
+
+    `only_source` keeps one source of records (`shadow` or `offline`)."""
     policy = policy or ReportPolicy()
     year, number = parse_iso_week(week)
     start, end = week_bounds(year, number)
-    week_records = [r for r in records if start <= r.recorded_at < end]
+    queries = WeekQueries.open(source, start, end, only_source=only_source)
+    try:
+        return _build(queries, policy, format_iso_week(year, number), (start, end), previous, generated_at)
+    finally:
+        queries.close()
+
+
+def _columns(queries: WeekQueries, query: PairQuery) -> tuple[PairColumns, dict[str, int]]:
+    table, notes = queries.pairs(query)
+    return PairColumns.from_table(table, query.reference, query.candidate), notes
+
+
+def _build(
+    queries: WeekQueries,
+    policy: ReportPolicy,
+    week: str,
+    bounds: tuple[datetime, datetime],
+    previous: Sequence[WeekSummary],
+    generated_at: datetime | None,
+) -> WeeklyReport:
+    counts = queries.counts()
+    engine = primary_engine(counts.engines)
+
+    def pairs_of(reference: Arm, candidate: Arm, **options: bool) -> tuple[PairColumns, dict[str, int]]:
+        query = PairQuery(reference, candidate, reference_engine=engine, candidate_engine=engine, **options)
+        return _columns(queries, query)
+
     # Escalation pairs are the unsure frames only: they would bias every comparison but the weighted one.
-    pairing = pair_records(
-        [r for r in week_records if r.selection != "escalation"], "thinking_on", "thinking_off"
-    )
-    every_pair = pair_records(week_records, "thinking_on", "thinking_off")
-    rerun = pair_records(week_records, "thinking_on", "thinking_on_rerun", skip_reused_candidates=True)
-    arms = Counter(r.arm for r in week_records)
-    comparison = compare(pairing.pairs, policy) if pairing.pairs else None
-    report = WeeklyReport(
-        week=format_iso_week(year, number),
-        week_start=start,
-        week_end=end,
-        generated_at=generated_at or datetime.now(UTC),
-        policy=policy,
-        recommendation=Recommendation(decision="no_data", title="", headline="", details=[]),
-        comparison=comparison,
-        noise_floor=compare(rerun.pairs, policy) if rerun.pairs else None,
-        format_comparisons=[
-            compare(pairs, policy)
-            for reference, candidate in FORMAT_COMPARISONS
-            if (pairs := pair_records(week_records, reference, candidate).pairs)
-        ],
-        categories=category_rows(pairing.pairs, policy) if pairing.pairs else [],
-        tenants=tenant_rows(pairing.pairs, policy) if pairing.pairs else [],
-        costs=arm_costs(week_records),
-        human=human_scores(pairing.pairs, policy),
-        sample_size=sample_size_needed(comparison, policy) if comparison else None,
-        trend=[],
-        data=DataNotes(
-            records=len(week_records),
-            records_by_arm={arm: arms.get(arm, 0) for arm in ARMS},
-            records_by_source={str(k): v for k, v in Counter(r.source for r in week_records).items()},
-            policy_versions=sorted({r.policy_version for r in week_records}),
-            tenants=len({r.tenant for r in week_records}),
-            unpaired_reference=pairing.unpaired_reference,
-            unpaired_candidate=pairing.unpaired_candidate,
-            duplicates=pairing.duplicates,
-            reused_reruns=rerun.reused_candidates,
-        ),
-        escalation=threshold_section(
-            every_pair.pairs,
+    main, pairing = pairs_of("thinking_on", "thinking_off", exclude_escalation=True)
+    every_pair, _ = pairs_of("thinking_on", "thinking_off")
+    rerun, rerun_notes = pairs_of("thinking_on", "thinking_on_rerun", skip_reused_candidates=True)
+    formats = [cols for ref, cand in FORMAT_COMPARISONS if len(cols := pairs_of(ref, cand)[0])]
+    plans: list[ComparisonPlan | CategoryPlan | TenantPlan | ThresholdPlan] = []
+    comparison_plan = ComparisonPlan(main, policy) if len(main) else None
+    rerun_plan = ComparisonPlan(rerun, policy) if len(rerun) else None
+    format_plans = [ComparisonPlan(cols, policy) for cols in formats]
+    category_plan = CategoryPlan(main, policy) if len(main) else None
+    tenant_plan = TenantPlan(main, policy) if len(main) else None
+    threshold_plan = (
+        ThresholdPlan(
+            every_pair,
             sample=policy.escalation_sample,
             always=policy.always_escalate,
             target=policy.escalation_target,
@@ -139,9 +161,53 @@ def build_weekly_report(
             confidence=policy.confidence,
             seed=policy.seed,
         )
-        if every_pair.pairs
-        else None,
+        if len(every_pair)
+        else None
     )
+    engine_plans = engine_comparison_plans(queries, counts.engines, engine, policy)
+    for plan in (comparison_plan, rerun_plan, *format_plans, category_plan, tenant_plan, threshold_plan):
+        if plan is not None:
+            plans.append(plan)
+    plans.extend(p for _, p in engine_plans)
+    costs = [cost for arm in ARMS if (cost := arm_cost(arm, *queries.arm_columns(arm, engine))) is not None]
+    for _, engine_plan in engine_plans:
+        engine_plan.fetch_cost()
+    # every query has run: DuckDB's buffers go before the bootstrap's weights come
+    queries.close()
+    run_bootstrap(group for plan in plans for group in plan.groups())
+
+    comparison = comparison_plan.result() if comparison_plan else None
+    start, end = bounds
+    report = WeeklyReport(
+        week=week,
+        week_start=start,
+        week_end=end,
+        generated_at=generated_at or datetime.now(UTC),
+        policy=policy,
+        recommendation=Recommendation(decision="no_data", title="", headline="", details=[]),
+        comparison=comparison,
+        noise_floor=rerun_plan.result() if rerun_plan else None,
+        format_comparisons=[plan.result() for plan in format_plans],
+        categories=category_plan.result() if category_plan else [],
+        tenants=tenant_plan.result() if tenant_plan else [],
+        costs=costs,
+        human=human_scores(main, policy) if len(main) else [],
+        sample_size=sample_size_needed(comparison, policy) if comparison else None,
+        trend=[],
+        data=DataNotes(
+            records=counts.records,
+            records_by_arm={arm: counts.by_arm.get(arm, 0) for arm in ARMS},
+            records_by_source=counts.by_source,
+            policy_versions=counts.policy_versions,
+            tenants=counts.tenants,
+            unpaired_reference=pairing["unpaired_reference"],
+            unpaired_candidate=pairing["unpaired_candidate"],
+            duplicates=pairing["duplicates"],
+            reused_reruns=rerun_notes["reused_candidates"],
+        ),
+        escalation=threshold_plan.result() if threshold_plan else None,
+    )
+    report.engines = engine_section(engine_plans, engine, policy)
     report.recommendation = recommend(report)
     earlier = sorted((s for s in previous if s.week < report.week), key=lambda s: s.week)
     report.trend = [*earlier, report.summary()]

@@ -211,6 +211,7 @@ class _ModgateFields(BaseModel):
     request_id: str
     confidence: float | None = Field(default=None, ge=0, le=1)
     verdict_format: Literal["compact", "json"] | None = None  # None: a gateway from before the field
+    engine: str | None = None  # the kind of engine that judged it, when the gateway says
     # the gateway says how a verdict was reused ("exact", "near") or null; a bool is accepted too
     reused: bool | Literal["exact", "near"] | None = None
 
@@ -244,6 +245,7 @@ class ProgressEvent:
     arm: Arm
     outcome: Literal["sent", "skipped", "failed"]
     detail: str = ""
+    engine: str = "vllm"
 
 
 @dataclass
@@ -259,10 +261,10 @@ class RunSummary:
         return sum(self.failed.values())
 
 
-async def completed_work(store: RecordStore) -> set[tuple[str, Arm]]:
-    """(input sha256, arm) pairs already recorded by offline runs: the work a resumed run skips."""
+async def completed_work(store: RecordStore) -> set[tuple[str, Arm, str]]:
+    """(input sha256, arm, engine) already recorded by offline runs: the work a resumed run skips."""
     records = await store.read_range(None, None)
-    return {(r.input_sha256, r.arm) for r in records if r.source == "offline" and r.input_sha256}
+    return {(r.input_sha256, r.arm, r.engine) for r in records if r.source == "offline" and r.input_sha256}
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -282,7 +284,7 @@ def _retry_after(response: httpx.Response, default: float) -> float:
 
 @dataclass
 class _Run:
-    client: httpx.AsyncClient
+    engines: Sequence[tuple[str, httpx.AsyncClient]]  # (engine kind, client based at its gateway)
     store: RecordStore
     arms: Sequence[Arm]
     model: str
@@ -290,14 +292,16 @@ class _Run:
     labels: LabelTable
     retry_delays: Sequence[float]
     on_progress: Callable[[ProgressEvent], None] | None
-    done: set[tuple[str, Arm]]
+    done: set[tuple[str, Arm, str]]
     summary: RunSummary = field(default_factory=RunSummary)
 
     def _report(self, event: ProgressEvent) -> None:
         if self.on_progress is not None:
             self.on_progress(event)
 
-    async def post(self, keyframe: Keyframe, arm: Arm, data_url: str) -> _ModerationResult:
+    async def post(
+        self, client: httpx.AsyncClient, keyframe: Keyframe, arm: Arm, data_url: str
+    ) -> _ModerationResult:
         headers: dict[str, str] = {"X-Modgate-Thinking": THINKING_HEADER[arm]}
         if keyframe.video_id is not None:
             headers["X-Modgate-Video-Id"] = keyframe.video_id
@@ -316,7 +320,7 @@ class _Run:
         }
         for attempt, delay in enumerate([*self.retry_delays, None]):
             try:
-                response = await self.client.post("/v1/moderations", json=body, headers=headers)
+                response = await client.post("/v1/moderations", json=body, headers=headers)
             except httpx.TransportError as exc:
                 if delay is None:
                     raise GatewayError(f"gateway unreachable after {attempt + 1} tries: {exc!r}") from exc
@@ -349,50 +353,70 @@ class _Run:
         input_sha = hashlib.sha256(data).hexdigest()
         media_type = IMAGE_TYPES[keyframe.path.suffix.lower()]
         data_url = f"data:{media_type};base64,{base64.b64encode(data).decode('ascii')}"
-        for arm in self.arms:
-            if (input_sha, arm) in self.done:
-                self.summary.skipped[arm] += 1
-                self._report(ProgressEvent(keyframe, arm, "skipped"))
-                continue
-            try:
-                result = await self.post(keyframe, arm, data_url)
-            except GatewayError as exc:
-                self.summary.failed[arm] += 1
-                if len(self.summary.errors) < 20:
-                    self.summary.errors.append(f"{keyframe.key} [{arm}]: {exc}")
-                self._report(ProgressEvent(keyframe, arm, "failed", str(exc)))
-                continue
-            fields = result.modgate
-            frame_sha = (fields.frame_sha256 or input_sha).lower()
-            label = self.labels.find(keyframe, input_sha, frame_sha)
-            record = VerdictRecord(
-                frame_sha256=frame_sha,
-                video_id=keyframe.video_id,
-                tenant=self.tenant,
-                arm=arm,
-                action=fields.action,
-                flagged=result.flagged,
-                categories=sorted(name for name, hit in result.categories.items() if hit),
-                policy_version=fields.policy_version,
-                prompt_tokens=fields.prompt_tokens,
-                cached_tokens=fields.cached_tokens,
-                completion_tokens=fields.completion_tokens,
-                reasoning_tokens=fields.reasoning_tokens,
-                latency_ms=fields.latency_ms,
-                ttft_ms=fields.ttft_ms,
-                recorded_at=datetime.now(UTC),
-                source="offline",
-                request_id=fields.request_id,
-                reused=fields.was_reused,
-                input_sha256=input_sha,
-                human_label=label,
-                confidence=fields.confidence,
-            )
-            await self.store.append(record)
-            self.done.add((input_sha, arm))
-            self.summary.sent[arm] += 1
-            self.summary.labelled += label is not None
-            self._report(ProgressEvent(keyframe, arm, "sent"))
+        for engine, client in self.engines:
+            for arm in self.arms:
+                await self._judge(client, engine, keyframe, arm, input_sha, data_url)
+
+    async def _judge(
+        self,
+        client: httpx.AsyncClient,
+        engine: str,
+        keyframe: Keyframe,
+        arm: Arm,
+        input_sha: str,
+        data_url: str,
+    ) -> None:
+        """One arm of one frame on one engine, recorded (or counted as skipped or failed)."""
+        key = f"{arm}@{engine}" if len(self.engines) > 1 else arm
+        if (input_sha, arm, engine) in self.done:
+            self.summary.skipped[key] += 1
+            self._report(ProgressEvent(keyframe, arm, "skipped", engine=engine))
+            return
+        try:
+            result = await self.post(client, keyframe, arm, data_url)
+            if result.modgate.engine not in (None, engine):
+                raise GatewayError(
+                    f"this gateway's engine is {result.modgate.engine}, the run names it {engine}: "
+                    "give each gateway URL the kind of the engine behind it"
+                )
+        except GatewayError as exc:
+            self.summary.failed[key] += 1
+            if len(self.summary.errors) < 20:
+                self.summary.errors.append(f"{keyframe.key} [{key}]: {exc}")
+            self._report(ProgressEvent(keyframe, arm, "failed", str(exc), engine=engine))
+            return
+        fields = result.modgate
+        frame_sha = (fields.frame_sha256 or input_sha).lower()
+        label = self.labels.find(keyframe, input_sha, frame_sha)
+        record = VerdictRecord(
+            frame_sha256=frame_sha,
+            video_id=keyframe.video_id,
+            tenant=self.tenant,
+            arm=arm,
+            action=fields.action,
+            flagged=result.flagged,
+            categories=sorted(name for name, hit in result.categories.items() if hit),
+            policy_version=fields.policy_version,
+            prompt_tokens=fields.prompt_tokens,
+            cached_tokens=fields.cached_tokens,
+            completion_tokens=fields.completion_tokens,
+            reasoning_tokens=fields.reasoning_tokens,
+            latency_ms=fields.latency_ms,
+            ttft_ms=fields.ttft_ms,
+            recorded_at=datetime.now(UTC),
+            source="offline",
+            request_id=fields.request_id,
+            reused=fields.was_reused,
+            input_sha256=input_sha,
+            human_label=label,
+            confidence=fields.confidence,
+            engine=engine,
+        )
+        await self.store.append(record)
+        self.done.add((input_sha, arm, engine))
+        self.summary.sent[key] += 1
+        self.summary.labelled += label is not None
+        self._report(ProgressEvent(keyframe, arm, "sent", engine=engine))
 
 
 async def run_offline(
@@ -407,16 +431,24 @@ async def run_offline(
     concurrency: int = 4,
     retry_delays: Sequence[float] = (0.5, 1.0, 2.0, 4.0),
     on_progress: Callable[[ProgressEvent], None] | None = None,
+    engine: str = "vllm",
+    other_engines: Sequence[tuple[str, httpx.AsyncClient]] = (),
 ) -> RunSummary:
     """Send each keyframe under each arm through `client` (based at the gateway), recording verdicts.
 
     At most `concurrency` frames are in flight; a frame's arms go one after another. Frames whose
-    (bytes, arm) the store already holds are skipped. Refused frames are counted, not fatal.
+    (bytes, arm, engine) the store already holds are skipped. Refused frames are counted, not fatal.
+    The engine is an arm too: `engine` names the kind behind `client`'s gateway, and each of
+    `other_engines` (kind, client at a gateway in front of that engine) judges every frame under every
+    arm as well, so the weekly report compares one engine's verdicts with the other's.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
+    kinds = [engine, *(kind for kind, _ in other_engines)]
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"each engine must be of a different kind to be told apart, got {kinds}")
     run = _Run(
-        client=client,
+        engines=[(engine, client), *other_engines],
         store=store,
         arms=list(arms),
         model=model,

@@ -1,21 +1,28 @@
-"""The report's sections computed from paired records: agreement, categories, tenants, costs, human
-labels and the sample size a verdict needs. Plain CPU work over values (numpy, scikit-learn): no I/O.
+"""The report's sections computed from paired frames as columns: agreement, categories, tenants, costs,
+human labels and the sample size a verdict needs. Plain CPU work over values (numpy, scikit-learn): no I/O.
+
+Each section with a video bootstrap is a *plan*: built from the columns, it lists the bootstrap it needs
+(`groups()`), `quality.columns.run_bootstrap` feeds all plans' draws a slice at a time (plans over the
+same videos share one draw), then `result()` gives the section. Counts per video, never per frame, go in.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from sklearn.metrics import cohen_kappa_score
 
-from quality.records import ARMS, PairedRecord, VerdictRecord
+from quality.columns import BoolArray, IntArray, PairColumns, ResampleConsumer, run_bootstrap
+from quality.records import Arm
 from quality.stats import (
     BootstrapInterval,
-    PairedFlags,
     Proportion,
+    TableBootstrap,
+    TableStatistic,
     ac1_from_table,
     agreement_from_table,
     classification_scores,
@@ -23,11 +30,10 @@ from quality.stats import (
     flag_rate_difference_from_table,
     flagged_agreement_from_table,
     kappa_from_table,
-    mcnemar_exact,
+    mcnemar_from_table,
     pabak_from_table,
     safe_agreement_from_table,
     sample_size_for_drop,
-    video_bootstrap_cis,
     wilson_interval,
 )
 from quality.summaries import (
@@ -44,7 +50,15 @@ from quality.summaries import (
 )
 from shaping.verdict import ACTIONS
 
-__all__ = ["arm_costs", "category_rows", "compare", "human_scores", "sample_size_needed", "tenant_rows"]
+__all__ = [
+    "CategoryPlan",
+    "ComparisonPlan",
+    "TenantPlan",
+    "arm_cost",
+    "compare",
+    "human_scores",
+    "sample_size_needed",
+]
 
 
 def _rate(k: int, n: int, bootstrap: BootstrapInterval | None, confidence: float) -> Rate:
@@ -77,170 +91,224 @@ _STATISTICS = {
     "ac1": ac1_from_table,
     "difference": flag_rate_difference_from_table,
 }
+Group = tuple[int, int, int, ResampleConsumer]
 
 
-def _flags(pairs: Sequence[PairedRecord], category: str | None = None) -> PairedFlags:
-    if category is None:
-        reference = [p.reference.flagged for p in pairs]
-        candidate = [p.candidate.flagged for p in pairs]
-    else:
-        reference = [category in p.reference.categories for p in pairs]
-        candidate = [category in p.candidate.categories for p in pairs]
-    return PairedFlags.from_sequences(reference, candidate, [p.video_id for p in pairs])
+def _video_counts(video: IntArray, n_videos: int, reference: BoolArray, candidate: BoolArray) -> IntArray:
+    """(videos, 4) counts per video: both_flagged, reference_only, candidate_only, both_safe."""
+    cell = np.where(reference, np.where(candidate, 0, 1), np.where(candidate, 2, 3))
+    counts = np.bincount(video * 4 + cell, minlength=4 * n_videos)
+    return np.asarray(counts.reshape(n_videos, 4), dtype=np.int64)
 
 
-def compare(pairs: Sequence[PairedRecord], policy: ReportPolicy) -> Comparison:
+class ComparisonPlan:
+    """The reference arm against the candidate arm on the frames both judged, computed in two steps:
+    `groups()` hands its bootstrap to `quality.columns.run_bootstrap`, then `result()`."""
+
+    def __init__(self, pairs: PairColumns, policy: ReportPolicy) -> None:
+        self.pairs, self.policy = pairs, policy
+        self.counts = _video_counts(pairs.video, pairs.n_videos, pairs.ref_flagged, pairs.cand_flagged)
+        self.boot = TableBootstrap(policy.confidence)
+        self.boot.add(self.counts, _STATISTICS)
+
+    def groups(self) -> list[Group]:
+        return [(self.boot.n_videos, self.policy.bootstrap_resamples, self.policy.seed, self.boot)]
+
+    def result(self) -> Comparison:
+        pairs, policy = self.pairs, self.policy
+        a, b, c, d = (int(v) for v in self.counts.sum(axis=0))
+        boot = self.boot.intervals(0, policy.bootstrap_resamples)
+        n = len(pairs)
+        agreement = _rate(a + d, n, boot["agreement"], policy.confidence)
+        cells = np.bincount(pairs.ref_action * len(ACTIONS) + pairs.cand_action, minlength=len(ACTIONS) ** 2)
+        action_table = [[int(v) for v in row] for row in cells.reshape(len(ACTIONS), len(ACTIONS))]
+        action_same = sum(action_table[i][i] for i in range(len(ACTIONS)))
+        grid = np.asarray(action_table)
+        action_kappa: float | None = None
+        if int(np.count_nonzero(grid.sum(axis=0) + grid.sum(axis=1))) > 1:
+            # the 3x3 table as weighted label pairs: scikit-learn's kappa of the same confusion matrix
+            rows, cols = np.divmod(np.arange(len(ACTIONS) ** 2), len(ACTIONS))
+            value = float(
+                cohen_kappa_score(
+                    [ACTIONS[i] for i in rows],
+                    [ACTIONS[j] for j in cols],
+                    labels=list(ACTIONS),
+                    sample_weight=cells.astype(np.float64),
+                )
+            )
+            action_kappa = value if math.isfinite(value) else None
+        test = mcnemar_from_table(both=a, reference_only=b, candidate_only=c, neither=d)
+        return Comparison(
+            reference=pairs.reference,  # type: ignore[arg-type]  # an arm name from ARMS
+            candidate=pairs.candidate,  # type: ignore[arg-type]  # (the same)
+            frames=n,
+            videos=pairs.n_videos,
+            agreement=agreement,
+            flagged_agreement=_rate(a, a + b, boot["flagged"], policy.confidence) if a + b else None,
+            safe_agreement=_rate(d, c + d, boot["safe"], policy.confidence) if c + d else None,
+            action_agreement=_rate(action_same, n, None, policy.confidence),
+            kappa=_coefficient(boot["kappa"]),
+            pabak=_coefficient(boot["pabak"]),
+            ac1=_coefficient(boot["ac1"]),
+            action_kappa=action_kappa,
+            mcnemar=McNemar(
+                reference_only=test.reference_only,
+                candidate_only=test.candidate_only,
+                p_value=test.p_value,
+                direction=test.direction,
+            ),
+            reference_flag_rate=(a + b) / n,
+            candidate_flag_rate=(a + c) / n,
+            flag_rate_difference=_coefficient(boot["difference"]),
+            flagged_table=[[a, b], [c, d]],
+            action_table=action_table,
+            design_effect=design_effect(boot["agreement"], wilson_interval(a + d, n, policy.confidence)),
+        )
+
+
+def compare(pairs: PairColumns, policy: ReportPolicy) -> Comparison:
     """The reference arm against the candidate arm on the frames both judged."""
-    flags = _flags(pairs)
-    table = flags.table()
-    a, b, c, d = (
-        int(v) for v in (table.both_flagged, table.reference_only, table.candidate_only, table.both_safe)
-    )
-    boot = video_bootstrap_cis(flags, _STATISTICS, policy.bootstrap_resamples, policy.seed, policy.confidence)
-    n = len(flags)
-    agreement = _rate(a + d, n, boot["agreement"], policy.confidence)
-    ref_actions = [p.reference.action for p in pairs]
-    cand_actions = [p.candidate.action for p in pairs]
-    action_table = [
-        [
-            sum(1 for r, c_ in zip(ref_actions, cand_actions, strict=True) if r == row and c_ == col)
-            for col in ACTIONS
-        ]
-        for row in ACTIONS
-    ]
-    action_same = sum(action_table[i][i] for i in range(len(ACTIONS)))
-    action_kappa: float | None = None
-    if len(set(ref_actions) | set(cand_actions)) > 1:
-        value = float(cohen_kappa_score(ref_actions, cand_actions, labels=list(ACTIONS)))
-        action_kappa = value if math.isfinite(value) else None
-    test = mcnemar_exact(flags.reference, flags.candidate)
-    return Comparison(
-        reference=pairs[0].reference.arm,
-        candidate=pairs[0].candidate.arm,
-        frames=n,
-        videos=flags.n_videos,
-        agreement=agreement,
-        flagged_agreement=_rate(a, a + b, boot["flagged"], policy.confidence) if a + b else None,
-        safe_agreement=_rate(d, c + d, boot["safe"], policy.confidence) if c + d else None,
-        action_agreement=_rate(action_same, n, None, policy.confidence),
-        kappa=_coefficient(boot["kappa"]),
-        pabak=_coefficient(boot["pabak"]),
-        ac1=_coefficient(boot["ac1"]),
-        action_kappa=action_kappa,
-        mcnemar=McNemar(
-            reference_only=test.reference_only,
-            candidate_only=test.candidate_only,
-            p_value=test.p_value,
-            direction=test.direction,
-        ),
-        reference_flag_rate=(a + b) / n,
-        candidate_flag_rate=(a + c) / n,
-        flag_rate_difference=_coefficient(boot["difference"]),
-        flagged_table=[[a, b], [c, d]],
-        action_table=action_table,
-        design_effect=design_effect(boot["agreement"], wilson_interval(a + d, n, policy.confidence)),
-    )
+    plan = ComparisonPlan(pairs, policy)
+    run_bootstrap(plan.groups())
+    return plan.result()
 
 
-def category_rows(pairs: Sequence[PairedRecord], policy: ReportPolicy) -> list[CategoryRow]:
+def _members(pairs: PairColumns) -> dict[str, tuple[IntArray, IntArray]]:
+    """Per category named on either side: the pairs whose reference named it, and whose candidate did."""
+    sides = []
+    for side in ("reference", "candidate"):
+        members, names = pairs.category_members(side)
+        sides.append((members, names))
+    found: dict[str, tuple[IntArray, IntArray]] = {}
+    everything = sorted({name for _, names in sides for name in names})
+    for name in everything:
+        chosen = []
+        for members, names in sides:
+            code = names.index(name) if name in names else -1
+            chosen.append(
+                np.unique(members[members[:, 1] == code, 0]) if code >= 0 else np.zeros(0, np.int64)
+            )
+        found[name] = (chosen[0], chosen[1])
+    return found
+
+
+class CategoryPlan:
     """Agreement on flagged frames per category, most flagged first; thin categories listed, not judged."""
-    names = Counter(c for p in pairs for c in {*p.reference.categories, *p.candidate.categories})
-    rows = []
-    for name in names:
-        flags = _flags(pairs, name)
-        table = flags.table()
-        both, ref_only, cand_only = (
-            int(table.both_flagged),
-            int(table.reference_only),
-            int(table.candidate_only),
-        )
-        flagged: Rate | None = None
-        if both + ref_only:
-            boot = video_bootstrap_cis(
-                flags,
-                {"flagged": flagged_agreement_from_table},
-                policy.bootstrap_resamples,
-                policy.seed,
-                policy.confidence,
+
+    def __init__(self, pairs: PairColumns, policy: ReportPolicy) -> None:
+        self.pairs, self.policy = pairs, policy
+        self.boot = TableBootstrap(policy.confidence)
+        self.rows: list[tuple[str, IntArray, int]] = []
+        n = len(pairs)
+        for name, (in_reference, in_candidate) in _members(pairs).items():
+            reference = np.zeros(n, dtype=np.bool_)
+            candidate = np.zeros(n, dtype=np.bool_)
+            reference[in_reference] = True
+            candidate[in_candidate] = True
+            counts = _video_counts(pairs.video, pairs.n_videos, reference, candidate)
+            self.rows.append((name, counts, self.boot.add(counts, {"flagged": flagged_agreement_from_table})))
+
+    def groups(self) -> list[Group]:
+        if not self.rows:
+            return []
+        return [(self.boot.n_videos, self.policy.bootstrap_resamples, self.policy.seed, self.boot)]
+
+    def result(self) -> list[CategoryRow]:
+        policy, n = self.policy, len(self.pairs)
+        rows = []
+        for name, counts, index in self.rows:
+            both, ref_only, cand_only, _ = (int(v) for v in counts.sum(axis=0))
+            flagged: Rate | None = None
+            if both + ref_only:
+                boot = self.boot.intervals(index, policy.bootstrap_resamples)
+                flagged = _rate(both, both + ref_only, boot["flagged"], policy.confidence)
+            judged = both + ref_only >= policy.min_category_flagged
+            rows.append(
+                CategoryRow(
+                    category=name,
+                    reference_flagged=both + ref_only,
+                    candidate_flagged=both + cand_only,
+                    both_flagged=both,
+                    reference_rate=(both + ref_only) / n,
+                    candidate_rate=(both + cand_only) / n,
+                    flagged_agreement=flagged,
+                    judged=judged,
+                    below_threshold=judged
+                    and flagged is not None
+                    and flagged.value < policy.min_flagged_agreement,
+                )
             )
-            flagged = _rate(both, both + ref_only, boot["flagged"], policy.confidence)
-        judged = both + ref_only >= policy.min_category_flagged
-        rows.append(
-            CategoryRow(
-                category=name,
-                reference_flagged=both + ref_only,
-                candidate_flagged=both + cand_only,
-                both_flagged=both,
-                reference_rate=(both + ref_only) / len(flags),
-                candidate_rate=(both + cand_only) / len(flags),
-                flagged_agreement=flagged,
-                judged=judged,
-                below_threshold=judged
-                and flagged is not None
-                and flagged.value < policy.min_flagged_agreement,
-            )
-        )
-    rows.sort(key=lambda row: (-row.reference_flagged, row.category))
-    return rows
+        rows.sort(key=lambda row: (-row.reference_flagged, row.category))
+        return rows
 
 
-def tenant_rows(pairs: Sequence[PairedRecord], policy: ReportPolicy) -> list[TenantRow]:
-    """Agreement per tenant, largest first."""
-    by_tenant: dict[str, list[PairedRecord]] = {}
-    for pair in pairs:
-        by_tenant.setdefault(pair.tenant, []).append(pair)
-    rows = []
-    for tenant, group in sorted(by_tenant.items(), key=lambda item: -len(item[1])):
-        flags = _flags(group)
-        table = flags.table()
-        a, b, d = int(table.both_flagged), int(table.reference_only), int(table.both_safe)
-        boot = video_bootstrap_cis(
-            flags,
-            {"agreement": agreement_from_table, "flagged": flagged_agreement_from_table},
-            policy.bootstrap_resamples,
-            policy.seed,
-            policy.confidence,
-        )
-        rows.append(
-            TenantRow(
-                tenant=tenant,
-                frames=len(group),
-                agreement=_rate(a + d, len(group), boot["agreement"], policy.confidence),
-                flagged_agreement=_rate(a, a + b, boot["flagged"], policy.confidence) if a + b else None,
+class TenantPlan:
+    """Agreement per tenant, largest first (each tenant's videos bootstrapped on their own)."""
+
+    _STATS: ClassVar[dict[str, TableStatistic]] = {
+        "agreement": agreement_from_table,
+        "flagged": flagged_agreement_from_table,
+    }
+
+    def __init__(self, pairs: PairColumns, policy: ReportPolicy) -> None:
+        self.policy = policy
+        self.tenants: list[tuple[str, int, IntArray, TableBootstrap]] = []
+        sizes = np.bincount(pairs.tenant, minlength=len(pairs.tenants))
+        for code in sorted(range(len(pairs.tenants)), key=lambda t: -int(sizes[t])):
+            group = pairs.take(np.flatnonzero(pairs.tenant == code))
+            counts = _video_counts(group.video, group.n_videos, group.ref_flagged, group.cand_flagged)
+            boot = TableBootstrap(policy.confidence)
+            boot.add(counts, self._STATS)
+            self.tenants.append((pairs.tenants[code], len(group), counts, boot))
+
+    def groups(self) -> list[Group]:
+        return [
+            (boot.n_videos, self.policy.bootstrap_resamples, self.policy.seed, boot)
+            for _, _, _, boot in self.tenants
+        ]
+
+    def result(self) -> list[TenantRow]:
+        policy, rows = self.policy, []
+        for tenant, frames, counts, boot in self.tenants:
+            a, b, _, d = (int(v) for v in counts.sum(axis=0))
+            intervals = boot.intervals(0, policy.bootstrap_resamples)
+            rows.append(
+                TenantRow(
+                    tenant=tenant,
+                    frames=frames,
+                    agreement=_rate(a + d, frames, intervals["agreement"], policy.confidence),
+                    flagged_agreement=_rate(a, a + b, intervals["flagged"], policy.confidence)
+                    if a + b
+                    else None,
+                )
             )
-        )
-    return rows
+        return rows
 
 
-def arm_costs(records: Sequence[VerdictRecord]) -> list[ArmCost]:
-    """Latency and tokens per arm, over fresh verdicts only (cache hits are counted, not timed)."""
-    costs = []
-    for arm in ARMS:
-        # Cache hits cost nothing and would make an arm look faster than the engine is.
-        fresh = [r for r in records if r.arm == arm and not r.reused]
-        if not fresh:
-            continue
-        latency = np.asarray([r.latency_ms for r in fresh])
-        ttft = [r.ttft_ms for r in fresh if r.ttft_ms is not None]
-        costs.append(
-            ArmCost(
-                arm=arm,
-                frames=len(fresh),
-                cache_hits=sum(1 for r in records if r.arm == arm and r.reused),
-                latency_p50_ms=float(np.quantile(latency, 0.5)),
-                latency_p90_ms=float(np.quantile(latency, 0.9)),
-                latency_p99_ms=float(np.quantile(latency, 0.99)),
-                latency_quantiles_ms=[
-                    round(float(v), 1) for v in np.quantile(latency, np.linspace(0, 1, 101))
-                ],
-                ttft_p50_ms=float(np.median(ttft)) if ttft else None,
-                mean_prompt_tokens=float(np.mean([r.prompt_tokens for r in fresh])),
-                mean_cached_tokens=float(np.mean([r.cached_tokens for r in fresh])),
-                mean_completion_tokens=float(np.mean([r.completion_tokens for r in fresh])),
-                mean_reasoning_tokens=float(np.mean([r.reasoning_tokens for r in fresh])),
-            )
-        )
-    return costs
+def arm_cost(arm: Arm, fresh: pa.Table, cache_hits: int) -> ArmCost | None:
+    """Latency and tokens of an arm's fresh verdicts (cache hits are counted, not timed)."""
+    if fresh.num_rows == 0:
+        return None
+    latency = np.asarray(fresh.column("latency_ms").to_numpy(), dtype=np.float64)
+    ttft = np.asarray(pc.drop_null(fresh.column("ttft_ms")).to_numpy(), dtype=np.float64)
+
+    def mean(name: str) -> float:
+        return float(np.mean(np.asarray(fresh.column(name).to_numpy(), dtype=np.int64)))
+
+    return ArmCost(
+        arm=arm,
+        frames=fresh.num_rows,
+        cache_hits=cache_hits,
+        latency_p50_ms=float(np.quantile(latency, 0.5)),
+        latency_p90_ms=float(np.quantile(latency, 0.9)),
+        latency_p99_ms=float(np.quantile(latency, 0.99)),
+        latency_quantiles_ms=[round(float(v), 1) for v in np.quantile(latency, np.linspace(0, 1, 101))],
+        ttft_p50_ms=float(np.median(ttft)) if ttft.size else None,
+        mean_prompt_tokens=mean("prompt_tokens"),
+        mean_cached_tokens=mean("cached_tokens"),
+        mean_completion_tokens=mean("completion_tokens"),
+        mean_reasoning_tokens=mean("reasoning_tokens"),
+    )
 
 
 def _wilson_rate(proportion: Proportion) -> Rate:
@@ -253,22 +321,22 @@ def _wilson_rate(proportion: Proportion) -> Rate:
     )
 
 
-def human_scores(pairs: Sequence[PairedRecord], policy: ReportPolicy) -> list[HumanScore]:
+def human_scores(pairs: PairColumns, policy: ReportPolicy) -> list[HumanScore]:
     """Each arm against the human labels; empty when no pair has one."""
-    labelled = [p for p in pairs if p.human_label is not None]
-    if not labelled:
+    labelled = pairs.label >= 0
+    if not labelled.any():
         return []
-    truth = [p.human_label.flagged for p in labelled if p.human_label is not None]
+    truth = pairs.label[labelled].astype(np.bool_)
     scores = []
     for arm, predicted in (
-        (labelled[0].reference.arm, [p.reference.flagged for p in labelled]),
-        (labelled[0].candidate.arm, [p.candidate.flagged for p in labelled]),
+        (pairs.reference, pairs.ref_flagged[labelled]),
+        (pairs.candidate, pairs.cand_flagged[labelled]),
     ):
         result = classification_scores(truth, predicted, policy.confidence)
         scores.append(
             HumanScore(
-                arm=arm,
-                frames=len(labelled),
+                arm=arm,  # type: ignore[arg-type]  # an arm name from ARMS
+                frames=int(labelled.sum()),
                 accuracy=_wilson_rate(result.accuracy),
                 precision=_wilson_rate(result.precision) if result.precision else None,
                 recall=_wilson_rate(result.recall) if result.recall else None,

@@ -22,6 +22,8 @@ from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.proportion import proportion_confint, proportion_effectsize
 
+from quality.columns import run_bootstrap
+
 __all__ = [
     "AgreementTable",
     "BootstrapInterval",
@@ -30,6 +32,7 @@ __all__ = [
     "PairedFlags",
     "Proportion",
     "SampleSize",
+    "TableBootstrap",
     "TableStatistic",
     "ac1_from_table",
     "agreement_from_table",
@@ -41,6 +44,7 @@ __all__ = [
     "gwet_ac1",
     "kappa_from_table",
     "mcnemar_exact",
+    "mcnemar_from_table",
     "pabak",
     "pabak_from_table",
     "safe_agreement_from_table",
@@ -306,6 +310,73 @@ class BootstrapInterval:
         return self.low <= value <= self.high
 
 
+class TableBootstrap:
+    """Video-bootstrap intervals for several 2x2 tables over the same videos, fed weights a slice at a time.
+
+    Each request is a (videos, 4) matrix of per-video counts (both_flagged, reference_only,
+    candidate_only, both_safe) and the statistics wanted of it; every request sees the same resamples.
+    A `quality.columns.ResampleConsumer`: `quality.columns.run_bootstrap` feeds it.
+    """
+
+    def __init__(self, confidence: float = 0.95) -> None:
+        self.confidence = confidence
+        self._counts: list[NDArray[np.int64]] = []
+        self._statistics: list[Mapping[str, TableStatistic]] = []
+        self._values: list[dict[str, list[FloatArray]]] = []
+        self._stacked: FloatArray | None = None
+
+    def add(self, counts: NDArray[np.int64], statistics: Mapping[str, TableStatistic]) -> int:
+        """Ask for `statistics` of a table; returns the request's index for `intervals`."""
+        if self._counts and counts.shape[0] != self._counts[0].shape[0]:
+            raise ValueError("every table of one bootstrap must count the same videos")
+        self._counts.append(np.asarray(counts, dtype=np.int64))
+        self._statistics.append(statistics)
+        self._values.append({name: [] for name in statistics})
+        self._stacked = None
+        return len(self._counts) - 1
+
+    @property
+    def n_videos(self) -> int:
+        return int(self._counts[0].shape[0]) if self._counts else 0
+
+    def feed(self, start: int, weights: FloatArray) -> None:
+        if self._stacked is None:
+            self._stacked = np.hstack(self._counts).astype(np.float64)
+        # integer counts in float64: every sum is exact (far below 2**53), so BLAS gives the int result
+        resampled = weights @ self._stacked
+        for index, statistics in enumerate(self._statistics):
+            table = AgreementTable.from_counts(resampled[:, 4 * index : 4 * index + 4])
+            for name, statistic in statistics.items():
+                self._values[index][name].append(statistic(table))
+
+    def intervals(self, index: int, n_resamples: int) -> dict[str, BootstrapInterval]:
+        counts = self._counts[index]
+        observed = AgreementTable.from_counts(counts.sum(axis=0))
+        tail = (1 - self.confidence) / 2
+        intervals: dict[str, BootstrapInterval] = {}
+        for name, statistic in self._statistics[index].items():
+            estimate = float(statistic(observed))
+            chunks = self._values[index][name]
+            values = np.concatenate(chunks) if chunks else np.zeros(0)
+            valid = values[np.isfinite(values)]
+            if valid.size == 0:
+                low = high = se = math.nan
+            else:
+                low, high = (float(v) for v in np.quantile(valid, [tail, 1 - tail]))
+                se = float(np.std(valid, ddof=1)) if valid.size > 1 else 0.0
+            intervals[name] = BootstrapInterval(
+                estimate=estimate,
+                low=low,
+                high=high,
+                standard_error=se,
+                n_resamples=n_resamples,
+                n_valid=int(valid.size),
+                n_videos=counts.shape[0],
+                confidence=self.confidence,
+            )
+        return intervals
+
+
 def video_bootstrap_cis(
     pairs: PairedFlags,
     statistics: Mapping[str, TableStatistic],
@@ -324,34 +395,10 @@ def video_bootstrap_cis(
         raise ValueError("no paired frames to resample")
     if n_resamples < 1:
         raise ValueError("n_resamples must be positive")
-    counts = pairs.cluster_counts()
-    n_videos = counts.shape[0]
-    rng = np.random.default_rng(seed)
-    weights = rng.multinomial(n_videos, np.full(n_videos, 1 / n_videos), size=n_resamples)
-    resampled = AgreementTable.from_counts(weights @ counts)
-    observed = AgreementTable.from_counts(counts.sum(axis=0))
-    tail = (1 - confidence) / 2
-    intervals: dict[str, BootstrapInterval] = {}
-    for name, statistic in statistics.items():
-        estimate = float(statistic(observed))
-        values = statistic(resampled)
-        valid = values[np.isfinite(values)]
-        if valid.size == 0:
-            low = high = se = math.nan
-        else:
-            low, high = (float(v) for v in np.quantile(valid, [tail, 1 - tail]))
-            se = float(np.std(valid, ddof=1)) if valid.size > 1 else 0.0
-        intervals[name] = BootstrapInterval(
-            estimate=estimate,
-            low=low,
-            high=high,
-            standard_error=se,
-            n_resamples=n_resamples,
-            n_valid=int(valid.size),
-            n_videos=n_videos,
-            confidence=confidence,
-        )
-    return intervals
+    boot = TableBootstrap(confidence)
+    boot.add(pairs.cluster_counts(), statistics)
+    run_bootstrap([(boot.n_videos, n_resamples, seed, boot)])
+    return boot.intervals(0, n_resamples)
 
 
 def video_bootstrap_ci(
@@ -408,10 +455,17 @@ def mcnemar_exact(reference: ArrayLike, candidate: ArrayLike) -> McNemarResult:
     """
     ref, cand = _paired(reference, candidate)
     ref_b, cand_b = ref.astype(bool), cand.astype(bool)
-    b = int(np.sum(ref_b & ~cand_b))
-    c = int(np.sum(~ref_b & cand_b))
-    both = int(np.sum(ref_b & cand_b))
-    neither = int(np.sum(~ref_b & ~cand_b))
+    return mcnemar_from_table(
+        both=int(np.sum(ref_b & cand_b)),
+        reference_only=int(np.sum(ref_b & ~cand_b)),
+        candidate_only=int(np.sum(~ref_b & cand_b)),
+        neither=int(np.sum(~ref_b & ~cand_b)),
+    )
+
+
+def mcnemar_from_table(*, both: int, reference_only: int, candidate_only: int, neither: int) -> McNemarResult:
+    """`mcnemar_exact` from the 2x2 table's counts."""
+    b, c = reference_only, candidate_only
     # No discordant frames: nothing to test, and statsmodels' binomial on n=0 is undefined.
     p_value = 1.0 if b + c == 0 else float(mcnemar([[both, b], [c, neither]], exact=True).pvalue)
     direction: Direction

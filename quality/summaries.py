@@ -16,12 +16,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from quality.records import Arm
 
 __all__ = [
+    "ENGINE_NAMES",
     "ArmCost",
     "CategoryRow",
     "Coefficient",
     "Comparison",
     "DataNotes",
     "Decision",
+    "EngineComparison",
+    "EngineDecision",
+    "EngineSection",
     "EscalationSample",
     "Estimate",
     "HumanScore",
@@ -258,6 +262,29 @@ class ThresholdSection(BaseModel):
     recommendation: str
 
 
+EngineDecision = Literal["switch_ok", "keep_reference", "inconclusive"]
+# the kinds of engine a verdict record names (VerdictRecord.engine), as sentences name them
+ENGINE_NAMES: dict[str, str] = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
+
+
+class EngineComparison(BaseModel):
+    """One arm judged by both engines: the reference engine's verdicts against the other's."""
+
+    arm: Arm
+    comparison: Comparison
+    candidate_cost: ArmCost | None = None  # the other engine's latency and tokens on this arm
+
+
+class EngineSection(BaseModel):
+    """The engine as an arm: the other engine against the reference on the frames both judged."""
+
+    reference_engine: str
+    candidate_engine: str
+    comparisons: list[EngineComparison]
+    decision: EngineDecision
+    headline: str
+
+
 class WeeklyReport(BaseModel):
     week: str
     week_start: datetime
@@ -277,6 +304,7 @@ class WeeklyReport(BaseModel):
     trend: list[WeekSummary]
     data: DataNotes
     escalation: ThresholdSection | None = None  # None: no pair had a fast verdict to judge
+    engines: EngineSection | None = None  # None: one engine judged the whole week
 
     @property
     def last_day(self) -> datetime:

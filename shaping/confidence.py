@@ -2,15 +2,19 @@
 
 The engine returns, for every generated token, its log-probability and the ``top_logprobs`` best
 alternatives at that position (vLLM: ``choices[0].logprobs.content[{token, logprob, bytes, top_logprobs}]``,
-streamed one delta at a time). At the verdict's first token the alternatives are the actions the model
-weighed. The three actions start with different letters, so every alternative that can begin a verdict
-there begins exactly one action, whatever the tokenizer cuts it into (``allow`` or ``al``…):
+streamed one delta at a time). The confidence is the chosen action's own probability as the engine gives it
+at the verdict's first token:
 
-    confidence = P(chosen action) / (P(allow) + P(review) + P(block))
+    confidence = P(chosen action) = sum of P(token) over the chosen token and the listed alternatives
+                                    that spell the same action another way
 
-where P(action) sums the probabilities of the alternatives that begin that action. Under a grammar the
-engine has already masked every other token (docs/verdict-format.md says what vLLM returns), so the sum is
-near 1; normalising keeps the definition the same where it is not (a top-k cut, raw log-probabilities).
+Other spellings are a shorter or longer first piece (``bl`` for ``block``) or the same word with leading
+whitespace (`` allow``); the three actions start with different letters, so every alternative begins at
+most one action. Nothing is renormalised: under a grammar vLLM's log-probabilities are already taken over
+what the grammar allows (the bitmask is applied to the logits before they are read, docs/verdict-format.md),
+so the sum over the allowed tokens is 1 and the chosen action's share is its probability. A top-k cut can
+only leave a spelling out, which makes the confidence lower, never higher: with ``top_logprobs`` 1 a true
+0.5 reads 0.5 (it read 1.0 when the three actions were normalised over what was listed).
 
 Category scores, for a block: P(block) times the probability of spelling the category at its place in the
 verdict (the product over its tokens, times the chance that the name ends there rather than going on to a
@@ -125,20 +129,25 @@ def _answer_spans(logprobs: Sequence[TokenLogprob], answer: str) -> _Spans | Non
     return _Spans(tokens, starts, full, len(full) - len(full.lstrip()))
 
 
-def _continuations(spans: _Spans, offset: int) -> list[tuple[str, float]] | None:
+def _continuations(spans: _Spans, offset: int, *, spaced: bool = False) -> list[tuple[str, float]] | None:
     """The alternatives at the token holding ``offset``, each cut to what it writes from ``offset`` on.
 
-    A token may start before ``offset`` (``":"al``): alternatives that do not share that head are
+    A token may start before ``offset`` (``":"al``, ``:self``): alternatives that do not share that head are
     impossible there and dropped; an alternative that ends exactly at ``offset`` says nothing of what
-    follows and is dropped too.
+    follows and is dropped too. ``spaced``: where the head is only whitespace (a verdict's first token),
+    leading whitespace is not part of the spelling, so `` allow`` and ``allow`` both write ``allow``.
     """
     index = spans.at(offset)
     if index is None:
         return None
     head = spans.text[spans.starts[index] : spans.lead + offset]
+    loose = spaced and not head.strip()
     cut = []
     for text, logprob in spans.tokens[index].alternatives():
-        if text.startswith(head) and len(text) > len(head):
+        if loose:
+            if text.strip():
+                cut.append((text.lstrip(), _probability(logprob)))
+        elif text.startswith(head) and len(text) > len(head):
             cut.append((text[len(head) :], _probability(logprob)))
     return cut
 
@@ -151,8 +160,12 @@ def _begins(rest: str, word: str, terminators: str) -> bool:
 
 
 def action_probabilities(spans: _Spans, offset: int) -> dict[Action, float] | None:
-    """P(action), normalised over the three, from the alternatives at the verdict's first character."""
-    continuations = _continuations(spans, offset)
+    """P(action) as the engine gives it at the verdict's first character: each action's listed spellings.
+
+    Not normalised over the three: an action the list leaves out is unknown, not impossible, so the chosen
+    action keeps its own probability (a lower bound where a spelling of it was cut off the list).
+    """
+    continuations = _continuations(spans, offset, spaced=True)
     if continuations is None:
         return None
     mass = dict.fromkeys(ACTIONS, 0.0)
@@ -161,10 +174,9 @@ def action_probabilities(spans: _Spans, offset: int) -> dict[Action, float] | No
             if rest.startswith(action) or action.startswith(rest):
                 mass[action] += probability
                 break
-    total = sum(mass.values())
-    if total <= 0:
+    if sum(mass.values()) <= 0:
         return None
-    return {action: value / total for action, value in mass.items()}
+    return {action: min(1.0, value) for action, value in mass.items()}
 
 
 def _category_path(spans: _Spans, start: int, name: str, terminators: str) -> float | None:

@@ -2,7 +2,9 @@
 
 Frames are judged by their ground truth (``deploy.simulator.truth``), a text-only request by its words. At
 each verdict's action and categories the answer's tokens carry the alternatives the model weighed, so
-logprobs read as a real model's would: the runner-up action is what thinking on would say.
+logprobs read as a real model's would. They come from the simulator's own confidence model only (the
+chosen action at its confidence, the rest shared by a fixed rule): never from the other thinking mode's
+answer, which would leak ground truth into the fast verdict's log-probabilities.
 """
 
 from __future__ import annotations
@@ -114,12 +116,19 @@ def _distribution(
     )
 
 
-def _action_alternatives(chosen: str, confidence: float, reference: str) -> list[tuple[str, float]]:
-    """The three actions at a verdict's first token: the runner-up is what thinking on would say."""
-    others: list[str] = [a for a in ACTIONS if a != chosen]
-    runner_up = reference if reference != chosen else ("review" if chosen != "review" else "allow")
-    others.sort(key=lambda a: a != runner_up)
-    return _distribution(chosen, confidence, others, [0.75, 0.25])
+# Where a simulated model's doubt goes, by the action it chose: a sure-looking allow or block doubts towards
+# review first, a review splits its doubt evenly. A fixed rule of the chosen action, blind to ground truth.
+_DOUBT: dict[str, tuple[tuple[str, float], ...]] = {
+    "allow": (("review", 0.75), ("block", 0.25)),
+    "block": (("review", 0.75), ("allow", 0.25)),
+    "review": (("allow", 0.5), ("block", 0.5)),
+}
+
+
+def _action_alternatives(chosen: str, confidence: float) -> list[tuple[str, float]]:
+    """The three actions at a verdict's first token: ``chosen`` at ``confidence``, the rest as ``_DOUBT``."""
+    doubt = _DOUBT.get(chosen, tuple((a, 0.5) for a in ACTIONS if a != chosen))
+    return _distribution(chosen, confidence, [a for a, _ in doubt], [w for _, w in doubt])
 
 
 def _category_alternatives(bpe: QwenBPE, piece: str, lead: str, confidence: float) -> list[tuple[str, float]]:
@@ -158,9 +167,7 @@ def _verdict_places(answer: str) -> tuple[dict[int, int], dict[int, int]]:
     return actions, categories
 
 
-def answer_tokens(
-    bpe: QwenBPE, answer: str, confidences: list[float], references: list[SimVerdict]
-) -> list[TokenEvent]:
+def answer_tokens(bpe: QwenBPE, answer: str, confidences: list[float]) -> list[TokenEvent]:
     """The answer in the model's tokens; at each verdict's action and categories (the token holding their
     first letter: BPE may merge a category's head with the colon), the alternatives the model weighed."""
     actions, categories = _verdict_places(answer)
@@ -170,9 +177,8 @@ def answer_tokens(
         alternatives: list[tuple[str, float]] = [(piece, 0.0)]
         inside = range(position, position + len(piece))
         category = next((c for c in inside if c in categories), None)
-        if position in actions and actions[position] < min(len(confidences), len(references)):
-            frame = actions[position]
-            alternatives = _action_alternatives(piece, confidences[frame], references[frame].action)
+        if position in actions and actions[position] < len(confidences):
+            alternatives = _action_alternatives(piece, confidences[actions[position]])
         elif category is not None and categories[category] < len(confidences):
             lead = piece[: category - position]
             alternatives = _category_alternatives(bpe, piece, lead, confidences[categories[category]])

@@ -108,6 +108,15 @@ class SimPreset:
     separation_auroc: float = 0.85
     scheduling_policy: str = "fcfs"  # or "priority": lower ``priority`` first
 
+    @property
+    def output_token_weight(self) -> float | None:
+        """One output token's engine time in prompt tokens' (the fair share's work weight, docs/tenants.md):
+        decode costs 1 / decode_tokens_per_s of the engine per token in aggregate, prefill 1 /
+        prefill_tokens_per_s. None for a preset that costs no time (instant)."""
+        if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
+            return None
+        return self.prefill_tokens_per_s / self.decode_tokens_per_s
+
     def scaled(self, **changes: object) -> SimPreset:
         """A copy with some fields changed (from the command line)."""
         # replace() types **changes field by field; the command line hands over checked values as object.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import string
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -170,7 +171,8 @@ def logprob_entry(event: TokenEvent, top: int) -> dict[str, Any]:
     """
     alternatives = list(event.alternatives) or [(event.text, event.logprob)]
     listed = dict(alternatives)
-    fillers = (t for t in ("{", "}", '"', ":", ",", "a", "b", "c", "d", "e", "f", "g") if t not in listed)
+    # masked tokens to pad with: single printable characters, enough for vLLM's largest list (20)
+    fillers = (t for t in ("{", "}", '"', ":", ",", *string.ascii_letters, *string.digits) if t not in listed)
     while len(alternatives) < top:
         alternatives.append((next(fillers), MASKED_LOGPROB))
     return {

@@ -13,7 +13,7 @@ from deploy.simulator.metrics import SimMetrics
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.protocol import ChatRequest, DecodedImage, EngineError, user_parts
 from deploy.simulator.tokenizer import ImageSlot, Token, render_chat
-from deploy.simulator.truth import FrameTruth, SimVerdict, frame_truth
+from deploy.simulator.truth import FrameTruth, frame_truth
 from shaping.bpe import qwen_bpe
 from shaping.tokens import TokenGrid
 
@@ -112,7 +112,6 @@ class SimulatedEngine:
             output += [TokenEvent("reasoning", words[i % len(words)]) for i in range(count)]
             # the closing tag: generated and counted, but neither reasoning (not in reasoning_tokens) nor text
             output.append(TokenEvent("content", THINK_END))
-        references = [t.thinking_on for t in truths] or [SimVerdict("allow", ())]  # text only: one verdict
-        output += answer_tokens(self.bpe, answer, confidences, references)
+        output += answer_tokens(self.bpe, answer, confidences)
         output.append(TokenEvent("content", END_OF_OUTPUT))
         return output

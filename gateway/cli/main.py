@@ -28,7 +28,8 @@ from quality.cli import quality_app
 if TYPE_CHECKING:
     from litestar import Litestar
 
-    from gateway.settings import Settings
+    from deploy.simulator.presets import SimPreset
+    from gateway.settings import Settings, TenantSettings
 
 log = logging.getLogger("modgate.gateway")
 
@@ -86,7 +87,17 @@ def engine_settings(settings: Settings) -> Iterator[Settings]:
             preset.name,
             settings.simulator.time_scale,
         )
-        yield settings.model_copy(update={"engine_url": server.url})
+        tenants = work_weighed(settings, preset)
+        yield settings.model_copy(update={"engine_url": server.url, "tenants": tenants})
+
+
+def work_weighed(settings: Settings, preset: SimPreset) -> TenantSettings:
+    """The tenants' settings with the fair share's work weight of the simulated engine's own preset, unless
+    MODGATE_TENANTS__OUTPUT_TOKEN_WEIGHT was set (or the preset costs no time)."""
+    weight = preset.output_token_weight
+    if weight is None or "output_token_weight" in settings.tenants.model_fields_set:
+        return settings.tenants
+    return settings.tenants.model_copy(update={"output_token_weight": round(weight, 1)})
 
 
 def served_app() -> Litestar:

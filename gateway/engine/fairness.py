@@ -75,9 +75,9 @@ class Work:
 class WorkModel:
     """Engine time of a call in prompt-token equivalents: prompt tokens + weight × output tokens.
 
-    The weight prices one output token against one prompt token. On the Spark a prefill runs ~3,000 tok/s
-    and stalls the batch, while decode gives ~105 tok/s across the whole batch: one output token holds the
-    engine ~28× as long as one prompt token (docs/tenants.md). Output is unknown until the call ends, so the
+    The weight prices one output token against one prompt token: the engine preset's prefill rate over its
+    aggregate decode rate (the Spark's 3,500 / 96 tokens/s: ~36.5×; docs/tenants.md says where it comes
+    from and how it is set). Output is unknown until the call ends, so the
     estimate uses the mean output of recent calls in the same thinking mode; the real usage then corrects
     the charge.
     """

@@ -75,8 +75,8 @@ class ModerationDetails(BaseModel):
 
     action: Action
     reason: str | None = None  # set when the model's output could not be used as it was
-    # P(action) from the engine's logprobs, normalised over allow/review/block; null when the engine gave
-    # none, and then ``confidence_reason`` says why (never a number the model wrote)
+    # P(action) as the engine's logprobs give it (its listed spellings, never renormalised); null when the
+    # engine gave none, and then ``confidence_reason`` says why (never a number the model wrote)
     confidence: float | None = None
     confidence_reason: str | None = None
     verdict_format: VerdictFormat = "compact"  # what the model was asked to write

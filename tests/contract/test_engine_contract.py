@@ -7,6 +7,7 @@ the assertion.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -297,6 +298,29 @@ def test_logprobs_come_for_every_token_and_the_grammar_masks_the_verdicts_altern
     (verdict,) = with_confidence(parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content)
     assert verdict.confidence is not None, verdict.confidence_note
     assert 0 < verdict.confidence <= 1
+
+
+def test_the_confidence_is_the_engines_own_probability_and_a_shorter_list_never_raises_it(
+    engine: Engine,
+) -> None:
+    readings: dict[int, tuple[str, float | None, float]] = {}
+    for top in (20, 3, 1):
+        answer = engine.post(compact_request(engine, thinking=False, top=top)).json()
+        choice = answer["choices"][0] if "choices" in answer else pytest.fail(str(answer))
+        content, entries = choice["message"]["content"], choice["logprobs"]["content"]
+        parsed = parse_engine_output(content, None, choice["finish_reason"])
+        (verdict,) = with_confidence(parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content)
+        listed = sum(math.exp(a["logprob"]) for a in entries[0]["top_logprobs"] if a["logprob"] > -9999.0)
+        readings[top] = (content, verdict.confidence, listed)
+    print("\nconfidence by top_logprobs, (answer, confidence, listed mass at the first token):", readings)
+    assert len({content for content, _, _ in readings.values()}) == 1  # greedy: the same answer each time
+    confidence = {top: reading[1] for top, reading in readings.items()}
+    assert all(c is not None for c in confidence.values()), confidence
+    # under the grammar the first token's logprobs are taken over what it allows: what is listed sums to at
+    # most 1 (and the 20 best hold nearly all of it), so nothing needs renormalising
+    assert readings[20][2] <= 1 + 1e-3
+    # a shorter list can only leave a spelling of the chosen action out: the reading falls, never rises
+    assert confidence[1] <= confidence[3] + 1e-6 <= confidence[20] + 2e-6  # type: ignore[operator]  # not None
 
 
 @pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])

@@ -151,3 +151,32 @@ def test_run_then_report_against_the_real_gateway(tmp_path: Path, gateway: Threa
     data = json.loads((tmp_path / "out" / f"quality-{week}.json").read_text())
     assert data["comparison"]["frames"] == 8
     assert data["recommendation"]["decision"] in ("thinking_off_ok", "keep_thinking_on", "inconclusive")
+
+
+def test_convert_writes_each_jsonl_week_as_parquet_and_the_report_reads_it(tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    write_week(records, frames=600, videos=60, seed=12)
+    converted = runner.invoke(quality_app, ["convert", "--records", str(records)])
+    assert converted.exit_code == 0, converted.output
+    assert "2026-W48: 1,200 records" in converted.output
+    assert list((records / "week=2026-W48").glob("part-*.parquet"))
+    again = runner.invoke(quality_app, ["convert", "--records", str(records)])
+    assert "nothing to convert" in again.output
+
+    outputs = {}
+    for name, folder in (("parquet", records), ("jsonl", tmp_path / "jsonl-only")):
+        if name == "jsonl":
+            write_week(folder, frames=600, videos=60, seed=12)
+        result = runner.invoke(
+            quality_app,
+            [
+                *("report", "--week", "2026-W48", "--records", str(folder), "--out", str(tmp_path / name)),
+                *("--bootstrap", "200", "--trend-weeks", "0"),
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        data = json.loads((tmp_path / name / "quality-2026-W48.json").read_text())
+        data.pop("generated_at")
+        outputs[name] = data
+    assert outputs["parquet"] == outputs["jsonl"]
+    assert outputs["parquet"]["comparison"]["frames"] == 600

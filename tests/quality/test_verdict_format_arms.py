@@ -35,11 +35,12 @@ async def test_compact_and_json_arms_are_run_recorded_and_compared(
     await store.aclose()
     assert summary.sent == dict.fromkeys(arms, 24), summary.errors
     by_arm = {arm: [r for r in records if r.arm == arm] for arm in arms}
-    # every verdict carries the engine's confidence; the JSON form costs its ~15 extra tokens (Qwen's BPE)
+    # every verdict carries the engine's confidence; the JSON form costs its extra tokens (about ten more
+    # in Qwen's real BPE, which the simulator counts with)
     assert all(r.confidence is not None for r in records)
     compact_tokens = max(r.completion_tokens for r in by_arm["thinking_off"])
     assert compact_tokens <= 6
-    assert min(r.completion_tokens for r in by_arm["thinking_off_json"]) > 12
+    assert min(r.completion_tokens for r in by_arm["thinking_off_json"]) > 2 * compact_tokens
 
     week = format_iso_week(*datetime.now(UTC).isocalendar()[:2])
     report = build_weekly_report(records, week, ReportPolicy(bootstrap_resamples=200))

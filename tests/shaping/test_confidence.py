@@ -1,4 +1,4 @@
-"""Confidence from the engine's logprobs: the probability of the chosen action over the three."""
+"""Confidence from the engine's logprobs: the chosen action's own probability, never renormalised."""
 
 from __future__ import annotations
 
@@ -33,11 +33,12 @@ def test_the_confidence_is_the_chosen_actions_share_of_the_three() -> None:
     assert verdict.confidence_note is None
 
 
-def test_alternatives_are_normalised_over_the_actions_and_masked_tokens_count_for_nothing() -> None:
+def test_other_spellings_of_the_action_add_and_nothing_else_counts() -> None:
     alternatives = {"review": 0.3, "allow": 0.1, "{": 0.0, "rev": 0.1, "hello": 0.2}
     (verdict,) = read("review", [entry("review", alternatives), entry("<|im_end|>")])
-    # review = "review" + "rev" (a shorter spelling of the same start); allow = 0.1; "hello" begins nothing
-    assert verdict.confidence == pytest.approx(0.4 / 0.5)
+    # review = "review" + "rev" (a shorter spelling of the same start); "hello" and masked "{" add nothing,
+    # and the 0.3 the list does not hold is not shared out: the confidence is 0.4, not 0.4 / 0.5
+    assert verdict.confidence == pytest.approx(0.4)
 
 
 def test_a_verdict_split_into_short_tokens_is_read_at_its_first_token() -> None:

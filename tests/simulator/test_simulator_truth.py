@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 
 import httpx
 import numpy as np
@@ -160,4 +161,32 @@ def test_the_compact_verdict_costs_the_stop_token_more_than_its_pieces(start_sim
         "block:violence": 5,
         "block:harassment": 6,
         "block:self-harm": 5,
+    }
+
+
+def test_the_fast_verdicts_alternatives_say_nothing_of_thinking_ons_answer(start_sim: SimFactory) -> None:
+    # a thinking-off block:violence is either right (the label is block:violence) or a flip (thinking on
+    # says allow): its runner-up alternatives must not tell the two apart, or they leak ground truth
+    sim = start_sim(thinking_off_disagreement=0.5)
+    doubts: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    with httpx.Client(base_url=sim.url, timeout=30) as client:
+        for label in ("allow", "block:violence"):
+            for seed in range(10):
+                image = make_keyframe(label, 160, 90, seed=seed)
+                identity = f"{label}-{seed}"
+                truth = client.post("/sim/truth", json={"url": data_url(image), "uuid": identity}).json()
+                body = chat(image, False, identity=identity)
+                choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+                if choice["message"]["content"] != "block:violence":
+                    continue
+                first = choice["logprobs"]["content"][0]
+                listed = {alt["token"]: math.exp(alt["logprob"]) for alt in first["top_logprobs"]}
+                rest = 1 - listed["block"]
+                doubt = {t: round(p / rest, 6) for t, p in listed.items() if t in ("allow", "review")}
+                doubts[truth["flips_without_thinking"]].append(doubt)
+    assert doubts[True], doubts  # both kinds of frame were seen
+    assert doubts[False], doubts
+    # where the doubt goes is the same for every block, whatever thinking on would say
+    assert {json.dumps(d, sort_keys=True) for d in doubts[True] + doubts[False]} == {
+        json.dumps({"allow": 0.25, "review": 0.75}, sort_keys=True)
     }

@@ -15,7 +15,7 @@ import pytest
 from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
-from gateway.settings import Settings
+from gateway.settings import Settings, TenantSettings
 from tests.support import ADMIN_TOKEN, SimFactory, forward, image_input
 
 
@@ -130,8 +130,10 @@ async def test_the_share_is_engine_work_so_a_thinking_tenant_gets_fewer_turns(st
         for server in servers:
             server.stop()
 
-    def work(details: dict[str, Any]) -> float:  # the gateway's own measure: prompt + 28 × output tokens
-        return float(details["prompt_tokens"] + 28 * details["completion_tokens"])
+    weight = TenantSettings().output_token_weight  # the gateway's own measure: prompt + w × output tokens
+
+    def work(details: dict[str, Any]) -> float:
+        return float(details["prompt_tokens"] + weight * details["completion_tokens"])
 
     turns = Counter(tenant for tenant, _ in calls)
     served = {t: sum(work(d) for tenant, d in calls if tenant == t) for t in ("a", "b")}

@@ -1,0 +1,269 @@
+"""Paired frames as narrow numpy columns, and the video bootstrap run over grouped counts in chunks.
+
+:class:`PairColumns` is what the report's sections compute from: one entry per paired frame (flags,
+action codes, the video as a cluster code in order of first appearance, tenant codes, the fast verdict's
+confidence), built from the SQL stage's arrow table or, for small callers, from `PairedRecord` objects.
+
+:func:`run_bootstrap` draws the resampling weights once per number of videos, a slice of resamples at a
+time (the same draws, in the same order, as drawing them all at once), and hands each slice to every
+:class:`ResampleConsumer` of that size: a week's comparison and all its categories share one set of draws,
+and memory holds one slice of weights, never resamples × videos.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+from quality.records import PairedRecord
+from shaping.verdict import ACTIONS
+
+__all__ = ["PairColumns", "ResampleConsumer", "first_appearance_codes", "run_bootstrap"]
+
+IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
+FloatArray = NDArray[np.float64]
+# weights held at once per group: rows × videos, as int64 and as float64, about 40 MB each
+_WEIGHT_CELLS = 5_000_000
+_WORKERS = min(2, os.cpu_count() or 1)
+
+
+def first_appearance_codes(keys: IntArray) -> IntArray:
+    """0, 1, 2, … in the order each key first appears (what a dict of codes built in a loop gives)."""
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return np.asarray(rank[inverse], dtype=np.int64)
+
+
+def _codes(values: pa.ChunkedArray | pa.Array) -> tuple[IntArray, list[str | None]]:
+    """Dictionary codes of a string column (nulls get -1) and the dictionary."""
+    encoded = pc.dictionary_encode(values)
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    if not chunks:
+        return np.zeros(0, dtype=np.int64), []
+    combined = pa.chunked_array(chunks).unify_dictionaries() if len(chunks) > 1 else pa.chunked_array(chunks)
+    dictionary = combined.chunk(0).dictionary.to_pylist() if combined.num_chunks else []
+    codes = (
+        np.concatenate(
+            [
+                np.asarray(c.indices.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+                for c in combined.chunks
+            ]
+        )
+        if combined.num_chunks
+        else np.zeros(0, dtype=np.int64)
+    )
+    return codes, dictionary
+
+
+@dataclass(frozen=True)
+class PairColumns:
+    """Paired frames of a reference and a candidate arm, column by column, in pairing order."""
+
+    reference: str
+    candidate: str
+    ref_flagged: BoolArray
+    cand_flagged: BoolArray
+    ref_action: IntArray  # index into ACTIONS
+    cand_action: IntArray
+    video: IntArray  # cluster code by first appearance; a frame without a video is its own cluster
+    tenant: IntArray  # index into tenants, by first appearance
+    tenants: list[str]
+    label: NDArray[np.int8]  # human label flagged: 1, 0, or -1 for none
+    ref_categories: pa.ListArray
+    cand_categories: pa.ListArray
+    confidence: FloatArray  # the candidate's, NaN where absent
+    escalation: BoolArray  # the candidate was chosen because it escalated
+    probability: FloatArray  # the candidate's selection probability, NaN where absent
+
+    def __len__(self) -> int:
+        return int(self.ref_flagged.size)
+
+    @property
+    def n_videos(self) -> int:
+        return int(self.video.max(initial=-1)) + 1
+
+    def take(self, rows: IntArray) -> PairColumns:
+        """The pairs at `rows`, in that order, with video codes renumbered by first appearance."""
+        indices = pa.array(rows, pa.int64())
+        tenant_codes = first_appearance_codes(self.tenant[rows])
+        tenants = [
+            self.tenants[int(t)] for t in self.tenant[rows][np.unique(tenant_codes, return_index=True)[1]]
+        ]
+        return PairColumns(
+            reference=self.reference,
+            candidate=self.candidate,
+            ref_flagged=self.ref_flagged[rows],
+            cand_flagged=self.cand_flagged[rows],
+            ref_action=self.ref_action[rows],
+            cand_action=self.cand_action[rows],
+            video=first_appearance_codes(self.video[rows]),
+            tenant=tenant_codes,
+            tenants=tenants,
+            label=self.label[rows],
+            ref_categories=self.ref_categories.take(indices),
+            cand_categories=self.cand_categories.take(indices),
+            confidence=self.confidence[rows],
+            escalation=self.escalation[rows],
+            probability=self.probability[rows],
+        )
+
+    def category_members(self, side: str) -> tuple[IntArray, list[str]]:
+        """(pair index, category code) for every category a side named, and the category names."""
+        lists = self.ref_categories if side == "reference" else self.cand_categories
+        parents = np.asarray(pc.list_parent_indices(lists).to_numpy(), dtype=np.int64)
+        names, dictionary = _codes(pc.list_flatten(lists))
+        return np.stack([parents, names], axis=1) if parents.size else np.zeros((0, 2), np.int64), [
+            str(d) for d in dictionary
+        ]
+
+    @classmethod
+    def from_table(cls, table: pa.Table, reference: str, candidate: str) -> PairColumns:
+        """From the SQL stage's pairs (see `quality.weekly_sql.WeekQueries.pairs`)."""
+        n = table.num_rows
+        action_index = pa.array(list(ACTIONS))
+
+        def actions(name: str) -> IntArray:
+            return np.asarray(
+                pc.index_in(table.column(name), action_index).to_numpy(zero_copy_only=False), np.int64
+            )
+
+        def floats(name: str) -> FloatArray:
+            return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+        video_codes, _ = _codes(table.column("video_id"))
+        keys = np.where(video_codes >= 0, video_codes, -1 - np.arange(n, dtype=np.int64))
+        tenant_codes, tenant_names = _codes(table.column("tenant"))
+        tenant_order = first_appearance_codes(tenant_codes)
+        order = tenant_codes[np.unique(tenant_order, return_index=True)[1]] if n else np.zeros(0, np.int64)
+        label = pc.fill_null(pc.cast(table.column("label_flagged"), pa.int8()), -1)
+        return cls(
+            reference=reference,
+            candidate=candidate,
+            ref_flagged=np.asarray(table.column("ref_flagged").to_numpy(zero_copy_only=False), np.bool_),
+            cand_flagged=np.asarray(table.column("cand_flagged").to_numpy(zero_copy_only=False), np.bool_),
+            ref_action=actions("ref_action"),
+            cand_action=actions("cand_action"),
+            video=first_appearance_codes(keys),
+            tenant=tenant_order,
+            tenants=[str(tenant_names[int(t)]) for t in order],
+            label=np.asarray(label.to_numpy(zero_copy_only=False), dtype=np.int8),
+            ref_categories=_list_column(table, "ref_categories"),
+            cand_categories=_list_column(table, "cand_categories"),
+            confidence=floats("cand_confidence"),
+            escalation=np.asarray(
+                pc.fill_null(pc.equal(table.column("cand_selection"), "escalation"), False).to_numpy(
+                    zero_copy_only=False
+                ),
+                np.bool_,
+            ),
+            probability=floats("cand_selection_probability"),
+        )
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[PairedRecord]) -> PairColumns:
+        """From `PairedRecord` objects (tests, benchmarks and callers with a few pairs in hand)."""
+        rows = [
+            {
+                "ref_flagged": p.reference.flagged,
+                "cand_flagged": p.candidate.flagged,
+                "ref_action": p.reference.action,
+                "cand_action": p.candidate.action,
+                "ref_categories": list(p.reference.categories),
+                "cand_categories": list(p.candidate.categories),
+                "video_id": p.video_id,
+                "tenant": p.tenant,
+                "label_flagged": p.human_label.flagged if p.human_label is not None else None,
+                "cand_confidence": p.candidate.confidence,
+                "cand_selection": p.candidate.selection,
+                "cand_selection_probability": p.candidate.selection_probability,
+            }
+            for p in pairs
+        ]
+        table = pa.Table.from_pylist(rows, schema=PAIR_SCHEMA)
+        reference = pairs[0].reference.arm if pairs else "thinking_on"
+        candidate = pairs[0].candidate.arm if pairs else "thinking_off"
+        return cls.from_table(table, reference, candidate)
+
+
+PAIR_SCHEMA = pa.schema(
+    [
+        ("ref_flagged", pa.bool_()),
+        ("cand_flagged", pa.bool_()),
+        ("ref_action", pa.string()),
+        ("cand_action", pa.string()),
+        ("ref_categories", pa.list_(pa.string())),
+        ("cand_categories", pa.list_(pa.string())),
+        ("video_id", pa.string()),
+        ("tenant", pa.string()),
+        ("label_flagged", pa.bool_()),
+        ("cand_confidence", pa.float64()),
+        ("cand_selection", pa.string()),
+        ("cand_selection_probability", pa.float64()),
+    ]
+)
+
+
+def _list_column(table: pa.Table, name: str) -> pa.ListArray:
+    column = table.column(name).combine_chunks() if table.num_rows else pa.array([], pa.list_(pa.string()))
+    if isinstance(column, pa.ChunkedArray):  # an empty table keeps no chunk
+        column = pa.array([], pa.list_(pa.string()))
+    return column.fill_null(pa.scalar([], pa.list_(pa.string())))
+
+
+class ResampleConsumer(Protocol):
+    """Takes the video bootstrap's weights a slice of resamples at a time: rows `start` … of (resamples,
+    videos) multinomial draws (as float64, exact: they are small integers); the same rows it would see in
+    one (resamples, videos) matrix."""
+
+    def feed(self, start: int, weights: FloatArray) -> None: ...
+
+
+def run_bootstrap(
+    groups: Iterable[tuple[int, int, int, ResampleConsumer]], *, cells: int = _WEIGHT_CELLS
+) -> None:
+    """For each (videos, resamples, seed) draw the weights once and feed every consumer of it.
+
+    Drawing videos with replacement is a Multinomial(videos, 1/videos) weight per resample; numpy's
+    generator draws the rows in sequence, so slices of `size=k` give exactly the rows one `size=resamples`
+    call would (a test holds this).
+    """
+    by_key: dict[tuple[int, int, int], list[ResampleConsumer]] = defaultdict(list)
+    for videos, resamples, seed, consumer in groups:
+        by_key[(videos, resamples, seed)].append(consumer)
+
+    def draw(key: tuple[int, int, int]) -> None:
+        videos, resamples, seed = key
+        rng = np.random.default_rng(seed)
+        probabilities = np.full(videos, 1 / videos)
+        step = max(1, min(resamples, cells // max(videos, 1)))
+        for start in range(0, resamples, step):
+            weights = rng.multinomial(videos, probabilities, size=min(step, resamples - start))
+            as_float = weights.astype(np.float64)
+            del weights
+            for consumer in by_key[key]:
+                consumer.feed(start, as_float)
+
+    # Each group has its own generator, so groups may draw side by side: numpy releases the GIL while
+    # it draws and multiplies, and the draws of a group do not depend on the others.
+    keys = sorted(by_key, key=lambda k: -k[0] * k[1])
+    workers = min(len(keys), _WORKERS)
+    if workers <= 1:
+        for key in keys:
+            draw(key)
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bootstrap") as pool:
+        for future in [pool.submit(draw, key) for key in keys]:
+            future.result()

@@ -1,0 +1,141 @@
+"""The engine as an arm: one engine's verdicts against another's on the same frames (issue 26, part 5).
+
+Records carry the kind of engine that judged them (`VerdictRecord.engine`: vllm or llamacpp). When a week
+holds records of more than one engine, each arm judged by both (thinking off on vLLM and on llama.cpp,
+say) is compared as the report compares thinking off with thinking on: the primary engine as reference,
+the other as candidate, the same statistics and video bootstrap, and a recommendation on switching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from quality.columns import PairColumns
+from quality.notation import count, interval, pct
+from quality.records import ARMS
+from quality.sections import ComparisonPlan, arm_cost
+from quality.summaries import (
+    ENGINE_NAMES,
+    ArmCost,
+    EngineComparison,
+    EngineDecision,
+    EngineSection,
+    Rate,
+    ReportPolicy,
+)
+from quality.weekly_sql import PairQuery, WeekQueries
+
+__all__ = ["engine_comparison_plans", "engine_section", "primary_engine"]
+
+
+def engine_name(kind: str) -> str:
+    return ENGINE_NAMES.get(kind, kind)
+
+
+def primary_engine(engines: Sequence[str]) -> str:
+    """The reference engine of a week: vLLM when it judged anything (the engine the policy is tuned on)."""
+    if not engines or "vllm" in engines:
+        return "vllm"
+    return sorted(engines)[0]
+
+
+class EnginePlan(ComparisonPlan):
+    """One arm on the reference engine against the same arm on another engine."""
+
+    def __init__(
+        self, queries: WeekQueries, arm: str, engines: tuple[str, str], policy: ReportPolicy
+    ) -> None:
+        table, _ = queries.pairs(
+            PairQuery(arm, arm, reference_engine=engines[0], candidate_engine=engines[1])
+        )
+        super().__init__(PairColumns.from_table(table, arm, arm), policy)
+        self.arm, self.engines, self.queries = arm, engines, queries
+        self.cost: ArmCost | None = None
+
+    def fetch_cost(self) -> None:
+        """The other engine's latency and tokens on this arm (a query: before the connection closes)."""
+        self.cost = arm_cost(self.arm, *self.queries.arm_columns(self.arm, self.engines[1]))  # type: ignore[arg-type]  # an arm name from ARMS
+
+
+def engine_comparison_plans(
+    queries: WeekQueries, engines: Sequence[str], primary: str, policy: ReportPolicy
+) -> list[tuple[str, EnginePlan]]:
+    """A plan per (other engine, arm) that both engines judged; empty for a week of one engine."""
+    plans = []
+    for other in (e for e in engines if e != primary):
+        for arm in ARMS:
+            plan = EnginePlan(queries, arm, (primary, other), policy)
+            if len(plan.pairs):
+                plans.append((other, plan))
+    return plans
+
+
+def _rate_text(rate: Rate) -> str:
+    return f"{pct(rate.value)} {interval(rate.low, rate.high)}"
+
+
+def engine_section(
+    plans: Sequence[tuple[str, EnginePlan]], primary: str, policy: ReportPolicy
+) -> EngineSection | None:
+    """The report's engine section (its bootstrap already run), ending in a recommendation."""
+    if not plans:
+        return None
+    other = plans[0][0]
+    chosen = [plan for engine, plan in plans if engine == other]
+    comparisons = []
+    for plan in chosen:
+        comparisons.append(
+            EngineComparison(
+                arm=plan.arm,  # type: ignore[arg-type]  # an arm name from ARMS
+                comparison=plan.result(),
+                candidate_cost=plan.cost,
+            )
+        )
+    decision, headline = _recommend(comparisons, primary, other, policy)
+    return EngineSection(
+        reference_engine=primary,
+        candidate_engine=other,
+        comparisons=comparisons,
+        decision=decision,
+        headline=headline,
+    )
+
+
+def _recommend(
+    comparisons: Sequence[EngineComparison], primary: str, other: str, policy: ReportPolicy
+) -> tuple[EngineDecision, str]:
+    """Switch only when every arm both engines judged clears both policy minimums, interval and all."""
+    a, b = engine_name(primary), engine_name(other)
+    lines, below, unsure = [], [], []
+    for item in comparisons:
+        comparison = item.comparison
+        agreement, flagged = comparison.agreement, comparison.flagged_agreement
+        text = (
+            f"{item.arm.replace('_', ' ')}: {b} agrees {_rate_text(agreement)} with {a} over "
+            f"{count(comparison.frames)} frames"
+            + (f", {_rate_text(flagged)} on the {count(flagged.n)} frames {a} flagged" if flagged else "")
+        )
+        lines.append(text)
+        if agreement.value < policy.min_agreement or (
+            flagged is not None and flagged.value < policy.min_flagged_agreement
+        ):
+            below.append(item.arm)
+        elif (
+            agreement.low < policy.min_agreement
+            or flagged is None
+            or flagged.low < policy.min_flagged_agreement
+        ):
+            unsure.append(item.arm)
+    minimums = f"{pct(policy.min_agreement, 0)}, {pct(policy.min_flagged_agreement, 0)} on flagged"
+    evidence = "; ".join(lines)
+    if below:
+        return "keep_reference", f"{evidence}: below the policy minimums ({minimums}). Keep {a}."
+    if unsure:
+        return "inconclusive", (
+            f"{evidence}, but the intervals still reach below the policy minimums ({minimums}). "
+            f"Keep {a} until more frames settle it."
+        )
+    return "switch_ok", (
+        f"{evidence}: every interval clears the policy minimums ({minimums}). {b} can replace {a} "
+        "where this policy applies."
+    )

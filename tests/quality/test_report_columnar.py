@@ -1,0 +1,97 @@
+"""The columnar report: the same numbers as the record-by-record code, from JSONL, Parquet and objects."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from quality.columnar import RECORD_SCHEMA, convert_jsonl_weeks, partition_dir, week_source
+from quality.columns import run_bootstrap
+from quality.records import JsonlRecordStore, VerdictRecord
+from quality.report import ReportPolicy, WeeklyReport, build_weekly_report, build_weekly_report_from
+
+DATA = Path(__file__).parent / "data"
+# Written by the record-by-record report (pydantic objects, before the columnar one) on the same records.
+BEFORE = DATA / "report-before-2026-W48.json"
+POLICY = ReportPolicy(bootstrap_resamples=500)
+GENERATED = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def _as_before(report: WeeklyReport) -> str:
+    """The JSON as written before the engine section existed (a field only a second engine fills)."""
+    assert report.engines is None
+    return report.model_dump_json(indent=2, exclude={"engines"})
+
+
+@pytest.fixture
+def records_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "records"
+    directory.mkdir()
+    (directory / "records-2026-W48.jsonl").write_bytes(
+        gzip.decompress((DATA / "records-2026-W48.jsonl.gz").read_bytes())
+    )
+    return directory
+
+
+def test_the_report_from_records_is_byte_for_byte_the_one_written_before(records_dir: Path) -> None:
+    records = JsonlRecordStore(records_dir).read_week_sync(2026, 48)
+    report = build_weekly_report(records, "2026-W48", POLICY, generated_at=GENERATED)
+    assert _as_before(report) == BEFORE.read_text(encoding="utf-8")
+
+
+def test_the_report_from_the_parquet_partition_is_byte_for_byte_the_same(records_dir: Path) -> None:
+    converted = convert_jsonl_weeks(records_dir)
+    # the file also holds 22 records of the next week, which the JSONL store never reads for week 48
+    assert converted == {"2026-W48": 8846 - 22}
+    partition = partition_dir(records_dir, 2026, 48)
+    assert sum(pq.ParquetFile(p).metadata.num_rows for p in partition.glob("*.parquet")) == 8824
+    report = build_weekly_report_from(partition, "2026-W48", POLICY, generated_at=GENERATED)
+    assert _as_before(report) == BEFORE.read_text(encoding="utf-8")
+    assert convert_jsonl_weeks(records_dir) == {}  # converted weeks are left alone
+
+
+def test_a_week_whose_jsonl_is_newer_than_its_partition_is_read_from_the_jsonl(
+    records_dir: Path, tmp_path: Path
+) -> None:
+    convert_jsonl_weeks(records_dir)
+    partition = partition_dir(records_dir, 2026, 48)
+    assert week_source(records_dir, 2026, 48, tmp_path / "scratch") == partition
+    jsonl = records_dir / "records-2026-W48.jsonl"
+    newer = max(p.stat().st_mtime for p in partition.glob("*.parquet")) + 10
+    os.utime(jsonl, (newer, newer))
+    fresh = week_source(records_dir, 2026, 48, tmp_path / "scratch")
+    assert fresh is not None
+    assert fresh != partition
+    assert fresh.is_relative_to(tmp_path / "scratch")
+
+
+def test_the_parquet_schema_has_a_column_for_every_record_field_in_order() -> None:
+    assert RECORD_SCHEMA.names == list(VerdictRecord.model_fields)
+
+
+def test_bootstrap_weights_drawn_a_slice_at_a_time_are_the_draws_of_one_call() -> None:
+    class Collect:
+        def __init__(self) -> None:
+            self.rows: list[np.ndarray] = []
+
+        def feed(self, start: int, weights: np.ndarray) -> None:
+            assert start == sum(r.shape[0] for r in self.rows)
+            self.rows.append(weights.copy())
+
+    sliced = Collect()
+    run_bootstrap([(300, 250, 11, sliced)], cells=300 * 40)
+    assert len(sliced.rows) == 7  # 40 resamples a slice
+    whole = np.random.default_rng(11).multinomial(300, np.full(300, 1 / 300), size=250)
+    assert np.array_equal(np.vstack(sliced.rows), whole)
+
+
+def test_records_of_the_old_form_without_an_engine_read_as_vllm(tmp_path: Path) -> None:
+    line = gzip.decompress((DATA / "records-2026-W48.jsonl.gz").read_bytes()).split(b"\n", 1)[0]
+    assert b'"engine"' not in line
+    assert VerdictRecord.model_validate_json(line).engine == "vllm"
