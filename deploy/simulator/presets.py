@@ -46,6 +46,7 @@ class WeightReads:
         return self.chunk_bytes(prefill_tokens) / self.bandwidth_bytes_per_s
 
 
+SEED_PROMPT_TOKENS = 1076  # the seed's request: 416 system + 660 image tokens
 NVFP4_BITS_PER_PARAM = 4.5  # 4-bit values plus one FP8 scale per 16 (8 / 16 = 0.5 bit)
 GB10_NVFP4_125B = WeightReads(
     # NVIDIA's DGX Spark: 128 GB of unified LPDDR5x at 273 GB/s (the data sheet's figure, a peak).
@@ -109,13 +110,24 @@ class SimPreset:
     scheduling_policy: str = "fcfs"  # or "priority": lower ``priority`` first
 
     @property
+    def effective_prefill_tokens_per_s(self) -> float:
+        """Prompt tokens a second over a whole seed-sized prefill (1,076 tokens in one step), its weight
+        reads included: what a prompt token costs the engine, compute and memory together."""
+        if self.prefill_tokens_per_s <= 0:
+            return 0.0
+        seconds = SEED_PROMPT_TOKENS / self.prefill_tokens_per_s
+        if self.weight_reads is not None:
+            seconds += self.weight_reads.seconds(SEED_PROMPT_TOKENS)
+        return SEED_PROMPT_TOKENS / seconds
+
+    @property
     def output_token_weight(self) -> float | None:
         """One output token's engine time in prompt tokens' (the fair share's work weight, docs/tenants.md):
         decode costs 1 / decode_tokens_per_s of the engine per token in aggregate, prefill 1 /
-        prefill_tokens_per_s. None for a preset that costs no time (instant)."""
+        effective_prefill_tokens_per_s. None for a preset that costs no time (instant)."""
         if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
             return None
-        return self.prefill_tokens_per_s / self.decode_tokens_per_s
+        return self.effective_prefill_tokens_per_s / self.decode_tokens_per_s
 
     def scaled(self, **changes: object) -> SimPreset:
         """A copy with some fields changed (from the command line)."""
