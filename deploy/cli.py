@@ -130,19 +130,28 @@ def predict_command(
 def print_prediction(document: dict[str, Any], console: Console) -> None:
     """The figures beside the baseline, the verdict, and which flags were modelled or ignored."""
     shape = document["request_shape"]
+    llamacpp = document.get("engine") == "llamacpp"
+    law = "llama.cpp's server law, beside the tuned vLLM" if llamacpp else "the step model's clock"
     console.print(Text(
         f"engine service `{document['service']}`: the seed's request ({shape['prompt_tokens']:,} prompt "
         f"tokens, ~{shape['output_tokens']} output, thinking on), {document['in_flight']} in flight "
-        "(the gateway's cap), simulated on the step model's clock", style="bold"))
-    console.print(f"  {'figure':<26}{'this compose':>14}{'tuned baseline':>16}{'change':>9}")
-    for key, label, digits in (
-        ("keyframes_per_min", "keyframes/min", 1),
-        ("ttft_mean_s", "TTFT mean (s)", 3),
-        ("e2e_mean_s", "end to end mean (s)", 2),
-        ("generation_tokens_per_s", "generation (tokens/s)", 1),
-    ):
-        mine, base = document["predicted"][key], document["baseline"][key]
-        console.print(f"  {label:<26}{mine:>14.{digits}f}{base:>16.{digits}f}{(mine / base - 1):>+9.0%}")
+        f"(the gateway's cap), simulated on {law}", style="bold"))
+    _print_figures(document["predicted"], document["baseline"], console)
+    if llamacpp:
+        off = document["thinking_off"]
+        console.print(Text(f"  thinking off ({off['request_shape']['output_tokens']} output tokens, compact "
+                           "verdict):", style="bold"))
+        _print_figures(off["predicted"], off["baseline"], console)
+        floored = document["with_weight_reads"]
+        for mode in ("on", "off"):
+            console.print(Text(f"  thinking {mode}, each pass at least its weight reads (the pessimistic "
+                               "side):", style="bold"))
+            _print_figures(floored[f"thinking_{mode}"]["predicted"], floored[f"thinking_{mode}"]["baseline"],
+                           console)
+        console.print(Text(f"  assumes: {floored['assumption']}", style="dim"))
+        reused = document["reused_prompt_tokens_per_request"]
+        console.print(f"  prompt tokens its cache reused, per keyframe: {reused['on']:.0f} thinking on, "
+                      f"{reused['off']:.0f} off, of {shape['prompt_tokens']:,}")
     style = {"better": "green", "worse": "bold red", "same": "yellow"}[document["verdict"]]
     console.print(Text(f"  predicted: {document['verdict']} than the tuned baseline"
                        if document["verdict"] != "same" else "  predicted: the same as the tuned baseline",
@@ -153,8 +162,23 @@ def print_prediction(document: dict[str, Any], console: Console) -> None:
                            f"{', '.join(document['ignored_knobs'])}", style="yellow"))
     ignored = ", ".join(document["ignored"]) or "nothing"
     console.print(f"  ignores, as costing nothing in the model: {ignored}")
+    for assumption in document.get("assumptions", []):
+        console.print(Text(f"  assumes: {assumption}", style="dim"))
     for caveat in document["caveats"]:
         console.print(Text(f"  note: {caveat}", style="dim"))
+
+
+def _print_figures(mine: dict[str, float], base: dict[str, float], console: Console) -> None:
+    console.print(f"  {'figure':<26}{'this compose':>14}{'tuned baseline':>16}{'change':>9}")
+    for key, label, digits in (
+        ("keyframes_per_min", "keyframes/min", 1),
+        ("ttft_mean_s", "TTFT mean (s)", 3),
+        ("e2e_mean_s", "end to end mean (s)", 2),
+        ("generation_tokens_per_s", "generation (tokens/s)", 1),
+        ("forward_passes_per_request", "forward passes/keyframe", 1),
+    ):
+        console.print(f"  {label:<26}{mine[key]:>14.{digits}f}{base[key]:>16.{digits}f}"
+                      f"{(mine[key] / base[key] - 1):>+9.0%}")
 
 
 def _shown_path(path: Path) -> str:

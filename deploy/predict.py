@@ -16,8 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from deploy.check import DEFAULT_MAX_INFLIGHT, ServiceFlags, UnreadableInputError, read_services
+from deploy.check.llamacpp import server_settings, slots
+from deploy.simulator.engine import SimScheduler
+from deploy.simulator.hardware import SPARK_GGUF, SPARK_NVFP4, WeightReadFloor
+from deploy.simulator.llamacpp_law import LlamaCppOptions, LlamaCppScheduler
 from deploy.simulator.presets import PRESETS, SimPreset
-from deploy.simulator.virtual import SEED_SHAPE, LoadFigures, closed_loop
+from deploy.simulator.virtual import SEED_SHAPE, THINKING_OFF_SHAPE, LoadFigures, RequestShape, closed_loop
 
 TOLERANCE = 0.02  # figures within 2 % of each other count as equal when ranking
 
@@ -121,6 +125,13 @@ class Prediction:
     predicted: LoadFigures
     baseline: LoadFigures
     flags: list[FlagReading] = field(default_factory=list)
+    engine_kind: str = "vllm"
+    # llama.cpp: thinking off beside the baseline's, the prompt tokens its cache reused, what it assumes.
+    thinking_off: tuple[LoadFigures, LoadFigures] | None = None
+    reused_tokens: dict[str, float] = field(default_factory=dict)
+    # Both engines again with each pass at least its weight reads (deploy.simulator.hardware), by mode.
+    with_weight_reads: dict[str, tuple[LoadFigures, LoadFigures]] = field(default_factory=dict)
+    assumptions: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -189,12 +200,16 @@ def predict(
     services = read_services(compose_files, env_file=env_file, environ=environ)
     engines = [service for service in services if service.is_engine]
     if not engines:
-        raise UnreadableInputError("no engine service (an image or command naming vLLM) in the compose files")
+        raise UnreadableInputError(
+            "no engine service (an image or command naming vLLM or llama.cpp's server) in the compose files")
     tuned = baseline or PRESETS["spark"]
     callers = in_flight_cap(services)
     base_figures = closed_loop(tuned, callers, requests=requests)
     predictions = []
     for engine in engines:
+        if engine.engine_kind == "llamacpp":
+            predictions.append(_predict_llamacpp(engine, tuned, callers, requests, base_figures))
+            continue
         options, readings = engine_options(engine)
         preset = tuned.scaled(**options)
         figures = base_figures if not options else closed_loop(preset, callers, requests=requests)
@@ -211,6 +226,7 @@ def prediction_as_json(prediction: Prediction) -> dict[str, Any]:
             "ttft_mean_s": load.ttft_mean_s,
             "e2e_mean_s": load.e2e_mean_s,
             "generation_tokens_per_s": load.generation_tokens_per_s,
+            "forward_passes_per_request": load.passes_per_request,
         }
 
     return {
@@ -229,8 +245,154 @@ def prediction_as_json(prediction: Prediction) -> dict[str, Any]:
                     if not reading.modelled and reading.note == _NO_COST],
         "ignored_knobs": [reading.flag for reading in prediction.flags
                           if not reading.modelled and reading.note != _NO_COST],
+        "engine": prediction.engine_kind,
+        **_llamacpp_json(prediction, figures),
         "caveats": [PREFILL_CAVEAT] if any(
             reading.modelled and reading.flag.split()[0].replace("_", "-") in _PREFILL_SCHEDULING
             for reading in prediction.flags
         ) else [],
+    }
+
+
+# --- llama.cpp's server ----------------------------------------------------------------------------------
+
+# llama-server settings → (LlamaCppOptions field, how to read the value, what the law does with it).
+_LLAMACPP_MODELLED: dict[str, tuple[str, Callable[[str, str | None], Any], str]] = {
+    "--ctx-size": ("n_ctx", lambda f, v: _int(f, v, minimum=0), "the context, split among the slots"),
+    "--batch-size": ("n_batch", _int, "tokens in one update_slots batch"),
+    "--ubatch-size": ("n_ubatch", _int, "tokens in one forward pass"),
+    "--cache-prompt": ("cache_prompt", lambda _f, v: v != "false", "a slot reuses its cached prefix"),
+    "--ctx-checkpoints": ("n_ctx_checkpoints", lambda f, v: _int(f, v, minimum=0),
+                          "checkpoints of the recurrent state, per slot"),
+    "--checkpoint-min-step": ("checkpoint_min_step", lambda f, v: _int(f, v, minimum=0),
+                              "spacing between checkpoints"),
+    "--slot-prompt-similarity": ("slot_prompt_similarity", lambda f, v: _share(f, v) if v != "0" else 0.0,
+                                 "slot choice by common prefix"),
+    "--cache-ram": ("cache_ram_mib", lambda f, v: _int(f, v, minimum=-1), "the host-memory prompt cache"),
+}
+_LLAMACPP_SLOTS = frozenset({"--parallel", "--kv-unified"})
+# Flags that cost something the law has no mechanism for: the prediction is optimistic where they are set.
+_LLAMACPP_UNMODELLED = {
+    "--gpu-layers": "layers left on the CPU are not modelled (999 or all: none)",
+    "--model-draft": "speculative decoding (a draft model) is not modelled",
+    "--draft-max": "speculative decoding is not modelled",
+    "--spec-type": "speculative decoding is not modelled",
+    "--cache-reuse": "KV shifting: llama-server turns it off for multimodal models",
+}
+LLAMACPP_ASSUMPTIONS = (
+    "the Spark's fitted rates for every forward pass ({prefill:,.0f} prefill and {decode:.0f} decode "
+    "tokens/s, plus {overhead:.3f} s a pass: the per-step hardware cost the vLLM model uses), as if "
+    "llama.cpp's CUDA kernels on the GB10 matched the vLLM fork's: unmeasured",
+    "no speculative decoding (the GGUF has no MTP head; MTP made vLLM slower)",
+    "the model is hybrid (linear-attention layers): a slot reuses the shared prefix only from a context "
+    "checkpoint at or before it; the server saves one before the last user message, so a keyframe reuses "
+    "the system prompt (416 tokens) on a slot whose last request had it, never the user header or image",
+    "an image is decoded on its own, before the batch, in micro-batches of -ub tokens; the vision encoder "
+    "costs what the fitted prefill rate puts in it, as for vLLM",
+)
+
+
+WEIGHT_READS_ASSUMPTION = (
+    f"each forward pass takes at least the time to read the weights its tokens route to at "
+    f"{SPARK_GGUF.bandwidth_gb_s:.0f} GB/s (min(all, tokens x one token's path): llama.cpp's "
+    f"{SPARK_GGUF.total_gb:.0f} GB GGUF, {SPARK_GGUF.per_token_gb:.1f} GB a token; vLLM's "
+    f"{SPARK_NVFP4.total_gb:.0f} GB NVFP4, {SPARK_NVFP4.per_token_gb:.1f} GB): a hardware floor the fitted "
+    "rates do not hold (with it the tuned vLLM reads below its measured 46.7/min), so this pair is the "
+    "pessimistic side of the prediction, the fitted one the optimistic side"
+)
+
+
+def _llamacpp_options(engine: ServiceFlags) -> tuple[dict[str, Any], list[FlagReading]]:
+    """LlamaCppOptions fields from llama-server's settings (its aliases and LLAMA_ARG_* variables)."""
+    settings = server_settings(
+        [(flag.key, flag.value, flag.negated, flag.location) for flag in engine.flags], engine.environment)
+    count, unified = slots(settings)
+    options: dict[str, Any] = {"n_parallel": count, "kv_unified": unified}
+    readings: list[FlagReading] = []
+    for key, setting in settings.items():
+        shown = key if setting.value is None else f"{key} {setting.value}"
+        if key in _LLAMACPP_MODELLED:
+            name, read, what = _LLAMACPP_MODELLED[key]
+            options[name] = read(key, setting.value)
+            readings.append(FlagReading(shown, setting.value, True, what))
+        elif key in _LLAMACPP_SLOTS:
+            readings.append(FlagReading(shown, setting.value, True, "slots, each one sequence"))
+        elif key in _LLAMACPP_UNMODELLED and not (key == "--gpu-layers" and setting.value in ("999", "all")):
+            readings.append(FlagReading(shown, setting.value, False, _LLAMACPP_UNMODELLED[key]))
+        else:
+            readings.append(FlagReading(shown, setting.value, False, _NO_COST))
+    return options, readings
+
+
+def _llamacpp_run(
+    preset: SimPreset, options: LlamaCppOptions, callers: int, requests: int, shape: RequestShape,
+    reads: WeightReadFloor | None = None,
+) -> tuple[LoadFigures, float]:
+    """The figures of one closed-loop run and the prompt tokens reused per request."""
+    engines: list[LlamaCppScheduler] = []
+
+    def law(chosen: SimPreset) -> LlamaCppScheduler:
+        engines.append(LlamaCppScheduler(chosen, 1.0, options))
+        engines[-1].weight_read_floor = reads
+        return engines[-1]
+
+    figures = closed_loop(preset, callers, shape=shape, requests=requests, law=law)
+    counters = engines[0].counters
+    started = max(1, counters.prefix_cache_queries // shape.prompt_tokens)
+    return figures, counters.prefix_cache_hits / started
+
+
+def _predict_llamacpp(
+    engine: ServiceFlags, tuned: SimPreset, callers: int, requests: int, base_on: LoadFigures
+) -> Prediction:
+    fields, readings = _llamacpp_options(engine)
+    options = LlamaCppOptions(**fields)
+    on, reused_on = _llamacpp_run(tuned, options, callers, requests, SEED_SHAPE)
+    off, reused_off = _llamacpp_run(tuned, options, callers, requests, THINKING_OFF_SHAPE)
+    base_off = closed_loop(tuned, callers, shape=THINKING_OFF_SHAPE, requests=requests)
+    floored = {
+        mode: (_llamacpp_run(tuned, options, callers, requests, shape, SPARK_GGUF)[0],
+               _vllm_run(tuned, callers, requests, shape, SPARK_NVFP4))
+        for mode, shape in (("on", SEED_SHAPE), ("off", THINKING_OFF_SHAPE))
+    }
+    assumptions = [text.format(prefill=tuned.prefill_tokens_per_s, decode=tuned.decode_tokens_per_s,
+                               overhead=tuned.step_overhead_s) for text in LLAMACPP_ASSUMPTIONS]
+    return Prediction(
+        engine.name, callers, fields, on, base_on, readings, engine_kind="llamacpp",
+        thinking_off=(off, base_off), reused_tokens={"on": reused_on, "off": reused_off},
+        assumptions=assumptions, with_weight_reads=floored,
+    )
+
+
+def _vllm_run(
+    preset: SimPreset, callers: int, requests: int, shape: RequestShape, reads: WeightReadFloor
+) -> LoadFigures:
+    def law(chosen: SimPreset) -> SimScheduler:
+        engine = SimScheduler(chosen, 1.0)
+        engine.weight_read_floor = reads
+        return engine
+
+    return closed_loop(preset, callers, shape=shape, requests=requests, law=law)
+
+
+def _llamacpp_json(
+    prediction: Prediction, figures: Callable[[LoadFigures], dict[str, float]]
+) -> dict[str, Any]:
+    if prediction.thinking_off is None:
+        return {}
+    predicted, baseline = prediction.thinking_off
+    return {
+        "thinking_off": {
+            "request_shape": {"prompt_tokens": THINKING_OFF_SHAPE.prompt_tokens,
+                              "output_tokens": THINKING_OFF_SHAPE.output_tokens},
+            "predicted": figures(predicted),
+            "baseline": figures(baseline),
+        },
+        "reused_prompt_tokens_per_request": prediction.reused_tokens,
+        "with_weight_reads": {
+            "assumption": WEIGHT_READS_ASSUMPTION,
+            **{f"thinking_{mode}": {"predicted": figures(mine), "baseline": figures(theirs)}
+               for mode, (mine, theirs) in prediction.with_weight_reads.items()},
+        },
+        "assumptions": prediction.assumptions,
     }

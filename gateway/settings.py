@@ -316,6 +316,24 @@ class QualitySettings(BaseModel):
     redis_stream: str = "modgate:quality:records"  # mirrored there when MODGATE_REDIS_URL is set
 
 
+class ShadowSettings(BaseModel):
+    """A second engine for shadow pairs: the policy's ``shadow_share`` of live frames is judged there too, in
+    the live thinking mode and verdict format, so one engine's verdicts are measured against the other's."""
+
+    engine_url: str | None = None  # unset: shadow pairs only on the live engines, in the other thinking mode
+    engine_kind: Literal["vllm", "llamacpp"] = "llamacpp"  # recorded with its verdicts (VerdictRecord.engine)
+    max_inflight: int = Field(default=8, ge=1, le=1024)  # the second engine's cap (llama.cpp: its slots)
+
+    @field_validator("engine_url")
+    @classmethod
+    def _http(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"MODGATE_SHADOW__ENGINE_URL must start with http:// or https://, got {value!r}")
+        return value.rstrip("/")
+
+
 class SimulatorSettings(BaseModel):
     """The built-in simulated engine that `modgate serve` starts when no engine URL is set."""
 
@@ -354,6 +372,7 @@ class Settings(BaseSettings):
     console: ConsoleSettings = ConsoleSettings()
     leases: LeaseSettings = LeaseSettings()
     quality: QualitySettings = QualitySettings()
+    shadow: ShadowSettings = ShadowSettings()
     tenants: TenantSettings = TenantSettings()
 
     @field_validator("engine_url")

@@ -47,10 +47,25 @@ Rules (rule id, severity: what it checks):
 - max-inflight, error: the gateway's `MODGATE_MAX_INFLIGHT` (default 8) above its engine's
   `--max-num-seqs`: the excess queues inside the engine, outside the gateway's priority queue and
   deadlines.
+- llamacpp-slot-context, error: llama.cpp's `-c` divided among its `--parallel` slots (rounded up to 256;
+  all of it with `--kv-unified`) below one keyframe's prompt (1,076 tokens at 660 image tokens, scaled to
+  the gateway's `MODGATE_SHAPING__IMAGE_TOKEN_BUDGET`) plus its longest output
+  (`MODGATE_ENGINE__MAX_COMPLETION_TOKENS_THINKING`, 512).
+- llamacpp-slots, error: the gateway's `MODGATE_MAX_INFLIGHT` above llama-server's slots (`--parallel`;
+  unset: the server's auto, 4).
+- llamacpp-prompt-cache, error: `--no-cache-prompt`, or `--ctx-checkpoints 0` (the Spark's model is hybrid:
+  its recurrent state is reused only from a checkpoint). Warning: `--cache-reuse` with `--mmproj` (the
+  server turns it off for multimodal models).
+- llamacpp-gpu-layers, error: `-ngl N` below `MODEL_LAYERS` (the GGUF's block count, from the env file).
+  Warnings: `-ngl` auto (the default) or a number below 999 when `MODEL_LAYERS` is not set.
+- llamacpp-server, error: no `--mmproj` (every image refused), `--no-jinja` (thinking cannot be switched),
+  no `--metrics` (the gateway's engine figures read nothing).
 - compose-config, error: `docker compose config -q` failed (run only where `docker compose` works; it
   needs no engine. Elsewhere the report says "skipped: docker compose not usable").
 
-An engine service is one whose image or entrypoint/command names vLLM; a gateway service is one with a
+An engine service is one whose image or entrypoint/command names vLLM, or llama.cpp (`llama.cpp`,
+`llama-server`): the llama.cpp rules judge the latter, every other engine rule the former (its settings
+read by `deploy.check.llamacpp`); a gateway service is one with a
 `MODGATE_*` environment variable or a command that runs `modgate`. Flags are matched as vLLM's parser
 reads them: the last occurrence wins, underscores equal dashes.
 
@@ -59,6 +74,7 @@ Modules, in the order the data flows:
 - `loader`: compose files as YAML node trees that keep line numbers (`find_compose_files`), `.env` files.
 - `interpolation`: compose's `${VAR}` forms, with problems kept for the `interpolation` rule.
 - `compose`: the files merged into services (`read_deployment`), and `read_services` below.
+- `llamacpp`: llama-server's settings as its parser reads them (aliases, `LLAMA_ARG_*`, defaults).
 - `model`: the vocabulary: `Location`, `Finding`, `CheckReport`, `Service`, `Flag`, `EnvEntry`, flag parsing.
 - `rules`: every rule, one module per family, registered in `rules.RULES`.
 - `compose_config`: `docker compose config -q`; `checker`: `check_deploy`, which runs it all.

@@ -30,14 +30,15 @@ def check_deploy(
     documents = [load_document(path) for path in compose_files]
     findings: list[Finding] = []
     if env_file is None:
-        env_file = default_env_file(compose_files[0].parent)
-        if env_file is not None and env_file.name == ".env.example":
+        env_file = default_env_file(compose_files[0].parent, compose_files[0].name)
+        if env_file is not None and env_file.name.endswith(".example"):
+            meant = env_file.name.removesuffix(".example")
             findings.append(
                 Finding(
                     "warning",
                     "env-file",
-                    f"no .env beside {compose_files[0].name}: variables resolved from .env.example "
-                    "(cp .env.example .env before starting)",
+                    f"no {meant} beside {compose_files[0].name}: variables resolved from {env_file.name} "
+                    f"(cp {env_file.name} {meant} before starting)",
                     Location(env_file),
                 )
             )

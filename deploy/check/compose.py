@@ -36,7 +36,13 @@ class Deployment:
 
     @property
     def engines(self) -> list[Service]:
-        return [service for service in self.services.values() if service.is_engine]
+        """The vLLM engines: the services the vLLM flag rules read."""
+        return [service for service in self.services.values() if service.engine_kind == "vllm"]
+
+    @property
+    def llamacpp_engines(self) -> list[Service]:
+        """The llama.cpp servers (rules in `rules/llamacpp.py`)."""
+        return [service for service in self.services.values() if service.engine_kind == "llamacpp"]
 
     @property
     def gateways(self) -> list[Service]:
@@ -73,9 +79,17 @@ def read_deployment(
     return deployment
 
 
-def default_env_file(project: Path) -> Path | None:
-    """`.env` beside the first compose file, else `.env.example` there, as `deploy check` falls back."""
-    return next((project / name for name in (".env", ".env.example") if (project / name).is_file()), None)
+def default_env_file(project: Path, compose_name: str = "compose.yaml") -> Path | None:
+    """`.env` beside the first compose file, else `.env.example` there, as `deploy check` falls back.
+
+    A variant `compose.NAME.yaml` reads `.env.NAME` (else `.env.NAME.example`) first: its own variables,
+    passed to compose with `--env-file .env.NAME`.
+    """
+    names = [".env", ".env.example"]
+    parts = compose_name.split(".")
+    if len(parts) == 3 and parts[0] in ("compose", "docker-compose"):
+        names = [f".env.{parts[1]}", f".env.{parts[1]}.example", *names]
+    return next((project / name for name in names if (project / name).is_file()), None)
 
 
 def read_services(
@@ -86,7 +100,7 @@ def read_services(
         raise UnreadableInputError("no compose file given")
     documents = [load_document(path) for path in compose_files]
     if env_file is None:
-        env_file = default_env_file(compose_files[0].parent)
+        env_file = default_env_file(compose_files[0].parent, compose_files[0].name)
     elif not env_file.is_file():
         raise UnreadableInputError(f"{env_file}: no such file")
     environment = dict(environ or {})
@@ -102,6 +116,7 @@ def read_services(
                 for flag in service.flags
             ),
             environment={name: entry.value for name, entry in service.environment.items()},
+            engine_kind=service.engine_kind,
         )
         for service in deployment.services.values()
     ]

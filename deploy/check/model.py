@@ -13,9 +13,16 @@ Severity = Literal["error", "warning"]
 
 DEFAULT_MAX_INFLIGHT = 8  # the gateway's default MODGATE_MAX_INFLIGHT (docs/spark.md)
 
-# Boolean switches of vLLM that take no value, so the token after them is not read as theirs.
+# Boolean switches of vLLM and llama.cpp's server that take no value, so the token after them is not read as
+# theirs.
 _VALUELESS_PREFIXES = ("--enable-", "--disable-", "--no-")
-_VALUELESS_FLAGS = frozenset({"--trust-remote-code", "--enforce-eager", "--headless", "--allow-credentials"})
+_VALUELESS_FLAGS = frozenset({
+    "--trust-remote-code", "--enforce-eager", "--headless", "--allow-credentials",
+    # llama-server (common/arg.cpp)
+    "--jinja", "--metrics", "--props", "--slots", "--kv-unified", "-kvu", "-no-kvu", "--cont-batching", "-cb",
+    "-nocb", "--swa-full", "--mlock", "--cache-prompt", "--cache-idle-slots", "--context-shift", "--verbose",
+})
+EngineKind = Literal["vllm", "llamacpp"]
 _NUMBER = re.compile(r"-?\d+(\.\d*)?([eE][-+]?\d+)?")
 
 
@@ -129,9 +136,19 @@ class Service:
         return next((flag for flag in reversed(self.flags) if flag.key == key), None)
 
     @property
+    def engine_kind(self) -> EngineKind | None:
+        """vLLM or llama.cpp's server, from the image or the first words of the command; None: no engine."""
+        words = " ".join(arg.value for arg in self.args[:3]).lower()
+        image = self.image.lower()
+        if "vllm" in image or "vllm" in words:
+            return "vllm"
+        if any(name in text for name in ("llama.cpp", "llama-server") for text in (image, words)):
+            return "llamacpp"
+        return None
+
+    @property
     def is_engine(self) -> bool:
-        words = " ".join(arg.value for arg in self.args[:3])
-        return "vllm" in self.image.lower() or "vllm" in words.lower()
+        return self.engine_kind is not None
 
     @property
     def is_gateway(self) -> bool:
@@ -201,6 +218,7 @@ class ServiceFlags:
     is_gateway: bool
     flags: tuple[EngineFlag, ...]
     environment: dict[str, str | None]
+    engine_kind: EngineKind | None = None
 
     def last(self, key: str) -> EngineFlag | None:
         """The flag that wins for ``key`` (the last one given)."""

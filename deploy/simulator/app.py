@@ -196,7 +196,7 @@ async def set_faults(data: JSONBody[FaultsUpdate], state: State) -> dict[str, An
 @post("/sim/reset_prefix_cache", status_code=200)
 async def reset_prefix_cache(state: State) -> dict[str, Any]:
     """Empty the prefix cache, like vLLM's ``/reset_prefix_cache``."""
-    state.sim.engine.cache.reset()
+    state.sim.engine.reset_cache()
     return {"ok": True}
 
 

@@ -20,71 +20,36 @@ step, and ``deploy.simulator.virtual`` runs the same two on a virtual clock (no 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import heapq
 import itertools
-import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable
 
 from deploy.simulator.presets import SimPreset
+from deploy.simulator.scheduler import (
+    Channel,
+    EngineCounters,
+    Event,
+    FinishEvent,
+    Sequence,
+    StepLoop,
+    StepPlan,
+    TokenEvent,
+)
 from deploy.simulator.tokenizer import Token
 
-Channel = Literal["reasoning", "content"]
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    """One generated token, with its log-probability and the alternatives the model weighed there."""
-
-    channel: Channel
-    text: str
-    logprob: float = 0.0
-    alternatives: tuple[tuple[str, float], ...] = ()  # (token, logprob), best first; the token among them
-
-
-@dataclass(frozen=True, slots=True)
-class FinishEvent:
-    """The end of a sequence, with what usage needs."""
-
-    finish_reason: Literal["stop", "length"]
-    prompt_tokens: int
-    cached_tokens: int
-    created_cache_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-
-
-Event = TokenEvent | FinishEvent
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request inside the engine."""
-
-    request_id: str
-    prompt: list[Token]
-    output: list[TokenEvent]
-    max_tokens: int
-    priority: int = 0
-    arrival: float = field(default_factory=time.monotonic)
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-    block_hashes: list[int] = field(default_factory=list)
-    prefilled: int = 0
-    cached: int = 0
-    created: int = 0
-    generated: int = 0
-    reasoning_generated: int = 0
-    first_token_at: float | None = None
-    verify_steps: int = 0  # decode steps taken (speculative decoding spreads accepted drafts over them)
-
-    @property
-    def prefill_done(self) -> bool:
-        """All prompt tokens computed (or taken from the cache)."""
-        return self.prefilled >= len(self.prompt)
+# The vocabulary lives in deploy.simulator.scheduler; re-exported for the modules that import it from here.
+__all__ = [
+    "Channel",
+    "EngineCounters",
+    "Event",
+    "FinishEvent",
+    "PrefixCache",
+    "Sequence",
+    "SimScheduler",
+    "StepPlan",
+    "TokenEvent",
+]
 
 
 class PrefixCache:
@@ -132,29 +97,8 @@ class PrefixCache:
         self._blocks.clear()
 
 
-@dataclass
-class EngineCounters:
-    """Totals since start, as the engine's /metrics shows them."""
-
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    requests_finished: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """One engine step: what it computes and how long it lasts at the Spark's pace (before time_scale)."""
-
-    seconds: float
-    prefill_tokens: int
-    decoding: list[Sequence]
-    prefilled_now: list[Sequence]
-
-
-class SimScheduler:
-    """The scheduler loop; ``generate`` yields a sequence's events as steps produce them."""
+class SimScheduler(StepLoop):
+    """vLLM's law: admission into at most ``max_num_seqs``, chunked prefill, one pass a step."""
 
     def __init__(
         self,
@@ -163,60 +107,25 @@ class SimScheduler:
         observe_ttft: Callable[[float], None] | None = None,
         observe_e2e: Callable[[float], None] | None = None,
     ) -> None:
-        self.preset = preset
-        self._observe_ttft = observe_ttft or (lambda _seconds: None)
-        self._observe_e2e = observe_e2e or (lambda _seconds: None)
-        self.time_scale = time_scale
+        super().__init__(preset, time_scale, observe_ttft, observe_e2e)
         self.cache = PrefixCache(preset.block_size, preset.kv_cache_blocks)
-        self.counters = EngineCounters()
         self._waiting: list[tuple[int, int, Sequence]] = []  # (priority, arrival order, sequence)
         self._order = itertools.count()
-        self._running: list[Sequence] = []
-        self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.peak_running = 0
-
-    @property
-    def num_running(self) -> int:
-        """Sequences in the running batch."""
-        return len(self._running)
 
     @property
     def num_waiting(self) -> int:
         """Sequences waiting for a batch slot."""
         return len(self._waiting)
 
+    def reset_cache(self) -> None:
+        """Forget every cached block."""
+        self.cache.reset()
+
     def kv_cache_usage(self) -> float:
         """Share of KV blocks held by running sequences (0..1)."""
         block = self.preset.block_size
         used = sum(-(-(s.prefilled + s.generated) // block) for s in self._running)
         return min(1.0, used / max(1, self.preset.kv_cache_blocks))
-
-    def start(self) -> None:
-        """Start the scheduler loop on the running event loop."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="sim-engine")
-
-    async def stop(self) -> None:
-        """Stop the scheduler loop."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def generate(self, sequence: Sequence) -> AsyncIterator[Event]:
-        """Submit a sequence and yield its events; leaving early aborts it in the engine."""
-        self.submit(sequence)
-        self._wakeup.set()
-        try:
-            while True:
-                event = await sequence.events.get()
-                yield event
-                if isinstance(event, FinishEvent):
-                    return
-        finally:
-            self._abort(sequence)
 
     def submit(self, sequence: Sequence) -> None:
         """Queue a sequence for a batch slot (in priority order under ``scheduling_policy`` priority)."""
@@ -244,18 +153,6 @@ class SimScheduler:
         """Tokens a decoding sequence runs through the model per step: its next one plus the drafts."""
         return 1 + max(0, self.preset.num_speculative_tokens)
 
-    def _step_seconds(self, prefill_tokens: int, decode_tokens: int) -> float:
-        """The cost model, in Spark seconds: prefill and decode tokens at their rates (time_scale apart)."""
-        preset = self.preset
-        seconds = preset.step_overhead_s
-        if preset.weight_reads is not None:
-            seconds += preset.weight_reads.seconds(prefill_tokens)
-        if preset.prefill_tokens_per_s > 0:
-            seconds += prefill_tokens / preset.prefill_tokens_per_s
-        if preset.decode_tokens_per_s > 0:
-            seconds += decode_tokens / preset.decode_tokens_per_s
-        return seconds
-
     def _prefill_allowance(self, decode_tokens: int) -> int:
         """The most prefill tokens this step may compute, after the decode tokens took their share."""
         preset = self.preset
@@ -264,9 +161,8 @@ class SimScheduler:
             allowance = min(allowance, preset.max_num_prefill_tokens_per_step)
         share = preset.prefill_compute_share
         if share is not None and decode_tokens and 0 < share < 1 and preset.decode_tokens_per_s > 0:
-            # Prefill may take at most `share` of the step's compute while sequences decode (tokens at the
-            # two rates; the weights a chunk reads are not counted against it); with nothing decoding the
-            # step is all prefill (an engine with work to do does not idle).
+            # Prefill may take at most `share` of the step's time while sequences decode; with nothing
+            # decoding the step is all prefill (an engine with work to do does not idle).
             decode_s = decode_tokens / preset.decode_tokens_per_s
             allowance = min(allowance, int(share / (1 - share) * decode_s * preset.prefill_tokens_per_s))
         return max(0, allowance)
@@ -318,43 +214,3 @@ class SimScheduler:
         mean = drafted * self.preset.draft_acceptance_rate
         step = sequence.verify_steps
         return min(drafted, int(step * mean) - int((step - 1) * mean))
-
-    async def _loop(self) -> None:
-        while True:
-            if not self._running and not self._waiting:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            step = self.plan_step()
-            await asyncio.sleep(step.seconds * self.time_scale)  # sleep(0) still lets the HTTP side run
-            self.complete_step(step, time.monotonic())
-
-    def _emit(self, sequence: Sequence, now: float, count: int = 1) -> None:
-        if sequence.first_token_at is None:
-            sequence.first_token_at = now
-            self._observe_ttft(now - sequence.arrival)
-        for _ in range(count):
-            if sequence.generated >= len(sequence.output) or sequence.generated >= sequence.max_tokens:
-                break
-            token = sequence.output[sequence.generated]
-            sequence.generated += 1
-            sequence.reasoning_generated += token.channel == "reasoning"
-            sequence.events.put_nowait(token)
-        done = sequence.generated >= len(sequence.output)
-        if not done and sequence.generated < sequence.max_tokens:
-            return
-        self._running.remove(sequence)
-        counters = self.counters
-        counters.prompt_tokens += len(sequence.prompt)
-        counters.generation_tokens += sequence.generated
-        counters.requests_finished += 1
-        self._observe_e2e(now - sequence.arrival)
-        sequence.events.put_nowait(
-            FinishEvent(
-                finish_reason="stop" if done else "length",
-                prompt_tokens=len(sequence.prompt),
-                cached_tokens=sequence.cached,
-                created_cache_tokens=sequence.created,
-                completion_tokens=sequence.generated,
-                reasoning_tokens=sequence.reasoning_generated,
-            )
-        )

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deploy.simulator.engine import SimScheduler
+from deploy.simulator.scheduler import StepLoop
 
 
 class SimMetrics:
@@ -34,7 +34,7 @@ class SimMetrics:
             registry=self.registry,
         ).labels(**self.labels)
 
-    def watch(self, engine: SimScheduler) -> None:
+    def watch(self, engine: StepLoop) -> None:
         """Counters and gauges are read from the scheduler at scrape time."""
         labels = self.labels
 

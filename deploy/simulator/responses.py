@@ -13,8 +13,8 @@ from litestar import Response
 from litestar.response import Stream
 
 from deploy.simulator.answers import END_OF_OUTPUT, MASKED_LOGPROB, THINK_END
-from deploy.simulator.engine import FinishEvent, Sequence, SimScheduler, TokenEvent
 from deploy.simulator.protocol import DecodedImage
+from deploy.simulator.scheduler import FinishEvent, Sequence, StepLoop, TokenEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class Completion:
     cut: bool  # end the answer half-way (a fault)
 
 
-def streamed(scheduler: SimScheduler, completion: Completion, include_usage: bool) -> Stream:
+def streamed(scheduler: StepLoop, completion: Completion, include_usage: bool) -> Stream:
     """The completion as server-sent chunks, as vLLM streams them; the scheduler runs it as it is read."""
     request_id, model, created = completion.request_id, completion.model, completion.created
     sequence, top = completion.sequence, completion.top
@@ -74,7 +74,7 @@ def streamed(scheduler: SimScheduler, completion: Completion, include_usage: boo
     return Stream(stream(), media_type="text/event-stream")
 
 
-async def whole(scheduler: SimScheduler, completion: Completion) -> Response[Any]:
+async def whole(scheduler: StepLoop, completion: Completion) -> Response[Any]:
     """The completion in one body, once the scheduler has run it to its end."""
     if completion.slow:
         await asyncio.sleep(completion.slow)

@@ -8,7 +8,9 @@ import zlib
 from dataclasses import dataclass
 
 from deploy.simulator.answers import END_OF_OUTPUT, THINK_END, answer_text, answer_tokens
-from deploy.simulator.engine import SimScheduler, TokenEvent
+from deploy.simulator.engine import TokenEvent
+from deploy.simulator.laws import make_scheduler
+from deploy.simulator.llamacpp_law import LlamaCppOptions
 from deploy.simulator.metrics import SimMetrics
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.protocol import ChatRequest, DecodedImage, EngineError, user_parts
@@ -33,14 +35,22 @@ class Faults:
 class SimulatedEngine:
     """Request handling on top of the scheduler: templates, verdicts and faults."""
 
-    def __init__(self, preset: SimPreset, time_scale: float, faults: Faults | None = None) -> None:
+    def __init__(
+        self,
+        preset: SimPreset,
+        time_scale: float,
+        faults: Faults | None = None,
+        llamacpp: LlamaCppOptions | None = None,
+    ) -> None:
         self.preset = preset
         self.time_scale = time_scale
         self.faults = faults or Faults()
         self.metrics = SimMetrics(preset.model)
         self.bpe = qwen_bpe(preset.tokenizer)
-        self.engine = SimScheduler(
-            preset, time_scale, observe_ttft=self.metrics.ttft.observe, observe_e2e=self.metrics.e2e.observe
+        # vLLM's scheduling law, or llama.cpp's server's with its options (deploy.simulator.laws).
+        self.engine = make_scheduler(
+            preset, time_scale, llamacpp=llamacpp,
+            observe_ttft=self.metrics.ttft.observe, observe_e2e=self.metrics.e2e.observe,
         )
         self.metrics.watch(self.engine)
         self.grid = TokenGrid(

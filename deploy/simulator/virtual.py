@@ -11,16 +11,25 @@ from __future__ import annotations
 
 import heapq
 import statistics
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from deploy.simulator.engine import Sequence, SimScheduler, TokenEvent
+from deploy.simulator.llamacpp_law import user_header
 from deploy.simulator.presets import SimPreset
+from deploy.simulator.scheduler import StepLoop
 from deploy.simulator.tokenizer import ImageSlot, Token
 
 
 @dataclass(frozen=True, slots=True)
 class RequestShape:
-    """A request as the engine's work: prompt tokens (none cached) and output tokens, spread ± jitter."""
+    """A request as the engine's work: prompt tokens and output tokens, spread ± jitter.
+
+    With ``image_tokens`` the prompt is laid out as the chat template lays out a keyframe request: a
+    system message of ``shared_prefix_tokens`` (the same in every request), then a user message (its
+    header, one image of its own, the instruction and the assistant header). Without, the prompt is the
+    shared prefix, then tokens of the request's own.
+    """
 
     prompt_tokens: int = 1076
     output_tokens: int = 95
@@ -28,6 +37,7 @@ class RequestShape:
     shared_prefix_tokens: int = (
         0  # leading prompt tokens every request repeats (what the prefix cache can reuse)
     )
+    image_tokens: int = 0
 
     def output_for(self, index: int) -> int:
         """Output tokens of the ``index``-th request: deterministic, mean ``output_tokens``."""
@@ -37,8 +47,17 @@ class RequestShape:
         return max(1, self.output_tokens + (index * 8) % span - self.output_jitter)
 
 
-SEED_SHAPE = RequestShape()
-"""The seed's request: 416 system + 660 image tokens (+ the instruction) = 1,076; ~95 output (thinking on)."""
+SEED_SHAPE = RequestShape(shared_prefix_tokens=416, image_tokens=640)
+"""The seed's request: 1,076 prompt tokens, ~95 output (thinking on).
+
+Laid out as the template does: the 416-token system prompt, the user header (3), the image, then the
+instruction and the assistant header (17); the image is 640 of the seed's "660" so the total stays
+1,076 (the seed rounded 416 + 660). vLLM's law reuses none of it (no full 2,960-token block).
+"""
+THINKING_OFF_SHAPE = RequestShape(
+    output_tokens=3, output_jitter=1, shared_prefix_tokens=416, image_tokens=640
+)
+"""The seed's request with thinking off and the compact verdict: 2-6 output tokens (3 on average)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +73,7 @@ class LoadFigures:
     e2e_p50_s: float
     generation_tokens_per_s: float
     in_flight_mean: float
+    passes_per_request: float = 0.0  # forward passes the engine ran, over the whole run, per finished request
 
 
 def closed_loop(
@@ -64,15 +84,17 @@ def closed_loop(
     requests: int = 240,
     warmup: int = 40,
     turnaround_s: float = 0.001,
+    law: Callable[[SimPreset], StepLoop] | None = None,
 ) -> LoadFigures:
     """``callers`` callers, each sending its next request ``turnaround_s`` after an answer ends.
 
     Starts are staggered over one expected end to end (callers that start together stay in step and
-    queue their prefills behind each other, a burst that steady traffic does not have).
+    queue their prefills behind each other, a burst that steady traffic does not have). ``law`` builds the
+    engine's scheduler from the preset (default: vLLM's, ``SimScheduler``).
     """
     if callers < 1 or requests < 2:
         raise ValueError("need at least one caller and two measured requests")
-    engine = SimScheduler(preset, time_scale=1.0)
+    engine = law(preset) if law is not None else SimScheduler(preset, time_scale=1.0)
     clock = 0.0
     arrivals: list[tuple[float, int]] = []  # (time, request index)
     spacing = 8.56 / callers
@@ -81,6 +103,7 @@ def closed_loop(
     issued = callers
     in_engine: dict[int, Sequence] = {}
     finished: list[_Finished] = []
+    passes = 0
     measured_left = requests  # callers keep sending until every measured request has ended: no drain
     while measured_left:
         while arrivals and arrivals[0][0] <= clock:
@@ -98,6 +121,7 @@ def closed_loop(
             clock = max(clock, arrivals[0][0])
             continue
         clock += step.seconds
+        passes += step.passes
         engine.complete_step(step, clock)
         for index, sequence in list(in_engine.items()):
             if sequence.generated < len(sequence.output):
@@ -108,7 +132,8 @@ def closed_loop(
             measured_left -= warmup <= index < warmup + requests
             heapq.heappush(arrivals, (clock + turnaround_s, issued))
             issued += 1
-    return _figures(callers, finished, warmup, requests)
+    figures = _figures(callers, finished, warmup, requests)
+    return replace(figures, passes_per_request=passes / len(finished))
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +145,26 @@ class _Finished:
     output_tokens: int
 
 
+def _prompt(index: int, shape: RequestShape) -> list[Token]:
+    if not shape.image_tokens:
+        # Distinct prompt tokens per request past the shared prefix: by default nothing is cached, as on
+        # the Spark (a 1,076-token prompt never fills one 2,960-token block).
+        shared = min(shape.shared_prefix_tokens, shape.prompt_tokens)
+        prompt: list[Token] = [ImageSlot("shared", position) for position in range(shared)]
+        return prompt + [ImageSlot(f"r{index}", position) for position in range(shared, shape.prompt_tokens)]
+    header = list(user_header())  # the template's own tokens mark where the user message starts
+    # Stand-in text tokens: ids past the vocabulary, the same in every request (system) or after the image.
+    system: list[Token] = [_TEXT + i for i in range(shape.shared_prefix_tokens)]
+    image: list[Token] = [ImageSlot(f"frame-{index}", i) for i in range(shape.image_tokens)]
+    tail = max(0, shape.prompt_tokens - len(system) - len(header) - len(image))
+    return [*system, *header, *image, *(_TEXT + len(system) + i for i in range(tail))]
+
+
+_TEXT = 1_000_000  # no vocabulary reaches it
+
+
 def _sequence(index: int, shape: RequestShape, arrival: float) -> Sequence:
-    # Distinct prompt tokens per request past the shared prefix: by default nothing is cached, as on the
-    # Spark (a 1,076-token prompt never fills one 2,960-token block).
-    shared = min(shape.shared_prefix_tokens, shape.prompt_tokens)
-    prompt: list[Token] = [ImageSlot("shared", position) for position in range(shared)]
-    prompt += [ImageSlot(f"r{index}", position) for position in range(shared, shape.prompt_tokens)]
+    prompt = _prompt(index, shape)
     output = [TokenEvent("reasoning", "x") for _ in range(shape.output_for(index))]
     return Sequence(
         request_id=f"virtual-{index}",

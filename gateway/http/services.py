@@ -32,9 +32,10 @@ from gateway.jobs.store import JobStore
 from gateway.jobs.store_memory import MemoryJobStore
 from gateway.jobs.store_redis import RedisJobStore
 from gateway.jobs.webhooks import WebhookSender
+from gateway.moderation.engine_identity import EngineIdentity
 from gateway.moderation.remote_images import RemoteImageFetcher
 from gateway.moderation.service import ModerationService
-from gateway.moderation.shadow import ShadowSampler
+from gateway.moderation.shadow import SecondEngine, ShadowSampler
 from gateway.moderation.shaping_pool import ShapingPool
 from gateway.moderation.verdict_cache import (
     MemoryVerdictCache,
@@ -168,6 +169,21 @@ async def _system_prompt(
     )
     cacheable.set(filled.shared_tokens // filled.block_size * filled.block_size)  # whole blocks only
     return prompt
+
+
+def _second_engine(settings: Settings, state: aioredis.Redis | None) -> SecondEngine | None:
+    """The shadow pairs' second engine (``MODGATE_SHADOW__ENGINE_URL``): its own pool, cap and model."""
+    shadow = settings.shadow
+    if shadow.engine_url is None:
+        return None
+    own = settings.model_copy(update={"max_inflight": shadow.max_inflight, "engine_caps": None})
+    pool = build_engine_pool(own, [shadow.engine_url], state=state)
+    identity = EngineIdentity(settings.engine.model_copy(update={"model": "auto"}), pool)
+
+    async def model() -> str:
+        return (await identity.current()).id
+
+    return SecondEngine(pool, shadow.engine_kind, model)
 
 
 def _is_default_mode(policies: PolicyStore, mode: Mode) -> float:
@@ -306,6 +322,10 @@ async def open_services(
         )
         records = _quality_records(settings, state)
         stack.push_async_callback(records.aclose)
+        second = _second_engine(settings, state)
+        if second is not None:
+            stack.push_async_callback(second.engines.aclose)
+            second.engines.start()
         moderation.shadow = ShadowSampler(
             engines=engines,
             store=records,
@@ -316,6 +336,7 @@ async def open_services(
             constraint=settings.engine.verdict_constraint,
             top_logprobs=settings.engine.top_logprobs,
             counters=metrics,
+            second=second,
         )
         stack.push_async_callback(moderation.shadow.drain, timeout_s=10.0)
         metrics.queue_size.set(admission.queue_size)

@@ -5,6 +5,11 @@ thinking mode, at the lowest priority and only on spare capacity: a free slot wi
 delays a live request and never passes the in-flight cap; when there is no spare slot the pair is skipped
 (and counted), not queued. Both verdicts are written as :class:`quality.records.VerdictRecord`s, so a
 weekly report covers live traffic across restarts.
+
+With a second engine (``MODGATE_SHADOW__ENGINE_URL``, a :class:`SecondEngine`), the same drawn frames are
+also judged there in the live thinking mode and verdict format, on its spare capacity: each record
+carries the kind of engine that judged it (``engine``), so one engine's verdicts pair with the other's.
+The live verdict is written once, with whichever shadow verdicts came back.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -30,6 +36,19 @@ from shaping.verdict import KeyframeVerdict, VerdictFormat, parse_engine_output
 log = logging.getLogger("modgate.shadow")
 
 LOWEST_PRIORITY = 10  # the bottom of the request priority range: shadow work yields to everything
+
+
+# One shadow judgement to make: in which mode, on which engines, of which kind, asking for which model.
+_Judge = tuple[EngineMode, EnginePool, str, Callable[[], Awaitable[str]]]
+
+
+@dataclass(frozen=True)
+class SecondEngine:
+    """Another engine that judges the shadow share in the live mode and format (its own pool and model)."""
+
+    engines: EnginePool
+    kind: str  # recorded as VerdictRecord.engine: vllm or llamacpp
+    model: Callable[[], Awaitable[str]]
 
 
 class ShadowCounters(Protocol):
@@ -59,8 +78,12 @@ class ShadowSampler:
         top_logprobs: int = 0,
         counters: ShadowCounters | None = None,
         rng: random.Random | None = None,
+        engine_kind: str = "vllm",
+        second: SecondEngine | None = None,
     ) -> None:
         self.engines = engines
+        self.engine_kind = engine_kind  # the live engines' kind, recorded with their verdicts
+        self.second = second
         self.store = store
         self.system_prompts = dict(system_prompts)
         self.top_logprobs = top_logprobs
@@ -98,14 +121,24 @@ class ShadowSampler:
         """
         if not (drawn or self.draw(policy)):
             return False
-        if not self.engines.has_spare_capacity():
+        other: EngineMode = "off" if live_mode == "on" else "on"
+        judges: list[_Judge] = []
+        if self.engines.has_spare_capacity():
+            judges.append((other, self.engines, self.engine_kind, self.model))
+        else:
             self._count("skipped_busy")
+        second = self.second
+        if second is not None:
+            if second.engines.has_spare_capacity():
+                judges.append((live_mode, second.engines, second.kind, second.model))
+            else:
+                self._count("second_engine_skipped_busy")
+        if not judges:
             return False
         live = self._record(frame, live_mode, verdict_format, live_verdict, live_answer, policy.version,
-                            tenant, video_id, ("random", policy.shadow_share))
-        other: EngineMode = "off" if live_mode == "on" else "on"
+                            tenant, video_id, ("random", policy.shadow_share), self.engine_kind)
         task = asyncio.get_running_loop().create_task(
-            self._run(policy, frame, other, verdict_format, live, tenant, video_id)
+            self._judge_all(policy, frame, judges, verdict_format, live, tenant, video_id)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -127,8 +160,10 @@ class ShadowSampler:
         """Store a thinking off/on pair the live path already made (an escalation), in the background."""
         marks = (selection, probability)
         records = (
-            self._record(frame, "off", verdict_format, *fast, policy_version, tenant, video_id, marks),
-            self._record(frame, "on", verdict_format, *thinking, policy_version, tenant, video_id, marks),
+            self._record(frame, "off", verdict_format, *fast, policy_version, tenant, video_id, marks,
+                         self.engine_kind),
+            self._record(frame, "on", verdict_format, *thinking, policy_version, tenant, video_id, marks,
+                         self.engine_kind),
         )
         task = asyncio.get_running_loop().create_task(self._store(records))
         self._tasks.add(task)
@@ -144,22 +179,49 @@ class ShadowSampler:
             return
         self._count("recorded")
 
-    async def _run(
+    async def _judge_all(
         self,
         policy: ThinkingPolicy,
         frame: ShapedImage,
-        mode: EngineMode,
+        judges: list[_Judge],
         verdict_format: VerdictFormat,
         live: VerdictRecord,
         tenant: str,
         video_id: str | None,
     ) -> None:
+        """Every shadow judgement of one frame at once; the live record is stored with those that return."""
+        judged = await asyncio.gather(*(
+            self._judge(policy, frame, mode, verdict_format, engines, kind, model, tenant, video_id)
+            for mode, engines, kind, model in judges
+        ))
+        shadows = tuple(record for record in judged if record is not None)
+        if shadows:
+            await self._store((live, *shadows))
+
+    async def _judge(
+        self,
+        policy: ThinkingPolicy,
+        frame: ShapedImage,
+        mode: EngineMode,
+        verdict_format: VerdictFormat,
+        engines: EnginePool,
+        kind: str,
+        model: Callable[[], Awaitable[str]],
+        tenant: str,
+        video_id: str | None,
+    ) -> VerdictRecord | None:
+        try:
+            model_id = await model()
+        except ModgateError as exc:
+            self._count("engine_error")
+            log.warning("shadow judgement failed: %s", exc.message)
+            return None
         body = build_chat_request(
             self.system_prompts[verdict_format],
             [frame],
             self.user_text,
             RequestOptions(
-                model=await self.model(),
+                model=model_id,
                 enable_thinking=mode == "on",
                 max_completion_tokens=(
                     policy.max_completion_tokens_on if mode == "on" else policy.max_completion_tokens_off
@@ -172,20 +234,19 @@ class ShadowSampler:
             ),
         )
         try:
-            async with self.engines.spare_slot() as held:
+            async with engines.spare_slot() as held:
                 if held is None:  # live work took the slot since consider(): skip, never wait
-                    self._count("skipped_busy")
-                    return
+                    self._count("skipped_busy" if engines is self.engines else "second_engine_skipped_busy")
+                    return None
                 answer = await held.chat(body, f"shadow-{uuid.uuid4().hex}")
         except ModgateError as exc:
             self._count("engine_error")
             log.warning("shadow judgement failed: %s", exc.message)
-            return
+            return None
         parsed = parse_engine_output(answer.content, answer.reasoning, answer.finish_reason)
         verdict = with_confidence(parsed.verdicts, answer.logprobs, answer.content)[0]
-        shadow = self._record(frame, mode, verdict_format, verdict, answer, policy.version, tenant, video_id,
-                              ("random", policy.shadow_share))
-        await self._store((live, shadow))
+        return self._record(frame, mode, verdict_format, verdict, answer, policy.version, tenant, video_id,
+                            ("random", policy.shadow_share), kind)
 
     def _record(
         self,
@@ -198,6 +259,7 @@ class ShadowSampler:
         tenant: str,
         video_id: str | None,
         selection: tuple[Selection, float],
+        engine: str,
     ) -> VerdictRecord:
         usage = answer.usage
         return VerdictRecord(
@@ -221,6 +283,7 @@ class ShadowSampler:
             confidence=verdict.confidence if verdict.problem is None else None,
             selection=selection[0],
             selection_probability=selection[1],
+            engine=engine,
         )
 
     async def drain(self, timeout_s: float = 30.0) -> None:

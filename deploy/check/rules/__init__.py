@@ -2,8 +2,8 @@
 
 One module per family: `source` (the YAML as written), `command_line` (every service's flags), `engine`
 (what the engine needs to start and report), `tuning` (departures from the measured Spark tuning),
-`gateway` (what a gateway and its engine must agree on). The rule ids and what each checks are listed in
-the `deploy.check` package docstring.
+`gateway` (what a gateway and its engine must agree on), `llamacpp` (llama.cpp's server's own pitfalls).
+The rule ids and what each checks are listed in the `deploy.check` package docstring.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 from deploy.check.compose import Deployment
 from deploy.check.model import Finding
-from deploy.check.rules import command_line, engine, gateway, source, tuning
+from deploy.check.rules import command_line, engine, gateway, llamacpp, source, tuning
 
 Rule = Callable[[Deployment], Iterator[Finding]]
 
@@ -29,6 +29,11 @@ RULES: tuple[Rule, ...] = (
     engine.prompt_tokens_details,
     engine.mamba_block_size,
     gateway.max_inflight,
+    llamacpp.slot_context,
+    llamacpp.slots_vs_cap,
+    llamacpp.prompt_cache,
+    llamacpp.gpu_layers,
+    llamacpp.endpoints,
 )
 
 
