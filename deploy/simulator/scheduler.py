@@ -192,8 +192,6 @@ class StepLoop(ABC):
         (at least its weight reads, where ``weight_read_floor`` is set)."""
         preset = self.preset
         seconds = preset.step_overhead_s
-        if preset.weight_reads is not None:  # what the prefill chunk reads (presets.WeightReads)
-            seconds += preset.weight_reads.seconds(prefill_tokens)
         if preset.prefill_tokens_per_s > 0:
             seconds += prefill_tokens / preset.prefill_tokens_per_s
         if preset.decode_tokens_per_s > 0:
