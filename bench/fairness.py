@@ -25,14 +25,17 @@ import contextlib
 import json
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.capacity import frame_pool, percentile
+from bench.cluster import RedisProcess, running
 from bench.report import add_report_options, load_average, machine_load, publish
 from bench.servers import gateway, simulator
 
@@ -115,12 +118,15 @@ async def quiet_one_at_a_time(http: httpx.AsyncClient, payloads: list[bytes], co
     return answers, errors
 
 
-async def measure(url: str, fairness: str, args: argparse.Namespace, payloads: list[bytes],
+async def measure(url: str | tuple[str, str], fairness: str, args: argparse.Namespace, payloads: list[bytes],
                   alone: list[float] | None) -> Run:
-    """B alone (if asked), then A's flood with B one keyframe at a time."""
+    """B alone (if asked), then A's flood with B one keyframe at a time (``url``: one gateway, or A's and
+    B's gateways on one Redis)."""
     run = Run(fairness)
+    flood_url, quiet_url = (url, url) if isinstance(url, str) else url
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=flood_url, timeout=3600, limits=limits) as flood_http, \
+            httpx.AsyncClient(base_url=quiet_url, timeout=3600, limits=limits) as http:
         await quiet_one_at_a_time(http, payloads[-2:], 2, args.time_scale)  # warm-up: model id, /tokenize
         if alone is not None:
             answers, _ = await quiet_one_at_a_time(http, payloads, args.alone_keyframes, args.time_scale)
@@ -133,7 +139,7 @@ async def measure(url: str, fairness: str, args: argparse.Namespace, payloads: l
             nonlocal flood_errors
             index = offset
             while not stop.is_set():
-                answer = await post(http, "flood", payloads[index % len(payloads)], args.time_scale)
+                answer = await post(flood_http, "flood", payloads[index % len(payloads)], args.time_scale)
                 index += args.waiting + MAX_INFLIGHT
                 if answer is None:
                     flood_errors += 1
@@ -143,10 +149,10 @@ async def measure(url: str, fairness: str, args: argparse.Namespace, payloads: l
         callers = [asyncio.create_task(flood_caller(i)) for i in range(args.waiting + MAX_INFLIGHT)]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # A's backlog built: its callers are all in the queue
-            if (await http.get("/stats")).json()["queued"] >= args.waiting - 2:
+            if (await flood_http.get("/stats")).json()["queued"] >= args.waiting - 2:
                 break
             await asyncio.sleep(0.05)
-        count = args.b_keyframes if fairness == "tenant" else args.fifo_b_keyframes
+        count = args.fifo_b_keyframes if fairness in ("fifo", "first asks") else args.b_keyframes
         started = time.monotonic()
         answers, run.errors = await quiet_one_at_a_time(http, payloads, count, args.time_scale)
         ended = time.monotonic()
@@ -163,10 +169,8 @@ async def measure(url: str, fairness: str, args: argparse.Namespace, payloads: l
     return run
 
 
-@contextlib.contextmanager
-def stack(fairness: str, time_scale: float) -> Iterator[str]:
-    """A fresh Spark simulator and a gateway with the two tenants' keys and the given queue discipline."""
-    env = {
+def _env(fairness: str) -> dict[str, str]:
+    return {
         "MODGATE_API_KEYS": f"{KEYS['flood']}:tenant-a,{KEYS['quiet']}:tenant-b",
         "MODGATE_ADMISSION__FAIRNESS": fairness,
         "MODGATE_ADMISSION__QUEUE_SIZE": "1024",
@@ -174,8 +178,57 @@ def stack(fairness: str, time_scale: float) -> Iterator[str]:
         "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",  # every keyframe goes to the engine
         "MODGATE_MAX_INFLIGHT": str(MAX_INFLIGHT),
     }
-    with simulator("spark", time_scale) as engine_url, gateway(engine_url, **env) as url:
+
+
+@contextlib.contextmanager
+def stack(fairness: str, time_scale: float) -> Iterator[str]:
+    """A fresh Spark simulator and a gateway with the two tenants' keys and the given queue discipline."""
+    with simulator("spark", time_scale) as engine_url, gateway(engine_url, **_env(fairness)) as url:
         yield url
+
+
+@contextlib.contextmanager
+def replicated_stack(fair_share: bool, time_scale: float) -> Iterator[tuple[str, str]]:
+    """A fresh simulator, a private Redis and two gateways on it (the cap of 8 held across both by the
+    leases): A's flood goes to the first, B's keyframes to the second. ``fair_share``: the next free slot
+    goes to the tenant served least across both (``MODGATE_LEASES__FAIR_SHARE``); off: to whichever
+    replica asks first, as before."""
+    env = {**_env("tenant"), "MODGATE_LEASES__FAIR_SHARE": "true" if fair_share else "false"}
+    with tempfile.TemporaryDirectory(prefix="modgate-fairness-") as tmp, \
+            running(store := RedisProcess(Path(tmp)).start()), simulator("spark", time_scale) as engine_url, \
+            gateway(engine_url, MODGATE_REDIS_URL=store.url, **env) as a, \
+            gateway(engine_url, MODGATE_REDIS_URL=store.url, **env) as b:
+        yield a, b
+
+
+def run_replicated(args: argparse.Namespace) -> dict[str, Any]:
+    """Across two replicas: fair leases on, then off (the replica that asks first), B alone first."""
+    payloads = [body(url) for url in frame_pool(args.frame_pool)]
+    report: dict[str, Any] = {
+        "setup": {"time_scale": args.time_scale, "waiting": args.waiting, "b_keyframes": args.b_keyframes,
+                  "replicas": 2, "alone_keyframes": args.alone_keyframes, "cpus": os.cpu_count(),
+                  "load_before": load_average()},
+        "runs": {},
+    }
+    alone: list[float] = []
+    for name, fair_share in (("fair leases", True), ("first asks", False)):
+        print(f"{name}: A keeps {args.waiting} waiting on replica 1, B one keyframe at a time on replica 2",
+              flush=True)
+        with replicated_stack(fair_share, args.time_scale) as urls:
+            measured = asyncio.run(measure(urls, name, args, payloads, alone if fair_share else None))
+        report["runs"][name] = measured.figures()
+    report["alone"] = {"b_keyframes": len(alone), "b_p50_s": percentile(alone, 50),
+                       "b_p95_s": percentile(alone, 95)}
+    fair, first = report["runs"]["fair leases"], report["runs"]["first asks"]
+    report["ratios"] = {
+        "tenant_b_p95_over_a_median": fair["b_p95_over_a_median"],
+        "fifo_b_p95_over_a_median": first["b_p95_over_a_median"],
+        "tenant_b_p95_over_alone": fair["b_p95_s"] / report["alone"]["b_p95_s"],
+        "fifo_b_p50_over_alone": first["b_p50_s"] / report["alone"]["b_p50_s"],
+        "throughput_tenant_over_fifo": fair["throughput_per_min"] / first["throughput_per_min"],
+    }
+    report["setup"]["load_after"] = load_average()
+    return report
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -220,11 +273,12 @@ def print_report(report: dict[str, Any]) -> None:
               f"{row['b_keyframes']:>6.0f}{row['a_keyframes']:>6.0f}{row['errors']:>8.0f}")
     print(f"{'B alone':<8}{alone['b_p50_s']:>11.2f}{alone['b_p95_s']:>11.2f}")
     ratios = report["ratios"]
-    print(f"\nB's p95 / A's median, tenant: {ratios['tenant_b_p95_over_a_median']:.3f} (target < 0.333); "
-          f"fifo: {ratios['fifo_b_p95_over_a_median']:.3f}")
-    print(f"B's p95 under the flood / B alone, tenant: {ratios['tenant_b_p95_over_alone']:.2f}; "
-          f"B's median under the flood / alone, fifo: {ratios['fifo_b_p50_over_alone']:.2f}")
-    print(f"throughput tenant / fifo: {ratios['throughput_tenant_over_fifo']:.3f} (target 0.95-1.05)")
+    fair, other = list(report["runs"])  # tenant / fifo; across replicas: fair leases / first asks
+    print(f"\nB's p95 / A's median, {fair}: {ratios['tenant_b_p95_over_a_median']:.3f} (target < 0.333); "
+          f"{other}: {ratios['fifo_b_p95_over_a_median']:.3f}")
+    print(f"B's p95 under the flood / B alone, {fair}: {ratios['tenant_b_p95_over_alone']:.2f}; "
+          f"B's median under the flood / alone, {other}: {ratios['fifo_b_p50_over_alone']:.2f}")
+    print(f"throughput {fair} / {other}: {ratios['throughput_tenant_over_fifo']:.3f} (target 0.95-1.05)")
     setup = report["setup"]
     print(f"load average before {setup['load_before']}, after {setup['load_after']} on {setup['cpus']} CPUs")
 
@@ -253,11 +307,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="B's keyframes under fifo (each waits for A's whole backlog)")
     parser.add_argument("--alone-keyframes", type=int, default=10, help="B's keyframes with nothing else")
     parser.add_argument("--frame-pool", type=int, default=48, help="distinct keyframes to draw from")
+    parser.add_argument("--replicas", type=int, choices=(1, 2), default=1,
+                        help="2: A's flood on one replica, B on another, on one Redis (fair leases on / off)")
     add_report_options(parser)
     args = parser.parse_args(argv)
     print(f"simulator spark preset at time scale {args.time_scale:g} (figures at the Spark's pace); "
           f"{machine_load()}", flush=True)
-    publish(run(args), args, print_report, print_markdown)
+    publish(run(args) if args.replicas == 1 else run_replicated(args), args, print_report, print_markdown)
 
 
 if __name__ == "__main__":

@@ -231,6 +231,12 @@ class JobSettings(BaseModel):
     webhook_allowlist: HostList = Field(default_factory=list)  # hosts a webhook may go to (operator-trusted)
     webhook_timeout_s: float = Field(default=10.0, gt=0)
     webhook_attempts: int = Field(default=5, ge=1, le=20)
+    # At shutdown: how long running jobs may go on; the rest go back to the stream for another gateway.
+    stop_grace_s: float = Field(default=10.0, ge=0, le=600)
+    # Redis replicas that must hold a job (WAIT) before its submission is answered 202, and before its
+    # completion counts: what asynchronous replication would lose in a failover (0: do not wait).
+    wait_replicas: int = Field(default=0, ge=0, le=16)
+    wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
 
     @field_validator("webhook_secret")
     @classmethod
@@ -301,6 +307,9 @@ class LeaseSettings(BaseModel):
     renew_every_s: float = Field(default=3.0, gt=0)
     redis_timeout_s: float = Field(default=0.5, gt=0)
     retry_after_failure_s: float = Field(default=5.0, gt=0)  # local caps only, this long after Redis failed
+    # The next free slot goes to the tenant served least across every replica (Redis decides, with the
+    # lease); off: each replica shares its own slots between its own tenants, and replicas race for leases.
+    fair_share: bool = True
 
     @model_validator(mode="after")
     def _renewed_before_expiry(self) -> LeaseSettings:
@@ -358,6 +367,8 @@ class Settings(BaseSettings):
     admin_token: str | None = None
     model_name: str = "modgate-moderation"  # the name answered in the moderation response
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # After SIGTERM: seconds /readyz answers 503 while requests are still served (gateway/drain.py).
+    drain_s: float = Field(default=5.0, ge=0, le=600)
 
     engine: EngineSettings = EngineSettings()
     admission: AdmissionSettings = AdmissionSettings()
@@ -387,6 +398,16 @@ class Settings(BaseSettings):
         if len(set(urls)) != len(urls):
             raise ValueError("MODGATE_ENGINE_URL lists an engine twice")
         return ",".join(urls) or None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_well_formed(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        from gateway.state import check_redis_url  # redis-py is imported only where a URL is given
+
+        check_redis_url(value.strip())  # redis://, rediss://, unix:// or redis+sentinel:// (gateway/state.py)
+        return value.strip()
 
     @field_validator("engine_caps")
     @classmethod

@@ -208,6 +208,7 @@ async def info(state: State) -> dict[str, Any]:
         "preset": asdict(sim.preset),
         "time_scale": sim.time_scale,
         "peak_running": sim.engine.peak_running,
+        "peak_requests": sim.engine.peak_requests,
         "running": sim.engine.num_running,
         "waiting": sim.engine.num_waiting,
     }

@@ -131,6 +131,7 @@ class SimScheduler(StepLoop):
         """Queue a sequence for a batch slot (in priority order under ``scheduling_policy`` priority)."""
         priority = sequence.priority if self.preset.scheduling_policy == "priority" else 0
         heapq.heappush(self._waiting, (priority, next(self._order), sequence))
+        self.peak_requests = max(self.peak_requests, len(self._running) + len(self._waiting))
 
     def _abort(self, sequence: Sequence) -> None:
         if sequence in self._running:

@@ -273,6 +273,7 @@ class LlamaCppScheduler(StepLoop):
             raise ContextSizeExceededError(len(sequence.prompt), self.n_ctx_slot)
         sequence.max_tokens = min(sequence.max_tokens, self.n_ctx_slot - len(sequence.prompt))
         self._waiting.append(sequence)
+        self.peak_requests = max(self.peak_requests, len(self._running) + len(self._waiting))
 
     def _abort(self, sequence: Sequence) -> None:
         if sequence in self._waiting:

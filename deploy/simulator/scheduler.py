@@ -121,6 +121,7 @@ class StepLoop(ABC):
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.peak_running = 0
+        self.peak_requests = 0  # most requests at the engine at once, running or waiting: a gateway's cap
         self.weight_read_floor: WeightReadFloor | None = None  # a floor on each pass (deploy predict)
 
     # --- the law: what each engine defines -----------------------------------------------------------

@@ -102,13 +102,15 @@ def work_weighed(settings: Settings, preset: SimPreset) -> TenantSettings:
 
 def served_app() -> Litestar:
     """The app as each worker process builds it (``--workers`` above 1): settings from the environment."""
+    from gateway.cli.serving import PROCESS_DRAIN
     from gateway.http.app import create_app
     from gateway.settings import Settings
     from gateway.telemetry.tracing import configure_logging
 
     settings = Settings()
     configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
-    return create_app(settings)
+    PROCESS_DRAIN.period_s = settings.drain_s  # the drain this worker's server begins on SIGTERM
+    return create_app(settings, drain=PROCESS_DRAIN)
 
 
 @app.command()
@@ -130,6 +132,8 @@ def serve(
     """Serve the gateway; with MODGATE_ENGINE_URL unset it starts the simulated engine itself."""
     import uvicorn
 
+    from gateway.cli.serving import run as run_server
+    from gateway.drain import Drain
     from gateway.http.app import create_app
     from gateway.settings import Settings
     from gateway.telemetry.tracing import configure_logging
@@ -174,8 +178,11 @@ def serve(
     with engine_settings(settings) as served:
         if workers > 1 and served.engine_url:
             os.environ["MODGATE_ENGINE_URL"] = served.engine_url  # worker processes read the environment
-        target: Litestar | str = create_app(served) if workers == 1 else "gateway.cli.main:served_app"
-        uvicorn.run(
+        drain = Drain(served.drain_s)
+        target: Litestar | str = (
+            create_app(served, drain=drain) if workers == 1 else "gateway.cli.main:served_app"
+        )
+        config = uvicorn.Config(
             target,
             host=served.host,
             port=served.port,
@@ -191,6 +198,7 @@ def serve(
             http="httptools",
             log_config=log_config,
         )
+        run_server(config, drain)  # SIGTERM: drain MODGATE_DRAIN_S, finish, exit 0 (gateway/cli/serving.py)
 
 
 def _spawn_without_main_module() -> None:

@@ -123,7 +123,11 @@ class EngineClient:
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=httpx.Timeout(total_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            # Idle connections are dropped after 2 s, before the engine's own keep-alive timeout (vLLM's and
+            # the simulator's uvicorn: 5 s) closes them: a call sent on a connection the engine is closing
+            # fails mid-answer (502), and is not retried (the engine may have started it).
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                                keepalive_expiry=2.0),
             transport=transport,
         )
 

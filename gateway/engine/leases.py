@@ -5,6 +5,8 @@ by when their lease expires (Redis server time, in milliseconds, so replicas' cl
 
 - acquire: one Lua script drops expired members, then adds ours only if fewer than ``cap`` remain —
   atomic, so two replicas can never both take the last slot;
+- fair acquire (``MODGATE_LEASES__FAIR_SHARE``): the same, but the free slot goes only to the waiting tenant
+  served least (per weight) on any replica: one fair share across replicas (docs/tenants.md);
 - release: ``ZREM``;
 - renewal: a background task pushes the expiry of every lease this replica holds ``ttl_s`` ahead again,
   every ``renew_every_s`` seconds. A replica that dies (``kill -9``, a lost node) stops renewing, and its
@@ -47,6 +49,60 @@ local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
   return 0
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ttl)
+return 1
+"""
+
+# One fair share across replicas (VTC, as gateway/engine/fairness.py does within one replica), decided here
+# with the slot. KEYS: the engine's slots, its tenants' virtual counters (served work / weight), its waiting
+# tenants (scored by when their wait lapses unless renewed). ARGV: cap, ttl in ms, our member, the tenant
+# ("" for background work), the call's work / the tenant's weight, how long a wait stays registered in ms.
+# A tenant waiting for the first time is lifted to the lowest waiting counter (no credit banked while
+# idle); a free slot goes only to a waiting tenant whose counter is the lowest of all waiting tenants, on
+# whichever replica it waits (ties: to the one holding fewer slots); background work only when no tenant
+# waits anywhere. Slot members begin with their tenant and a \x1f. Returns 1 when granted.
+_ACQUIRE_FAIR = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local tenant = ARGV[4]
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local held = {}
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local owner = string.match(member, '^(.-)\\31')
+  if owner then held[owner] = (held[owner] or 0) + 1 end
+end
+local lowest, lowest_held = nil, nil
+for _, other in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+  if other ~= tenant then
+    local counter = tonumber(redis.call('ZSCORE', KEYS[2], other) or '0')
+    local other_held = held[other] or 0
+    if lowest == nil or counter < lowest or (counter == lowest and other_held < lowest_held) then
+      lowest, lowest_held = counter, other_held
+    end
+  end
+end
+if tenant == '' then
+  if lowest ~= nil or redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+else
+  local mine = tonumber(redis.call('ZSCORE', KEYS[2], tenant) or '0')
+  if redis.call('ZSCORE', KEYS[3], tenant) == false and lowest ~= nil and mine < lowest then
+    mine = lowest
+    redis.call('ZADD', KEYS[2], mine, tenant)
+  end
+  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[6]), tenant)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+  -- ties go to the tenant holding fewer slots now: a quiet tenant lifted to a busy one's level goes first
+  if lowest ~= nil and (mine > lowest or (mine == lowest and (held[tenant] or 0) > lowest_held)) then
+    return 0
+  end
+  redis.call('ZINCRBY', KEYS[2], ARGV[5], tenant)
+  redis.call('ZREM', KEYS[3], tenant)
+  redis.call('PEXPIRE', KEYS[2], 3600000)
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ttl)
@@ -112,6 +168,8 @@ class EngineLeases:
         self.timeout_s = timeout_s  # each call's deadline: the most a hung Redis costs a request
         self.replica = replica or replica_name()
         self._acquire = redis.register_script(_ACQUIRE)
+        self._acquire_fair = redis.register_script(_ACQUIRE_FAIR)
+        self.wait_registration_ms = 500  # a waiting tenant's registration lapses this long after its last ask
         self._renew = redis.register_script(_RENEW)
         self._count = redis.register_script(_COUNT)
         self._ids = itertools.count(1)
@@ -141,6 +199,27 @@ class EngineLeases:
         member = f"{self.replica}/{next(self._ids)}"
         async with self._deadline():
             taken = await self._acquire(keys=[self.key(engine)], args=[cap, round(self.ttl_s * 1000), member])
+        if not taken:
+            return None
+        self._held.setdefault(engine, set()).add(member)
+        return member
+
+    async def try_acquire_fair(
+        self, engine: str, cap: int, tenant: str, work_per_weight: float
+    ) -> str | None:
+        """A slot of ``engine`` for ``tenant`` if one is free and no tenant waiting on any replica has been
+        served less (per weight); ``tenant`` "" is background work, served only when no tenant waits.
+
+        Asking registers ``tenant`` as waiting (until ``wait_registration_ms`` after its last ask), which is
+        how the other replicas learn of it: ask again (the pool polls) while the call waits.
+        """
+        member = f"{tenant}\x1f{self.replica}/{next(self._ids)}"
+        keys = [self.key(engine), f"{self.key(engine)}:served", f"{self.key(engine)}:waiting"]
+        args: list[str | int | float] = [
+            cap, round(self.ttl_s * 1000), member, tenant, work_per_weight, self.wait_registration_ms
+        ]
+        async with self._deadline():
+            taken = await self._acquire_fair(keys=keys, args=args)
         if not taken:
             return None
         self._held.setdefault(engine, set()).add(member)

@@ -16,8 +16,9 @@
   with room, once per engine; anything the engine may have started (timeouts, cut streams) is not retried.
 - Replicas: with :class:`EngineLeases` (Redis) a request also needs a lease on its engine, so the engine's
   cap holds across every replica. A request whose engines' shared slots are all taken by other replicas
-  asks Redis again (10 ms, doubling to 100 ms) until its deadline: priority order holds within a replica,
-  not across replicas. When Redis cannot be reached the pool serves on this replica's local caps
+  asks Redis again (10 ms, doubling to 100 ms; 50 ms with fair leases) until its deadline. With fair leases
+  (the default) Redis also decides which tenant a freed slot goes to, across every replica; priority order
+  holds within a replica. When Redis cannot be reached the pool serves on this replica's local caps
   alone (logged loudly, ``modgate_engine_leases_local_only`` 1) rather than refusing traffic: with N
   replicas an engine may then see up to N × its cap, which it survives by queueing inside vLLM; refusing
   every request because the coordination store is down would be the worse failure.
@@ -107,12 +108,14 @@ class HeldEngine:
         lease: str,
         queue_seconds: float,
         ticket: Ticket | None = None,
+        work: Work | None = None,
     ) -> None:
         self.pool = pool
         self.engine = engine
         self.lease = lease
         self.queue_seconds = queue_seconds  # the wait for the slot: queue and, across replicas, a lease
         self.ticket = ticket  # the tenant the slot is charged to (None: background work, charged to nobody)
+        self.work = work  # what it was expected to cost (asked again if the call moves to another engine)
 
     def settle(self, actual: float) -> None:
         """Correct the tenant's charge with the work the call really took (from its usage)."""
@@ -157,6 +160,8 @@ class EnginePool:
         lease_retry_after_failure_s: float = 5.0,
         lease_poll_s: tuple[float, float] = (0.01, 0.1),
         refresh_every_s: float = 0.5,
+        fair_leases: bool = False,
+        weight: Callable[[str], float] = lambda _tenant: 1.0,
     ) -> None:
         if not engines:
             raise ValueError("an engine pool needs at least one engine")
@@ -168,6 +173,9 @@ class EnginePool:
         self.lease_retry_after_failure_s = lease_retry_after_failure_s
         self.lease_poll_s = lease_poll_s
         self.refresh_every_s = refresh_every_s
+        # One fair share across replicas: Redis picks the tenant a free slot goes to (EngineLeases).
+        self.fair_leases = fair_leases and leases is not None
+        self.weight = weight
         self._leases_down_until = 0.0  # while Redis was failing: serve on local caps, do not ask it
         self.leases_local_only = False
         self._watch: asyncio.Task[None] | None = None
@@ -291,12 +299,18 @@ class EnginePool:
         engine.inflight -= 1
         self.refresh()
 
-    async def _lease(self, engine: EngineSlot) -> str | None:
-        """A lease on ``engine`` across replicas (:data:`LOCAL_ONLY` without Redis); None: all taken."""
+    async def _lease(self, engine: EngineSlot, work: Work | None = None) -> str | None:
+        """A lease on ``engine`` across replicas (:data:`LOCAL_ONLY` without Redis); None: all taken, or
+        (fair leases) a tenant waiting on some replica has been served less than ``work``'s."""
         if self.leases is None or time.monotonic() < self._leases_down_until:
             return LOCAL_ONLY
         try:
-            lease = await self.leases.try_acquire(engine.url, engine.cap)
+            if self.fair_leases:
+                tenant = "" if work is None else work.tenant
+                share = 0.0 if work is None else work.cost / max(1e-6, self.weight(work.tenant))
+                lease = await self.leases.try_acquire_fair(engine.url, engine.cap, tenant, share)
+            else:
+                lease = await self.leases.try_acquire(engine.url, engine.cap)
         except LEASE_STORE_DOWN as exc:
             self._leases_down_until = time.monotonic() + self.lease_retry_after_failure_s
             if not self.leases_local_only:
@@ -312,14 +326,16 @@ class EnginePool:
             self.leases_local_only = False
         return lease
 
-    async def _take_one(self, exclude: list[EngineSlot] | tuple[()] = ()) -> tuple[EngineSlot, str] | None:
+    async def _take_one(
+        self, exclude: list[EngineSlot] | tuple[()] = (), work: Work | None = None
+    ) -> tuple[EngineSlot, str] | None:
         """One pass over the engines with room: the first whose lease is granted, or None."""
         for engine in self._candidates(exclude):
             if engine.room() <= 0:  # taken by another request while we asked Redis about an earlier one
                 continue
             self._reserve(engine)  # before the await: nobody else counts on this room meanwhile
             try:
-                lease = await self._lease(engine)
+                lease = await self._lease(engine, work)
             except BaseException:
                 self._unreserve(engine)
                 raise
@@ -328,11 +344,11 @@ class EnginePool:
             self._unreserve(engine)
         return None
 
-    async def _take(self, deadline: float) -> tuple[EngineSlot, str]:
+    async def _take(self, deadline: float, work: Work | None = None) -> tuple[EngineSlot, str]:
         """An engine with room and a lease on it, waiting (polling Redis) until ``deadline`` if need be."""
         pause, longest = self.lease_poll_s
         while True:
-            taken = await self._take_one()
+            taken = await self._take_one(work=work)
             if taken is not None:
                 return taken
             if not self._any_engine_accepts():
@@ -357,7 +373,7 @@ class EnginePool:
 
     async def move(self, held: HeldEngine, tried: list[EngineSlot]) -> bool:
         """Move ``held`` to an engine not yet tried that has room now (never waits); False if none has."""
-        taken = await self._take_one(exclude=tried)
+        taken = await self._take_one(exclude=tried, work=held.work)
         if taken is None:
             return False
         old_engine, old_lease = held.engine, held.lease
@@ -381,12 +397,12 @@ class EnginePool:
         admission = await self.queue.acquire(priority, timeout_s, work)
         deadline = started + (timeout_s if timeout_s is not None else self.queue.queue_timeout_s)
         try:
-            engine, lease = await self._take(deadline)
+            engine, lease = await self._take(deadline, work)
         except BaseException:
             self.queue.release(0.0, admission.ticket)
             self.refresh()
             raise
-        held = HeldEngine(self, engine, lease, time.monotonic() - started, admission.ticket)
+        held = HeldEngine(self, engine, lease, time.monotonic() - started, admission.ticket, work)
         async with self._holding(held):
             yield held
 
@@ -489,10 +505,16 @@ def build_engine_pool(
     queue = AdmissionQueue(total_cap, admission.queue_size, admission.queue_timeout_s,
                            fairness=admission.fairness, weight=weight or (lambda _tenant: 1.0))
     group = settings.leases
+    fair = group.fair_share and admission.fairness == "tenant"
     leases = None
     if state is not None and group.enabled:
         leases = EngineLeases(
             state, key_prefix=group.key_prefix, ttl_s=group.ttl_s, renew_every_s=group.renew_every_s,
             timeout_s=group.redis_timeout_s,
         )
-    return EnginePool(engines, queue, leases, lease_retry_after_failure_s=group.retry_after_failure_s)
+    return EnginePool(
+        engines, queue, leases, lease_retry_after_failure_s=group.retry_after_failure_s,
+        # Fair leases poll sooner: a freed slot waits for the poll of the one tenant it may go to.
+        lease_poll_s=(0.01, 0.05) if fair else (0.01, 0.1),
+        fair_leases=fair, weight=weight or (lambda _tenant: 1.0),
+    )

@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-from litestar import Litestar, Router
+from litestar import Litestar, Response, Router
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
+from gateway.drain import Drain
 from gateway.http.auth import KeyRing
 from gateway.http.console import routes as console
 from gateway.http.error_handlers import EXCEPTION_HANDLERS
@@ -29,13 +30,17 @@ log = logging.getLogger("modgate.gateway")
 
 
 def create_app(
-    settings: Settings | None = None, engine_transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings | None = None,
+    engine_transport: httpx.AsyncBaseTransport | None = None,
+    drain: Drain | None = None,
 ) -> Litestar:
     """The gateway app; settings are passed in (tests) or read from ``MODGATE_*``.
 
     ``engine_transport`` replaces the network under the engine client (tests use ``httpx.MockTransport``).
+    ``drain``: the process's, which its server begins on SIGTERM (gateway/cli/serving.py).
     """
     settings = settings or Settings()
+    drain = drain or Drain(settings.drain_s)
     keys = KeyRing(settings.tenant_keys(), settings.admin_token, keys_in_store=settings.api_keys_from_redis)
     if keys.open:
         log.warning(
@@ -44,13 +49,19 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        async with open_services(settings, keys, engine_transport) as services:
+        async with open_services(settings, keys, engine_transport, drain=drain) as services:
             app.state.services = services
             yield
 
     def provide_services(state: State) -> Services:
         services: Services = state.services
         return services
+
+    async def close_while_draining(response: Response[object]) -> Response[object]:
+        # Keep-alive callers come back through the load balancer, to a replica that stays.
+        if drain.active:
+            response.headers["connection"] = "close"
+        return response
 
     return Litestar(
         route_handlers=[
@@ -66,6 +77,7 @@ def create_app(
         ],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         lifespan=[lifespan],
+        after_request=close_while_draining,
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.shaping.max_body_bytes,
         openapi_config=OpenAPIConfig(title="modgate", version="0.1.0", path="/schema"),

@@ -21,6 +21,7 @@ import typer
 from redis.exceptions import RedisError
 
 from gateway.errors import StateUnavailable
+from gateway.state import open_redis
 
 API_KEYS_HASH: Final = "modgate:api_keys"
 KEY_PREFIX: Final = "mg_"
@@ -120,7 +121,7 @@ def with_redis(redis_url: str | None, action: Callable[[aioredis.Redis], Awaitab
         raise typer.Exit(2)
 
     async def run() -> T:
-        client = aioredis.Redis.from_url(redis_url, socket_connect_timeout=3.0, socket_timeout=5.0)
+        client = open_redis(redis_url, socket_connect_timeout=3.0, socket_timeout=5.0)
         try:
             return await action(client)
         finally:

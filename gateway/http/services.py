@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import httpx
@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
@@ -46,6 +47,7 @@ from gateway.moderation.verdict_cache import (
 from gateway.policy.rules import MODES, Mode, PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
 from gateway.settings import Settings
+from gateway.state import open_redis
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
 from gateway.telemetry.tenants import TenantFigures
 from gateway.telemetry.tracing import Telemetry, build_telemetry
@@ -82,6 +84,7 @@ class Services:
     quotas: TenantQuotas  # per-tenant keyframes a minute and requests at once (gateway/http/quotas.py)
     tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
     console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
+    drain: Drain = field(default_factory=Drain)  # set by SIGTERM: /readyz 503 while still serving
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -104,12 +107,14 @@ def _job_service(
     moderation: ModerationService,
     executor: Executor,
     remote_images: RemoteImageFetcher | None,
+    drain: Drain,
 ) -> JobService:
     group = settings.jobs
     store: JobStore = (
         MemoryJobStore()
         if state is None
-        else RedisJobStore(state, claim_idle_s=group.claim_idle_s, ttl_s=group.result_ttl_s)
+        else RedisJobStore(state, claim_idle_s=group.claim_idle_s, ttl_s=group.result_ttl_s,
+                           wait_replicas=group.wait_replicas, wait_timeout_ms=group.wait_timeout_ms)
     )
     secret = group.webhook_secret
     webhooks = (
@@ -119,7 +124,8 @@ def _job_service(
             secret.get_secret_value(), timeout_s=group.webhook_timeout_s, attempts=group.webhook_attempts
         )
     )
-    return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks)
+    return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks,
+                      accepting=lambda: not drain.active)
 
 
 def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictCache:
@@ -207,7 +213,7 @@ def redis_client(url: str) -> aioredis.Redis:
     have run (a lease taken, a flip applied), and only its store knows whether running it again is safe.
     The policy store and the engine leases must answer sooner still: they put a deadline on each call.
     """
-    return aioredis.Redis.from_url(
+    return open_redis(  # a plain server, or the primary behind Sentinel (gateway/state.py)
         url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10,
         retry=Retry(NoBackoff(), 0),
     )
@@ -234,6 +240,7 @@ async def open_services(
     engine_transport: httpx.AsyncBaseTransport | None = None,
     *,
     clock: Clock = time.monotonic,
+    drain: Drain | None = None,
 ) -> AsyncIterator[Services]:
     """Build every client the handlers need; close them all on the way out (``clock``: the stats windows').
 
@@ -344,7 +351,8 @@ async def open_services(
         metrics.shadow_share.set_function(lambda: policies.current().shadow_share)
         for mode in MODES:
             metrics.default_mode.labels(mode).set_function(partial(_is_default_mode, policies, mode))
-        jobs = _job_service(settings, state, moderation, executor, remote_images)
+        drain = drain or Drain(settings.drain_s)
+        jobs = _job_service(settings, state, moderation, executor, remote_images, drain)
         stack.push_async_callback(jobs.stop)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
@@ -375,4 +383,5 @@ async def open_services(
                 ),
                 state,
             ),
+            drain=drain,
         )

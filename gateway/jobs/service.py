@@ -47,10 +47,13 @@ class JobService:
     consumer: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
+    accepting: Callable[[], bool] = lambda: True  # False while the gateway drains (gateway/drain.py)
     worker: JobWorker = field(init=False)
 
     def __post_init__(self) -> None:
-        self.worker = JobWorker(self.store, self.moderation, self.settings, self.webhooks, self.consumer)
+        self.worker = JobWorker(
+            self.store, self.moderation, self.settings, self.webhooks, self.consumer, self.accepting
+        )
         if not self.store.durable:
             log.warning(
                 "MODGATE_REDIS_URL is unset: jobs are kept in memory and are NOT durable: "
@@ -163,8 +166,8 @@ class JobService:
         self.worker.start()
 
     async def stop(self) -> None:
-        """Stop the worker; close the webhook client."""
-        await self.worker.stop()
+        """Stop the worker (running jobs get ``stop_grace_s`` to finish); close the webhook client."""
+        await self.worker.stop(self.settings.stop_grace_s)
         if self.webhooks is not None:
             await self.webhooks.aclose()
 

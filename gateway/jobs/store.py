@@ -50,6 +50,11 @@ class JobStore(Protocol):
         """How the webhook delivery went."""
         ...
 
+    async def requeue(self, consumer: str, delivery: Delivery) -> bool:
+        """Give a job this gateway was cut off from back to the others at once (it is stopping); False if
+        the entry is no longer this gateway's (taken over already)."""
+        ...
+
     async def ack(self, delivery: Delivery) -> None:
         """The job needs no more work: drop its stream entry."""
         ...

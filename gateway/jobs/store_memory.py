@@ -97,5 +97,12 @@ class MemoryJobStore:
         if (record := self._records.get(job_id)) is not None:
             record.webhook_status, record.webhook_attempts = status, attempts
 
+    async def requeue(self, consumer: str, delivery: Delivery) -> bool:
+        """Queue the job again (for this process's next loop: memory has no other gateway)."""
+        if delivery.job_id not in self._records:
+            return False
+        self._queue.put_nowait(delivery.job_id)
+        return True
+
     async def ack(self, delivery: Delivery) -> None:
         """Nothing to drop: the queue already handed the job out."""

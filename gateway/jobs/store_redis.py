@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.errors import StateUnavailable
@@ -46,6 +47,16 @@ redis.call('HDEL', KEYS[1], 'request')
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 return 1
 """
+# KEYS[1] the stream; ARGV: group, entry id, job id, consumer. Only an entry still pending to this consumer:
+# one another gateway has taken over already is left to it (re-adding it would have two gateways work it).
+_REQUEUE: Final = """
+local mine = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1, ARGV[4])
+if #mine == 0 then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('XADD', KEYS[1], '*', 'job', ARGV[3])
+return 1
+"""
 
 
 class RedisJobStore:
@@ -53,8 +64,18 @@ class RedisJobStore:
 
     durable = True
 
-    def __init__(self, client: aioredis.Redis, *, claim_idle_s: float, ttl_s: int) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        claim_idle_s: float,
+        ttl_s: int,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> None:
         self._redis = client
+        self.wait_replicas = wait_replicas  # replicas that must hold a submission before it is answered
+        self.wait_timeout_ms = wait_timeout_ms
         self.claim_idle_ms = max(1, int(claim_idle_s * 1000))
         self.ttl_s = ttl_s
         self._group_ready = False
@@ -62,6 +83,7 @@ class RedisJobStore:
         self._submit = client.register_script(_SUBMIT)
         self._start_attempt = client.register_script(_START_ATTEMPT)
         self._complete = client.register_script(_COMPLETE)
+        self._requeue = client.register_script(_REQUEUE)
 
     @staticmethod
     def job_key(job_id: str) -> str:
@@ -94,9 +116,11 @@ class RedisJobStore:
         idempotency_key = f"modgate:job-idempotency:{idempotency or 'none'}"
         async with self._state("submit the job"):
             await self._ensure_group()
-            created, job_id = await self._submit(
-                keys=[idempotency_key, self.job_key(record.id), STREAM],
-                args=["1" if idempotency else "0", record.id, self.ttl_s, *pairs],
+            created, job_id = await self._replicated(
+                self._submit,
+                [idempotency_key, self.job_key(record.id), STREAM],
+                ["1" if idempotency else "0", record.id, self.ttl_s, *pairs],
+                "the job",
             )
         if int(created) == 1:
             return record, True
@@ -104,6 +128,24 @@ class RedisJobStore:
         if existing is None:  # the job expired just now while its key lived on
             raise StateUnavailable("the job under this idempotency key has just expired; retry")
         return existing, False
+
+    async def _replicated(self, script: AsyncScript, keys: list[str], args: list[Any], what: str) -> Any:
+        """Run ``script``, then ``WAIT`` for ``wait_replicas`` replicas to hold its writes (on the same
+        connection: WAIT counts that connection's writes). Redis replicates asynchronously, so a write the
+        primary acknowledged is lost if the primary fails before a replica has it. Too few in time: 503,
+        and the caller retries (a submission with its Idempotency-Key then finds the same job)."""
+        if self.wait_replicas <= 0:
+            return await script(keys=keys, args=args)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            await script(keys=keys, args=args, client=pipe)
+            pipe.wait(self.wait_replicas, self.wait_timeout_ms)
+            answer, holding = await pipe.execute()
+        if int(holding) < self.wait_replicas:
+            raise StateUnavailable(
+                f"{what} is on the Redis primary but {holding} of {self.wait_replicas} replicas had it "
+                f"within {self.wait_timeout_ms} ms; retry (with the same Idempotency-Key)"
+            )
+        return answer
 
     async def get(self, job_id: str) -> JobRecord | None:
         """A job, or None."""
@@ -167,8 +209,9 @@ class RedisJobStore:
         """Finish once: the script refuses a job already finished."""
         name, value = ("result", result) if status == "succeeded" else ("error", error)
         async with self._state("complete the job"):
-            done = await self._complete(
-                keys=[self.job_key(job_id)], args=[status, name, value or "", unix_now(), self.ttl_s]
+            done = await self._replicated(
+                self._complete, [self.job_key(job_id)], [status, name, value or "", unix_now(), self.ttl_s],
+                "the job's completion",
             )
         return int(done) == 1
 
@@ -186,6 +229,15 @@ class RedisJobStore:
             await self._redis.hset(
                 self.job_key(job_id), mapping={"webhook_status": status, "webhook_attempts": attempts}
             )
+
+    async def requeue(self, consumer: str, delivery: Delivery) -> bool:
+        """Move the entry to the stream's end as a new one, so the next ``XREADGROUP`` of any gateway takes
+        it now rather than after ``claim_idle_s`` (only while it is still pending to ``consumer``)."""
+        async with self._state("requeue the job"):
+            moved = await self._requeue(
+                keys=[STREAM], args=[GROUP, delivery.entry_id, delivery.job_id, consumer]
+            )
+        return int(moved) == 1
 
     async def ack(self, delivery: Delivery) -> None:
         """Acknowledge and delete the entry (the stream holds only unfinished work)."""

@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import stamina
 
@@ -33,13 +34,17 @@ class JobWorker:
         settings: JobSettings,
         webhooks: WebhookSender | None,
         consumer: str,
+        accepting: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
+        self.accepting = accepting  # False while the gateway drains: no new job is taken
         self.moderation = moderation
         self.settings = settings
         self.webhooks = webhooks
         self.consumer = consumer
         self._tasks: list[asyncio.Task[None]] = []
+        self._working: dict[asyncio.Task[Any] | None, Delivery] = {}  # loop -> the job it works now
+        self.requeued = 0  # jobs given back to the stream at stop
         # The flag as well as the cancel: Python 3.11's asyncio.timeout (inside redis-py) can turn a cancel
         # that lands as its deadline passes into a TimeoutError, which the loop would take for Redis down.
         self._stopping = False
@@ -49,17 +54,42 @@ class JobWorker:
         for index in range(self.settings.concurrency):
             self._tasks.append(asyncio.create_task(self._loop(), name=f"job-worker-{index}"))
 
-    async def stop(self) -> None:
-        """Stop the loops; a job cut off here stays pending and is taken over later."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Stop the loops: idle ones at once, busy ones after up to ``grace_s`` seconds to finish their job.
+
+        A job still running then is cut off and put back on the stream (:meth:`JobStore.requeue`), so another
+        gateway takes it now; if that fails too (Redis down) it stays pending and is taken over after
+        ``claim_idle_s``. Either way it is not lost, and it completes once (the store refuses a second).
+        """
         self._stopping = True
+        for task in self._tasks:
+            if task not in self._working:
+                task.cancel()
+        busy = [task for task in self._tasks if task in self._working]
+        if busy and grace_s > 0:
+            await asyncio.wait(busy, timeout=grace_s)
+        cut = [delivery for task, delivery in self._working.items() if task is not None and not task.done()]
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        for delivery in cut:
+            try:
+                moved = await self.store.requeue(self.consumer, delivery)
+            except StateUnavailable as exc:
+                log.warning("job %s: cut off at stop and not requeued (%s); it is taken over after %g s",
+                            delivery.job_id, exc.message, self.settings.claim_idle_s)
+                continue
+            self.requeued += moved
+            log.warning("job %s: cut off at stop; %s", delivery.job_id,
+                        "back on the stream for another gateway" if moved else "another gateway has it")
 
     async def _loop(self) -> None:
         failures = 0
         while not self._stopping:
+            if not self.accepting():  # draining: finish nothing new, take nothing new
+                await asyncio.sleep(0.2)
+                continue
             try:
                 for delivery in await self.store.take(self.consumer, block_s=1.0):
                     await self.work(delivery)
@@ -95,6 +125,14 @@ class JobWorker:
 
     async def work(self, delivery: Delivery) -> None:
         """Work one job to its end (or leave it pending for a takeover if the job store goes away)."""
+        me = asyncio.current_task()
+        self._working[me] = delivery
+        try:
+            await self._work(delivery)
+        finally:
+            self._working.pop(me, None)
+
+    async def _work(self, delivery: Delivery) -> None:
         async with self._kept_fresh(delivery):
             finished = await self._run(delivery.job_id)
             if finished is None:

@@ -21,10 +21,18 @@ async def healthz() -> dict[str, str]:
 
 
 @get("/readyz", responses={503: ResponseSpec(data_container=dict[str, Any], description=(
-    "Not ready: no engine is up, or the engine's model cannot be read (the body says which)"
+    "Not ready: draining after SIGTERM, no engine is up, or the engine's model cannot be read (the body says"
+    " which)"
 ))})
 async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]]:
-    """Ready when at least one engine is up (answers ``/health``, circuit not open) and the model is known."""
+    """Ready when at least one engine is up (answers ``/health``, circuit not open) and the model is known,
+    and the process is not draining (after SIGTERM: 503 at once, while requests are still served)."""
+    if services.drain.active:
+        return Response(
+            {"status": "draining", "engine": services.engine.base_url,
+             "drain_remaining_s": round(services.drain.remaining_s(), 3)},
+            status_code=503,
+        )
     engines = await services.engines.readiness()
     ready = any(engine["up"] for engine in engines)
     model = None

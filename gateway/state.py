@@ -1,0 +1,100 @@
+"""The shared state's address: one Redis server, or a primary found through Redis Sentinel.
+
+``MODGATE_REDIS_URL`` takes redis-py's URLs (``redis://``, ``rediss://``, ``unix://``) or
+``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB]``: the sentinels to ask, the name they
+monitor the primary under, and the database. With Sentinel, every new connection asks a sentinel where the
+primary is now, so after a failover the client reconnects to the promoted replica by itself; a connection
+still open to the old primary fails (and a demoted primary's ``READONLY`` answer closes it), the call that
+met it fails fast like any Redis failure, and the next one goes to the new primary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel
+
+SENTINEL_SCHEME = "redis+sentinel"
+PLAIN_SCHEMES = ("redis", "rediss", "unix")
+
+
+class RedisUrlError(ValueError):
+    """``MODGATE_REDIS_URL`` is not a Redis or Sentinel URL modgate can use."""
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelTarget:
+    """What a ``redis+sentinel://`` URL names."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    password: str | None = None
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """The sentinels, service and database of a ``redis+sentinel://`` URL (:class:`RedisUrlError` if bad)."""
+    parts = urlsplit(url)
+    if parts.scheme != SENTINEL_SCHEME:
+        raise RedisUrlError(f"not a {SENTINEL_SCHEME}:// URL: {url!r}")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    password = unquote(userinfo.partition(":")[2]) or None if userinfo else None
+    sentinels = []
+    for item in hosts.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise RedisUrlError(f"{SENTINEL_SCHEME}:// needs HOST:PORT[,HOST:PORT…], got {item!r}")
+        sentinels.append((host.strip("[]"), int(port)))
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not 1 <= len(path) <= 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise RedisUrlError(
+            f"{SENTINEL_SCHEME}:// needs /SERVICE[/DB] after the sentinels, got {parts.path!r}"
+        )
+    return SentinelTarget(tuple(sentinels), path[0], int(path[1]) if len(path) == 2 else 0, password)
+
+
+def check_redis_url(url: str) -> None:
+    """Raise :class:`RedisUrlError` unless ``url`` is one of the accepted forms."""
+    scheme = urlsplit(url).scheme
+    if scheme == SENTINEL_SCHEME:
+        parse_sentinel_url(url)
+    elif scheme not in PLAIN_SCHEMES:
+        raise RedisUrlError(
+            f"MODGATE_REDIS_URL must start with redis://, rediss://, unix:// or {SENTINEL_SCHEME}://, "
+            f"got {url!r}"
+        )
+
+
+class _PrimaryBehindSentinel(aioredis.Redis):
+    """The primary's client; closing it also closes the connections to the sentinels."""
+
+    sentinel_manager: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        """Close the pool, then the sentinel clients."""
+        await super().aclose(close_connection_pool)
+        if self.sentinel_manager is not None:
+            for client in self.sentinel_manager.sentinels:
+                await client.aclose()
+
+
+def open_redis(url: str, **options: Any) -> aioredis.Redis:
+    """An asyncio client for ``url``: ``options`` (timeouts, retry, ...) apply to the data connections, and
+    the socket timeouts also to the sentinels'."""
+    check_redis_url(url)
+    if urlsplit(url).scheme != SENTINEL_SCHEME:
+        return aioredis.Redis.from_url(url, **options)
+    target = parse_sentinel_url(url)
+    sockets = {name: value for name, value in options.items() if name.startswith("socket_")}
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves Sentinel's __init__ untyped
+        list(target.sentinels), sentinel_kwargs=sockets
+    )
+    client = sentinel.master_for(
+        target.service, redis_class=_PrimaryBehindSentinel, db=target.db, password=target.password, **options
+    )
+    assert isinstance(client, _PrimaryBehindSentinel)
+    client.sentinel_manager = sentinel
+    return client

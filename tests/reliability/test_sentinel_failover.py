@@ -1,0 +1,65 @@
+"""Redis behind Sentinel (a real primary, two replicas and three sentinels): the primary killed while jobs,
+policy flips and traffic run. No job accepted is lost or completed twice, requests keep being answered,
+flips work again once the sentinels name the new primary and both gateways converge on one version, and
+once every gateway takes its leases from the new primary the engine's cap of 8 holds again
+(bench/failover.py runs the same and prints the timeline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.failover import options, run
+from gateway.settings import Settings
+from gateway.state import RedisUrlError, SentinelTarget, check_redis_url, parse_sentinel_url
+
+
+def test_a_killed_primary_behind_sentinel_loses_no_job_and_the_cap_holds_after(tmp_path: Path) -> None:
+    report = run(options(["--clients", "6", "--before-s", "6", "--after-s", "10",
+                          "--work-dir", str(tmp_path)]))
+
+    line, jobs, policy = report["timeline"], report["jobs"], report["policy"]
+    assert line["new_primary_s"] is not None
+    assert jobs["accepted"] > 0
+    assert jobs["lost"] == 0
+    assert jobs["completed_twice"] == 0
+    assert line["requests_after"] > 0
+    assert line["requests_failed_after"] == 0  # serving never needed Redis
+    assert line["first_flip_s"] is not None  # a flip asked after the promotion succeeded
+    assert policy["converged_version"] is not None
+    assert line["first_lease_s"] is not None
+    assert line["engine_peak_after"] <= report["setup"]["cap"]
+
+
+def test_a_sentinel_url_names_its_sentinels_service_and_database() -> None:
+    assert parse_sentinel_url("redis+sentinel://10.0.0.1:26379,sentinel-2:26380/modgate/3") == SentinelTarget(
+        (("10.0.0.1", 26379), ("sentinel-2", 26380)), "modgate", 3
+    )
+    assert parse_sentinel_url("redis+sentinel://:s3cret@h:26379/modgate").password == "s3cret"
+    assert parse_sentinel_url("redis+sentinel://h:26379/modgate").db == 0
+
+
+@pytest.mark.parametrize("url", [
+    "redis+sentinel://h/modgate", "redis+sentinel://h:26379", "redis+sentinel://h:26379/modgate/x",
+    "http://h:6379/0",
+])
+def test_a_malformed_redis_url_is_refused_at_start(url: str) -> None:
+    with pytest.raises(RedisUrlError):
+        check_redis_url(url)
+    with pytest.raises(ValueError, match="redis"):
+        Settings(redis_url=url)
+
+
+def test_the_sentinel_overlay_points_the_gateways_at_three_sentinels_and_waits_for_a_replica() -> None:
+    overlay = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays" / "sentinel"
+    patch = yaml.safe_load((overlay / "gateway-sentinel-url.yaml").read_text())
+    (container,) = patch["spec"]["template"]["spec"]["containers"]
+    (variable,) = container["env"]
+    target = parse_sentinel_url(variable["value"])
+    config = yaml.safe_load((overlay / "gateway-config.yaml").read_text())["data"]
+
+    assert len(target.sentinels) == 3
+    assert target.service == "modgate"
+    assert int(config["MODGATE_JOBS__WAIT_REPLICAS"]) >= 1
