@@ -39,6 +39,8 @@ from typing import Any
 
 import httpx
 
+from bench import calibration_cpu
+from bench.calibration_cpu import CHUNKED, FIT, THRESHOLD
 from bench.servers import simulator
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, SimPreset
@@ -76,8 +78,14 @@ class Row:
     simulated: float
 
     def as_json(self) -> dict[str, Any]:
-        row: dict[str, Any] = {"name": self.name, "figure": self.figure, "seed": self.seed.value,
-                               "simulated": self.simulated, "ratio": self.simulated / self.seed.value}
+        row: dict[str, Any] = {
+            "engine": "spark",
+            "name": self.name,
+            "figure": self.figure,
+            "seed": self.seed.value,
+            "simulated": self.simulated,
+            "ratio": self.simulated / self.seed.value,
+        }
         if self.seed.low is not None:
             row["seed_range"] = [self.seed.low, self.seed.high]
         return row
@@ -107,8 +115,12 @@ def tables(preset: SimPreset, callers: int = CALLERS) -> dict[str, list[Row]]:
         Row(mtp_name, "TTFT mean (s)", SeedFigure(1.27), mtp.ttft_mean_s),
         Row(off_name, "generation (tokens/s)", SeedFigure.span(100, 104), tuned.generation_tokens_per_s),
         Row(off_name, "TTFT mean (s)", SeedFigure(0.54), tuned.ttft_mean_s),
-        Row(mtp_name, "generation, on/off", SeedFigure.span(65 / 104, 80 / 100),
-            mtp.generation_tokens_per_s / tuned.generation_tokens_per_s),
+        Row(
+            mtp_name,
+            "generation, on/off",
+            SeedFigure.span(65 / 104, 80 / 100),
+            mtp.generation_tokens_per_s / tuned.generation_tokens_per_s,
+        ),
         Row(mtp_name, "TTFT, on/off", SeedFigure(1.27 / 0.54), mtp.ttft_mean_s / tuned.ttft_mean_s),
         Row(cap_name, "requests/min", SeedFigure(24.3), capped.requests_per_min),
         Row(cap_name, "TTFT mean (s)", SeedFigure(5.93), capped.ttft_mean_s),
@@ -124,13 +136,15 @@ def refit(preset: SimPreset, callers: int = CALLERS) -> tuple[float, float, Load
     seconds_per_request = 60 / SPARK["requests_per_min"]
     prompt, decoded = 1076, 94
 
+    reads = preset.weight_reads.seconds(prompt) if preset.weight_reads is not None else 0.0
+
     def with_prefill(rate: float) -> tuple[SimPreset, LoadFigures]:
-        decode = decoded / (seconds_per_request - prompt / rate)
+        decode = decoded / (seconds_per_request - prompt / rate - reads)
         candidate = preset.scaled(prefill_tokens_per_s=rate, decode_tokens_per_s=decode)
         return candidate, closed_loop(candidate, callers)
 
-    low, high = 2000.0, 8000.0
-    for _ in range(14):
+    low, high = 2000.0, 200000.0
+    for _ in range(16):
         middle = (low + high) / 2
         _, figures = with_prefill(middle)
         low, high = (middle, high) if figures.ttft_mean_s > SPARK["ttft_s"] else (low, middle)
@@ -153,8 +167,12 @@ def seed_request(verdict_format: VerdictFormat = SEED_VERDICT_FORMAT) -> dict[st
         load_system_prompt(prompt_version_for(verdict_format)),
         [seed_frame()],
         "请审核这张视频关键帧截图。",
-        RequestOptions(model=PRESETS["spark"].model, enable_thinking=True, max_completion_tokens=512,
-                       verdict_format=verdict_format),
+        RequestOptions(
+            model=PRESETS["spark"].model,
+            enable_thinking=True,
+            max_completion_tokens=512,
+            verdict_format=verdict_format,
+        ),
     )
 
 
@@ -229,8 +247,10 @@ def print_table(title: str, rows: list[Row]) -> None:
     for row in rows:
         low, high = row.seed.low, row.seed.high
         seed = f"{low:.3g}-{high:.3g}" if low is not None and high is not None else f"{row.seed.value:.3g}"
-        print(f"  {row.name:<42}{row.figure:<24}{seed:>13}{row.simulated:>11.3f}"
-              f"{row.simulated / row.seed.value:>7.2f}")
+        print(
+            f"  {row.name:<42}{row.figure:<24}{seed:>13}{row.simulated:>11.3f}"
+            f"{row.simulated / row.seed.value:>7.2f}"
+        )
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -250,9 +270,32 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="with --paced: Poisson arrivals at this rate instead of a closed loop",
     )
-    parser.add_argument("--verdict-format", choices=VERDICT_FORMATS, default=SEED_VERDICT_FORMAT,
-                        help="with --paced: the verdict asked for (its system prompt and output constraint); "
-                             "default the seed's")
+    parser.add_argument(
+        "--vllm-cpu",
+        metavar="URL",
+        help="also fit and hold out the vllm-cpu preset on the "
+        "real vLLM CPU engine at URL (default flags; modgate engine-cpu)",
+    )
+    parser.add_argument(
+        "--vllm-cpu-chunked",
+        metavar="URL",
+        help="with --vllm-cpu: an engine started with --max-num-batched-tokens 64",
+    )
+    parser.add_argument(
+        "--vllm-cpu-threshold",
+        metavar="URL",
+        help="with --vllm-cpu: an engine started with --long-prefill-token-threshold 32",
+    )
+    parser.add_argument(
+        "--cpu-requests", type=int, default=40, help="measured requests per CPU configuration"
+    )
+    parser.add_argument(
+        "--verdict-format",
+        choices=VERDICT_FORMATS,
+        default=SEED_VERDICT_FORMAT,
+        help="with --paced: the verdict asked for (its system prompt and output constraint); "
+        "default the seed's",
+    )
     return parser.parse_args(argv)
 
 
@@ -262,18 +305,25 @@ def main(argv: list[str] | None = None) -> None:
     preset = PRESETS["spark"]
     if args.refit:
         prefill, decode, figures = refit(preset, args.concurrency)
-        print(f"refit: prefill {prefill:,.0f} tokens/s, decode {decode:.2f} tokens/s -> "
-              f"{figures.requests_per_min:.2f}/min, TTFT {figures.ttft_mean_s:.3f} s, "
-              f"end to end {figures.e2e_mean_s:.2f} s (preset: {preset.prefill_tokens_per_s:,.0f} and "
-              f"{preset.decode_tokens_per_s:g})")
-    print(f"simulator spark preset: prefill {preset.prefill_tokens_per_s:,.0f} tokens/s, decode "
-          f"{preset.decode_tokens_per_s:g} tokens/s; the seed's request (1,076 prompt tokens, ~95 output); "
-          f"{args.concurrency} callers in a closed loop on the step model's virtual clock")
+        print(
+            f"refit: prefill {prefill:,.0f} tokens/s, decode {decode:.2f} tokens/s -> "
+            f"{figures.requests_per_min:.2f}/min, TTFT {figures.ttft_mean_s:.3f} s, "
+            f"end to end {figures.e2e_mean_s:.2f} s (preset: {preset.prefill_tokens_per_s:,.0f} and "
+            f"{preset.decode_tokens_per_s:g})"
+        )
+    print(
+        f"simulator spark preset: prefill {preset.prefill_tokens_per_s:,.0f} tokens/s, decode "
+        f"{preset.decode_tokens_per_s:g} tokens/s; the seed's request (1,076 prompt tokens, ~95 output); "
+        f"{args.concurrency} callers in a closed loop on the step model's virtual clock"
+    )
     result = tables(preset, args.concurrency)
     print_table("fit (the seed's final configuration; the preset's rates were chosen on it):", result["fit"])
-    print_table("held out (never used to choose a constant; mechanism parameters from the flags):",
-                result["held_out"])
+    print_table(
+        "held out (never used to choose a constant; mechanism parameters from the flags):", result["held_out"]
+    )
     document = {key: [row.as_json() for row in rows] for key, rows in result.items()}
+    if args.vllm_cpu:
+        document = with_vllm_cpu(args, document)
     if not all(math.isfinite(row["simulated"]) for rows in document.values() for row in rows):
         raise SystemExit("a simulated figure is not finite")
     if args.json:
@@ -281,6 +331,27 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     if args.paced:
         paced(args)
+
+
+def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Measure the real vLLM CPU engine's configurations, fit vllm-cpu on one, hold out the rest."""
+    urls = {"": args.vllm_cpu}
+    for flags, url in ((CHUNKED.flags, args.vllm_cpu_chunked), (THRESHOLD.flags, args.vllm_cpu_threshold)):
+        if url:
+            urls[flags] = url
+    preset, cpu = calibration_cpu.run(urls, requests=args.cpu_requests)
+    print(
+        f"\nvllm-cpu preset fitted on '{FIT.name}': step {preset.step_overhead_s * 1000:.2f} ms + prefill "
+        f"{preset.prefill_tokens_per_s:,.0f} tokens/s + decode {preset.decode_tokens_per_s:,.0f} tokens/s"
+    )
+    print(f"  {'configuration':<48}{'figure':<22}{'real':>9}{'simulated':>11}{'ratio':>7}")
+    for table in ("fit", "held_out"):
+        for row in cpu[table]:
+            print(
+                f"  {row['name']:<48}{row['figure']:<22}{row['seed']:>9.3f}{row['simulated']:>11.3f}"
+                f"{row['ratio']:>7.2f}  ({table})"
+            )
+    return {key: document[key] + cpu[key] for key in document}
 
 
 def paced(args: argparse.Namespace) -> None:

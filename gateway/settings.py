@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shaping.bpe import Family
 from shaping.tokens import TokenGrid, smallest_honoured_budget
 from shaping.verdict import ACTIONS
 
@@ -135,10 +136,11 @@ class TenantSettings(BaseModel):
     default_keyframes_per_minute: int = Field(default=0, ge=0)
     max_concurrent: TenantCounts = Field(default_factory=dict)  # moderation requests at once, per replica
     default_max_concurrent: int = Field(default=0, ge=0)
-    # One output token's engine time in prompt tokens: the Spark preset's prefill / decode rates, 3,500 / 96
-    # tokens/s (deploy/simulator/presets.py, SimPreset.output_token_weight; a test holds the two together).
-    # The built-in simulator uses its own preset's; set it for another engine (docs/tenants.md).
-    output_token_weight: float = Field(default=36.5, ge=0, le=1000)
+    # One output token's engine time in prompt tokens: the Spark preset's effective prefill / decode rates,
+    # 3,325 (a 1,076-token prefill, its weight reads included) / 97.8 tokens/s (deploy/simulator/presets.py,
+    # SimPreset.output_token_weight; a test holds the two together). The built-in simulator uses its own
+    # preset's; set it for another engine (docs/tenants.md).
+    output_token_weight: float = Field(default=34.0, ge=0, le=1000)
     redis_key: str = Field(default="modgate:tenants", min_length=1)  # hash: tenant -> JSON limits
     reload_interval_s: float = Field(default=5.0, gt=0)  # how often Redis-held tenants are read again
 
@@ -371,8 +373,9 @@ class ShadowSettings(BaseModel):
 class SimulatorSettings(BaseModel):
     """The built-in simulated engine that `modgate serve` starts when no engine URL is set."""
 
-    preset: Literal["spark", "instant"] = "spark"
+    preset: Literal["spark", "vllm-cpu", "instant"] = "spark"
     time_scale: float = Field(default=0.02, ge=0)
+    tokenizer: Family | None = None  # whose BPE the simulator counts with; None: the preset's (qwen3.6)
 
 
 class Settings(BaseSettings):

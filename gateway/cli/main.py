@@ -81,6 +81,8 @@ def engine_settings(settings: Settings) -> Iterator[Settings]:
     from gateway.cli.embedded import ThreadedServer
 
     preset = PRESETS[settings.simulator.preset]
+    if settings.simulator.tokenizer is not None:
+        preset = preset.scaled(tokenizer=settings.simulator.tokenizer)
     with ThreadedServer(create_sim_app(preset, settings.simulator.time_scale)) as server:
         log.warning(
             "MODGATE_ENGINE_URL is unset: using the built-in simulated engine at %s "
@@ -222,7 +224,10 @@ def _spawn_without_main_module() -> None:
 def engine_sim(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
-    preset: Annotated[str, typer.Option(help="spark or instant.")] = "spark",
+    preset: Annotated[str, typer.Option(help="spark, vllm-cpu or instant.")] = "spark",
+    tokenizer: Annotated[
+        str | None, typer.Option(help="Whose BPE counts tokens: qwen3.6 (the preset's default) or qwen2.5.")
+    ] = None,
     time_scale: Annotated[
         float, typer.Option(help="Multiplies every simulated duration: 1 real pace, 0 instant.")
     ] = 1.0,
@@ -275,6 +280,12 @@ def engine_sim(
     ):
         if value is not None:
             changes[name] = value
+    if tokenizer is not None:
+        from shaping.bpe import FAMILIES
+
+        if tokenizer not in FAMILIES:
+            raise typer.BadParameter(f"unknown tokenizer {tokenizer!r}; choose from {', '.join(FAMILIES)}")
+        changes["tokenizer"] = tokenizer
     engine_flags = {
         name: None if value is None else str(value)
         for name, value in (

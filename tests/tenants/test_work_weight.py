@@ -11,17 +11,19 @@ from gateway.settings import Settings, SimulatorSettings, TenantSettings
 
 def test_the_default_weight_is_the_spark_presets_prefill_over_decode() -> None:
     spark = PRESETS["spark"]
-    assert spark.output_token_weight == pytest.approx(spark.prefill_tokens_per_s / spark.decode_tokens_per_s)
+    assert spark.output_token_weight == pytest.approx(
+        spark.effective_prefill_tokens_per_s / spark.decode_tokens_per_s
+    )
     # rounded to a tenth: change both together when the preset is fitted again
     assert TenantSettings().output_token_weight == pytest.approx(spark.output_token_weight, abs=0.05)
 
 
 def test_the_built_in_simulator_weighs_output_by_its_own_preset() -> None:
     slower_decode = PRESETS["spark"].scaled(decode_tokens_per_s=50.0)
-    assert work_weighed(Settings(), slower_decode).output_token_weight == pytest.approx(70.0)
+    assert work_weighed(Settings(), slower_decode).output_token_weight == pytest.approx(66.5)
     settings = Settings(engine_url=None, simulator=SimulatorSettings(preset="spark", time_scale=0))
     with engine_settings(settings) as served:
-        assert served.tenants.output_token_weight == pytest.approx(36.5)
+        assert served.tenants.output_token_weight == pytest.approx(34.0)
 
 
 def test_a_weight_set_by_the_operator_wins_and_a_preset_without_costs_keeps_the_default() -> None:
