@@ -45,8 +45,6 @@ LLAMACPP_UNPINNED = {
     "test_logprobs_come_for_every_token_and_the_grammar_masks_the_verdicts_alternatives": "entries carry "
     "'id' first and the alternatives are raw (unmasked) logits",
     "test_streamed_logprobs_are_the_same_tokens_delta_by_delta": "streamed logprob entries differ",
-    "test_the_compact_forms_cost_a_handful_of_tokens_on_the_engines_tokenizer": "block:violence/graphic is "
-    "6 tokens (the simulator's Qwen BPE since main's tokenizer change says the same)",
 }
 LLAMACPP_METRIC_NAMES = (  # what the gateway reads of llama-server's /metrics (unlabelled)
     "llamacpp:prompt_tokens",
