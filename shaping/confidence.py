@@ -16,6 +16,18 @@ so the sum over the allowed tokens is 1 and the chosen action's share is its pro
 only leave a spelling out, which makes the confidence lower, never higher: with ``top_logprobs`` 1 a true
 0.5 reads 0.5 (it read 1.0 when the three actions were normalised over what was listed).
 
+An engine whose log-probabilities are not grammar-masked (llama.cpp's ``llama-server``: a softmax over the
+raw logits, ``grammar_masked=False``) lists tokens the grammar forbids and gives the allowed ones less than
+all the mass. There the listed first-token alternatives that can begin an action are renormalised over
+themselves (what the grammar allows at that place; other spellings of one action still add):
+
+    confidence = P(chosen action's spellings) / P(spellings of any action), over the listed alternatives
+
+A top-k cut then leaves out an allowed spelling from both sides, so it can read higher as well as lower.
+The path inside a category name is not read on such an engine (its raw probabilities along the name are
+not the grammar's): a named category scores P(block); unnamed ones are renormalised the same way over the
+alternatives at the first category's place that can begin a category.
+
 Category scores, for a block: P(block) times the probability of spelling the category at its place in the
 verdict (the product over its tokens, times the chance that the name ends there rather than going on to a
 longer one: ``sexual`` against ``sexual/minors``). Categories the verdict does not name get P(block) times
@@ -159,11 +171,15 @@ def _begins(rest: str, word: str, terminators: str) -> bool:
     return rest.startswith(word) and len(rest) > len(word) and rest[len(word)] in terminators
 
 
-def action_probabilities(spans: _Spans, offset: int) -> dict[Action, float] | None:
+def action_probabilities(
+    spans: _Spans, offset: int, *, grammar_masked: bool = True
+) -> dict[Action, float] | None:
     """P(action) as the engine gives it at the verdict's first character: each action's listed spellings.
 
-    Not normalised over the three: an action the list leaves out is unknown, not impossible, so the chosen
-    action keeps its own probability (a lower bound where a spelling of it was cut off the list).
+    Grammar-masked (vLLM): not normalised over the three: an action the list leaves out is unknown, not
+    impossible, so the chosen action keeps its own probability (a lower bound where a spelling of it was cut
+    off the list). Not masked (llama.cpp): renormalised over the listed spellings of any action, the
+    alternatives the grammar allows there.
     """
     continuations = _continuations(spans, offset, spaced=True)
     if continuations is None:
@@ -174,8 +190,11 @@ def action_probabilities(spans: _Spans, offset: int) -> dict[Action, float] | No
             if rest.startswith(action) or action.startswith(rest):
                 mass[action] += probability
                 break
-    if sum(mass.values()) <= 0:
+    allowed = sum(mass.values())
+    if allowed <= 0:
         return None
+    if not grammar_masked:
+        return {action: value / allowed for action, value in mass.items()}
     return {action: min(1.0, value) for action, value in mass.items()}
 
 
@@ -218,17 +237,27 @@ def _category_slots(answer: str, action_offset: int, json_form: bool) -> list[tu
 
 
 def _category_scores(
-    spans: _Spans, slots: list[tuple[int, str]], p_block: float, terminators: str
+    spans: _Spans,
+    slots: list[tuple[int, str]],
+    p_block: float,
+    terminators: str,
+    *,
+    grammar_masked: bool = True,
 ) -> tuple[tuple[str, float], ...]:
     scores = dict.fromkeys(MODEL_CATEGORIES, 0.0)
     if slots:  # categories not named: what the alternatives at the first place could only begin
-        for rest, probability in _continuations(spans, slots[0][0]) or []:
-            fits = [c for c in MODEL_CATEGORIES if _begins(rest, c, terminators)]
-            if len(fits) == 1:
-                scores[fits[0]] = max(scores[fits[0]], p_block * probability)
+        cut = [
+            (rest, probability, [c for c in MODEL_CATEGORIES if _begins(rest, c, terminators)])
+            for rest, probability in _continuations(spans, slots[0][0]) or []
+        ]
+        # not grammar-masked: over the alternatives that can begin some category (what the grammar allows)
+        allowed = 1.0 if grammar_masked else sum(p for _, p, fits in cut if fits)
+        for _rest, probability, fits in cut:
+            if len(fits) == 1 and allowed > 0:
+                scores[fits[0]] = max(scores[fits[0]], p_block * probability / allowed)
     for offset, name in slots:
         if name in scores:
-            path = _category_path(spans, offset, name, terminators)
+            path = _category_path(spans, offset, name, terminators) if grammar_masked else 1.0
             if path is not None:
                 scores[name] = round(p_block * path, 4)
     return tuple((name, round(score, 4)) for name, score in scores.items())
@@ -250,8 +279,13 @@ def with_confidence(
     logprobs: Sequence[TokenLogprob] | None,
     content: str | None,
     missing: str = "the engine returned no logprobs",
+    *,
+    grammar_masked: bool = True,
 ) -> tuple[KeyframeVerdict, ...]:
     """The verdicts with ``confidence`` and ``category_scores`` read from the engine's logprobs.
+
+    ``grammar_masked``: whether the engine's logprobs are taken over what the grammar allows (vLLM) or
+    over the raw logits (llama.cpp), which are renormalised over the allowed alternatives.
 
     Verdicts that could not be parsed, or whose tokens the logprobs do not cover, keep ``confidence``
     None with a note that says why (``missing`` when there are no logprobs at all).
@@ -284,20 +318,21 @@ def with_confidence(
         if verdict.problem is not None:
             read.append(replace(verdict, confidence=None, confidence_note="the verdict could not be parsed"))
             continue
-        probabilities = action_probabilities(spans, offset)
+        probabilities = action_probabilities(spans, offset, grammar_masked=grammar_masked)
         if probabilities is None:
-            read.append(
-                replace(
-                    verdict, confidence=None, confidence_note="no alternative at the verdict's first token"
-                )
+            note = "no alternative at the verdict's first token" + (
+                "" if grammar_masked else " has a probability above 0 in the engine's raw softmax"
             )
+            read.append(replace(verdict, confidence=None, confidence_note=note))
             continue
         slots = _category_slots(answer, offset, json_form) if verdict.action == "block" else []
         read.append(
             replace(
                 verdict,
                 confidence=round(probabilities[verdict.action], 4),
-                category_scores=_category_scores(spans, slots, probabilities["block"], terminators),
+                category_scores=_category_scores(
+                    spans, slots, probabilities["block"], terminators, grammar_masked=grammar_masked
+                ),
                 confidence_note=None,
             )
         )

@@ -76,6 +76,8 @@ class EngineAnswer:
     streamed: bool
     # every generated token's logprob (reasoning and answer, in order); None when the engine sent none
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # whether those logprobs are over what the grammar allows (vLLM) or the raw logits (llama.cpp): the wire's
+    logprobs_grammar_masked: bool = True
 
 
 def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
@@ -307,6 +309,7 @@ class EngineClient:
             request_id=request_id,
             streamed=bool(body.get("stream")),
             logprobs=None if state.logprobs is None else tuple(state.logprobs),
+            logprobs_grammar_masked=(self._wire or wire_for("vllm")).logprobs_grammar_masked,
         )
 
     async def _read_body(self, response: httpx.Response, state: _StreamState, started: float) -> None:

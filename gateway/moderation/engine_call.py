@@ -143,6 +143,7 @@ class FrameJudge:
                     if top_logprobs > 0
                     else "logprobs are not asked of the engine (MODGATE_ENGINE__TOP_LOGPROBS=0)"
                 ),
+                grammar_masked=answer.logprobs_grammar_masked,
             )
         for problem in parsed.problems:
             self.metrics.unparsable.labels(problem).inc()

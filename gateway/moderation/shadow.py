@@ -244,7 +244,9 @@ class ShadowSampler:
             log.warning("shadow judgement failed: %s", exc.message)
             return None
         parsed = parse_engine_output(answer.content, answer.reasoning, answer.finish_reason)
-        verdict = with_confidence(parsed.verdicts, answer.logprobs, answer.content)[0]
+        verdict = with_confidence(
+            parsed.verdicts, answer.logprobs, answer.content, grammar_masked=answer.logprobs_grammar_masked
+        )[0]
         return self._record(frame, mode, verdict_format, verdict, answer, policy.version, tenant, video_id,
                             ("random", policy.shadow_share), kind)
 

@@ -34,6 +34,7 @@ def test_the_readmes_first_request_through_the_gateway_to_llamacpp_gets_a_verdic
         )
     (result,) = response.results
     details = result.model_extra["modgate"]
+    print("DETAILS", {k: details.get(k) for k in ("action","reason","confidence","confidence_reason","category_scores")})
     assert details["action"] in ("allow", "review", "block")
     if details["reason"]:
         assert details["action"] == "review"
