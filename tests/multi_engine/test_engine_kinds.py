@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import EngineClient
 from gateway.engine.gbnf import regex_to_gbnf
-from gateway.engine.kinds import LlamaCppWire, kind_from_props, wire_for
+from gateway.engine.kinds import THOUGHT_RULES, LlamaCppWire, kind_from_props, wire_for
 from gateway.errors import UpstreamError
 from gateway.settings import EngineSettings
 from gateway.telemetry.windows import read_engine_cache_counters
@@ -86,7 +86,9 @@ def test_llamacpp_is_sent_a_gbnf_grammar_its_reasoning_budget_and_no_vllm_only_f
     assert "structured_outputs" not in sent
     assert "priority" not in sent
     assert "thinking_token_budget" not in sent
-    assert sent["grammar"] == regex_to_gbnf(compact_regex(1))
+    # thinking on: the grammar lets the thought run to </think> before the verdict (kinds.THOUGHT_RULES)
+    verdict = regex_to_gbnf(compact_regex(1)).replace("root ::= ", "verdict ::= ", 1)
+    assert sent["grammar"] == THOUGHT_RULES + verdict
     assert sent["reasoning_budget_tokens"] == 16
     assert sent["chat_template_kwargs"] == {"enable_thinking": True}  # --jinja renders it
     image_part = sent["messages"][1]["content"][0]

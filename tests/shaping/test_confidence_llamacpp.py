@@ -35,7 +35,8 @@ def llamacpp_entry(token: str, distribution: dict[str, float], k: int) -> dict[s
         "bytes": list(token.encode()),
         "logprob": logprob(distribution.get(token, 0.0)),
         "top_logprobs": [
-            {"id": n, "token": t, "bytes": list(t.encode()), "logprob": logprob(p)} for n, (t, p) in enumerate(best)
+            {"id": n, "token": t, "bytes": list(t.encode()), "logprob": logprob(p)}
+            for n, (t, p) in enumerate(best)
         ],
     }
 
@@ -44,7 +45,8 @@ def answer_logprobs(answer: str, vocabulary: Family, k: int, first: dict[str, fl
     """``answer`` in Qwen's real BPE tokens and the stop token; the first drawn from ``first``."""
     tokens = [*qwen_bpe(vocabulary).pieces(answer), "<|im_end|>"]
     return [
-        TokenLogprob.from_wire(llamacpp_entry(t, first if i == 0 else {t: 1.0}, k)) for i, t in enumerate(tokens)
+        TokenLogprob.from_wire(llamacpp_entry(t, first if i == 0 else {t: 1.0}, k))
+        for i, t in enumerate(tokens)
     ]
 
 
@@ -76,7 +78,8 @@ def test_llamacpp_logprobs_are_renormalised_over_what_can_begin_a_verdict(vocabu
 
 @pytest.mark.parametrize("vocabulary", FAMILIES)
 def test_other_spellings_of_the_action_still_add_after_renormalising(vocabulary: Family) -> None:
-    verdict = read("block:violence", answer_logprobs("block:violence", vocabulary, 10, RAW), grammar_masked=False)
+    logprobs = answer_logprobs("block:violence", vocabulary, 10, RAW)
+    verdict = read("block:violence", logprobs, grammar_masked=False)
     assert verdict.action == "block"
     assert verdict.confidence == pytest.approx((0.1 + 0.05) / 0.4)
     scores = dict(verdict.category_scores)
