@@ -264,6 +264,28 @@ def test_a_malformed_request_gets_the_openai_error_shape(engine: Engine, body: d
     assert {"message", "type", "param", "code"} <= set(error)
 
 
+@pytest.mark.llamacpp
+def test_llamacpp_refuses_only_what_it_cannot_parse_and_its_error_has_no_param(
+    real_llamacpp_url: str,
+) -> None:
+    """What llama.cpp does with the malformed requests above (pinned beside LLAMACPP_UNPINNED's entry)."""
+    chat = f"{real_llamacpp_url}/v1/chat/completions"
+    refused = httpx.post(chat, json={"model": "tiny"}, timeout=300)
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "error": {"code": 400, "message": "'messages' is required", "type": "invalid_request_error"}
+    }
+    hi = [{"role": "user", "content": "hi"}]
+    # stream_options without stream is ignored, not refused
+    body = {"messages": hi, "stream_options": {"include_usage": True}, "max_tokens": 2}
+    ignored = httpx.post(chat, json=body, timeout=300)
+    assert ignored.status_code == 200
+    # max_completion_tokens -1 is llama.cpp's n_predict -1, "no limit": it runs to the slot's context
+    unlimited = httpx.post(chat, json={"messages": hi, "max_completion_tokens": -1}, timeout=300)
+    assert unlimited.status_code == 200
+    assert unlimited.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done(engine: Engine) -> None:
     response = engine.post(keyframe_request(engine, thinking=True, stream=True, max_tokens=24))
     assert response.status_code == 200
