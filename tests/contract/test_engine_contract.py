@@ -40,12 +40,14 @@ LLAMACPP_UNPINNED = {
     "test_thinking_on_puts_reasoning_in_the_reasoning_field": "the JSON-verdict regex with a thought rule: "
     "no reasoning_content came back",
     "test_a_malformed_request_gets_the_openai_error_shape": "its error has no 'param'; stream_options "
-    "without stream and max_completion_tokens -1 are accepted (200)",
+    "without stream and max_completion_tokens -1 are accepted (200) (pinned by "
+    "test_llamacpp_refuses_only_what_it_cannot_parse_and_its_error_has_no_param)",
     "test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done": "streamed reasoning deltas",
     "test_logprobs_come_for_every_token_and_the_grammar_masks_the_verdicts_alternatives": "entries carry "
-    "'id' first and the alternatives are raw (unmasked) logits",
-    "test_streamed_logprobs_are_the_same_tokens_delta_by_delta[llamacpp-thinking-off]": "streamed logprob "
-    "entries differ",
+    "'id' first and the alternatives are raw (unmasked) logits (pinned by "
+    "test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask)",
+    "test_streamed_logprobs_are_the_same_tokens_delta_by_delta[llamacpp-thinking-off]": "no streamed entry "
+    "for the stop token (pinned by test_llamacpp_streams_no_logprob_entry_for_the_stop_token)",
     "test_the_confidence_is_the_engines_own_probability_and_a_shorter_list_never_raises_it": "the raw "
     "softmax gives every allowed spelling 0 in float on the tiny model: no confidence to read (pinned by "
     "test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask)",
@@ -476,6 +478,32 @@ def test_streamed_logprobs_are_the_same_tokens_delta_by_delta(engine: Engine, th
         parsed.verdicts, [TokenLogprob.from_wire(e) for e in whole["logprobs"]["content"]], content
     )
     assert verdict.confidence == pytest.approx(whole_verdict.confidence)
+
+
+@pytest.mark.llamacpp
+def test_llamacpp_streams_no_logprob_entry_for_the_stop_token(real_llamacpp_url: str) -> None:
+    """What llama.cpp streams instead of every entry (pinned beside LLAMACPP_UNPINNED's entry): the stop
+    token writes no text, so no delta carries its entry; the whole answer lists it (token "")."""
+    engine = Engine("llamacpp", real_llamacpp_url, "")
+    whole = engine.post(compact_request(engine, thinking=False)).json()["choices"][0]
+    content, entries, finish = streamed_choice(
+        engine.post(compact_request(engine, thinking=False, stream=True))
+    )
+    assert (content, finish) == (whole["message"]["content"], whole["finish_reason"])
+    assert finish == "stop"
+    listed = [e["token"] for e in whole["logprobs"]["content"]]
+    assert listed[-1] == ""
+    assert [e["token"] for e in entries] == listed[:-1]
+    # the confidence does not need the stop token's entry: both read the same (or say the same reason)
+    parsed = parse_engine_output(content, None, finish)
+    readings = [
+        with_confidence(
+            parsed.verdicts, [TokenLogprob.from_wire(e) for e in got], content, grammar_masked=False
+        )[0]
+        for got in (entries, whole["logprobs"]["content"])
+    ]
+    assert readings[0].confidence == readings[1].confidence
+    assert readings[0].confidence_note == readings[1].confidence_note
 
 
 def test_the_compact_forms_cost_a_handful_of_tokens_on_the_engines_tokenizer(engine: Engine) -> None:
