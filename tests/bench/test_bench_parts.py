@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Awaitable, Callable
 
@@ -10,14 +11,22 @@ import httpx
 
 from bench.engine_stub import create_stub_app
 from bench.keepalive import KeepAliveConnection, encode_request
-from bench.overhead import Requests
+from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
 
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 def test_the_engine_stub_replays_the_simulators_answer_byte_for_byte() -> None:
-    body = Requests.build(1056, 640).chat
+    frame = base64.b64encode(make_keyframe("allow")).decode()
+    image = {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{frame}"}}
+    body = {
+        "model": "qwen3-vl-moe-sim",
+        "messages": [{"role": "system", "content": "Moderate."}, {"role": "user", "content": [image]}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 8,
+    }
     with ThreadedServer(create_stub_app()) as stub:
         first = httpx.post(f"{stub.url}/v1/chat/completions", json=body)
         second = httpx.post(f"{stub.url}/v1/chat/completions", json=body)
@@ -26,7 +35,7 @@ def test_the_engine_stub_replays_the_simulators_answer_byte_for_byte() -> None:
     assert first.content == second.content
     assert first.text.rstrip().endswith("data: [DONE]")
     assert '"usage"' in first.text  # the usage chunk the gateway asked for (stream_options)
-    assert info == {"distinct_bodies": 1, "replays": 1}
+    assert info == {"distinct_bodies": 1, "distinct_requests": 1, "requests": 2, "replays": 1}
 
 
 def test_the_engine_stub_passes_other_routes_to_the_simulator() -> None:
@@ -43,7 +52,7 @@ def test_the_engine_stub_does_not_keep_an_error_answer() -> None:
         answers = [httpx.post(f"{stub.url}/v1/chat/completions", json=bad) for _ in range(2)]
         info = httpx.get(f"{stub.url}/stub/info").json()
     assert [answer.status_code for answer in answers] == [404, 404]
-    assert info == {"distinct_bodies": 0, "replays": 0}
+    assert info == {"distinct_bodies": 0, "distinct_requests": 1, "requests": 2, "replays": 0}
 
 
 async def _serve(handler: StreamHandler) -> tuple[asyncio.Server, str]:
