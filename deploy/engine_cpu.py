@@ -28,11 +28,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Annotated, Final, Self
+from typing import Annotated, Final, Protocol, Self
 
 import httpx
 import typer
@@ -407,31 +407,49 @@ def interrupt_to_keyboard(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def run_engine_cpu(host: str, port: int, model_dir: Path | None, ready_timeout: float) -> int:
-    """Install, build and serve the CPU engine until Ctrl-C; print its URL and step times."""
+class _Timed(Protocol):
+    def summary(self) -> str: ...
+
+
+def serve_until_interrupted(
+    command: str, ready: str, stopping: str, exited: str, boot: Callable[[], tuple[EngineProcess, _Timed]]
+) -> int:
+    """Boot an engine with ``boot``, print its URL and step times, serve until Ctrl-C (the run body of
+    ``modgate engine-cpu`` and ``modgate engine-llamacpp``); exit code 1 when the engine dies on its own."""
     # Ctrl-C explicitly (a shell may start background jobs with SIGINT ignored); a supervisor's SIGTERM
     # or a closed terminal's SIGHUP must stop the engine too, not leave it running in its own session.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, interrupt_to_keyboard)
     signal.signal(signal.SIGHUP, interrupt_to_keyboard)
     try:
-        engine, timings = boot_engine(host=host, port=port, model_dir=model_dir, ready_timeout=ready_timeout)
+        engine, timings = boot()
     except EngineError as exc:
-        print(f"modgate engine-cpu: {exc}", file=sys.stderr)
+        print(f"modgate {command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     with engine:
-        print(f"vLLM CPU engine ready at {engine.url} (model {SERVED_MODEL_NAME!r}, log {engine.log_path})")
+        print(f"{ready} at {engine.url} (model {SERVED_MODEL_NAME!r}, log {engine.log_path})")
         print(timings.summary())
         print("Ctrl-C stops it.", flush=True)
         try:
             code = engine.process.wait()
         except KeyboardInterrupt:
-            print("stopping the engine", file=sys.stderr)
+            print(f"stopping {stopping}", file=sys.stderr)
             return 0
-    print(f"vLLM exited with code {code}; last lines of {engine.log_path}:\n{log_tail(engine.log_path)}")
+    print(f"{exited} exited with code {code}; last lines of {engine.log_path}:\n{log_tail(engine.log_path)}")
     return 1 if code != 0 else 0
+
+
+def run_engine_cpu(host: str, port: int, model_dir: Path | None, ready_timeout: float) -> int:
+    """Install, build and serve the CPU engine until Ctrl-C; print its URL and step times."""
+    return serve_until_interrupted(
+        "engine-cpu",
+        "vLLM CPU engine ready",
+        "the engine",
+        "vLLM",
+        lambda: boot_engine(host=host, port=port, model_dir=model_dir, ready_timeout=ready_timeout),
+    )
 
 
 engine_cpu_app = typer.Typer(add_completion=False, help="Serve the tiny VLM with the real vLLM CPU build.")

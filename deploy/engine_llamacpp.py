@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -42,10 +41,9 @@ from deploy.engine_cpu import (
     ensure_tiny_vlm,
     exclusive_lock,
     free_port,
-    interrupt_to_keyboard,
     launch_server,
-    log_tail,
     run_logged,
+    serve_until_interrupted,
 )
 
 LLAMACPP_VERSION: Final = "11434.0.0"
@@ -312,28 +310,13 @@ def boot_llamacpp(
 
 def run_engine_llamacpp(host: str, port: int, slots: int, ready_timeout: float) -> int:
     """Build, convert and serve llama-server until Ctrl-C; print its URL and step times."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupt_to_keyboard)
-    signal.signal(signal.SIGHUP, interrupt_to_keyboard)
-    try:
-        engine, timings = boot_llamacpp(host=host, port=port, slots=slots, ready_timeout=ready_timeout)
-    except EngineError as exc:
-        print(f"modgate engine-llamacpp: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    with engine:
-        print(f"llama-server ready at {engine.url} (model {SERVED_MODEL_NAME!r}, log {engine.log_path})")
-        print(timings.summary())
-        print("Ctrl-C stops it.", flush=True)
-        try:
-            code = engine.process.wait()
-        except KeyboardInterrupt:
-            print("stopping llama-server", file=sys.stderr)
-            return 0
-    print(f"llama-server exited with code {code}; last lines of {engine.log_path}:")
-    print(log_tail(engine.log_path))
-    return 1 if code != 0 else 0
+    return serve_until_interrupted(
+        "engine-llamacpp",
+        "llama-server ready",
+        "llama-server",
+        "llama-server",
+        lambda: boot_llamacpp(host=host, port=port, slots=slots, ready_timeout=ready_timeout),
+    )
 
 
 def engine_llamacpp(
