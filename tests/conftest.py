@@ -12,7 +12,9 @@ import redis
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, Faults, SimPreset, create_sim_app
+from deploy.simulator.llamacpp_law import LlamaCppOptions
 from gateway.cli.embedded import ThreadedServer
+from gateway.engine.kinds import EngineKind
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.processes import GatewayProcess, GatewayProcessesFactory
@@ -29,17 +31,25 @@ def keyframe() -> bytes:
 
 @pytest.fixture
 def start_sim() -> Iterator[SimFactory]:
-    """Start simulators (``start_sim(preset=..., time_scale=..., faults=...)``), stopped after the test."""
+    """Start simulators (``start_sim(preset=..., time_scale=..., faults=...)``), stopped after the test;
+    ``kind="llamacpp"`` (``llamacpp=LlamaCppOptions(...)``, ``vision=...``) speaks llama-server's wire."""
     servers: list[ThreadedServer] = []
 
     def start(
         preset: SimPreset | str = "instant",
         time_scale: float = 0.0,
         faults: Faults | None = None,
+        *,
+        kind: EngineKind = "vllm",
+        llamacpp: LlamaCppOptions | None = None,
+        vision: bool = True,
         **changes: Any,
     ) -> ThreadedServer:
         chosen = PRESETS[preset] if isinstance(preset, str) else preset
-        server = ThreadedServer(create_sim_app(chosen.scaled(**changes), time_scale, faults)).start()
+        app = create_sim_app(
+            chosen.scaled(**changes), time_scale, faults, kind=kind, llamacpp=llamacpp, vision=vision
+        )
+        server = ThreadedServer(app).start()
         servers.append(server)
         return server
 

@@ -1,4 +1,4 @@
-"""The engine simulator: a vLLM-compatible server calibrated to the Spark (see ``presets``)."""
+"""The engine simulator: vLLM's or llama-server's wire, calibrated to the Spark (see ``presets``)."""
 
 from deploy.simulator.app import create_sim_app
 from deploy.simulator.presets import PRESETS, SimPreset

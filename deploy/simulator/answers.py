@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from deploy.simulator.engine import TokenEvent
@@ -60,9 +61,16 @@ def last_user_text(messages: list[dict[str, Any]]) -> str:
 
 
 def answer_text(
-    request: ChatRequest, truths: list[FrameTruth], enable_thinking: bool
+    request: ChatRequest,
+    truths: list[FrameTruth],
+    enable_thinking: bool,
+    allows: Callable[[str], object] | None = None,
 ) -> tuple[str, list[float]]:
-    """The answer text in the form the request's grammar allows, and each verdict's confidence."""
+    """The answer text in the form the request's grammar allows, and each verdict's confidence.
+
+    ``allows``: whether a text is one the engine's grammar admits (truthy: llama.cpp's GBNF ``grammar``),
+    tried as vLLM's ``structured_outputs.regex`` is.
+    """
     verdicts = [t.verdict(enable_thinking) for t in truths]
     confidences = [t.confidence(enable_thinking) for t in truths]
     if not truths:  # a text-only request: the words decide (text_verdict)
@@ -79,16 +87,17 @@ def answer_text(
     )
     one_json = json.dumps(objects[0], separators=(",", ":"), ensure_ascii=False)
     structured = request.structured_outputs or {}
-    if isinstance(structured.get("regex"), str):
+    if allows is None and isinstance(structured.get("regex"), str):
         try:
-            grammar = re.compile(structured["regex"])
+            allows = re.compile(structured["regex"]).fullmatch
         except re.error as exc:
             message = f"invalid regex in structured_outputs: {exc}"
             raise EngineError(400, message, "structured_outputs") from exc
+    if allows is not None:
         for text in (compact, one_json):
-            if grammar.fullmatch(text):
+            if allows(text):
                 return text, confidences
-        message = "the simulator cannot write a verdict this regex allows"
+        message = "the simulator cannot write a verdict this grammar allows"
         raise EngineError(400, message, "structured_outputs")
     if "choice" in structured:
         choices = [str(c) for c in structured["choice"]]

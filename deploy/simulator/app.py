@@ -19,7 +19,7 @@ import json
 import time
 import uuid
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Final
 
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
@@ -28,11 +28,15 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.simulator.engine import Sequence
+from deploy.simulator.llamacpp_law import LlamaCppOptions
+from deploy.simulator.llamacpp_wire import LLAMACPP_ROUTES, LlamaCppServer, loading_guard
+from deploy.simulator.llamacpp_wire import error_response as llamacpp_error_response
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.protocol import EngineError, decode_image, parse_chat
-from deploy.simulator.responses import Completion, streamed, whole
+from deploy.simulator.responses import streamed, whole
 from deploy.simulator.service import Faults, SimulatedEngine
 from deploy.simulator.tokenizer import token_id
+from gateway.engine.kinds import EngineKind
 
 
 class FaultsUpdate(BaseModel):
@@ -79,19 +83,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
         max_tokens=max_tokens,
         priority=body.priority,
     )
-    slow = faults.slow_s if sim.chance(faults.slow_rate) else 0.0
-    cut = sim.chance(faults.cut_stream_rate)
-    completion = Completion(
-        request_id=request_id,
-        model=sim.preset.model,
-        created=int(time.time()),
-        sequence=sequence,
-        images=images,
-        logprobs=body.logprobs,
-        top=body.top_logprobs or 0,
-        slow=slow,
-        cut=cut,
-    )
+    completion = sim.completion(sequence, images, body.logprobs, body.top_logprobs or 0)
     if body.stream:
         return streamed(sim.engine, completion, bool((body.stream_options or {}).get("include_usage")))
     return await whole(sim.engine, completion)
@@ -214,8 +206,23 @@ async def info(state: State) -> dict[str, Any]:
     }
 
 
-def create_sim_app(preset: SimPreset, time_scale: float, faults: Faults | None = None) -> Litestar:
-    """The simulated engine as an ASGI app."""
+def create_sim_app(
+    preset: SimPreset,
+    time_scale: float,
+    faults: Faults | None = None,
+    *,
+    kind: EngineKind = "vllm",
+    llamacpp: LlamaCppOptions | None = None,
+    vision: bool = True,
+    loading_s: float = 0.0,
+) -> Litestar:
+    """The simulated engine as an ASGI app, in vLLM's wire or (``kind="llamacpp"``) llama-server's.
+
+    llama.cpp's wire runs llama.cpp's law with ``llamacpp``'s flags (its defaults otherwise); ``vision``
+    False is a server started without ``--mmproj``, ``loading_s`` how long every route answers 503.
+    """
+    if kind == "llamacpp":
+        return _llamacpp_app(preset, time_scale, faults, llamacpp or LlamaCppOptions(), vision, loading_s)
     sim = SimulatedEngine(preset, time_scale, faults)
 
     async def start() -> None:
@@ -225,23 +232,46 @@ def create_sim_app(preset: SimPreset, time_scale: float, faults: Faults | None =
         await sim.engine.stop()
 
     return Litestar(
-        route_handlers=[
-            chat_completions,
-            models,
-            health,
-            metrics,
-            tokenize,
-            get_faults,
-            set_faults,
-            truth,
-            reset_prefix_cache,
-            info,
-        ],
+        route_handlers=[chat_completions, models, health, metrics, tokenize, *SIM_ROUTES],
         state=State({"sim": sim}),
         on_startup=[start],
         on_shutdown=[stop],
         exception_handlers={EngineError: _error_response},
         openapi_config=None,
         logging_config=None,  # the process owns logging; an app must not reconfigure the root logger
+        debug=False,
+    )
+
+
+SIM_ROUTES: Final = [get_faults, set_faults, truth, reset_prefix_cache, info]
+"""The simulator's own routes, the same in either wire."""
+
+
+def _llamacpp_app(
+    preset: SimPreset,
+    time_scale: float,
+    faults: Faults | None,
+    options: LlamaCppOptions,
+    vision: bool,
+    loading_s: float,
+) -> Litestar:
+    sim = SimulatedEngine(preset, time_scale, faults, llamacpp=options)
+    server = LlamaCppServer(sim, vision=vision, loaded_at=time.monotonic() + loading_s)
+
+    async def start() -> None:
+        sim.engine.start()
+
+    async def stop() -> None:
+        await sim.engine.stop()
+
+    return Litestar(
+        route_handlers=[*LLAMACPP_ROUTES, *SIM_ROUTES],
+        state=State({"sim": sim, "llamacpp": server}),
+        before_request=loading_guard(server),
+        on_startup=[start],
+        on_shutdown=[stop],
+        exception_handlers={EngineError: llamacpp_error_response},
+        openapi_config=None,
+        logging_config=None,
         debug=False,
     )

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import random
+import re
 import time
 import zlib
 from dataclasses import dataclass
 
 from deploy.simulator.answers import END_OF_OUTPUT, THINK_END, answer_text, answer_tokens
-from deploy.simulator.engine import TokenEvent
+from deploy.simulator.engine import Sequence, TokenEvent
 from deploy.simulator.laws import make_scheduler
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from deploy.simulator.metrics import SimMetrics
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.protocol import ChatRequest, DecodedImage, EngineError, user_parts
+from deploy.simulator.responses import Completion
 from deploy.simulator.tokenizer import ImageSlot, Token, render_chat
 from deploy.simulator.truth import FrameTruth, frame_truth
 from shaping.bpe import qwen_bpe
@@ -92,6 +94,23 @@ class SimulatedEngine:
             enable_thinking,
         )
 
+    def completion(
+        self, sequence: Sequence, images: list[DecodedImage], logprobs: bool, top: int
+    ) -> Completion:
+        """How a planned sequence is answered, the slow and cut-stream faults drawn for it."""
+        slow = self.faults.slow_s if self.chance(self.faults.slow_rate) else 0.0
+        return Completion(
+            request_id=sequence.request_id,
+            model=self.preset.model,
+            created=int(time.time()),
+            sequence=sequence,
+            images=images,
+            logprobs=logprobs,
+            top=top,
+            slow=slow,
+            cut=self.chance(self.faults.cut_stream_rate),
+        )
+
     def truth(self, image: DecodedImage) -> FrameTruth:
         """The simulator's ground truth for one decoded image (deploy.simulator.truth)."""
         return frame_truth(
@@ -102,15 +121,19 @@ class SimulatedEngine:
         )
 
     def plan_output(
-        self, request: ChatRequest, images: list[DecodedImage], enable_thinking: bool
+        self,
+        request: ChatRequest,
+        images: list[DecodedImage],
+        enable_thinking: bool,
+        grammar: re.Pattern[str] | None = None,
     ) -> list[TokenEvent]:
-        """The tokens this request will generate: reasoning (thinking on), the answer, the stop token."""
+        """The tokens this request will generate: reasoning (thinking on), the answer, the stop token.
+
+        ``grammar`` (llama.cpp's, held from the first generated token): the whole output, thought and
+        ``</think>`` included, must be one it admits; one that admits no thought gets none.
+        """
         truths = [self.truth(image) for image in images]
-        if self.chance(self.faults.malformed_rate):
-            answer, confidences = "I think this frame looks fine, probably.", list[float]()
-        else:
-            answer, confidences = answer_text(request, truths, enable_thinking)
-        output: list[TokenEvent] = []
+        thought: list[TokenEvent] = []
         if enable_thinking:
             identity = images[0].identity if images else "text"
             jitter = self.preset.reasoning_jitter
@@ -119,9 +142,24 @@ class SimulatedEngine:
             if request.thinking_token_budget is not None:
                 count = min(count, max(1, request.thinking_token_budget))
             words = ("画面", "中", "显示", "人物", "场景", "没有", "明显", "违规", "内容", "，", "判断", "。")
-            output += [TokenEvent("reasoning", words[i % len(words)]) for i in range(count)]
+            thought += [TokenEvent("reasoning", words[i % len(words)]) for i in range(count)]
             # the closing tag: generated and counted, but neither reasoning (not in reasoning_tokens) nor text
-            output.append(TokenEvent("content", THINK_END))
-        output += answer_tokens(self.bpe, answer, confidences)
+            thought.append(TokenEvent("content", THINK_END))
+        if self.chance(self.faults.malformed_rate):
+            answer, confidences = "I think this frame looks fine, probably.", list[float]()
+        elif grammar is None:
+            answer, confidences = answer_text(request, truths, enable_thinking)
+        else:
+            written = "".join(event.text for event in thought)
+            try:
+                answer, confidences = answer_text(
+                    request, truths, enable_thinking, lambda text: grammar.fullmatch(written + text)
+                )
+            except EngineError:
+                if not thought:
+                    raise
+                thought = []  # the grammar holds the first token to the answer: no room for a thought
+                answer, confidences = answer_text(request, truths, enable_thinking, grammar.fullmatch)
+        output = [*thought, *answer_tokens(self.bpe, answer, confidences)]
         output.append(TokenEvent("content", END_OF_OUTPUT))
         return output

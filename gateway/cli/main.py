@@ -225,6 +225,16 @@ def engine_sim(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
     preset: Annotated[str, typer.Option(help="spark, vllm-cpu or instant.")] = "spark",
+    kind: Annotated[
+        str, typer.Option(help="Whose wire and scheduling law: vllm, or llamacpp (llama-server's).")
+    ] = "vllm",
+    slots: Annotated[int | None, typer.Option(help="llamacpp: llama-server's --parallel slots.")] = None,
+    ctx_size: Annotated[
+        int | None, typer.Option(help="llamacpp: llama-server's -c, split among the slots.")
+    ] = None,
+    loading_s: Annotated[
+        float, typer.Option(help="llamacpp: seconds every route answers 503 Loading model.")
+    ] = 0.0,
     tokenizer: Annotated[
         str | None, typer.Option(help="Whose BPE counts tokens: qwen3.6 (the preset's default) or qwen2.5.")
     ] = None,
@@ -263,13 +273,22 @@ def engine_sim(
     cut_stream_rate: Annotated[float, typer.Option(help="Fault: share of streams cut mid-answer.")] = 0.0,
     malformed_rate: Annotated[float, typer.Option(help="Fault: share of answers that are not JSON.")] = 0.0,
 ) -> None:
-    """Serve the vLLM-compatible engine simulator."""
+    """Serve the engine simulator, in vLLM's wire or (``--kind llamacpp``) llama-server's."""
+    from dataclasses import replace
+
     import uvicorn
 
     from deploy.simulator import PRESETS, Faults, create_sim_app
+    from deploy.simulator.llamacpp_law import LlamaCppOptions
 
     if preset not in PRESETS:
         raise typer.BadParameter(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if kind not in ("vllm", "llamacpp"):
+        raise typer.BadParameter(f"unknown kind {kind!r}; choose vllm or llamacpp")
+    if kind == "vllm" and (slots is not None or ctx_size is not None or loading_s):
+        raise typer.BadParameter("--slots, --ctx-size and --loading-s are llama-server's (--kind llamacpp)")
+    options = LlamaCppOptions()
+    options = replace(options, n_parallel=slots or options.n_parallel, n_ctx=ctx_size or options.n_ctx)
     changes: dict[str, object] = {}
     for name, value in (
         ("block_size", block_size),
@@ -313,9 +332,15 @@ def engine_sim(
         cut_stream_rate=cut_stream_rate,
         malformed_rate=malformed_rate,
     )
-    typer.echo(f"engine simulator ({chosen.name} preset, time scale {time_scale:g}) on http://{host}:{port}")
+    wire = "llama-server's wire" if kind == "llamacpp" else "vLLM's wire"
+    typer.echo(
+        f"engine simulator ({chosen.name} preset, {wire}, time scale {time_scale:g}) on http://{host}:{port}"
+    )
     uvicorn.run(
-        create_sim_app(chosen, time_scale, faults),
+        create_sim_app(
+            chosen, time_scale, faults, kind="llamacpp" if kind == "llamacpp" else "vllm",
+            llamacpp=options, loading_s=loading_s,
+        ),
         host=host,
         port=port,
         log_level="warning",

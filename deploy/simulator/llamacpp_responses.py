@@ -1,0 +1,235 @@
+"""Responses in llama-server's shape: a chat completion whole or streamed, its usage, timings and logprobs.
+
+From llama.cpp's tools/server/server-task.cpp (``to_json_oaicompat_chat``, ``..._stream``, the partial's
+``to_json_oaicompat_chat``, ``probs_vector_to_json``) and server-common.cpp (``server_slot_stats::to_json``):
+
+- the message has ``content`` ("" when there is none) and ``reasoning_content`` only when there is one
+  (``--reasoning-format deepseek``); usage has ``prompt_tokens_details.cached_tokens`` alone, no
+  ``completion_tokens_details``; ``timings`` (``cache_n``, ``prompt_n`` ...) ride beside it;
+- a streamed chunk exists only for a token that changed the parsed message: the first token's chunk says
+  ``{"role": "assistant", "content": null}``, the closing ``</think>`` and the stop token write no text, so
+  no chunk (and no logprob entry) carries them; the whole answer lists every token, the stop token as
+  ``""``; the finishing chunk's delta is ``{}``, the usage chunk (``include_usage``) has no choices and
+  carries the timings, then ``[DONE]``;
+- a logprob entry is ``id, token, bytes, logprob, top_logprobs`` (alternatives ``id, token, bytes,
+  logprob``): exactly ``n_probs`` alternatives of a softmax over the raw logits, taken before the grammar
+  (``get_token_probabilities`` in server-common.cpp), a probability of 0 in float written as the lowest
+  float. The simulated model's raw softmax: where a grammar holds the answer, ``OFF_GRAMMAR_SHARE`` of it
+  sits on a token the grammar forbids (a blank, as on the tiny test model) and the rest is the model's
+  own distribution over what the grammar allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import string
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar import Response
+from litestar.response import Stream
+
+from deploy.simulator.answers import END_OF_OUTPUT, THINK_END
+from deploy.simulator.responses import Completion
+from deploy.simulator.scheduler import FinishEvent, StepLoop, TokenEvent
+from shaping.bpe import QwenBPE
+
+LLAMACPP_ZERO_LOGPROB = -3.4028234663852886e38  # std::numeric_limits<float>::lowest(): llama-server's log(0)
+OFF_GRAMMAR_TOKEN = "\n"  # noqa: S105  # a token, not a password
+OFF_GRAMMAR_SHARE = 0.6  # what the raw softmax puts on a token the grammar forbids, at each answer token
+SYSTEM_FINGERPRINT = "b11434-modgate-sim"  # llama_build_info(): the tree's build number, then the commit
+
+
+@dataclass
+class ServedTotals:
+    """What ``/metrics`` sums over finished requests (the scheduler counts tokens; this counts time)."""
+
+    prompt_seconds: float = 0.0
+    predicted_seconds: float = 0.0
+    tokens_max: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppCompletion:
+    """A completion as llama-server answers it: the planned run plus what its shape needs."""
+
+    completion: Completion
+    bpe: QwenBPE
+    constrained: bool  # a grammar holds the answer: the raw logprobs put mass where it forbids
+    totals: ServedTotals = field(default_factory=ServedTotals)
+
+
+def streamed(scheduler: StepLoop, run: LlamaCppCompletion, include_usage: bool) -> Stream:
+    """The completion as server-sent chunks, a chunk per token that writes text, as llama-server streams."""
+    completion = run.completion
+    sequence = completion.sequence
+
+    async def stream() -> AsyncIterator[bytes]:
+        if completion.slow:
+            await asyncio.sleep(completion.slow)
+        first, sent = True, 0
+        async for event in scheduler.generate(sequence):
+            if isinstance(event, TokenEvent):
+                sent += 1
+                if event.text == END_OF_OUTPUT:
+                    continue  # it ends the answer and writes nothing: no partial result is sent for it
+                deltas: list[dict[str, Any]] = [{"role": "assistant", "content": None}] if first else []
+                first = False
+                if event.text != THINK_END:  # the reasoning parser eats the closing tag: no change, no delta
+                    name = "reasoning_content" if event.channel == "reasoning" else "content"
+                    deltas.append({name: event.text})
+                for index, delta in enumerate(deltas):
+                    choice: dict[str, Any] = {"finish_reason": None, "index": 0, "delta": delta}
+                    if completion.logprobs and index == len(deltas) - 1:
+                        choice["logprobs"] = {"content": [logprob_entry(run, event)]}
+                    yield _event(_chunk(completion, [choice]))
+                if completion.cut and sent >= max(1, len(sequence.output) // 2):
+                    return  # the connection ends mid-answer, with no finish and no [DONE]
+                continue
+            finish = _chunk(completion, [{"finish_reason": event.finish_reason, "index": 0, "delta": {}}])
+            chunks = [finish]
+            if include_usage:
+                chunks.append({**_chunk(completion, []), "usage": usage(event)})
+            chunks[-1]["timings"] = timings(run, event, time.monotonic())
+            for chunk in chunks:
+                yield _event(chunk)
+        yield b"data: [DONE]\n\n"
+
+    return Stream(stream(), media_type="text/event-stream")
+
+
+async def whole(scheduler: StepLoop, run: LlamaCppCompletion) -> Response[Any]:
+    """The completion in one body, once the scheduler has run it to its end."""
+    completion = run.completion
+    if completion.slow:
+        await asyncio.sleep(completion.slow)
+    generated: list[TokenEvent] = []
+    finish: FinishEvent | None = None
+    async for event in scheduler.generate(completion.sequence):
+        if isinstance(event, TokenEvent):
+            generated.append(event)
+        else:
+            finish = event
+    assert finish is not None  # generate() always ends with a FinishEvent
+    if completion.cut:
+        return Response(b'{"choices": [{"finish_reason"', media_type="application/json")
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(
+        e.text for e in generated if e.channel == "content" and e.text not in (END_OF_OUTPUT, THINK_END)
+    )}
+    reasoning = "".join(e.text for e in generated if e.channel == "reasoning")
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    choice: dict[str, Any] = {"finish_reason": finish.finish_reason, "index": 0, "message": message}
+    if completion.logprobs:
+        choice["logprobs"] = {"content": [logprob_entry(run, e) for e in generated]}
+    return Response(
+        {
+            "choices": [choice],
+            "created": completion.created,
+            "model": completion.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "object": "chat.completion",
+            "usage": usage(finish),
+            "id": completion.request_id,
+            "timings": timings(run, finish, time.monotonic()),
+        }
+    )
+
+
+def usage(finish: FinishEvent) -> dict[str, Any]:
+    """``usage_json_oaicompat``: the cached tokens only, no reasoning or image counts."""
+    return {
+        "completion_tokens": finish.completion_tokens,
+        "prompt_tokens": finish.prompt_tokens,
+        "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": finish.cached_tokens},
+    }
+
+
+def timings(run: LlamaCppCompletion, finish: FinishEvent, now: float) -> dict[str, Any]:
+    """``server_slot_stats::to_json``: prompt evaluation (cached tokens apart) and generation, in ms.
+
+    The prompt's time runs from arrival to the first token (a wait for a slot included); a rate over no
+    time is what llama-server writes for infinity, null.
+    """
+    sequence = run.completion.sequence
+    first = sequence.first_token_at or now
+    prompt_ms = (first - sequence.arrival) * 1e3
+    predicted_ms = (now - first) * 1e3
+    prompt_n, predicted_n = finish.prompt_tokens - finish.cached_tokens, finish.completion_tokens
+    totals = run.totals
+    totals.prompt_seconds += prompt_ms / 1e3
+    totals.predicted_seconds += predicted_ms / 1e3
+    totals.tokens_max = max(totals.tokens_max, finish.prompt_tokens + finish.completion_tokens)
+    return {
+        "cache_n": finish.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else None,
+        "prompt_per_second": 1e3 / prompt_ms * prompt_n if prompt_ms > 0 else None,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else None,
+        "predicted_per_second": 1e3 / predicted_ms * predicted_n if predicted_ms > 0 else None,
+    }
+
+
+def token_id(bpe: QwenBPE, text: str) -> int:
+    """A token's vocabulary id (a special token by name; else the id of its one piece)."""
+    try:
+        return bpe.special(text)
+    except KeyError:
+        ids = bpe.encode(text)
+        return ids[0] if ids else 0
+
+
+def logprob_entry(run: LlamaCppCompletion, event: TokenEvent) -> dict[str, Any]:
+    """One token in llama-server's ``logprobs.content`` shape, ``n_probs`` raw-softmax alternatives."""
+    bpe, top = run.bpe, run.completion.top
+    text = "" if event.text == END_OF_OUTPUT else event.text  # the stop token's text_to_send is empty
+    alternatives = list(event.alternatives) or [(event.text, event.logprob)]
+    if run.constrained and event.channel == "content" and event.text not in (END_OF_OUTPUT, THINK_END):
+        kept = math.log1p(-OFF_GRAMMAR_SHARE)
+        alternatives = [(OFF_GRAMMAR_TOKEN, math.log(OFF_GRAMMAR_SHARE))] + [
+            (token, logprob + kept) for token, logprob in alternatives if token != OFF_GRAMMAR_TOKEN
+        ]
+    chosen = dict(alternatives).get(event.text, event.logprob)
+    listed = dict(alternatives)
+    fillers = (t for t in ("{", "}", '"', ":", ",", *string.ascii_letters, *string.digits) if t not in listed)
+    while len(alternatives) < top:
+        alternatives.append((next(fillers), LLAMACPP_ZERO_LOGPROB))
+    alternatives.sort(key=lambda pair: -pair[1])
+    return {
+        "id": token_id(bpe, event.text),
+        "token": text,
+        "bytes": list(text.encode()),
+        "logprob": chosen,
+        "top_logprobs": [
+            {
+                "id": token_id(bpe, token),
+                "token": "" if token == END_OF_OUTPUT else token,
+                "bytes": list(("" if token == END_OF_OUTPUT else token).encode()),
+                "logprob": logprob,
+            }
+            for token, logprob in alternatives[:top]
+        ],
+    }
+
+
+def _chunk(completion: Completion, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "choices": choices,
+        "created": completion.created,
+        "id": completion.request_id,
+        "model": completion.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "object": "chat.completion.chunk",
+    }
+
+
+def _event(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
