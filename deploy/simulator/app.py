@@ -256,9 +256,10 @@ def _llamacpp_app(
     loading_s: float,
 ) -> Litestar:
     sim = SimulatedEngine(preset, time_scale, faults, llamacpp=options)
-    server = LlamaCppServer(sim, vision=vision, loaded_at=time.monotonic() + loading_s)
+    server = LlamaCppServer(sim, vision=vision)
 
     async def start() -> None:
+        server.loaded_at = time.monotonic() + loading_s  # loading starts when the server does
         sim.engine.start()
 
     async def stop() -> None:

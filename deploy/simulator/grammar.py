@@ -62,6 +62,7 @@ class _Translator:
         self.rules = rules
         self.done: dict[str, str] = {}
         self.open: list[str] = []
+        self.fixed = True  # no choice anywhere (alternation, repetition, class): the grammar admits one text
 
     def rule(self, name: str) -> str:
         if name in self.done:
@@ -104,7 +105,10 @@ class _Body:
         while self.peek() == "|":
             self.at += 1
             branches.append(self.sequence())
-        return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if len(branches) == 1:
+            return branches[0]
+        self.translator.fixed = False
+        return "(?:" + "|".join(branches) + ")"
 
     def sequence(self) -> str:
         items: list[str] = []
@@ -124,9 +128,11 @@ class _Body:
         if char == '"':
             return re.escape(self.literal())
         if char == "[":
+            self.translator.fixed = False
             return self.char_class()
         if char == ".":
             self.at += 1
+            self.translator.fixed = False
             return "(?s:.)"
         name = re.match(r"[a-zA-Z0-9_-]+", self.text[self.at :])
         if name is None:
@@ -180,11 +186,13 @@ class _Body:
     def repetition(self) -> str:
         if self.at < len(self.text) and self.text[self.at] in "?*+":
             self.at += 1
+            self.translator.fixed = False
             return self.text[self.at - 1]
         found = re.match(r"\{\s*(\d+)\s*(,\s*(\d*)\s*)?\}", self.text[self.at :])
         if found is None:
             return ""
         self.at += found.end()
+        self.translator.fixed = False
         low, comma, high = found.group(1), found.group(2), found.group(3)
         return "{" + low + ("," + (high or "") if comma else "") + "}"
 
@@ -193,3 +201,26 @@ class _Body:
 def grammar_regex(grammar: str) -> re.Pattern[str]:
     """The regex whose full matches are the texts the grammar's ``root`` admits."""
     return re.compile(_Translator(_rules(grammar)).rule("root"), re.DOTALL)
+
+
+@cache
+def forced_text(grammar: str) -> str | None:
+    """The one text a grammar admits, when it leaves no choice (literals only): what any model writes."""
+    translator = _Translator(_rules(grammar))
+    pattern = translator.rule("root")
+    if not translator.fixed:
+        return None
+    # literals only: every special character is escaped, so the unescaped "(?:" and ")" are the groups
+    text, at = [], 0
+    while at < len(pattern):
+        if pattern.startswith("(?:", at):
+            at += 3
+            continue
+        if pattern[at] == "\\":
+            text.append(pattern[at + 1])
+            at += 2
+            continue
+        if pattern[at] != ")":
+            text.append(pattern[at])
+        at += 1
+    return "".join(text)

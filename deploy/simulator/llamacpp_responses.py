@@ -6,9 +6,10 @@ From llama.cpp's tools/server/server-task.cpp (``to_json_oaicompat_chat``, ``...
 - the message has ``content`` ("" when there is none) and ``reasoning_content`` only when there is one
   (``--reasoning-format deepseek``); usage has ``prompt_tokens_details.cached_tokens`` alone, no
   ``completion_tokens_details``; ``timings`` (``cache_n``, ``prompt_n`` ...) ride beside it;
-- a streamed chunk exists only for a token that changed the parsed message: the first token's chunk says
-  ``{"role": "assistant", "content": null}``, the closing ``</think>`` and the stop token write no text, so
-  no chunk (and no logprob entry) carries them; the whole answer lists every token, the stop token as
+- a streamed chunk exists only for a token that changed the parsed message (``ParsedMessage``): the first
+  token's chunk says ``{"role": "assistant", "content": null}``; the closing ``</think>``, blanks before
+  the thought and the stop token change nothing, so no chunk (and no logprob entry) carries them; an
+  unclosed thought is reasoning all the same; the whole answer lists every token, the stop token as
   ``""``; the finishing chunk's delta is ``{}``, the usage chunk (``include_usage``) has no choices and
   carries the timings, then ``[DONE]``;
 - a logprob entry is ``id, token, bytes, logprob, top_logprobs`` (alternatives ``id, token, bytes,
@@ -63,6 +64,49 @@ class LlamaCppCompletion:
     totals: ServedTotals = field(default_factory=ServedTotals)
 
 
+@dataclass
+class ParsedMessage:
+    """The message llama-server's reasoning parser reads from the tokens so far (``--reasoning-format
+    deepseek``, the template's ``<think>\n ... \n</think>\n\n``): ``feed`` answers each token's change.
+
+    Blanks before the thought's first word change nothing (the parsed thought is trimmed: a thought of
+    blanks is no ``reasoning_content``); the closing tag and up to the two line breaks the template writes
+    after it belong to no field; the stop token writes nothing.
+    """
+
+    reasoning: str = ""
+    content: str = ""
+    closed: bool = False
+    _breaks: int = 0  # line breaks eaten after the closing tag
+
+    def feed(self, event: TokenEvent) -> dict[str, str]:
+        if event.text == END_OF_OUTPUT:
+            return {}
+        if event.text == THINK_END:
+            self.closed = True
+            return {}
+        text = event.text
+        if event.channel == "reasoning":
+            if not self.reasoning.strip() and not text.strip():
+                self.reasoning += text
+                return {}
+            delta = text if self.reasoning.strip() else text.lstrip()
+            self.reasoning += text
+            return {"reasoning_content": delta}
+        if self.closed and not self.content:
+            while text.startswith("\n") and self._breaks < 2:
+                text, self._breaks = text[1:], self._breaks + 1
+        self.content += text
+        return {"content": text} if text else {}
+
+    def message(self) -> dict[str, Any]:
+        """``common_chat_msg::to_json_oaicompat``: content ("" when none), then the thought if any."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning.strip():
+            message["reasoning_content"] = self.reasoning.strip()
+        return message
+
+
 def streamed(scheduler: StepLoop, run: LlamaCppCompletion, include_usage: bool) -> Stream:
     """The completion as server-sent chunks, a chunk per token that writes text, as llama-server streams."""
     completion = run.completion
@@ -72,6 +116,7 @@ def streamed(scheduler: StepLoop, run: LlamaCppCompletion, include_usage: bool) 
         if completion.slow:
             await asyncio.sleep(completion.slow)
         first, sent = True, 0
+        parsed = ParsedMessage()
         async for event in scheduler.generate(sequence):
             if isinstance(event, TokenEvent):
                 sent += 1
@@ -79,9 +124,9 @@ def streamed(scheduler: StepLoop, run: LlamaCppCompletion, include_usage: bool) 
                     continue  # it ends the answer and writes nothing: no partial result is sent for it
                 deltas: list[dict[str, Any]] = [{"role": "assistant", "content": None}] if first else []
                 first = False
-                if event.text != THINK_END:  # the reasoning parser eats the closing tag: no change, no delta
-                    name = "reasoning_content" if event.channel == "reasoning" else "content"
-                    deltas.append({name: event.text})
+                change = parsed.feed(event)  # none for the closing tag or a blank before the thought
+                if change:
+                    deltas.append(change)
                 for index, delta in enumerate(deltas):
                     choice: dict[str, Any] = {"finish_reason": None, "index": 0, "delta": delta}
                     if completion.logprobs and index == len(deltas) - 1:
@@ -117,13 +162,10 @@ async def whole(scheduler: StepLoop, run: LlamaCppCompletion) -> Response[Any]:
     assert finish is not None  # generate() always ends with a FinishEvent
     if completion.cut:
         return Response(b'{"choices": [{"finish_reason"', media_type="application/json")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(
-        e.text for e in generated if e.channel == "content" and e.text not in (END_OF_OUTPUT, THINK_END)
-    )}
-    reasoning = "".join(e.text for e in generated if e.channel == "reasoning")
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    choice: dict[str, Any] = {"finish_reason": finish.finish_reason, "index": 0, "message": message}
+    parsed = ParsedMessage()
+    for event in generated:
+        parsed.feed(event)
+    choice: dict[str, Any] = {"finish_reason": finish.finish_reason, "index": 0, "message": parsed.message()}
     if completion.logprobs:
         choice["logprobs"] = {"content": [logprob_entry(run, e) for e in generated]}
     return Response(

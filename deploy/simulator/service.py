@@ -120,6 +120,18 @@ class SimulatedEngine:
             separation=self.preset.separation_auroc,
         )
 
+    def forced_output(self, text: str, enable_thinking: bool) -> list[TokenEvent]:
+        """What any model writes under a grammar that admits one text: with thinking on, the text before
+        ``</think>`` is the thought (all of it, when the text never closes it), then the stop token."""
+        thought, closed, answer = text.partition(THINK_END) if enable_thinking else ("", "", text)
+        if enable_thinking and not closed:
+            thought, answer = text, ""
+        output = [TokenEvent("reasoning", piece) for piece in self.bpe.pieces(thought)]
+        if closed:
+            output.append(TokenEvent("content", THINK_END))
+        output += [TokenEvent("content", piece) for piece in self.bpe.pieces(answer)]
+        return [*output, TokenEvent("content", END_OF_OUTPUT)]
+
     def plan_output(
         self,
         request: ChatRequest,

@@ -85,7 +85,7 @@ def test_the_grammar_holds_the_whole_output_from_the_first_token(start_sim: SimF
 
 
 def test_a_loading_server_answers_503_on_every_route_until_it_is_loaded() -> None:
-    app = create_sim_app(PRESETS["instant"], 0.0, kind="llamacpp", loading_s=1.0)
+    app = create_sim_app(PRESETS["instant"], 0.0, kind="llamacpp", loading_s=3.0)
     with ThreadedServer(app) as server:
         early = [httpx.get(f"{server.url}{path}", timeout=30) for path in ("/health", "/props", "/v1/models")]
         deadline = time.monotonic() + 30
