@@ -1,9 +1,11 @@
-"""One engine contract, held by the simulator, the real vLLM (CPU build) and the real llama.cpp server.
+"""One engine contract, held by the simulator in both wires, the real vLLM (CPU build) and the real llama.cpp.
 
-Every test runs three times: ``[simulator]``, ``[vllm]`` and ``[llamacpp]``. Where the simulator and vLLM
-differ, the simulator is fixed, never the assertion. Where llama.cpp differs, the test pins what it does
-instead (``engine.kind == "llamacpp"``) and docs/engines.md says it. Requests go through the engine's
-:class:`~gateway.engine.kinds.EngineWire`, as the gateway sends them.
+Every test runs four times: ``[simulator]`` (vLLM's wire), ``[vllm]``, ``[simulator-llamacpp]`` (the
+simulator speaking llama-server's wire, run by llama.cpp's law with the flags ``modgate engine-llamacpp``
+starts the real one with) and ``[llamacpp]``. Where a simulator and its real engine differ, the simulator
+is fixed, never the assertion. Where llama.cpp differs from vLLM, the test pins what it does instead
+(``engine.llamacpp``) on both llama.cpp columns, and docs/engines.md says it. Requests go through the
+engine's :class:`~gateway.engine.kinds.EngineWire`, as the gateway sends them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.engine_llamacpp import CONTEXT_PER_SLOT, DEFAULT_SLOTS
 from deploy.keyframes import make_keyframe
+from deploy.simulator.llamacpp_law import LlamaCppOptions
 from gateway.engine.kinds import EngineKind, wire_for
 from shaping.confidence import TokenLogprob, with_confidence
 from shaping.image import ImageLimits, shape_image
@@ -35,19 +39,29 @@ from shaping.verdict import (
 )
 from tests.support import SimFactory
 
-# Differences the real llama-server showed (10:15 UTC run) that no test pins yet, each as it was seen.
-LLAMACPP_UNPINNED = {
-    "test_thinking_on_puts_reasoning_in_the_reasoning_field": "the JSON-verdict regex with a thought rule: "
-    "no reasoning_content came back",
+# Where llama-server differs from vLLM, each assertion that cannot hold and the test that pins what it does
+# instead; strict on both llama.cpp columns (a node id's "simulator-llamacpp" is looked up as "llamacpp").
+LLAMACPP_DIFFERS = {
     "test_a_malformed_request_gets_the_openai_error_shape": "its error has no 'param'; stream_options "
     "without stream and max_completion_tokens -1 are accepted (200) (pinned by "
     "test_llamacpp_refuses_only_what_it_cannot_parse_and_its_error_has_no_param)",
-    "test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done": "streamed reasoning deltas",
     "test_logprobs_come_for_every_token_and_the_grammar_masks_the_verdicts_alternatives": "entries carry "
     "'id' first and the alternatives are raw (unmasked) logits (pinned by "
     "test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask)",
-    "test_streamed_logprobs_are_the_same_tokens_delta_by_delta[llamacpp-thinking-off]": "no streamed entry "
-    "for the stop token (pinned by test_llamacpp_streams_no_logprob_entry_for_the_stop_token)",
+    "test_streamed_logprobs_are_the_same_tokens_delta_by_delta": "no streamed entry for a token that "
+    "changes no field: the stop token, the closing </think>, blanks before the thought (pinned by "
+    "test_llamacpp_streams_no_logprob_entry_for_a_token_that_writes_nothing)",
+}
+# What the tiny random model does on the real llama-server, not the server (the real column only): it
+# thinks in blanks, which llama-server's parser trims to no reasoning_content, and its raw softmax gives
+# every allowed spelling 0 in float. The simulated model writes words and keeps the allowed spellings above
+# 0, as a trained one does.
+TINY_MODEL_ON_LLAMACPP = {
+    "test_thinking_on_puts_reasoning_in_the_reasoning_field": "the tiny model's thought is blanks: no "
+    "reasoning_content (pinned by test_llamacpp_puts_the_thought_in_reasoning_content_closed_or_not)",
+    "test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done": "the tiny model's thought is "
+    "blanks: no reasoning delta (pinned by "
+    "test_llamacpp_puts_the_thought_in_reasoning_content_closed_or_not)",
     "test_the_confidence_is_the_engines_own_probability_and_a_shorter_list_never_raises_it": "the raw "
     "softmax gives every allowed spelling 0 in float on the tiny model: no confidence to read (pinned by "
     "test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask)",
@@ -82,11 +96,12 @@ class Engine:
 
     @property
     def wire_kind(self) -> EngineKind:
-        return "llamacpp" if self.kind == "llamacpp" else "vllm"
+        return "llamacpp" if self.llamacpp else "vllm"
 
     @property
     def llamacpp(self) -> bool:
-        return self.kind == "llamacpp"
+        """llama-server's wire: the real one or the simulator speaking it."""
+        return self.kind in LLAMACPP_COLUMNS
 
     def post(self, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
         sent = wire_for(self.wire_kind).chat_body(body)
@@ -98,25 +113,47 @@ def reasoning_of(message: dict[str, Any]) -> str | None:
     return message.get("reasoning") or message.get("reasoning_content")
 
 
+LLAMACPP_COLUMNS = ("simulator-llamacpp", "llamacpp")
+# The simulator as `modgate engine-llamacpp` starts the real server: its slots, -c split among them, and an
+# attention-only model (the tiny model's text half is Llama: its cache is cut back to no checkpoint).
+SIM_LLAMACPP = LlamaCppOptions(
+    n_parallel=DEFAULT_SLOTS, n_ctx=DEFAULT_SLOTS * CONTEXT_PER_SLOT, recurrent=False
+)
+
+
+def engine_url(request: pytest.FixtureRequest, start_sim: SimFactory, column: str) -> str:
+    """Where one column's engine is: a simulator started for the test, or the session's real engine."""
+    if column == "simulator":
+        return start_sim("instant", time_scale=0.0, block_size=128).url
+    if column == "simulator-llamacpp":
+        return start_sim("instant", time_scale=0.0, kind="llamacpp", llamacpp=SIM_LLAMACPP).url
+    return str(request.getfixturevalue("real_llamacpp_url" if column == "llamacpp" else "real_engine_url"))
+
+
 @pytest.fixture(
     params=[
         "simulator",
         pytest.param("vllm", marks=pytest.mark.vllm),
+        "simulator-llamacpp",
         pytest.param("llamacpp", marks=pytest.mark.llamacpp),
     ]
 )
 def engine(request: pytest.FixtureRequest, start_sim: SimFactory) -> Iterator[Engine]:
-    if request.param == "simulator":
-        url = start_sim("instant", time_scale=0.0, block_size=128).url
-    elif request.param == "llamacpp":
-        url = request.getfixturevalue("real_llamacpp_url")
-        gap = LLAMACPP_UNPINNED.get(request.node.name) or LLAMACPP_UNPINNED.get(request.node.originalname)
+    if request.param in LLAMACPP_COLUMNS:
+        name = request.node.name.replace("[simulator-llamacpp", "[llamacpp")
+        gaps = {**LLAMACPP_DIFFERS, **(TINY_MODEL_ON_LLAMACPP if request.param == "llamacpp" else {})}
+        gap = gaps.get(name) or gaps.get(request.node.originalname)
         if gap:  # strict: the day the assertion holds on llama.cpp, this fails and the entry goes
             request.applymarker(pytest.mark.xfail(strict=True, reason=gap))
-    else:
-        url = request.getfixturevalue("real_engine_url")
+    url = engine_url(request, start_sim, request.param)
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     return Engine(request.param, url, model)
+
+
+@pytest.fixture(params=["simulator-llamacpp", pytest.param("llamacpp", marks=pytest.mark.llamacpp)])
+def llamacpp_url(request: pytest.FixtureRequest, start_sim: SimFactory) -> str:
+    """A llama.cpp column for the tests that pin what llama-server does: the simulator's, the real one."""
+    return engine_url(request, start_sim, str(request.param))
 
 
 def keyframe_request(
@@ -266,12 +303,11 @@ def test_a_malformed_request_gets_the_openai_error_shape(engine: Engine, body: d
     assert {"message", "type", "param", "code"} <= set(error)
 
 
-@pytest.mark.llamacpp
 def test_llamacpp_refuses_only_what_it_cannot_parse_and_its_error_has_no_param(
-    real_llamacpp_url: str,
+    llamacpp_url: str,
 ) -> None:
-    """What llama.cpp does with the malformed requests above (pinned beside LLAMACPP_UNPINNED's entry)."""
-    chat = f"{real_llamacpp_url}/v1/chat/completions"
+    """What llama.cpp does with the malformed requests above (pinned beside LLAMACPP_DIFFERS' entry)."""
+    chat = f"{llamacpp_url}/v1/chat/completions"
     refused = httpx.post(chat, json={"model": "tiny"}, timeout=300)
     assert refused.status_code == 400
     assert refused.json() == {
@@ -282,10 +318,17 @@ def test_llamacpp_refuses_only_what_it_cannot_parse_and_its_error_has_no_param(
     body = {"messages": hi, "stream_options": {"include_usage": True}, "max_tokens": 2}
     ignored = httpx.post(chat, json=body, timeout=300)
     assert ignored.status_code == 200
-    # max_completion_tokens -1 is llama.cpp's n_predict -1, "no limit": it runs to the slot's context
+    # max_completion_tokens -1 is llama.cpp's n_predict -1, "no limit": the answer runs to its stop token or
+    # to the slot's context (the tiny random model never stops: it fills the slot)
     unlimited = httpx.post(chat, json={"messages": hi, "max_completion_tokens": -1}, timeout=300)
     assert unlimited.status_code == 200
-    assert unlimited.json()["choices"][0]["finish_reason"] == "length"
+    answer = unlimited.json()
+    slot = httpx.get(f"{llamacpp_url}/props", timeout=30).json()["default_generation_settings"]["n_ctx"]
+    if answer["choices"][0]["finish_reason"] == "length":
+        assert answer["usage"]["total_tokens"] == slot, (answer["usage"], slot)
+    else:
+        assert answer["choices"][0]["finish_reason"] == "stop"
+        assert answer["usage"]["total_tokens"] < slot
 
 
 def test_streaming_with_include_usage_ends_with_a_usage_chunk_then_done(engine: Engine) -> None:
@@ -402,10 +445,9 @@ def test_logprobs_come_for_every_token_and_the_grammar_masks_the_verdicts_altern
 LLAMACPP_ZERO_LOGPROB = -3.4028234663852886e38  # llama-server's log(0): std::numeric_limits<float>::lowest()
 
 
-@pytest.mark.llamacpp
-def test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask(real_llamacpp_url: str) -> None:
-    """What llama.cpp does instead of vLLM's masked logprobs (pinned beside LLAMACPP_UNPINNED's entry)."""
-    engine = Engine("llamacpp", real_llamacpp_url, "")
+def test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask(llamacpp_url: str) -> None:
+    """What llama.cpp does instead of vLLM's masked logprobs (pinned beside LLAMACPP_DIFFERS' entry)."""
+    engine = Engine("llamacpp", llamacpp_url, "")
     body = engine.post(compact_request(engine, thinking=False)).json()
     choice = body["choices"][0]
     entries = choice["logprobs"]["content"]
@@ -480,30 +522,107 @@ def test_streamed_logprobs_are_the_same_tokens_delta_by_delta(engine: Engine, th
     assert verdict.confidence == pytest.approx(whole_verdict.confidence)
 
 
-@pytest.mark.llamacpp
-def test_llamacpp_streams_no_logprob_entry_for_the_stop_token(real_llamacpp_url: str) -> None:
-    """What llama.cpp streams instead of every entry (pinned beside LLAMACPP_UNPINNED's entry): the stop
-    token writes no text, so no delta carries its entry; the whole answer lists it (token "")."""
-    engine = Engine("llamacpp", real_llamacpp_url, "")
-    whole = engine.post(compact_request(engine, thinking=False)).json()["choices"][0]
+def writes_nothing(token: str) -> bool:
+    """A token that changes no field of llama-server's parsed message: the stop token (``""``), a blank, or
+    a piece of the closing tag."""
+    return not token.strip() or token.strip() in THINK_CLOSE
+
+
+THINK_CLOSE = "</think>"
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])
+def test_llamacpp_streams_no_logprob_entry_for_a_token_that_writes_nothing(
+    llamacpp_url: str, thinking: bool
+) -> None:
+    """What llama.cpp streams instead of every entry (pinned beside LLAMACPP_DIFFERS' entry): a chunk, and
+    its entry, only for a token that changed the parsed message (and the first, whose chunk names the
+    role); the whole answer lists every token, the stop token as ``""``."""
+    engine = Engine("llamacpp", llamacpp_url, "")
+    whole = engine.post(compact_request(engine, thinking=thinking)).json()["choices"][0]
     content, entries, finish = streamed_choice(
-        engine.post(compact_request(engine, thinking=False, stream=True))
+        engine.post(compact_request(engine, thinking=thinking, stream=True))
     )
     assert (content, finish) == (whole["message"]["content"], whole["finish_reason"])
-    assert finish == "stop"
     listed = [e["token"] for e in whole["logprobs"]["content"]]
-    assert listed[-1] == ""
-    assert [e["token"] for e in entries] == listed[:-1]
-    # the confidence does not need the stop token's entry: both read the same (or say the same reason)
-    parsed = parse_engine_output(content, None, finish)
-    readings = [
-        with_confidence(
-            parsed.verdicts, [TokenLogprob.from_wire(e) for e in got], content, grammar_masked=False
-        )[0]
-        for got in (entries, whole["logprobs"]["content"])
-    ]
-    assert readings[0].confidence == readings[1].confidence
-    assert readings[0].confidence_note == readings[1].confidence_note
+    streamed = [e["token"] for e in entries]
+    if finish == "stop":
+        assert listed[-1] == ""
+    assert streamed[0] == listed[0]
+    left_out, at = [], 0  # the streamed tokens are the listed ones in order, the rest write nothing
+    for token in listed:
+        if at < len(streamed) and streamed[at] == token:
+            at += 1
+        else:
+            left_out.append(token)
+    assert at == len(streamed), (streamed, listed)
+    assert left_out
+    assert all(writes_nothing(token) for token in left_out), left_out
+    if not thinking:
+        assert finish == "stop"
+        assert streamed == listed[:-1]  # only the stop token
+        # the confidence does not need the stop token's entry: both read the same (or say the same reason)
+        parsed = parse_engine_output(content, None, finish)
+        readings = [
+            with_confidence(
+                parsed.verdicts, [TokenLogprob.from_wire(e) for e in got], content, grammar_masked=False
+            )[0]
+            for got in (entries, whole["logprobs"]["content"])
+        ]
+        assert readings[0].confidence == readings[1].confidence
+        assert readings[0].confidence_note == readings[1].confidence_note
+
+
+def forced(llamacpp_url: str, text: str, *, stream: bool = False, **body: Any) -> httpx.Response:
+    """A chat answered under a grammar that admits one text, thinking on: what any model must write."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    request = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "chat_template_kwargs": {"enable_thinking": True},
+        "grammar": f'root ::= "{escaped}"\n',
+        "max_tokens": 32,
+        "stream": stream,
+        **body,
+    }
+    return httpx.post(f"{llamacpp_url}/v1/chat/completions", json=request, timeout=300)
+
+
+def test_llamacpp_puts_the_thought_in_reasoning_content_closed_or_not(llamacpp_url: str) -> None:
+    """Where llama.cpp returns the thought (pinned beside TINY_MODEL_ON_LLAMACPP's entries): with
+    ``--reasoning-format deepseek`` and a template whose think block llama.cpp can find, the text before
+    ``</think>`` is ``reasoning_content`` whether the thought closed or not (as vLLM's ``reasoning``), the
+    closing tag and the line breaks after it belong to no field, and a thought of blanks is trimmed away:
+    no ``reasoning_content`` at all (what the tiny model's blank thoughts show)."""
+    def answer(text: str, **body: Any) -> tuple[str, dict[str, Any]]:
+        choice = forced(llamacpp_url, text, **body).json()["choices"][0]
+        return choice["finish_reason"], choice["message"]
+
+    assert answer("abc def</think>\n\nallow") == (
+        "stop", {"role": "assistant", "content": "allow", "reasoning_content": "abc def"}
+    )
+    assert answer("abc def") == ("stop", {"role": "assistant", "content": "", "reasoning_content": "abc def"})
+    finish, cut = answer("abc def ghi jkl mno pqr", max_tokens=3)
+    assert finish == "length"
+    assert cut["content"] == ""
+    assert cut["reasoning_content"].startswith("abc def")
+    assert answer("     </think>\n\nallow") == ("stop", {"role": "assistant", "content": "allow"})
+    # streamed: the thought in reasoning_content deltas, the answer in content ones, the tag in neither
+    events = stream_events(forced(llamacpp_url, "abc def</think>\n\nallow", stream=True))
+    deltas = [json.loads(e)["choices"][0]["delta"] for e in events[:-1] if json.loads(e)["choices"]]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "abc def"
+    assert "".join(d.get("content") or "" for d in deltas) == "allow"
+    assert not any("think" in str(d) for d in deltas)
+
+
+def test_llamacpp_closes_the_thought_at_the_reasoning_budget_inside_the_grammar(llamacpp_url: str) -> None:
+    """``reasoning_budget_tokens`` (the gateway's ``thinking_token_budget``): llama.cpp writes ``</think>``
+    once the thought has that many tokens, and the verdict's grammar (the thought rule) admits it."""
+    engine = Engine("llamacpp", llamacpp_url, "")
+    body = compact_request(engine, thinking=True)
+    budget = body["thinking_token_budget"]
+    listed = [e["token"] for e in engine.post(body).json()["choices"][0]["logprobs"]["content"]]
+    assert THINK_CLOSE in listed, listed[: budget + 2]
+    assert listed.index(THINK_CLOSE) <= budget
 
 
 def test_the_compact_forms_cost_a_handful_of_tokens_on_the_engines_tokenizer(engine: Engine) -> None:
