@@ -333,6 +333,7 @@ class EngineClient:
 
     async def _read_stream(self, response: httpx.Response, state: _StreamState, started: float) -> None:
         lines = response.aiter_lines()
+        first_chunk_is_a_token = (self._wire or wire_for("vllm")).first_chunk_is_a_token
         first_token_deadline = started + self.first_token_timeout_s
         while True:
             timeout = None if state.first_token_at else max(0.0, first_token_deadline - time.monotonic())
@@ -367,7 +368,8 @@ class EngineClient:
                 if entries is not None:
                     state.logprobs = state.logprobs or []
                     state.logprobs.extend(entries)
-                if (reasoning or delta.get("content")) and state.first_token_at is None:
+                token = reasoning or delta.get("content") or (first_chunk_is_a_token and "role" in delta)
+                if token and state.first_token_at is None:
                     state.first_token_at = time.monotonic()
                 if choice.get("finish_reason"):
                     state.finish_reason = choice["finish_reason"]

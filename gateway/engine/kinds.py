@@ -43,6 +43,9 @@ class EngineWire:
     # Under a grammar vLLM returns the probabilities the grammar left (masked logits), llama.cpp does not.
     logprobs_grammar_masked: ClassVar[bool] = True
     counts_image_tokens: ClassVar[bool] = True  # usage.prompt_tokens_details.multimodal_tokens
+    # Whether the stream's first chunk (the role's) comes with the first generated token: vLLM sends it
+    # before any; llama-server with its first token, which may change no field (a blank of the thought).
+    first_chunk_is_a_token: ClassVar[bool] = False
 
     def chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
         """The body this engine takes for the gateway's chat request."""
@@ -81,6 +84,7 @@ class LlamaCppWire(EngineWire):
     kind: ClassVar[EngineKind] = "llamacpp"
     logprobs_grammar_masked: ClassVar[bool] = False
     counts_image_tokens: ClassVar[bool] = False
+    first_chunk_is_a_token: ClassVar[bool] = True  # server-task.cpp: the role delta when n_decoded == 1
 
     def chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
         """Regex to GBNF, the reasoning budget by llama.cpp's name, no vLLM-only fields."""

@@ -217,3 +217,24 @@ async def test_a_client_told_its_kind_asks_nothing_to_detect_it() -> None:
     assert paths == ["/v1/chat/completions"]
     assert re.fullmatch(r"vllm", client.kind)
     await client.aclose()
+
+
+@pytest.mark.parametrize(("kind", "timed"), [("llamacpp", True), ("vllm", False)])
+async def test_the_first_token_is_llamacpps_role_chunk_even_when_it_writes_nothing(
+    kind: str, timed: bool
+) -> None:
+    """llama-server sends its role chunk with the first generated token (a blank of the thought changes no
+    field, so nothing else may come for a while); vLLM sends its role chunk before any token."""
+    chunks = [{"delta": {"role": "assistant", "content": None}}, {"delta": {}, "finish_reason": "length"}]
+    stream = "".join(f"data: {json.dumps({'choices': [c]})}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=stream, headers={"content-type": "text/event-stream"})
+
+    client = EngineClient(
+        "http://e", connect_timeout_s=1, first_token_timeout_s=5, total_timeout_s=5, connect_retries=0,
+        max_connections=2, transport=httpx.MockTransport(handle), kind=kind,
+    )  # fmt: skip
+    answer = await client.chat(gateway_body(stream=True), "req-3")
+    assert (answer.ttft_s is not None) is timed
+    await client.aclose()
