@@ -472,7 +472,8 @@ class _PoolCollector(Collector):
             labels=["engine"],
         )
         up = GaugeMetricFamily(
-            "modgate_engine_up", "1 while the engine's circuit lets calls through (closed or probing).",
+            "modgate_engine_up",
+            "1 while the engine's circuit is closed; 0 from a failure that opened it until a probe succeeds.",
             labels=["engine"],
         )
         failovers = CounterMetricFamily(
@@ -482,7 +483,9 @@ class _PoolCollector(Collector):
         for engine in pool.engines:
             inflight.add_metric([engine.url], engine.inflight)
             cap.add_metric([engine.url], engine.cap)
-            up.add_metric([engine.url], 0.0 if engine.state == "open" else 1.0)
+            # A cool-down that passed is no news of the engine: half-open stays 0 until its probe succeeds, so
+            # a dead engine that no call probes (the others take them) reads down for as long as it is.
+            up.add_metric([engine.url], 1.0 if engine.state == "closed" else 0.0)
             failovers.add_metric([engine.url], engine.failovers)
         yield from (inflight, cap, up, failovers)
         if pool.leases is not None:

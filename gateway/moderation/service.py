@@ -67,7 +67,7 @@ from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
 from shaping.errors import ImageRejected
-from shaping.image import ImageLimits, ShapedImage, decode_data_url, shape_image
+from shaping.image import ImageLimits, ShapedImage, data_url_payload, decode_data_url, shape_image
 from shaping.prompt import SystemPrompt
 from shaping.tokens import TokenGrid
 from shaping.verdict import VerdictFormat
@@ -169,12 +169,14 @@ class ModerationService:
     async def shape(self, data_url: str, tenant: str = SHARED_FLOW) -> ShapedImage:
         """Decode and shape one keyframe off the event loop (fetched first if it is an allowed remote URL)."""
         try:
+            shape = functools.partial(shape_image, jpeg_quality=self.settings.shaping.jpeg_quality)
             if self.remote_images is not None and is_remote_url(data_url):
                 raw = await self.remote_images.fetch(data_url)
-            else:
-                _, raw = decode_data_url(data_url, self.settings.shaping.max_image_bytes)
-            shape = functools.partial(shape_image, jpeg_quality=self.settings.shaping.jpeg_quality)
-            return await self._off_loop(tenant, shape, raw, self.limits, self.grid)
+                return await self._off_loop(tenant, shape, raw, self.limits, self.grid)
+            _, raw = decode_data_url(data_url, self.settings.shaping.max_image_bytes)
+            shaped = await self._off_loop(tenant, shape, raw, self.limits, self.grid)
+            # a frame passed through unchanged goes to the engine in the caller's own base64
+            return shaped.reusing_encoding(raw, data_url_payload(data_url))
         except ImageRejected as exc:
             raise image_rejection(exc) from exc
 

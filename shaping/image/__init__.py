@@ -44,7 +44,7 @@ and 5, and the EXIF orientation), ``pixels`` (steps 6 and 7), ``identity`` (the 
 ``smart_resize`` are ``shaping.tokens``'s.
 """
 
-from shaping.image.data_url import decode_data_url
+from shaping.image.data_url import data_url_payload, decode_data_url
 from shaping.image.identity import IDENTITY_SCALE, THUMBNAIL_SIZE, frame_identity
 from shaping.image.limits import SUPPORTED_FORMATS, ImageFormat, ImageLimits
 from shaping.image.shape import SHAPED_MIME, ShapedImage, shape_image
@@ -57,6 +57,7 @@ __all__ = [
     "ImageFormat",
     "ImageLimits",
     "ShapedImage",
+    "data_url_payload",
     "decode_data_url",
     "frame_identity",
     "shape_image",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from PIL import Image, ImageFile
@@ -54,11 +54,29 @@ class ShapedImage:
     thumbnail: bytes = field(repr=False)
     passthrough: bool
     decoded_size: tuple[int, int]  # the pixels the decoder produced (DCT scaling makes them fewer)
+    # ``data`` in base64 when the caller's own text says it (see :meth:`reusing_encoding`), else None
+    encoded: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def data_url(self) -> str:
         """The shaped bytes as a base64 ``data:`` URL, as the engine's ``image_url`` takes them."""
-        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode('ascii')}"
+        encoded = base64.b64encode(self.data).decode("ascii") if self.encoded is None else self.encoded
+        return f"data:{self.mime};base64,{encoded}"
+
+    def reusing_encoding(self, source: bytes, encoded: str) -> ShapedImage:
+        """This frame with ``encoded``, the caller's base64 of ``source``, as its own, when that is exactly
+        what encoding ``data`` would write: ``source`` passed through unchanged (nothing dropped) and the text
+        canonical (strict base64 may still leave the last character's spare bits non-zero). Otherwise as is.
+
+        It spares encoding an image-sized string again for the engine (the caller's was just decoded).
+        """
+        size = len(source)
+        if not self.passthrough or size != len(self.data) or len(encoded) != 4 * -(-size // 3):
+            return self
+        tail = size - (size % 3 or 3)
+        if base64.b64encode(source[tail:]).decode("ascii") != encoded[-4:] or source != self.data:
+            return self
+        return replace(self, encoded=encoded)
 
 
 def shape_image(data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quality: int = 90) -> ShapedImage:
@@ -93,7 +111,7 @@ def shape_image(data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quali
             if image.size == target and image.mode == "RGB" and orientation_of(image) == 1:
                 stream = baseline_jpeg_stream(data)
                 if stream is not None:
-                    return _passthrough(stream, grid)
+                    return _passthrough(image, stream, grid)
             # DCT-domain scaling: Pillow picks 1/2, 1/4 or 1/8 only where the result still covers the target.
             image.draft("RGB", target)
         load_pixels(image, label)
@@ -117,21 +135,22 @@ def shape_image(data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quali
         )
 
 
-def _passthrough(stream: bytes, grid: TokenGrid) -> ShapedImage:
+def _passthrough(image: ImageFile.ImageFile, stream: bytes, grid: TokenGrid) -> ShapedImage:
     """Reuse an on-grid baseline JPEG's bitstream, decoded once at the identity's scale to prove it decodes.
 
+    ``image`` is the caller's JPEG as already opened for the header checks; its scan is the bitstream's own
+    byte for byte (only metadata and trailing bytes differ), so it is decoded as it is, not opened again.
     At 1/8 scale libjpeg still reads every entropy-coded bit (truncation and corrupt data fail as in a full
     decode); it only skips the inverse DCT beyond the DC term, the 8×8 block mean the identity is made of.
     """
-    with open_image(stream, "JPEG") as image:
-        size = image.size
-        scale = identity_scale(size)
-        image.draft("RGB", (size[0] // scale, size[1] // scale))
-        load_pixels(image, "JPEG")
-        check_decoded_size(image, size, "JPEG")
-        return _shaped(
-            stream, size, image, grid, source=(*size, "JPEG"), decoded_size=image.size, passthrough=True
-        )
+    size = image.size
+    scale = identity_scale(size)
+    image.draft("RGB", (size[0] // scale, size[1] // scale))
+    load_pixels(image, "JPEG")
+    check_decoded_size(image, size, "JPEG")
+    return _shaped(
+        stream, size, image, grid, source=(*size, "JPEG"), decoded_size=image.size, passthrough=True
+    )
 
 
 def _shaped(

@@ -202,6 +202,27 @@ async def test_per_engine_gauges_are_labelled_by_engine() -> None:
     assert f'modgate_engine_up{{engine="{B}"}} 0.0' in text
 
 
+async def test_an_engine_reads_down_from_its_failure_until_a_probe_succeeds_cool_down_or_not() -> None:
+    clock = FakeClock()
+    pool = pool_of(engine_slot(A, 2), engine_slot(B, 2, clock=clock))
+    registry = CollectorRegistry()
+    pool.register_metrics(registry)
+
+    def up_of_b() -> str:
+        line = next(line for line in generate_latest(registry).decode().splitlines()
+                    if line.startswith(f'modgate_engine_up{{engine="{B}"}}'))
+        return line.rsplit(" ", 1)[1]
+
+    pool.engines[1].circuit.record_failure()
+    assert up_of_b() == "0.0"
+    clock.advance(60)  # long past the cool-down: half-open, but nothing has shown the engine answers
+    assert pool.engines[1].state == "half_open"
+    assert up_of_b() == "0.0"
+    probe = pool.engines[1].circuit.before_call()
+    pool.engines[1].circuit.record_success(probe)
+    assert up_of_b() == "1.0"
+
+
 def test_engine_urls_and_caps_are_read_from_comma_separated_settings() -> None:
     settings = Settings(engine_url=f" {A}/, {B} ", engine_caps=f"{A}=2, {B}/=4", max_inflight=8)
     assert settings.engine_urls() == [A, B]

@@ -7,15 +7,18 @@ free port, so the machine's Redis is never touched.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
+from gateway.policy.rules import ThinkingPolicy
 from tests.processes import GatewayProcessesFactory, RedisServer, poll
 from tests.support import ADMIN_TOKEN, image_input
 
@@ -82,6 +85,17 @@ def in_force(url: str, version: int, mode: str) -> bool:
     return (details["policy_version"], details["thinking"]) == (version, mode)
 
 
+def write_policy(redis_url: str, prefix: str, policy: ThinkingPolicy) -> None:
+    """Store ``policy`` under ``prefix`` as a replica's flip would have (document and history)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        body = policy.model_dump_json()
+        client.hset(prefix, mapping={"version": policy.version, "document": body})
+        client.hset(f"{prefix}:history", str(policy.version), body)
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A private redis-server with no persistence (not started yet), killed after the test."""
@@ -90,24 +104,33 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.kill()
 
 
+@pytest.mark.parametrize("leftover", [None, 7], ids=["fresh-redis", "redis-holding-version-7"])
 def test_a_flip_through_one_gateway_is_in_force_on_the_other_within_a_second(
-    redis_url: str, sim: ThreadedServer, gateway_processes: GatewayProcessesFactory
+    redis_url: str, sim: ThreadedServer, gateway_processes: GatewayProcessesFactory, leftover: int | None
 ) -> None:
+    # A key space of this run's own: nothing another run (or a replica still stopping) wrote is read here.
+    prefix = f"test:policy:{secrets.token_hex(4)}"
+    if leftover is not None:  # an operator's Redis holds an earlier deployment's versions (thinking off)
+        earlier = ThinkingPolicy(version=leftover, default_mode="off", reason="an earlier deployment")
+        write_policy(redis_url, prefix, earlier)
+    start, mode = (1, "on") if leftover is None else (leftover, "off")
+    other = "off" if mode == "on" else "on"
     # The periodic reload is 600 s away: only the published change can make the deadline.
     first, second = replicas(
-        gateway_processes, 2, sim.url, redis_url, MODGATE_POLICY__RELOAD_INTERVAL_S=RELOAD_INTERVAL_S
+        gateway_processes, 2, sim.url, redis_url,
+        MODGATE_POLICY__RELOAD_INTERVAL_S=RELOAD_INTERVAL_S, MODGATE_POLICY__KEY_PREFIX=prefix,
     )
-    assert policy_of(second)["version"] == 1
-    assert moderation_details(second)["thinking"] == "on"
+    assert policy_of(second)["version"] == start
+    assert moderation_details(second)["thinking"] == mode
 
-    flipped = put_policy(first, default_mode="off", reason="evening peak")
+    flipped = put_policy(first, default_mode=other, reason="evening peak")
     assert flipped.status_code == 200, flipped.text
-    within_flip_deadline(lambda: in_force(second, 2, "off"), "the flip through the first gateway")
+    within_flip_deadline(lambda: in_force(second, start + 1, other), "the flip through the first gateway")
     assert moderation_details(second)["thinking_rule"] == "default"
 
-    back = put_policy(second, default_mode="on", reason="peak over")
+    back = put_policy(second, default_mode=mode, reason="peak over")
     assert back.status_code == 200, back.text
-    within_flip_deadline(lambda: in_force(first, 3, "on"), "the flip back through the second gateway")
+    within_flip_deadline(lambda: in_force(first, start + 2, mode), "the flip back through the second gateway")
 
 
 @pytest.mark.parametrize(

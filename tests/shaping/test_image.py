@@ -284,6 +284,43 @@ def test_a_passed_through_jpeg_loses_its_metadata_but_not_a_pixel() -> None:
         assert np.array_equal(np.asarray(decoded(shaped)), np.asarray(original.convert("RGB")))
 
 
+def test_a_frame_passed_through_unchanged_reuses_the_callers_base64_for_the_engine() -> None:
+    data = photo_jpeg(1088, 608)
+    text = base64.b64encode(data).decode()
+    shaped = shape_image(data, LIMITS, GRID).reusing_encoding(data, text)
+    assert shaped.encoded is text  # the caller's string itself, not an encoding of it again
+    assert shaped.data_url == "data:image/jpeg;base64," + text
+
+
+@pytest.mark.parametrize(
+    "why", ["spare bits set in the last character", "metadata dropped", "resized", "other bytes"]
+)
+def test_the_callers_base64_is_kept_only_where_it_is_what_encoding_the_shaped_bytes_writes(why: str) -> None:
+    data = photo_jpeg(1088, 608)
+    if why == "metadata dropped":
+        data = encode(photo(1088, 608), "JPEG", quality=90, comment=b"from the camera")
+    elif why == "resized":
+        data = photo_jpeg(1280, 720)
+    text = base64.b64encode(data).decode()
+    source = data
+    if why == "spare bits set in the last character":
+        while len(data) % 3 == 0:  # a length with a padded last quartet, so its last character has spare bits
+            data = encode(photo(1088, 608, seed=len(data)), "JPEG", quality=90)
+        source, text = data, base64.b64encode(data).decode()
+        alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+        last = text.rstrip("=")
+        spare = alphabet[alphabet.index(last[-1]) | 1]  # the lowest bit is spare with one or two bytes left
+        text = last[:-1] + spare + text[len(last):]
+        assert base64.b64decode(text) == data  # the same bytes, strictly, in a text encoding would not write
+    elif why == "other bytes":
+        source = photo_jpeg(1088, 608, seed=1)
+        text = base64.b64encode(source).decode()
+    shaped = shape_image(data, LIMITS, GRID)
+    reused = shaped.reusing_encoding(source, text)
+    assert reused.encoded is None
+    assert reused.data_url == "data:image/jpeg;base64," + base64.b64encode(shaped.data).decode()
+
+
 def test_a_progressive_jpeg_on_the_grid_is_re_encoded_as_baseline() -> None:
     shaped = shape_image(encode(photo(1088, 608), "JPEG", progressive=True), LIMITS, GRID)
     assert not shaped.passthrough
