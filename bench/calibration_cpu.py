@@ -138,7 +138,7 @@ async def measure(url: str, config: Configuration, requests: int, warmup: int) -
     )
 
 
-def simulate(preset: SimPreset, config: Configuration, prompt_tokens: int) -> Measured:
+def simulate(preset: SimPreset, config: Configuration, prompt_tokens: int, requests: int = 120) -> Measured:
     """The same configuration on the step model's virtual clock."""
     shape = RequestShape(
         prompt_tokens=prompt_tokens,
@@ -147,7 +147,9 @@ def simulate(preset: SimPreset, config: Configuration, prompt_tokens: int) -> Me
         shared_prefix_tokens=prompt_tokens if config.repeated else 0,
     )
     chosen = preset.scaled(**dict(config.changes)) if config.changes else preset
-    figures = closed_loop(chosen, config.callers, shape=shape, requests=120, warmup=20, turnaround_s=0.002)
+    figures = closed_loop(
+        chosen, config.callers, shape=shape, requests=requests, warmup=20, turnaround_s=0.002
+    )
     return Measured(figures.requests_per_min, figures.ttft_mean_s, figures.e2e_mean_s, prompt_tokens, 0.0)
 
 
@@ -158,24 +160,38 @@ FIGURES: tuple[tuple[str, Callable[[Measured], float]], ...] = (
 )
 
 
-def fit(measured: Measured, config: Configuration = FIT) -> SimPreset:
-    """The two constants that meet the fit configuration's TTFT and end to end (least squares of the log
-    ratios); the rate follows from them by Little's law. Decode tokens are not charged apart: on this tiny
-    model a step's fixed cost (the scheduler, sampling, Python, on a shared core) dominates it."""
-    from scipy.optimize import least_squares  # a runtime dependency; imported here, only the fit needs it
+def fit(
+    measured: Measured, config: Configuration = FIT, row_s: float = 0.0, requests: int = 120
+) -> SimPreset:
+    """The two constants (a step's fixed cost and the prefill rate) that meet the fit configuration's
+    end to end and TTFT; the rate follows from them by Little's law. A decode token costs ``row_s`` when
+    one is known from elsewhere; by default 0, free: the fit configuration's batch is always 4, so its
+    figures cannot tell a per-sequence cost from the fixed one (docs/simulator.md: what that misses).
 
-    base = replace(PRESETS["vllm-cpu"], decode_tokens_per_s=0.0)
+    Nested bisection on log scales, as the Spark's refit: for a prefill rate, the fixed cost that meets the
+    end to end (it grows with the cost); then the prefill rate that meets the TTFT (it falls as the rate
+    grows). The virtual clock's figures step with whole steps, so a gradient search stalls on them."""
+    base = replace(PRESETS["vllm-cpu"], decode_tokens_per_s=1 / row_s if row_s > 0 else 0.0)
 
-    def preset_of(x: Any) -> SimPreset:
-        overhead, prefill = (math.exp(v) for v in x)
-        return replace(base, step_overhead_s=overhead, prefill_tokens_per_s=prefill)
+    def bisect(low: float, high: float, too_high: Callable[[float], bool]) -> float:
+        for _ in range(14):  # a factor of 1e5 cut to 0.07 %
+            middle = math.sqrt(low * high)
+            low, high = (low, middle) if too_high(middle) else (middle, high)
+        return math.sqrt(low * high)
 
-    def residuals(x: Any) -> list[float]:
-        simulated = simulate(preset_of(x), config, measured.prompt_tokens)
-        return [math.log(get(simulated) / get(measured)) for _, get in FIGURES[1:]]
+    def with_rate(prefill: float) -> SimPreset:
+        def slow(overhead: float) -> bool:
+            candidate = replace(base, step_overhead_s=overhead, prefill_tokens_per_s=prefill)
+            figures = simulate(candidate, config, measured.prompt_tokens, requests)
+            return figures.e2e_mean_s > measured.e2e_mean_s
 
-    start = [math.log(base.step_overhead_s), math.log(base.prefill_tokens_per_s)]
-    return preset_of(least_squares(residuals, start, diff_step=0.02, max_nfev=60).x)
+        return replace(base, step_overhead_s=bisect(1e-5, 1.0, slow), prefill_tokens_per_s=prefill)
+
+    def fast_first_token(prefill: float) -> bool:  # too high a rate: the TTFT comes out below the measured
+        figures = simulate(with_rate(prefill), config, measured.prompt_tokens, requests)
+        return figures.ttft_mean_s < measured.ttft_mean_s
+
+    return with_rate(bisect(100.0, 1e7, fast_first_token))
 
 
 def rows_of(config: Configuration, real: Measured, simulated: Measured) -> list[dict[str, Any]]:
@@ -193,7 +209,9 @@ def machine_load() -> str:
     return f"load average {one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores"
 
 
-def run(urls: dict[str, str], requests: int = 40, warmup: int = 8) -> tuple[SimPreset, dict[str, list[Any]]]:
+def run(
+    urls: dict[str, str], requests: int = 40, warmup: int = 8
+) -> tuple[SimPreset, dict[str, list[Any]]]:
     """Measure every configuration whose engine is in ``urls`` (flags → URL), fit on :data:`FIT`, compare."""
     configs = [FIT, *HELD_OUT, CHUNKED, THRESHOLD]
     measured: dict[str, tuple[Measured, str]] = {}
@@ -216,6 +234,13 @@ def run(urls: dict[str, str], requests: int = 40, warmup: int = 8) -> tuple[SimP
           f"first), TTFT {again.ttft_mean_s:.3f} s, end to end {again.e2e_mean_s:.3f} s; {machine_load()}",
           flush=True)  # fmt: skip
     preset = fit(first)
+    return preset, compare(preset, configs, measured)
+
+
+def compare(
+    preset: SimPreset, configs: list[Configuration], measured: dict[str, tuple[Measured, str]]
+) -> dict[str, list[Any]]:
+    """Every measured configuration simulated with ``preset``: the fit's rows and the held-out rows."""
     document: dict[str, list[Any]] = {"fit": [], "held_out": []}
     for config in configs:
         if config.name not in measured:
@@ -225,4 +250,4 @@ def run(urls: dict[str, str], requests: int = 40, warmup: int = 8) -> tuple[SimP
         for row in rows:
             row["load"] = load
         document["fit" if config is FIT else "held_out"] += rows
-    return preset, document
+    return document

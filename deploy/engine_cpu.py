@@ -22,6 +22,7 @@ import ctypes
 import fcntl
 import hashlib
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -441,14 +442,18 @@ def serve_until_interrupted(
     return 1 if code != 0 else 0
 
 
-def run_engine_cpu(host: str, port: int, model_dir: Path | None, ready_timeout: float) -> int:
+def run_engine_cpu(
+    host: str, port: int, model_dir: Path | None, ready_timeout: float, extra_args: Sequence[str] = ()
+) -> int:
     """Install, build and serve the CPU engine until Ctrl-C; print its URL and step times."""
     return serve_until_interrupted(
         "engine-cpu",
         "vLLM CPU engine ready",
         "the engine",
         "vLLM",
-        lambda: boot_engine(host=host, port=port, model_dir=model_dir, ready_timeout=ready_timeout),
+        lambda: boot_engine(
+            host=host, port=port, model_dir=model_dir, ready_timeout=ready_timeout, extra_args=extra_args
+        ),
     )
 
 
@@ -469,6 +474,13 @@ def engine_cpu(
     prepare_only: Annotated[
         bool, typer.Option(help="Install the engine and build the model, then exit (CI does this first).")
     ] = False,
+    vllm_args: Annotated[
+        str,
+        typer.Option(
+            help="More api_server flags, after the built-in ones (a repeated flag wins), e.g. "
+            "'--max-num-batched-tokens 64' or '--long-prefill-token-threshold 32'."
+        ),
+    ] = "",
 ) -> None:
     """Install, build and serve the real vLLM CPU engine until Ctrl-C."""
     if prepare_only:
@@ -485,7 +497,7 @@ def engine_cpu(
             f"model {model} ready in {time.perf_counter() - installed:.1f} s"
         )
         return
-    raise typer.Exit(run_engine_cpu(host, port, model_dir, ready_timeout))
+    raise typer.Exit(run_engine_cpu(host, port, model_dir, ready_timeout, shlex.split(vllm_args)))
 
 
 if __name__ == "__main__":

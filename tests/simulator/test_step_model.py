@@ -98,6 +98,12 @@ def test_the_per_sequence_threshold_caps_each_sequences_chunk() -> None:
     assert sum(step.prefill_tokens for step in steps) == 2 * 1076
 
 
+def test_the_per_sequence_threshold_does_not_cut_a_request_that_is_alone() -> None:
+    engine = SimScheduler(SPARK.scaled(long_prefill_token_threshold=300), time_scale=1.0)
+    steps = run_to_end(engine, [sequence(0)])
+    assert steps[0].prefill_tokens == 1076  # vLLM: nobody to starve, the whole budget
+
+
 def test_parallel_prefills_limit_the_sequences_prefilling_in_a_step() -> None:
     engine = SimScheduler(SPARK.scaled(max_parallel_prefills=1), time_scale=1.0)
     steps = run_to_end(engine, [sequence(i) for i in range(3)])
