@@ -31,6 +31,15 @@ def _load() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
 
 
+def _own_peak_mb() -> float:
+    """This process's peak resident memory (the generator's, when it ran here)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 # The child reports its own peak: getrusage's figure for children also counts the parent's pages the
 # child held between fork and exec, which here are the generated records.
 _CHILD = (
@@ -94,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "--chunk",
         type=int,
         default=1_000_000,
-        help="generate at most this many pairs at a time (Parquet only)",
+        help="generate at most this many pairs at a time (Parquet only): the generator's memory",
     )
     args = parser.parse_args(argv)
 
@@ -119,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         size_mb = sum(p.stat().st_size for p in records.rglob("*") if p.is_file()) / 1e6
         print(
             f"generated {args.pairs:,} pairs: {written:,} records, {size_mb:,.0f} MB of {args.format} "
-            f"in {time.perf_counter() - started:.1f} s ({_load()})"
+            f"in {time.perf_counter() - started:.1f} s, peak RSS {_own_peak_mb():,.0f} MB ({_load()})"
         )
         seconds, cpu, peak_mb, code = run_report(
             args.code, records, work / "reports", bootstrap=args.bootstrap

@@ -44,6 +44,7 @@ from quality.runner import (
     parse_arms,
     run_offline,
 )
+from quality.summaries import EngineKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -60,11 +61,6 @@ quality_app = typer.Typer(
     no_args_is_help=True,
 )
 console = Console(stderr=True)
-
-
-class EngineKind(StrEnum):
-    vllm = "vllm"
-    llamacpp = "llamacpp"
 
 
 class SourceFilter(StrEnum):

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
+from threadpoolctl import threadpool_limits
 
 from quality.records import PairedRecord
 from shaping.verdict import ACTIONS
@@ -260,10 +261,13 @@ def run_bootstrap(
     # it draws and multiplies, and the draws of a group do not depend on the others.
     keys = sorted(by_key, key=lambda k: -k[0] * k[1])
     workers = min(len(keys), _WORKERS)
-    if workers <= 1:
-        for key in keys:
-            draw(key)
-        return
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bootstrap") as pool:
-        for future in [pool.submit(draw, key) for key in keys]:
-            future.result()
+    # One BLAS thread per worker: the products are (slice × videos) @ (videos × a few columns), which
+    # threaded OpenBLAS runs ten times slower on a busy two-core machine (its threads spin for a core).
+    with threadpool_limits(limits=1, user_api="blas"):
+        if workers <= 1:
+            for key in keys:
+                draw(key)
+            return
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bootstrap") as pool:
+            for future in [pool.submit(draw, key) for key in keys]:
+                future.result()

@@ -26,6 +26,7 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
+from scipy import sparse
 
 from quality.columns import IntArray, PairColumns, run_bootstrap
 from quality.records import PairedRecord
@@ -336,28 +337,38 @@ class ThresholdPlan:
                 self._prepare_fast_auroc()
 
     def _prepare_fast_auroc(self) -> None:
+        """The negatives' weight per video between consecutive cut points (each positive's score, below
+        and at it), as a sparse (segments, videos) matrix: a resample's weight below and at each positive
+        is then a cumulative sum over segments, one sparse product per slice of resamples."""
         ranks, _ = self.rank
         frames = self.frames
         positive = np.flatnonzero(frames.disagree)
         negative = np.flatnonzero(~frames.disagree)
-        negative = negative[np.argsort(ranks[negative], kind="stable")]
-        negative_ranks = ranks[negative]
-        self._pos, self._neg = positive, negative
-        self._below = np.searchsorted(negative_ranks, ranks[positive], side="left")
-        self._upto = np.searchsorted(negative_ranks, ranks[positive], side="right")
+        negative_ranks = np.sort(ranks[negative], kind="stable")
+        below = np.searchsorted(negative_ranks, ranks[positive], side="left")
+        upto = np.searchsorted(negative_ranks, ranks[positive], side="right")
+        cuts = np.unique(np.concatenate([[0, negative.size], below, upto]))
+        order = negative[np.argsort(ranks[negative], kind="stable")]
+        segment = np.searchsorted(cuts, np.arange(negative.size), side="right") - 1
+        self._segments = sparse.csr_matrix(
+            (frames.weight[order], (segment, frames.video[order])), shape=(cuts.size, self.n_videos)
+        )
+        self._below = np.searchsorted(cuts, below)
+        self._upto = np.searchsorted(cuts, upto)
+        self._pos = positive
 
     def _fast_auroc(self, draws: FloatArray) -> FloatArray:
-        """`weighted_auroc` for whole frame weights: per resample, the negatives' weight below and at
-        each positive's score from one cumulative sum over the negatives in score order."""
+        """`weighted_auroc` for whole frame weights. Every weight and sum is a whole number (or a half)
+        far below 2**53, so summing by segment instead of frame by frame gives the same bits."""
         frames = self.frames
         pos_weight = draws[:, frames.video[self._pos]] * frames.weight[self._pos][None, :]
-        neg_weight = draws[:, frames.video[self._neg]] * frames.weight[self._neg][None, :]
-        cumulative = np.zeros((draws.shape[0], self._neg.size + 1))
-        np.cumsum(neg_weight, axis=1, out=cumulative[:, 1:])
-        below = cumulative[:, self._below]
-        ties = cumulative[:, self._upto] - below
+        by_segment = np.asarray(self._segments @ np.ascontiguousarray(draws.T))  # (segments, resamples)
+        cumulative = np.zeros((by_segment.shape[0] + 1, draws.shape[0]))
+        np.cumsum(by_segment, axis=0, out=cumulative[1:])
+        below = cumulative[self._below].T
+        ties = cumulative[self._upto].T - below
         wins = np.sum(pos_weight * (below + 0.5 * ties), axis=1)
-        total = pos_weight.sum(axis=1) * cumulative[:, -1]
+        total = pos_weight.sum(axis=1) * cumulative[-1]
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.asarray(np.where(total > 0, wins / total, np.nan), dtype=np.float64)
 
@@ -372,13 +383,13 @@ class ThresholdPlan:
         auroc_rows = min(self.resamples, _AUROC_RESAMPLES) - start
         if not self.with_auroc or auroc_rows <= 0:
             return
+        if self.whole:  # memory per resample: segments and positives, not frames
+            self.auroc_boot.append(self._fast_auroc(draws[:auroc_rows]))
+            return
         frames = self.frames
         step = max(1, _FRAME_CELLS // max(frames.size, 1))
         for first in range(0, min(auroc_rows, draws.shape[0]), step):
             last = min(first + step, auroc_rows, draws.shape[0])
-            if self.whole:
-                self.auroc_boot.append(self._fast_auroc(draws[first:last]))
-                continue
             frame_draws = draws[first:last, frames.video] * frames.weight[None, :]
             self.auroc_boot.append(weighted_auroc(self.score, frames.disagree, frame_draws, self.rank))
 

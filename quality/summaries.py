@@ -9,6 +9,7 @@ assembled by :func:`quality.report.build_weekly_report`.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,6 +26,7 @@ __all__ = [
     "Decision",
     "EngineComparison",
     "EngineDecision",
+    "EngineKind",
     "EngineSection",
     "EscalationSample",
     "Estimate",
@@ -263,8 +265,17 @@ class ThresholdSection(BaseModel):
 
 
 EngineDecision = Literal["switch_ok", "keep_reference", "inconclusive"]
-# the kinds of engine a verdict record names (VerdictRecord.engine), as sentences name them
-ENGINE_NAMES: dict[str, str] = {"vllm": "vLLM", "llamacpp": "llama.cpp"}
+
+
+class EngineKind(StrEnum):
+    """The kinds of engine a verdict record names (`VerdictRecord.engine`); the command line's choices."""
+
+    vllm = "vllm"
+    llamacpp = "llamacpp"
+
+
+# each kind as sentences name it
+ENGINE_NAMES: dict[str, str] = {EngineKind.vllm: "vLLM", EngineKind.llamacpp: "llama.cpp"}
 
 
 class EngineComparison(BaseModel):

@@ -74,6 +74,8 @@ class WeekQueries:
     ) -> None:
         self.db = connection
         self._spill = spill
+        # each pairing side ranked so far: condition -> (temporary table, records meeting it, firsts)
+        self._side_tables: dict[str, tuple[str, int, int]] = {}
 
     @classmethod
     def open(
@@ -145,53 +147,69 @@ class WeekQueries:
             engines=[str(e) for e in engines],
         )
 
-    def _eligible(self, query: PairQuery) -> str:
-        conditions = [
-            f"((arm = {_literal(query.reference)}"
-            + (f" AND engine = {_literal(query.reference_engine)}" if query.reference_engine else "")
-            + f") OR (arm = {_literal(query.candidate)}"
-            + (f" AND engine = {_literal(query.candidate_engine)}" if query.candidate_engine else "")
-            + "))"
-        ]
+    def _sides(self, query: PairQuery) -> tuple[str, str]:
+        """The conditions that make a record the reference side or the candidate side of `query`,
+        spelled the same whichever pairing asks, so that pairings sharing a side share its ranking."""
+
+        def arm(name: str, engine: str | None) -> str:
+            return f"(arm = {_literal(name)}" + (f" AND engine = {_literal(engine)}" if engine else "") + ")"
+
+        reference = [arm(query.reference, query.reference_engine)]
+        candidate = [arm(query.candidate, query.candidate_engine)]
+        same_arm = query.reference == query.candidate
         if query.exclude_escalation:
-            conditions.append("selection IS DISTINCT FROM 'escalation'")
+            reference.append("selection IS DISTINCT FROM 'escalation'")
+            candidate.append("selection IS DISTINCT FROM 'escalation'")
         if query.skip_reused_candidates:
-            conditions.append(f"NOT (arm = {_literal(query.candidate)} AND reused)")
-        side = (
-            f"CASE WHEN arm = {_literal(query.reference)}"
-            + (f" AND engine = {_literal(query.reference_engine)}" if query.reference_engine else "")
-            + " THEN 'r' ELSE 'c' END"
-        )
-        return f"SELECT {_PAIR_COLUMNS}, {side} AS side FROM week WHERE " + " AND ".join(conditions)
+            candidate.append("NOT reused")
+            if same_arm:
+                reference.append("NOT reused")
+        engines = (query.reference_engine, query.candidate_engine)
+        if same_arm and (None in engines or engines[0] == engines[1]):
+            # a record that is both sides (one arm and engine named twice) is the reference's
+            candidate.append(f"NOT {reference[0]}")
+        return " AND ".join(reference), " AND ".join(candidate)
+
+    def _firsts(self, condition: str) -> tuple[str, int, int]:
+        """The first record per frame and policy version among those meeting `condition` (by time, then
+        store order), as a temporary table kept for the other pairings that share that side; with how many
+        records met it and how many came first."""
+        if condition not in self._side_tables:
+            name = f"firsts_{len(self._side_tables)}"
+            self.db.execute(
+                f"""
+                CREATE TEMP TABLE {name} AS
+                SELECT * EXCLUDE (nth) FROM (
+                    SELECT {_PAIR_COLUMNS}, row_number() OVER (
+                        PARTITION BY frame_sha256, policy_version ORDER BY recorded_at, seq
+                    ) AS nth
+                    FROM week WHERE {condition}
+                ) WHERE nth = 1
+                """
+            )
+            eligible = self.db.execute(f"SELECT count(*) FROM week WHERE {condition}").fetchall()[0][0]
+            firsts = self.db.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0]
+            self._side_tables[condition] = (name, int(eligible), int(firsts))
+        return self._side_tables[condition]
 
     def pairs(self, query: PairQuery) -> tuple[pa.Table, dict[str, int]]:
         """One row per paired frame, in the order of its reference record; and what did not pair.
 
         The first record of each side per frame and policy version wins (by time, then store order), as
-        `quality.records.pair_records` does.
+        `quality.records.pair_records` does. Each side is ranked once per week: the report's pairings
+        share their thinking-on and thinking-off sides.
         """
+        reference, candidate = self._sides(query)
         reused = 0
         if query.skip_reused_candidates:
-            every = self._eligible(replace(query, skip_reused_candidates=False))
-            skipped = f"SELECT count(*) FROM ({every}) WHERE side = 'c' AND reused"
+            every = self._sides(replace(query, skip_reused_candidates=False))[1]
+            skipped = f"SELECT count(*) FROM week WHERE {every} AND reused"
             reused = int(self.db.execute(skipped).fetchall()[0][0])
-        self.db.execute(
-            f"""
-            CREATE OR REPLACE TEMP TABLE firsts AS
-            SELECT * FROM (
-                SELECT *, row_number() OVER (
-                    PARTITION BY side, frame_sha256, policy_version ORDER BY recorded_at, seq
-                ) AS nth
-                FROM ({self._eligible(query)})
-            ) WHERE nth = 1
-            """
-        )
-        eligible, firsts_r, firsts_c = self.db.execute(
-            f"SELECT (SELECT count(*) FROM ({self._eligible(query)})), "
-            "count(*) FILTER (WHERE side = 'r'), count(*) FILTER (WHERE side = 'c') FROM firsts"
-        ).fetchall()[0]
+        ref_table, ref_eligible, firsts_r = self._firsts(reference)
+        cand_table, cand_eligible, firsts_c = self._firsts(candidate)
+        eligible = ref_eligible + cand_eligible
         table = self.db.sql(
-            """
+            f"""
             SELECT
                 r.flagged AS ref_flagged, c.flagged AS cand_flagged,
                 r.action AS ref_action, c.action AS cand_action,
@@ -202,13 +220,11 @@ class WeekQueries:
                 c.confidence AS cand_confidence,
                 c.selection AS cand_selection,
                 c.selection_probability AS cand_selection_probability
-            FROM firsts r JOIN firsts c
-              ON r.side = 'r' AND c.side = 'c'
-             AND r.frame_sha256 = c.frame_sha256 AND r.policy_version = c.policy_version
+            FROM {ref_table} r JOIN {cand_table} c
+              ON r.frame_sha256 = c.frame_sha256 AND r.policy_version = c.policy_version
             ORDER BY r.recorded_at, r.seq
             """
         ).to_arrow_table()
-        self.db.execute("DROP TABLE firsts")
         paired = table.num_rows
         notes = {
             "duplicates": int(eligible) - int(firsts_r) - int(firsts_c),

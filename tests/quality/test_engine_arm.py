@@ -12,6 +12,7 @@ from deploy.keyframes import make_keyframe
 from quality.records import JsonlRecordStore, VerdictRecord, format_iso_week
 from quality.report import ReportPolicy, build_weekly_report, render_html, render_markdown
 from quality.runner import load_dataset, run_offline
+from quality.summaries import ENGINE_NAMES, EngineKind
 from tests.quality.fakes import synthesize_week
 from tests.support import GatewayFactory, SimFactory
 
@@ -36,6 +37,11 @@ def _second_engine(records: list[VerdictRecord], flip_every: int) -> list[Verdic
             )
         )
     return copies
+
+
+def test_every_engine_kind_the_command_line_accepts_has_the_name_the_report_gives_it() -> None:
+    assert set(ENGINE_NAMES) == {kind.value for kind in EngineKind}
+    assert ENGINE_NAMES["llamacpp"] == "llama.cpp"
 
 
 def test_a_week_of_one_engine_has_no_engine_section() -> None:
