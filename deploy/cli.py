@@ -142,13 +142,6 @@ def print_prediction(document: dict[str, Any], console: Console) -> None:
         console.print(Text(f"  thinking off ({off['request_shape']['output_tokens']} output tokens, compact "
                            "verdict):", style="bold"))
         _print_figures(off["predicted"], off["baseline"], console)
-        floored = document["with_weight_reads"]
-        for mode in ("on", "off"):
-            console.print(Text(f"  thinking {mode}, each pass at least its weight reads (the pessimistic "
-                               "side):", style="bold"))
-            _print_figures(floored[f"thinking_{mode}"]["predicted"], floored[f"thinking_{mode}"]["baseline"],
-                           console)
-        console.print(Text(f"  assumes: {floored['assumption']}", style="dim"))
         reused = document["reused_prompt_tokens_per_request"]
         console.print(f"  prompt tokens its cache reused, per keyframe: {reused['on']:.0f} thinking on, "
                       f"{reused['off']:.0f} off, of {shape['prompt_tokens']:,}")

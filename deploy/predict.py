@@ -17,10 +17,8 @@ from typing import Any
 
 from deploy.check import DEFAULT_MAX_INFLIGHT, ServiceFlags, UnreadableInputError, read_services
 from deploy.check.llamacpp import server_settings, slots
-from deploy.simulator.engine import SimScheduler
-from deploy.simulator.hardware import SPARK_GGUF, SPARK_NVFP4, WeightReadFloor
 from deploy.simulator.llamacpp_law import LlamaCppOptions, LlamaCppScheduler
-from deploy.simulator.presets import PRESETS, SimPreset
+from deploy.simulator.presets import GB10_GGUF_125B, PRESETS, SimPreset
 from deploy.simulator.virtual import SEED_SHAPE, THINKING_OFF_SHAPE, LoadFigures, RequestShape, closed_loop
 
 TOLERANCE = 0.02  # figures within 2 % of each other count as equal when ranking
@@ -129,8 +127,6 @@ class Prediction:
     # llama.cpp: thinking off beside the baseline's, the prompt tokens its cache reused, what it assumes.
     thinking_off: tuple[LoadFigures, LoadFigures] | None = None
     reused_tokens: dict[str, float] = field(default_factory=dict)
-    # Both engines again with each pass at least its weight reads (deploy.simulator.hardware), by mode.
-    with_weight_reads: dict[str, tuple[LoadFigures, LoadFigures]] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -280,9 +276,12 @@ _LLAMACPP_UNMODELLED = {
     "--cache-reuse": "KV shifting: llama-server turns it off for multimodal models",
 }
 LLAMACPP_ASSUMPTIONS = (
-    "the Spark's fitted rates for every forward pass ({prefill:,.0f} prefill and {decode:.0f} decode "
-    "tokens/s, plus {overhead:.3f} s a pass: the per-step hardware cost the vLLM model uses), as if "
-    "llama.cpp's CUDA kernels on the GB10 matched the vLLM fork's: unmeasured",
+    "the per-step hardware cost the vLLM model uses (SimPreset.weight_reads): every forward pass (a "
+    "micro-batch of -ub tokens) reads the weights its prompt tokens route to at {bandwidth:.0f} GB/s, here "
+    "from the GGUF ({gguf_gb:.0f} GB, {gguf_path:.1f} GB a token's path, against the NVFP4's {nvfp4_gb:.0f} "
+    "and {nvfp4_path:.1f}); decode at the fitted rate times the byte ratio ({decode:.0f} tokens/s against "
+    "vLLM's {vllm_decode:.0f}); compute at the Spark's fitted {prefill:,.0f} prefill tokens/s plus "
+    "{overhead:.3f} s a pass, as if llama.cpp's CUDA kernels on the GB10 matched the vLLM fork's: unmeasured",
     "no speculative decoding (the GGUF has no MTP head; MTP made vLLM slower)",
     "the model is hybrid (linear-attention layers): a slot reuses the shared prefix only from a context "
     "checkpoint at or before it; the server saves one before the last user message, so a keyframe reuses "
@@ -292,14 +291,14 @@ LLAMACPP_ASSUMPTIONS = (
 )
 
 
-WEIGHT_READS_ASSUMPTION = (
-    f"each forward pass takes at least the time to read the weights its tokens route to at "
-    f"{SPARK_GGUF.bandwidth_gb_s:.0f} GB/s (min(all, tokens x one token's path): llama.cpp's "
-    f"{SPARK_GGUF.total_gb:.0f} GB GGUF, {SPARK_GGUF.per_token_gb:.1f} GB a token; vLLM's "
-    f"{SPARK_NVFP4.total_gb:.0f} GB NVFP4, {SPARK_NVFP4.per_token_gb:.1f} GB): a hardware floor the fitted "
-    "rates do not hold (with it the tuned vLLM reads below its measured 46.7/min), so this pair is the "
-    "pessimistic side of the prediction, the fitted one the optimistic side"
-)
+def llamacpp_preset(tuned: SimPreset) -> SimPreset:
+    """The tuned vLLM preset's rates on llama.cpp's weights: the same per-step hardware cost
+    (``WeightReads``) over the GGUF's bytes, and a decode rate scaled by the bytes each token reads
+    (decode is memory-bound: the fitted rate already prices the NVFP4 path's reads)."""
+    if tuned.weight_reads is None:
+        return tuned
+    ratio = tuned.weight_reads.active_bytes_per_token / GB10_GGUF_125B.active_bytes_per_token
+    return tuned.scaled(weight_reads=GB10_GGUF_125B, decode_tokens_per_s=tuned.decode_tokens_per_s * ratio)
 
 
 def _llamacpp_options(engine: ServiceFlags) -> tuple[dict[str, Any], list[FlagReading]]:
@@ -325,15 +324,13 @@ def _llamacpp_options(engine: ServiceFlags) -> tuple[dict[str, Any], list[FlagRe
 
 
 def _llamacpp_run(
-    preset: SimPreset, options: LlamaCppOptions, callers: int, requests: int, shape: RequestShape,
-    reads: WeightReadFloor | None = None,
+    preset: SimPreset, options: LlamaCppOptions, callers: int, requests: int, shape: RequestShape
 ) -> tuple[LoadFigures, float]:
     """The figures of one closed-loop run and the prompt tokens reused per request."""
     engines: list[LlamaCppScheduler] = []
 
     def law(chosen: SimPreset) -> LlamaCppScheduler:
         engines.append(LlamaCppScheduler(chosen, 1.0, options))
-        engines[-1].weight_read_floor = reads
         return engines[-1]
 
     figures = closed_loop(preset, callers, shape=shape, requests=requests, law=law)
@@ -347,32 +344,26 @@ def _predict_llamacpp(
 ) -> Prediction:
     fields, readings = _llamacpp_options(engine)
     options = LlamaCppOptions(**fields)
-    on, reused_on = _llamacpp_run(tuned, options, callers, requests, SEED_SHAPE)
-    off, reused_off = _llamacpp_run(tuned, options, callers, requests, THINKING_OFF_SHAPE)
+    mine = llamacpp_preset(tuned)
+    on, reused_on = _llamacpp_run(mine, options, callers, requests, SEED_SHAPE)
+    off, reused_off = _llamacpp_run(mine, options, callers, requests, THINKING_OFF_SHAPE)
     base_off = closed_loop(tuned, callers, shape=THINKING_OFF_SHAPE, requests=requests)
-    floored = {
-        mode: (_llamacpp_run(tuned, options, callers, requests, shape, SPARK_GGUF)[0],
-               _vllm_run(tuned, callers, requests, shape, SPARK_NVFP4))
-        for mode, shape in (("on", SEED_SHAPE), ("off", THINKING_OFF_SHAPE))
-    }
-    assumptions = [text.format(prefill=tuned.prefill_tokens_per_s, decode=tuned.decode_tokens_per_s,
-                               overhead=tuned.step_overhead_s) for text in LLAMACPP_ASSUMPTIONS]
+    reads = mine.weight_reads
+    vllm_reads = tuned.weight_reads
+    assumptions = [text.format(
+        prefill=tuned.prefill_tokens_per_s, decode=mine.decode_tokens_per_s,
+        vllm_decode=tuned.decode_tokens_per_s, overhead=tuned.step_overhead_s,
+        bandwidth=(reads.bandwidth_bytes_per_s / 1e9) if reads else 0.0,
+        gguf_gb=(reads.total_weight_bytes / 1e9) if reads else 0.0,
+        gguf_path=(reads.active_bytes_per_token / 1e9) if reads else 0.0,
+        nvfp4_gb=(vllm_reads.total_weight_bytes / 1e9) if vllm_reads else 0.0,
+        nvfp4_path=(vllm_reads.active_bytes_per_token / 1e9) if vllm_reads else 0.0,
+    ) for text in LLAMACPP_ASSUMPTIONS]
     return Prediction(
         engine.name, callers, fields, on, base_on, readings, engine_kind="llamacpp",
         thinking_off=(off, base_off), reused_tokens={"on": reused_on, "off": reused_off},
-        assumptions=assumptions, with_weight_reads=floored,
+        assumptions=assumptions,
     )
-
-
-def _vllm_run(
-    preset: SimPreset, callers: int, requests: int, shape: RequestShape, reads: WeightReadFloor
-) -> LoadFigures:
-    def law(chosen: SimPreset) -> SimScheduler:
-        engine = SimScheduler(chosen, 1.0)
-        engine.weight_read_floor = reads
-        return engine
-
-    return closed_loop(preset, callers, shape=shape, requests=requests, law=law)
 
 
 def _llamacpp_json(
@@ -389,10 +380,5 @@ def _llamacpp_json(
             "baseline": figures(baseline),
         },
         "reused_prompt_tokens_per_request": prediction.reused_tokens,
-        "with_weight_reads": {
-            "assumption": WEIGHT_READS_ASSUMPTION,
-            **{f"thinking_{mode}": {"predicted": figures(mine), "baseline": figures(theirs)}
-               for mode, (mine, theirs) in prediction.with_weight_reads.items()},
-        },
         "assumptions": prediction.assumptions,
     }

@@ -155,14 +155,6 @@ class SimScheduler(StepLoop):
         """Tokens a decoding sequence runs through the model per step: its next one plus the drafts."""
         return 1 + max(0, self.preset.num_speculative_tokens)
 
-    def _step_seconds(self, prefill_tokens: int, decode_tokens: int) -> float:
-        """vLLM's step: the tokens at the preset's rates (StepLoop), plus the weights its prefill chunk reads
-        where the preset says (presets.WeightReads; llama.cpp's law does not add them yet)."""
-        seconds = super()._step_seconds(prefill_tokens, decode_tokens)
-        if self.preset.weight_reads is not None:
-            seconds += self.preset.weight_reads.seconds(prefill_tokens)
-        return seconds
-
     def _prefill_allowance(self, decode_tokens: int) -> int:
         """The most prefill tokens this step may compute, after the decode tokens took their share."""
         preset = self.preset

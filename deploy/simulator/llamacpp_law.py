@@ -26,8 +26,9 @@ Read from llama.cpp's `tools/server/server-context.cpp`, `src/llama-batch.cpp`, 
 - The host-memory prompt cache (``--cache-ram``, 8 GiB): a slot picked by LRU, or one that would keep
   less than half of its cached tokens, first saves its state there and loads the saved prompt that fits
   the new one better; with ``--kv-unified`` idle slots are saved and cleared at every new request.
-- A step costs each forward pass at the preset's rates plus its per-pass overhead (``StepLoop._step_seconds``,
-  the cost model the vLLM law uses). No speculative decoding.
+- A step costs each forward pass at the preset's rates, its per-pass overhead and the weights its prompt
+  tokens read (``StepLoop._step_seconds``, the cost model the vLLM law uses; ``SimPreset.weight_reads``).
+  No speculative decoding.
 """
 
 from __future__ import annotations

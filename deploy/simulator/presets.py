@@ -57,6 +57,16 @@ GB10_NVFP4_125B = WeightReads(
 )
 """The GB10 reading the production MoE: 70 GB of weights, 3.4 GB per token's path, 273 GB/s."""
 
+SPARK_GGUF_BYTES = 91e9  # the production model as GGUF (the seed's figure for a conversion)
+GB10_GGUF_125B = WeightReads(
+    # the same box and model as llama.cpp would read them: the GGUF's 91 GB, each token's path the same
+    # share of it (6 of 125B parameters: 4.4 GB)
+    bandwidth_bytes_per_s=GB10_NVFP4_125B.bandwidth_bytes_per_s,
+    total_weight_bytes=SPARK_GGUF_BYTES,
+    active_bytes_per_token=SPARK_GGUF_BYTES * 6 / 125,
+)
+"""The GB10 reading the production MoE as llama.cpp's GGUF: 91 GB of weights, 4.4 GB per token's path."""
+
 
 @dataclass(frozen=True, slots=True)
 class SimPreset:

@@ -22,7 +22,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from deploy.simulator.hardware import WeightReadFloor
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.tokenizer import Token
 
@@ -122,7 +121,6 @@ class StepLoop(ABC):
         self._task: asyncio.Task[None] | None = None
         self.peak_running = 0
         self.peak_requests = 0  # most requests at the engine at once, running or waiting: a gateway's cap
-        self.weight_read_floor: WeightReadFloor | None = None  # a floor on each pass (deploy predict)
 
     # --- the law: what each engine defines -----------------------------------------------------------
 
@@ -189,16 +187,17 @@ class StepLoop(ABC):
             self._abort(sequence)
 
     def _step_seconds(self, prefill_tokens: int, decode_tokens: int) -> float:
-        """One forward pass, in Spark seconds: its tokens at the preset's rates plus the per-pass overhead
-        (at least its weight reads, where ``weight_read_floor`` is set)."""
+        """One forward pass, in Spark seconds: its tokens at the preset's rates, the per-pass overhead, and
+        the weights its prompt tokens read where the preset says (``SimPreset.weight_reads``): the same
+        per-pass hardware cost for vLLM's steps and llama.cpp's micro-batches."""
         preset = self.preset
         seconds = preset.step_overhead_s
         if preset.prefill_tokens_per_s > 0:
             seconds += prefill_tokens / preset.prefill_tokens_per_s
         if preset.decode_tokens_per_s > 0:
             seconds += decode_tokens / preset.decode_tokens_per_s
-        if self.weight_read_floor is not None:
-            seconds = max(seconds, self.weight_read_floor.seconds(prefill_tokens + decode_tokens))
+        if preset.weight_reads is not None:
+            seconds += preset.weight_reads.seconds(prefill_tokens)
         return seconds
 
     async def _loop(self) -> None:

@@ -119,7 +119,8 @@ def test_without_a_similar_slot_the_least_recently_used_idle_slot_is_taken() -> 
 
 
 def test_an_image_is_decoded_on_its_own_in_micro_batches_before_the_batch() -> None:
-    engine = LlamaCppScheduler(SPARK, 1.0, LlamaCppOptions(n_parallel=1, n_ctx=16384, recurrent=False))
+    compute_only = SPARK.scaled(weight_reads=None)  # the passes' tokens at the rate, nothing per pass
+    engine = LlamaCppScheduler(compute_only, 1.0, LlamaCppOptions(n_parallel=1, n_ctx=16384, recurrent=False))
     steps = run(engine, request("a", image_tokens=640, output=2))
     prompt_steps = [step for step in steps if step.prefill_tokens]
     # Text up to the image (a pass), the image alone (512 + 128), then the text after it (a pass).
@@ -144,8 +145,9 @@ def test_generated_tokens_and_a_prompt_share_one_batch_and_one_pass_with_unified
     assert step.decoding == [long_running]
     assert step.prefill_tokens == len(text_only.prompt)
     assert step.passes == 1  # one batch, one micro-batch: prefill and decode mixed
+    assert SPARK.weight_reads is not None  # one pass: its tokens, and the weights its prompt tokens read
     expected = len(text_only.prompt) / SPARK.prefill_tokens_per_s + 1 / SPARK.decode_tokens_per_s
-    assert step.seconds == pytest.approx(expected)
+    assert step.seconds == pytest.approx(expected + SPARK.weight_reads.seconds(len(text_only.prompt)))
 
 
 def test_with_recurrent_layers_the_batch_splits_equally_so_decode_and_prompt_take_separate_passes() -> None:
@@ -226,3 +228,19 @@ async def test_the_served_loop_runs_the_law_and_reports_the_reused_tokens_in_usa
         await engine.stop()
     assert [finish.cached_tokens for finish in finishes] == [0, user_start(request("x").prompt)]
     assert engine.counters.requests_finished == 2
+
+
+def test_both_laws_price_a_pass_with_the_same_hardware_cost_and_more_passes_read_the_weights_again() -> None:
+    from deploy.simulator.engine import SimScheduler
+
+    llamacpp, vllm = LlamaCppScheduler(SPARK, 1.0, HYBRID), SimScheduler(SPARK, 1.0)
+    assert SPARK.weight_reads is not None
+    for prefill, decode in ((1076, 0), (512, 3), (0, 8)):
+        assert llamacpp._step_seconds(prefill, decode) == vllm._step_seconds(prefill, decode)
+    bare = LlamaCppScheduler(SPARK.scaled(weight_reads=None), 1.0, HYBRID)
+    reads = llamacpp._step_seconds(512, 0) - bare._step_seconds(512, 0)
+    assert reads == pytest.approx(SPARK.weight_reads.seconds(512))
+    # A 1,076-token prompt in -ub 512 micro-batches is three passes, each reading nearly every weight:
+    whole = llamacpp._step_seconds(1076, 0)
+    cut = sum(llamacpp._step_seconds(n, 0) for n in (512, 512, 52))
+    assert cut - whole > 1.5 * SPARK.weight_reads.seconds(1076)
