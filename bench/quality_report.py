@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", type=int, default=2000)
     parser.add_argument("--keep", type=Path, default=None, help="write the records here and keep them")
     parser.add_argument("--records", type=Path, default=None, help="report on records already written here")
+    parser.add_argument("--reports", type=Path, default=None, help="write the report files here, kept")
     parser.add_argument(
         "--chunk",
         type=int,
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             f"in {time.perf_counter() - started:.1f} s, peak RSS {_own_peak_mb():,.0f} MB ({_load()})"
         )
         seconds, cpu, peak_mb, code = run_report(
-            args.code, records, work / "reports", bootstrap=args.bootstrap
+            args.code, records, args.reports or work / "reports", bootstrap=args.bootstrap
         )
         print(
             f"report: {args.pairs:,} pairs ({args.format}, code {args.code}): {seconds:.1f} s wall, "

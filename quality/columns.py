@@ -1,8 +1,11 @@
-"""Paired frames as narrow numpy columns, and the video bootstrap run over grouped counts in chunks.
+"""What the report's sections compute from, and the video bootstrap run over grouped counts in chunks.
 
-:class:`PairColumns` is what the report's sections compute from: one entry per paired frame (flags,
-action codes, the video as a cluster code in order of first appearance, tenant codes, the fast verdict's
-confidence), built from the SQL stage's arrow table or, for small callers, from `PairedRecord` objects.
+:class:`PairCounts` is one pairing as counts per video (never per frame): the 2x2 cells of every video,
+every category and every tenant's videos, the action table and the human labels' table. The weekly report
+gets it from SQL (`quality.weekly_sql.WeekQueries.pair_counts`), so its memory follows the videos, not the
+pairs. :class:`ThresholdFrames` is the one per-frame part, the escalation section's (its AUROC ranks every
+frame's confidence): five narrow columns. Both can also be built from :class:`PairColumns`, one entry per
+paired frame, for small callers with `PairedRecord` objects in hand; a test holds the two ways equal.
 
 :func:`run_bootstrap` draws the resampling weights once per number of videos, a slice of resamples at a
 time (the same draws, in the same order, as drawing them all at once), and hands each slice to every
@@ -28,7 +31,16 @@ from threadpoolctl import threadpool_limits
 from quality.records import PairedRecord
 from shaping.verdict import ACTIONS
 
-__all__ = ["PairColumns", "ResampleConsumer", "first_appearance_codes", "run_bootstrap"]
+__all__ = [
+    "PairColumns",
+    "PairCounts",
+    "ResampleConsumer",
+    "TenantCounts",
+    "ThresholdFrames",
+    "first_appearance_codes",
+    "run_bootstrap",
+    "video_cells",
+]
 
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
@@ -222,6 +234,155 @@ def _list_column(table: pa.Table, name: str) -> pa.ListArray:
     if isinstance(column, pa.ChunkedArray):  # an empty table keeps no chunk
         column = pa.array([], pa.list_(pa.string()))
     return column.fill_null(pa.scalar([], pa.list_(pa.string())))
+
+
+def video_cells(video: IntArray, n_videos: int, reference: BoolArray, candidate: BoolArray) -> IntArray:
+    """(videos, 4) counts per video: both_flagged, reference_only, candidate_only, both_safe."""
+    cell = np.where(reference, np.where(candidate, 0, 1), np.where(candidate, 2, 3))
+    counts = np.bincount(video * 4 + cell, minlength=4 * n_videos)
+    return np.asarray(counts.reshape(n_videos, 4), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class TenantCounts:
+    tenant: str
+    frames: int
+    cells: IntArray  # (the tenant's videos, 4), its videos numbered by first appearance among its pairs
+
+
+@dataclass(frozen=True)
+class PairCounts:
+    """One pairing (a reference arm against a candidate arm) as counts: what every section but the
+    escalation threshold needs. Videos are numbered by first appearance in pairing order (a frame without
+    a video is a video of its own), the order the bootstrap draws them in."""
+
+    reference: str
+    candidate: str
+    frames: int
+    cells: IntArray  # (videos, 4): both_flagged, reference_only, candidate_only, both_safe
+    actions: IntArray  # (3, 3): reference action × candidate action, in ACTIONS order
+    categories: dict[str, IntArray]  # each category either side named, sorted: (videos, 4) as `cells`
+    tenants: list[TenantCounts]  # largest first, ties by first appearance
+    labelled: IntArray  # (2, 2, 2): human label flagged × reference flagged × candidate flagged
+
+    def __len__(self) -> int:
+        return self.frames
+
+    @property
+    def n_videos(self) -> int:
+        return int(self.cells.shape[0])
+
+    @classmethod
+    def from_columns(cls, pairs: PairColumns) -> PairCounts:
+        n_videos = pairs.n_videos
+        cells = video_cells(pairs.video, n_videos, pairs.ref_flagged, pairs.cand_flagged)
+        action_cell = pairs.ref_action * len(ACTIONS) + pairs.cand_action
+        actions = np.bincount(action_cell, minlength=len(ACTIONS) ** 2)
+        categories = {}
+        for name, (in_reference, in_candidate) in _members(pairs).items():
+            reference = np.zeros(len(pairs), dtype=np.bool_)
+            candidate = np.zeros(len(pairs), dtype=np.bool_)
+            reference[in_reference] = True
+            candidate[in_candidate] = True
+            categories[name] = video_cells(pairs.video, n_videos, reference, candidate)
+        tenants = []
+        sizes = np.bincount(pairs.tenant, minlength=len(pairs.tenants))
+        for code in sorted(range(len(pairs.tenants)), key=lambda t: -int(sizes[t])):
+            group = pairs.take(np.flatnonzero(pairs.tenant == code))
+            group_cells = video_cells(group.video, group.n_videos, group.ref_flagged, group.cand_flagged)
+            tenants.append(TenantCounts(pairs.tenants[code], len(group), group_cells))
+        labelled = pairs.label >= 0
+        keys = (pairs.label[labelled].astype(np.int64) * 2 + pairs.ref_flagged[labelled]) * 2
+        keys = keys + pairs.cand_flagged[labelled]
+        return cls(
+            reference=pairs.reference,
+            candidate=pairs.candidate,
+            frames=len(pairs),
+            cells=cells,
+            actions=np.asarray(actions.reshape(len(ACTIONS), len(ACTIONS)), dtype=np.int64),
+            categories=categories,
+            tenants=tenants,
+            labelled=np.asarray(np.bincount(keys, minlength=8).reshape(2, 2, 2), dtype=np.int64),
+        )
+
+
+def _members(pairs: PairColumns) -> dict[str, tuple[IntArray, IntArray]]:
+    """Per category named on either side: the pairs whose reference named it, and whose candidate did."""
+    sides = [pairs.category_members(side) for side in ("reference", "candidate")]
+    found: dict[str, tuple[IntArray, IntArray]] = {}
+    for name in sorted({name for _, names in sides for name in names}):
+        chosen = []
+        for members, names in sides:
+            code = names.index(name) if name in names else -1
+            chosen.append(
+                np.unique(members[members[:, 1] == code, 0]) if code >= 0 else np.zeros(0, np.int64)
+            )
+        found[name] = (chosen[0], chosen[1])
+    return found
+
+
+@dataclass(frozen=True)
+class ThresholdFrames:
+    """The escalation section's sample, a frame each: the fast verdict's confidence, whether it escalates
+    at any threshold, whether it disagrees with thinking on, its weight and its video (by first appearance
+    in the sample); with how many pairs escalation chose and how many fast verdicts had no confidence."""
+
+    confidence: FloatArray  # NaN where the fast verdict has none
+    forced: BoolArray  # escalates at any threshold (review, an always-escalated category, no confidence)
+    disagree: BoolArray
+    weight: FloatArray
+    video: IntArray
+    escalation_pairs: int
+    without_confidence: int
+
+    @property
+    def size(self) -> int:
+        return int(self.weight.size)
+
+    @classmethod
+    def from_columns(cls, pairs: PairColumns, sample: str, always: Iterable[str]) -> ThresholdFrames:
+        """The pairs the estimate may use: those escalation did not choose (`random`), or every pair
+        weighted by 1 / its selection probability (`ipw`)."""
+        kept = np.flatnonzero(~pairs.escalation) if sample == "random" else np.arange(len(pairs))
+        chosen = pairs.take(kept)
+        named_always = np.zeros(len(chosen), dtype=np.bool_)
+        members, names = chosen.category_members("candidate")
+        codes = [names.index(name) for name in always if name in names]
+        if codes and members.size:
+            named_always[members[np.isin(members[:, 1], codes), 0]] = True
+        without_confidence = np.isnan(chosen.confidence)
+        forced = (chosen.cand_action == ACTIONS.index("review")) | named_always | without_confidence
+        ipw = sample == "ipw"
+        return cls(
+            confidence=chosen.confidence,
+            forced=np.asarray(forced, dtype=np.bool_),
+            disagree=_disagree(chosen),
+            weight=inverse_probability_weights(chosen.probability) if ipw else np.ones(len(chosen)),
+            video=chosen.video,
+            escalation_pairs=int(pairs.escalation.sum()),
+            without_confidence=int(without_confidence.sum()),
+        )
+
+
+def inverse_probability_weights(probability: FloatArray) -> FloatArray:
+    """1 / the chance a pair had of being paired; 1 where that chance is unknown (or zero)."""
+    weight = np.ones(probability.size)
+    known = np.isfinite(probability) & (probability != 0)
+    weight[known] = 1.0 / probability[known]
+    return weight
+
+
+def _disagree(pairs: PairColumns) -> BoolArray:
+    """Whether each pair's fast verdict differs from thinking on's (`quality.escalation.same_verdict`):
+    another action, or a block naming other categories."""
+    disagree = pairs.ref_action != pairs.cand_action
+    blocks = np.flatnonzero(~disagree & (pairs.cand_action == ACTIONS.index("block")))
+    if blocks.size:
+        indices = pa.array(blocks, pa.int64())
+        fast = pairs.cand_categories.take(indices).to_pylist()
+        thinking = pairs.ref_categories.take(indices).to_pylist()
+        disagree[blocks] = [set(f or ()) != set(t or ()) for f, t in zip(fast, thinking, strict=True)]
+    return np.asarray(disagree, dtype=np.bool_)
 
 
 class ResampleConsumer(Protocol):

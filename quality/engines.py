@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from quality.columns import PairColumns
 from quality.notation import count, interval, pct
 from quality.records import ARMS
 from quality.sections import ComparisonPlan, arm_cost
@@ -45,10 +44,10 @@ class EnginePlan(ComparisonPlan):
     def __init__(
         self, queries: WeekQueries, arm: str, engines: tuple[str, str], policy: ReportPolicy
     ) -> None:
-        table, _ = queries.pairs(
+        counts, _ = queries.pair_counts(
             PairQuery(arm, arm, reference_engine=engines[0], candidate_engine=engines[1])
         )
-        super().__init__(PairColumns.from_table(table, arm, arm), policy)
+        super().__init__(counts, policy)
         self.arm, self.engines, self.queries = arm, engines, queries
         self.cost: ArmCost | None = None
 

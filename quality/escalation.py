@@ -20,19 +20,16 @@ interval on the Kish effective sample size, as elsewhere in the report. Plain CP
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import pyarrow as pa
 from numpy.typing import NDArray
 from scipy import sparse
 
-from quality.columns import IntArray, PairColumns, run_bootstrap
+from quality.columns import IntArray, PairColumns, ThresholdFrames, run_bootstrap
 from quality.records import PairedRecord
 from quality.stats import wilson_interval
 from quality.summaries import EscalationSample, Estimate, ThresholdRow, ThresholdSection
-from shaping.verdict import ACTIONS
 
 __all__ = [
     "ESCALATION_REASONS",
@@ -87,63 +84,7 @@ def same_verdict(
     return action != "block" or set(categories) == set(other_categories)
 
 
-@dataclass(frozen=True, slots=True)
-class _Frames:
-    """The sample as arrays: each pair's fast verdict, whether it disagrees, its weight and its video."""
-
-    confidence: FloatArray  # NaN where the fast verdict has none
-    forced: BoolArray  # escalates at any threshold (review, an always-escalated category, no confidence)
-    disagree: BoolArray
-    weight: FloatArray
-    video: NDArray[np.int64]
-
-    @property
-    def size(self) -> int:
-        return int(self.weight.size)
-
-
-def _disagree(pairs: PairColumns) -> BoolArray:
-    """`not same_verdict(...)` of each pair's fast verdict against thinking on's, without a loop over all."""
-    disagree = pairs.ref_action != pairs.cand_action
-    blocks = np.flatnonzero(~disagree & (pairs.cand_action == ACTIONS.index("block")))
-    if blocks.size:
-        indices = pa.array(blocks, pa.int64())
-        fast = pairs.cand_categories.take(indices).to_pylist()
-        thinking = pairs.ref_categories.take(indices).to_pylist()
-        disagree[blocks] = [set(f or ()) != set(t or ()) for f, t in zip(fast, thinking, strict=True)]
-    return np.asarray(disagree, dtype=np.bool_)
-
-
-def _select(
-    pairs: PairColumns, sample: EscalationSample, always: Collection[str]
-) -> tuple[_Frames, int, int]:
-    """The pairs the estimate may use, and counts of escalation pairs and of verdicts without confidence."""
-    escalation_pairs = int(pairs.escalation.sum())
-    kept = np.flatnonzero(~pairs.escalation) if sample == "random" else np.arange(len(pairs))
-    chosen = pairs.take(kept)
-    weight = np.ones(len(chosen))
-    if sample == "ipw":
-        known = np.isfinite(chosen.probability) & (chosen.probability != 0)
-        weight[known] = 1.0 / chosen.probability[known]
-    named_always = np.zeros(len(chosen), dtype=np.bool_)
-    if always:
-        members, names = chosen.category_members("candidate")
-        codes = [names.index(name) for name in always if name in names]
-        if codes and members.size:
-            named_always[members[np.isin(members[:, 1], codes), 0]] = True
-    without_confidence = np.isnan(chosen.confidence)
-    forced = (chosen.cand_action == ACTIONS.index("review")) | named_always | without_confidence
-    frames = _Frames(
-        confidence=chosen.confidence,
-        forced=np.asarray(forced, dtype=np.bool_),
-        disagree=_disagree(chosen),
-        weight=np.asarray(weight, dtype=np.float64),
-        video=chosen.video,
-    )
-    return frames, escalation_pairs, int(without_confidence.sum())
-
-
-def _escalated(frames: _Frames, thresholds: FloatArray) -> BoolArray:
+def _escalated(frames: ThresholdFrames, thresholds: FloatArray) -> BoolArray:
     """(frames, thresholds): which frames escalate at each threshold."""
     below = np.nan_to_num(frames.confidence, nan=-1.0)[:, None] < thresholds[None, :]
     everything = (thresholds >= 1)[None, :]  # as escalation_reason: a threshold of 1 escalates every frame
@@ -253,7 +194,7 @@ def threshold_section(
     if not pairs:
         return None
     plan = ThresholdPlan(
-        PairColumns.from_pairs(pairs),
+        ThresholdFrames.from_columns(PairColumns.from_pairs(pairs), sample, always),
         sample=sample,
         always=always,
         target=target,
@@ -282,7 +223,7 @@ class ThresholdPlan:
 
     def __init__(
         self,
-        pairs: PairColumns,
+        frames: ThresholdFrames,
         *,
         sample: EscalationSample = "random",
         always: Collection[str] = ("sexual/minors",),
@@ -294,7 +235,7 @@ class ThresholdPlan:
     ) -> None:
         self.sample, self.always, self.target = sample, set(always), target
         self.resamples, self.confidence, self.seed = resamples, confidence, seed
-        frames, self.escalation_pairs, self.without = _select(pairs, sample, self.always)
+        self.escalation_pairs, self.without = frames.escalation_pairs, frames.without_confidence
         self.frames = frames
         if frames.size == 0:
             return

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from quality.columnar import records_table
-from quality.columns import PairColumns, run_bootstrap
+from quality.columns import PairCounts, run_bootstrap
 from quality.engines import engine_comparison_plans, engine_section, primary_engine
 from quality.escalation import ThresholdPlan
 from quality.recommendation import recommend
@@ -120,11 +120,6 @@ def build_weekly_report_from(
         queries.close()
 
 
-def _columns(queries: WeekQueries, query: PairQuery) -> tuple[PairColumns, dict[str, int]]:
-    table, notes = queries.pairs(query)
-    return PairColumns.from_table(table, query.reference, query.candidate), notes
-
-
 def _build(
     queries: WeekQueries,
     policy: ReportPolicy,
@@ -136,13 +131,17 @@ def _build(
     counts = queries.counts()
     engine = primary_engine(counts.engines)
 
-    def pairs_of(reference: Arm, candidate: Arm, **options: bool) -> tuple[PairColumns, dict[str, int]]:
-        query = PairQuery(reference, candidate, reference_engine=engine, candidate_engine=engine, **options)
-        return _columns(queries, query)
+    def query(reference: Arm, candidate: Arm, **options: bool) -> PairQuery:
+        return PairQuery(reference, candidate, reference_engine=engine, candidate_engine=engine, **options)
+
+    def pairs_of(reference: Arm, candidate: Arm, **options: bool) -> tuple[PairCounts, dict[str, int]]:
+        return queries.pair_counts(query(reference, candidate, **options))
 
     # Escalation pairs are the unsure frames only: they would bias every comparison but the weighted one.
     main, pairing = pairs_of("thinking_on", "thinking_off", exclude_escalation=True)
-    every_pair, _ = pairs_of("thinking_on", "thinking_off")
+    every_pair = queries.threshold_frames(
+        query("thinking_on", "thinking_off"), policy.escalation_sample, policy.always_escalate
+    )
     rerun, rerun_notes = pairs_of("thinking_on", "thinking_on_rerun", skip_reused_candidates=True)
     formats = [cols for ref, cand in FORMAT_COMPARISONS if len(cols := pairs_of(ref, cand)[0])]
     plans: list[ComparisonPlan | CategoryPlan | TenantPlan | ThresholdPlan] = []
@@ -151,6 +150,13 @@ def _build(
     format_plans = [ComparisonPlan(cols, policy) for cols in formats]
     category_plan = CategoryPlan(main, policy) if len(main) else None
     tenant_plan = TenantPlan(main, policy) if len(main) else None
+    engine_plans = engine_comparison_plans(queries, counts.engines, engine, policy)
+    costs = [cost for arm in ARMS if (cost := arm_cost(arm, *queries.arm_columns(arm, engine))) is not None]
+    for _, engine_plan in engine_plans:
+        engine_plan.fetch_cost()
+    # every query has run: DuckDB's buffers go before the escalation section's per-video sums and the
+    # bootstrap's weights come
+    queries.close()
     threshold_plan = (
         ThresholdPlan(
             every_pair,
@@ -161,19 +167,13 @@ def _build(
             confidence=policy.confidence,
             seed=policy.seed,
         )
-        if len(every_pair)
+        if every_pair.size
         else None
     )
-    engine_plans = engine_comparison_plans(queries, counts.engines, engine, policy)
     for plan in (comparison_plan, rerun_plan, *format_plans, category_plan, tenant_plan, threshold_plan):
         if plan is not None:
             plans.append(plan)
     plans.extend(p for _, p in engine_plans)
-    costs = [cost for arm in ARMS if (cost := arm_cost(arm, *queries.arm_columns(arm, engine))) is not None]
-    for _, engine_plan in engine_plans:
-        engine_plan.fetch_cost()
-    # every query has run: DuckDB's buffers go before the bootstrap's weights come
-    queries.close()
     run_bootstrap(group for plan in plans for group in plan.groups())
 
     comparison = comparison_plan.result() if comparison_plan else None

@@ -9,6 +9,7 @@ same videos share one draw), then `result()` gives the section. Counts per video
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sklearn.metrics import cohen_kappa_score
 
-from quality.columns import BoolArray, IntArray, PairColumns, ResampleConsumer, run_bootstrap
+from quality.columns import IntArray, PairColumns, PairCounts, ResampleConsumer, run_bootstrap
 from quality.records import Arm
 from quality.stats import (
     BootstrapInterval,
@@ -94,20 +95,13 @@ _STATISTICS = {
 Group = tuple[int, int, int, ResampleConsumer]
 
 
-def _video_counts(video: IntArray, n_videos: int, reference: BoolArray, candidate: BoolArray) -> IntArray:
-    """(videos, 4) counts per video: both_flagged, reference_only, candidate_only, both_safe."""
-    cell = np.where(reference, np.where(candidate, 0, 1), np.where(candidate, 2, 3))
-    counts = np.bincount(video * 4 + cell, minlength=4 * n_videos)
-    return np.asarray(counts.reshape(n_videos, 4), dtype=np.int64)
-
-
 class ComparisonPlan:
     """The reference arm against the candidate arm on the frames both judged, computed in two steps:
     `groups()` hands its bootstrap to `quality.columns.run_bootstrap`, then `result()`."""
 
-    def __init__(self, pairs: PairColumns, policy: ReportPolicy) -> None:
+    def __init__(self, pairs: PairCounts, policy: ReportPolicy) -> None:
         self.pairs, self.policy = pairs, policy
-        self.counts = _video_counts(pairs.video, pairs.n_videos, pairs.ref_flagged, pairs.cand_flagged)
+        self.counts = pairs.cells
         self.boot = TableBootstrap(policy.confidence)
         self.boot.add(self.counts, _STATISTICS)
 
@@ -120,8 +114,8 @@ class ComparisonPlan:
         boot = self.boot.intervals(0, policy.bootstrap_resamples)
         n = len(pairs)
         agreement = _rate(a + d, n, boot["agreement"], policy.confidence)
-        cells = np.bincount(pairs.ref_action * len(ACTIONS) + pairs.cand_action, minlength=len(ACTIONS) ** 2)
-        action_table = [[int(v) for v in row] for row in cells.reshape(len(ACTIONS), len(ACTIONS))]
+        cells = pairs.actions.reshape(-1)
+        action_table = [[int(v) for v in row] for row in pairs.actions]
         action_same = sum(action_table[i][i] for i in range(len(ACTIONS)))
         grid = np.asarray(action_table)
         action_kappa: float | None = None
@@ -168,44 +162,19 @@ class ComparisonPlan:
 
 def compare(pairs: PairColumns, policy: ReportPolicy) -> Comparison:
     """The reference arm against the candidate arm on the frames both judged."""
-    plan = ComparisonPlan(pairs, policy)
+    plan = ComparisonPlan(PairCounts.from_columns(pairs), policy)
     run_bootstrap(plan.groups())
     return plan.result()
-
-
-def _members(pairs: PairColumns) -> dict[str, tuple[IntArray, IntArray]]:
-    """Per category named on either side: the pairs whose reference named it, and whose candidate did."""
-    sides = []
-    for side in ("reference", "candidate"):
-        members, names = pairs.category_members(side)
-        sides.append((members, names))
-    found: dict[str, tuple[IntArray, IntArray]] = {}
-    everything = sorted({name for _, names in sides for name in names})
-    for name in everything:
-        chosen = []
-        for members, names in sides:
-            code = names.index(name) if name in names else -1
-            chosen.append(
-                np.unique(members[members[:, 1] == code, 0]) if code >= 0 else np.zeros(0, np.int64)
-            )
-        found[name] = (chosen[0], chosen[1])
-    return found
 
 
 class CategoryPlan:
     """Agreement on flagged frames per category, most flagged first; thin categories listed, not judged."""
 
-    def __init__(self, pairs: PairColumns, policy: ReportPolicy) -> None:
+    def __init__(self, pairs: PairCounts, policy: ReportPolicy) -> None:
         self.pairs, self.policy = pairs, policy
         self.boot = TableBootstrap(policy.confidence)
         self.rows: list[tuple[str, IntArray, int]] = []
-        n = len(pairs)
-        for name, (in_reference, in_candidate) in _members(pairs).items():
-            reference = np.zeros(n, dtype=np.bool_)
-            candidate = np.zeros(n, dtype=np.bool_)
-            reference[in_reference] = True
-            candidate[in_candidate] = True
-            counts = _video_counts(pairs.video, pairs.n_videos, reference, candidate)
+        for name, counts in pairs.categories.items():
             self.rows.append((name, counts, self.boot.add(counts, {"flagged": flagged_agreement_from_table})))
 
     def groups(self) -> list[Group]:
@@ -250,16 +219,13 @@ class TenantPlan:
         "flagged": flagged_agreement_from_table,
     }
 
-    def __init__(self, pairs: PairColumns, policy: ReportPolicy) -> None:
+    def __init__(self, pairs: PairCounts, policy: ReportPolicy) -> None:
         self.policy = policy
         self.tenants: list[tuple[str, int, IntArray, TableBootstrap]] = []
-        sizes = np.bincount(pairs.tenant, minlength=len(pairs.tenants))
-        for code in sorted(range(len(pairs.tenants)), key=lambda t: -int(sizes[t])):
-            group = pairs.take(np.flatnonzero(pairs.tenant == code))
-            counts = _video_counts(group.video, group.n_videos, group.ref_flagged, group.cand_flagged)
+        for tenant in pairs.tenants:
             boot = TableBootstrap(policy.confidence)
-            boot.add(counts, self._STATS)
-            self.tenants.append((pairs.tenants[code], len(group), counts, boot))
+            boot.add(tenant.cells, self._STATS)
+            self.tenants.append((tenant.tenant, tenant.frames, tenant.cells, boot))
 
     def groups(self) -> list[Group]:
         return [
@@ -285,24 +251,28 @@ class TenantPlan:
         return rows
 
 
-def arm_cost(arm: Arm, fresh: pa.Table, cache_hits: int) -> ArmCost | None:
-    """Latency and tokens of an arm's fresh verdicts (cache hits are counted, not timed)."""
-    if fresh.num_rows == 0:
+def arm_cost(arm: Arm, column: Callable[[str], pa.Array], frames: int, cache_hits: int) -> ArmCost | None:
+    """Latency and tokens of an arm's `frames` fresh verdicts (cache hits are counted, not timed), from
+    their columns one at a time (`column(name)`, as `quality.weekly_sql.WeekQueries.arm_columns` gives)."""
+    if frames == 0:
         return None
-    latency = np.asarray(fresh.column("latency_ms").to_numpy(), dtype=np.float64)
-    ttft = np.asarray(pc.drop_null(fresh.column("ttft_ms")).to_numpy(), dtype=np.float64)
+    latency = np.asarray(column("latency_ms").to_numpy(), dtype=np.float64)
+    p50, p90, p99 = (float(v) for v in np.quantile(latency, [0.5, 0.9, 0.99]))
+    quantiles = [round(float(v), 1) for v in np.quantile(latency, np.linspace(0, 1, 101))]
+    del latency
+    ttft = np.asarray(pc.drop_null(column("ttft_ms")).to_numpy(), dtype=np.float64)
 
     def mean(name: str) -> float:
-        return float(np.mean(np.asarray(fresh.column(name).to_numpy(), dtype=np.int64)))
+        return float(np.mean(np.asarray(column(name).to_numpy(), dtype=np.int64)))
 
     return ArmCost(
         arm=arm,
-        frames=fresh.num_rows,
+        frames=frames,
         cache_hits=cache_hits,
-        latency_p50_ms=float(np.quantile(latency, 0.5)),
-        latency_p90_ms=float(np.quantile(latency, 0.9)),
-        latency_p99_ms=float(np.quantile(latency, 0.99)),
-        latency_quantiles_ms=[round(float(v), 1) for v in np.quantile(latency, np.linspace(0, 1, 101))],
+        latency_p50_ms=p50,
+        latency_p90_ms=p90,
+        latency_p99_ms=p99,
+        latency_quantiles_ms=quantiles,
         ttft_p50_ms=float(np.median(ttft)) if ttft.size else None,
         mean_prompt_tokens=mean("prompt_tokens"),
         mean_cached_tokens=mean("cached_tokens"),
@@ -321,22 +291,25 @@ def _wilson_rate(proportion: Proportion) -> Rate:
     )
 
 
-def human_scores(pairs: PairColumns, policy: ReportPolicy) -> list[HumanScore]:
+def human_scores(pairs: PairCounts, policy: ReportPolicy) -> list[HumanScore]:
     """Each arm against the human labels; empty when no pair has one."""
-    labelled = pairs.label >= 0
-    if not labelled.any():
+    if not pairs.labelled.any():
         return []
-    truth = pairs.label[labelled].astype(np.bool_)
+    # the labelled pairs back as flags, from their (label, reference, candidate) counts: scikit-learn's
+    # confusion matrix counts them again
+    label, reference, candidate = np.unravel_index(np.arange(8), (2, 2, 2))
+    times = pairs.labelled.reshape(-1)
+    truth = np.repeat(label, times).astype(np.bool_)
     scores = []
     for arm, predicted in (
-        (pairs.reference, pairs.ref_flagged[labelled]),
-        (pairs.candidate, pairs.cand_flagged[labelled]),
+        (pairs.reference, np.repeat(reference, times).astype(np.bool_)),
+        (pairs.candidate, np.repeat(candidate, times).astype(np.bool_)),
     ):
         result = classification_scores(truth, predicted, policy.confidence)
         scores.append(
             HumanScore(
                 arm=arm,  # type: ignore[arg-type]  # an arm name from ARMS
-                frames=int(labelled.sum()),
+                frames=int(truth.size),
                 accuracy=_wilson_rate(result.accuracy),
                 precision=_wilson_rate(result.precision) if result.precision else None,
                 recall=_wilson_rate(result.recall) if result.recall else None,

@@ -1,30 +1,43 @@
 """The relational half of the weekly report, as SQL: the week's records, deduplicated, paired, counted.
 
 Everything that touches every record is a query here (DuckDB over Parquet partitions or arrow
-batches); what comes back is one row per *pair* with a handful of narrow columns, or one row per group.
-The statistics (:mod:`quality.columns`, :mod:`quality.sections`) only ever see those. The queries are
-plain SQL (window functions, joins, group by) with nothing DuckDB-only but `read_parquet`, so the same
-text runs as Spark SQL or Trino over the same partitions when a week outgrows one machine
-(docs/quality.md says how).
+batches). Each pairing is joined once into a temporary table, a row per paired frame, and what comes back
+is counts: a row per video (its 2x2 cells), per (category, video), per (tenant, video), per action pair.
+The one exception is the escalation section's sample, five narrow columns a frame (its AUROC ranks every
+confidence). The statistics (:mod:`quality.columns`, :mod:`quality.sections`) only ever see those. The
+queries are plain SQL (window functions, joins, group by) with nothing DuckDB-only but `read_parquet` and
+a few list functions, so the same text runs as Spark SQL or Trino over the same partitions when a week
+outgrows one machine (docs/quality.md says how).
 
 Order is part of the result: a report's video bootstrap draws whole videos in the order they first
-appear, as the record-by-record code did, so every query orders by the record's time and then its
-position in the store (`seq`), and the numbers are the same to the last bit.
+appear, as the record-by-record code did, so each pairing numbers its rows by the reference record's time
+and then its position in the store (`seq`), videos are coded by their first row, and the numbers are the
+same to the last bit.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from quality.columnar import RECORD_SCHEMA
+from quality.columns import (
+    IntArray,
+    PairCounts,
+    TenantCounts,
+    ThresholdFrames,
+    inverse_probability_weights,
+)
+from shaping.verdict import ACTIONS
 
 __all__ = ["PairQuery", "WeekCounts", "WeekQueries"]
 
@@ -66,6 +79,52 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+# an action as its index in ACTIONS (what the numpy side counts with)
+_ACTIONS = "[" + ", ".join(_literal(a) for a in ACTIONS) + "]"
+_CELL_NAMES = ("both", "ref_only", "cand_only", "both_safe")
+_COST_COLUMNS = frozenset(
+    ("latency_ms", "ttft_ms", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
+)
+# a pairing's rows meeting `where`, each with its video's code: 0, 1, … by first appearance in pairing
+# order (within each `partition`, when given), the order the video bootstrap draws videos in
+_CODED = """
+    WITH kept AS (SELECT * FROM {table} WHERE {where}),
+    codes AS (
+        SELECT {keys}, row_number() OVER ({partition}ORDER BY min(struct_pack(pair_at, seq))) - 1 AS video
+        FROM kept GROUP BY {keys}
+    ),
+    coded AS (SELECT kept.*, codes.video FROM kept JOIN codes USING ({keys}))
+"""
+_CELLS = """
+    SELECT {keys},
+        count(*) FILTER (WHERE ref_flagged AND cand_flagged) AS both,
+        count(*) FILTER (WHERE ref_flagged AND NOT cand_flagged) AS ref_only,
+        count(*) FILTER (WHERE NOT ref_flagged AND cand_flagged) AS cand_only,
+        count(*) FILTER (WHERE NOT ref_flagged AND NOT cand_flagged) AS both_safe
+    FROM coded GROUP BY {keys} ORDER BY {keys}
+"""
+# per category and video: pairs both sides named it in, the reference only, the candidate only (a
+# category named twice on one side counts once)
+_CATEGORY_CELLS = """
+    , ref AS (SELECT DISTINCT seq, video, unnest(ref_categories) AS category FROM coded),
+    cand AS (SELECT DISTINCT seq, video, unnest(cand_categories) AS category FROM coded)
+    SELECT coalesce(r.category, c.category) AS category, coalesce(r.video, c.video) AS video,
+        count(*) FILTER (WHERE r.seq IS NOT NULL AND c.seq IS NOT NULL) AS both,
+        count(*) FILTER (WHERE c.seq IS NULL) AS ref_only,
+        count(*) FILTER (WHERE r.seq IS NULL) AS cand_only
+    FROM ref r FULL JOIN cand c ON r.seq = c.seq AND r.category = c.category
+    WHERE coalesce(r.category, c.category) IS NOT NULL
+    GROUP BY ALL ORDER BY 1, 2
+"""
+
+
+def _coded(table: str, *, where: str = "true", partition: str | None = None) -> str:
+    keys = f"{partition}, cluster" if partition else "cluster"
+    return _CODED.format(
+        table=table, where=where, keys=keys, partition=f"PARTITION BY {partition} " if partition else ""
+    )
+
+
 class WeekQueries:
     """One week's records behind a DuckDB connection, as the view `week` (with its store order `seq`)."""
 
@@ -76,6 +135,8 @@ class WeekQueries:
         self._spill = spill
         # each pairing side ranked so far: condition -> (temporary table, records meeting it, firsts)
         self._side_tables: dict[str, tuple[str, int, int]] = {}
+        # each pairing joined so far: query -> (temporary table, what did not pair)
+        self._pair_tables: dict[PairQuery, tuple[str, dict[str, int]]] = {}
 
     @classmethod
     def open(
@@ -87,14 +148,18 @@ class WeekQueries:
         only_source: str | None = None,
     ) -> WeekQueries:
         """Parquet files under a folder (read where they lie), or arrow data (spilled to a temporary file)."""
-        # DuckDB spills past its memory limit into a folder of its own, removed on close
+        # A database file in a folder of its own, removed on close: the pairing tables (a row per pair)
+        # live in it, so DuckDB can write their blocks out and stay inside its memory limit (an in-memory
+        # database must hold its tables in memory), and spills past the limit go beside it. No result
+        # relies on the order rows are stored in: every ordered one says ORDER BY.
         spill = tempfile.TemporaryDirectory(prefix="modgate-duckdb-")
         db = duckdb.connect(
+            str(Path(spill.name) / "week.duckdb"),
             config={
                 "memory_limit": MEMORY_LIMIT,
-                "preserve_insertion_order": True,
-                "temp_directory": spill.name,
-            }
+                "preserve_insertion_order": False,
+                "temp_directory": str(Path(spill.name) / "spill"),
+            },
         )
         if isinstance(source, Path):
             files = sorted(str(p) for p in source.rglob("*.parquet"))
@@ -178,7 +243,7 @@ class WeekQueries:
             name = f"firsts_{len(self._side_tables)}"
             self.db.execute(
                 f"""
-                CREATE TEMP TABLE {name} AS
+                CREATE TABLE {name} AS
                 SELECT * EXCLUDE (nth) FROM (
                     SELECT {_PAIR_COLUMNS}, row_number() OVER (
                         PARTITION BY frame_sha256, policy_version ORDER BY recorded_at, seq
@@ -192,13 +257,18 @@ class WeekQueries:
             self._side_tables[condition] = (name, int(eligible), int(firsts))
         return self._side_tables[condition]
 
-    def pairs(self, query: PairQuery) -> tuple[pa.Table, dict[str, int]]:
-        """One row per paired frame, in the order of its reference record; and what did not pair.
+    def _pair_table(self, query: PairQuery) -> tuple[str, dict[str, int]]:
+        """The pairing as a table, a row per paired frame: its place in pairing order (`pair_at`, `seq`: the
+        reference record's time, then its store order), its video cluster (`cluster`: the video, or for a
+        frame without one a key of its own) and the narrow columns the counts read; with what did not pair.
+        No window over all pairs: a single ordered partition is what DuckDB cannot spill.
 
         The first record of each side per frame and policy version wins (by time, then store order), as
         `quality.records.pair_records` does. Each side is ranked once per week: the report's pairings
         share their thinking-on and thinking-off sides.
         """
+        if query in self._pair_tables:
+            return self._pair_tables[query]
         reference, candidate = self._sides(query)
         reused = 0
         if query.skip_reused_candidates:
@@ -207,41 +277,151 @@ class WeekQueries:
             reused = int(self.db.execute(skipped).fetchall()[0][0])
         ref_table, ref_eligible, firsts_r = self._firsts(reference)
         cand_table, cand_eligible, firsts_c = self._firsts(candidate)
-        eligible = ref_eligible + cand_eligible
-        table = self.db.sql(
+        name = f"pairs_{len(self._pair_tables)}"
+        self.db.execute(
             f"""
+            CREATE TABLE {name} AS
             SELECT
-                r.flagged AS ref_flagged, c.flagged AS cand_flagged,
-                r.action AS ref_action, c.action AS cand_action,
-                r.categories AS ref_categories, c.categories AS cand_categories,
-                coalesce(nullif(r.video_id, ''), c.video_id) AS video_id,
+                r.recorded_at AS pair_at, r.seq AS seq,
+                coalesce(nullif(r.video_id, ''), c.video_id, chr(0) || r.seq::VARCHAR) AS cluster,
                 r.tenant AS tenant,
+                r.flagged AS ref_flagged, c.flagged AS cand_flagged,
+                list_position({_ACTIONS}, r.action) - 1 AS ref_action,
+                list_position({_ACTIONS}, c.action) - 1 AS cand_action,
+                coalesce(r.categories, []::VARCHAR[]) AS ref_categories,
+                coalesce(c.categories, []::VARCHAR[]) AS cand_categories,
                 coalesce(r.human_label, c.human_label).flagged AS label_flagged,
-                c.confidence AS cand_confidence,
-                c.selection AS cand_selection,
-                c.selection_probability AS cand_selection_probability
+                c.confidence AS confidence,
+                coalesce(c.selection = 'escalation', false) AS escalation,
+                c.selection_probability AS probability
             FROM {ref_table} r JOIN {cand_table} c
               ON r.frame_sha256 = c.frame_sha256 AND r.policy_version = c.policy_version
-            ORDER BY r.recorded_at, r.seq
+            """
+        )
+        paired = int(self.db.execute(f"SELECT count(*) FROM {name}").fetchall()[0][0])
+        notes = {
+            "duplicates": ref_eligible + cand_eligible - firsts_r - firsts_c,
+            "unpaired_reference": firsts_r - paired,
+            "unpaired_candidate": firsts_c - paired,
+            "reused_candidates": reused,
+            "paired": paired,
+        }
+        self._pair_tables[query] = (name, notes)
+        return name, notes
+
+    def pair_counts(self, query: PairQuery) -> tuple[PairCounts, dict[str, int]]:
+        """The pairing as counts per video (`quality.columns.PairCounts`), and what did not pair.
+
+        Only counts come back from the database: a row per video, per (category, video) and per (tenant,
+        video), so the report's memory follows the week's videos, not its pairs."""
+        table, notes = self._pair_table(query)
+        cells = self._cells(_coded(table))
+        totals = cells.sum(axis=1)
+        categories: dict[str, IntArray] = {}
+        rows = self.db.sql(_coded(table) + _CATEGORY_CELLS).fetchnumpy()
+        for category in sorted(set(rows["category"].tolist())):
+            chosen = rows["category"] == category
+            named = np.zeros_like(cells)
+            video = rows["video"][chosen]
+            for column, field in enumerate(("both", "ref_only", "cand_only")):
+                named[video, column] = rows[field][chosen]
+            named[:, 3] = totals - named[:, :3].sum(axis=1)
+            categories[str(category)] = named
+        actions = np.zeros((len(ACTIONS), len(ACTIONS)), dtype=np.int64)
+        for ref, cand, n in self.db.execute(
+            f"SELECT ref_action, cand_action, count(*) FROM {table} GROUP BY ALL"
+        ).fetchall():
+            actions[ref, cand] = n
+        labelled = np.zeros((2, 2, 2), dtype=np.int64)
+        for label, ref, cand, n in self.db.execute(
+            f"SELECT label_flagged, ref_flagged, cand_flagged, count(*) FROM {table} "
+            "WHERE label_flagged IS NOT NULL GROUP BY ALL"
+        ).fetchall():
+            labelled[int(label), int(ref), int(cand)] = n
+        pair_counts = PairCounts(
+            reference=query.reference,
+            candidate=query.candidate,
+            frames=notes["paired"],
+            cells=cells,
+            actions=actions,
+            categories=categories,
+            tenants=self._tenants(table),
+            labelled=labelled,
+        )
+        return pair_counts, notes
+
+    def _cells(self, coded: str, by: str = "") -> IntArray:
+        """(videos, 4) cells of the coded pairs, by video code (and first by `by`, when given)."""
+        keys = f"{by}, video" if by else "video"
+        result = self.db.sql(coded + _CELLS.format(keys=keys)).fetchnumpy()
+        return np.stack([np.asarray(result[c], dtype=np.int64) for c in _CELL_NAMES], axis=1)
+
+    def _tenants(self, table: str) -> list[TenantCounts]:
+        """Each tenant's cells over its own videos, largest tenant first (ties: first to appear)."""
+        sizes = self.db.execute(
+            f"SELECT tenant, count(*) AS frames FROM {table} GROUP BY tenant "
+            "ORDER BY frames DESC, min(struct_pack(pair_at, seq))"
+        ).fetchall()
+        coded = _coded(table, partition="tenant")
+        result = self.db.sql(coded + _CELLS.format(keys="tenant, video")).fetchnumpy()
+        cells = np.stack([np.asarray(result[c], dtype=np.int64) for c in _CELL_NAMES], axis=1)
+        tenants = result["tenant"]
+        return [TenantCounts(str(tenant), int(frames), cells[tenants == tenant]) for tenant, frames in sizes]
+
+    def threshold_frames(self, query: PairQuery, sample: str, always: Sequence[str]) -> ThresholdFrames:
+        """The escalation section's sample, a frame each in pairing order (five narrow columns): the pairs
+        escalation did not choose (`random`), or every pair with its inverse-probability weight (`ipw`)."""
+        table, _ = self._pair_table(query)
+        named = (
+            f"list_has_any(cand_categories, [{', '.join(_literal(c) for c in always)}]::VARCHAR[])"
+            if always
+            else "false"
+        )
+        block, review = ACTIONS.index("block"), ACTIONS.index("review")
+        kept = "NOT escalation" if sample == "random" else "true"
+        frames = self.db.sql(
+            _coded(table, where=kept)
+            + f"""
+            SELECT video, confidence,
+                cand_action = {review} OR {named} OR confidence IS NULL OR isnan(confidence) AS forced,
+                ref_action <> cand_action OR (cand_action = {block}
+                    AND list_sort(list_distinct(ref_categories)) <> list_sort(list_distinct(cand_categories)))
+                    AS disagree,
+                probability
+            FROM coded ORDER BY pair_at, seq
             """
         ).to_arrow_table()
-        paired = table.num_rows
-        notes = {
-            "duplicates": int(eligible) - int(firsts_r) - int(firsts_c),
-            "unpaired_reference": int(firsts_r) - paired,
-            "unpaired_candidate": int(firsts_c) - paired,
-            "reused_candidates": reused,
-        }
-        return table, notes
+        escalated = self.db.execute(f"SELECT count(*) FROM {table} WHERE escalation").fetchall()[0][0]
 
-    def arm_columns(self, arm: str, engine: str) -> tuple[pa.Table, int]:
-        """An arm's fresh verdicts' latency, TTFT and token columns, and how many were cache hits."""
-        fresh = self.db.sql(
-            "SELECT latency_ms, ttft_ms, prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens "
-            f"FROM week WHERE arm = {_literal(arm)} AND NOT reused AND engine = {_literal(engine)}"
-        ).to_arrow_table()
-        hits = self.db.execute(
-            "SELECT count(*) FROM week WHERE arm = $arm AND reused AND engine = $engine",
-            {"arm": arm, "engine": engine},
-        ).fetchall()
-        return fresh, int(hits[0][0])
+        def column(name: str, dtype: type) -> NDArray[Any]:
+            return np.asarray(frames.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
+
+        confidence = column("confidence", np.float64)
+        size = frames.num_rows
+        weight = inverse_probability_weights(column("probability", np.float64)) if sample == "ipw" else None
+        return ThresholdFrames(
+            confidence=confidence,
+            forced=column("forced", np.bool_),
+            disagree=column("disagree", np.bool_),
+            weight=weight if weight is not None else np.ones(size),
+            video=column("video", np.int64),
+            escalation_pairs=int(escalated),
+            without_confidence=int(np.isnan(confidence).sum()),
+        )
+
+    def arm_columns(self, arm: str, engine: str) -> tuple[Callable[[str], pa.Array], int, int]:
+        """An arm's fresh verdicts' columns (latency, TTFT, tokens), fetched one at a time so a week
+        holds one of them at once; how many fresh verdicts there are, and how many were cache hits."""
+        where = f"arm = {_literal(arm)} AND engine = {_literal(engine)}"
+        fresh, hits = self.db.execute(
+            "SELECT count(*) FILTER (WHERE NOT reused), count(*) FILTER (WHERE reused) "
+            f"FROM week WHERE {where}"
+        ).fetchall()[0]
+
+        def column(name: str) -> pa.Array:
+            if name not in _COST_COLUMNS:
+                raise ValueError(f"not a cost column: {name}")
+            table = self.db.sql(f"SELECT {name} FROM week WHERE {where} AND NOT reused").to_arrow_table()
+            return table.column(0).combine_chunks()
+
+        return column, int(fresh), int(hits)

@@ -11,10 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from quality.columnar import RECORD_SCHEMA, convert_jsonl_weeks, partition_dir, week_source
-from quality.columns import run_bootstrap
-from quality.records import JsonlRecordStore, VerdictRecord
+from quality.columnar import RECORD_SCHEMA, convert_jsonl_weeks, partition_dir, records_table, week_source
+from quality.columns import PairColumns, PairCounts, ThresholdFrames, run_bootstrap
+from quality.records import JsonlRecordStore, VerdictRecord, pair_records, week_bounds
 from quality.report import ReportPolicy, WeeklyReport, build_weekly_report, build_weekly_report_from
+from quality.weekly_sql import PairQuery, WeekQueries
 
 DATA = Path(__file__).parent / "data"
 # Written by the record-by-record report (pydantic objects, before the columnar one) on the same records.
@@ -95,3 +96,41 @@ def test_records_of_the_old_form_without_an_engine_read_as_vllm(tmp_path: Path) 
     line = gzip.decompress((DATA / "records-2026-W48.jsonl.gz").read_bytes()).split(b"\n", 1)[0]
     assert b'"engine"' not in line
     assert VerdictRecord.model_validate_json(line).engine == "vllm"
+
+
+@pytest.mark.parametrize("sample", ["random", "ipw"])
+def test_the_sql_counts_and_frames_are_those_of_the_pairs_as_objects(records_dir: Path, sample: str) -> None:
+    """What the report reads from the database (counts per video, the threshold's frames) against the
+    same figures computed from the week's pairs as objects, array for array."""
+    records = JsonlRecordStore(records_dir).read_week_sync(2026, 48)
+    columns = PairColumns.from_pairs(pair_records(records).pairs)
+    start, end = week_bounds(2026, 48)
+    queries = WeekQueries.open(records_table(records), start, end)
+    try:
+        counts, notes = queries.pair_counts(PairQuery("thinking_on", "thinking_off"))
+        frames = queries.threshold_frames(PairQuery("thinking_on", "thinking_off"), sample, ["violence"])
+    finally:
+        queries.close()
+    expected = PairCounts.from_columns(columns)
+    assert counts.frames == expected.frames == notes["paired"] > 1000
+    assert counts.n_videos == expected.n_videos < counts.frames  # frames of one video share a cluster
+    for name in ("cells", "actions", "labelled"):
+        assert np.array_equal(getattr(counts, name), getattr(expected, name)), name
+    assert list(counts.categories) == list(expected.categories)
+    assert len(counts.categories) >= 3
+    for category, cells in expected.categories.items():
+        assert np.array_equal(counts.categories[category], cells), category
+    assert [(t.tenant, t.frames) for t in counts.tenants] == [(t.tenant, t.frames) for t in expected.tenants]
+    assert len(counts.tenants) > 1
+    for got, want in zip(counts.tenants, expected.tenants, strict=True):
+        assert np.array_equal(got.cells, want.cells), got.tenant
+    want_frames = ThresholdFrames.from_columns(columns, sample, ["violence"])
+    assert frames.size == want_frames.size > 0
+    assert (frames.escalation_pairs, frames.without_confidence) == (
+        want_frames.escalation_pairs,
+        want_frames.without_confidence,
+    )
+    assert frames.forced.any()
+    assert frames.disagree.any()
+    for name in ("confidence", "forced", "disagree", "weight", "video"):
+        assert np.array_equal(getattr(frames, name), getattr(want_frames, name), equal_nan=True), name
