@@ -1,8 +1,8 @@
 """Which frames of a request the engine judges, which repeat an earlier frame, and which verdicts are kept.
 
 A frame reuses a verdict made in the same scope (tenant, the policy's terms of the engine request, thinking
-mode, prompt, caller text, the engine's model) for the same shaped bytes ("exact") or a near duplicate ("near"): from the verdict cache,
-or from an earlier frame of the same request.
+mode, prompt, caller text, the engine's model) for the same shaped bytes ("exact") or a near duplicate
+("near"): from the verdict cache, or from an earlier frame of the same request.
 """
 
 from __future__ import annotations
