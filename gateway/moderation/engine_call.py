@@ -32,6 +32,29 @@ frame already half answered goes ahead of new asks at admission (and in the engi
 and re-asks keep their requests' order among themselves."""
 
 
+def engine_options(
+    decision: ThinkingDecision, frames: int, settings: EngineSettings, *, model: str, priority: int
+) -> RequestOptions:
+    """The engine request's options for ``frames`` packed keyframes asked under ``decision``: all that the
+    policy puts into an engine request comes through here (``ThinkingDecision.engine_terms`` names it)."""
+    return RequestOptions(
+        model=model,
+        enable_thinking=decision.mode == "on",
+        # the policy's cap is per keyframe: K packed frames need K answers (and K times the thought)
+        max_completion_tokens=decision.max_completion_tokens * max(1, frames),
+        constraint=settings.verdict_constraint,
+        stream=True,
+        priority=priority if settings.use_priority else None,
+        thinking_token_budget=(
+            None
+            if decision.thinking_token_budget is None
+            else decision.thinking_token_budget * max(1, frames)
+        ),
+        verdict_format=decision.verdict_format,
+        top_logprobs=settings.top_logprobs,
+    )
+
+
 class FrameJudge:
     """Asks the engine for the verdicts of up to K packed frames (or of a text) in one call."""
 
@@ -75,21 +98,9 @@ class FrameJudge:
             self.system_prompts[decision.verdict_format],
             list(frames),
             user_text,
-            RequestOptions(
-                model=(await self.identity.current()).id,
-                enable_thinking=decision.mode == "on",
-                # the policy's cap is per keyframe: K packed frames need K answers (and K times the thought)
-                max_completion_tokens=decision.max_completion_tokens * max(1, len(frames)),
-                constraint=self.settings.verdict_constraint,
-                stream=True,
-                priority=priority if self.settings.use_priority else None,
-                thinking_token_budget=(
-                    None
-                    if decision.thinking_token_budget is None
-                    else decision.thinking_token_budget * max(1, len(frames))
-                ),
-                verdict_format=decision.verdict_format,
-                top_logprobs=top_logprobs,
+            engine_options(
+                decision, len(frames), self.settings, model=(await self.identity.current()).id,
+                priority=priority,
             ),
         )
         prediction = await self.tokens.predict(

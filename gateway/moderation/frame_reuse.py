@@ -1,8 +1,8 @@
 """Which frames of a request the engine judges, which repeat an earlier frame, and which verdicts are kept.
 
-A frame reuses a verdict made in the same scope (tenant, policy version, thinking mode, prompt, caller text,
-the engine's model) for the same shaped bytes ("exact") or a near duplicate ("near"): from the verdict cache,
-or from an earlier frame of the same request.
+A frame reuses a verdict made in the same scope (tenant, the policy's terms of the engine request, thinking
+mode, prompt, caller text, the engine's model) for the same shaped bytes ("exact") or a near duplicate
+("near"): from the verdict cache, or from an earlier frame of the same request.
 """
 
 from __future__ import annotations
@@ -27,16 +27,31 @@ from shaping.image import ShapedImage
 def verdict_scope(
     tenant: str, decision: ThinkingDecision, extra_text: str, prompt_sha256: str, model_scope: str
 ) -> VerdictScope:
-    """Where a verdict made under ``decision`` is looked up and kept."""
-    # escalate reuses and keeps verdicts by the mode that made them: a thinking-on verdict answers an
-    # escalate-mode frame as well as any re-ask would; a fast one is kept for thinking-off callers
-    return VerdictScope(
-        tenant=tenant,
-        policy_version=decision.policy_version,
-        thinking="on" if decision.mode == "escalate" else decision.mode,
-        prompt_sha256=prompt_sha256,
-        text_sha256=hashlib.sha256(extra_text.encode()).hexdigest() if extra_text else "",
-        model=model_scope,
+    """Where a verdict for a frame asked under ``decision`` is looked up."""
+    # escalate reuses and keeps verdicts by the engine request that made them: a thinking-on verdict (made
+    # under the re-ask's caps) answers an escalate-mode frame as well as any re-ask would; a fast one is
+    # kept for thinking-off callers (see verdicts_to_keep)
+    asked = decision.reask if decision.mode == "escalate" and decision.reask is not None else decision
+    return made_under(
+        VerdictScope(
+            tenant=tenant,
+            policy_terms="",
+            thinking="",
+            prompt_sha256=prompt_sha256,
+            text_sha256=hashlib.sha256(extra_text.encode()).hexdigest() if extra_text else "",
+            model=model_scope,
+        ),
+        asked,
+    )
+
+
+def made_under(scope: VerdictScope, decision: ThinkingDecision) -> VerdictScope:
+    """``scope`` for verdicts the engine makes under ``decision``: its thinking mode (escalate's fast ask is
+    a thinking-off ask), the digest of what of the policy reaches its request, its verdict format."""
+    return replace(
+        scope,
+        policy_terms=decision.terms_digest(),
+        thinking="on" if decision.mode == "on" else "off",
         verdict_format=decision.verdict_format,
     )
 
@@ -87,10 +102,11 @@ def verdicts_to_keep(
     identities: Sequence[FrameIdentity],
     made_at: float,
 ) -> list[tuple[VerdictScope, StoredVerdict]]:
-    """The engine's fresh verdicts, each under the scope of the mode that made it; fallback "review"
+    """The engine's fresh verdicts, each under the scope of the engine request that made it (an escalated
+    frame's under the re-ask's, a fast verdict that stood under a thinking-off ask's); fallback "review"
     verdicts (unusable output) are not kept."""
     return [
-        (replace(scope, thinking="off" if made.decision.mode == "escalate" else made.decision.mode),
+        (made_under(scope, made.decision),
          StoredVerdict(
             action=made.verdict.action,
             categories=made.verdict.categories,
@@ -101,6 +117,7 @@ def verdicts_to_keep(
             thumbnail=identities[index].thumbnail,
             made_at=made_at,
             request_id=made.answer.request_id,
+            policy_version=made.decision.policy_version,
         ))
         for index in leaders
         if (made := outcomes[index]) is not None and made.verdict.problem is None

@@ -1,8 +1,12 @@
 """Verdicts of keyframes already seen, reused instead of asking the engine again.
 
-Two kinds of reuse, both only within one scope (tenant, policy version, thinking mode, system prompt, caller
-text, the engine's model: id, root and revision): a verdict is a judgement made by one model under one
-policy and one prompt, and a tenant must not learn from a ``reused`` flag what another tenant posted.
+Two kinds of reuse, both only within one scope (tenant, what of the policy reaches the engine request:
+thinking mode, output caps and thinking budget, verdict format; system prompt, caller text, the engine's
+model: id, root and revision): a verdict is a judgement made by one model under one engine request, and a
+tenant must not learn from a ``reused`` flag what another tenant posted. The policy enters the scope by the
+digest of its terms (``ThinkingDecision.terms_digest``), never by its version number: numbering restarts at
+1 when the policy's Redis key is lost, and a later "version 2" with other limits must not find the first
+"version 2"'s verdicts. The version a verdict was made under is kept in the stored value, for audit.
 
 - exact: the shaped frame's SHA-256 was judged before;
 - near: a frame whose perceptual hash is within ``max_distance`` bits, *and* whose 16×9 colour
@@ -77,7 +81,7 @@ class VerdictScope:
     """What a verdict was made under; verdicts are reused only inside the same scope."""
 
     tenant: str
-    policy_version: int
+    policy_terms: str  # ThinkingDecision.terms_digest() of the engine request the verdict comes from
     thinking: str
     prompt_sha256: str  # the system prompt as sent (with any block-filling guidance)
     text_sha256: str = ""  # caller text sent with the frame, if any
@@ -86,9 +90,10 @@ class VerdictScope:
 
     @property
     def key(self) -> str:
-        """A short, Redis-safe name for the scope."""
+        """A short, Redis-safe name for the scope (``terms:`` marks the policy by its terms: a key made by
+        version number, before, is never this key, so such entries miss and expire)."""
         raw = "\x1f".join(
-            (self.tenant, str(self.policy_version), self.thinking, self.prompt_sha256, self.text_sha256,
+            (self.tenant, f"terms:{self.policy_terms}", self.thinking, self.prompt_sha256, self.text_sha256,
              self.model, self.verdict_format)
         )
         return hashlib.sha256(raw.encode()).hexdigest()[:20]
@@ -116,6 +121,7 @@ class StoredVerdict:
     made_at: float
     request_id: str
     category_scores: tuple[tuple[str, float], ...] | None = None  # from logprobs, as first answered
+    policy_version: int | None = None  # the policy's number when it was judged: for audit, never matched
 
     @property
     def identity(self) -> FrameIdentity:
@@ -141,6 +147,7 @@ class StoredVerdict:
             "thumbnail": base64.b64encode(self.thumbnail).decode(), "made_at": self.made_at,
             "request_id": self.request_id,
             "category_scores": None if self.category_scores is None else dict(self.category_scores),
+            "policy_version": self.policy_version,
         })
 
     @classmethod
@@ -157,6 +164,7 @@ class StoredVerdict:
                 None if not isinstance(data.get("category_scores"), dict)
                 else tuple((str(k), float(v)) for k, v in data["category_scores"].items())
             ),
+            policy_version=None if data.get("policy_version") is None else int(data["policy_version"]),
         )
 
 

@@ -212,6 +212,22 @@ class ThinkingDecision:
     escalation: EscalationPolicy | None = None  # set when mode is ``escalate``
     reask: ThinkingDecision | None = None  # the thinking-on re-ask of an escalation
 
+    def engine_terms(self) -> dict[str, Any]:
+        """What of the policy reaches the engine request this decision makes (escalate's fast ask is a
+        thinking-off ask), hence all that a verdict made under it depends on in the policy."""
+        return {
+            "thinking": self.mode == "on",
+            "max_completion_tokens": self.max_completion_tokens,  # per keyframe
+            "thinking_token_budget": self.thinking_token_budget,  # set by decide() with thinking on only
+            "verdict_format": self.verdict_format,
+        }
+
+    def terms_digest(self) -> str:
+        """:meth:`engine_terms` in a canonical serialisation, hashed: what verdicts are reused under, in
+        place of the version number (which restarts at 1 when the policy's Redis key is lost)."""
+        canonical = json.dumps(self.engine_terms(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
 
 def reask_decision(
     policy: ThinkingPolicy, verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT

@@ -26,7 +26,7 @@ from gateway.moderation.verdict_cache import (
 from shaping.image import ImageLimits, shape_image
 from shaping.tokens import TokenGrid
 
-SCOPE = VerdictScope(tenant="t", policy_version=1, thinking="off", prompt_sha256="p" * 64)
+SCOPE = VerdictScope(tenant="t", policy_terms="a" * 16, thinking="off", prompt_sha256="p" * 64)
 RULE = NearDuplicateRule(max_distance=4, max_colour_delta=32)
 
 
@@ -102,7 +102,7 @@ async def test_a_near_hit_needs_the_same_scope(cache: VerdictCache) -> None:
     assert near is not None
     assert near.reused == "near"
     assert near.stored.sha256 == scene.sha256
-    other = VerdictScope(tenant="t", policy_version=2, thinking="off", prompt_sha256="p" * 64)
+    other = VerdictScope(tenant="t", policy_terms="b" * 16, thinking="off", prompt_sha256="p" * 64)
     assert await cache.lookup(other, reencoded) is None
 
 

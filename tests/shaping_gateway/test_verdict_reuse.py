@@ -107,23 +107,6 @@ def test_a_verdict_is_not_reused_under_the_other_thinking_mode(
     assert moderate(gateway, SCENE, thinking="on")["reused"] == "exact"
 
 
-def test_a_verdict_is_not_reused_under_a_new_policy_version(
-    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
-) -> None:
-    gateway = start_gateway(engine_url=sim.url, **store)
-    before = moderate(gateway, SCENE)["policy_version"]
-    flip = httpx.put(
-        f"{gateway.url}/admin/thinking-policy",
-        timeout=10,
-        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-        json={"default_mode": "on", "max_completion_tokens_on": 600, "reason": "reuse test"},
-    )
-    assert flip.status_code == 200, flip.text
-    after = moderate(gateway, SCENE)
-    assert after["policy_version"] > before
-    assert after["reused"] is None
-
-
 def test_a_tenant_never_reuses_another_tenants_verdict(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
@@ -187,3 +170,62 @@ def test_redis_keys_carry_the_ttl(redis_url: str, sim: ThreadedServer, start_gat
     assert len(bands) == 5
     assert all(0 < client.pttl(key) <= 120_000 for key in keys)
     client.close()
+
+
+def flip(gateway: ThreadedServer, **fields: Any) -> int:
+    """Change the thinking policy; the version it got."""
+    response = httpx.put(
+        f"{gateway.url}/admin/thinking-policy",
+        timeout=10,
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        json={**fields, "reason": "verdict reuse test"},
+    )
+    assert response.status_code == 200, response.text
+    version: int = response.json()["version"]
+    return version
+
+
+def test_a_policy_change_the_verdict_does_not_depend_on_keeps_it(
+    store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, **store)
+    made = moderate(gateway, SCENE, thinking="off")
+    # thinking-on limits and the default mode do not reach a thinking-off engine request
+    assert flip(gateway, default_mode="on", max_completion_tokens_on=600, thinking_token_budget=200) == 2
+    kept = moderate(gateway, SCENE, thinking="off")
+    assert (kept["policy_version"], kept["reused"], kept["request_id"]) == (2, "exact", made["request_id"])
+    assert moderate(gateway, SCENE, thinking="on")["reused"] is None  # its limits did change
+    assert flip(gateway, max_completion_tokens_off=32) == 3  # a thinking-off limit: judged again
+    calls = engine_requests(sim)
+    again = moderate(gateway, SCENE, thinking="off")
+    assert again["reused"] is None
+    assert engine_requests(sim) == calls + 1
+
+
+def test_a_lost_policy_key_never_hands_out_verdicts_made_under_other_content(
+    redis_url: str, sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    """Redis loses the policy while the verdicts survive: numbering restarts at 1, and "version 2" comes
+    back with other content. Its verdicts must be judged afresh; the old content's come back with it."""
+    first = start_gateway(engine_url=sim.url, redis_url=redis_url)
+    assert flip(first, max_completion_tokens_off=24) == 2
+    made = moderate(first, SCENE)
+    assert (made["policy_version"], made["reused"]) == (2, None)
+    first.stop()
+    client = redis.Redis.from_url(redis_url)
+    lost = list(client.scan_iter("modgate:thinking-policy*"))
+    assert lost
+    client.delete(*lost)  # an operator's DEL, or a failover to a replica that never had the policy
+    assert list(client.scan_iter("modgate:verdict:*"))  # the verdicts survived
+    client.close()
+
+    second = start_gateway(engine_url=sim.url, redis_url=redis_url)
+    assert moderate(second, SCENE_WITH_VIOLENCE)["policy_version"] == 1  # numbering started again
+    assert flip(second, max_completion_tokens_off=48) == 2  # "version 2" again, other limits
+    calls = engine_requests(sim)
+    judged = moderate(second, SCENE)
+    assert (judged["policy_version"], judged["reused"]) == (2, None)
+    assert engine_requests(sim) == calls + 1
+    assert flip(second, max_completion_tokens_off=24) == 3  # the first content, under a new number
+    back = moderate(second, SCENE)
+    assert (back["policy_version"], back["reused"], back["request_id"]) == (3, "exact", made["request_id"])
