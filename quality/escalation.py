@@ -217,8 +217,9 @@ class ThresholdPlan:
     bootstrap goes to `quality.columns.run_bootstrap` (`groups()`), then `result()`.
 
     Per video, weighted sums of: frames, escalated frames per threshold, agreeing frames per threshold,
-    and disagreeing frames; each resample is draws @ those sums. Frame-level weights are built only for
-    the AUROC, a few resamples at a time.
+    and disagreeing frames; each resample is draws @ those sums (with whole weights, taken from sparse
+    per-threshold bins, so memory follows the frames rather than videos × thresholds). Frame-level
+    weights are built only for the AUROC, a few resamples at a time.
     """
 
     def __init__(
@@ -247,22 +248,30 @@ class ThresholdPlan:
         w, t = frames.weight, self.grid.size
         cluster = frames.video
         self.n_videos = int(cluster.max()) + 1
-        per_video = np.zeros((self.n_videos, 1 + 2 * t + 1))
-        per_video[:, 0] = np.bincount(cluster, w, minlength=self.n_videos)
         confidence_or_low = np.nan_to_num(frames.confidence, nan=-1.0)
+        # whole weights (every sample but inverse-probability ones): every sum below is a whole number far
+        # below 2**53, exact in any order, so sums may be taken by threshold bin and by score segment
+        # instead of frame by frame and come out the same bits
+        self.whole = bool(np.all(w == np.round(w)))
         self.recovered: list[float | None] = []
         disagree_weight = float(np.sum(w * frames.disagree))
+        per_video = None if self.whole else np.zeros((self.n_videos, 1 + 2 * t + 1))
         for column, threshold in enumerate(self.grid):
             escalated = frames.forced | (confidence_or_low < threshold) | bool(threshold >= 1)
-            agree = escalated | ~frames.disagree
-            per_video[:, 1 + column] = np.bincount(cluster, w * escalated, minlength=self.n_videos)
-            per_video[:, 1 + t + column] = np.bincount(cluster, w * agree, minlength=self.n_videos)
+            if per_video is not None:
+                agree = escalated | ~frames.disagree
+                per_video[:, 1 + column] = np.bincount(cluster, w * escalated, minlength=self.n_videos)
+                per_video[:, 1 + t + column] = np.bincount(cluster, w * agree, minlength=self.n_videos)
             self.recovered.append(
                 float(np.sum(w * (frames.disagree & escalated))) / disagree_weight
                 if disagree_weight > 0
                 else None
             )
-        per_video[:, -1] = np.bincount(cluster, w * frames.disagree, minlength=self.n_videos)
+        if per_video is not None:
+            per_video[:, 0] = np.bincount(cluster, w, minlength=self.n_videos)
+            per_video[:, -1] = np.bincount(cluster, w * frames.disagree, minlength=self.n_videos)
+        else:
+            self._prepare_bins(confidence_or_low)
         self.per_video, self.disagree_weight = per_video, disagree_weight
         self.resampled: list[FloatArray] = []
         self.auroc_boot: list[FloatArray] = []
@@ -271,11 +280,51 @@ class ThresholdPlan:
             self.score = -np.nan_to_num(frames.confidence, nan=-1.0)  # lower confidence: likelier to disagree
             values, ranks = np.unique(self.score, return_inverse=True)
             self.rank = (np.asarray(ranks, dtype=np.int64), int(values.size))
-            # whole weights (every sample but inverse-probability ones): every sum below is exact, so
-            # the statistic can be summed over frames instead of score levels and come out the same
-            self.whole = bool(np.all(frames.weight == np.round(frames.weight)))
             if self.whole:
                 self._prepare_fast_auroc()
+
+    def _prepare_bins(self, confidence_or_low: FloatArray) -> None:
+        """Per video, the weight of frames first escalated at each threshold, as sparse (thresholds,
+        videos) matrices (all frames, and those that disagree), plus five per-video sums: a video's
+        escalated weight at a threshold is then its forced weight plus a cumulative sum over bins. Memory
+        follows the frames that fall in a bin, not videos × thresholds."""
+        frames, t, n = self.frames, self.grid.size, self.n_videos
+        w, video, forced, disagree = frames.weight, frames.video, frames.forced, frames.disagree
+        loose = np.flatnonzero(~forced)
+        # the first threshold a frame's confidence is below: it escalates there and at every one above
+        first = np.searchsorted(self.grid, confidence_or_low[loose], side="right")
+        inside = first < t
+        rows, columns, weights = first[inside], video[loose][inside], w[loose][inside]
+        split = disagree[loose][inside]
+        self._bins = sparse.csr_matrix((weights, (rows, columns)), shape=(t, n))
+        self._disagree_bins = sparse.csr_matrix((weights[split], (rows[split], columns[split])), shape=(t, n))
+        del rows, columns, weights, split
+        self._base = np.stack(
+            [
+                np.bincount(video, w, minlength=n),
+                np.bincount(video, w * forced, minlength=n),
+                np.bincount(video, w * (forced & disagree), minlength=n),
+                np.bincount(video, w * ~disagree, minlength=n),
+                np.bincount(video, w * disagree, minlength=n),
+            ],
+            axis=1,
+        )
+        self._everything = self.grid >= 1  # escalation_reason: a threshold of 1 escalates every frame
+
+    def _sums(self, draws: FloatArray) -> FloatArray:
+        """(resamples, 2 + 2 × thresholds): weight, escalated weight per threshold, agreeing weight per
+        threshold, disagreeing weight, of each row of video draws."""
+        if self.per_video is not None:
+            return np.asarray(draws @ self.per_video, dtype=np.float64)
+        base = draws @ self._base
+        total, forced, forced_disagree, agreeing, disagreeing = (base[:, i : i + 1] for i in range(5))
+        transposed = np.ascontiguousarray(draws.T)
+        escalated = forced + np.cumsum(np.asarray(self._bins @ transposed).T, axis=1)
+        recovered = forced_disagree + np.cumsum(np.asarray(self._disagree_bins @ transposed).T, axis=1)
+        agree = agreeing + recovered  # escalated or agreeing already: the two are disjoint
+        escalated[:, self._everything] = total
+        agree[:, self._everything] = total
+        return np.hstack([total, escalated, agree, disagreeing])
 
     def _prepare_fast_auroc(self) -> None:
         """The negatives' weight per video between consecutive cut points (each positive's score, below
@@ -320,7 +369,7 @@ class ThresholdPlan:
 
     def feed(self, start: int, weights: FloatArray) -> None:
         draws = weights
-        self.resampled.append(draws @ self.per_video)
+        self.resampled.append(self._sums(draws))
         auroc_rows = min(self.resamples, _AUROC_RESAMPLES) - start
         if not self.with_auroc or auroc_rows <= 0:
             return
@@ -340,7 +389,11 @@ class ThresholdPlan:
             return None
         w, t, confidence = frames.weight, self.grid.size, self.confidence
         resampled = np.vstack(self.resampled)
-        observed = self.per_video.sum(axis=0)
+        observed = (
+            self.per_video.sum(axis=0)
+            if self.per_video is not None
+            else self._sums(np.ones((1, self.n_videos)))[0]
+        )
         with np.errstate(divide="ignore", invalid="ignore"):
             boot_escalated = resampled[:, 1 : 1 + t] / resampled[:, :1]
             boot_agree = resampled[:, 1 + t : 1 + 2 * t] / resampled[:, :1]
