@@ -10,6 +10,7 @@ engine's :class:`~gateway.engine.kinds.EngineWire`, as the gateway sends them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -24,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from deploy.engine_llamacpp import CONTEXT_PER_SLOT, DEFAULT_SLOTS
 from deploy.keyframes import make_keyframe
 from deploy.simulator.llamacpp_law import LlamaCppOptions
-from gateway.engine.kinds import EngineKind, wire_for
+from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, EngineKind, wire_for
 from shaping.confidence import TokenLogprob, with_confidence
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt, prompt_version_for
@@ -454,7 +455,9 @@ def test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask(llamacpp_
     for entry in entries:  # the token's vocabulary id comes first (tools/server/server-task.cpp)
         assert list(entry) == ["id", "token", "bytes", "logprob", "top_logprobs"]
         assert list(entry["top_logprobs"][0]) == ["id", "token", "bytes", "logprob"]
-        assert len(entry["top_logprobs"]) == 5  # top_logprobs becomes n_probs
+        # top_logprobs becomes n_probs, which the gateway asks four times vLLM's of (forbidden tokens take
+        # slots in a raw list)
+        assert len(entry["top_logprobs"]) == 5 * LLAMACPP_ALTERNATIVES_PER_MASKED
     first = entries[0]
     listed = [(a["token"], a["logprob"]) for a in first["top_logprobs"]]
     # a softmax over every logit: the listed mass is at most 1 and 0 in float reads -FLT_MAX, not -inf
@@ -481,6 +484,36 @@ def test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask(llamacpp_
     else:
         assert verdict.confidence is None
         assert "raw softmax" in (verdict.confidence_note or "")
+
+
+def test_llamacpp_a_shorter_raw_list_never_raises_the_confidence(llamacpp_url: str) -> None:
+    """Forbidden tokens take slots of llama.cpp's raw list; what the list leaves out counts as allowed, so a
+    shorter list reads lower or the same, never higher (renormalised over the listed spellings alone, a list
+    whose only allowed entry was the chosen token read 1.0)."""
+    engine = Engine("llamacpp", llamacpp_url, "")
+    wire = wire_for("llamacpp")
+    readings: dict[int, tuple[str, float | None, str | None]] = {}
+    for n_probs in (40, 4, 2, 1):  # sent as is: the wire would ask four times each
+        sent = {**wire.chat_body(compact_request(engine, thinking=False)), "top_logprobs": n_probs}
+        answer = httpx.post(f"{llamacpp_url}/v1/chat/completions", json=sent, timeout=300).json()
+        choice = answer["choices"][0]
+        content, entries = choice["message"]["content"], choice["logprobs"]["content"]
+        assert all(len(e["top_logprobs"]) == n_probs for e in entries)
+        parsed = parse_engine_output(content, None, choice["finish_reason"])
+        (verdict,) = with_confidence(
+            parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content,
+            grammar_masked=wire.logprobs_grammar_masked,
+        )
+        readings[n_probs] = (content, verdict.confidence, verdict.confidence_note)
+    print("\nllama.cpp confidence by n_probs (answer, confidence, note):", readings)
+    assert len({content for content, _, _ in readings.values()}) == 1  # greedy: the same answer each time
+    confidence = [reading[1] for reading in readings.values()]
+    if all(c is None for c in confidence):  # the tiny real model: every allowed spelling 0 in float
+        assert all("raw softmax" in (note or "") for _, _, note in readings.values()), readings
+        return
+    assert all(c is not None and 0 < c <= 1 for c in confidence), readings
+    for longer, shorter in itertools.pairwise(confidence):
+        assert shorter <= longer + 1e-4, readings  # type: ignore[operator]  # not None, asserted above
 
 
 def test_the_confidence_is_the_engines_own_probability_and_a_shorter_list_never_raises_it(
