@@ -283,6 +283,37 @@ def test_metrics_carry_the_names_and_labels_the_gateway_reads(engine: Engine) ->
         assert "engine" in labels, (name, labels)
 
 
+def llamacpp_samples(url: str) -> dict[str, float]:
+    """llama-server's ``/metrics`` as name → value (its names carry no labels)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_llamacpp_props_and_metrics_show_its_template_decode_calls_and_busy_slots(llamacpp_url: str) -> None:
+    """What llama-server adds to the names the gateway reads: the chat template it renders in ``/props``,
+    ``n_decode_total`` (one per batch decoded: a generated token each, images not counted) and the busy
+    slots per decode (server-task.cpp's to_metrics; server-context.cpp's metrics_post_decode)."""
+    props = httpx.get(f"{llamacpp_url}/props", timeout=30).json()
+    assert "<|im_start|>" in props["chat_template"]  # the --chat-template-file it was started with
+    assert "enable_thinking" in props["chat_template"]
+    before = llamacpp_samples(llamacpp_url)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    answer = httpx.post(f"{llamacpp_url}/v1/chat/completions", json=body, timeout=300).json()
+    after = llamacpp_samples(llamacpp_url)
+    generated = answer["usage"]["completion_tokens"]
+    decodes = after["llamacpp:n_decode_total"] - before["llamacpp:n_decode_total"]
+    # the prompt's batch samples the first token, each further token is one more decode (the stop token
+    # too, which usage may not count)
+    busy = after["llamacpp:n_busy_slots_per_decode"]
+    print(f"\nllama.cpp: {generated} tokens generated in {decodes} decodes, {busy} busy slots a decode")
+    assert generated <= decodes <= generated + 1, (generated, decodes)
+    # one request at a time in this suite: one busy slot per decode, never more than the slots
+    assert 1 <= busy <= props["total_slots"]
+    for name in ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"):
+        assert after[f"llamacpp:{name}"] == 0  # no draft model
+
+
 @pytest.mark.parametrize(
     "body",
     [
