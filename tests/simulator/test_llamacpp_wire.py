@@ -14,12 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from deploy.simulator.grammar import grammar_regex
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from gateway.cli.embedded import ThreadedServer
+from gateway.cli.main import app as modgate_app
 from gateway.engine.gbnf import regex_to_gbnf
 from gateway.engine.kinds import THOUGHT_RULES
 from shaping.verdict import compact_regex, verdict_regex
@@ -176,3 +178,18 @@ def test_an_image_to_a_simulated_llamacpp_without_a_vision_projector_says_mmproj
     assert 400 <= response.status_code < 600
     assert response.status_code != 500
     assert "--mmproj" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kind", "sglang"], "unknown kind 'sglang'; choose vllm or llamacpp"),
+        (["--kind", "vllm", "--slots", "2"], "--slots, --ctx-size and --loading-s are llama-server's"),
+    ],
+    ids=["unknown-kind", "llamacpp-flag-on-vllm"],
+)
+def test_engine_sim_refuses_a_kind_it_does_not_speak_before_serving(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(modgate_app, ["engine-sim", "--host", "256.0.0.1", *args], terminal_width=200)
+    # a usage error before anything is served (the host cannot be bound either, should the check go)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.replace("│", " ").split())
