@@ -180,6 +180,25 @@ def test_an_image_to_a_simulated_llamacpp_without_a_vision_projector_says_mmproj
     assert "--mmproj" in response.json()["error"]["message"]
 
 
+def test_a_keyframe_over_one_slots_context_comes_back_through_the_gateway_saying_what_to_change(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    url = llamacpp_sim(start_sim, n_parallel=4, n_ctx=2048)  # 512 tokens a slot: a keyframe needs ~1,000
+    gateway = start_gateway(engine_url=url)
+    response = httpx.post(
+        f"{gateway.url}/v1/moderations",
+        json={"input": image_input(make_keyframe("allow", 640, 360, seed=4))},
+        headers={"X-Modgate-Thinking": "off"},
+        timeout=60,
+    )
+    assert 400 <= response.status_code < 600, response.text
+    assert response.status_code != 500
+    error = response.json()["error"]
+    assert {"message", "type", "code"} <= set(error)  # the OpenAI error shape, not a verdict of review
+    assert "exceeds the available context size" in error["message"]
+    assert "-c divided by --parallel" in error["message"]  # what to change
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
