@@ -498,8 +498,8 @@ def test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask(llamacpp_
     best = max(listed, key=lambda pair: pair[1])[0]
     spells_an_action = any(a.startswith(best.strip()) or best.strip().startswith(a) for a in ACTIONS)
     assert not (best.strip() and spells_an_action), listed
-    # the gateway renormalises over the listed spellings of an action; where the raw softmax gave all of
-    # them 0 in float (the tiny model: one blank token holds all the mass), it says so and reads nothing
+    # the gateway renormalises over the listed spellings and the unlisted mass; where the raw softmax gave
+    # all of them 0 in float (the tiny model: one blank token holds all the mass), it says so, reads nothing
     content = choice["message"]["content"]
     parsed = parse_engine_output(content, None, choice["finish_reason"])
     (verdict,) = with_confidence(
