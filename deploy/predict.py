@@ -18,7 +18,7 @@ from typing import Any
 from deploy.check import DEFAULT_MAX_INFLIGHT, ServiceFlags, UnreadableInputError, read_services
 from deploy.check.llamacpp import server_settings, slots
 from deploy.simulator.llamacpp_law import LlamaCppOptions, LlamaCppScheduler
-from deploy.simulator.presets import GB10_GGUF_125B, PRESETS, SimPreset
+from deploy.simulator.presets import GB10_GGUF_125B, PRESETS, SimPreset, WeightReads
 from deploy.simulator.virtual import SEED_SHAPE, THINKING_OFF_SHAPE, LoadFigures, RequestShape, closed_loop
 
 TOLERANCE = 0.02  # figures within 2 % of each other count as equal when ranking
@@ -291,14 +291,27 @@ LLAMACPP_ASSUMPTIONS = (
 )
 
 
-def llamacpp_preset(tuned: SimPreset) -> SimPreset:
+@dataclass(frozen=True)
+class LlamaCppPricing:
+    """The tuned vLLM preset's rates on llama.cpp's weights, with the weight reads on each side."""
+
+    preset: SimPreset  # GGUF's reads, the decode rate scaled by them
+    gguf: WeightReads  # what a llama.cpp pass reads
+    nvfp4: WeightReads  # what the tuned vLLM preset's pass reads
+
+
+def llamacpp_preset(tuned: SimPreset) -> LlamaCppPricing:
     """The tuned vLLM preset's rates on llama.cpp's weights: the same per-step hardware cost
     (``WeightReads``) over the GGUF's bytes, and a decode rate scaled by the bytes each token reads
     (decode is memory-bound: the fitted rate already prices the NVFP4 path's reads)."""
     if tuned.weight_reads is None:
-        return tuned
+        raise ValueError(
+            f"the baseline preset {tuned.name!r} has no weight reads: llama.cpp's passes are priced by the "
+            "bytes they read against vLLM's (SimPreset.weight_reads)"
+        )
     ratio = tuned.weight_reads.active_bytes_per_token / GB10_GGUF_125B.active_bytes_per_token
-    return tuned.scaled(weight_reads=GB10_GGUF_125B, decode_tokens_per_s=tuned.decode_tokens_per_s * ratio)
+    preset = tuned.scaled(weight_reads=GB10_GGUF_125B, decode_tokens_per_s=tuned.decode_tokens_per_s * ratio)
+    return LlamaCppPricing(preset, GB10_GGUF_125B, tuned.weight_reads)
 
 
 def _llamacpp_options(engine: ServiceFlags) -> tuple[dict[str, Any], list[FlagReading]]:
@@ -344,20 +357,17 @@ def _predict_llamacpp(
 ) -> Prediction:
     fields, readings = _llamacpp_options(engine)
     options = LlamaCppOptions(**fields)
-    mine = llamacpp_preset(tuned)
+    pricing = llamacpp_preset(tuned)
+    mine, gguf, nvfp4 = pricing.preset, pricing.gguf, pricing.nvfp4
     on, reused_on = _llamacpp_run(mine, options, callers, requests, SEED_SHAPE)
     off, reused_off = _llamacpp_run(mine, options, callers, requests, THINKING_OFF_SHAPE)
     base_off = closed_loop(tuned, callers, shape=THINKING_OFF_SHAPE, requests=requests)
-    reads = mine.weight_reads
-    vllm_reads = tuned.weight_reads
     assumptions = [text.format(
         prefill=tuned.prefill_tokens_per_s, decode=mine.decode_tokens_per_s,
         vllm_decode=tuned.decode_tokens_per_s, overhead=tuned.step_overhead_s,
-        bandwidth=(reads.bandwidth_bytes_per_s / 1e9) if reads else 0.0,
-        gguf_gb=(reads.total_weight_bytes / 1e9) if reads else 0.0,
-        gguf_path=(reads.active_bytes_per_token / 1e9) if reads else 0.0,
-        nvfp4_gb=(vllm_reads.total_weight_bytes / 1e9) if vllm_reads else 0.0,
-        nvfp4_path=(vllm_reads.active_bytes_per_token / 1e9) if vllm_reads else 0.0,
+        bandwidth=gguf.bandwidth_bytes_per_s / 1e9,
+        gguf_gb=gguf.total_weight_bytes / 1e9, gguf_path=gguf.active_bytes_per_token / 1e9,
+        nvfp4_gb=nvfp4.total_weight_bytes / 1e9, nvfp4_path=nvfp4.active_bytes_per_token / 1e9,
     ) for text in LLAMACPP_ASSUMPTIONS]
     return Prediction(
         engine.name, callers, fields, on, base_on, readings, engine_kind="llamacpp",

@@ -21,9 +21,13 @@ raw logits, ``grammar_masked=False``) lists tokens the grammar forbids and gives
 all the mass. There the listed first-token alternatives that can begin an action are renormalised over
 themselves (what the grammar allows at that place; other spellings of one action still add):
 
-    confidence = P(chosen action's spellings) / P(spellings of any action), over the listed alternatives
+    confidence = P(chosen action's spellings) / (P(listed spellings of any action) + P(not listed))
 
-A top-k cut then leaves out an allowed spelling from both sides, so it can read higher as well as lower.
+``P(not listed)`` is 1 minus the listed alternatives' mass (the softmax is over the whole vocabulary): a
+token the list left out may be a spelling the grammar allows, so it is counted as one of another action's.
+The reading is then a lower bound, as on vLLM: a top-k cut can make it lower, never higher (renormalised
+over the listed spellings alone, a list whose slots went to forbidden tokens read 1.0 for a true 0.5).
+The gateway asks llama.cpp for more alternatives than vLLM (``LlamaCppWire.chat_body``) to keep it tight.
 The path inside a category name is not read on such an engine (its raw probabilities along the name are
 not the grammar's): a named category scores P(block); unnamed ones are renormalised the same way over the
 alternatives at the first category's place that can begin a category.
@@ -178,8 +182,8 @@ def action_probabilities(
 
     Grammar-masked (vLLM): not normalised over the three: an action the list leaves out is unknown, not
     impossible, so the chosen action keeps its own probability (a lower bound where a spelling of it was cut
-    off the list). Not masked (llama.cpp): renormalised over the listed spellings of any action, the
-    alternatives the grammar allows there.
+    off the list). Not masked (llama.cpp): renormalised over the listed spellings of any action (the
+    alternatives the grammar allows there) and the mass the list left out: a lower bound too.
     """
     continuations = _continuations(spans, offset, spaced=True)
     if continuations is None:
@@ -194,8 +198,22 @@ def action_probabilities(
     if allowed <= 0:
         return None
     if not grammar_masked:
+        allowed += _unlisted(spans, offset)
         return {action: value / allowed for action, value in mass.items()}
     return {action: min(1.0, value) for action, value in mass.items()}
+
+
+def _unlisted(spans: _Spans, offset: int) -> float:
+    """The raw softmax's mass outside the list at the token holding ``offset`` (1 minus what is listed).
+
+    On an engine whose probabilities are over the whole vocabulary (llama.cpp), a token the list left out
+    may be one the grammar allows: counting all of it as allowed makes the renormalised reading a lower
+    bound, as a top-k cut is on vLLM (it can read lower, never higher)."""
+    index = spans.at(offset)
+    if index is None:
+        return 0.0
+    listed = sum(_probability(logprob) for _text, logprob in spans.tokens[index].alternatives())
+    return max(0.0, 1.0 - listed)
 
 
 def _category_path(spans: _Spans, start: int, name: str, terminators: str) -> float | None:
@@ -251,7 +269,10 @@ def _category_scores(
             for rest, probability in _continuations(spans, slots[0][0]) or []
         ]
         # not grammar-masked: over the alternatives that can begin some category (what the grammar allows)
+        # and what the list left out (a lower bound, as for the action)
         allowed = 1.0 if grammar_masked else sum(p for _, p, fits in cut if fits)
+        if not grammar_masked and allowed > 0:
+            allowed += _unlisted(spans, slots[0][0])
         for _rest, probability, fits in cut:
             if len(fits) == 1 and allowed > 0:
                 scores[fits[0]] = max(scores[fits[0]], p_block * probability / allowed)
@@ -285,7 +306,8 @@ def with_confidence(
     """The verdicts with ``confidence`` and ``category_scores`` read from the engine's logprobs.
 
     ``grammar_masked``: whether the engine's logprobs are taken over what the grammar allows (vLLM) or
-    over the raw logits (llama.cpp), which are renormalised over the allowed alternatives.
+    over the raw logits (llama.cpp), which are renormalised over the allowed alternatives and the mass the
+    list left out.
 
     Verdicts that could not be parsed, or whose tokens the logprobs do not cover, keep ``confidence``
     None with a note that says why (``missing`` when there are no logprobs at all).

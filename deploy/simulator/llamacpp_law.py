@@ -245,6 +245,10 @@ class LlamaCppScheduler(StepLoop):
         self._clock = 0.0
         self.checkpoints_restored = 0
         self.full_reprocessing = 0  # prompts computed again for want of a checkpoint
+        # metrics_post_decode (server-context.cpp), once per update_slots batch that decodes: its /metrics'
+        # n_decode_total (images decoded on their own are not counted) and the busy slots summed over them
+        self.n_decode = 0
+        self.n_busy_slots = 0
 
     @property
     def num_waiting(self) -> int:
@@ -379,6 +383,9 @@ class LlamaCppScheduler(StepLoop):
             if sequence.prefill_done:
                 prefilled_now.append(sequence)
         prefill_tokens = sum(p for p, _ in image_passes) + sum(e.tokens for e in entries if e.prompt)
+        if entries:  # an empty batch is not decoded ("no tokens to decode")
+            self.n_decode += 1
+            self.n_busy_slots += len(busy)
         main = micro_batches(entries, options.n_ubatch, equal=options.recurrent or not options.kv_unified,
                              sequential=not options.kv_unified)
         passes = image_passes + main

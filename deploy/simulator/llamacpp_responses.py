@@ -15,19 +15,21 @@ From llama.cpp's tools/server/server-task.cpp (``to_json_oaicompat_chat``, ``...
 - a logprob entry is ``id, token, bytes, logprob, top_logprobs`` (alternatives ``id, token, bytes,
   logprob``): exactly ``n_probs`` alternatives of a softmax over the raw logits, taken before the grammar
   (``get_token_probabilities`` in server-common.cpp), a probability of 0 in float written as the lowest
-  float. The simulated model's raw softmax: where a grammar holds the answer, ``OFF_GRAMMAR_SHARE`` of it
-  sits on a token the grammar forbids (a blank, as on the tiny test model) and the rest is the model's
-  own distribution over what the grammar allows.
+  float. The simulated model's raw softmax: where a grammar holds the answer, 60 % of it sits on tokens
+  the grammar forbids (``OFF_GRAMMAR``: a line break, as the tiny test model's blank, ``The`` and ``**``,
+  the near twins a trained model ranks beside a verdict) and the rest is the model's own distribution over
+  what the grammar allows; so a short ``n_probs`` list holds forbidden tokens and leaves allowed ones out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import string
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +42,8 @@ from deploy.simulator.scheduler import FinishEvent, StepLoop, TokenEvent
 from shaping.bpe import QwenBPE
 
 LLAMACPP_ZERO_LOGPROB = -3.4028234663852886e38  # std::numeric_limits<float>::lowest(): llama-server's log(0)
-OFF_GRAMMAR_TOKEN = "\n"  # noqa: S105  # a token, not a password
-OFF_GRAMMAR_SHARE = 0.6  # what the raw softmax puts on a token the grammar forbids, at each answer token
+# what the raw softmax puts on tokens the grammar forbids, at each answer token (0.6 in all)
+OFF_GRAMMAR: tuple[tuple[str, float], ...] = (("\n", 0.45), ("The", 0.1), ("**", 0.05))
 SYSTEM_FINGERPRINT = "b11434-modgate-sim"  # llama_build_info(): the tree's build number, then the commit
 
 
@@ -235,15 +237,17 @@ def logprob_entry(run: LlamaCppCompletion, event: TokenEvent) -> dict[str, Any]:
     text = "" if event.text == END_OF_OUTPUT else event.text  # the stop token's text_to_send is empty
     alternatives = list(event.alternatives) or [(event.text, event.logprob)]
     if run.constrained and event.channel == "content" and event.text not in (END_OF_OUTPUT, THINK_END):
-        kept = math.log1p(-OFF_GRAMMAR_SHARE)
-        alternatives = [(OFF_GRAMMAR_TOKEN, math.log(OFF_GRAMMAR_SHARE))] + [
-            (token, logprob + kept) for token, logprob in alternatives if token != OFF_GRAMMAR_TOKEN
+        kept = math.log1p(-sum(share for _, share in OFF_GRAMMAR))
+        forbidden = dict(OFF_GRAMMAR)
+        alternatives = [(token, math.log(share)) for token, share in OFF_GRAMMAR] + [
+            (token, logprob + kept) for token, logprob in alternatives if token not in forbidden
         ]
     chosen = dict(alternatives).get(event.text, event.logprob)
     listed = dict(alternatives)
-    fillers = (t for t in ("{", "}", '"', ":", ",", *string.ascii_letters, *string.digits) if t not in listed)
+    fillers = (t for t in _fillers(bpe) if t not in listed)  # lazily: each one taken is listed
     while len(alternatives) < top:
-        alternatives.append((next(fillers), LLAMACPP_ZERO_LOGPROB))
+        alternatives.append((filler := next(fillers), LLAMACPP_ZERO_LOGPROB))
+        listed[filler] = LLAMACPP_ZERO_LOGPROB
     alternatives.sort(key=lambda pair: -pair[1])
     return {
         "id": token_id(bpe, event.text),
@@ -260,6 +264,13 @@ def logprob_entry(run: LlamaCppCompletion, event: TokenEvent) -> dict[str, Any]:
             for token, logprob in alternatives[:top]
         ],
     }
+
+
+def _fillers(bpe: QwenBPE) -> Iterator[str]:
+    """Tokens at 0 in float that pad a list to ``n_probs`` (llama.cpp sets no limit on it): punctuation,
+    letters and digits, then the vocabulary's own tokens."""
+    yield from ("{", "}", '"', ":", ",", *string.ascii_letters, *string.digits)
+    yield from (bpe.text_of(token) for token in itertools.count(1000))
 
 
 def _chunk(completion: Completion, choices: list[dict[str, Any]]) -> dict[str, Any]:

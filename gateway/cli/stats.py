@@ -54,7 +54,12 @@ def render_stats(document: dict[str, Any], console: Console) -> None:
     facts.add_row("verdicts reused", _percent(document.get("reused_share")))
     facts.add_row("cached / prompt tokens, gateway's calls", _percent(cache["gateway_cached_share"]))
     facts.add_row("engine prefix-cache hit rate, window", _percent(cache["engine_window_hit_rate"]))
-    facts.add_row("engine KV block", "unknown" if block is None else f"{block:,} tokens")
+    if block is not None:
+        facts.add_row("engine KV block", f"{block:,} tokens")
+    elif cache.get("engine_kind") == "llamacpp":
+        facts.add_row("engine KV block", "none: llama.cpp, token by token")
+    else:
+        facts.add_row("engine KV block", "unknown")
     if "inflight" in document:
         facts.add_row("in flight / queued", f"{document['inflight']} / {document['queued']}")
     if "thinking_default" in document:

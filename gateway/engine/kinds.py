@@ -9,10 +9,11 @@ takes and reads what its engine serves. The moderation path never asks which kin
 - llama.cpp's ``llama-server`` (``LlamaCppWire``, read from its tools/server sources): the regex becomes a
   GBNF ``grammar``; ``thinking_token_budget`` becomes ``reasoning_budget_tokens``; no ``priority``;
   logprobs are softmax over the raw logits (not grammar-masked: shaping.confidence renormalises over the
-  alternatives that can begin a verdict); ``/tokenize`` takes text (``/apply-template`` renders the
-  messages first) and counts no image tokens; its cache counters are ``llamacpp:prompt_tokens_total``
-  (processed, cached excluded) and ``llamacpp:prompt_tokens_cached_total``; ``/props`` names its
-  ``--parallel`` slots (``total_slots``) and whether it has a vision projector.
+  alternatives that can begin a verdict and the mass the list left out, and four times vLLM's alternatives
+  are asked); ``/tokenize`` takes text (``/apply-template`` renders the messages first) and counts no image
+  tokens; its cache counters are ``llamacpp:prompt_tokens_total`` (processed, cached excluded) and
+  ``llamacpp:prompt_tokens_cached_total``; ``/props`` names its ``--parallel`` slots (``total_slots``) and
+  whether it has a vision projector.
 
 The kind is detected per engine from ``GET /props`` (only llama-server serves it) unless set with
 ``MODGATE_ENGINE__KIND`` or per engine URL with ``MODGATE_ENGINE__KINDS``.
@@ -99,6 +100,8 @@ class LlamaCppWire(EngineWire):
             out["grammar"] = grammar
         if body.get("thinking_token_budget") is not None:
             out["reasoning_budget_tokens"] = body["thinking_token_budget"]
+        if body.get("logprobs") and isinstance(body.get("top_logprobs"), int):
+            out["top_logprobs"] = body["top_logprobs"] * LLAMACPP_ALTERNATIVES_PER_MASKED
         messages = body.get("messages")
         if isinstance(messages, list):
             out["messages"] = [_without_uuids(message) for message in messages]
@@ -151,6 +154,21 @@ class LlamaCppWire(EngineWire):
                 cached = sample.value
         return None if processed is None or cached is None else (processed + cached, cached)
 
+
+LLAMACPP_ALTERNATIVES_PER_MASKED: Final = 4
+"""llama.cpp's ``n_probs`` per alternative vLLM would list under the grammar's mask (10 → 40).
+
+Its alternatives are the raw softmax's best (``get_token_probabilities``, server-common.cpp: every logit,
+before the grammar), so tokens the grammar forbids take slots an allowed spelling would have had under
+vLLM's mask. At a verdict's first place each allowed spelling (``allow``, `` block``) has near twins the
+grammar forbids that a model ranks beside it: the word capitalised, after a line break, in quotes or
+markdown; three of those per spelling is four slots for each one vLLM needs. The confidence stays a lower
+bound whatever is cut (shaping.confidence counts the unlisted mass as allowed); the factor only decides how
+tight it reads. Its cost: JSON on every generated token, the thought's included: about 90 bytes an
+alternative for a word-sized piece (40: 3.5 kB a token against vLLM's 10 of 76 bytes, 0.8 kB); on the tiny
+test model, whose pieces are long runs of blanks, 17.3 kB a token against 5.5 kB at 10 (measured, no
+per-token time difference above the noise at load 6-17). llama.cpp sets no limit on ``n_probs`` (a partial
+sort over the vocabulary's logits picks them)."""
 
 THOUGHT_RULES: Final = 'root ::= thought verdict\nthought ::= [^<]* "</think>" "\\n"*\n'
 """The reasoning before the verdict, in GBNF: anything up to ``</think>``, then the blank lines after it."""

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.engine.kinds import kind_from_props
 from shaping.image import ShapedImage
 from shaping.prefix import (
     DEFAULT_GUIDANCE_VERSION,
@@ -137,6 +138,16 @@ class EngineTokens:
         return calls
 
 
+async def serves_llamacpp(http: httpx.AsyncClient) -> bool:
+    """Whether the engine is llama-server (its ``GET /props``; vLLM serves none), as the gateway tells."""
+    try:
+        response = await http.get("/props")
+        payload = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return False
+    return kind_from_props(response.status_code, payload) == "llamacpp"
+
+
 async def _request(http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> httpx.Response:
     try:
         response = await http.request(method, path, **kwargs)
@@ -177,6 +188,11 @@ async def block_filled_prompt(
 ) -> tuple[SystemPrompt, FilledPrefix]:
     """The canonical system prompt filled to the engine's next whole block (the gateway's, at start)."""
     engine = await EngineTokens.connect(http)
+    if await serves_llamacpp(http):
+        raise PrefixPlanError(
+            "llama.cpp's server reuses a slot's prompt token by token: there is no block to fill, the plain "
+            "prompt's shared prefix is reused as it is (leave MODGATE_SHAPING__BLOCK_FILLING_PREFIX off)"
+        )
     size = block_size or await engine.block_size()
     if size is None:
         raise PrefixPlanError(

@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.engine.kinds import WIRES
+from gateway.engine.kinds import WIRES, EngineKind
 
 log = logging.getLogger("modgate.stats")
 
@@ -192,6 +192,7 @@ class EngineCacheCounters:
     queries: float
     hits: float
     block_size: int | None  # from vllm:cache_config_info where the engine exposes it
+    kind: EngineKind = "vllm"  # whose counter names the text carries (llama.cpp: token by token, no block)
 
     @property
     def since_start_ratio(self) -> float | None:
@@ -212,14 +213,16 @@ def read_engine_cache_counters(text: str) -> EngineCacheCounters:
         if sample.name == "vllm:cache_config_info" and sample.labels.get("block_size", "").isdigit():
             block_size = int(sample.labels["block_size"])
     # Each engine kind names its counters (gateway/engine/kinds.py): the names in the text say which it is.
-    counted = next((found for wire in WIRES.values() if (found := wire.cache_counters(samples))), None)
+    counted = next(
+        ((wire.kind, found) for wire in WIRES.values() if (found := wire.cache_counters(samples))), None
+    )
     if counted is None:
         raise ValueError(
             "the engine's /metrics has no prefix-cache counters (vllm:prefix_cache_queries_total / "
             "hits_total, or llama.cpp's llamacpp:prompt_tokens_total / prompt_tokens_cached_total)"
         )
-    queries, hits = counted
-    return EngineCacheCounters(queries=queries, hits=hits, block_size=block_size)
+    kind, (queries, hits) = counted
+    return EngineCacheCounters(queries=queries, hits=hits, block_size=block_size, kind=kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +262,7 @@ class EngineCacheWindow:
         self.clock = clock
         self._points: deque[tuple[float, EngineCacheCounters]] = deque()
         self.block_size: int | None = None
+        self.kind: EngineKind | None = None  # None before the first scrape
 
     def observe(self, counters: EngineCacheCounters) -> None:
         """One scrape, now."""
@@ -266,6 +270,7 @@ class EngineCacheWindow:
         self._points.append((now, counters))
         if counters.block_size is not None:
             self.block_size = counters.block_size
+        self.kind = counters.kind
         self._trim(now)
 
     def _trim(self, now: float) -> None:
@@ -423,6 +428,7 @@ def stats_document(recent: RecentRequests, engine_cache: EngineCacheScraper) -> 
             "engine_window_span_s": round(engine_rate.span_s, 3),
             "engine_scrapes_in_window": engine_rate.scrapes,
             "engine_block_size": window.block_size,
+            "engine_kind": window.kind,  # "llamacpp": its cache is token by token, so no block size
             "engine_scrape_error": engine_cache.last_error,
         },
     }

@@ -14,7 +14,7 @@ import pytest
 
 from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
-from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
+from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -229,6 +229,26 @@ def test_the_panels_show_the_recent_window_figures(console: ThreadedServer) -> N
     assert re.search(r'id="fig-thinking">100 %', figures), figures
     health = httpx.get(f"{console.url}/console/panels", headers=ADMIN).json()["panels"]["health"]
     assert re.search(r'id="health-ready">yes', health), health
+
+
+def test_the_panels_name_a_llamacpp_engine_and_its_token_by_token_cache(
+    start_gateway: GatewayFactory, start_sim: SimFactory, tmp_path: Path
+) -> None:
+    sim = start_sim("instant", kind="llamacpp")
+    gateway = start_gateway(
+        engine_url=sim.url,
+        console={"reports_dir": str(tmp_path)},
+        telemetry={"engine_scrape_interval_s": 0.05},
+    )
+    frame = make_keyframe("allow", 320, 180, seed=8)
+    assert httpx.post(f"{gateway.url}/v1/moderations", json={"input": image_input(frame)}).status_code == 200
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{gateway.url}/stats").json()["cache"]["engine_kind"] is None:
+        assert time.monotonic() < deadline, "the engine's /metrics was never scraped"
+        time.sleep(0.05)
+    panels = httpx.get(f"{gateway.url}/console/panels", headers=ADMIN).json()["panels"]
+    assert "llama.cpp, token by token" in panels["figures"], panels["figures"]
+    assert re.search(r"<td>llama\.cpp</td>", panels["health"]), panels["health"]
 
 
 def test_signing_out_clears_the_cookie(console: ThreadedServer) -> None:

@@ -10,6 +10,7 @@ engine's :class:`~gateway.engine.kinds.EngineWire`, as the gateway sends them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -24,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from deploy.engine_llamacpp import CONTEXT_PER_SLOT, DEFAULT_SLOTS
 from deploy.keyframes import make_keyframe
 from deploy.simulator.llamacpp_law import LlamaCppOptions
-from gateway.engine.kinds import EngineKind, wire_for
+from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, EngineKind, wire_for
 from shaping.confidence import TokenLogprob, with_confidence
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt, prompt_version_for
@@ -282,6 +283,37 @@ def test_metrics_carry_the_names_and_labels_the_gateway_reads(engine: Engine) ->
         assert "engine" in labels, (name, labels)
 
 
+def llamacpp_samples(url: str) -> dict[str, float]:
+    """llama-server's ``/metrics`` as name → value (its names carry no labels)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_llamacpp_props_and_metrics_show_its_template_decode_calls_and_busy_slots(llamacpp_url: str) -> None:
+    """What llama-server adds to the names the gateway reads: the chat template it renders in ``/props``,
+    ``n_decode_total`` (one per batch decoded: a generated token each, images not counted) and the busy
+    slots per decode (server-task.cpp's to_metrics; server-context.cpp's metrics_post_decode)."""
+    props = httpx.get(f"{llamacpp_url}/props", timeout=30).json()
+    assert "<|im_start|>" in props["chat_template"]  # the --chat-template-file it was started with
+    assert "enable_thinking" in props["chat_template"]
+    before = llamacpp_samples(llamacpp_url)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "chat_template_kwargs": {"enable_thinking": False}}
+    answer = httpx.post(f"{llamacpp_url}/v1/chat/completions", json=body, timeout=300).json()
+    after = llamacpp_samples(llamacpp_url)
+    generated = answer["usage"]["completion_tokens"]
+    decodes = after["llamacpp:n_decode_total"] - before["llamacpp:n_decode_total"]
+    # the prompt's batch samples the first token, each further token is one more decode (the stop token
+    # too, which usage may not count)
+    busy = after["llamacpp:n_busy_slots_per_decode"]
+    print(f"\nllama.cpp: {generated} tokens generated in {decodes} decodes, {busy} busy slots a decode")
+    assert generated <= decodes <= generated + 1, (generated, decodes)
+    # one request at a time in this suite: one busy slot per decode, never more than the slots
+    assert 1 <= busy <= props["total_slots"]
+    for name in ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"):
+        assert after[f"llamacpp:{name}"] == 0  # no draft model
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -454,7 +486,9 @@ def test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask(llamacpp_
     for entry in entries:  # the token's vocabulary id comes first (tools/server/server-task.cpp)
         assert list(entry) == ["id", "token", "bytes", "logprob", "top_logprobs"]
         assert list(entry["top_logprobs"][0]) == ["id", "token", "bytes", "logprob"]
-        assert len(entry["top_logprobs"]) == 5  # top_logprobs becomes n_probs
+        # top_logprobs becomes n_probs, which the gateway asks four times vLLM's of (forbidden tokens take
+        # slots in a raw list)
+        assert len(entry["top_logprobs"]) == 5 * LLAMACPP_ALTERNATIVES_PER_MASKED
     first = entries[0]
     listed = [(a["token"], a["logprob"]) for a in first["top_logprobs"]]
     # a softmax over every logit: the listed mass is at most 1 and 0 in float reads -FLT_MAX, not -inf
@@ -464,8 +498,8 @@ def test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask(llamacpp_
     best = max(listed, key=lambda pair: pair[1])[0]
     spells_an_action = any(a.startswith(best.strip()) or best.strip().startswith(a) for a in ACTIONS)
     assert not (best.strip() and spells_an_action), listed
-    # the gateway renormalises over the listed spellings of an action; where the raw softmax gave all of
-    # them 0 in float (the tiny model: one blank token holds all the mass), it says so and reads nothing
+    # the gateway renormalises over the listed spellings and the unlisted mass; where the raw softmax gave
+    # all of them 0 in float (the tiny model: one blank token holds all the mass), it says so, reads nothing
     content = choice["message"]["content"]
     parsed = parse_engine_output(content, None, choice["finish_reason"])
     (verdict,) = with_confidence(
@@ -481,6 +515,36 @@ def test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask(llamacpp_
     else:
         assert verdict.confidence is None
         assert "raw softmax" in (verdict.confidence_note or "")
+
+
+def test_llamacpp_a_shorter_raw_list_never_raises_the_confidence(llamacpp_url: str) -> None:
+    """Forbidden tokens take slots of llama.cpp's raw list; what the list leaves out counts as allowed, so a
+    shorter list reads lower or the same, never higher (renormalised over the listed spellings alone, a list
+    whose only allowed entry was the chosen token read 1.0)."""
+    engine = Engine("llamacpp", llamacpp_url, "")
+    wire = wire_for("llamacpp")
+    readings: dict[int, tuple[str, float | None, str | None]] = {}
+    for n_probs in (40, 4, 2, 1):  # sent as is: the wire would ask four times each
+        sent = {**wire.chat_body(compact_request(engine, thinking=False)), "top_logprobs": n_probs}
+        answer = httpx.post(f"{llamacpp_url}/v1/chat/completions", json=sent, timeout=300).json()
+        choice = answer["choices"][0]
+        content, entries = choice["message"]["content"], choice["logprobs"]["content"]
+        assert all(len(e["top_logprobs"]) == n_probs for e in entries)
+        parsed = parse_engine_output(content, None, choice["finish_reason"])
+        (verdict,) = with_confidence(
+            parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content,
+            grammar_masked=wire.logprobs_grammar_masked,
+        )
+        readings[n_probs] = (content, verdict.confidence, verdict.confidence_note)
+    print("\nllama.cpp confidence by n_probs (answer, confidence, note):", readings)
+    assert len({content for content, _, _ in readings.values()}) == 1  # greedy: the same answer each time
+    confidence = [reading[1] for reading in readings.values()]
+    if all(c is None for c in confidence):  # the tiny real model: every allowed spelling 0 in float
+        assert all("raw softmax" in (note or "") for _, _, note in readings.values()), readings
+        return
+    assert all(c is not None and 0 < c <= 1 for c in confidence), readings
+    for longer, shorter in itertools.pairwise(confidence):
+        assert shorter <= longer + 1e-4, readings  # type: ignore[operator]  # not None, asserted above
 
 
 def test_the_confidence_is_the_engines_own_probability_and_a_shorter_list_never_raises_it(

@@ -13,6 +13,7 @@ import redis
 from bench.servers import free_port
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
+from deploy.simulator.llamacpp_law import LlamaCppOptions
 from gateway.cli.embedded import ThreadedServer
 from tests.processes import GatewayProcessesFactory, poll
 from tests.support import GatewayFactory, SimFactory, image_input
@@ -195,3 +196,27 @@ def test_a_killed_replicas_slots_free_themselves_and_the_other_replica_uses_all_
         assert sim_info(engine.url)["peak_running"] <= 8
     finally:
         store.close()
+
+
+def test_a_pool_of_both_kinds_caps_each_by_its_own_terms_and_fails_over_across_kinds(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    """vLLM's cap is the gateway's (MODGATE_MAX_INFLIGHT), llama.cpp's its --parallel slots; each kind gets
+    its own wire, and a call the stopped one cannot take goes to the other kind."""
+    vllm = start_sim(**SPARK_PACE)
+    llamacpp = start_sim(**SPARK_PACE, kind="llamacpp", llamacpp=LlamaCppOptions(n_parallel=2, n_ctx=8192))
+    gateway = start_gateway(
+        engine_url=f"{vllm.url},{llamacpp.url}", max_inflight=3, shaping={"verdict_cache_ttl_s": 0}
+    )
+    with burst([gateway.url], 16) as calls:
+        statuses = [call.result() for call in calls]
+    assert statuses == [200] * 16
+    ready = httpx.get(f"{gateway.url}/readyz", timeout=10).json()
+    engines = [(e["url"], e["kind"], e["cap"]) for e in ready["engines"]]
+    assert engines == [(vllm.url, "vllm", 3), (llamacpp.url, "llamacpp", 2)]
+    assert sim_info(vllm.url)["peak_running"] == 3
+    assert sim_info(llamacpp.url)["peak_running"] == 2  # both kinds used, neither above its cap
+    vllm.stop()
+    with httpx.Client(base_url=gateway.url, timeout=60) as client:
+        statuses = [client.post("/v1/moderations", json=frame_body(100 + s)).status_code for s in range(4)]
+    assert statuses == [200] * 4  # llama.cpp took every call the stopped vLLM could not

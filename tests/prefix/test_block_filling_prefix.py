@@ -56,3 +56,16 @@ def test_an_engine_that_cannot_be_measured_leaves_the_plain_prompt(
     with caplog.at_level(logging.ERROR, logger="modgate.gateway"):
         start_gateway(engine_url="http://127.0.0.1:9", shaping={"block_filling_prefix": True})
     assert any("block-filling prefix OFF" in record.getMessage() for record in caplog.records)
+
+
+def test_llamacpp_has_no_block_to_fill_and_says_so(
+    start_sim: SimFactory, start_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = start_sim("instant", kind="llamacpp")
+    with caplog.at_level(logging.ERROR, logger="modgate.gateway"):
+        gateway = start_gateway(engine_url=engine.url, shaping={"block_filling_prefix": True})
+    refusals = [r.getMessage() for r in caplog.records if "block-filling prefix OFF" in r.getMessage()]
+    assert refusals, [r.getMessage() for r in caplog.records]
+    assert all("token by token" in message for message in refusals)
+    calls = [moderate(gateway, seed) for seed in (21, 22)]
+    assert calls[-1]["cached_tokens"] > 0  # the plain prompt's shared prefix, reused as it is

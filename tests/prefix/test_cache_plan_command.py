@@ -98,3 +98,11 @@ def test_an_unknown_verdict_format_is_refused() -> None:
     result = runner.invoke(app, ["cache", "plan", "--verdict-format", "yaml"])
     assert result.exit_code == 2
     assert "compact" in result.output
+
+
+def test_llamacpp_has_no_block_to_plan_and_the_probe_is_named(start_sim: SimFactory) -> None:
+    engine = start_sim("instant", kind="llamacpp")
+    result = CliRunner().invoke(app, ["cache", "plan", "--engine-url", engine.url])
+    assert result.exit_code == 1
+    assert "token by token" in result.output
+    assert "modgate cache probe" in result.output

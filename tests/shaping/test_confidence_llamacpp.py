@@ -9,12 +9,13 @@ Qwen's real BPE (shaping.bpe).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
 import pytest
 
-from gateway.engine.kinds import wire_for
+from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, wire_for
 from shaping.bpe import FAMILIES, Family, qwen_bpe
 from shaping.confidence import TokenLogprob, with_confidence
 from shaping.verdict import parse_engine_output
@@ -66,6 +67,13 @@ def test_the_protocol_says_whose_logprobs_are_grammar_masked() -> None:
     assert wire_for("llamacpp").logprobs_grammar_masked is False
 
 
+def test_llamacpp_is_asked_for_more_alternatives_than_vllm() -> None:
+    body = {"messages": [], "logprobs": True, "top_logprobs": 10}
+    assert wire_for("vllm").chat_body(body)["top_logprobs"] == 10
+    assert wire_for("llamacpp").chat_body(body)["top_logprobs"] == 10 * LLAMACPP_ALTERNATIVES_PER_MASKED
+    assert "top_logprobs" not in wire_for("llamacpp").chat_body({"messages": []})  # none asked, none added
+
+
 @pytest.mark.parametrize("vocabulary", FAMILIES)
 def test_llamacpp_logprobs_are_renormalised_over_what_can_begin_a_verdict(vocabulary: Family) -> None:
     verdict = read("allow", answer_logprobs("allow", vocabulary, 10, RAW), grammar_masked=False)
@@ -87,10 +95,47 @@ def test_other_spellings_of_the_action_still_add_after_renormalising(vocabulary:
     assert scores["violence"] == pytest.approx(verdict.confidence, abs=1e-4)
 
 
-def test_a_forbidden_token_listed_first_is_left_out_not_counted() -> None:
-    # top_logprobs 1: only the forbidden best token and the chosen one are known; the chosen is all allowed
+def test_a_forbidden_token_listed_first_is_left_out_and_what_is_not_listed_counts_as_allowed() -> None:
+    # top_logprobs 1: the forbidden best token and the chosen one are listed; the 0.55 left out may be
+    # allowed spellings, so it is counted as another action's: 0.05 / (0.05 + 0.55), not 0.05 / 0.05 = 1.0
     verdict = read("review", answer_logprobs("review", "qwen2.5", 1, RAW), grammar_masked=False)
-    assert verdict.confidence == pytest.approx(1.0)
+    assert verdict.confidence == pytest.approx(0.05 / 0.6, abs=1e-4)
+    assert verdict.confidence < 0.05 / 0.4  # below review's true share of what the grammar allows
+
+
+@pytest.mark.parametrize("vocabulary", FAMILIES)
+@pytest.mark.parametrize("answer", ["allow", "block:violence", "review"])
+def test_a_shorter_raw_list_never_raises_the_confidence(vocabulary: Family, answer: str) -> None:
+    # the true reading, every alternative listed: the action's share of the 0.4 the grammar allows
+    truth = {"allow": 0.2 / 0.4, "block:violence": 0.15 / 0.4, "review": 0.05 / 0.4}[answer]
+    readings = [
+        read(answer, answer_logprobs(answer, vocabulary, k, RAW), grammar_masked=False).confidence
+        for k in (10, 6, 5, 4, 3, 2, 1)
+    ]
+    assert readings[0] == pytest.approx(truth, abs=1e-4)
+    assert None not in readings
+    for longer, shorter in itertools.pairwise(readings):
+        assert shorter <= longer + 1e-4, readings
+
+
+def test_an_unnamed_categorys_score_counts_what_the_list_left_out_too() -> None:
+    # at the first category's place (``viol``): a forbidden blank, violence, self-harm, a forbidden "The"
+    # and hate; the named category scores P(block), an unnamed one its share of what the grammar allows
+    place = {"\n": 0.4, "viol": 0.3, "self": 0.2, "The": 0.05, "hate": 0.05}
+    pieces = [*qwen_bpe("qwen2.5").pieces("block:violence"), "<|im_end|>"]
+    assert pieces[2] == "viol"
+
+    def self_harm(k: int) -> float:
+        entries = [
+            TokenLogprob.from_wire(llamacpp_entry(piece, place if piece == "viol" else {piece: 1.0}, k))
+            for piece in pieces
+        ]
+        return float(dict(read("block:violence", entries, grammar_masked=False).category_scores)["self-harm"])
+
+    assert self_harm(5) == pytest.approx(0.2 / 0.55, abs=1e-4)  # all listed: 0.2 of the allowed 0.55
+    # three listed: "The" and hate (0.1) left out and counted as allowed: 0.2 / 0.6, not 0.2 / 0.5 above it
+    assert self_harm(3) == pytest.approx(0.2 / 0.6, abs=1e-4)
+    assert self_harm(3) < self_harm(5)
 
 
 def test_every_allowed_token_at_zero_in_float_gives_no_confidence_and_says_why() -> None:

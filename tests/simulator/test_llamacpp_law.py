@@ -244,3 +244,18 @@ def test_both_laws_price_a_pass_with_the_same_hardware_cost_and_more_passes_read
     whole = llamacpp._step_seconds(1076, 0)
     cut = sum(llamacpp._step_seconds(n, 0) for n in (512, 512, 52))
     assert cut - whole > 1.5 * SPARK.weight_reads.seconds(1076)
+
+
+def test_decode_calls_count_the_batches_not_the_images_and_the_busy_slots_in_each() -> None:
+    """``metrics_post_decode``: one n_decode per batch decoded (an image is decoded on its own, uncounted),
+    every busy slot counted in it, idle ones not."""
+    engine = LlamaCppScheduler(SPARK, 1.0, ATTENTION_ONLY)
+    steps = run(engine, request("a", output=4))
+    # the prompt's two text batches (before the image, and after it with the first token sampled), then the
+    # three further tokens; the image's own pass is no decode call
+    assert engine.n_decode == 5
+    assert sum(step.passes for step in steps) > engine.n_decode  # the image's passes ran all the same
+    assert engine.n_busy_slots == engine.n_decode  # one slot busy in each
+    together = LlamaCppScheduler(SPARK, 1.0, ATTENTION_ONLY)
+    run(together, request("a", output=4), request("b", output=4))
+    assert together.n_busy_slots / together.n_decode == pytest.approx(2.0)  # both slots in every batch

@@ -14,12 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from deploy.simulator.grammar import grammar_regex
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from gateway.cli.embedded import ThreadedServer
+from gateway.cli.main import app as modgate_app
 from gateway.engine.gbnf import regex_to_gbnf
 from gateway.engine.kinds import THOUGHT_RULES
 from shaping.verdict import compact_regex, verdict_regex
@@ -135,6 +137,21 @@ def test_the_gateway_detects_the_simulated_llamacpp_and_caps_it_at_its_slots(
     assert ready["model"]["root"].startswith("llamacpp:")
 
 
+def moderate_keyframe(
+    gateway_url: str, label: str, width: int, height: int, seed: int, **headers: str
+) -> httpx.Response:
+    """One synthetic keyframe through the gateway's /v1/moderations."""
+    return httpx.post(
+        f"{gateway_url}/v1/moderations",
+        json={"input": image_input(make_keyframe(label, width, height, seed=seed))},
+        headers=headers,
+        timeout=60,
+    )
+
+
+THINKING_OFF = {"X-Modgate-Thinking": "off"}
+
+
 def test_the_gateway_reads_the_same_confidence_from_either_wire(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
@@ -144,12 +161,7 @@ def test_the_gateway_reads_the_same_confidence_from_either_wire(
     readings = []
     for url in (start_sim().url, llamacpp_sim(start_sim)):
         gateway = start_gateway(engine_url=url)
-        response = httpx.post(
-            f"{gateway.url}/v1/moderations",
-            json={"input": image_input(make_keyframe("allow", 640, 360, seed=5))},
-            headers={"X-Modgate-Thinking": "off"},
-            timeout=60,
-        )
+        response = moderate_keyframe(gateway.url, "allow", 640, 360, 5, **THINKING_OFF)
         assert response.status_code == 200, response.text
         details = response.json()["results"][0]["modgate"]
         readings.append((details["action"], details["confidence"]))
@@ -168,11 +180,36 @@ def test_an_image_to_a_simulated_llamacpp_without_a_vision_projector_says_mmproj
     assert refused.json()["error"]["type"] == "server_error"
     assert httpx.get(f"{url}/props", timeout=30).json()["modalities"]["vision"] is False
     gateway = start_gateway(engine_url=url)
-    response = httpx.post(
-        f"{gateway.url}/v1/moderations",
-        json={"input": image_input(make_keyframe("allow", 320, 180, seed=2))},
-        timeout=60,
-    )
+    response = moderate_keyframe(gateway.url, "allow", 320, 180, 2)
     assert 400 <= response.status_code < 600
     assert response.status_code != 500
     assert "--mmproj" in response.json()["error"]["message"]
+
+
+def test_a_keyframe_over_one_slots_context_comes_back_through_the_gateway_saying_what_to_change(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    url = llamacpp_sim(start_sim, n_parallel=4, n_ctx=2048)  # 512 tokens a slot: a keyframe needs ~1,000
+    gateway = start_gateway(engine_url=url)
+    response = moderate_keyframe(gateway.url, "allow", 640, 360, 4, **THINKING_OFF)
+    assert 400 <= response.status_code < 600, response.text
+    assert response.status_code != 500
+    error = response.json()["error"]
+    assert {"message", "type", "code"} <= set(error)  # the OpenAI error shape, not a verdict of review
+    assert "exceeds the available context size" in error["message"]
+    assert "-c divided by --parallel" in error["message"]  # what to change
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kind", "sglang"], "unknown kind 'sglang'; choose vllm or llamacpp"),
+        (["--kind", "vllm", "--slots", "2"], "--slots, --ctx-size and --loading-s are llama-server's"),
+    ],
+    ids=["unknown-kind", "llamacpp-flag-on-vllm"],
+)
+def test_engine_sim_refuses_a_kind_it_does_not_speak_before_serving(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(modgate_app, ["engine-sim", "--host", "256.0.0.1", *args], terminal_width=200)
+    # a usage error before anything is served (the host cannot be bound either, should the check go)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.replace("│", " ").split())

@@ -9,6 +9,7 @@ import re
 
 from typer.testing import CliRunner
 
+from deploy.simulator.llamacpp_law import LlamaCppOptions
 from deploy.simulator.tokenizer import render_chat
 from gateway.cli.cache_probe import max_reusable_tokens, probe_engine
 from gateway.cli.main import app
@@ -111,3 +112,27 @@ def test_the_verdict_format_is_a_probe_option(start_sim: SimFactory) -> None:
     output = probe_output("--engine-url", sim.url, "--verdict-format", "json")
     assert "json verdict" in output
     assert "compact verdict" in probe_output("--engine-url", sim.url)
+
+
+def test_llamacpp_is_probed_without_a_block_and_in_its_own_counters(start_sim: SimFactory) -> None:
+    sim = start_sim("instant", time_scale=0.0, kind="llamacpp")
+    output = probe_output("--engine-url", sim.url)
+    assert "KV block: none: llama.cpp reuses a slot's common prefix token by token" in output
+    assert "pass --block-size" not in output  # there is no block to give
+    calls = re.findall(r"(repeated probe \d|production-shaped)\s+([\d,]+)\s+([\d,]+)", output)
+    cached = {label: int(value.replace(",", "")) for label, _prompt, value in calls}
+    # token by token: the repeat reuses nearly all of the prompt, production the shared system prompt
+    assert cached["repeated probe 2"] > cached["production-shaped"] > 0, output
+    assert re.search(r"engine counters across the probe: [\d,]+ hits / [\d,]+ queried tokens", output), output
+
+
+async def test_llamacpp_without_its_prompt_cache_is_told_which_setting(start_sim: SimFactory) -> None:
+    sim = start_sim(
+        "instant", time_scale=0.0, kind="llamacpp", llamacpp=LlamaCppOptions(cache_prompt=False)
+    )
+    report = await probe_engine(sim.url, seed=3)
+    assert report.engine_kind == "llamacpp"
+    assert report.block_size is None
+    assert [call.cached_tokens for call in report.repeated] == [0, 0]
+    assert "--cache-prompt is off" in report.diagnosis[0], report.diagnosis
+    assert "--slot-prompt-similarity" in report.diagnosis[1], report.diagnosis

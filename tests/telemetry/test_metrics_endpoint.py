@@ -104,11 +104,33 @@ def test_stats_give_percentiles_throughput_thinking_share_and_windowed_cache_rat
         assert row["p50"] <= row["p95"] <= row["p99"], name
     assert document["latency_ms"]["ttft"]["p99"] <= document["latency_ms"]["end_to_end"]["p99"]
     cache = document["cache"]
-    assert cache["engine_block_size"] == 16
+    assert (cache["engine_block_size"], cache["engine_kind"]) == (16, "vllm")
     assert 0.2 < cache["gateway_cached_share"] < 0.5  # 3 of 4 calls reuse the shared prefix, ~36 % each
     assert 0.2 < cache["engine_window_hit_rate"] < 0.5
     assert document["tokens"]["prompt"] > document["tokens"]["cached"] > 0
     assert (document["inflight"], document["queued"], document["thinking_default"]) == (0, 0, "on")
+
+
+def test_stats_read_llamacpps_cache_counters_into_the_same_window(
+    start_gateway: GatewayFactory, start_sim: SimFactory
+) -> None:
+    """In front of llama-server the window reads ``llamacpp:prompt_tokens_total`` (processed) and
+    ``prompt_tokens_cached_total``: looked up = both, found = cached; no block size (token by token)."""
+    sim = start_sim("instant", kind="llamacpp")
+    gateway = start_gateway(engine_url=sim.url, telemetry={"engine_scrape_interval_s": 0.05})
+    for seed in range(4):
+        assert moderate(gateway, make_keyframe("review", seed=30 + seed)).status_code == 200
+    document = stats_when(gateway, lambda d: (d["cache"]["engine_window_queries"] or 0) >= 4 * 1000)
+    cache = document["cache"]
+    assert (cache["engine_block_size"], cache["engine_kind"]) == (None, "llamacpp")
+    # the engine's counters and the answers' cached_tokens say the same: the system prompt, calls 2 to 4
+    assert document["tokens"]["prompt"] > document["tokens"]["cached"] > 0
+    assert cache["engine_window_hits"] == document["tokens"]["cached"]
+    assert cache["engine_window_hit_rate"] == cache["gateway_cached_share"]
+    assert 0 < cache["engine_window_hit_rate"] < 0.5
+    result = CliRunner().invoke(app, ["stats", "--url", gateway.url])
+    assert result.exit_code == 0, result.output
+    assert "none: llama.cpp, token by token" in result.output  # not "unknown": there is no block
 
 
 def test_the_thinking_gauge_follows_the_policy(gateway: ThreadedServer) -> None:
