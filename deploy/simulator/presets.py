@@ -93,6 +93,11 @@ class SimPreset:
     prefill_tokens_per_s: float = SPARK_PREFILL_TOKENS_PER_S
     decode_tokens_per_s: float = SPARK_DECODE_TOKENS_PER_S
     step_overhead_s: float = 0.0
+    # A cost per request outside the engine's steps (0: none): the API server's own work for a request
+    # (HTTP, the chat template, tokenizing, detokenizing and streaming its tokens), which runs beside the
+    # engine's steps, not in them. Each request reaches the engine this long after it was sent, so it
+    # adds to the client's TTFT and end to end but takes no step's time (docs/simulator.md).
+    request_overhead_s: float = 0.0
     # A per-step cost from the hardware (None: not modelled): each step reads the weights its tokens route
     # to, at the memory's bandwidth, on top of the compute priced by the rates above.
     weight_reads: WeightReads | None = None
