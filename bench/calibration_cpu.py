@@ -120,6 +120,7 @@ class Measured:
     ttft_all_s: float = 0.0
     e2e_all_s: float = 0.0
     engine: EngineTimes | None = None
+    step_wait_s: float = 0.0  # simulated only: the mean wait, at the engine, for the step in progress
 
     @property
     def outside_first_token_s(self) -> float | None:
@@ -232,7 +233,8 @@ def simulate(preset: SimPreset, config: Configuration, prompt_tokens: int, reque
     figures = closed_loop(
         chosen, config.callers, shape=shape, requests=requests, warmup=20, turnaround_s=0.002
     )
-    return Measured(figures.requests_per_min, figures.ttft_mean_s, figures.e2e_mean_s, prompt_tokens, 0.0)
+    return Measured(figures.requests_per_min, figures.ttft_mean_s, figures.e2e_mean_s, prompt_tokens, 0.0,
+                    step_wait_s=figures.step_wait_mean_s)  # fmt: skip
 
 
 FIGURES: tuple[tuple[str, Callable[[Measured], float]], ...] = (
@@ -325,8 +327,7 @@ def run(
           f"first), TTFT {again.ttft_mean_s:.3f} s, end to end {again.e2e_mean_s:.3f} s; {machine_load()}",
           flush=True)  # fmt: skip
     print(f"  {phases(again)}", flush=True)
-    outside = outside_the_steps(first)
-    preset = fit(first, request_s=outside)
+    preset = fit_with_request_overhead(first)
     document = compare(preset, configs, measured)
     # The same rows from the law without the cost outside the steps, fitted on the same measurement:
     # what the per-request cost changed.
@@ -338,13 +339,28 @@ def run(
 
 
 def outside_the_steps(measured: Measured) -> float:
-    """The cost per request outside the engine's steps, from vLLM's own histograms: the mean of the
+    """The time a request spends outside the engine's steps, from vLLM's own histograms: the mean of the
     client's TTFT less the engine's queue and prefill and the client's end to end less the engine's
-    queue and running time, over the same requests."""
+    queue and running time, over the same requests. vLLM's engine core takes a new request only between
+    steps (``EngineCore._process_input_queue``) and starts its queue time there, so this includes the
+    wait for the step in progress."""
     first, whole = measured.outside_first_token_s, measured.outside_e2e_s
     if first is None or whole is None:
         raise ValueError("the engine's phase times were not read")
     return max(0.0, (first + whole) / 2)
+
+
+def fit_with_request_overhead(
+    measured: Measured, config: Configuration = FIT, requests: int = 120
+) -> SimPreset:
+    """:func:`fit` with the cost per request outside the steps taken from the engine's histograms: the
+    time outside the steps (:func:`outside_the_steps`) less the wait for the step in progress, which the
+    law charges itself (``LoadFigures.step_wait_mean_s``). The wait depends on the fitted step, so the fit
+    runs twice: first with the whole time outside, then with the wait that fit simulates taken off."""
+    outside = outside_the_steps(measured)
+    first = fit(measured, config, requests=requests, request_s=outside)
+    wait = simulate(first, config, measured.prompt_tokens, requests).step_wait_s
+    return fit(measured, config, requests=requests, request_s=max(0.0, outside - wait))
 
 
 def phases(measured: Measured) -> str:

@@ -74,6 +74,9 @@ class LoadFigures:
     generation_tokens_per_s: float
     in_flight_mean: float
     passes_per_request: float = 0.0  # forward passes the engine ran, over the whole run, per finished request
+    # Mean time a measured request, once at the engine, waited for the step in progress to end (the engine
+    # takes new requests between steps, as vLLM's engine core does).
+    step_wait_mean_s: float = 0.0
 
 
 def closed_loop(
@@ -105,6 +108,7 @@ def closed_loop(
         heapq.heappush(arrivals, (caller * spacing + outside, caller))
     issued = callers
     in_engine: dict[int, Sequence] = {}
+    waits: dict[int, float] = {}
     finished: list[_Finished] = []
     passes = 0
     measured_left = requests  # callers keep sending until every measured request has ended: no drain
@@ -112,6 +116,7 @@ def closed_loop(
         while arrivals and arrivals[0][0] <= clock:
             at, index = heapq.heappop(arrivals)
             sequence = _sequence(index, shape, at - outside)  # arrival: when the caller sent it
+            waits[index] = clock - at  # the engine takes it at the end of the step in progress
             in_engine[index] = sequence
             engine.submit(sequence)
         if not in_engine:
@@ -136,7 +141,10 @@ def closed_loop(
             heapq.heappush(arrivals, (clock + turnaround_s + outside, issued))
             issued += 1
     figures = _figures(callers, finished, warmup, requests)
-    return replace(figures, passes_per_request=passes / len(finished))
+    measured_waits = [waits[row.index] for row in finished if warmup <= row.index < warmup + requests]
+    return replace(
+        figures, passes_per_request=passes / len(finished), step_wait_mean_s=statistics.fmean(measured_waits)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,7 +106,7 @@ def test_the_paced_run_sends_the_compact_request_when_asked_and_reads_its_answer
 
 ROW_S = 0.002
 LAWFUL_ENGINE = replace(PRESETS["vllm-cpu"], step_overhead_s=0.012, prefill_tokens_per_s=9000.0,
-                        decode_tokens_per_s=1 / ROW_S)  # fmt: skip
+                        decode_tokens_per_s=1 / ROW_S, request_overhead_s=0.0)  # fmt: skip
 """A stand-in "real engine": the law itself with known constants and a known cost per sampled row."""
 SIMULATED = 40  # requests per virtual run: the fit's 196 runs stay quick
 
@@ -190,3 +190,16 @@ def test_the_engines_phase_times_come_from_its_histograms_between_two_readings()
     assert measured.outside_first_token_s == pytest.approx(0.04)
     assert measured.outside_e2e_s == pytest.approx(0.08)
     assert calibration_cpu.outside_the_steps(measured) == pytest.approx(0.06)
+
+
+def test_the_request_overhead_fit_takes_off_the_wait_for_the_step_in_progress() -> None:
+    # The engine's histograms start a request's queue time between steps, so the time outside them holds
+    # the wait for the step in progress; the fit takes the law's own simulated wait off it.
+    measured = calibration_cpu.simulate(LAWFUL_API_SERVER, calibration_cpu.FIT, 369, requests=SIMULATED)
+    assert measured.step_wait_s > 0
+    outside = OUTSIDE_S + measured.step_wait_s
+    engine = calibration_cpu.EngineTimes(SIMULATED, 0.0, measured.ttft_mean_s - outside, 0.0, 0.0, 0.0)
+    engine = replace(engine, inference_s=measured.e2e_mean_s - outside)
+    seen = replace(measured, ttft_all_s=measured.ttft_mean_s, e2e_all_s=measured.e2e_mean_s, engine=engine)
+    fitted = calibration_cpu.fit_with_request_overhead(seen, requests=SIMULATED)
+    assert fitted.request_overhead_s == pytest.approx(OUTSIDE_S, abs=0.002)
