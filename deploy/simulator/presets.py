@@ -93,6 +93,11 @@ class SimPreset:
     prefill_tokens_per_s: float = SPARK_PREFILL_TOKENS_PER_S
     decode_tokens_per_s: float = SPARK_DECODE_TOKENS_PER_S
     step_overhead_s: float = 0.0
+    # A cost per request outside the engine's steps (0: none): the API server's own work for a request
+    # (HTTP, the chat template, tokenizing, detokenizing and streaming its tokens), which runs beside the
+    # engine's steps, not in them. Each request reaches the engine this long after it was sent, so it
+    # adds to the client's TTFT and end to end but takes no step's time (docs/simulator.md).
+    request_overhead_s: float = 0.0
     # A per-step cost from the hardware (None: not modelled): each step reads the weights its tokens route
     # to, at the memory's bandwidth, on top of the compute priced by the rates above.
     weight_reads: WeightReads | None = None
@@ -150,11 +155,17 @@ class SimPreset:
 # and held to the others it measures in the same run (docs/simulator.md). A step: a fixed cost (the
 # scheduler, the LM head over the 151,936-token vocabulary, sampling, Python) plus its prefill tokens at a
 # rate; decode tokens are not charged apart (0: free): the fit's constant batch of 4 cannot tell a
-# per-sequence cost from the fixed one. Fitted 2026-12-01 12:53 UTC at load average 10-28 (21.23 ms and
-# 12,407 tokens/s): 19 of its 24 rows within ±20 %; the docs say what the other five lack.
-VLLM_CPU_STEP_OVERHEAD_S = 0.0212
-VLLM_CPU_PREFILL_TOKENS_PER_S = 12400.0
+# per-sequence cost from the fixed one. The cost per request outside the steps is not fitted: it is the
+# fit configuration's client TTFT and end to end less vLLM's own vllm:request_queue_time_seconds +
+# vllm:request_prefill_time_seconds and + vllm:request_inference_time_seconds (its /metrics, read before
+# and after), less the wait for the step in progress that the law charges itself
+# (bench.calibration_cpu.fit_with_request_overhead). Fitted 2026-12-01 (run 2, the fit configuration
+# measured at 16:03 UTC, load average 4.6): 17.50 ms a step, 23,107 tokens/s, 14.70 ms a request
+# (24.55 ms outside the steps less 9.85 ms of waiting for the step in progress), rounded.
+VLLM_CPU_STEP_OVERHEAD_S = 0.0175
+VLLM_CPU_PREFILL_TOKENS_PER_S = 23100.0
 VLLM_CPU_DECODE_TOKENS_PER_S = 0.0
+VLLM_CPU_REQUEST_OVERHEAD_S = 0.0147
 
 PRESETS: dict[str, SimPreset] = {
     "spark": SimPreset(name="spark", model="qwen3-vl-moe-sim", weight_reads=GB10_NVFP4_125B),
@@ -169,6 +180,7 @@ PRESETS: dict[str, SimPreset] = {
         step_overhead_s=VLLM_CPU_STEP_OVERHEAD_S,
         prefill_tokens_per_s=VLLM_CPU_PREFILL_TOKENS_PER_S,
         decode_tokens_per_s=VLLM_CPU_DECODE_TOKENS_PER_S,
+        request_overhead_s=VLLM_CPU_REQUEST_OVERHEAD_S,
         pixels_per_token=32,
     ),
     # Instant: a tiny engine with a small block so that prefix caching can be seen in a few requests.

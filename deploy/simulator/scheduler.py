@@ -174,7 +174,10 @@ class StepLoop(ABC):
             self._task = None
 
     async def generate(self, sequence: Sequence) -> AsyncIterator[Event]:
-        """Submit a sequence and yield its events; leaving early aborts it in the engine."""
+        """Submit a sequence and yield its events; leaving early aborts it in the engine. The preset's
+        ``request_overhead_s`` (the API server's work outside the engine's steps) passes first."""
+        if self.preset.request_overhead_s > 0:
+            await asyncio.sleep(self.preset.request_overhead_s * self.time_scale)
         self.submit(sequence)
         self._wakeup.set()
         try:

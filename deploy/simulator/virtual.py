@@ -74,6 +74,9 @@ class LoadFigures:
     generation_tokens_per_s: float
     in_flight_mean: float
     passes_per_request: float = 0.0  # forward passes the engine ran, over the whole run, per finished request
+    # Mean time a measured request, once at the engine, waited for the step in progress to end (the engine
+    # takes new requests between steps, as vLLM's engine core does).
+    step_wait_mean_s: float = 0.0
 
 
 def closed_loop(
@@ -90,7 +93,9 @@ def closed_loop(
 
     Starts are staggered over one expected end to end (callers that start together stay in step and
     queue their prefills behind each other, a burst that steady traffic does not have). ``law`` builds the
-    engine's scheduler from the preset (default: vLLM's, ``SimScheduler``).
+    engine's scheduler from the preset (default: vLLM's, ``SimScheduler``). A request reaches the engine
+    the preset's ``request_overhead_s`` after it was sent (the API server's work outside the steps); its
+    TTFT and end to end count from the send.
     """
     if callers < 1 or requests < 2:
         raise ValueError("need at least one caller and two measured requests")
@@ -98,17 +103,20 @@ def closed_loop(
     clock = 0.0
     arrivals: list[tuple[float, int]] = []  # (time, request index)
     spacing = 8.56 / callers
+    outside = preset.request_overhead_s  # a request is at the engine this long after it was sent
     for caller in range(callers):
-        heapq.heappush(arrivals, (caller * spacing, caller))
+        heapq.heappush(arrivals, (caller * spacing + outside, caller))
     issued = callers
     in_engine: dict[int, Sequence] = {}
+    waits: dict[int, float] = {}
     finished: list[_Finished] = []
     passes = 0
     measured_left = requests  # callers keep sending until every measured request has ended: no drain
     while measured_left:
         while arrivals and arrivals[0][0] <= clock:
             at, index = heapq.heappop(arrivals)
-            sequence = _sequence(index, shape, at)
+            sequence = _sequence(index, shape, at - outside)  # arrival: when the caller sent it
+            waits[index] = clock - at  # the engine takes it at the end of the step in progress
             in_engine[index] = sequence
             engine.submit(sequence)
         if not in_engine:
@@ -130,10 +138,13 @@ def closed_loop(
             first = sequence.first_token_at if sequence.first_token_at is not None else clock
             finished.append(_Finished(index, sequence.arrival, first, clock, sequence.generated))
             measured_left -= warmup <= index < warmup + requests
-            heapq.heappush(arrivals, (clock + turnaround_s, issued))
+            heapq.heappush(arrivals, (clock + turnaround_s + outside, issued))
             issued += 1
     figures = _figures(callers, finished, warmup, requests)
-    return replace(figures, passes_per_request=passes / len(finished))
+    measured_waits = [waits[row.index] for row in finished if warmup <= row.index < warmup + requests]
+    return replace(
+        figures, passes_per_request=passes / len(finished), step_wait_mean_s=statistics.fmean(measured_waits)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ import re
 from dataclasses import replace
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from bench import calibration, calibration_cpu
 from deploy.simulator import PRESETS
@@ -105,7 +106,7 @@ def test_the_paced_run_sends_the_compact_request_when_asked_and_reads_its_answer
 
 ROW_S = 0.002
 LAWFUL_ENGINE = replace(PRESETS["vllm-cpu"], step_overhead_s=0.012, prefill_tokens_per_s=9000.0,
-                        decode_tokens_per_s=1 / ROW_S)  # fmt: skip
+                        decode_tokens_per_s=1 / ROW_S, request_overhead_s=0.0)  # fmt: skip
 """A stand-in "real engine": the law itself with known constants and a known cost per sampled row."""
 SIMULATED = 40  # requests per virtual run: the fit's 196 runs stay quick
 
@@ -139,3 +140,67 @@ def test_a_fit_with_decode_free_misses_the_batch_sizes_it_never_saw() -> None:
     real_eight = calibration_cpu.simulate(LAWFUL_ENGINE, eight, 369).e2e_mean_s
     assert calibration_cpu.simulate(free, one, 369).e2e_mean_s > 1.2 * real_one
     assert calibration_cpu.simulate(free, eight, 369).e2e_mean_s < 0.85 * real_eight
+
+
+OUTSIDE_S = 0.02
+LAWFUL_API_SERVER = replace(LAWFUL_ENGINE, request_overhead_s=OUTSIDE_S)
+"""The stand-in engine behind an API server that spends a known time on each request outside the steps."""
+THINKING_OFF = next(c for c in calibration_cpu.HELD_OUT if not c.thinking)
+
+
+def test_with_the_request_overhead_measured_the_fit_recovers_the_steps_and_predicts_thinking_off() -> None:
+    measured = calibration_cpu.simulate(LAWFUL_API_SERVER, calibration_cpu.FIT, 369, requests=SIMULATED)
+    fitted = calibration_cpu.fit(measured, row_s=ROW_S, requests=SIMULATED, request_s=OUTSIDE_S)
+    assert fitted.request_overhead_s == OUTSIDE_S
+    assert fitted.step_overhead_s == pytest.approx(0.012, rel=0.02)
+    assert fitted.prefill_tokens_per_s == pytest.approx(9000.0, rel=0.05)
+    real = calibration_cpu.simulate(LAWFUL_API_SERVER, THINKING_OFF, 369)
+    predicted = calibration_cpu.simulate(fitted, THINKING_OFF, 369)
+    assert predicted.requests_per_min == pytest.approx(real.requests_per_min, rel=0.03)
+
+
+def test_a_fit_that_folds_the_request_overhead_into_the_steps_is_slow_on_thinking_off() -> None:
+    # The real engine's miss, reproduced: the API server's time priced as engine time, charged again and
+    # again by the short requests of thinking off.
+    measured = calibration_cpu.simulate(LAWFUL_API_SERVER, calibration_cpu.FIT, 369, requests=SIMULATED)
+    folded = calibration_cpu.fit(measured, row_s=ROW_S, requests=SIMULATED)
+    real = calibration_cpu.simulate(LAWFUL_API_SERVER, THINKING_OFF, 369)
+    assert calibration_cpu.simulate(folded, THINKING_OFF, 369).requests_per_min < 0.85 * real.requests_per_min
+
+
+def test_the_engines_phase_times_come_from_its_histograms_between_two_readings() -> None:
+    registry = CollectorRegistry()
+    histograms = {key: Histogram(name, key, ["model_name", "engine"], registry=registry)
+                  for key, name in calibration_cpu.ENGINE_HISTOGRAMS.items()}  # fmt: skip
+    for engine in ("0", "1"):  # two label sets (vLLM: one per engine core) are summed
+        for histogram in histograms.values():
+            histogram.labels("tiny", engine).observe(5.0)  # before the run: not counted
+    before = generate_latest(registry).decode()
+    for seconds in (0.01, 0.03):
+        histograms["queue"].labels("tiny", "0").observe(seconds)
+        histograms["prefill"].labels("tiny", "1").observe(2 * seconds)
+        histograms["inference"].labels("tiny", "0").observe(10 * seconds)
+        histograms["front_end_e2e"].labels("tiny", "0").observe(11 * seconds)
+        histograms["front_end_ttft"].labels("tiny", "0").observe(3 * seconds)
+    times = calibration_cpu.engine_times(before, generate_latest(registry).decode())
+    assert times.requests == 2
+    assert times.first_token_s == pytest.approx(0.02 + 0.04)
+    assert times.e2e_s == pytest.approx(0.02 + 0.2)
+    measured = calibration_cpu.Measured(60.0, 0.1, 0.3, 369, 0.0, ttft_all_s=0.1, e2e_all_s=0.3, engine=times)
+    assert measured.outside_first_token_s == pytest.approx(0.04)
+    assert measured.outside_e2e_s == pytest.approx(0.08)
+    assert calibration_cpu.outside_the_steps(measured) == pytest.approx(0.06)
+
+
+def test_the_request_overhead_fit_takes_off_the_wait_for_the_step_in_progress() -> None:
+    # The engine's histograms start a request's queue time between steps, so the time outside them holds
+    # the wait for the step in progress; the fit takes the law's own simulated wait off it.
+    measured = calibration_cpu.simulate(LAWFUL_API_SERVER, calibration_cpu.FIT, 369, requests=SIMULATED)
+    assert measured.step_wait_s > 0
+    outside = OUTSIDE_S + measured.step_wait_s
+    engine = calibration_cpu.EngineTimes(SIMULATED, 0.0, measured.ttft_mean_s - outside, 0.0, 0.0, 0.0)
+    engine = replace(engine, inference_s=measured.e2e_mean_s - outside)
+    seen = replace(measured, ttft_all_s=measured.ttft_mean_s, e2e_all_s=measured.e2e_mean_s, engine=engine)
+    fitted = calibration_cpu.fit_with_request_overhead(seen, requests=SIMULATED)
+    # One pass takes off most of the wait, not all: the first fit's step, with the wait still in, differs.
+    assert abs(fitted.request_overhead_s - OUTSIDE_S) < measured.step_wait_s / 2

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -204,3 +206,32 @@ def test_engine_sim_takes_vllm_style_flags_for_the_modelled_options() -> None:
     assert SPARK.scaled(**options).num_speculative_tokens == 4
     with pytest.raises(FlagValueError, match="no option"):
         options_from_flags({"--prefill-policy": "fcfs"})
+
+
+def test_a_request_overhead_outside_the_steps_adds_to_ttft_and_end_to_end_but_takes_no_step() -> None:
+    shape = RequestShape(prompt_tokens=1076, output_tokens=95, output_jitter=0)
+    outside = replace(SPARK, request_overhead_s=0.05)
+    alone, alone_outside = (closed_loop(p, 1, shape=shape, requests=20, warmup=2) for p in (SPARK, outside))
+    assert alone_outside.ttft_mean_s == pytest.approx(alone.ttft_mean_s + 0.05)
+    assert alone_outside.e2e_mean_s == pytest.approx(alone.e2e_mean_s + 0.05)
+    # A saturated engine keeps its pace: the API server's work runs beside the steps, not in them.
+    busy, busy_outside = (closed_loop(p, 12, shape=shape, requests=80) for p in (SPARK, outside))
+    assert busy_outside.requests_per_min == pytest.approx(busy.requests_per_min, rel=0.01)
+    assert busy_outside.passes_per_request == pytest.approx(busy.passes_per_request, rel=0.01)
+
+
+def test_the_served_engine_takes_a_request_only_after_its_overhead_outside_the_steps() -> None:
+    async def first_event(overhead_s: float) -> tuple[bool, int]:
+        engine = SimScheduler(replace(PRESETS["instant"], request_overhead_s=overhead_s), time_scale=1.0)
+        engine.start()
+        events = engine.generate(sequence(0, prompt=50, output=5))
+        first = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0.05)  # the instant engine runs a request at once when it has one
+        seen = engine.num_running + engine.num_waiting + engine.counters.requests_finished
+        answered = first.done()
+        first.cancel()
+        await engine.stop()
+        return answered, seen
+
+    assert asyncio.run(first_event(0.0)) == (True, 1)
+    assert asyncio.run(first_event(3600.0)) == (False, 0)  # still with the API server: not in the engine
