@@ -305,8 +305,9 @@ def report(
 ) -> None:
     """Write the weekly quality report (HTML, Markdown, JSON), led by a recommendation."""
     # matplotlib, scikit-learn and statsmodels take seconds to import: only this command pays for them
-    from quality.report import ReportPolicy, build_weekly_report_from, write_report
+    from quality.report import ReportPolicy, build_weekly_report_from, limit_malloc_arenas, write_report
 
+    limit_malloc_arenas()
     try:
         label = resolve_week(week)
     except ValueError as exc:

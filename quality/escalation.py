@@ -20,6 +20,7 @@ interval on the Kish effective sample size, as elsewhere in the report. Plain CP
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -50,6 +51,7 @@ ESCALATION_REASONS: tuple[EscalationReason, ...] = ("review", "low_confidence", 
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
+_EMPTY, _NO, _NONE = np.zeros(0), np.zeros(0, np.bool_), np.zeros(0, np.int64)
 
 
 def escalation_reason(
@@ -115,7 +117,7 @@ def weighted_auroc(
 
 
 def _estimate(
-    value: float, boot: FloatArray, weight: FloatArray, confidence: float, *, wilson: bool = True
+    value: float, boot: FloatArray, weight: tuple[float, float], confidence: float, *, wilson: bool = True
 ) -> Estimate:
     """The point value with the union of its bootstrap percentile and Wilson (effective n) intervals."""
     tail = (1 - confidence) / 2
@@ -126,7 +128,8 @@ def _estimate(
         else (float(np.quantile(finite, tail)), float(np.quantile(finite, 1 - tail)))
     )
     if wilson:
-        n_eff = float(weight.sum() ** 2 / np.sum(weight**2))
+        total, squares = weight  # the weights' sum and sum of squares: Kish's effective size
+        n_eff = float(total**2 / squares)
         n = max(1, round(n_eff))
         k = min(n, max(0, round(value * n)))
         interval = wilson_interval(k, n, confidence)
@@ -238,7 +241,8 @@ class ThresholdPlan:
         self.resamples, self.confidence, self.seed = resamples, confidence, seed
         self.escalation_pairs, self.without = frames.escalation_pairs, frames.without_confidence
         self.frames = frames
-        if frames.size == 0:
+        self._empty = frames.size == 0
+        if self._empty:
             return
         self.grid = (
             np.asarray(sorted(set(thresholds)), dtype=np.float64)
@@ -282,6 +286,18 @@ class ThresholdPlan:
             self.rank = (np.asarray(ranks, dtype=np.int64), int(values.size))
             if self.whole:
                 self._prepare_fast_auroc()
+                self.point_auroc = float(
+                    weighted_auroc(self.score, frames.disagree, w[None, :], self.rank)[0]
+                )
+                del self.score, self.rank  # a frame each: the segments hold what the resamples need
+        self.weight_sums = (float(w.sum()), float(np.sum(w**2)))
+        self.size = frames.size
+        if self.whole:
+            # the sample's frames are all in the bins, the per-video sums and the segments now: let go
+            # of them (at ten million pairs they are half the report's memory)
+            self.frames = replace(
+                frames, confidence=_EMPTY, forced=_NO, disagree=_NO, weight=_EMPTY, video=_NONE
+            )
 
     def _prepare_bins(self, confidence_or_low: FloatArray) -> None:
         """Per video, the weight of frames first escalated at each threshold, as sparse (thresholds,
@@ -345,13 +361,13 @@ class ThresholdPlan:
         )
         self._below = np.searchsorted(cuts, below)
         self._upto = np.searchsorted(cuts, upto)
-        self._pos = positive
+        self._pos_video = frames.video[positive]
+        self._pos_weight = frames.weight[positive]
 
     def _fast_auroc(self, draws: FloatArray) -> FloatArray:
         """`weighted_auroc` for whole frame weights. Every weight and sum is a whole number (or a half)
         far below 2**53, so summing by segment instead of frame by frame gives the same bits."""
-        frames = self.frames
-        pos_weight = draws[:, frames.video[self._pos]] * frames.weight[self._pos][None, :]
+        pos_weight = draws[:, self._pos_video] * self._pos_weight[None, :]
         by_segment = np.asarray(self._segments @ np.ascontiguousarray(draws.T))  # (segments, resamples)
         cumulative = np.zeros((by_segment.shape[0] + 1, draws.shape[0]))
         np.cumsum(by_segment, axis=0, out=cumulative[1:])
@@ -363,7 +379,7 @@ class ThresholdPlan:
             return np.asarray(np.where(total > 0, wins / total, np.nan), dtype=np.float64)
 
     def groups(self) -> list[tuple[int, int, int, ThresholdPlan]]:
-        if self.frames.size == 0:
+        if self._empty:
             return []
         return [(self.n_videos, self.resamples, self.seed, self)]
 
@@ -384,10 +400,9 @@ class ThresholdPlan:
             self.auroc_boot.append(weighted_auroc(self.score, frames.disagree, frame_draws, self.rank))
 
     def result(self) -> ThresholdSection | None:
-        frames = self.frames
-        if frames.size == 0:
+        if self._empty:
             return None
-        w, t, confidence = frames.weight, self.grid.size, self.confidence
+        w, t, confidence = self.weight_sums, self.grid.size, self.confidence
         resampled = np.vstack(self.resampled)
         observed = (
             self.per_video.sum(axis=0)
@@ -410,14 +425,13 @@ class ThresholdPlan:
         ]
         auroc: Estimate | None = None
         if self.with_auroc:
-            point = float(weighted_auroc(self.score, frames.disagree, w[None, :], self.rank)[0])
-            auroc = _estimate(point, np.concatenate(self.auroc_boot), w, confidence, wilson=False)
+            auroc = _estimate(self.point_auroc, np.concatenate(self.auroc_boot), w, confidence, wilson=False)
         recommended, text = _recommend(rows, self.target)
         return ThresholdSection(
             sample=self.sample,
-            pairs=frames.size,
+            pairs=self.size,
             videos=self.n_videos,
-            effective_pairs=round(float(w.sum() ** 2 / np.sum(w**2)), 1),
+            effective_pairs=round(w[0] ** 2 / w[1], 1),
             escalation_pairs=self.escalation_pairs,
             without_confidence=self.without,
             always_escalate=sorted(self.always),
