@@ -286,8 +286,9 @@ async def test_the_engine_killed_mid_stream_fails_those_requests_cleanly_and_the
 async def test_a_client_that_disconnects_cancels_its_engine_request(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
-    # 512 reasoning tokens at the Spark's pace (time scale 3): the answer would take about 17 s.
-    sim = start_sim("spark", time_scale=3.0, reasoning_tokens=2000, reasoning_jitter=0)
+    # 512 reasoning tokens at the Spark's own pace (time scale 1): the answer would take about 50 s, so a
+    # loaded machine has 45 s to see the disconnect and drop the request before it would end by itself.
+    sim = start_sim("spark", time_scale=1.0, reasoning_tokens=2000, reasoning_jitter=0)
     gateway = start_gateway(engine_url=sim.url)
     async with httpx.AsyncClient(timeout=60) as watcher:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
@@ -305,7 +306,7 @@ async def test_a_client_that_disconnects_cancels_its_engine_request(
             info = (await watcher.get(f"{sim.url}/sim/info")).json()
             return bool(info["running"] == 0 and info["waiting"] == 0)
 
-        await poll_async(engine_idle, 10, "the engine to drop the abandoned request")
+        await poll_async(engine_idle, 45, "the engine to drop the abandoned request")
         generated = engine_counter((await watcher.get(f"{sim.url}/metrics")).text, "vllm:generation_tokens")
         gateway_metrics = (await watcher.get(f"{gateway.url}/metrics")).text
     assert generated < 512  # stopped well before its max_completion_tokens
