@@ -27,7 +27,6 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
-from numpy.typing import NDArray
 
 from quality.columnar import RECORD_SCHEMA
 from quality.columns import (
@@ -82,6 +81,7 @@ def _literal(text: str) -> str:
 # an action as its index in ACTIONS (what the numpy side counts with)
 _ACTIONS = "[" + ", ".join(_literal(a) for a in ACTIONS) + "]"
 _CELL_NAMES = ("both", "ref_only", "cand_only", "both_safe")
+_BATCH_ROWS = 1 << 18  # rows of the escalation sample read at a time
 _COST_COLUMNS = frozenset(
     ("latency_ms", "ttft_ms", "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens")
 )
@@ -379,7 +379,13 @@ class WeekQueries:
         )
         block, review = ACTIONS.index("block"), ACTIONS.index("review")
         kept = "NOT escalation" if sample == "random" else "true"
-        frames = self.db.sql(
+        ipw = sample == "ipw"
+        wanted = {"video": np.int64, "confidence": np.float64, "forced": np.bool_, "disagree": np.bool_}
+        if ipw:
+            wanted["probability"] = np.float64
+        size = int(self.db.execute(f"SELECT count(*) FROM {table} WHERE {kept}").fetchall()[0][0])
+        columns: dict[str, np.ndarray[Any, Any]] = {n: np.empty(size, dtype=t) for n, t in wanted.items()}
+        reader = self.db.sql(
             _coded(table, where=kept)
             + f"""
             SELECT video, confidence,
@@ -387,24 +393,27 @@ class WeekQueries:
                 ref_action <> cand_action OR (cand_action = {block}
                     AND list_sort(list_distinct(ref_categories)) <> list_sort(list_distinct(cand_categories)))
                     AS disagree,
-                probability
+                {"probability" if ipw else "NULL AS probability"}
             FROM coded ORDER BY pair_at, seq
             """
-        ).to_arrow_table()
+        ).to_arrow_reader(_BATCH_ROWS)
+        # a batch at a time into arrays of the final size: never the whole result twice (arrow and numpy)
+        filled = 0
+        for batch in reader:
+            rows = batch.num_rows
+            for name, array in columns.items():
+                array[filled : filled + rows] = batch.column(name).to_numpy(zero_copy_only=False)
+            filled += rows
+        if filled != size:
+            raise RuntimeError(f"the escalation sample changed while it was read: {filled} rows, not {size}")
         escalated = self.db.execute(f"SELECT count(*) FROM {table} WHERE escalation").fetchall()[0][0]
-
-        def column(name: str, dtype: type) -> NDArray[Any]:
-            return np.asarray(frames.column(name).to_numpy(zero_copy_only=False), dtype=dtype)
-
-        confidence = column("confidence", np.float64)
-        size = frames.num_rows
-        weight = inverse_probability_weights(column("probability", np.float64)) if sample == "ipw" else None
+        confidence = columns["confidence"]
         return ThresholdFrames(
             confidence=confidence,
-            forced=column("forced", np.bool_),
-            disagree=column("disagree", np.bool_),
-            weight=weight if weight is not None else np.ones(size),
-            video=column("video", np.int64),
+            forced=columns["forced"],
+            disagree=columns["disagree"],
+            weight=inverse_probability_weights(columns["probability"]) if ipw else np.ones(size),
+            video=columns["video"],
             escalation_pairs=int(escalated),
             without_confidence=int(np.isnan(confidence).sum()),
         )
