@@ -158,7 +158,9 @@ def _build(
         return queries.pair_counts(query(reference, candidate, **options))
 
     # Escalation pairs are the unsure frames only: they would bias every comparison but the weighted one.
-    main, pairing = pairs_of("thinking_on", "thinking_off", exclude_escalation=True)
+    main, pairing = queries.pair_counts(
+        query("thinking_on", "thinking_off", exclude_escalation=True), breakdown=True
+    )
     every_pair = queries.threshold_frames(
         query("thinking_on", "thinking_off"), policy.escalation_sample, policy.always_escalate
     )

@@ -309,8 +309,10 @@ class WeekQueries:
         self._pair_tables[query] = (name, notes)
         return name, notes
 
-    def pair_counts(self, query: PairQuery) -> tuple[PairCounts, dict[str, int]]:
-        """The pairing as counts per video (`quality.columns.PairCounts`), and what did not pair.
+    def pair_counts(self, query: PairQuery, *, breakdown: bool = False) -> tuple[PairCounts, dict[str, int]]:
+        """The pairing as counts per video (`quality.columns.PairCounts`), and what did not pair;
+        with `breakdown`, its per-category, per-tenant and human-label tables too (the main comparison's
+        sections read them; the other comparisons need only their cells and actions).
 
         Only counts come back from the database: a row per video, per (category, video) and per (tenant,
         video), so the report's memory follows the week's videos, not its pairs."""
@@ -318,7 +320,11 @@ class WeekQueries:
         cells = self._cells(_coded(table))
         totals = cells.sum(axis=1)
         categories: dict[str, IntArray] = {}
-        rows = self.db.sql(_coded(table) + _CATEGORY_CELLS).fetchnumpy()
+        rows = (
+            self.db.sql(_coded(table) + _CATEGORY_CELLS).fetchnumpy()
+            if breakdown
+            else {"category": np.zeros(0, dtype=object)}
+        )
         for category in sorted(set(rows["category"].tolist())):
             chosen = rows["category"] == category
             named = np.zeros_like(cells)
@@ -333,10 +339,14 @@ class WeekQueries:
         ).fetchall():
             actions[ref, cand] = n
         labelled = np.zeros((2, 2, 2), dtype=np.int64)
-        for label, ref, cand, n in self.db.execute(
-            f"SELECT label_flagged, ref_flagged, cand_flagged, count(*) FROM {table} "
-            "WHERE label_flagged IS NOT NULL GROUP BY ALL"
-        ).fetchall():
+        for label, ref, cand, n in (
+            self.db.execute(
+                f"SELECT label_flagged, ref_flagged, cand_flagged, count(*) FROM {table} "
+                "WHERE label_flagged IS NOT NULL GROUP BY ALL"
+            ).fetchall()
+            if breakdown
+            else []
+        ):
             labelled[int(label), int(ref), int(cand)] = n
         pair_counts = PairCounts(
             reference=query.reference,
@@ -345,7 +355,7 @@ class WeekQueries:
             cells=cells,
             actions=actions,
             categories=categories,
-            tenants=self._tenants(table),
+            tenants=self._tenants(table) if breakdown else [],
             labelled=labelled,
         )
         return pair_counts, notes

@@ -107,7 +107,7 @@ def test_the_sql_counts_and_frames_are_those_of_the_pairs_as_objects(records_dir
     start, end = week_bounds(2026, 48)
     queries = WeekQueries.open(records_table(records), start, end)
     try:
-        counts, notes = queries.pair_counts(PairQuery("thinking_on", "thinking_off"))
+        counts, notes = queries.pair_counts(PairQuery("thinking_on", "thinking_off"), breakdown=True)
         frames = queries.threshold_frames(PairQuery("thinking_on", "thinking_off"), sample, ["violence"])
     finally:
         queries.close()
