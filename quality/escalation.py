@@ -306,12 +306,14 @@ class ThresholdPlan:
         follows the frames that fall in a bin, not videos × thresholds."""
         frames, t, n = self.frames, self.grid.size, self.n_videos
         w, video, forced, disagree = frames.weight, frames.video, frames.forced, frames.disagree
-        loose = np.flatnonzero(~forced)
-        # the first threshold a frame's confidence is below: it escalates there and at every one above
-        first = np.searchsorted(self.grid, confidence_or_low[loose], side="right")
-        inside = first < t
-        rows, columns, weights = first[inside], video[loose][inside], w[loose][inside]
-        split = disagree[loose][inside]
+        # the first threshold a frame's confidence is below: it escalates there and at every one above;
+        # a forced frame escalates everywhere (it is in the per-video sums, not the bins)
+        first = np.searchsorted(self.grid, confidence_or_low, side="right").astype(np.int32)
+        binned = ~forced & (first < t)
+        rows, columns, weights = first[binned], video[binned].astype(np.int32), w[binned]
+        del first
+        split = disagree[binned]
+        del binned
         self._bins = sparse.csr_matrix((weights, (rows, columns)), shape=(t, n))
         self._disagree_bins = sparse.csr_matrix((weights[split], (rows[split], columns[split])), shape=(t, n))
         del rows, columns, weights, split
@@ -350,15 +352,21 @@ class ThresholdPlan:
         frames = self.frames
         positive = np.flatnonzero(frames.disagree)
         negative = np.flatnonzero(~frames.disagree)
-        negative_ranks = np.sort(ranks[negative], kind="stable")
+        by_rank = np.argsort(ranks[negative], kind="stable")
+        order = negative[by_rank]  # the negatives from the lowest score up (ties in frame order)
+        del negative, by_rank
+        negative_ranks = ranks[order]
         below = np.searchsorted(negative_ranks, ranks[positive], side="left")
         upto = np.searchsorted(negative_ranks, ranks[positive], side="right")
-        cuts = np.unique(np.concatenate([[0, negative.size], below, upto]))
-        order = negative[np.argsort(ranks[negative], kind="stable")]
-        segment = np.searchsorted(cuts, np.arange(negative.size), side="right") - 1
+        del negative_ranks
+        cuts = np.unique(np.concatenate([[0, order.size], below, upto]))
+        # each negative's segment: k for the negatives between cuts k and k + 1 (the cuts run 0 … size)
+        segment = np.repeat(np.arange(cuts.size - 1, dtype=np.int32), np.diff(cuts))
         self._segments = sparse.csr_matrix(
-            (frames.weight[order], (segment, frames.video[order])), shape=(cuts.size, self.n_videos)
+            (frames.weight[order], (segment, frames.video[order].astype(np.int32))),
+            shape=(cuts.size, self.n_videos),
         )
+        del order, segment
         self._below = np.searchsorted(cuts, below)
         self._upto = np.searchsorted(cuts, upto)
         self._pos_video = frames.video[positive]
