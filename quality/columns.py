@@ -38,7 +38,9 @@ __all__ = [
     "TenantCounts",
     "ThresholdFrames",
     "first_appearance_codes",
+    "inverse_probability_weights",
     "run_bootstrap",
+    "unit_weights",
     "video_cells",
 ]
 
@@ -357,11 +359,16 @@ class ThresholdFrames:
             confidence=chosen.confidence,
             forced=np.asarray(forced, dtype=np.bool_),
             disagree=_disagree(chosen),
-            weight=inverse_probability_weights(chosen.probability) if ipw else np.ones(len(chosen)),
+            weight=inverse_probability_weights(chosen.probability) if ipw else unit_weights(len(chosen)),
             video=chosen.video,
             escalation_pairs=int(pairs.escalation.sum()),
             without_confidence=int(without_confidence.sum()),
         )
+
+
+def unit_weights(size: int) -> FloatArray:
+    """A weight of 1 for each of `size` frames, as a read-only view of one number (no memory per frame)."""
+    return np.broadcast_to(np.float64(1.0), (size,))
 
 
 def inverse_probability_weights(probability: FloatArray) -> FloatArray:

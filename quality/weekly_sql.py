@@ -35,6 +35,7 @@ from quality.columns import (
     TenantCounts,
     ThresholdFrames,
     inverse_probability_weights,
+    unit_weights,
 )
 from shaping.verdict import ACTIONS
 
@@ -422,7 +423,7 @@ class WeekQueries:
             confidence=confidence,
             forced=columns["forced"],
             disagree=columns["disagree"],
-            weight=inverse_probability_weights(columns["probability"]) if ipw else np.ones(size),
+            weight=inverse_probability_weights(columns["probability"]) if ipw else unit_weights(size),
             video=columns["video"],
             escalation_pairs=int(escalated),
             without_confidence=int(np.isnan(confidence).sum()),
