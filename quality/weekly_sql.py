@@ -318,14 +318,29 @@ class WeekQueries:
         Only counts come back from the database: a row per video, per (category, video) and per (tenant,
         video), so the report's memory follows the week's videos, not its pairs."""
         table, notes = self._pair_table(query)
-        cells = self._cells(_coded(table))
-        totals = cells.sum(axis=1)
-        categories: dict[str, IntArray] = {}
-        rows = (
-            self.db.sql(_coded(table) + _CATEGORY_CELLS).fetchnumpy()
-            if breakdown
-            else {"category": np.zeros(0, dtype=object)}
+        cells, _ = self._cells(_coded(table))
+        actions = np.zeros((len(ACTIONS), len(ACTIONS)), dtype=np.int64)
+        for ref, cand, n in self.db.execute(
+            f"SELECT ref_action, cand_action, count(*) FROM {table} GROUP BY ALL"
+        ).fetchall():
+            actions[ref, cand] = n
+        pair_counts = PairCounts(
+            reference=query.reference,
+            candidate=query.candidate,
+            frames=notes["paired"],
+            cells=cells,
+            actions=actions,
+            categories=self._categories(table, cells) if breakdown else {},
+            tenants=self._tenants(table) if breakdown else [],
+            labelled=self._labelled(table) if breakdown else np.zeros((2, 2, 2), dtype=np.int64),
         )
+        return pair_counts, notes
+
+    def _categories(self, table: str, cells: IntArray) -> dict[str, IntArray]:
+        """Each category either side named, sorted: its (videos, 4) cells, videos as in `cells`."""
+        totals = cells.sum(axis=1)
+        rows = self.db.sql(_coded(table) + _CATEGORY_CELLS).fetchnumpy()
+        categories: dict[str, IntArray] = {}
         for category in sorted(set(rows["category"].tolist())):
             chosen = rows["category"] == category
             named = np.zeros_like(cells)
@@ -334,38 +349,25 @@ class WeekQueries:
                 named[video, column] = rows[field][chosen]
             named[:, 3] = totals - named[:, :3].sum(axis=1)
             categories[str(category)] = named
-        actions = np.zeros((len(ACTIONS), len(ACTIONS)), dtype=np.int64)
-        for ref, cand, n in self.db.execute(
-            f"SELECT ref_action, cand_action, count(*) FROM {table} GROUP BY ALL"
-        ).fetchall():
-            actions[ref, cand] = n
-        labelled = np.zeros((2, 2, 2), dtype=np.int64)
-        for label, ref, cand, n in (
-            self.db.execute(
-                f"SELECT label_flagged, ref_flagged, cand_flagged, count(*) FROM {table} "
-                "WHERE label_flagged IS NOT NULL GROUP BY ALL"
-            ).fetchall()
-            if breakdown
-            else []
-        ):
-            labelled[int(label), int(ref), int(cand)] = n
-        pair_counts = PairCounts(
-            reference=query.reference,
-            candidate=query.candidate,
-            frames=notes["paired"],
-            cells=cells,
-            actions=actions,
-            categories=categories,
-            tenants=self._tenants(table) if breakdown else [],
-            labelled=labelled,
-        )
-        return pair_counts, notes
+        return categories
 
-    def _cells(self, coded: str, by: str = "") -> IntArray:
-        """(videos, 4) cells of the coded pairs, by video code (and first by `by`, when given)."""
+    def _labelled(self, table: str) -> IntArray:
+        """(2, 2, 2) pairs with a human label: label flagged × reference flagged × candidate flagged."""
+        labelled = np.zeros((2, 2, 2), dtype=np.int64)
+        for label, ref, cand, n in self.db.execute(
+            f"SELECT label_flagged, ref_flagged, cand_flagged, count(*) FROM {table} "
+            "WHERE label_flagged IS NOT NULL GROUP BY ALL"
+        ).fetchall():
+            labelled[int(label), int(ref), int(cand)] = n
+        return labelled
+
+    def _cells(self, coded: str, by: str = "") -> tuple[IntArray, Any]:
+        """(videos, 4) cells of the coded pairs, by video code (first by the column `by`, when given),
+        and that column of each row (None without `by`)."""
         keys = f"{by}, video" if by else "video"
         result = self.db.sql(coded + _CELLS.format(keys=keys)).fetchnumpy()
-        return np.stack([np.asarray(result[c], dtype=np.int64) for c in _CELL_NAMES], axis=1)
+        cells = np.stack([np.asarray(result[c], dtype=np.int64) for c in _CELL_NAMES], axis=1)
+        return cells, (result[by] if by else None)
 
     def _tenants(self, table: str) -> list[TenantCounts]:
         """Each tenant's cells over its own videos, largest tenant first (ties: first to appear)."""
@@ -373,10 +375,7 @@ class WeekQueries:
             f"SELECT tenant, count(*) AS frames FROM {table} GROUP BY tenant "
             "ORDER BY frames DESC, min(struct_pack(pair_at, seq))"
         ).fetchall()
-        coded = _coded(table, partition="tenant")
-        result = self.db.sql(coded + _CELLS.format(keys="tenant, video")).fetchnumpy()
-        cells = np.stack([np.asarray(result[c], dtype=np.int64) for c in _CELL_NAMES], axis=1)
-        tenants = result["tenant"]
+        cells, tenants = self._cells(_coded(table, partition="tenant"), by="tenant")
         return [TenantCounts(str(tenant), int(frames), cells[tenants == tenant]) for tenant, frames in sizes]
 
     def threshold_frames(self, query: PairQuery, sample: str, always: Sequence[str]) -> ThresholdFrames:
