@@ -27,6 +27,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from quality.columnar import RECORD_SCHEMA
 from quality.columns import (
@@ -117,6 +118,11 @@ _CATEGORY_CELLS = """
     WHERE coalesce(r.category, c.category) IS NOT NULL
     GROUP BY ALL ORDER BY 1, 2
 """
+
+
+def _integers(table: pa.Table, name: str) -> IntArray:
+    """A count or code column of a query's arrow result as int64 numpy."""
+    return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
 
 
 def _coded(table: str, *, where: str = "true", partition: str | None = None) -> str:
@@ -339,14 +345,19 @@ class WeekQueries:
     def _categories(self, table: str, cells: IntArray) -> dict[str, IntArray]:
         """Each category either side named, sorted: its (videos, 4) cells, videos as in `cells`."""
         totals = cells.sum(axis=1)
-        rows = self.db.sql(_coded(table) + _CATEGORY_CELLS).fetchnumpy()
+        # arrow, not numpy: a row per (category, video) keeps its name as bytes in one buffer, where numpy
+        # would make a Python string of every row's (millions of objects at ten million pairs)
+        rows = self.db.sql(_coded(table) + _CATEGORY_CELLS).to_arrow_table()
+        names = rows.column("category").combine_chunks()
+        columns = {field: _integers(rows, field) for field in ("video", "both", "ref_only", "cand_only")}
+        del rows
         categories: dict[str, IntArray] = {}
-        for category in sorted(set(rows["category"].tolist())):
-            chosen = rows["category"] == category
+        for category in sorted(pc.unique(names).to_pylist()):
+            chosen = pc.equal(names, category).to_numpy(zero_copy_only=False)
             named = np.zeros_like(cells)
-            video = rows["video"][chosen]
+            video = columns["video"][chosen]
             for column, field in enumerate(("both", "ref_only", "cand_only")):
-                named[video, column] = rows[field][chosen]
+                named[video, column] = columns[field][chosen]
             named[:, 3] = totals - named[:, :3].sum(axis=1)
             categories[str(category)] = named
         return categories
@@ -365,9 +376,9 @@ class WeekQueries:
         """(videos, 4) cells of the coded pairs, by video code (first by the column `by`, when given),
         and that column of each row (None without `by`)."""
         keys = f"{by}, video" if by else "video"
-        result = self.db.sql(coded + _CELLS.format(keys=keys)).fetchnumpy()
-        cells = np.stack([np.asarray(result[c], dtype=np.int64) for c in _CELL_NAMES], axis=1)
-        return cells, (result[by] if by else None)
+        result = self.db.sql(coded + _CELLS.format(keys=keys)).to_arrow_table()
+        cells = np.stack([_integers(result, c) for c in _CELL_NAMES], axis=1)
+        return cells, (result.column(by).combine_chunks() if by else None)
 
     def _tenants(self, table: str) -> list[TenantCounts]:
         """Each tenant's cells over its own videos, largest tenant first (ties: first to appear)."""
@@ -376,7 +387,10 @@ class WeekQueries:
             "ORDER BY frames DESC, min(struct_pack(pair_at, seq))"
         ).fetchall()
         cells, tenants = self._cells(_coded(table, partition="tenant"), by="tenant")
-        return [TenantCounts(str(tenant), int(frames), cells[tenants == tenant]) for tenant, frames in sizes]
+        return [
+            TenantCounts(str(tenant), int(frames), cells[pc.equal(tenants, tenant).to_numpy(zero_copy_only=False)])
+            for tenant, frames in sizes
+        ]
 
     def threshold_frames(self, query: PairQuery, sample: str, always: Sequence[str]) -> ThresholdFrames:
         """The escalation section's sample, a frame each in pairing order (five narrow columns): the pairs
