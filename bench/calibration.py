@@ -287,6 +287,19 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --vllm-cpu: an engine started with --long-prefill-token-threshold 32",
     )
     parser.add_argument(
+        "--vllm-cpu-flags-only",
+        action="store_true",
+        help="with --vllm-cpu: measure only the configurations of the engines started with other flags "
+        "(each still bracketed by the fit configuration on the default engine)",
+    )
+    parser.add_argument(
+        "--add-cpu-rows-to",
+        type=Path,
+        metavar="FILE",
+        help="with --vllm-cpu: also add this run's vllm-cpu rows to FILE's fit and held_out tables "
+        "(a second invocation's rows beside the first's; each row names its run)",
+    )
+    parser.add_argument(
         "--cpu-requests", type=int, default=40, help="measured requests per CPU configuration"
     )
     parser.add_argument(
@@ -339,20 +352,33 @@ def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, A
     for flags, url in ((CHUNKED.flags, args.vllm_cpu_chunked), (THRESHOLD.flags, args.vllm_cpu_threshold)):
         if url:
             urls[flags] = url
-    preset, cpu = calibration_cpu.run(urls, requests=args.cpu_requests)
+    preset, cpu = calibration_cpu.run(urls, requests=args.cpu_requests, flags_only=args.vllm_cpu_flags_only)
     print(
         f"\nvllm-cpu preset fitted on '{FIT.name}': step {preset.step_overhead_s * 1000:.2f} ms + prefill "
         f"{preset.prefill_tokens_per_s:,.0f} tokens/s + decode {preset.decode_tokens_per_s:,.0f} tokens/s; "
         f"{preset.request_overhead_s * 1000:.2f} ms a request outside the steps"
     )
-    print(f"  {'configuration':<48}{'figure':<22}{'real':>9}{'simulated':>11}{'ratio':>7}{'without':>9}")
+    print(f"  {'configuration':<48}{'figure':<22}{'real':>9}{'simulated':>11}{'ratio':>7}{'without':>9}"
+          f"{'bracketed':>11}{'ratio':>7}{'drift':>7}")  # fmt: skip
     for table in ("fit", "held_out"):
         for row in cpu[table]:
+            bracketed = (
+                f"{row['bracketed_simulated']:>11.3f}{row['bracketed_ratio']:>7.2f}{row['drift']:>7.2f}"
+                if "bracketed_ratio" in row
+                else ""
+            )
             print(
                 f"  {row['name']:<48}{row['figure']:<22}{row['seed']:>9.3f}{row['simulated']:>11.3f}"
-                f"{row['ratio']:>7.2f}{row['ratio_without_request_overhead']:>9.2f}  ({table})"
+                f"{row['ratio']:>7.2f}{row['ratio_without_request_overhead']:>9.2f}{bracketed}  ({table})"
             )
-    print("  (without: the same fit without the cost per request outside the steps)")
+    print("  (ratio: the preset fitted on the fit configuration's first measurement; without: the same fit")
+    print("  without the cost per request outside the steps; bracketed: the preset fitted on the mean of the")
+    print("  fit configuration measured just before and just after the row; drift: its rate after / before)")
+    if args.add_cpu_rows_to:
+        earlier = json.loads(args.add_cpu_rows_to.read_text())
+        args.add_cpu_rows_to.write_text(
+            json.dumps({key: earlier[key] + cpu[key] for key in earlier}, indent=2) + "\n"
+        )
     return {key: document[key] + cpu[key] for key in document}
 
 

@@ -22,9 +22,9 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, Final, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -301,41 +301,111 @@ def machine_load() -> str:
     return f"load average {one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores"
 
 
+Measure = Callable[[str, Configuration], Measured]
+"""One configuration measured on the engine at a URL (by default :func:`measure`'s closed loop)."""
+
+
 def run(
-    urls: dict[str, str], requests: int = 40, warmup: int = 8
+    urls: dict[str, str],
+    requests: int = 40,
+    warmup: int = 8,
+    *,
+    flags_only: bool = False,
+    measure_with: Measure | None = None,
+    fit_requests: int = 120,
+    held_out: Sequence[Configuration] = (*HELD_OUT, CHUNKED, THRESHOLD),
 ) -> tuple[SimPreset, dict[str, list[Any]]]:
-    """Measure every configuration whose engine is in ``urls`` (flags → URL), fit on :data:`FIT`, compare."""
-    configs = [FIT, *HELD_OUT, CHUNKED, THRESHOLD]
-    measured: dict[str, tuple[Measured, str]] = {}
-    for config in configs:
-        url = urls.get(config.flags)
-        if url is None:
-            continue
+    """Measure every configuration whose engine is in ``urls`` (flags → URL), fit on :data:`FIT`, compare.
+
+    The machine is shared and its speed drifts within a run, so the fit configuration is measured before
+    the first held-out configuration and again after each one: every held-out row sits between two
+    measurements of the fit configuration. Each row is compared twice: with the preset fitted on the
+    first measurement (``simulated``, ``ratio``: the single fit), and with the preset fitted on the mean of
+    its two neighbouring measurements (``bracketed_simulated``, ``bracketed_ratio``; ``drift`` is the fit
+    configuration's rate after the row over its rate before). ``flags_only`` measures only the engines
+    started with other flags (their rows still bracketed on the default engine): the second invocation
+    when at most two engines fit in memory."""
+    measure_with = measure_with or (lambda url, config: asyncio.run(measure(url, config, requests, warmup)))
+    held_out = [c for c in held_out if c.flags in urls and (c.flags or not flags_only)]
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def take(config: Configuration) -> tuple[Measured, str]:
         began = machine_load()
-        figures = asyncio.run(measure(url, config, requests, warmup))
-        measured[config.name] = (figures, f"{began} -> {machine_load()}")
+        figures = measure_with(urls[config.flags], config)
+        load = f"{began} -> {machine_load()}"
         print(f"measured {config.name}: {figures.requests_per_min:.1f}/min, "
               f"TTFT {figures.ttft_mean_s:.3f} s, "
               f"end to end {figures.e2e_mean_s:.3f} s, {figures.prompt_tokens} prompt tokens "
-              f"({figures.cached_tokens:.0f} cached); {measured[config.name][1]}", flush=True)  # fmt: skip
+              f"({figures.cached_tokens:.0f} cached); {load}", flush=True)  # fmt: skip
         print(f"  {phases(figures)}", flush=True)
-    # The machine is shared: the fit configuration again at the end shows how far its speed drifted.
-    again = asyncio.run(measure(urls[FIT.flags], FIT, requests, warmup))
-    first = measured[FIT.name][0]
-    drift = again.requests_per_min / first.requests_per_min
-    print(f"the fit configuration again at the end: {again.requests_per_min:.1f}/min ({drift:.2f} of the "
-          f"first), TTFT {again.ttft_mean_s:.3f} s, end to end {again.e2e_mean_s:.3f} s; {machine_load()}",
-          flush=True)  # fmt: skip
-    print(f"  {phases(again)}", flush=True)
-    preset = fit_with_request_overhead(first)
-    document = compare(preset, configs, measured)
+        return figures, load
+
+    fits = [take(FIT)]
+    measured = {FIT.name: fits[0]}
+    for config in held_out:
+        measured[config.name] = take(config)
+        fits.append(take(FIT))
+        print(f"  drift across {config.name}: the fit configuration ran at "
+              f"{fits[-1][0].requests_per_min / fits[-2][0].requests_per_min:.2f} of its speed before",
+              flush=True)  # fmt: skip
+    first = fits[0][0]
+    preset = fit_with_request_overhead(first, requests=fit_requests)
+    document = compare(preset, [FIT, *held_out], measured)
     # The same rows from the law without the cost outside the steps, fitted on the same measurement:
     # what the per-request cost changed.
-    without = compare(fit(first), configs, measured)
+    without = compare(fit(first, requests=fit_requests), [FIT, *held_out], measured)
     for table in document:
         for row, before in zip(document[table], without[table], strict=True):
             row["ratio_without_request_overhead"] = before["ratio"]
+            row["run"] = started
+    for index, config in enumerate(held_out):
+        bracket(document, config, measured[config.name][0], fits[index][0], fits[index + 1][0], fit_requests)
     return preset, document
+
+
+def bracket(
+    document: dict[str, list[Any]],
+    config: Configuration,
+    real: Measured,
+    before: Measured,
+    after: Measured,
+    fit_requests: int = 120,
+) -> SimPreset:
+    """Add to ``config``'s held-out rows the comparison with the preset fitted on the mean of the fit
+    configuration's measurements just before and just after it, at the speed the row itself saw."""
+    preset = fit_with_request_overhead(mean_of(before, after), requests=fit_requests)
+    simulated = simulate(preset, config, real.prompt_tokens)
+    rows = [row for row in document["held_out"] if row["name"] == config.name]
+    for row, (figure, get) in zip(rows, FIGURES, strict=True):
+        assert row["figure"] == figure
+        row["bracketed_simulated"] = get(simulated)
+        row["bracketed_ratio"] = get(simulated) / get(real)
+        row["drift"] = after.requests_per_min / before.requests_per_min
+        row["fit_before"], row["fit_after"] = get(before), get(after)
+        row["bracketed_fit"] = {"step_overhead_s": preset.step_overhead_s,
+                                "prefill_tokens_per_s": preset.prefill_tokens_per_s,
+                                "request_overhead_s": preset.request_overhead_s}  # fmt: skip
+    return preset
+
+
+Timed = TypeVar("Timed", Measured, EngineTimes)
+
+
+def mean_of(first: Timed, second: Timed) -> Timed:
+    """Two measurements of one configuration as one: the mean of each figure (the engine's phase times
+    too; a count's mean rounded)."""
+    values: dict[str, Any] = {}
+    for field in fields(first):
+        one, other = getattr(first, field.name), getattr(second, field.name)
+        if isinstance(one, EngineTimes) and isinstance(other, EngineTimes):
+            values[field.name] = mean_of(one, other)
+        elif one is None or other is None:
+            values[field.name] = None
+        elif isinstance(one, int):
+            values[field.name] = round((one + other) / 2)
+        else:
+            values[field.name] = (one + other) / 2
+    return replace(first, **values)
 
 
 def outside_the_steps(measured: Measured) -> float:

@@ -6,6 +6,7 @@ import json
 import math
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -204,3 +205,127 @@ def test_the_request_overhead_fit_takes_off_the_wait_for_the_step_in_progress() 
     fitted = calibration_cpu.fit_with_request_overhead(seen, requests=SIMULATED)
     # One pass takes off most of the wait, not all: the first fit's step, with the wait still in, differs.
     assert abs(fitted.request_overhead_s - OUTSIDE_S) < measured.step_wait_s / 2
+
+
+LAWFUL_CPU = replace(LAWFUL_ENGINE, decode_tokens_per_s=0.0)
+"""The stand-in engine as the fit prices it: a fixed cost a step and a prefill rate, decode free."""
+
+
+class DriftingEngine:
+    """A lawful engine on a machine whose speed drifts: the step's fixed cost grows and the prefill rate
+    falls by ``drift`` from one measurement to the next. Its histograms see every millisecond the client
+    does (nothing outside the steps: how well the cost per request is recovered is the tests' above)."""
+
+    def __init__(self, drift: float) -> None:
+        self.drift = drift
+        self.speeds: list[float] = []
+        self.seen: list[tuple[str, calibration_cpu.Measured]] = []
+
+    def __call__(self, url: str, config: calibration_cpu.Configuration) -> calibration_cpu.Measured:
+        slowness = 1 + self.drift * len(self.speeds)
+        self.speeds.append(slowness)
+        engine = replace(LAWFUL_CPU, step_overhead_s=LAWFUL_CPU.step_overhead_s * slowness,
+                         prefill_tokens_per_s=LAWFUL_CPU.prefill_tokens_per_s / slowness)  # fmt: skip
+        # The fit configuration as long as the fit's own runs (fit_requests); the held-out rows as compare's.
+        requests = SIMULATED if config is calibration_cpu.FIT else 120
+        seen = calibration_cpu.simulate(engine, config, 369, requests=requests)
+        times = calibration_cpu.EngineTimes(SIMULATED, 0.0, seen.ttft_mean_s, seen.e2e_mean_s, 0.0, 0.0)
+        measured = replace(seen, ttft_all_s=seen.ttft_mean_s, e2e_all_s=seen.e2e_mean_s, engine=times)
+        self.seen.append((config.name, measured))
+        return measured
+
+
+def test_a_held_out_row_between_two_fit_measurements_comes_out_exact_on_a_drifting_lawful_engine() -> None:
+    # The machine slows by a quarter from one measurement to the next: 8 in flight is measured at 1.25x,
+    # between two measurements of the fit configuration (1x and 1.5x).
+    engine, eight = DriftingEngine(0.25), in_flight(8)
+    before, real, after = engine("", calibration_cpu.FIT), engine("", eight), engine("", calibration_cpu.FIT)
+    # The single fit on the first measurement, here exact (the engine's own constants at 1x) ...
+    measured = {calibration_cpu.FIT.name: (before, ""), eight.name: (real, "")}
+    document = calibration_cpu.compare(LAWFUL_CPU, [calibration_cpu.FIT, eight], measured)
+    preset = calibration_cpu.bracket(document, eight, real, before, after, fit_requests=SIMULATED)
+    # ... is off by the drift since; fitted on the mean of its neighbours, the constants come out as the
+    # engine's at 1.25x and so do the rate and the end to end. The TTFT is not held: the law's own TTFT
+    # is not smooth in its constants (the closed loop's phase against the steps; here 4 % on the prefill
+    # rate moves 8 in flight's by 17 %, and the fit configuration's reads 63, 105 and 96 ms at 1x, 1.25x
+    # and 1.5x), so neither is a TTFT fitted through it.
+    held = {row["figure"]: row for row in document["held_out"]}
+    assert held["end to end mean (s)"]["ratio"] < 0.85
+    for figure in ("requests/min", "end to end mean (s)"):
+        assert held[figure]["bracketed_ratio"] == pytest.approx(1.0, abs=0.03), held[figure]
+    assert preset.step_overhead_s == pytest.approx(LAWFUL_CPU.step_overhead_s * 1.25, rel=0.02)
+    assert preset.prefill_tokens_per_s == pytest.approx(LAWFUL_CPU.prefill_tokens_per_s / 1.25, rel=0.05)
+    assert held["requests/min"]["drift"] == pytest.approx(1 / 1.5, rel=0.05)  # the rate after / before
+    assert held["TTFT mean (s)"]["fit_before"] == before.ttft_mean_s
+
+
+def test_the_run_measures_the_fit_configuration_before_and_after_every_held_out_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Which measurements each row is compared with (the fits themselves replaced by the engine's constants:
+    # the test above holds what a fit on two measurements gives).
+    fitted: list[float] = []
+
+    def fit_on(measured: calibration_cpu.Measured, *args: object, **kwargs: object) -> object:
+        fitted.append(measured.e2e_mean_s)
+        return LAWFUL_CPU
+
+    monkeypatch.setattr(calibration_cpu, "fit_with_request_overhead", fit_on)
+    monkeypatch.setattr(calibration_cpu, "fit", fit_on)
+    engine = DriftingEngine(0.25)
+    one, eight = in_flight(1), in_flight(8)
+    held_out = [one, eight, calibration_cpu.CHUNKED]
+    _, document = calibration_cpu.run({"": "lawful"}, measure_with=engine, held_out=held_out)
+    assert engine.speeds == [1.0, 1.25, 1.5, 1.75, 2.0]  # fit, 1 in flight, fit, 8 in flight, fit
+    fits = [measured.e2e_mean_s for name, measured in engine.seen if name == calibration_cpu.FIT.name]
+    assert fitted[:2] == [fits[0]] * 2  # the single fit and the one without, on the first measurement
+    assert fitted[2:] == pytest.approx([(fits[0] + fits[1]) / 2, (fits[1] + fits[2]) / 2])
+    assert [row["figure"] for row in document["fit"]] == [figure for figure, _ in calibration_cpu.FIGURES]
+    held = document["held_out"]
+    assert [row["name"] for row in held] == [one.name] * 3 + [eight.name] * 3  # no engine for CHUNKED
+    assert [row["drift"] for row in held[::3]] == pytest.approx([1 / 1.5, 1.5 / 2.0], rel=0.05)
+    assert all("run" in row for row in held)
+
+
+def test_two_measurements_of_the_fit_configuration_average_figure_by_figure() -> None:
+    times = calibration_cpu.EngineTimes(48, 0.001, 0.02, 1.0, 1.1, 0.05)
+    first = calibration_cpu.Measured(60.0, 0.1, 1.2, 369, 0.0, ttft_all_s=0.1, e2e_all_s=1.2, engine=times)
+    second = replace(first, requests_per_min=120.0, ttft_mean_s=0.3, prompt_tokens=370,
+                     engine=replace(times, inference_s=3.0))  # fmt: skip
+    mean = calibration_cpu.mean_of(first, second)
+    assert (mean.requests_per_min, mean.ttft_mean_s, mean.e2e_mean_s) == pytest.approx((90.0, 0.2, 1.2))
+    assert mean.prompt_tokens == 370  # a count's mean, rounded (half to even)
+    assert mean.engine is not None
+    assert mean.engine.inference_s == pytest.approx(2.0)
+    assert mean.engine.queue_s == pytest.approx(0.001)
+
+
+def test_a_second_invocations_rows_are_added_beside_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    row = {"engine": "vllm-cpu", "name": THRESHOLD_NAME, "figure": "requests/min", "seed": 50.0,
+           "simulated": 40.0, "ratio": 0.8, "ratio_without_request_overhead": 0.8,
+           "bracketed_simulated": 55.0, "bracketed_ratio": 1.1, "drift": 0.9}  # fmt: skip
+    fit_row = {**row, "name": calibration_cpu.FIT.name}
+    for key in ("bracketed_simulated", "bracketed_ratio", "drift"):
+        del fit_row[key]
+    seen: dict[str, object] = {}
+
+    def run(urls: dict[str, str], requests: int, flags_only: bool) -> tuple[object, dict[str, list[object]]]:
+        seen.update(urls=urls, flags_only=flags_only)
+        return PRESETS["vllm-cpu"], {"fit": [fit_row], "held_out": [row]}
+
+    monkeypatch.setattr(calibration_cpu, "run", run)
+    earlier = tmp_path / "calibration.json"
+    earlier.write_text(json.dumps({"fit": [{"engine": "spark"}], "held_out": [{"engine": "vllm-cpu"}]}))
+    calibration.main(["--vllm-cpu", "http://a", "--vllm-cpu-threshold", "http://b", "--vllm-cpu-flags-only",
+                      "--add-cpu-rows-to", str(earlier)])  # fmt: skip
+    assert seen == {"urls": {"": "http://a", calibration_cpu.THRESHOLD.flags: "http://b"}, "flags_only": True}
+    assert json.loads(earlier.read_text()) == {"fit": [{"engine": "spark"}, fit_row],
+                                               "held_out": [{"engine": "vllm-cpu"}, row]}  # fmt: skip
+    printed = capsys.readouterr().out
+    assert re.search(rf"{re.escape(THRESHOLD_NAME)}\s+requests/min\s+50.000\s+40.000\s+0.80\s+0.80"
+                     r"\s+55.000\s+1.10\s+0.90", printed)  # fmt: skip
+
+
+THRESHOLD_NAME = calibration_cpu.THRESHOLD.name
