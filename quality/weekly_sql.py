@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from quality.columnar import RECORD_SCHEMA
 from quality.columns import (
+    BoolArray,
     IntArray,
     PairCounts,
     TenantCounts,
@@ -387,10 +388,10 @@ class WeekQueries:
             "ORDER BY frames DESC, min(struct_pack(pair_at, seq))"
         ).fetchall()
         cells, tenants = self._cells(_coded(table, partition="tenant"), by="tenant")
-        return [
-            TenantCounts(str(tenant), int(frames), cells[pc.equal(tenants, tenant).to_numpy(zero_copy_only=False)])
-            for tenant, frames in sizes
-        ]
+        def rows_of(tenant: str) -> BoolArray:
+            return np.asarray(pc.equal(tenants, tenant).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+        return [TenantCounts(str(tenant), int(frames), cells[rows_of(tenant)]) for tenant, frames in sizes]
 
     def threshold_frames(self, query: PairQuery, sample: str, always: Sequence[str]) -> ThresholdFrames:
         """The escalation section's sample, a frame each in pairing order (five narrow columns): the pairs
