@@ -78,6 +78,7 @@ class EngineAnswer:
     logprobs: tuple[TokenLogprob, ...] | None = None
     # whether those logprobs are over what the grammar allows (vLLM) or the raw logits (llama.cpp): the wire's
     logprobs_grammar_masked: bool = True
+    engine: str = ""  # the base URL of the engine that answered (the verdict-reuse scope is its model's)
 
 
 def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
@@ -310,6 +311,7 @@ class EngineClient:
             streamed=bool(body.get("stream")),
             logprobs=None if state.logprobs is None else tuple(state.logprobs),
             logprobs_grammar_masked=(self._wire or wire_for("vllm")).logprobs_grammar_masked,
+            engine=self.base_url,
         )
 
     async def _read_body(self, response: httpx.Response, state: _StreamState, started: float) -> None:

@@ -227,10 +227,6 @@ class EnginePool:
         """The served models (``GET /v1/models``) of the first engine that answers."""
         return await self._ask_any(lambda client: client.model_ids())
 
-    async def model_cards(self) -> list[tuple[str, str]]:
-        """The served models as ``(id, root)`` of the first engine that answers."""
-        return await self._ask_any(lambda client: client.model_cards())
-
     async def tokenize(self, body: dict[str, Any]) -> int:
         """A prompt's token count (``POST /tokenize``) from the first engine that answers."""
         return await self._ask_any(lambda client: client.tokenize(body))
