@@ -43,6 +43,17 @@ def metric(gateway_url: str, line_start: str) -> float | None:
     return None
 
 
+def replica_env(engine_url: str, redis_url: str) -> dict[str, str]:
+    """A gateway process's settings for one engine, with its cap (8) shared through Redis leases."""
+    return {
+        "MODGATE_ENGINE_URL": engine_url,
+        "MODGATE_REDIS_URL": redis_url,
+        "MODGATE_MAX_INFLIGHT": "8",
+        "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",
+        "MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S": "0",
+    }
+
+
 @contextmanager
 def burst(targets: list[str], count: int, workers: int = 48) -> Iterator[list[Future[int]]]:
     """``count`` moderation calls at once, spread over ``targets`` in turn; yields their status futures."""
@@ -140,14 +151,7 @@ def test_two_gateway_replicas_sharing_redis_keep_one_engine_cap_across_both(
     start_sim: SimFactory, gateway_processes: GatewayProcessesFactory, redis_url: str
 ) -> None:
     engine = start_sim(**SPARK_PACE)
-    replicas = gateway_processes(
-        2,
-        MODGATE_ENGINE_URL=engine.url,
-        MODGATE_REDIS_URL=redis_url,
-        MODGATE_MAX_INFLIGHT="8",
-        MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0",
-        MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0",
-    )
+    replicas = gateway_processes(2, **replica_env(engine.url, redis_url))
     with burst([replica.url for replica in replicas], 40) as calls:
         statuses = [call.result() for call in calls]
     assert statuses == [200] * 40
@@ -160,11 +164,7 @@ def test_a_killed_replicas_slots_free_themselves_and_the_other_replica_uses_all_
     engine = start_sim(**SPARK_PACE)
     survivor, doomed = gateway_processes(
         2,
-        MODGATE_ENGINE_URL=engine.url,
-        MODGATE_REDIS_URL=redis_url,
-        MODGATE_MAX_INFLIGHT="8",
-        MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0",
-        MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0",
+        **replica_env(engine.url, redis_url),
         MODGATE_LEASES__TTL_S="3",
         MODGATE_LEASES__RENEW_EVERY_S="1",
     )
@@ -238,12 +238,8 @@ def test_two_replicas_sharing_redis_hold_a_llamacpp_engine_to_its_slots_detected
     engine = start_sim(**SPARK_PACE, kind="llamacpp", llamacpp=llamacpp_options(3))
     replicas = gateway_processes(
         2,
-        MODGATE_ENGINE_URL=engine.url,
+        **replica_env(engine.url, redis_url),
         MODGATE_ENGINE__KIND=kind,
-        MODGATE_REDIS_URL=redis_url,
-        MODGATE_MAX_INFLIGHT="8",
-        MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0",
-        MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0",
     )
     with burst([replica.url for replica in replicas], 30) as calls:
         statuses = [call.result() for call in calls]
