@@ -78,6 +78,7 @@ class EngineAnswer:
     logprobs: tuple[TokenLogprob, ...] | None = None
     # whether those logprobs are over what the grammar allows (vLLM) or the raw logits (llama.cpp): the wire's
     logprobs_grammar_masked: bool = True
+    engine: str = ""  # the base URL of the engine that answered (the verdict-reuse scope is its model's)
 
 
 def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
@@ -128,10 +129,17 @@ class EngineClient:
         transport: httpx.AsyncBaseTransport | None = None,
         circuit: CircuitBreaker | None = None,
         kind: EngineKindSetting = "auto",
+        props_recheck_s: float = 30.0,
     ) -> None:
         self.base_url = base_url
         self.circuit = circuit
+        self._kind = kind
         self._wire: EngineWire | None = None if kind == "auto" else wire_for(kind)
+        # llama.cpp's /props is read again this often (its --parallel slots are the engine's cap, across
+        # replicas the cap of its leases) and on the next call after one failed: a llama-server restarted
+        # with other flags serves other slots under the same URL
+        self.props_recheck_s = props_recheck_s
+        self._props_read_at: float | None = None  # None: not read since start or since a call failed
         self.slots: int | None = None  # llama.cpp's --parallel slots, from /props (None: not said)
         self.vision: bool | None = None  # whether /props says the server takes images (None: not said)
         self.first_token_timeout_s = first_token_timeout_s
@@ -151,25 +159,37 @@ class EngineClient:
         """Close the connection pool."""
         await self._http.aclose()
 
+    def _props_due(self) -> bool:
+        """Whether ``/props`` should be read before this call: never for a told vLLM (it serves none); for
+        an engine not read yet or since a failed call; for llama.cpp every ``props_recheck_s``."""
+        if self._kind == "vllm":
+            return False
+        if self._wire is None or self._props_read_at is None:
+            return True
+        since = time.monotonic() - self._props_read_at
+        return self._wire.kind == "llamacpp" and since >= self.props_recheck_s
+
     async def wire(self) -> EngineWire:
-        """This engine's protocol, detected once from ``GET /props`` (a loading engine is asked again)."""
-        if self._wire is not None:
+        """This engine's protocol, from its kind as set or detected from ``GET /props``, with what llama.cpp's
+        ``/props`` says of its slots and vision (a loading or unreachable engine is asked again)."""
+        if not self._props_due():
+            assert self._wire is not None
             return self._wire
         try:
             response = await self._http.get("/props", timeout=5.0)
             payload = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
-            return wire_for("vllm")  # not known yet: the default shape, and ask again next time
+            return self._wire or wire_for("vllm")  # not known yet: as last known, and ask again next time
         if response.status_code == 503:
-            return wire_for("llamacpp")  # llama-server answers 503 while loading; vLLM serves no /props
-        wire = wire_for(kind_from_props(response.status_code, payload))
-        if isinstance(payload, dict):
-            total = payload.get("total_slots")
-            self.slots = total if isinstance(total, int) and total > 0 else None
-            modalities = payload.get("modalities")
-            if isinstance(modalities, dict):
-                self.vision = bool(modalities.get("vision"))
-        self._wire = wire
+            # llama-server answers 503 while loading (vLLM serves no /props): its slots are read once loaded
+            return self._wire or wire_for("llamacpp")
+        told = None if self._kind == "auto" else wire_for(self._kind)
+        wire = told or wire_for(kind_from_props(response.status_code, payload))
+        total = payload.get("total_slots") if isinstance(payload, dict) else None
+        self.slots = total if isinstance(total, int) and total > 0 else None
+        modalities = payload.get("modalities") if isinstance(payload, dict) else None
+        self.vision = bool(modalities.get("vision")) if isinstance(modalities, dict) else None
+        self._wire, self._props_read_at = wire, time.monotonic()
         return wire
 
     @property
@@ -252,10 +272,15 @@ class EngineClient:
     async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
         """One chat completion (streamed if the body asks); refused at once while the circuit is open."""
         body = (await self.wire()).chat_body(body)
-        if self.circuit is None:
-            return await self._chat(body, request_id)
-        async with self.circuit.call(engine_failed):
-            return await self._chat(body, request_id)
+        try:
+            if self.circuit is None:
+                return await self._chat(body, request_id)
+            async with self.circuit.call(engine_failed):
+                return await self._chat(body, request_id)
+        except ServerSideError as exc:
+            if engine_failed(exc):
+                self._props_read_at = None  # it may be restarting, with other slots: read /props next call
+            raise
 
     async def _chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
         started = time.monotonic()
@@ -310,6 +335,7 @@ class EngineClient:
             streamed=bool(body.get("stream")),
             logprobs=None if state.logprobs is None else tuple(state.logprobs),
             logprobs_grammar_masked=(self._wire or wire_for("vllm")).logprobs_grammar_masked,
+            engine=self.base_url,
         )
 
     async def _read_body(self, response: httpx.Response, state: _StreamState, started: float) -> None:

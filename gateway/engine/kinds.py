@@ -170,8 +170,11 @@ test model, whose pieces are long runs of blanks, 17.3 kB a token against 5.5 kB
 per-token time difference above the noise at load 6-17). llama.cpp sets no limit on ``n_probs`` (a partial
 sort over the vocabulary's logits picks them)."""
 
-THOUGHT_RULES: Final = 'root ::= thought verdict\nthought ::= [^<]* "</think>" "\\n"*\n'
-"""The reasoning before the verdict, in GBNF: anything up to ``</think>``, then the blank lines after it."""
+THOUGHT_RULES: Final = 'root ::= thought verdict\nthought ::= [^<]* "</think>" "\\n"{0,2}\n'
+"""The reasoning before the verdict, in GBNF: anything up to ``</think>``, then at most the two line breaks
+Qwen3's template writes after it. Unbounded (``"\n"*``), a model whose best token is a line break (the tiny
+test model's is) wrote them after the thought until ``max_completion_tokens`` and no verdict came: a
+thinking-on request closed by its reasoning budget ran 512 tokens and came back ``review``."""
 
 
 def thinking_on(body: dict[str, Any]) -> bool:

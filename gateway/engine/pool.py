@@ -22,6 +22,8 @@
   alone (logged loudly, ``modgate_engine_leases_local_only`` 1) rather than refusing traffic: with N
   replicas an engine may then see up to N × its cap, which it survives by queueing inside vLLM; refusing
   every request because the coordination store is down would be the worse failure.
+- llama.cpp: an engine's cap (so its leases' cap) is its ``--parallel`` slots as its ``/props`` last said
+  (EngineClient re-reads it after a failed call and every ``props_recheck_s``), unless configured.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ class EngineSlot:
     failovers: int = 0  # calls moved away from this engine because it could not take them
     cap_configured: bool = False  # set in MODGATE_ENGINE_CAPS: its own slot count does not replace it
     _outcomes: deque[bool] = field(default_factory=lambda: deque(maxlen=20))  # True: the engine failed
+    default_cap: int = field(init=False)  # the cap it was given: what it returns to if it names no slots
+
+    def __post_init__(self) -> None:
+        self.default_cap = self.cap
 
     @property
     def url(self) -> str:
@@ -227,10 +233,6 @@ class EnginePool:
         """The served models (``GET /v1/models``) of the first engine that answers."""
         return await self._ask_any(lambda client: client.model_ids())
 
-    async def model_cards(self) -> list[tuple[str, str]]:
-        """The served models as ``(id, root)`` of the first engine that answers."""
-        return await self._ask_any(lambda client: client.model_cards())
-
     async def tokenize(self, body: dict[str, Any]) -> int:
         """A prompt's token count (``POST /tokenize``) from the first engine that answers."""
         return await self._ask_any(lambda client: client.tokenize(body))
@@ -279,9 +281,8 @@ class EnginePool:
         priority or tenant share holds.
         """
         for engine in self.engines:
-            slots = engine.client.slots
-            if slots is not None and not engine.cap_configured:
-                engine.cap = slots
+            if not engine.cap_configured:  # re-read: a restarted llama-server may have other slots
+                engine.cap = engine.client.slots or engine.default_cap
         self.queue.resize(sum(engine.inflight + engine.room() for engine in self.engines))
         if self.queue.queued and not self._any_engine_accepts():
             self.queue.fail_waiters(self._refusal)
@@ -519,6 +520,7 @@ def build_engine_pool(
             transport=transport,
             circuit=circuit,
             kind=settings.engine.kind_of(url),
+            props_recheck_s=settings.engine.model_recheck_s,  # /props re-read as often as /v1/models
         )
         engines.append(EngineSlot(client, cap, circuit, cap_configured=url in settings.engine_cap_map()))
     admission = settings.admission

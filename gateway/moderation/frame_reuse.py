@@ -3,12 +3,17 @@
 A frame reuses a verdict made in the same scope (tenant, the policy's terms of the engine request, thinking
 mode, prompt, caller text, the engine's model) for the same shaped bytes ("exact") or a near duplicate
 ("near"): from the verdict cache, or from an earlier frame of the same request.
+
+The model is that of the engine that made the verdict (its kind is part of it: gateway/engine/kinds.py).
+The engine is chosen after the lookup, so a frame is looked up under the model of every engine in the
+pool, since any of them could have taken the request, and nothing else: a verdict made by an engine the
+pool does not have, or by weights an engine no longer serves, is never reused (docs/engines.md).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gateway.moderation.outcome import FrameOutcome
@@ -95,18 +100,26 @@ def plan_frames(
     return plan
 
 
+def best_hit(hits: Sequence[ReusedVerdict | None]) -> ReusedVerdict | None:
+    """The verdict to reuse among one frame's lookups under several scopes (in the pool's engine order): an
+    exact hit before a near one, then the nearest, then the scope of the engine listed first."""
+    found = [(hit.reused != "exact", hit.distance, order, hit) for order, hit in enumerate(hits) if hit]
+    return min(found, key=lambda item: item[:3])[3] if found else None
+
+
 def verdicts_to_keep(
-    scope: VerdictScope,
+    scopes: Mapping[str, VerdictScope],
     leaders: Sequence[int],
     outcomes: Sequence[FrameOutcome | None],
     identities: Sequence[FrameIdentity],
     made_at: float,
 ) -> list[tuple[VerdictScope, StoredVerdict]]:
-    """The engine's fresh verdicts, each under the scope of the engine request that made it (an escalated
-    frame's under the re-ask's, a fast verdict that stood under a thinking-off ask's); fallback "review"
-    verdicts (unusable output) are not kept."""
+    """The engine's fresh verdicts, each under the scope of the engine that made it (``scopes`` by engine
+    URL: its model's) and of the engine request that made it (an escalated frame's under the re-ask's, a
+    fast verdict that stood under a thinking-off ask's); fallback "review" verdicts (unusable output) are
+    not kept, nor those of an engine whose model has not been read yet."""
     return [
-        (made_under(scope, made.decision),
+        (made_under(scopes[made.answer.engine], made.decision),
          StoredVerdict(
             action=made.verdict.action,
             categories=made.verdict.categories,
@@ -121,4 +134,5 @@ def verdicts_to_keep(
         ))
         for index in leaders
         if (made := outcomes[index]) is not None and made.verdict.problem is None
+        and made.answer.engine in scopes
     ]

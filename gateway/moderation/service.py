@@ -35,17 +35,25 @@ from gateway.errors import (
 from gateway.moderation.engine_call import FrameJudge
 from gateway.moderation.engine_identity import EngineIdentity, EngineModel
 from gateway.moderation.escalation import Escalation
-from gateway.moderation.frame_reuse import frame_identities, plan_frames, verdict_scope, verdicts_to_keep
+from gateway.moderation.frame_reuse import (
+    best_hit,
+    frame_identities,
+    plan_frames,
+    verdict_scope,
+    verdicts_to_keep,
+)
 from gateway.moderation.outcome import FrameOutcome, moderation_result, packed_share, reused_outcome
 from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
 from gateway.moderation.shadow import ShadowSampler
 from gateway.moderation.shaping_pool import ShapingPool
 from gateway.moderation.token_prediction import PromptTokenCheck
 from gateway.moderation.verdict_cache import (
+    FrameIdentity,
     MemoryVerdictCache,
     NearDuplicateRule,
     ReusedVerdict,
     VerdictCache,
+    VerdictScope,
 )
 from gateway.moderation.wire import (
     ImageURLPart,
@@ -332,6 +340,10 @@ class ModerationService:
         base = shaping.user_text if frames == 1 else shaping.packed_user_text.format(frames=frames)
         return base + (f"\n{extra_text}" if extra_text else "")
 
+    async def _reusable(self, scopes: list[VerdictScope], frame: FrameIdentity) -> ReusedVerdict | None:
+        """The best verdict stored for ``frame`` under any of ``scopes`` (one lookup each, at once)."""
+        return best_hit(await asyncio.gather(*(self.verdicts.lookup(scope, frame) for scope in scopes)))
+
     async def _judge_frames(
         self,
         frames: list[ShapedImage],
@@ -349,13 +361,14 @@ class ModerationService:
         verdict (``frame_reuse``). The others go to the engine ``packing`` to a request (all of one caller,
         so one tenant); their fresh verdicts are kept for reuse.
         """
-        scope = verdict_scope(
-            context.tenant,
-            decision,
-            extra_text,
-            self.system_prompts[decision.verdict_format].sha256,
-            (await self.engine_identity()).scope,
-        )
+        # Each engine's scope (its model's), in the pool's order: a verdict is kept under the scope of the
+        # engine that made it and looked up under every engine's the request could go to (frame_reuse).
+        prompt_sha256 = self.system_prompts[decision.verdict_format].sha256
+        scopes = {
+            url: verdict_scope(context.tenant, decision, extra_text, prompt_sha256, model_scope)
+            for url, model_scope in (await self.identity.scopes()).items()
+        }
+        searched = list(dict.fromkeys(scopes.values()))  # engines serving the same model share one
         reuse_decision = decision
         if decision.reask is not None:  # escalate: what a reused thinking-on verdict answers under
             reuse_decision = replace(decision.reask, rule=decision.rule)
@@ -363,7 +376,7 @@ class ModerationService:
         identities = frame_identities(frames, rule)
         hits: list[ReusedVerdict | None] = [None] * len(frames)
         if self.settings.shaping.verdict_cache_ttl_s > 0 and not fresh:
-            hits = list(await asyncio.gather(*(self.verdicts.lookup(scope, frame) for frame in identities)))
+            hits = list(await asyncio.gather(*(self._reusable(searched, frame) for frame in identities)))
         outcomes: list[FrameOutcome | None] = [None] * len(frames)
         for index, hit in enumerate(hits):
             if hit is not None:
@@ -410,6 +423,6 @@ class ModerationService:
             )
             self.metrics.reused.labels(how).inc()
         if self.settings.shaping.verdict_cache_ttl_s > 0:
-            to_store = verdicts_to_keep(scope, leaders, outcomes, identities, time.time())
+            to_store = verdicts_to_keep(scopes, leaders, outcomes, identities, time.time())
             await asyncio.gather(*(self.verdicts.store(where, stored) for where, stored in to_store))
         return [outcome for outcome in outcomes if outcome is not None]

@@ -59,6 +59,8 @@ class PromptTokenCheck:
             self.accountants[verdict_format, model] = accountant
         if accountant.pending(enable_thinking, user_text, frames):
             async with self._lock:  # concurrent first requests measure once
+                if time.monotonic() < self._paused_until:  # the one before us failed: do not ask again
+                    return None
                 try:
                     for _ in range(3):  # the image overhead is measured after the scaffold it is relative to
                         for measurement in accountant.pending(enable_thinking, user_text, frames):

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from deploy.keyframes import make_keyframe
+from tests.shaping_gateway.test_verdict_reuse import flip
 from tests.support import GatewayFactory, data_url, image_input
 
 pytestmark = pytest.mark.llamacpp
@@ -101,3 +102,23 @@ def test_an_image_sent_to_a_llamacpp_without_a_vision_projector_gets_a_clear_err
     body = error.response.json()["error"]
     assert {"message", "type", "code"} <= set(body)
     assert "--mmproj" in body["message"]
+
+
+def test_a_thinking_on_request_closed_by_its_reasoning_budget_gets_a_finished_verdict_from_llamacpp(
+    real_llamacpp_url: str, start_gateway: GatewayFactory
+) -> None:
+    """llama.cpp writes ``</think>`` at the budget and the grammar's thought rule lets at most two line
+    breaks follow: the verdict comes next, not line breaks until max_completion_tokens (the tiny model's
+    best token is one)."""
+    gateway = start_gateway(engine_url=real_llamacpp_url)
+    flip(gateway, default_mode="on", thinking_token_budget=16)
+    with client_for(gateway.url) as client:
+        response = client.moderations.create(
+            model="modgate-moderation",
+            input=image_input(make_keyframe("block:violence", 640, 360, seed=9)),
+            extra_headers={"X-Modgate-Thinking": "on"},
+        )
+    details = response.results[0].model_extra["modgate"]
+    assert details["reason"] is None, details
+    assert details["action"] in ("allow", "review", "block")  # the model's own verdict, parsed
+    assert details["completion_tokens"] <= 16 + 12  # the thought, </think>, two line breaks, the verdict

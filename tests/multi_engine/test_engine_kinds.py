@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.engine.client import EngineClient
 from gateway.engine.gbnf import regex_to_gbnf
 from gateway.engine.kinds import THOUGHT_RULES, LlamaCppWire, kind_from_props, wire_for
-from gateway.errors import UpstreamError
+from gateway.errors import EngineUnavailable, UpstreamError
 from gateway.settings import EngineSettings
 from gateway.telemetry.windows import read_engine_cache_counters
 from shaping.verdict import compact_regex, structured_outputs, verdict_regex
@@ -237,4 +237,33 @@ async def test_the_first_token_is_llamacpps_role_chunk_even_when_it_writes_nothi
     )  # fmt: skip
     answer = await client.chat(gateway_body(stream=True), "req-3")
     assert (answer.ttft_s is not None) is timed
+    await client.aclose()
+
+
+async def test_a_client_told_llamacpp_reads_its_slots_and_reads_them_again_after_a_failed_call() -> None:
+    slots = {"total": 3}
+    paths: list[str] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if request.url.path == "/props":
+            return httpx.Response(200, json={"total_slots": slots["total"], "modalities": {"vision": True}})
+        if slots["total"] == 0:
+            return httpx.Response(503, json={"error": {"code": 503, "message": "Loading model"}})
+        choice = {"message": {"content": "allow"}, "finish_reason": "stop"}
+        return httpx.Response(200, json={"choices": [choice]})
+
+    client = EngineClient(
+        "http://llama", connect_timeout_s=1, first_token_timeout_s=5, total_timeout_s=5, connect_retries=0,
+        max_connections=2, transport=httpx.MockTransport(handle), kind="llamacpp", props_recheck_s=3600,
+    )  # fmt: skip
+    await client.chat(gateway_body(), "req-4")
+    await client.chat(gateway_body(), "req-5")
+    assert (client.slots, paths.count("/props")) == (3, 1)  # told the kind, still asked for its slots once
+    slots["total"] = 0  # restarting: its calls answer 503
+    with pytest.raises(EngineUnavailable):
+        await client.chat(gateway_body(), "req-6")
+    slots["total"] = 2  # back with --parallel 2
+    await client.chat(gateway_body(), "req-7")
+    assert (client.slots, paths.count("/props")) == (2, 2)  # read again on the call after the failure
     await client.aclose()

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from bench.servers import free_port
@@ -15,6 +16,7 @@ from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from gateway.cli.embedded import ThreadedServer
+from gateway.engine.kinds import EngineKindSetting
 from tests.processes import GatewayProcessesFactory, poll
 from tests.support import GatewayFactory, SimFactory, image_input
 
@@ -39,6 +41,17 @@ def metric(gateway_url: str, line_start: str) -> float | None:
         if line.startswith(line_start):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def replica_env(engine_url: str, redis_url: str) -> dict[str, str]:
+    """A gateway process's settings for one engine, with its cap (8) shared through Redis leases."""
+    return {
+        "MODGATE_ENGINE_URL": engine_url,
+        "MODGATE_REDIS_URL": redis_url,
+        "MODGATE_MAX_INFLIGHT": "8",
+        "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",
+        "MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S": "0",
+    }
 
 
 @contextmanager
@@ -138,14 +151,7 @@ def test_two_gateway_replicas_sharing_redis_keep_one_engine_cap_across_both(
     start_sim: SimFactory, gateway_processes: GatewayProcessesFactory, redis_url: str
 ) -> None:
     engine = start_sim(**SPARK_PACE)
-    replicas = gateway_processes(
-        2,
-        MODGATE_ENGINE_URL=engine.url,
-        MODGATE_REDIS_URL=redis_url,
-        MODGATE_MAX_INFLIGHT="8",
-        MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0",
-        MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0",
-    )
+    replicas = gateway_processes(2, **replica_env(engine.url, redis_url))
     with burst([replica.url for replica in replicas], 40) as calls:
         statuses = [call.result() for call in calls]
     assert statuses == [200] * 40
@@ -158,11 +164,7 @@ def test_a_killed_replicas_slots_free_themselves_and_the_other_replica_uses_all_
     engine = start_sim(**SPARK_PACE)
     survivor, doomed = gateway_processes(
         2,
-        MODGATE_ENGINE_URL=engine.url,
-        MODGATE_REDIS_URL=redis_url,
-        MODGATE_MAX_INFLIGHT="8",
-        MODGATE_SHAPING__VERDICT_CACHE_TTL_S="0",
-        MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S="0",
+        **replica_env(engine.url, redis_url),
         MODGATE_LEASES__TTL_S="3",
         MODGATE_LEASES__RENEW_EVERY_S="1",
     )
@@ -220,3 +222,71 @@ def test_a_pool_of_both_kinds_caps_each_by_its_own_terms_and_fails_over_across_k
     with httpx.Client(base_url=gateway.url, timeout=60) as client:
         statuses = [client.post("/v1/moderations", json=frame_body(100 + s)).status_code for s in range(4)]
     assert statuses == [200] * 4  # llama.cpp took every call the stopped vLLM could not
+
+
+def llamacpp_options(slots: int) -> LlamaCppOptions:
+    """``--parallel slots`` with 4,096 tokens of context each."""
+    return LlamaCppOptions(n_parallel=slots, n_ctx=4096 * slots)
+
+
+@pytest.mark.parametrize("kind", ["auto", "llamacpp"])
+def test_two_replicas_sharing_redis_hold_a_llamacpp_engine_to_its_slots_detected_or_told(
+    kind: EngineKindSetting, start_sim: SimFactory, gateway_processes: GatewayProcessesFactory, redis_url: str
+) -> None:
+    """The leases' cap is llama-server's --parallel slots from /props, also when MODGATE_ENGINE__KIND says
+    llamacpp (nothing to detect, but the slots are still read), however many MODGATE_MAX_INFLIGHT allows."""
+    engine = start_sim(**SPARK_PACE, kind="llamacpp", llamacpp=llamacpp_options(3))
+    replicas = gateway_processes(
+        2,
+        **replica_env(engine.url, redis_url),
+        MODGATE_ENGINE__KIND=kind,
+    )
+    with burst([replica.url for replica in replicas], 30) as calls:
+        statuses = [call.result() for call in calls]
+    assert statuses == [200] * 30
+    # at most its slots at llama-server at once, running or waiting inside it, and all of them used
+    assert sim_info(engine.url)["peak_requests"] == 3
+    for replica in replicas:
+        ready = httpx.get(f"{replica.url}/readyz", timeout=10).json()
+        assert [(e["kind"], e["cap"]) for e in ready["engines"]] == [("llamacpp", 3)]
+
+
+def test_a_llamacpp_engine_restarted_with_fewer_slots_gets_no_more_from_any_replica(
+    start_gateway: GatewayFactory, redis_url: str
+) -> None:
+    """llama-server restarted behind the same URL with a smaller --parallel: every replica reads its /props
+    again (after a failed call, and every MODGATE_ENGINE__MODEL_RECHECK_S), so the shared cap follows."""
+    def llamacpp(slots: int, port: int = 0) -> ThreadedServer:
+        app = create_sim_app(
+            PRESETS["spark"].scaled(max_num_seqs=64), 0.1, kind="llamacpp", llamacpp=llamacpp_options(slots)
+        )
+        return ThreadedServer(app, port=port).start()
+
+    engine = llamacpp(4)
+    replicas = [
+        start_gateway(
+            engine_url=engine.url, redis_url=redis_url, max_inflight=8, engine={"model_recheck_s": 0.2},
+            shaping={"verdict_cache_ttl_s": 0},
+        )
+        for _ in range(2)
+    ]
+    try:
+        with burst([replica.url for replica in replicas], 24) as calls:
+            assert [call.result() for call in calls] == [200] * 24
+        assert sim_info(engine.url)["peak_requests"] == 4
+        engine.stop()
+        engine = llamacpp(2, port=engine.port)
+        seeds = iter(range(1000, 2000))
+
+        def capped_at_two(replica: ThreadedServer) -> bool:
+            httpx.post(f"{replica.url}/v1/moderations", json=frame_body(next(seeds)), timeout=60)
+            engines = httpx.get(f"{replica.url}/readyz", timeout=10).json()["engines"]
+            return bool(engines[0]["cap"] == 2)
+
+        for replica in replicas:
+            poll(lambda replica=replica: capped_at_two(replica), 30, "the replica to read the new slots")
+        with burst([replica.url for replica in replicas], 24) as calls:
+            assert [call.result() for call in calls] == [200] * 24
+        assert sim_info(engine.url)["peak_requests"] == 2  # none waiting inside llama-server
+    finally:
+        engine.stop()

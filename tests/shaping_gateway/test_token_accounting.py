@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
+from gateway.errors import UpstreamError
 from gateway.http.app import create_app
 from gateway.moderation.token_prediction import PromptTokenCheck
 from gateway.settings import Settings
@@ -206,3 +207,34 @@ def test_an_engine_back_with_another_model_is_measured_afresh_under_its_own_name
     asyncio.run(predict())
     assert len(pool.models) > measured
     assert set(pool.models[measured:]) == {"tiny-vlm-b"}
+
+
+class RefusingPool:
+    """A /tokenize that refuses every body (llama.cpp's for a prompt with an image), counting the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def tokenize(self, body: dict[str, Any]) -> int:
+        self.calls += 1
+        await asyncio.sleep(0.01)  # the others queue on the lock meanwhile
+        raise UpstreamError("llama.cpp's /tokenize counts text only", code="engine_cannot_count_images")
+
+
+def test_requests_waiting_on_a_tokenize_that_fails_do_not_each_ask_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def engine_model() -> str:
+        return "tiny"
+
+    pool = RefusingPool()
+    check = PromptTokenCheck({"compact": load_system_prompt("v2")}, pool, engine_model, GatewayMetrics())  # type: ignore[arg-type]  # a fake pool: only tokenize
+
+    async def burst() -> list[PromptPrediction | None]:
+        frames = [Frame()]
+        return await asyncio.gather(*(check.predict(frames, "", False, "compact") for _ in range(8)))  # type: ignore[arg-type]  # Frame reads as ShapedImage
+
+    with caplog.at_level(logging.WARNING, logger="modgate.moderation"):
+        assert asyncio.run(burst()) == [None] * 8
+    assert pool.calls == 1  # the first failure paused prediction for all eight
+    assert sum("token prediction paused" in record.getMessage() for record in caplog.records) == 1

@@ -12,6 +12,7 @@ import pytest
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from gateway.cli.embedded import ThreadedServer
+from gateway.engine.kinds import EngineKind
 from tests.shaping_gateway.test_verdict_reuse import engine_requests, moderate
 from tests.support import GatewayFactory, image_input
 
@@ -27,18 +28,34 @@ def store(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 
 class SwappableEngine:
-    """A simulated engine on a fixed port that can be restarted serving another model (new weights)."""
+    """A simulated engine on a fixed port that can be restarted serving another model (new weights), or
+    stopped and started again; ``kind="llamacpp"`` speaks llama-server's wire."""
 
-    def __init__(self) -> None:
-        self.server = ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)).start()
+    def __init__(self, kind: EngineKind = "vllm") -> None:
+        self.kind = kind
+        self.server = ThreadedServer(self._app()).start()
         self.url = self.server.url
+
+    def _app(self, **preset_changes: Any) -> Any:
+        return create_sim_app(PRESETS["instant"].scaled(**preset_changes), 0.0, kind=self.kind)
 
     def swap(self, **preset_changes: Any) -> None:
         """Stop the engine and start another on the same port with ``preset_changes``."""
-        port = self.server.port
         self.server.stop()
-        app = create_sim_app(PRESETS["instant"].scaled(**preset_changes), 0.0)
-        self.server = ThreadedServer(app, port=port).start()
+        self.start(**preset_changes)
+
+    def stop(self) -> None:
+        """Stop serving (connections to its port are refused until :meth:`start`)."""
+        self.server.stop()
+
+    def start(self, **preset_changes: Any) -> None:
+        """Serve again on the same port."""
+        self.server = ThreadedServer(self._app(**preset_changes), port=self.server.port).start()
+
+    def used(self) -> bool:
+        """Whether this run of the engine has taken a chat completion."""
+        info = httpx.get(f"{self.url}/sim/info", timeout=10).json()
+        return bool(info["peak_running"] > 0)
 
 
 @pytest.fixture
@@ -46,6 +63,15 @@ def engine() -> Iterator[SwappableEngine]:
     swappable = SwappableEngine()
     yield swappable
     swappable.server.stop()
+
+
+@pytest.fixture
+def mixed() -> Iterator[tuple[SwappableEngine, SwappableEngine]]:
+    """A simulated vLLM and a simulated llama.cpp server serving the same model id."""
+    vllm, llamacpp = SwappableEngine(), SwappableEngine("llamacpp")
+    yield vllm, llamacpp
+    vllm.server.stop()
+    llamacpp.server.stop()
 
 
 def wait_for_model(gateway: ThreadedServer, wanted: dict[str, str]) -> None:
@@ -105,3 +131,52 @@ def test_an_engine_failure_makes_the_gateway_read_the_model_again(
     assert refused.status_code >= 400
     wait_for_model(gateway, {"id": "qwen3-vl-moe-sim-v2"})
     assert moderate(gateway, FRAME)["reused"] is None
+
+
+def test_a_verdict_llamacpp_made_in_a_mixed_pool_is_never_reused_by_a_pool_without_llamacpp(
+    redis_url: str, mixed: tuple[SwappableEngine, SwappableEngine], start_gateway: GatewayFactory
+) -> None:
+    """The verdict is kept under the model of the engine that made it, not of the pool's first engine: a
+    gateway whose only engine is vLLM (sharing the verdict store) must not hand out llama.cpp's verdict."""
+    vllm, llamacpp = mixed
+    # models read once, with both engines up (no re-read while the test runs)
+    both = start_gateway(
+        engine_url=f"{vllm.url},{llamacpp.url}", redis_url=redis_url, engine={"model_recheck_s": 3600}
+    )
+    alone = start_gateway(engine_url=vllm.url, redis_url=redis_url)
+    assert moderate(both, make_keyframe("allow", 640, 360, seed=33))["reused"] is None
+    vllm.stop()  # the pool's first engine: this frame can only be judged by llama.cpp
+    assert moderate(both, FRAME)["reused"] is None
+    assert llamacpp.used()
+    vllm.start()
+    assert moderate(alone, FRAME)["reused"] is None  # judged by vLLM, not served llama.cpp's verdict
+    assert vllm.used()
+    assert moderate(alone, FRAME)["reused"] == "exact"  # vLLM's own verdict is reused in turn
+
+
+def test_a_mixed_pool_reuses_each_engines_verdicts_until_that_engine_serves_other_weights(
+    mixed: tuple[SwappableEngine, SwappableEngine], start_gateway: GatewayFactory
+) -> None:
+    vllm, llamacpp = mixed
+    gateway = start_gateway(engine_url=f"{vllm.url},{llamacpp.url}", engine={"model_recheck_s": 0.2})
+    by_vllm = make_keyframe("allow", 640, 360, seed=33)
+    assert moderate(gateway, by_vllm)["reused"] is None  # both idle: the engine listed first takes it
+    assert vllm.used()
+    assert not llamacpp.used()
+    served = [e["model"] for e in httpx.get(f"{gateway.url}/readyz", timeout=10).json()["engines"]]
+    assert [m["id"] for m in served] == ["qwen3-vl-moe-sim"] * 2  # one model id, two identities:
+    assert served[1]["root"].startswith("llamacpp:")
+    assert served[0]["root"] != served[1]["root"]
+    vllm.stop()
+    assert moderate(gateway, FRAME)["reused"] is None  # judged by llama.cpp
+    assert llamacpp.used()
+    vllm.start()
+    # either engine could take the next request: each one's verdict answers it
+    assert moderate(gateway, FRAME)["reused"] == "exact"
+    assert moderate(gateway, by_vllm)["reused"] == "exact"
+    llamacpp.swap(model_root="/weights/qwen3-vl-moe-sim@2026-12-01")  # llama.cpp: another GGUF, same id
+    deadline = time.monotonic() + 20
+    while moderate(gateway, FRAME)["reused"] is not None:  # until the gateway has re-read llama.cpp's model
+        assert time.monotonic() < deadline, "the old GGUF's verdict was still reused 20 s after the swap"
+        time.sleep(0.1)
+    assert moderate(gateway, by_vllm)["reused"] == "exact"  # vLLM serves what it did: its verdict stands

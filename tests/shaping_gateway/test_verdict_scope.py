@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,12 +17,14 @@ import redis.asyncio as aioredis
 
 from deploy.keyframes import make_keyframe
 from gateway.moderation.engine_call import engine_options
-from gateway.moderation.frame_reuse import made_under, verdict_scope
+from gateway.moderation.frame_reuse import best_hit, made_under, verdict_scope
 from gateway.moderation.verdict_cache import (
     FrameIdentity,
     MemoryVerdictCache,
     NearDuplicateRule,
     RedisVerdictCache,
+    Reuse,
+    ReusedVerdict,
     StoredVerdict,
     VerdictScope,
 )
@@ -169,3 +172,17 @@ async def test_an_entry_keyed_by_version_number_before_simply_misses(redis_url: 
     assert await cache.lookup(now, FRAME) is None
     assert StoredVerdict.from_json(json.dumps(old_value)).policy_version is None  # still readable
     await client.aclose()
+
+
+def test_a_frame_found_under_several_engines_models_takes_exact_then_nearest_then_the_first_listed() -> None:
+    def hit(reused: Reuse, distance: int, request_id: str) -> ReusedVerdict:
+        return ReusedVerdict(replace(stored(1, "allow"), request_id=request_id), reused, distance)
+
+    def best(*hits: ReusedVerdict | None) -> str | None:
+        found = best_hit(hits)
+        return None if found is None else found.stored.request_id
+
+    assert best(None, None) is None
+    assert best(hit("near", 1, "first"), hit("exact", 0, "second")) == "second"
+    assert best(hit("near", 3, "first"), hit("near", 2, "second")) == "second"
+    assert best(hit("near", 2, "first"), None, hit("near", 2, "third")) == "first"

@@ -43,8 +43,12 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
             ready = False
     status = "ready" if ready else "not ready"
     body: dict[str, Any] = {"status": status, "engine": services.engine.base_url, "engines": engines}
-    if model is not None:  # what verdicts are reused under (gateway/moderation/verdict_cache.py)
+    if model is not None:  # what requests name; verdicts are reused under each engine's own model
         body["model"] = {"id": model.id, "root": model.root, "revision": model.revision}
+        for engine in engines:
+            served = services.moderation.identity.models.get(engine["url"])
+            if served is not None:
+                engine["model"] = {"id": served.id, "root": served.root, "revision": served.revision}
     # "engine" is the first one. The policy store does not gate readiness (a replica serves on its last
     # policy while Redis is down), but an operator should see that flips are refused: "degraded".
     store = services.policies.status()
