@@ -6,6 +6,7 @@ tests/reliability/schemathesis.toml."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -36,19 +37,29 @@ def gateway_url() -> Iterator[str]:
         yield gateway.url
 
 
-def schemathesis_run(url: str, *options: str) -> subprocess.CompletedProcess[str]:
-    """``st run`` with every check against the document ``url`` serves, admin token sent."""
+def st(cache: Path, *arguments: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``st`` with the suite's configuration, its cache in ``cache`` (outside the repository: a run leaves the
+    clone as it found it, and starts from no earlier run's crashes)."""
     return subprocess.run(
-        [str(SCHEMATHESIS), "--config-file", str(CONFIG), "run", f"{url}/schema/openapi.json",
-         "--checks", "all", "--seed", str(SEED), "--max-examples", "20", "--workers", "1",
-         "--header", f"Authorization: Bearer {ADMIN_TOKEN}", "--no-color", *options],
-        capture_output=True, text=True, timeout=900, check=False,
+        [str(SCHEMATHESIS), "--config-file", str(CONFIG), *arguments],
+        env={**os.environ, "MODGATE_SCHEMATHESIS_CACHE": str(cache)},
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+def schemathesis_run(url: str, cache: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """``st run`` with every check against the document ``url`` serves, admin token sent."""
+    return st(
+        cache, "run", f"{url}/schema/openapi.json",
+        "--checks", "all", "--seed", str(SEED), "--max-examples", "20", "--workers", "1",
+        "--header", f"Authorization: Bearer {ADMIN_TOKEN}", "--no-color", *options,
+        timeout=900,
     )
 
 
 @pytest.mark.timeout(900)  # about a minute on an idle machine; several times that on a shared, loaded one
-def test_schemathesis_with_every_check_finds_nothing(gateway_url: str) -> None:
-    run = schemathesis_run(gateway_url)
+def test_schemathesis_with_every_check_finds_nothing(gateway_url: str, tmp_path: Path) -> None:
+    run = schemathesis_run(gateway_url, tmp_path / "cache")
     printed = run.stdout + run.stderr
     assert run.returncode == 0, printed[-8000:]
     tested = re.search(r"Tested: (\d+)", printed)
@@ -72,12 +83,15 @@ def test_schemathesis_finds_a_document_that_promises_too_much(tmp_path: Path) ->
         del document["components"]["schemas"]["ImageURL"]["properties"]["url"]["pattern"]
         loose = tmp_path / "openapi.json"
         loose.write_text(json.dumps(document))
-        run = subprocess.run(
-            [str(SCHEMATHESIS), "--config-file", str(CONFIG), "run", str(loose), "--url", gateway.url,
-             "--checks", "positive_data_acceptance", "--seed", str(SEED), "--max-examples", "10",
-             "--include-path", "/v1/videos/{video_id}/keyframes", "--workers", "1", "--no-color",
-             "--header", f"Authorization: Bearer {ADMIN_TOKEN}"],
-            capture_output=True, text=True, timeout=600, check=False,
+        cache = tmp_path / "cache"
+        run = st(
+            cache, "run", str(loose), "--url", gateway.url,
+            "--checks", "positive_data_acceptance", "--seed", str(SEED), "--max-examples", "10",
+            "--include-path", "/v1/videos/{video_id}/keyframes", "--workers", "1", "--no-color",
+            "--header", f"Authorization: Bearer {ADMIN_TOKEN}",
+            timeout=600,
         )
     assert run.returncode != 0, run.stdout[-3000:]
     assert "Schema-valid request rejected" in run.stdout, run.stdout[-3000:]
+    # The finding is recorded in the temporary cache, not in the repository
+    assert list(cache.glob("crashes/*.json")), sorted(str(p) for p in cache.rglob("*"))
