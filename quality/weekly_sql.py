@@ -44,7 +44,7 @@ from shaping.verdict import ACTIONS
 __all__ = ["PairQuery", "WeekCounts", "WeekQueries"]
 
 # How much memory DuckDB may hold before it spills to its temporary directory: the report's own ceiling.
-MEMORY_LIMIT = "600MB"
+MEMORY_LIMIT = "300MB"
 
 
 @dataclass(frozen=True)
