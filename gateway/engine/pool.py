@@ -33,7 +33,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -129,13 +129,20 @@ class HeldEngine:
         if self.ticket is not None:
             self.pool.queue.settle(self.ticket, actual)
 
-    async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
-        """One chat completion; if the engine never took it, tried again on another engine with room."""
+    async def chat(
+        self, body: dict[str, Any], request_id: str, *, models: Mapping[str, str] | None = None
+    ) -> EngineAnswer:
+        """One chat completion; if the engine never took it, tried again on another engine with room.
+
+        ``models``: each engine's own model id by URL, sent in its request instead of the body's (a pool
+        of both kinds may serve one model under two names: vLLM refuses a name it does not serve)."""
         tried: list[EngineSlot] = []
         while True:
             engine = self.engine
+            model = (models or {}).get(engine.url)
+            sent = body if model is None or body.get("model") == model else {**body, "model": model}
             try:
-                answer = await engine.client.chat(body, request_id)
+                answer = await engine.client.chat(sent, request_id)
             except EngineUnavailable as exc:  # refused, 503 or circuit open: the engine did no work on it
                 engine.record(engine_failed(exc))
                 tried.append(engine)

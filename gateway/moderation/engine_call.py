@@ -117,7 +117,7 @@ class FrameJudge:
                 self.metrics.queue_wait.observe(admission.queue_seconds)
                 self.load.observe_queue_wait(admission.queue_seconds)
                 with self.tracer.start_as_current_span("engine") as engine_span:
-                    answer = await admission.chat(body, request_id)
+                    answer = await admission.chat(body, request_id, models=self.identity.model_ids())
                     usage = answer.usage
                     admission.settle(
                         self.work.actual(work, len(frames), usage.prompt_tokens, usage.completion_tokens)

@@ -76,6 +76,10 @@ class EngineIdentity:
             assert self.model is not None
             return self.model
 
+    def model_ids(self) -> dict[str, str]:
+        """Each engine's model id by URL, as last read: what its own requests name."""
+        return {url: model.id for url, model in self.models.items()}
+
     async def scopes(self) -> dict[str, str]:
         """Each engine's model scope by engine URL, in the pool's order (engines never read left out)."""
         await self.current()

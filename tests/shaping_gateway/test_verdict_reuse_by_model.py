@@ -180,3 +180,20 @@ def test_a_mixed_pool_reuses_each_engines_verdicts_until_that_engine_serves_othe
         assert time.monotonic() < deadline, "the old GGUF's verdict was still reused 20 s after the swap"
         time.sleep(0.1)
     assert moderate(gateway, by_vllm)["reused"] == "exact"  # vLLM serves what it did: its verdict stands
+
+
+def test_each_engine_of_a_mixed_pool_is_asked_for_its_own_model_id(
+    mixed: tuple[SwappableEngine, SwappableEngine], start_gateway: GatewayFactory
+) -> None:
+    """llama.cpp listed first under another name (its alias): a request that moves to vLLM names vLLM's
+    model, not the first engine's (vLLM answers 404 to a name it does not serve)."""
+    vllm, llamacpp = mixed
+    llamacpp.swap(model="qwen3-vl-gguf-alias")
+    gateway = start_gateway(engine_url=f"{llamacpp.url},{vllm.url}", engine={"model_recheck_s": 3600})
+    assert moderate(gateway, make_keyframe("allow", 640, 360, seed=34))["reused"] is None
+    assert llamacpp.used()  # both idle: the engine listed first took it
+    served = [e["model"]["id"] for e in httpx.get(f"{gateway.url}/readyz", timeout=10).json()["engines"]]
+    assert served == ["qwen3-vl-gguf-alias", "qwen3-vl-moe-sim"]
+    llamacpp.stop()  # the next frame can only be judged by vLLM, under its own name
+    assert moderate(gateway, FRAME)["reused"] is None
+    assert vllm.used()
