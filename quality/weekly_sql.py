@@ -126,6 +126,11 @@ def _integers(table: pa.Table, name: str) -> IntArray:
     return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
 
 
+def _rows_named(column: pa.Array, name: str) -> BoolArray:
+    """Which rows of an arrow string column of a query's result hold `name`."""
+    return np.asarray(pc.equal(column, name).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
 def _coded(table: str, *, where: str = "true", partition: str | None = None) -> str:
     keys = f"{partition}, cluster" if partition else "cluster"
     return _CODED.format(
@@ -354,7 +359,7 @@ class WeekQueries:
         del rows
         categories: dict[str, IntArray] = {}
         for category in sorted(pc.unique(names).to_pylist()):
-            chosen = pc.equal(names, category).to_numpy(zero_copy_only=False)
+            chosen = _rows_named(names, category)
             named = np.zeros_like(cells)
             video = columns["video"][chosen]
             for column, field in enumerate(("both", "ref_only", "cand_only")):
@@ -388,10 +393,10 @@ class WeekQueries:
             "ORDER BY frames DESC, min(struct_pack(pair_at, seq))"
         ).fetchall()
         cells, tenants = self._cells(_coded(table, partition="tenant"), by="tenant")
-        def rows_of(tenant: str) -> BoolArray:
-            return np.asarray(pc.equal(tenants, tenant).to_numpy(zero_copy_only=False), dtype=np.bool_)
-
-        return [TenantCounts(str(tenant), int(frames), cells[rows_of(tenant)]) for tenant, frames in sizes]
+        return [
+            TenantCounts(str(tenant), int(frames), cells[_rows_named(tenants, tenant)])
+            for tenant, frames in sizes
+        ]
 
     def threshold_frames(self, query: PairQuery, sample: str, always: Sequence[str]) -> ThresholdFrames:
         """The escalation section's sample, a frame each in pairing order (five narrow columns): the pairs
