@@ -357,7 +357,8 @@ class ShadowSettings(BaseModel):
     the live thinking mode and verdict format, so one engine's verdicts are measured against the other's."""
 
     engine_url: str | None = None  # unset: shadow pairs only on the live engines, in the other thinking mode
-    engine_kind: Literal["vllm", "llamacpp"] = "llamacpp"  # recorded with its verdicts (VerdictRecord.engine)
+    # VerdictRecord.engine of its records until its kind is detected (GET /props)
+    engine_kind: Literal["vllm", "llamacpp"] = "llamacpp"
     max_inflight: int = Field(default=8, ge=1, le=1024)  # the second engine's cap (llama.cpp: its slots)
 
     @field_validator("engine_url")

@@ -105,6 +105,12 @@ class EngineSlot:
         self._outcomes.append(failed)
 
 
+def naming_own_model(body: dict[str, Any], models: Mapping[str, str] | None, url: str) -> dict[str, Any]:
+    """``body`` naming the model the engine at ``url`` serves (``models`` by URL); as it is when unknown."""
+    model = (models or {}).get(url)
+    return body if model is None or body.get("model") == model else {**body, "model": model}
+
+
 class HeldEngine:
     """A slot on one engine for one call; ``chat`` moves the call if the engine cannot take it."""
 
@@ -139,8 +145,7 @@ class HeldEngine:
         tried: list[EngineSlot] = []
         while True:
             engine = self.engine
-            model = (models or {}).get(engine.url)
-            sent = body if model is None or body.get("model") == model else {**body, "model": model}
+            sent = naming_own_model(body, models, engine.url)
             try:
                 answer = await engine.client.chat(sent, request_id)
             except EngineUnavailable as exc:  # refused, 503 or circuit open: the engine did no work on it
@@ -236,13 +241,22 @@ class EnginePool:
                 await asyncio.gather(*(engine.client.wire() for engine in self.engines))
         self.refresh()
 
+    def kind_of(self, url: str, default: str) -> str:
+        """The kind of the engine at ``url`` as detected (``vllm`` or ``llamacpp``); ``default`` before it is
+        known or for a URL outside the pool."""
+        kind = next((engine.client.kind for engine in self.engines if engine.url == url), "unknown")
+        return default if kind == "unknown" else kind
+
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``) of the first engine that answers."""
         return await self._ask_any(lambda client: client.model_ids())
 
-    async def tokenize(self, body: dict[str, Any]) -> int:
-        """A prompt's token count (``POST /tokenize``) from the first engine that answers."""
-        return await self._ask_any(lambda client: client.tokenize(body))
+    async def tokenize(self, body: dict[str, Any], *, models: Mapping[str, str] | None = None) -> int:
+        """A prompt's token count (``POST /tokenize``) from the first engine that answers, asked under its own
+        model id (``models`` by URL, as :meth:`HeldEngine.chat`)."""
+        return await self._ask_any(
+            lambda client: client.tokenize(naming_own_model(body, models, client.base_url))
+        )
 
     async def _ask_any(self, call: Callable[[EngineClient], Awaitable[T]]) -> T:
         """A call that needs no slot, to each engine (open circuits last) until one answers.

@@ -189,7 +189,7 @@ def _second_engine(settings: Settings, state: aioredis.Redis | None) -> SecondEn
     async def model() -> str:
         return (await identity.current()).id
 
-    return SecondEngine(pool, shadow.engine_kind, model)
+    return SecondEngine(pool, shadow.engine_kind, model, identity.model_ids)
 
 
 def _is_default_mode(policies: PolicyStore, mode: Mode) -> float:
@@ -339,6 +339,7 @@ async def open_services(
             system_prompts=moderation.system_prompts,
             user_text=settings.shaping.user_text,
             model=moderation.engine_model,
+            model_ids=moderation.identity.model_ids,
             use_priority=settings.engine.use_priority,
             constraint=settings.engine.verdict_constraint,
             top_logprobs=settings.engine.top_logprobs,

@@ -146,7 +146,9 @@ class ModerationService:
             self.system_prompts,
             self.engines,
             self.identity,
-            PromptTokenCheck(self.system_prompts, self.engines, self.engine_model, metrics),
+            PromptTokenCheck(
+                self.system_prompts, self.engines, self.engine_model, metrics, self.identity.model_ids
+            ),
             self.work,
             self.load,
             metrics,

@@ -38,8 +38,17 @@ log = logging.getLogger("modgate.shadow")
 LOWEST_PRIORITY = 10  # the bottom of the request priority range: shadow work yields to everything
 
 
-# One shadow judgement to make: in which mode, on which engines, of which kind, asking for which model.
-_Judge = tuple[EngineMode, EnginePool, str, Callable[[], Awaitable[str]]]
+# Each engine's own model id by URL (EngineIdentity.model_ids): what its requests name (a pool of both kinds).
+ModelIds = Callable[[], Mapping[str, str]]
+
+
+def _no_model_ids() -> Mapping[str, str]:
+    return {}
+
+
+# One shadow judgement to make: in which mode, on which engines, of which kind (until the engine that answers
+# is detected), asking for which model (the body's, and each engine's own).
+_Judge = tuple[EngineMode, EnginePool, str, Callable[[], Awaitable[str]], ModelIds]
 
 
 @dataclass(frozen=True)
@@ -47,8 +56,9 @@ class SecondEngine:
     """Another engine that judges the shadow share in the live mode and format (its own pool and model)."""
 
     engines: EnginePool
-    kind: str  # recorded as VerdictRecord.engine: vllm or llamacpp
+    kind: str  # recorded as VerdictRecord.engine (vllm or llamacpp) until the engine's own kind is detected
     model: Callable[[], Awaitable[str]]
+    model_ids: ModelIds = _no_model_ids
 
 
 class ShadowCounters(Protocol):
@@ -80,9 +90,12 @@ class ShadowSampler:
         rng: random.Random | None = None,
         engine_kind: str = "vllm",
         second: SecondEngine | None = None,
+        model_ids: ModelIds = _no_model_ids,
     ) -> None:
         self.engines = engines
-        self.engine_kind = engine_kind  # the live engines' kind, recorded with their verdicts
+        # the live engines' kind, recorded with their verdicts when the answering engine's is not yet detected
+        self.engine_kind = engine_kind
+        self.model_ids = model_ids
         self.second = second
         self.store = store
         self.system_prompts = dict(system_prompts)
@@ -124,19 +137,19 @@ class ShadowSampler:
         other: EngineMode = "off" if live_mode == "on" else "on"
         judges: list[_Judge] = []
         if self.engines.has_spare_capacity():
-            judges.append((other, self.engines, self.engine_kind, self.model))
+            judges.append((other, self.engines, self.engine_kind, self.model, self.model_ids))
         else:
             self._count("skipped_busy")
         second = self.second
         if second is not None:
             if second.engines.has_spare_capacity():
-                judges.append((live_mode, second.engines, second.kind, second.model))
+                judges.append((live_mode, second.engines, second.kind, second.model, second.model_ids))
             else:
                 self._count("second_engine_skipped_busy")
         if not judges:
             return False
         live = self._record(frame, live_mode, verdict_format, live_verdict, live_answer, policy.version,
-                            tenant, video_id, ("random", policy.shadow_share), self.engine_kind)
+                            tenant, video_id, ("random", policy.shadow_share), self._live_kind(live_answer))
         task = asyncio.get_running_loop().create_task(
             self._judge_all(policy, frame, judges, verdict_format, live, tenant, video_id)
         )
@@ -161,9 +174,9 @@ class ShadowSampler:
         marks = (selection, probability)
         records = (
             self._record(frame, "off", verdict_format, *fast, policy_version, tenant, video_id, marks,
-                         self.engine_kind),
+                         self._live_kind(fast[1])),
             self._record(frame, "on", verdict_format, *thinking, policy_version, tenant, video_id, marks,
-                         self.engine_kind),
+                         self._live_kind(thinking[1])),
         )
         task = asyncio.get_running_loop().create_task(self._store(records))
         self._tasks.add(task)
@@ -191,8 +204,7 @@ class ShadowSampler:
     ) -> None:
         """Every shadow judgement of one frame at once; the live record is stored with those that return."""
         judged = await asyncio.gather(*(
-            self._judge(policy, frame, mode, verdict_format, engines, kind, model, tenant, video_id)
-            for mode, engines, kind, model in judges
+            self._judge(policy, frame, verdict_format, *judge, tenant, video_id) for judge in judges
         ))
         shadows = tuple(record for record in judged if record is not None)
         if shadows:
@@ -202,11 +214,12 @@ class ShadowSampler:
         self,
         policy: ThinkingPolicy,
         frame: ShapedImage,
-        mode: EngineMode,
         verdict_format: VerdictFormat,
+        mode: EngineMode,
         engines: EnginePool,
         kind: str,
         model: Callable[[], Awaitable[str]],
+        model_ids: ModelIds,
         tenant: str,
         video_id: str | None,
     ) -> VerdictRecord | None:
@@ -238,7 +251,7 @@ class ShadowSampler:
                 if held is None:  # live work took the slot since consider(): skip, never wait
                     self._count("skipped_busy" if engines is self.engines else "second_engine_skipped_busy")
                     return None
-                answer = await held.chat(body, f"shadow-{uuid.uuid4().hex}")
+                answer = await held.chat(body, f"shadow-{uuid.uuid4().hex}", models=model_ids())
         except ModgateError as exc:
             self._count("engine_error")
             log.warning("shadow judgement failed: %s", exc.message)
@@ -248,7 +261,11 @@ class ShadowSampler:
             parsed.verdicts, answer.logprobs, answer.content, grammar_masked=answer.logprobs_grammar_masked
         )[0]
         return self._record(frame, mode, verdict_format, verdict, answer, policy.version, tenant, video_id,
-                            ("random", policy.shadow_share), kind)
+                            ("random", policy.shadow_share), engines.kind_of(answer.engine, kind))
+
+    def _live_kind(self, answer: EngineAnswer) -> str:
+        """The kind of the live engine that made ``answer`` (a pool may hold both kinds)."""
+        return self.engines.kind_of(answer.engine, self.engine_kind)
 
     def _record(
         self,

@@ -28,10 +28,12 @@ class PromptTokenCheck:
         engines: EnginePool,
         engine_model: Callable[[], Awaitable[str]],
         metrics: GatewayMetrics,
+        model_ids: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         self.system_prompts = system_prompts
         self.engines = engines
         self.engine_model = engine_model
+        self.model_ids = model_ids  # each engine's own model id by URL: what its /tokenize is asked under
         self.metrics = metrics
         # one per system prompt and served model, built with its first request: each format's prompt counts
         # its own tokens, and an engine that comes back with other weights is measured afresh
@@ -64,7 +66,7 @@ class PromptTokenCheck:
                 try:
                     for _ in range(3):  # the image overhead is measured after the scaffold it is relative to
                         for measurement in accountant.pending(enable_thinking, user_text, frames):
-                            counted = await self.engines.tokenize(measurement.body)
+                            counted = await self.engines.tokenize(measurement.body, models=self.model_ids())
                             accountant.record(measurement, counted)
                 except (ModgateError, KeyError, ValueError, TypeError) as exc:
                     self._paused_until = time.monotonic() + 60.0

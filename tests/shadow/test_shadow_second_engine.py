@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from deploy.keyframes import make_keyframe
+from deploy.simulator.llamacpp_law import LlamaCppOptions
 from gateway.settings import Settings
 from quality.records import VerdictRecord
 from tests.shadow.test_shadow_pairs import post_frames, read_records, set_shadow_share, shadow_counts
@@ -23,6 +24,13 @@ def finished_requests(engine_url: str) -> float:
                if sample.name == "vllm:request_success_total")
 
 
+def llamacpp_prompt_tokens(engine_url: str) -> float:
+    """Every prompt token a llama-server was sent: processed plus reused from its cache."""
+    text = httpx.get(f"{engine_url}/metrics").text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name in ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"))
+
+
 def by_engine(records: list[VerdictRecord], engine: str) -> list[VerdictRecord]:
     return [record for record in records if record.engine == engine]
 
@@ -30,19 +38,23 @@ def by_engine(records: list[VerdictRecord], engine: str) -> list[VerdictRecord]:
 async def test_the_shadow_share_is_judged_on_the_second_engine_in_the_live_mode_with_its_kind_recorded(
     start_sim: SimFactory, start_gateway: GatewayFactory, tmp_path: Path
 ) -> None:
-    live, second = start_sim(), start_sim(model="moderation-vlm-gguf")  # the second serves its own model
+    # the second is a llama.cpp server (4 slots) with a model of its own; its kind is detected (GET /props)
+    live = start_sim()
+    second = start_sim(kind="llamacpp", llamacpp=LlamaCppOptions(n_parallel=4), model="moderation-vlm-gguf")
     gateway = start_gateway(
         engine_url=live.url, quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0},
-        shadow={"engine_url": second.url, "engine_kind": "llamacpp"},
+        shadow={"engine_url": second.url},
     )
     set_shadow_share(gateway, 1.0)
     labels = ["allow", "block:violence", "review", "allow"]
     frames = [make_keyframe(labels[i % 4], 256, 144, seed=300 + i) for i in range(12)]
-    answers = await post_frames(gateway, frames, concurrency=2)
-    assert all(answer["thinking"] == "on" for answer in answers)
-    # Per frame: the live verdict, the other mode on the live engine, the live mode on the second engine.
-    records = await read_records(tmp_path, expected=3 * 12)
-    assert len(records) == 3 * 12
+    # One frame at a time: a second engine still busy with the last frame would be skipped (and counted).
+    for index, frame in enumerate(frames):
+        answers = await post_frames(gateway, [frame], concurrency=1)
+        assert answers[0]["thinking"] == "on"
+        # Per frame: the live verdict, the other mode on the live engine, the live mode on the second engine.
+        records = await read_records(tmp_path, expected=3 * (index + 1))
+    assert len(records) == 3 * 12, (shadow_counts(gateway), [(r.engine, r.arm) for r in records])
     vllm, llamacpp = by_engine(records, "vllm"), by_engine(records, "llamacpp")
     assert sorted(r.arm for r in vllm) == ["thinking_off"] * 12 + ["thinking_on"] * 12
     assert [r.arm for r in llamacpp] == ["thinking_on"] * 12  # the live mode and format, not the other
@@ -52,7 +64,8 @@ async def test_the_shadow_share_is_judged_on_the_second_engine_in_the_live_mode_
         # The same simulated ground truth on both engines: one engine's verdict matches the other's.
         assert record.action == live_on[record.frame_sha256].action
         assert record.selection == "random"
-    assert finished_requests(second.url) == 12  # every drawn frame went to the second engine once
+    # every drawn frame went to the second engine once: its prompt tokens (processed, reused) are the records'
+    assert llamacpp_prompt_tokens(second.url) == sum(r.prompt_tokens for r in llamacpp)
     assert finished_requests(live.url) == 24  # live + the other-mode shadow; none of the second's work
     assert shadow_counts(gateway).get("recorded") == 12  # one write of the three records per frame
 

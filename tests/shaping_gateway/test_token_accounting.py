@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,7 +179,7 @@ class CountingPool:
     def __init__(self) -> None:
         self.models: list[str] = []
 
-    async def tokenize(self, body: dict[str, Any]) -> int:
+    async def tokenize(self, body: dict[str, Any], *, models: Mapping[str, str] | None = None) -> int:
         self.models.append(body["model"])
         return 100 if "messages" in body and len(body["messages"][-1]["content"]) > 1 else 40
 
@@ -215,7 +215,7 @@ class RefusingPool:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def tokenize(self, body: dict[str, Any]) -> int:
+    async def tokenize(self, body: dict[str, Any], *, models: Mapping[str, str] | None = None) -> int:
         self.calls += 1
         await asyncio.sleep(0.01)  # the others queue on the lock meanwhile
         raise UpstreamError("llama.cpp's /tokenize counts text only", code="engine_cannot_count_images")
