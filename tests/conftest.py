@@ -18,7 +18,7 @@ from gateway.engine.kinds import EngineKind
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.processes import GatewayProcess, GatewayProcessesFactory
-from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory
+from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, SwappableEngine
 
 REDIS_URL = os.environ.get("MODGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -117,3 +117,12 @@ def redis_url() -> Iterator[str]:
     yield REDIS_URL
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def mixed() -> Iterator[tuple[SwappableEngine, SwappableEngine]]:
+    """A simulated vLLM and a simulated llama.cpp server serving the same model id."""
+    vllm, llamacpp = SwappableEngine(), SwappableEngine("llamacpp")
+    yield vllm, llamacpp
+    vllm.server.stop()
+    llamacpp.server.stop()

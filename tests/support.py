@@ -8,7 +8,9 @@ from typing import Any
 
 import httpx
 
+from deploy.simulator import PRESETS, create_sim_app
 from gateway.cli.embedded import ThreadedServer
+from gateway.engine.kinds import EngineKind
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 
@@ -50,3 +52,34 @@ async def forward(request: httpx.Request, base_url: str) -> httpx.Response:
             headers={"content-type": "application/json"},
         )
     return httpx.Response(upstream.status_code, content=upstream.content, headers=upstream.headers)
+
+
+class SwappableEngine:
+    """A simulated engine on a fixed port that can be restarted serving another model (new weights), or
+    stopped and started again; ``kind="llamacpp"`` speaks llama-server's wire."""
+
+    def __init__(self, kind: EngineKind = "vllm") -> None:
+        self.kind = kind
+        self.server = ThreadedServer(self._app()).start()
+        self.url = self.server.url
+
+    def _app(self, **preset_changes: Any) -> Any:
+        return create_sim_app(PRESETS["instant"].scaled(**preset_changes), 0.0, kind=self.kind)
+
+    def swap(self, **preset_changes: Any) -> None:
+        """Stop the engine and start another on the same port with ``preset_changes``."""
+        self.server.stop()
+        self.start(**preset_changes)
+
+    def stop(self) -> None:
+        """Stop serving (connections to its port are refused until :meth:`start`)."""
+        self.server.stop()
+
+    def start(self, **preset_changes: Any) -> None:
+        """Serve again on the same port."""
+        self.server = ThreadedServer(self._app(**preset_changes), port=self.server.port).start()
+
+    def used(self) -> bool:
+        """Whether this run of the engine has taken a chat completion."""
+        info = httpx.get(f"{self.url}/sim/info", timeout=10).json()
+        return bool(info["peak_running"] > 0)

@@ -3,33 +3,22 @@ each shadow request names that engine's own model (vLLM refuses a llama.cpp alia
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from deploy.keyframes import make_keyframe
 from tests.shadow.test_shadow_pairs import post_frames, read_records, set_shadow_share, shadow_counts
-from tests.shaping_gateway.test_verdict_reuse_by_model import SwappableEngine
-from tests.support import GatewayFactory
-
-
-@pytest.fixture
-def both() -> Iterator[tuple[SwappableEngine, SwappableEngine]]:
-    """A simulated vLLM and a simulated llama-server."""
-    vllm, llamacpp = SwappableEngine(), SwappableEngine("llamacpp")
-    yield vllm, llamacpp
-    vllm.server.stop()
-    llamacpp.server.stop()
+from tests.support import GatewayFactory, SwappableEngine
 
 
 async def test_shadow_pairs_on_a_mixed_pool_name_each_engine_and_its_own_model(
-    both: tuple[SwappableEngine, SwappableEngine],
+    mixed: tuple[SwappableEngine, SwappableEngine],
     start_gateway: GatewayFactory,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    vllm, llamacpp = both
+    vllm, llamacpp = mixed
     llamacpp.swap(model="qwen3-vl-gguf-alias")  # llama.cpp listed first, under its own alias
     gateway = start_gateway(
         engine_url=f"{llamacpp.url},{vllm.url}", engine={"model_recheck_s": 3600},

@@ -10,11 +10,9 @@ import httpx
 import pytest
 
 from deploy.keyframes import make_keyframe
-from deploy.simulator import PRESETS, create_sim_app
 from gateway.cli.embedded import ThreadedServer
-from gateway.engine.kinds import EngineKind
 from tests.shaping_gateway.test_verdict_reuse import engine_requests, moderate
-from tests.support import GatewayFactory, image_input
+from tests.support import GatewayFactory, SwappableEngine, image_input
 
 FRAME = make_keyframe("block:hate", 640, 360, seed=31)
 
@@ -27,51 +25,11 @@ def store(request: pytest.FixtureRequest) -> dict[str, Any]:
     return {"redis_url": request.getfixturevalue("redis_url")}
 
 
-class SwappableEngine:
-    """A simulated engine on a fixed port that can be restarted serving another model (new weights), or
-    stopped and started again; ``kind="llamacpp"`` speaks llama-server's wire."""
-
-    def __init__(self, kind: EngineKind = "vllm") -> None:
-        self.kind = kind
-        self.server = ThreadedServer(self._app()).start()
-        self.url = self.server.url
-
-    def _app(self, **preset_changes: Any) -> Any:
-        return create_sim_app(PRESETS["instant"].scaled(**preset_changes), 0.0, kind=self.kind)
-
-    def swap(self, **preset_changes: Any) -> None:
-        """Stop the engine and start another on the same port with ``preset_changes``."""
-        self.server.stop()
-        self.start(**preset_changes)
-
-    def stop(self) -> None:
-        """Stop serving (connections to its port are refused until :meth:`start`)."""
-        self.server.stop()
-
-    def start(self, **preset_changes: Any) -> None:
-        """Serve again on the same port."""
-        self.server = ThreadedServer(self._app(**preset_changes), port=self.server.port).start()
-
-    def used(self) -> bool:
-        """Whether this run of the engine has taken a chat completion."""
-        info = httpx.get(f"{self.url}/sim/info", timeout=10).json()
-        return bool(info["peak_running"] > 0)
-
-
 @pytest.fixture
 def engine() -> Iterator[SwappableEngine]:
     swappable = SwappableEngine()
     yield swappable
     swappable.server.stop()
-
-
-@pytest.fixture
-def mixed() -> Iterator[tuple[SwappableEngine, SwappableEngine]]:
-    """A simulated vLLM and a simulated llama.cpp server serving the same model id."""
-    vllm, llamacpp = SwappableEngine(), SwappableEngine("llamacpp")
-    yield vllm, llamacpp
-    vllm.server.stop()
-    llamacpp.server.stop()
 
 
 def wait_for_model(gateway: ThreadedServer, wanted: dict[str, str]) -> None:
