@@ -287,6 +287,18 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --vllm-cpu: an engine started with --long-prefill-token-threshold 32",
     )
     parser.add_argument(
+        "--vllm-cpu-boot",
+        action="store_true",
+        help="instead of URLs: boot the real vLLM CPU engines here, one at a time (the default one, then "
+        "the chunking and the threshold engines in turn, the one before stopped first)",
+    )
+    parser.add_argument(
+        "--measure-lock",
+        type=Path,
+        metavar="FILE",
+        help="with --vllm-cpu or --vllm-cpu-boot: hold flock on FILE while measuring (not while fitting)",
+    )
+    parser.add_argument(
         "--vllm-cpu-flags-only",
         action="store_true",
         help="with --vllm-cpu: measure only the configurations of the engines started with other flags "
@@ -335,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         "held out (never used to choose a constant; mechanism parameters from the flags):", result["held_out"]
     )
     document = {key: [row.as_json() for row in rows] for key, rows in result.items()}
-    if args.vllm_cpu:
+    if args.vllm_cpu or args.vllm_cpu_boot:
         document = with_vllm_cpu(args, document)
     if not all(math.isfinite(row["simulated"]) for rows in document.values() for row in rows):
         raise SystemExit("a simulated figure is not finite")
@@ -352,7 +364,17 @@ def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, A
     for flags, url in ((CHUNKED.flags, args.vllm_cpu_chunked), (THRESHOLD.flags, args.vllm_cpu_threshold)):
         if url:
             urls[flags] = url
-    preset, cpu = calibration_cpu.run(urls, requests=args.cpu_requests, flags_only=args.vllm_cpu_flags_only)
+    engines = calibration_cpu.OneEngineAtATime(args.cpu_requests, 8) if args.vllm_cpu_boot else None
+    if engines is not None:
+        urls = dict.fromkeys(("", CHUNKED.flags, THRESHOLD.flags), "booted here")
+    try:
+        preset, cpu = calibration_cpu.run(
+            urls, args.cpu_requests, flags_only=args.vllm_cpu_flags_only, measure_with=engines,
+            lock=args.measure_lock,
+        )  # fmt: skip
+    finally:
+        if engines is not None:
+            engines.close()
     print(
         f"\nvllm-cpu preset fitted on '{FIT.name}': step {preset.step_overhead_s * 1000:.2f} ms + prefill "
         f"{preset.prefill_tokens_per_s:,.0f} tokens/s + decode {preset.decode_tokens_per_s:,.0f} tokens/s; "

@@ -17,18 +17,23 @@ the planned length. A row's ``seed`` is the real engine's figure (``engine: "vll
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import math
 import os
+import shlex
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.engine_cpu import EngineProcess, boot_engine
 from deploy.simulator import PRESETS, SimPreset
 from deploy.simulator.virtual import RequestShape, closed_loop
 from shaping.prompt import load_system_prompt
@@ -48,6 +53,8 @@ class Configuration:
     repeated: bool = False
     flags: str = ""  # the engine's extra flags ("" = the default engine)
     changes: tuple[tuple[str, Any], ...] = ()  # the same flags as preset fields
+    # Measured requests per the run's count: thinking off's 40 took 5 s, a moment of the machine's drift.
+    requests_factor: int = 1
 
     @property
     def output_tokens(self) -> int:
@@ -59,7 +66,7 @@ HELD_OUT = (
     Configuration("1 in flight", 1),
     Configuration("2 in flight", 2),
     Configuration("8 in flight", 8),
-    Configuration("4 in flight, thinking off", 4, thinking=False),
+    Configuration("4 in flight, thinking off", 4, thinking=False, requests_factor=4),
     Configuration("4 in flight, the same prompt repeated", 4, repeated=True),
 )
 CHUNKED = Configuration(
@@ -250,6 +257,7 @@ def fit(
     row_s: float = 0.0,
     requests: int = 120,
     request_s: float = 0.0,
+    near: SimPreset | None = None,
 ) -> SimPreset:
     """The two constants (a step's fixed cost and the prefill rate) that meet the fit configuration's
     end to end and TTFT; the rate follows from them by Little's law. A decode token costs ``row_s`` when
@@ -260,16 +268,22 @@ def fit(
 
     Nested bisection on log scales, as the Spark's refit: for a prefill rate, the fixed cost that meets the
     end to end (it grows with the cost); then the prefill rate that meets the TTFT (it falls as the rate
-    grows). The virtual clock's figures step with whole steps, so a gradient search stalls on them."""
+    grows). The virtual clock's figures step with whole steps, so a gradient search stalls on them.
+    ``near``: a fit of nearly the same figures (the fixed point's previous attempt); both searches then
+    start within a factor of 4 of its constants, in 9 halvings rather than 14, and fall back to the whole
+    range when a constant comes out at the edge."""
     base = replace(
         PRESETS["vllm-cpu"], decode_tokens_per_s=1 / row_s if row_s > 0 else 0.0, request_overhead_s=request_s
     )
 
     def bisect(low: float, high: float, too_high: Callable[[float], bool]) -> float:
-        for _ in range(14):  # a factor of 1e5 cut to 0.07 %
+        for _ in range(14 if near is None else 9):  # a factor of 1e5 (or 16) cut to 0.07 % (0.5 %)
             middle = math.sqrt(low * high)
             low, high = (low, middle) if too_high(middle) else (middle, high)
         return math.sqrt(low * high)
+
+    def around(value: float, low: float, high: float) -> tuple[float, float]:
+        return (value / 4, value * 4) if near is not None else (low, high)
 
     def with_rate(prefill: float) -> SimPreset:
         def slow(overhead: float) -> bool:
@@ -277,13 +291,23 @@ def fit(
             figures = simulate(candidate, config, measured.prompt_tokens, requests)
             return figures.e2e_mean_s > measured.e2e_mean_s
 
-        return replace(base, step_overhead_s=bisect(1e-5, 1.0, slow), prefill_tokens_per_s=prefill)
+        overhead = bisect(*around(near.step_overhead_s if near else 0.0, 1e-5, 1.0), slow)
+        return replace(base, step_overhead_s=overhead, prefill_tokens_per_s=prefill)
 
     def fast_first_token(prefill: float) -> bool:  # too high a rate: the TTFT comes out below the measured
         figures = simulate(with_rate(prefill), config, measured.prompt_tokens, requests)
         return figures.ttft_mean_s < measured.ttft_mean_s
 
-    return with_rate(bisect(100.0, 1e7, fast_first_token))
+    fitted = with_rate(
+        bisect(*around(near.prefill_tokens_per_s if near else 0.0, 100.0, 1e7), fast_first_token)
+    )
+    if near is not None and any(
+        min(value / start, start / value) < 0.26
+        for value, start in ((fitted.step_overhead_s, near.step_overhead_s),
+                             (fitted.prefill_tokens_per_s, near.prefill_tokens_per_s))
+    ):  # fmt: skip
+        return fit(measured, config, row_s, requests, request_s)
+    return fitted
 
 
 def rows_of(config: Configuration, real: Measured, simulated: Measured) -> list[dict[str, Any]]:
@@ -305,6 +329,57 @@ Measure = Callable[[str, Configuration], Measured]
 """One configuration measured on the engine at a URL (by default :func:`measure`'s closed loop)."""
 
 
+class OneEngineAtATime:
+    """Engines booted here (``modgate engine-cpu``'s), one at a time: the engine a configuration's flags
+    name is started when it is needed, the one before stopped first, so the shared machine never holds
+    two. A restart costs the engine its prefix cache and its first slow steps, which each measurement's
+    warm-up requests pay for. Call it as a :data:`Measure` (the URL is ignored); ``close`` at the end."""
+
+    def __init__(
+        self, requests: int, warmup: int, boot: Callable[[str], EngineProcess] | None = None
+    ) -> None:
+        """Measure ``requests`` (times a configuration's factor) after ``warmup``; boot with ``boot``."""
+        self.requests, self.warmup = requests, warmup
+        self.boot = boot or (lambda flags: boot_engine(extra_args=shlex.split(flags), ready_timeout=1500)[0])
+        self.engine: EngineProcess | None = None
+        self.flags = ""
+
+    def __call__(self, url: str, config: Configuration) -> Measured:
+        """Measure ``config`` on an engine started with its flags (booted now if another one runs)."""
+        if self.engine is None or self.flags != config.flags:
+            self.close()
+            began = time.monotonic()
+            self.engine, self.flags = self.boot(config.flags), config.flags
+            print(f"booted the engine with flags '{config.flags}' in {time.monotonic() - began:.0f} s; "
+                  f"{machine_load()}", flush=True)  # fmt: skip
+        requests = self.requests * config.requests_factor
+        return asyncio.run(measure(self.engine.url, config, requests, self.warmup))
+
+    def close(self) -> None:
+        """Stop the engine running, if any."""
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+
+
+@contextlib.contextmanager
+def measurement_lock(path: Path | None) -> Iterator[None]:
+    """Hold ``flock`` on ``path`` (the shared machine's measurement lock, as ``flock(1)`` takes it) while
+    measuring, so no other session's timing overlaps; the fits after need no lock. None: no lock."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        print(f"waiting for the measurement lock {path}; {machine_load()}", flush=True)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        print(f"measurement lock taken; {machine_load()}", flush=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            print(f"measurement lock released; {machine_load()}", flush=True)
+
+
 def run(
     urls: dict[str, str],
     requests: int = 40,
@@ -314,6 +389,7 @@ def run(
     measure_with: Measure | None = None,
     fit_requests: int = 120,
     held_out: Sequence[Configuration] = (*HELD_OUT, CHUNKED, THRESHOLD),
+    lock: Path | None = None,
 ) -> tuple[SimPreset, dict[str, list[Any]]]:
     """Measure every configuration whose engine is in ``urls`` (flags → URL), fit on :data:`FIT`, compare.
 
@@ -324,8 +400,10 @@ def run(
     its two neighbouring measurements (``bracketed_simulated``, ``bracketed_ratio``; ``drift`` is the fit
     configuration's rate after the row over its rate before). ``flags_only`` measures only the engines
     started with other flags (their rows still bracketed on the default engine): the second invocation
-    when at most two engines fit in memory."""
-    measure_with = measure_with or (lambda url, config: asyncio.run(measure(url, config, requests, warmup)))
+    when at most two engines fit in memory. ``lock``: the file whose ``flock`` is held while measuring."""
+    measure_with = measure_with or (
+        lambda url, config: asyncio.run(measure(url, config, requests * config.requests_factor, warmup))
+    )
     held_out = [c for c in held_out if c.flags in urls and (c.flags or not flags_only)]
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -340,16 +418,22 @@ def run(
         print(f"  {phases(figures)}", flush=True)
         return figures, load
 
-    fits = [take(FIT)]
-    measured = {FIT.name: fits[0]}
-    for config in held_out:
-        measured[config.name] = take(config)
-        fits.append(take(FIT))
-        print(f"  drift across {config.name}: the fit configuration ran at "
-              f"{fits[-1][0].requests_per_min / fits[-2][0].requests_per_min:.2f} of its speed before",
-              flush=True)  # fmt: skip
+    with measurement_lock(lock):
+        fits = [take(FIT)]
+        measured = {FIT.name: fits[0]}
+        for config in held_out:
+            measured[config.name] = take(config)
+            fits.append(take(FIT))
+            print(f"  drift across {config.name}: the fit configuration ran at "
+                  f"{fits[-1][0].requests_per_min / fits[-2][0].requests_per_min:.2f} of its speed before",
+                  flush=True)  # fmt: skip
+        if isinstance(measure_with, OneEngineAtATime):
+            measure_with.close()
     first = fits[0][0]
     preset = fit_with_request_overhead(first, requests=fit_requests)
+    residual = outside_residual(preset, first, requests=fit_requests)
+    print(f"fit: {preset.request_overhead_s * 1000:.2f} ms a request outside the steps, the fixed point's "
+          f"residual {residual * 1000:.2f} ms", flush=True)  # fmt: skip
     document = compare(preset, [FIT, *held_out], measured)
     # The same rows from the law without the cost outside the steps, fitted on the same measurement:
     # what the per-request cost changed.
@@ -421,16 +505,46 @@ def outside_the_steps(measured: Measured) -> float:
 
 
 def fit_with_request_overhead(
-    measured: Measured, config: Configuration = FIT, requests: int = 120
+    measured: Measured,
+    config: Configuration = FIT,
+    requests: int = 120,
+    row_s: float = 0.0,
+    tolerance_s: float = 0.0005,
 ) -> SimPreset:
     """:func:`fit` with the cost per request outside the steps taken from the engine's histograms: the
     time outside the steps (:func:`outside_the_steps`) less the wait for the step in progress, which the
-    law charges itself (``LoadFigures.step_wait_mean_s``). The wait depends on the fitted step, so the fit
-    runs twice: first with the whole time outside, then with the wait that fit simulates taken off."""
+    law charges itself (``LoadFigures.step_wait_mean_s``). The wait depends on the fitted step, so the
+    cost is found as a fixed point: the ``r`` whose own fit simulates a wait of ``outside - r``, within
+    ``tolerance_s``. The law's wait is not smooth in its constants (the closed loop's phase against the
+    steps), so iterating ``r = outside - wait(fit(r))`` can cycle; ``r`` is bisected on ``[0, outside]``
+    by the residual's sign instead, and the candidate with the smallest residual is kept."""
     outside = outside_the_steps(measured)
-    first = fit(measured, config, requests=requests, request_s=outside)
-    wait = simulate(first, config, measured.prompt_tokens, requests).step_wait_s
-    return fit(measured, config, requests=requests, request_s=max(0.0, outside - wait))
+
+    first: SimPreset | None = None
+
+    def attempt(request_s: float) -> tuple[SimPreset, float]:
+        preset = fit(measured, config, row_s=row_s, requests=requests, request_s=request_s, near=first)
+        return preset, outside_residual(preset, measured, config, requests)  # > 0: time left unpriced
+
+    low, high = 0.0, outside
+    best, residual = attempt(outside)  # a wait of 0 would make this exact (no step to wait for)
+    first = best
+    while abs(residual) > tolerance_s and high - low > tolerance_s / 4:
+        middle = (low + high) / 2
+        candidate, off = attempt(middle)
+        if abs(off) < abs(residual):
+            best, residual = candidate, off
+        low, high = (middle, high) if off > 0 else (low, middle)
+    return best
+
+
+def outside_residual(
+    preset: SimPreset, measured: Measured, config: Configuration = FIT, requests: int = 120
+) -> float:
+    """The measured time outside the steps less the law's own (its cost per request and its simulated
+    wait for the step in progress): 0 at :func:`fit_with_request_overhead`'s fixed point."""
+    wait = simulate(preset, config, measured.prompt_tokens, requests).step_wait_s
+    return outside_the_steps(measured) - wait - preset.request_overhead_s
 
 
 def phases(measured: Measured) -> str:
