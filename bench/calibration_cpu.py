@@ -24,6 +24,7 @@ import math
 import os
 import shlex
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
@@ -33,7 +34,7 @@ from typing import Any, Final, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy.engine_cpu import EngineProcess, boot_engine
+from deploy.engine_cpu import EngineProcess, boot_engine, default_model_dir, default_venv_dir, venv_python
 from deploy.simulator import PRESETS, SimPreset
 from deploy.simulator.virtual import RequestShape, closed_loop
 from shaping.prompt import load_system_prompt
@@ -128,6 +129,7 @@ class Measured:
     e2e_all_s: float = 0.0
     engine: EngineTimes | None = None
     step_wait_s: float = 0.0  # simulated only: the mean wait, at the engine, for the step in progress
+    row_s: float = 0.0  # a sampled row's cost from the hardware, probed beside this run (0: not probed)
 
     @property
     def outside_first_token_s(self) -> float | None:
@@ -325,6 +327,45 @@ def machine_load() -> str:
     return f"load average {one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores"
 
 
+# One sampled row's work on the tiny model, as vLLM's CPU step does it per running sequence: the LM head
+# (the tied 151,936 x 128 embedding, float32) over the row's hidden state, the min_tokens processor's stop
+# ids masked, softmax, and vLLM's random sampler (``probs / Exponential(1)`` then argmax,
+# v1/sample/ops/topk_topp_sampler.py). The transformer's two 128-wide layers are left out (a row's share is
+# ~0.1 % of the head's multiply-adds). Timed at 1, 2, 4 and 8 rows, interleaved so the machine's drift
+# falls on every batch size alike; the slope of the medians is the cost per row.
+ROW_PROBE: Final = """
+import json, statistics, sys, time, torch
+vocab, hidden, threads, rounds = (int(arg) for arg in sys.argv[1:])
+torch.set_num_threads(threads)
+weight = torch.randn(vocab, hidden)
+def sample(rows):
+    logits = torch.nn.functional.linear(torch.randn(rows, hidden), weight)
+    logits[:, :2] = float("-inf")
+    probs = torch.softmax(logits, dim=-1)
+    return probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+times = {rows: [] for rows in (1, 2, 4, 8)}
+for _ in range(rounds):
+    for rows in times:
+        began = time.perf_counter(); sample(rows); times[rows].append(time.perf_counter() - began)
+print(json.dumps({rows: statistics.median(seen) for rows, seen in times.items()}))
+"""
+
+
+def probe_row_cost(python: Path | None = None, model_dir: Path | None = None, rounds: int = 20) -> float:
+    """Seconds one more sampled row adds to a step on this machine now (:data:`ROW_PROBE`, run by the
+    engine's own torch), the least-squares slope over the batch sizes; the model's sizes from its config."""
+    config = json.loads(((model_dir or default_model_dir()) / "config.json").read_text())["text_config"]
+    command = [str(python or venv_python(default_venv_dir())), "-c", ROW_PROBE, str(config["vocab_size"]),
+               str(config["hidden_size"]), str(os.cpu_count() or 1), str(rounds)]  # fmt: skip
+    answer = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
+    medians = {int(rows): seconds for rows, seconds in json.loads(answer.stdout).items()}
+    mean_rows, mean_s = statistics.fmean(medians), statistics.fmean(medians.values())
+    slope = sum((rows - mean_rows) * (s - mean_s) for rows, s in medians.items()) / sum(
+        (rows - mean_rows) ** 2 for rows in medians
+    )
+    return max(0.0, float(slope))
+
+
 Measure = Callable[[str, Configuration], Measured]
 """One configuration measured on the engine at a URL (by default :func:`measure`'s closed loop)."""
 
@@ -390,6 +431,7 @@ def run(
     fit_requests: int = 120,
     held_out: Sequence[Configuration] = (*HELD_OUT, CHUNKED, THRESHOLD),
     lock: Path | None = None,
+    probe: Callable[[], float] | None = None,
 ) -> tuple[SimPreset, dict[str, list[Any]]]:
     """Measure every configuration whose engine is in ``urls`` (flags → URL), fit on :data:`FIT`, compare.
 
@@ -400,7 +442,10 @@ def run(
     its two neighbouring measurements (``bracketed_simulated``, ``bracketed_ratio``; ``drift`` is the fit
     configuration's rate after the row over its rate before). ``flags_only`` measures only the engines
     started with other flags (their rows still bracketed on the default engine): the second invocation
-    when at most two engines fit in memory. ``lock``: the file whose ``flock`` is held while measuring."""
+    when at most two engines fit in memory. ``lock``: the file whose ``flock`` is held while measuring.
+    ``probe``: a sampled row's cost (:func:`probe_row_cost`), probed after each measurement of the fit
+    configuration and priced as the decode cost in its fits (``ratio_without_row_cost`` and
+    ``bracketed_ratio_without_row_cost``: the same fits with decode free)."""
     measure_with = measure_with or (
         lambda url, config: asyncio.run(measure(url, config, requests * config.requests_factor, warmup))
     )
@@ -410,6 +455,9 @@ def run(
     def take(config: Configuration) -> tuple[Measured, str]:
         began = machine_load()
         figures = measure_with(urls[config.flags], config)
+        if probe is not None and config is FIT:
+            figures = replace(figures, row_s=probe())
+            print(f"  a sampled row's cost, probed: {figures.row_s * 1000:.2f} ms", flush=True)
         load = f"{began} -> {machine_load()}"
         print(f"measured {config.name}: {figures.requests_per_min:.1f}/min, "
               f"TTFT {figures.ttft_mean_s:.3f} s, "
@@ -430,17 +478,21 @@ def run(
         if isinstance(measure_with, OneEngineAtATime):
             measure_with.close()
     first = fits[0][0]
-    preset = fit_with_request_overhead(first, requests=fit_requests)
+    preset = fit_with_request_overhead(first, requests=fit_requests, row_s=first.row_s)
     residual = outside_residual(preset, first, requests=fit_requests)
     print(f"fit: {preset.request_overhead_s * 1000:.2f} ms a request outside the steps, the fixed point's "
           f"residual {residual * 1000:.2f} ms", flush=True)  # fmt: skip
     document = compare(preset, [FIT, *held_out], measured)
     # The same rows from the law without the cost outside the steps, fitted on the same measurement:
     # what the per-request cost changed.
-    without = compare(fit(first, requests=fit_requests), [FIT, *held_out], measured)
+    without = compare(fit(first, row_s=first.row_s, requests=fit_requests), [FIT, *held_out], measured)
+    # And with decode free, as the law was before the probe (the same rows when nothing was probed).
+    free = fit_with_request_overhead(first, requests=fit_requests) if first.row_s > 0 else preset
+    no_rows = compare(free, [FIT, *held_out], measured)
     for table in document:
-        for row, before in zip(document[table], without[table], strict=True):
+        for row, before, free_row in zip(document[table], without[table], no_rows[table], strict=True):
             row["ratio_without_request_overhead"] = before["ratio"]
+            row["ratio_without_row_cost"] = free_row["ratio"]
             row["run"] = started
     for index, config in enumerate(held_out):
         bracket(document, config, measured[config.name][0], fits[index][0], fits[index + 1][0], fit_requests)
@@ -457,18 +509,23 @@ def bracket(
 ) -> SimPreset:
     """Add to ``config``'s held-out rows the comparison with the preset fitted on the mean of the fit
     configuration's measurements just before and just after it, at the speed the row itself saw."""
-    preset = fit_with_request_overhead(mean_of(before, after), requests=fit_requests)
+    seen = mean_of(before, after)
+    preset = fit_with_request_overhead(seen, requests=fit_requests, row_s=seen.row_s)
     simulated = simulate(preset, config, real.prompt_tokens)
+    free = fit_with_request_overhead(seen, requests=fit_requests) if seen.row_s > 0 else preset
+    simulated_free = simulate(free, config, real.prompt_tokens)
     rows = [row for row in document["held_out"] if row["name"] == config.name]
     for row, (figure, get) in zip(rows, FIGURES, strict=True):
         assert row["figure"] == figure
         row["bracketed_simulated"] = get(simulated)
         row["bracketed_ratio"] = get(simulated) / get(real)
+        row["bracketed_ratio_without_row_cost"] = get(simulated_free) / get(real)
         row["drift"] = after.requests_per_min / before.requests_per_min
         row["fit_before"], row["fit_after"] = get(before), get(after)
         row["bracketed_fit"] = {"step_overhead_s": preset.step_overhead_s,
                                 "prefill_tokens_per_s": preset.prefill_tokens_per_s,
-                                "request_overhead_s": preset.request_overhead_s}  # fmt: skip
+                                "request_overhead_s": preset.request_overhead_s,
+                                "row_s": seen.row_s}  # fmt: skip
     return preset
 
 

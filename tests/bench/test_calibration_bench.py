@@ -377,14 +377,22 @@ def test_booted_engines_run_one_at_a_time_and_the_lock_is_held_only_while_measur
         measured.append((url, config.name, requests))
         return calibration_cpu.simulate(LAWFUL_CPU, config, 369, requests=SIMULATED)
 
+    row_costs: list[float] = []  # the decode cost each fit was given
+
+    def fit_on(*args: object, **kwargs: object) -> object:
+        row_costs.append(float(kwargs.get("row_s", 0.0)))  # type: ignore[arg-type]  # a float or absent
+        return LAWFUL_CPU
+
     monkeypatch.setattr(calibration_cpu, "measure", measure)
-    monkeypatch.setattr(calibration_cpu, "fit_with_request_overhead", lambda *a, **k: LAWFUL_CPU)
-    monkeypatch.setattr(calibration_cpu, "fit", lambda *a, **k: LAWFUL_CPU)
+    monkeypatch.setattr(calibration_cpu, "fit_with_request_overhead", fit_on)
+    monkeypatch.setattr(calibration_cpu, "fit", fit_on)
     monkeypatch.setattr(calibration_cpu, "outside_residual", lambda *a, **k: 0.0)
     engines = calibration_cpu.OneEngineAtATime(10, 2, boot=boot)
     held_out = [THINKING_OFF, calibration_cpu.CHUNKED, calibration_cpu.THRESHOLD]
     urls = dict.fromkeys(("", calibration_cpu.CHUNKED.flags, calibration_cpu.THRESHOLD.flags), "booted")
-    calibration_cpu.run(urls, measure_with=engines, held_out=held_out, lock=lock, fit_requests=SIMULATED)
+    probes = iter([0.002, 0.004, 0.006, 0.008])  # a sampled row's cost beside each fit measurement
+    _, document = calibration_cpu.run(urls, measure_with=engines, held_out=held_out, lock=lock,
+                                      fit_requests=SIMULATED, probe=lambda: next(probes))  # fmt: skip
     chunked, threshold = calibration_cpu.CHUNKED.flags, calibration_cpu.THRESHOLD.flags
     assert booted == ["", chunked, "", threshold, ""]
     assert running == []  # the last engine stopped once measuring ended
@@ -393,3 +401,8 @@ def test_booted_engines_run_one_at_a_time_and_the_lock_is_held_only_while_measur
     assert [requests for _, name, requests in measured if name == THINKING_OFF.name] == [40]
     with lock.open("a") as other:  # released
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    # The first probe prices the single fit's decode, each pair's mean a bracketed fit's; every fit is also
+    # made with decode free, for the rows' "without row cost" ratios.
+    assert row_costs == pytest.approx([0.002, 0.002, 0.0, 0.003, 0.0, 0.005, 0.0, 0.007, 0.0])
+    assert all("bracketed_ratio_without_row_cost" in row for row in document["held_out"])
+    assert document["held_out"][0]["bracketed_fit"]["row_s"] == pytest.approx(0.003)
