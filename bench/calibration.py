@@ -382,7 +382,8 @@ def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, A
     try:
         preset, cpu = calibration_cpu.run(
             urls, args.cpu_requests, flags_only=args.vllm_cpu_flags_only, measure_with=engines,
-            fit_requests=args.cpu_fit_requests, lock=args.measure_lock, probe=calibration_cpu.probe_row_cost if args.row_cost_probe else None,
+            fit_requests=args.cpu_fit_requests, lock=args.measure_lock,
+            probe=calibration_cpu.probe_row_cost if args.row_cost_probe else None,
         )  # fmt: skip
     finally:
         if engines is not None:
