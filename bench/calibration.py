@@ -293,6 +293,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "the chunking and the threshold engines in turn, the one before stopped first)",
     )
     parser.add_argument(
+        "--cpu-replay",
+        type=Path,
+        metavar="LOG",
+        help="instead of measuring: fit again the measurements a --vllm-cpu-boot run printed to LOG (at the "
+        "printed precision), every engine's rows",
+    )
+    parser.add_argument(
         "--row-cost-probe",
         action="store_true",
         help="with --vllm-cpu or --vllm-cpu-boot: probe a sampled row's cost beside each measurement of the "
@@ -359,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         "held out (never used to choose a constant; mechanism parameters from the flags):", result["held_out"]
     )
     document = {key: [row.as_json() for row in rows] for key, rows in result.items()}
-    if args.vllm_cpu or args.vllm_cpu_boot:
+    if args.vllm_cpu or args.vllm_cpu_boot or args.cpu_replay:
         document = with_vllm_cpu(args, document)
     if not all(math.isfinite(row["simulated"]) for rows in document.values() for row in rows):
         raise SystemExit("a simulated figure is not finite")
@@ -377,11 +384,12 @@ def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, A
         if url:
             urls[flags] = url
     engines = calibration_cpu.OneEngineAtATime(args.cpu_requests, 8) if args.vllm_cpu_boot else None
-    if engines is not None:
+    replay = calibration_cpu.Replay(args.cpu_replay.read_text()) if args.cpu_replay else None
+    if engines is not None or replay is not None:
         urls = dict.fromkeys(("", CHUNKED.flags, THRESHOLD.flags), "booted here")
     try:
         preset, cpu = calibration_cpu.run(
-            urls, args.cpu_requests, flags_only=args.vllm_cpu_flags_only, measure_with=engines,
+            urls, args.cpu_requests, flags_only=args.vllm_cpu_flags_only, measure_with=engines or replay,
             fit_requests=args.cpu_fit_requests, lock=args.measure_lock,
             probe=calibration_cpu.probe_row_cost if args.row_cost_probe else None,
         )  # fmt: skip

@@ -22,6 +22,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -403,6 +404,53 @@ class OneEngineAtATime:
             self.engine = None
 
 
+_MEASURED = re.compile(
+    r"^measured (?P<name>.+?): (?P<rate>[\d.]+)/min, TTFT (?P<ttft>[\d.]+) s, end to end (?P<e2e>[\d.]+) s, "
+    r"(?P<prompt>\d+) prompt tokens \((?P<cached>[\d.]+) cached\); (?P<load>.*)$"
+)
+_PHASES = re.compile(
+    r"^  (?P<requests>\d+) requests by the engine's histograms: queue (?P<queue>[\d.]+) ms, prefill "
+    r"(?P<prefill>[\d.]+) ms, running (?P<running>[\d.]+) ms; the client's TTFT (?P<ttft>[\d.]+) ms, end to "
+    r"end (?P<e2e>[\d.]+) ms;.*front end: TTFT (?P<front_ttft>[\d.]+) ms, end to end (?P<front_e2e>[\d.]+) ms"
+)
+
+
+def replayed(log: str) -> list[tuple[str, Measured, str]]:
+    """A run's measurements read back from what it printed (``measured ...`` and the histograms' line
+    after it), in order: the figures at the printed precision (a TTFT to the millisecond, the engine's
+    phases to 0.1 ms). For fitting a run again with another law or fit without measuring it again."""
+    seen: list[tuple[str, Measured, str]] = []
+    for line in log.splitlines():
+        if found := _MEASURED.match(line):
+            figures = Measured(float(found["rate"]), float(found["ttft"]), float(found["e2e"]),
+                               int(found["prompt"]), float(found["cached"]))  # fmt: skip
+            seen.append((found["name"], figures, found["load"]))
+        elif (found := _PHASES.match(line)) and seen:
+            ms = {key: float(value) / 1000 for key, value in found.groupdict().items() if key != "requests"}
+            engine = EngineTimes(int(found["requests"]), ms["queue"], ms["prefill"], ms["running"],
+                                 ms["front_e2e"], ms["front_ttft"])  # fmt: skip
+            name, figures, load = seen[-1]
+            figures = replace(figures, ttft_all_s=ms["ttft"], e2e_all_s=ms["e2e"], engine=engine)
+            seen[-1] = (name, figures, load)
+    return seen
+
+
+class Replay:
+    """A :data:`Measure` that hands back a printed run's measurements (:func:`replayed`) in its order."""
+
+    def __init__(self, log: str) -> None:
+        """Read the run's log."""
+        self.seen = replayed(log)
+        self.load = ""  # the machine's load while the measurement handed back last was taken
+
+    def __call__(self, url: str, config: Configuration) -> Measured:
+        """The next measurement, which must be ``config``'s."""
+        name, figures, self.load = self.seen.pop(0)
+        if name != config.name:
+            raise ValueError(f"the log measured {name!r} where the run asks for {config.name!r}")
+        return figures
+
+
 @contextlib.contextmanager
 def measurement_lock(path: Path | None) -> Iterator[None]:
     """Hold ``flock`` on ``path`` (the shared machine's measurement lock, as ``flock(1)`` takes it) while
@@ -458,7 +506,7 @@ def run(
         if probe is not None and config is FIT:
             figures = replace(figures, row_s=probe())
             print(f"  a sampled row's cost, probed: {figures.row_s * 1000:.2f} ms", flush=True)
-        load = f"{began} -> {machine_load()}"
+        load = measure_with.load if isinstance(measure_with, Replay) else f"{began} -> {machine_load()}"
         print(f"measured {config.name}: {figures.requests_per_min:.1f}/min, "
               f"TTFT {figures.ttft_mean_s:.3f} s, "
               f"end to end {figures.e2e_mean_s:.3f} s, {figures.prompt_tokens} prompt tokens "

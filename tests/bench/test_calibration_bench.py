@@ -406,3 +406,26 @@ def test_booted_engines_run_one_at_a_time_and_the_lock_is_held_only_while_measur
     assert row_costs == pytest.approx([0.002, 0.002, 0.0, 0.003, 0.0, 0.005, 0.0, 0.007, 0.0])
     assert all("bracketed_ratio_without_row_cost" in row for row in document["held_out"])
     assert document["held_out"][0]["bracketed_fit"]["row_s"] == pytest.approx(0.003)
+
+
+def test_a_printed_run_is_replayed_measurement_by_measurement_at_its_printed_precision(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(calibration_cpu, "fit_with_request_overhead", lambda *a, **k: LAWFUL_CPU)
+    monkeypatch.setattr(calibration_cpu, "fit", lambda *a, **k: LAWFUL_CPU)
+    monkeypatch.setattr(calibration_cpu, "outside_residual", lambda *a, **k: 0.0)
+    engine, held_out = DriftingEngine(0.25), [in_flight(8)]
+    calibration_cpu.run({"": "lawful"}, measure_with=engine, held_out=held_out, fit_requests=SIMULATED)
+    replay = calibration_cpu.Replay(capsys.readouterr().out)
+    assert [name for name, _, _ in replay.seen] == [name for name, _ in engine.seen]
+    for (_, again, load), (_, measured) in zip(replay.seen, engine.seen, strict=True):
+        assert again.e2e_mean_s == pytest.approx(measured.e2e_mean_s, abs=0.0005)
+        assert again.ttft_all_s == pytest.approx(measured.ttft_all_s, abs=0.00005)
+        assert again.engine is not None
+        assert measured.engine is not None
+        assert again.engine.inference_s == pytest.approx(measured.engine.inference_s, abs=0.00005)
+        assert load.startswith("load average")
+    # Replayed through the run again: the same configurations in the same order, the loads as printed.
+    _, document = calibration_cpu.run({"": "replayed"}, measure_with=replay, held_out=held_out)
+    assert document["held_out"][0]["seed"] == pytest.approx(engine.seen[1][1].requests_per_min, abs=0.05)
+    assert document["held_out"][0]["load"].startswith("load average")
