@@ -287,6 +287,31 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --vllm-cpu: an engine started with --long-prefill-token-threshold 32",
     )
     parser.add_argument(
+        "--vllm-cpu-boot",
+        action="store_true",
+        help="instead of URLs: boot the real vLLM CPU engines here, one at a time (the default one, then "
+        "the chunking and the threshold engines in turn, the one before stopped first)",
+    )
+    parser.add_argument(
+        "--cpu-replay",
+        type=Path,
+        metavar="LOG",
+        help="instead of measuring: fit again the measurements a --vllm-cpu-boot run printed to LOG (at the "
+        "printed precision), every engine's rows",
+    )
+    parser.add_argument(
+        "--row-cost-probe",
+        action="store_true",
+        help="with --vllm-cpu or --vllm-cpu-boot: probe a sampled row's cost beside each measurement of the "
+        "fit configuration (the engine's torch) and price it as the decode cost in the fits",
+    )
+    parser.add_argument(
+        "--measure-lock",
+        type=Path,
+        metavar="FILE",
+        help="with --vllm-cpu or --vllm-cpu-boot: hold flock on FILE while measuring (not while fitting)",
+    )
+    parser.add_argument(
         "--vllm-cpu-flags-only",
         action="store_true",
         help="with --vllm-cpu: measure only the configurations of the engines started with other flags "
@@ -301,6 +326,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--cpu-requests", type=int, default=40, help="measured requests per CPU configuration"
+    )
+    parser.add_argument(
+        "--cpu-fit-requests",
+        type=int,
+        default=120,
+        help="requests per virtual run inside the CPU fits (fewer: quicker fits, coarser constants)",
     )
     parser.add_argument(
         "--verdict-format",
@@ -335,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         "held out (never used to choose a constant; mechanism parameters from the flags):", result["held_out"]
     )
     document = {key: [row.as_json() for row in rows] for key, rows in result.items()}
-    if args.vllm_cpu:
+    if args.vllm_cpu or args.vllm_cpu_boot or args.cpu_replay:
         document = with_vllm_cpu(args, document)
     if not all(math.isfinite(row["simulated"]) for rows in document.values() for row in rows):
         raise SystemExit("a simulated figure is not finite")
@@ -352,14 +383,26 @@ def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, A
     for flags, url in ((CHUNKED.flags, args.vllm_cpu_chunked), (THRESHOLD.flags, args.vllm_cpu_threshold)):
         if url:
             urls[flags] = url
-    preset, cpu = calibration_cpu.run(urls, requests=args.cpu_requests, flags_only=args.vllm_cpu_flags_only)
+    engines = calibration_cpu.OneEngineAtATime(args.cpu_requests, 8) if args.vllm_cpu_boot else None
+    replay = calibration_cpu.Replay(args.cpu_replay.read_text()) if args.cpu_replay else None
+    if engines is not None or replay is not None:
+        urls = dict.fromkeys(("", CHUNKED.flags, THRESHOLD.flags), "booted here")
+    try:
+        preset, cpu = calibration_cpu.run(
+            urls, args.cpu_requests, flags_only=args.vllm_cpu_flags_only, measure_with=engines or replay,
+            fit_requests=args.cpu_fit_requests, lock=args.measure_lock,
+            probe=calibration_cpu.probe_row_cost if args.row_cost_probe else None,
+        )  # fmt: skip
+    finally:
+        if engines is not None:
+            engines.close()
     print(
         f"\nvllm-cpu preset fitted on '{FIT.name}': step {preset.step_overhead_s * 1000:.2f} ms + prefill "
         f"{preset.prefill_tokens_per_s:,.0f} tokens/s + decode {preset.decode_tokens_per_s:,.0f} tokens/s; "
         f"{preset.request_overhead_s * 1000:.2f} ms a request outside the steps"
     )
     print(f"  {'configuration':<48}{'figure':<22}{'real':>9}{'simulated':>11}{'ratio':>7}{'without':>9}"
-          f"{'bracketed':>11}{'ratio':>7}{'drift':>7}")  # fmt: skip
+          f"{'bracketed':>11}{'ratio':>7}{'drift':>7}{'no rows':>9}{'br. no rows':>12}")  # fmt: skip
     for table in ("fit", "held_out"):
         for row in cpu[table]:
             bracketed = (
@@ -369,17 +412,25 @@ def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, A
             )
             print(
                 f"  {row['name']:<48}{row['figure']:<22}{row['seed']:>9.3f}{row['simulated']:>11.3f}"
-                f"{row['ratio']:>7.2f}{row['ratio_without_request_overhead']:>9.2f}{bracketed}  ({table})"
+                f"{row['ratio']:>7.2f}{row['ratio_without_request_overhead']:>9.2f}{bracketed}"
+                f"{optional(row, 'ratio_without_row_cost', 9)}"
+                f"{optional(row, 'bracketed_ratio_without_row_cost', 12)}  ({table})"
             )
     print("  (ratio: the preset fitted on the fit configuration's first measurement; without: the same fit")
     print("  without the cost per request outside the steps; bracketed: the preset fitted on the mean of the")
-    print("  fit configuration measured just before and just after the row; drift: its rate after / before)")
+    print("  fit configuration measured just before and just after the row; drift: its rate after / before;")
+    print("  no rows: the single and the bracketed fits with decode free, no sampled row's cost)")
     if args.add_cpu_rows_to:
         earlier = json.loads(args.add_cpu_rows_to.read_text())
         args.add_cpu_rows_to.write_text(
             json.dumps({key: earlier[key] + cpu[key] for key in earlier}, indent=2) + "\n"
         )
     return {key: document[key] + cpu[key] for key in document}
+
+
+def optional(row: dict[str, Any], key: str, width: int) -> str:
+    """A ratio column a row may lack (an earlier run's rows), right-aligned; blank when missing."""
+    return f"{row[key]:>{width}.2f}" if key in row else " " * width
 
 
 def paced(args: argparse.Namespace) -> None:

@@ -17,18 +17,25 @@ the planned length. A row's ``seed`` is the real engine's figure (``engine: "vll
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import math
 import os
+import re
+import shlex
 import statistics
+import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from deploy.engine_cpu import EngineProcess, boot_engine, default_model_dir, default_venv_dir, venv_python
 from deploy.simulator import PRESETS, SimPreset
 from deploy.simulator.virtual import RequestShape, closed_loop
 from shaping.prompt import load_system_prompt
@@ -48,6 +55,8 @@ class Configuration:
     repeated: bool = False
     flags: str = ""  # the engine's extra flags ("" = the default engine)
     changes: tuple[tuple[str, Any], ...] = ()  # the same flags as preset fields
+    # Measured requests per the run's count: thinking off's 40 took 5 s, a moment of the machine's drift.
+    requests_factor: int = 1
 
     @property
     def output_tokens(self) -> int:
@@ -59,7 +68,7 @@ HELD_OUT = (
     Configuration("1 in flight", 1),
     Configuration("2 in flight", 2),
     Configuration("8 in flight", 8),
-    Configuration("4 in flight, thinking off", 4, thinking=False),
+    Configuration("4 in flight, thinking off", 4, thinking=False, requests_factor=4),
     Configuration("4 in flight, the same prompt repeated", 4, repeated=True),
 )
 CHUNKED = Configuration(
@@ -121,6 +130,7 @@ class Measured:
     e2e_all_s: float = 0.0
     engine: EngineTimes | None = None
     step_wait_s: float = 0.0  # simulated only: the mean wait, at the engine, for the step in progress
+    row_s: float = 0.0  # a sampled row's cost from the hardware, probed beside this run (0: not probed)
 
     @property
     def outside_first_token_s(self) -> float | None:
@@ -250,6 +260,7 @@ def fit(
     row_s: float = 0.0,
     requests: int = 120,
     request_s: float = 0.0,
+    near: SimPreset | None = None,
 ) -> SimPreset:
     """The two constants (a step's fixed cost and the prefill rate) that meet the fit configuration's
     end to end and TTFT; the rate follows from them by Little's law. A decode token costs ``row_s`` when
@@ -260,16 +271,22 @@ def fit(
 
     Nested bisection on log scales, as the Spark's refit: for a prefill rate, the fixed cost that meets the
     end to end (it grows with the cost); then the prefill rate that meets the TTFT (it falls as the rate
-    grows). The virtual clock's figures step with whole steps, so a gradient search stalls on them."""
+    grows). The virtual clock's figures step with whole steps, so a gradient search stalls on them.
+    ``near``: a fit of nearly the same figures (the fixed point's previous attempt); both searches then
+    start within a factor of 4 of its constants, in 9 halvings rather than 14, and fall back to the whole
+    range when a constant comes out at the edge."""
     base = replace(
         PRESETS["vllm-cpu"], decode_tokens_per_s=1 / row_s if row_s > 0 else 0.0, request_overhead_s=request_s
     )
 
     def bisect(low: float, high: float, too_high: Callable[[float], bool]) -> float:
-        for _ in range(14):  # a factor of 1e5 cut to 0.07 %
+        for _ in range(14 if near is None else 9):  # a factor of 1e5 (or 16) cut to 0.07 % (0.5 %)
             middle = math.sqrt(low * high)
             low, high = (low, middle) if too_high(middle) else (middle, high)
         return math.sqrt(low * high)
+
+    def around(value: float, low: float, high: float) -> tuple[float, float]:
+        return (value / 4, value * 4) if near is not None else (low, high)
 
     def with_rate(prefill: float) -> SimPreset:
         def slow(overhead: float) -> bool:
@@ -277,13 +294,23 @@ def fit(
             figures = simulate(candidate, config, measured.prompt_tokens, requests)
             return figures.e2e_mean_s > measured.e2e_mean_s
 
-        return replace(base, step_overhead_s=bisect(1e-5, 1.0, slow), prefill_tokens_per_s=prefill)
+        overhead = bisect(*around(near.step_overhead_s if near else 0.0, 1e-5, 1.0), slow)
+        return replace(base, step_overhead_s=overhead, prefill_tokens_per_s=prefill)
 
     def fast_first_token(prefill: float) -> bool:  # too high a rate: the TTFT comes out below the measured
         figures = simulate(with_rate(prefill), config, measured.prompt_tokens, requests)
         return figures.ttft_mean_s < measured.ttft_mean_s
 
-    return with_rate(bisect(100.0, 1e7, fast_first_token))
+    fitted = with_rate(
+        bisect(*around(near.prefill_tokens_per_s if near else 0.0, 100.0, 1e7), fast_first_token)
+    )
+    if near is not None and any(
+        min(value / start, start / value) < 0.26
+        for value, start in ((fitted.step_overhead_s, near.step_overhead_s),
+                             (fitted.prefill_tokens_per_s, near.prefill_tokens_per_s))
+    ):  # fmt: skip
+        return fit(measured, config, row_s, requests, request_s)
+    return fitted
 
 
 def rows_of(config: Configuration, real: Measured, simulated: Measured) -> list[dict[str, Any]]:
@@ -301,8 +328,145 @@ def machine_load() -> str:
     return f"load average {one:.1f} {five:.1f} {fifteen:.1f} on {os.cpu_count()} cores"
 
 
+# One sampled row's work on the tiny model, as vLLM's CPU step does it per running sequence: the LM head
+# (the tied 151,936 x 128 embedding, float32) over the row's hidden state, the min_tokens processor's stop
+# ids masked, softmax, and vLLM's random sampler (``probs / Exponential(1)`` then argmax,
+# v1/sample/ops/topk_topp_sampler.py). The transformer's two 128-wide layers are left out (a row's share is
+# ~0.1 % of the head's multiply-adds). Timed at 1, 2, 4 and 8 rows, interleaved so the machine's drift
+# falls on every batch size alike; the slope of the medians is the cost per row.
+ROW_PROBE: Final = """
+import json, statistics, sys, time, torch
+vocab, hidden, threads, rounds = (int(arg) for arg in sys.argv[1:])
+torch.set_num_threads(threads)
+weight = torch.randn(vocab, hidden)
+def sample(rows):
+    logits = torch.nn.functional.linear(torch.randn(rows, hidden), weight)
+    logits[:, :2] = float("-inf")
+    probs = torch.softmax(logits, dim=-1)
+    return probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+times = {rows: [] for rows in (1, 2, 4, 8)}
+for _ in range(rounds):
+    for rows in times:
+        began = time.perf_counter(); sample(rows); times[rows].append(time.perf_counter() - began)
+print(json.dumps({rows: statistics.median(seen) for rows, seen in times.items()}))
+"""
+
+
+def probe_row_cost(python: Path | None = None, model_dir: Path | None = None, rounds: int = 20) -> float:
+    """Seconds one more sampled row adds to a step on this machine now (:data:`ROW_PROBE`, run by the
+    engine's own torch), the least-squares slope over the batch sizes; the model's sizes from its config."""
+    config = json.loads(((model_dir or default_model_dir()) / "config.json").read_text())["text_config"]
+    command = [str(python or venv_python(default_venv_dir())), "-c", ROW_PROBE, str(config["vocab_size"]),
+               str(config["hidden_size"]), str(os.cpu_count() or 1), str(rounds)]  # fmt: skip
+    answer = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600)
+    medians = {int(rows): seconds for rows, seconds in json.loads(answer.stdout).items()}
+    mean_rows, mean_s = statistics.fmean(medians), statistics.fmean(medians.values())
+    slope = sum((rows - mean_rows) * (s - mean_s) for rows, s in medians.items()) / sum(
+        (rows - mean_rows) ** 2 for rows in medians
+    )
+    return max(0.0, float(slope))
+
+
 Measure = Callable[[str, Configuration], Measured]
 """One configuration measured on the engine at a URL (by default :func:`measure`'s closed loop)."""
+
+
+class OneEngineAtATime:
+    """Engines booted here (``modgate engine-cpu``'s), one at a time: the engine a configuration's flags
+    name is started when it is needed, the one before stopped first, so the shared machine never holds
+    two. A restart costs the engine its prefix cache and its first slow steps, which each measurement's
+    warm-up requests pay for. Call it as a :data:`Measure` (the URL is ignored); ``close`` at the end."""
+
+    def __init__(
+        self, requests: int, warmup: int, boot: Callable[[str], EngineProcess] | None = None
+    ) -> None:
+        """Measure ``requests`` (times a configuration's factor) after ``warmup``; boot with ``boot``."""
+        self.requests, self.warmup = requests, warmup
+        self.boot = boot or (lambda flags: boot_engine(extra_args=shlex.split(flags), ready_timeout=1500)[0])
+        self.engine: EngineProcess | None = None
+        self.flags = ""
+
+    def __call__(self, url: str, config: Configuration) -> Measured:
+        """Measure ``config`` on an engine started with its flags (booted now if another one runs)."""
+        if self.engine is None or self.flags != config.flags:
+            self.close()
+            began = time.monotonic()
+            self.engine, self.flags = self.boot(config.flags), config.flags
+            print(f"booted the engine with flags '{config.flags}' in {time.monotonic() - began:.0f} s; "
+                  f"{machine_load()}", flush=True)  # fmt: skip
+        requests = self.requests * config.requests_factor
+        return asyncio.run(measure(self.engine.url, config, requests, self.warmup))
+
+    def close(self) -> None:
+        """Stop the engine running, if any."""
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+
+
+_MEASURED = re.compile(
+    r"^measured (?P<name>.+?): (?P<rate>[\d.]+)/min, TTFT (?P<ttft>[\d.]+) s, end to end (?P<e2e>[\d.]+) s, "
+    r"(?P<prompt>\d+) prompt tokens \((?P<cached>[\d.]+) cached\); (?P<load>.*)$"
+)
+_PHASES = re.compile(
+    r"^  (?P<requests>\d+) requests by the engine's histograms: queue (?P<queue>[\d.]+) ms, prefill "
+    r"(?P<prefill>[\d.]+) ms, running (?P<running>[\d.]+) ms; the client's TTFT (?P<ttft>[\d.]+) ms, end to "
+    r"end (?P<e2e>[\d.]+) ms;.*front end: TTFT (?P<front_ttft>[\d.]+) ms, end to end (?P<front_e2e>[\d.]+) ms"
+)
+
+
+def replayed(log: str) -> list[tuple[str, Measured, str]]:
+    """A run's measurements read back from what it printed (``measured ...`` and the histograms' line
+    after it), in order: the figures at the printed precision (a TTFT to the millisecond, the engine's
+    phases to 0.1 ms). For fitting a run again with another law or fit without measuring it again."""
+    seen: list[tuple[str, Measured, str]] = []
+    for line in log.splitlines():
+        if found := _MEASURED.match(line):
+            figures = Measured(float(found["rate"]), float(found["ttft"]), float(found["e2e"]),
+                               int(found["prompt"]), float(found["cached"]))  # fmt: skip
+            seen.append((found["name"], figures, found["load"]))
+        elif (found := _PHASES.match(line)) and seen:
+            ms = {key: float(value) / 1000 for key, value in found.groupdict().items() if key != "requests"}
+            engine = EngineTimes(int(found["requests"]), ms["queue"], ms["prefill"], ms["running"],
+                                 ms["front_e2e"], ms["front_ttft"])  # fmt: skip
+            name, figures, load = seen[-1]
+            figures = replace(figures, ttft_all_s=ms["ttft"], e2e_all_s=ms["e2e"], engine=engine)
+            seen[-1] = (name, figures, load)
+    return seen
+
+
+class Replay:
+    """A :data:`Measure` that hands back a printed run's measurements (:func:`replayed`) in its order."""
+
+    def __init__(self, log: str) -> None:
+        """Read the run's log."""
+        self.seen = replayed(log)
+        self.load = ""  # the machine's load while the measurement handed back last was taken
+
+    def __call__(self, url: str, config: Configuration) -> Measured:
+        """The next measurement, which must be ``config``'s."""
+        name, figures, self.load = self.seen.pop(0)
+        if name != config.name:
+            raise ValueError(f"the log measured {name!r} where the run asks for {config.name!r}")
+        return figures
+
+
+@contextlib.contextmanager
+def measurement_lock(path: Path | None) -> Iterator[None]:
+    """Hold ``flock`` on ``path`` (the shared machine's measurement lock, as ``flock(1)`` takes it) while
+    measuring, so no other session's timing overlaps; the fits after need no lock. None: no lock."""
+    if path is None:
+        yield
+        return
+    with path.open("a") as handle:
+        print(f"waiting for the measurement lock {path}; {machine_load()}", flush=True)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        print(f"measurement lock taken; {machine_load()}", flush=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            print(f"measurement lock released; {machine_load()}", flush=True)
 
 
 def run(
@@ -314,6 +478,8 @@ def run(
     measure_with: Measure | None = None,
     fit_requests: int = 120,
     held_out: Sequence[Configuration] = (*HELD_OUT, CHUNKED, THRESHOLD),
+    lock: Path | None = None,
+    probe: Callable[[], float] | None = None,
 ) -> tuple[SimPreset, dict[str, list[Any]]]:
     """Measure every configuration whose engine is in ``urls`` (flags → URL), fit on :data:`FIT`, compare.
 
@@ -324,15 +490,23 @@ def run(
     its two neighbouring measurements (``bracketed_simulated``, ``bracketed_ratio``; ``drift`` is the fit
     configuration's rate after the row over its rate before). ``flags_only`` measures only the engines
     started with other flags (their rows still bracketed on the default engine): the second invocation
-    when at most two engines fit in memory."""
-    measure_with = measure_with or (lambda url, config: asyncio.run(measure(url, config, requests, warmup)))
+    when at most two engines fit in memory. ``lock``: the file whose ``flock`` is held while measuring.
+    ``probe``: a sampled row's cost (:func:`probe_row_cost`), probed after each measurement of the fit
+    configuration and priced as the decode cost in its fits (``ratio_without_row_cost`` and
+    ``bracketed_ratio_without_row_cost``: the same fits with decode free)."""
+    measure_with = measure_with or (
+        lambda url, config: asyncio.run(measure(url, config, requests * config.requests_factor, warmup))
+    )
     held_out = [c for c in held_out if c.flags in urls and (c.flags or not flags_only)]
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     def take(config: Configuration) -> tuple[Measured, str]:
         began = machine_load()
         figures = measure_with(urls[config.flags], config)
-        load = f"{began} -> {machine_load()}"
+        if probe is not None and config is FIT:
+            figures = replace(figures, row_s=probe())
+            print(f"  a sampled row's cost, probed: {figures.row_s * 1000:.2f} ms", flush=True)
+        load = measure_with.load if isinstance(measure_with, Replay) else f"{began} -> {machine_load()}"
         print(f"measured {config.name}: {figures.requests_per_min:.1f}/min, "
               f"TTFT {figures.ttft_mean_s:.3f} s, "
               f"end to end {figures.e2e_mean_s:.3f} s, {figures.prompt_tokens} prompt tokens "
@@ -340,23 +514,33 @@ def run(
         print(f"  {phases(figures)}", flush=True)
         return figures, load
 
-    fits = [take(FIT)]
-    measured = {FIT.name: fits[0]}
-    for config in held_out:
-        measured[config.name] = take(config)
-        fits.append(take(FIT))
-        print(f"  drift across {config.name}: the fit configuration ran at "
-              f"{fits[-1][0].requests_per_min / fits[-2][0].requests_per_min:.2f} of its speed before",
-              flush=True)  # fmt: skip
+    with measurement_lock(lock):
+        fits = [take(FIT)]
+        measured = {FIT.name: fits[0]}
+        for config in held_out:
+            measured[config.name] = take(config)
+            fits.append(take(FIT))
+            print(f"  drift across {config.name}: the fit configuration ran at "
+                  f"{fits[-1][0].requests_per_min / fits[-2][0].requests_per_min:.2f} of its speed before",
+                  flush=True)  # fmt: skip
+        if isinstance(measure_with, OneEngineAtATime):
+            measure_with.close()
     first = fits[0][0]
-    preset = fit_with_request_overhead(first, requests=fit_requests)
+    preset = fit_with_request_overhead(first, requests=fit_requests, row_s=first.row_s)
+    residual = outside_residual(preset, first, requests=fit_requests)
+    print(f"fit: {preset.request_overhead_s * 1000:.2f} ms a request outside the steps, the fixed point's "
+          f"residual {residual * 1000:.2f} ms", flush=True)  # fmt: skip
     document = compare(preset, [FIT, *held_out], measured)
     # The same rows from the law without the cost outside the steps, fitted on the same measurement:
     # what the per-request cost changed.
-    without = compare(fit(first, requests=fit_requests), [FIT, *held_out], measured)
+    without = compare(fit(first, row_s=first.row_s, requests=fit_requests), [FIT, *held_out], measured)
+    # And with decode free, as the law was before the probe (the same rows when nothing was probed).
+    free = fit_with_request_overhead(first, requests=fit_requests) if first.row_s > 0 else preset
+    no_rows = compare(free, [FIT, *held_out], measured)
     for table in document:
-        for row, before in zip(document[table], without[table], strict=True):
+        for row, before, free_row in zip(document[table], without[table], no_rows[table], strict=True):
             row["ratio_without_request_overhead"] = before["ratio"]
+            row["ratio_without_row_cost"] = free_row["ratio"]
             row["run"] = started
     for index, config in enumerate(held_out):
         bracket(document, config, measured[config.name][0], fits[index][0], fits[index + 1][0], fit_requests)
@@ -373,18 +557,23 @@ def bracket(
 ) -> SimPreset:
     """Add to ``config``'s held-out rows the comparison with the preset fitted on the mean of the fit
     configuration's measurements just before and just after it, at the speed the row itself saw."""
-    preset = fit_with_request_overhead(mean_of(before, after), requests=fit_requests)
+    seen = mean_of(before, after)
+    preset = fit_with_request_overhead(seen, requests=fit_requests, row_s=seen.row_s)
     simulated = simulate(preset, config, real.prompt_tokens)
+    free = fit_with_request_overhead(seen, requests=fit_requests) if seen.row_s > 0 else preset
+    simulated_free = simulate(free, config, real.prompt_tokens)
     rows = [row for row in document["held_out"] if row["name"] == config.name]
     for row, (figure, get) in zip(rows, FIGURES, strict=True):
         assert row["figure"] == figure
         row["bracketed_simulated"] = get(simulated)
         row["bracketed_ratio"] = get(simulated) / get(real)
+        row["bracketed_ratio_without_row_cost"] = get(simulated_free) / get(real)
         row["drift"] = after.requests_per_min / before.requests_per_min
         row["fit_before"], row["fit_after"] = get(before), get(after)
         row["bracketed_fit"] = {"step_overhead_s": preset.step_overhead_s,
                                 "prefill_tokens_per_s": preset.prefill_tokens_per_s,
-                                "request_overhead_s": preset.request_overhead_s}  # fmt: skip
+                                "request_overhead_s": preset.request_overhead_s,
+                                "row_s": seen.row_s}  # fmt: skip
     return preset
 
 
@@ -421,16 +610,46 @@ def outside_the_steps(measured: Measured) -> float:
 
 
 def fit_with_request_overhead(
-    measured: Measured, config: Configuration = FIT, requests: int = 120
+    measured: Measured,
+    config: Configuration = FIT,
+    requests: int = 120,
+    row_s: float = 0.0,
+    tolerance_s: float = 0.0005,
 ) -> SimPreset:
     """:func:`fit` with the cost per request outside the steps taken from the engine's histograms: the
     time outside the steps (:func:`outside_the_steps`) less the wait for the step in progress, which the
-    law charges itself (``LoadFigures.step_wait_mean_s``). The wait depends on the fitted step, so the fit
-    runs twice: first with the whole time outside, then with the wait that fit simulates taken off."""
+    law charges itself (``LoadFigures.step_wait_mean_s``). The wait depends on the fitted step, so the
+    cost is found as a fixed point: the ``r`` whose own fit simulates a wait of ``outside - r``, within
+    ``tolerance_s``. The law's wait is not smooth in its constants (the closed loop's phase against the
+    steps), so iterating ``r = outside - wait(fit(r))`` can cycle; ``r`` is bisected on ``[0, outside]``
+    by the residual's sign instead, and the candidate with the smallest residual is kept."""
     outside = outside_the_steps(measured)
-    first = fit(measured, config, requests=requests, request_s=outside)
-    wait = simulate(first, config, measured.prompt_tokens, requests).step_wait_s
-    return fit(measured, config, requests=requests, request_s=max(0.0, outside - wait))
+
+    first: SimPreset | None = None
+
+    def attempt(request_s: float) -> tuple[SimPreset, float]:
+        preset = fit(measured, config, row_s=row_s, requests=requests, request_s=request_s, near=first)
+        return preset, outside_residual(preset, measured, config, requests)  # > 0: time left unpriced
+
+    low, high = 0.0, outside
+    best, residual = attempt(outside)  # a wait of 0 would make this exact (no step to wait for)
+    first = best
+    while abs(residual) > tolerance_s and high - low > tolerance_s / 4:
+        middle = (low + high) / 2
+        candidate, off = attempt(middle)
+        if abs(off) < abs(residual):
+            best, residual = candidate, off
+        low, high = (middle, high) if off > 0 else (low, middle)
+    return best
+
+
+def outside_residual(
+    preset: SimPreset, measured: Measured, config: Configuration = FIT, requests: int = 120
+) -> float:
+    """The measured time outside the steps less the law's own (its cost per request and its simulated
+    wait for the step in progress): 0 at :func:`fit_with_request_overhead`'s fixed point."""
+    wait = simulate(preset, config, measured.prompt_tokens, requests).step_wait_s
+    return outside_the_steps(measured) - wait - preset.request_overhead_s
 
 
 def phases(measured: Measured) -> str:
