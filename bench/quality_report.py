@@ -101,6 +101,7 @@ class TreePeak:
 
     root: int
     interval: float = 0.05
+    timeline: Path | None = None  # a line per sample: seconds, then each process's id and RSS in kB
     rss_kb: int = 0
     pss_kb: int = 0
     processes: int = 0
@@ -111,12 +112,20 @@ class TreePeak:
         self._thread.start()
 
     def _sample(self) -> None:
+        started = time.perf_counter()
+        log = self.timeline.open("w", encoding="ascii") if self.timeline else None
         while not self._stop.is_set():
-            sizes = [_memory_kb(pid) for pid in _tree(self.root)]
+            pids = _tree(self.root)
+            sizes = [_memory_kb(pid) for pid in pids]
             self.rss_kb = max(self.rss_kb, sum(rss for rss, _ in sizes))
             self.pss_kb = max(self.pss_kb, sum(pss for _, pss in sizes))
             self.processes = max(self.processes, sum(1 for rss, _ in sizes if rss))
+            if log is not None:
+                each = " ".join(f"{pid}:{rss}" for pid, (rss, _) in zip(pids, sizes, strict=True))
+                log.write(f"{time.perf_counter() - started:.2f} {each}\n")
             self._stop.wait(self.interval)
+        if log is not None:
+            log.close()
 
     def stop(self) -> None:
         self._stop.set()
@@ -132,7 +141,7 @@ class Run:
     exit_code: int
 
 
-def run_report(code: Path, records: Path, out: Path, *, bootstrap: int) -> Run:
+def run_report(code: Path, records: Path, out: Path, *, bootstrap: int, timeline: Path | None = None) -> Run:
     """One `modgate quality report` in a child process: wall and CPU seconds, the report process's own
     peak and its process tree's. CPU seconds (user + system) say what the work costs whatever else
     shares the machine."""
@@ -158,7 +167,7 @@ def run_report(code: Path, records: Path, out: Path, *, bootstrap: int) -> Run:
     child = subprocess.Popen(
         command, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    tree = TreePeak(child.pid)
+    tree = TreePeak(child.pid, timeline=timeline)
     _, stderr = child.communicate()
     seconds = time.perf_counter() - started
     tree.stop()
@@ -194,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         default=1_000_000,
         help="generate at most this many pairs at a time (Parquet only): the generator's memory",
     )
+    parser.add_argument(
+        "--timeline", type=Path, default=None, help="write each 50 ms sample's RSS per process here"
+    )
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="modgate-quality-bench-"))
@@ -220,7 +232,13 @@ def main(argv: list[str] | None = None) -> int:
             f"in {time.perf_counter() - started:.1f} s, peak RSS {_own_peak_mb():,.0f} MB ({_load()})"
         )
         load_before = _load()
-        run = run_report(args.code, records, args.reports or work / "reports", bootstrap=args.bootstrap)
+        run = run_report(
+            args.code,
+            records,
+            args.reports or work / "reports",
+            bootstrap=args.bootstrap,
+            timeline=args.timeline,
+        )
         tree = run.tree
         print(
             f"report: {args.pairs:,} pairs ({args.format}, code {args.code}): {run.seconds:.1f} s wall, "
