@@ -22,18 +22,8 @@ from pydantic import ValidationError
 
 from quality.columnar import records_table
 from quality.columns import run_bootstrap
-from quality.engines import engine_comparison_plans, engine_section
-from quality.escalation import ThresholdPlan
 from quality.recommendation import recommend
 from quality.records import ARMS, VerdictRecord, format_iso_week, parse_iso_week, week_bounds
-from quality.rendering import render_html, render_json, render_markdown
-from quality.sections import (
-    CategoryPlan,
-    ComparisonPlan,
-    TenantPlan,
-    human_scores,
-    sample_size_needed,
-)
 from quality.summaries import (
     ArmCost,
     CategoryRow,
@@ -121,6 +111,12 @@ def _build(
     previous: Sequence[WeekSummary],
     generated_at: datetime | None,
 ) -> WeeklyReport:
+    # the statistics (scikit-learn, statsmodels, scipy) come in once the week's tables are here: while
+    # the SQL stage's process runs, this one holds only the light modules (about 70 MB less at once)
+    from quality.engines import engine_comparison_plans, engine_section
+    from quality.escalation import ThresholdPlan
+    from quality.sections import CategoryPlan, ComparisonPlan, TenantPlan, human_scores, sample_size_needed
+
     counts, main, pairing, engine = tables.counts, tables.main, tables.pairing, tables.engine
     rerun, rerun_notes, every_pair = tables.rerun, tables.rerun_notes, tables.escalation
     plans: list[ComparisonPlan | CategoryPlan | TenantPlan | ThresholdPlan] = []
@@ -202,6 +198,27 @@ def load_previous_summaries(directory: Path, week: str, limit: int = 12) -> list
         except (ValidationError, ValueError, OSError):
             logger.warning("skipping unreadable earlier report %s", path)
     return summaries[-limit:]
+
+
+def render_json(report: WeeklyReport) -> str:
+    """The report as JSON (`quality.rendering.render_json`; later weeks' trend reads it back)."""
+    from quality import rendering  # matplotlib and jinja: imported when a report is written
+
+    return rendering.render_json(report)
+
+
+def render_html(report: WeeklyReport) -> str:
+    """The report as one HTML page with its charts inline (`quality.rendering.render_html`)."""
+    from quality import rendering
+
+    return rendering.render_html(report)
+
+
+def render_markdown(report: WeeklyReport) -> str:
+    """The report as Markdown (`quality.rendering.render_markdown`)."""
+    from quality import rendering
+
+    return rendering.render_markdown(report)
 
 
 @dataclass(frozen=True)
