@@ -281,15 +281,23 @@ class ThresholdPlan:
         self.auroc_boot: list[FloatArray] = []
         self.with_auroc = bool(frames.disagree.any() and not frames.disagree.all())
         if self.with_auroc:
-            self.score = -np.nan_to_num(frames.confidence, nan=-1.0)  # lower confidence: likelier to disagree
+            # lower confidence: likelier to disagree (negated in place: the thresholds are done with it)
+            self.score = np.negative(confidence_or_low, out=confidence_or_low)
+            del confidence_or_low
             values, ranks = np.unique(self.score, return_inverse=True)
             self.rank = (np.asarray(ranks, dtype=np.int64), int(values.size))
+            del values, ranks
             if self.whole:
                 self._prepare_fast_auroc()
+                del self.score, self.rank  # a frame each: the segments hold what the resamples need
+                # the point value from the segments too, as one resample of every video once: the same
+                # whole-number sums as `weighted_auroc` frame by frame, so the same bits, without its
+                # arrays of a float per distinct score (half a gigabyte at ten million pairs)
+                self.point_auroc = float(self._fast_auroc(np.ones((1, self.n_videos)))[0])
+            else:
                 self.point_auroc = float(
                     weighted_auroc(self.score, frames.disagree, w[None, :], self.rank)[0]
                 )
-                del self.score, self.rank  # a frame each: the segments hold what the resamples need
         self.weight_sums = (float(w.sum()), float(np.sum(w**2)))
         self.size = frames.size
         if self.whole:

@@ -99,12 +99,15 @@ def build_weekly_report_from(
     policy = policy or ReportPolicy()
     year, number = parse_iso_week(week)
     start, end = week_bounds(year, number)
-    tables = week_tables(source, start, end, policy, only_source=only_source, isolate=isolate)
-    return _build(tables, policy, format_iso_week(year, number), (start, end), previous, generated_at)
+    label = format_iso_week(year, number)
+    # handed over in a list `_build` empties, no name here holding them: it lets go of the escalation
+    # sample once its plan has what it needs (at ten million pairs, 180 MB kept through the bootstrap)
+    tables = [week_tables(source, start, end, policy, only_source=only_source, isolate=isolate)]
+    return _build(tables, policy, label, (start, end), previous, generated_at)
 
 
 def _build(
-    tables: WeekTables,
+    holder: list[WeekTables],
     policy: ReportPolicy,
     week: str,
     bounds: tuple[datetime, datetime],
@@ -117,6 +120,7 @@ def _build(
     from quality.escalation import ThresholdPlan
     from quality.sections import CategoryPlan, ComparisonPlan, TenantPlan, human_scores, sample_size_needed
 
+    tables = holder.pop()  # the only reference: `del tables` below frees the escalation sample
     counts, main, pairing, engine = tables.counts, tables.main, tables.pairing, tables.engine
     rerun, rerun_notes, every_pair = tables.rerun, tables.rerun_notes, tables.escalation
     plans: list[ComparisonPlan | CategoryPlan | TenantPlan | ThresholdPlan] = []
