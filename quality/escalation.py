@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,6 +31,8 @@ from quality.columns import IntArray, PairColumns, ThresholdFrames, run_bootstra
 from quality.records import PairedRecord
 from quality.stats import wilson_interval
 from quality.summaries import EscalationSample, Estimate, ThresholdRow, ThresholdSection
+
+Ranks = NDArray[np.signedinteger[Any]]  # a level per frame (int32 or int64)
 
 __all__ = [
     "ESCALATION_REASONS",
@@ -94,7 +96,7 @@ def _escalated(frames: ThresholdFrames, thresholds: FloatArray) -> BoolArray:
 
 
 def weighted_auroc(
-    score: FloatArray, positive: BoolArray, weights: FloatArray, rank: tuple[IntArray, int] | None = None
+    score: FloatArray, positive: BoolArray, weights: FloatArray, rank: tuple[Ranks, int] | None = None
 ) -> FloatArray:
     """AUROC of ``score`` for ``positive`` under each row of ``weights`` (resamples × frames); ties count ½.
 
@@ -135,6 +137,25 @@ def _estimate(
         interval = wilson_interval(k, n, confidence)
         low, high = min(low, interval.low), max(high, interval.high)
     return Estimate(value=value, low=max(0.0, min(low, value)), high=min(1.0, max(high, value)))
+
+
+def _dense_ranks(score: FloatArray) -> tuple[Ranks, int, IntArray]:
+    """Each score's level among the distinct scores, 0 for the lowest (what `np.unique(score,
+    return_inverse=True)` gives, as int32), how many levels there are, and the frames from the lowest
+    score up, ties in frame order: one stable sort, with well under `np.unique`'s memory (it holds
+    several int64 arrays a frame at once: 400 MB at ten million frames)."""
+    by_score = np.argsort(score, kind="stable")
+    ordered = score[by_score]
+    starts = np.empty(ordered.size, dtype=np.bool_)
+    starts[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    del ordered
+    level = np.cumsum(starts, dtype=np.int32)
+    del starts
+    level -= 1
+    ranks = np.empty(score.size, dtype=np.int32)
+    ranks[by_score] = level
+    return ranks, int(level[-1]) + 1 if level.size else 0, np.asarray(by_score, dtype=np.int64)
 
 
 def default_thresholds(confidence: FloatArray) -> FloatArray:
@@ -284,17 +305,18 @@ class ThresholdPlan:
             # lower confidence: likelier to disagree (negated in place: the thresholds are done with it)
             self.score = np.negative(confidence_or_low, out=confidence_or_low)
             del confidence_or_low
-            values, ranks = np.unique(self.score, return_inverse=True)
-            self.rank = (np.asarray(ranks, dtype=np.int64), int(values.size))
-            del values, ranks
+            ranks, levels, by_score = _dense_ranks(self.score)
+            self.rank = (ranks, levels)
             if self.whole:
-                self._prepare_fast_auroc()
+                self._prepare_fast_auroc(by_score)
+                del ranks, by_score
                 del self.score, self.rank  # a frame each: the segments hold what the resamples need
                 # the point value from the segments too, as one resample of every video once: the same
                 # whole-number sums as `weighted_auroc` frame by frame, so the same bits, without its
                 # arrays of a float per distinct score (half a gigabyte at ten million pairs)
                 self.point_auroc = float(self._fast_auroc(np.ones((1, self.n_videos)))[0])
             else:
+                del ranks, by_score
                 self.point_auroc = float(
                     weighted_auroc(self.score, frames.disagree, w[None, :], self.rank)[0]
                 )
@@ -352,17 +374,15 @@ class ThresholdPlan:
         agree[:, self._everything] = total
         return np.hstack([total, escalated, agree, disagreeing])
 
-    def _prepare_fast_auroc(self) -> None:
+    def _prepare_fast_auroc(self, by_score: IntArray) -> None:
         """The negatives' weight per video between consecutive cut points (each positive's score, below
         and at it), as a sparse (segments, videos) matrix: a resample's weight below and at each positive
-        is then a cumulative sum over segments, one sparse product per slice of resamples."""
+        is then a cumulative sum over segments, one sparse product per slice of resamples. `by_score`:
+        the frames from the lowest score up, ties in frame order (`_dense_ranks`)."""
         ranks, _ = self.rank
         frames = self.frames
         positive = np.flatnonzero(frames.disagree)
-        negative = np.flatnonzero(~frames.disagree)
-        by_rank = np.argsort(ranks[negative], kind="stable")
-        order = negative[by_rank]  # the negatives from the lowest score up (ties in frame order)
-        del negative, by_rank
+        order = by_score[~frames.disagree[by_score]]  # the negatives from the lowest score up, the same
         negative_ranks = ranks[order]
         below = np.searchsorted(negative_ranks, ranks[positive], side="left")
         upto = np.searchsorted(negative_ranks, ranks[positive], side="right")
