@@ -308,9 +308,12 @@ class ThresholdPlan:
             ranks, levels, by_score = _dense_ranks(self.score)
             self.rank = (ranks, levels)
             if self.whole:
-                self._prepare_fast_auroc(by_score)
-                del ranks, by_score
-                del self.score, self.rank  # a frame each: the segments hold what the resamples need
+                # a frame each, none of them needed once the segments are built: held only by the plan,
+                # which lets go of each as soon as it can (a third of a gigabyte at ten million pairs)
+                del self.score, ranks
+                self._by_score = by_score
+                del by_score
+                self._prepare_fast_auroc()
                 # the point value from the segments too, as one resample of every video once: the same
                 # whole-number sums as `weighted_auroc` frame by frame, so the same bits, without its
                 # arrays of a float per distinct score (half a gigabyte at ten million pairs)
@@ -374,27 +377,31 @@ class ThresholdPlan:
         agree[:, self._everything] = total
         return np.hstack([total, escalated, agree, disagreeing])
 
-    def _prepare_fast_auroc(self, by_score: IntArray) -> None:
+    def _prepare_fast_auroc(self) -> None:
         """The negatives' weight per video between consecutive cut points (each positive's score, below
         and at it), as a sparse (segments, videos) matrix: a resample's weight below and at each positive
-        is then a cumulative sum over segments, one sparse product per slice of resamples. `by_score`:
-        the frames from the lowest score up, ties in frame order (`_dense_ranks`)."""
+        is then a cumulative sum over segments, one sparse product per slice of resamples. Takes (and
+        lets go of) `self.rank` and `self._by_score`, the frames from the lowest score up, ties in frame
+        order (`_dense_ranks`)."""
         ranks, _ = self.rank
+        del self.rank
         frames = self.frames
         positive = np.flatnonzero(frames.disagree)
-        order = by_score[~frames.disagree[by_score]]  # the negatives from the lowest score up, the same
+        order = self._by_score[~frames.disagree[self._by_score]]  # the negatives from the lowest score up
+        del self._by_score
         negative_ranks = ranks[order]
-        below = np.searchsorted(negative_ranks, ranks[positive], side="left")
-        upto = np.searchsorted(negative_ranks, ranks[positive], side="right")
-        del negative_ranks
+        positive_ranks = ranks[positive]
+        del ranks
+        below = np.searchsorted(negative_ranks, positive_ranks, side="left")
+        upto = np.searchsorted(negative_ranks, positive_ranks, side="right")
+        del negative_ranks, positive_ranks
         cuts = np.unique(np.concatenate([[0, order.size], below, upto]))
         # each negative's segment: k for the negatives between cuts k and k + 1 (the cuts run 0 … size)
         segment = np.repeat(np.arange(cuts.size - 1, dtype=np.int32), np.diff(cuts))
-        self._segments = sparse.csr_matrix(
-            (frames.weight[order], (segment, frames.video[order].astype(np.int32))),
-            shape=(cuts.size, self.n_videos),
-        )
-        del order, segment
+        weights, videos = frames.weight[order], frames.video[order].astype(np.int32)
+        del order
+        self._segments = sparse.csr_matrix((weights, (segment, videos)), shape=(cuts.size, self.n_videos))
+        del weights, videos, segment
         self._below = np.searchsorted(cuts, below)
         self._upto = np.searchsorted(cuts, upto)
         self._pos_video = frames.video[positive]
