@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -341,6 +341,23 @@ class ThresholdFrames:
     def size(self) -> int:
         return int(self.weight.size)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with unit weights as just their count: the view of one number would otherwise be
+        written, and read back, as a float per frame."""
+        unit = self.weight.strides == (0,) and bool(self.weight.size) and float(self.weight[0]) == 1.0
+        return (
+            _threshold_frames,
+            (
+                self.confidence,
+                self.forced,
+                self.disagree,
+                self.weight.size if unit else self.weight,
+                self.video,
+                self.escalation_pairs,
+                self.without_confidence,
+            ),
+        )
+
     @classmethod
     def from_columns(cls, pairs: PairColumns, sample: str, always: Iterable[str]) -> ThresholdFrames:
         """The pairs the estimate may use: those escalation did not choose (`random`), or every pair
@@ -364,6 +381,20 @@ class ThresholdFrames:
             escalation_pairs=int(pairs.escalation.sum()),
             without_confidence=int(without_confidence.sum()),
         )
+
+
+def _threshold_frames(
+    confidence: FloatArray,
+    forced: BoolArray,
+    disagree: BoolArray,
+    weight: FloatArray | int,
+    video: IntArray,
+    escalation_pairs: int,
+    without_confidence: int,
+) -> ThresholdFrames:
+    """`ThresholdFrames` from its pickle (`weight` a count for unit weights)."""
+    weights = unit_weights(weight) if isinstance(weight, int) else weight
+    return ThresholdFrames(confidence, forced, disagree, weights, video, escalation_pairs, without_confidence)
 
 
 def unit_weights(size: int) -> FloatArray:

@@ -11,18 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from quality.notation import count, interval, pct
-from quality.records import ARMS
-from quality.sections import ComparisonPlan, arm_cost
+from quality.sections import ComparisonPlan
 from quality.summaries import (
     ENGINE_NAMES,
-    ArmCost,
     EngineComparison,
     EngineDecision,
     EngineSection,
     Rate,
     ReportPolicy,
 )
-from quality.weekly_sql import PairQuery, WeekQueries
+from quality.week_stage import EngineCounts, primary_engine
 
 __all__ = ["engine_comparison_plans", "engine_section", "primary_engine"]
 
@@ -31,42 +29,19 @@ def engine_name(kind: str) -> str:
     return ENGINE_NAMES.get(kind, kind)
 
 
-def primary_engine(engines: Sequence[str]) -> str:
-    """The reference engine of a week: vLLM when it judged anything (the engine the policy is tuned on)."""
-    if not engines or "vllm" in engines:
-        return "vllm"
-    return sorted(engines)[0]
-
-
 class EnginePlan(ComparisonPlan):
     """One arm on the reference engine against the same arm on another engine."""
 
-    def __init__(
-        self, queries: WeekQueries, arm: str, engines: tuple[str, str], policy: ReportPolicy
-    ) -> None:
-        counts, _ = queries.pair_counts(
-            PairQuery(arm, arm, reference_engine=engines[0], candidate_engine=engines[1])
-        )
-        super().__init__(counts, policy)
-        self.arm, self.engines, self.queries = arm, engines, queries
-        self.cost: ArmCost | None = None
-
-    def fetch_cost(self) -> None:
-        """The other engine's latency and tokens on this arm (a query: before the connection closes)."""
-        self.cost = arm_cost(self.arm, *self.queries.arm_columns(self.arm, self.engines[1]))  # type: ignore[arg-type]  # an arm name from ARMS
+    def __init__(self, counts: EngineCounts, primary: str, policy: ReportPolicy) -> None:
+        super().__init__(counts.pairs, policy)
+        self.arm, self.engines, self.cost = counts.arm, (primary, counts.other), counts.cost
 
 
 def engine_comparison_plans(
-    queries: WeekQueries, engines: Sequence[str], primary: str, policy: ReportPolicy
+    engines: Sequence[EngineCounts], primary: str, policy: ReportPolicy
 ) -> list[tuple[str, EnginePlan]]:
     """A plan per (other engine, arm) that both engines judged; empty for a week of one engine."""
-    plans = []
-    for other in (e for e in engines if e != primary):
-        for arm in ARMS:
-            plan = EnginePlan(queries, arm, (primary, other), policy)
-            if len(plan.pairs):
-                plans.append((other, plan))
-    return plans
+    return [(counts.other, EnginePlan(counts, primary, policy)) for counts in engines]
 
 
 def _rate_text(rate: Rate) -> str:
@@ -85,7 +60,7 @@ def engine_section(
     for plan in chosen:
         comparisons.append(
             EngineComparison(
-                arm=plan.arm,  # type: ignore[arg-type]  # an arm name from ARMS
+                arm=plan.arm,
                 comparison=plan.result(),
                 candidate_cost=plan.cost,
             )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,6 +31,8 @@ from quality.columns import IntArray, PairColumns, ThresholdFrames, run_bootstra
 from quality.records import PairedRecord
 from quality.stats import wilson_interval
 from quality.summaries import EscalationSample, Estimate, ThresholdRow, ThresholdSection
+
+Ranks = NDArray[np.signedinteger[Any]]  # a level per frame (int32 or int64)
 
 __all__ = [
     "ESCALATION_REASONS",
@@ -94,7 +96,7 @@ def _escalated(frames: ThresholdFrames, thresholds: FloatArray) -> BoolArray:
 
 
 def weighted_auroc(
-    score: FloatArray, positive: BoolArray, weights: FloatArray, rank: tuple[IntArray, int] | None = None
+    score: FloatArray, positive: BoolArray, weights: FloatArray, rank: tuple[Ranks, int] | None = None
 ) -> FloatArray:
     """AUROC of ``score`` for ``positive`` under each row of ``weights`` (resamples × frames); ties count ½.
 
@@ -135,6 +137,25 @@ def _estimate(
         interval = wilson_interval(k, n, confidence)
         low, high = min(low, interval.low), max(high, interval.high)
     return Estimate(value=value, low=max(0.0, min(low, value)), high=min(1.0, max(high, value)))
+
+
+def _dense_ranks(score: FloatArray) -> tuple[Ranks, int, IntArray]:
+    """Each score's level among the distinct scores, 0 for the lowest (what `np.unique(score,
+    return_inverse=True)` gives, as int32), how many levels there are, and the frames from the lowest
+    score up, ties in frame order: one stable sort, with well under `np.unique`'s memory (it holds
+    several int64 arrays a frame at once: 400 MB at ten million frames)."""
+    by_score = np.argsort(score, kind="stable")
+    ordered = score[by_score]
+    starts = np.empty(ordered.size, dtype=np.bool_)
+    starts[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    del ordered
+    level = np.cumsum(starts, dtype=np.int32)
+    del starts
+    level -= 1
+    ranks = np.empty(score.size, dtype=np.int32)
+    ranks[by_score] = level
+    return ranks, int(level[-1]) + 1 if level.size else 0, np.asarray(by_score, dtype=np.int64)
 
 
 def default_thresholds(confidence: FloatArray) -> FloatArray:
@@ -281,15 +302,27 @@ class ThresholdPlan:
         self.auroc_boot: list[FloatArray] = []
         self.with_auroc = bool(frames.disagree.any() and not frames.disagree.all())
         if self.with_auroc:
-            self.score = -np.nan_to_num(frames.confidence, nan=-1.0)  # lower confidence: likelier to disagree
-            values, ranks = np.unique(self.score, return_inverse=True)
-            self.rank = (np.asarray(ranks, dtype=np.int64), int(values.size))
+            # lower confidence: likelier to disagree (negated in place: the thresholds are done with it)
+            self.score = np.negative(confidence_or_low, out=confidence_or_low)
+            del confidence_or_low
+            ranks, levels, by_score = _dense_ranks(self.score)
+            self.rank = (ranks, levels)
             if self.whole:
+                # a frame each, none of them needed once the segments are built: held only by the plan,
+                # which lets go of each as soon as it can (a third of a gigabyte at ten million pairs)
+                del self.score, ranks
+                self._by_score = by_score
+                del by_score
                 self._prepare_fast_auroc()
+                # the point value from the segments too, as one resample of every video once: the same
+                # whole-number sums as `weighted_auroc` frame by frame, so the same bits, without its
+                # arrays of a float per distinct score (half a gigabyte at ten million pairs)
+                self.point_auroc = float(self._fast_auroc(np.ones((1, self.n_videos)))[0])
+            else:
+                del ranks, by_score
                 self.point_auroc = float(
                     weighted_auroc(self.score, frames.disagree, w[None, :], self.rank)[0]
                 )
-                del self.score, self.rank  # a frame each: the segments hold what the resamples need
         self.weight_sums = (float(w.sum()), float(np.sum(w**2)))
         self.size = frames.size
         if self.whole:
@@ -347,26 +380,28 @@ class ThresholdPlan:
     def _prepare_fast_auroc(self) -> None:
         """The negatives' weight per video between consecutive cut points (each positive's score, below
         and at it), as a sparse (segments, videos) matrix: a resample's weight below and at each positive
-        is then a cumulative sum over segments, one sparse product per slice of resamples."""
+        is then a cumulative sum over segments, one sparse product per slice of resamples. Takes (and
+        lets go of) `self.rank` and `self._by_score`, the frames from the lowest score up, ties in frame
+        order (`_dense_ranks`)."""
         ranks, _ = self.rank
+        del self.rank
         frames = self.frames
         positive = np.flatnonzero(frames.disagree)
-        negative = np.flatnonzero(~frames.disagree)
-        by_rank = np.argsort(ranks[negative], kind="stable")
-        order = negative[by_rank]  # the negatives from the lowest score up (ties in frame order)
-        del negative, by_rank
+        order = self._by_score[~frames.disagree[self._by_score]]  # the negatives from the lowest score up
+        del self._by_score
         negative_ranks = ranks[order]
-        below = np.searchsorted(negative_ranks, ranks[positive], side="left")
-        upto = np.searchsorted(negative_ranks, ranks[positive], side="right")
-        del negative_ranks
+        positive_ranks = ranks[positive]
+        del ranks
+        below = np.searchsorted(negative_ranks, positive_ranks, side="left")
+        upto = np.searchsorted(negative_ranks, positive_ranks, side="right")
+        del negative_ranks, positive_ranks
         cuts = np.unique(np.concatenate([[0, order.size], below, upto]))
         # each negative's segment: k for the negatives between cuts k and k + 1 (the cuts run 0 … size)
         segment = np.repeat(np.arange(cuts.size - 1, dtype=np.int32), np.diff(cuts))
-        self._segments = sparse.csr_matrix(
-            (frames.weight[order], (segment, frames.video[order].astype(np.int32))),
-            shape=(cuts.size, self.n_videos),
-        )
-        del order, segment
+        weights, videos = frames.weight[order], frames.video[order].astype(np.int32)
+        del order
+        self._segments = sparse.csr_matrix((weights, (segment, videos)), shape=(cuts.size, self.n_videos))
+        del weights, videos, segment
         self._below = np.searchsorted(cuts, below)
         self._upto = np.searchsorted(cuts, upto)
         self._pos_video = frames.video[positive]

@@ -11,7 +11,6 @@ the rendering in :mod:`quality.rendering` (charts from :mod:`quality.charts`).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,20 +21,9 @@ import pyarrow as pa
 from pydantic import ValidationError
 
 from quality.columnar import records_table
-from quality.columns import PairCounts, run_bootstrap
-from quality.engines import engine_comparison_plans, engine_section, primary_engine
-from quality.escalation import ThresholdPlan
+from quality.columns import run_bootstrap
 from quality.recommendation import recommend
-from quality.records import ARMS, Arm, VerdictRecord, format_iso_week, parse_iso_week, week_bounds
-from quality.rendering import render_html, render_json, render_markdown
-from quality.sections import (
-    CategoryPlan,
-    ComparisonPlan,
-    TenantPlan,
-    arm_cost,
-    human_scores,
-    sample_size_needed,
-)
+from quality.records import ARMS, VerdictRecord, format_iso_week, parse_iso_week, week_bounds
 from quality.summaries import (
     ArmCost,
     CategoryRow,
@@ -50,9 +38,10 @@ from quality.summaries import (
     WeeklyReport,
     WeekSummary,
 )
-from quality.weekly_sql import PairQuery, WeekQueries
+from quality.week_stage import FORMAT_COMPARISONS, WeekTables, limit_malloc_arenas, week_tables
 
 __all__ = [
+    "FORMAT_COMPARISONS",
     "ArmCost",
     "CategoryRow",
     "Coefficient",
@@ -76,31 +65,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# glibc's mallopt parameter for the most malloc arenas a process keeps (malloc.h)
-_M_ARENA_MAX = -8
-
-
-def limit_malloc_arenas(arenas: int = 2) -> bool:
-    """Hold glibc to `arenas` malloc arenas for the rest of the process; False where that is not glibc.
-
-    Every thread that allocates gets an arena of its own by default (up to 8 per core), and memory freed
-    in one is not reused by another: the report's DuckDB threads, its builder thread and the bootstrap's
-    workers each kept what they had freed, 1.2 GB of resident memory for the 1M-pair week against 0.86 GB
-    with two arenas. Call it before the threads start (the report command does)."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(arenas)))
-
-
-FORMAT_COMPARISONS: tuple[tuple[Arm, Arm], ...] = (
-    ("thinking_off_json", "thinking_off"),  # does the compact form change what thinking off says?
-    ("thinking_on", "thinking_off_json"),  # the JSON form's own agreement with thinking on
-    ("thinking_on_json", "thinking_on"),  # the format with thinking on
-)
 
 
 def build_weekly_report(
@@ -126,59 +90,47 @@ def build_weekly_report_from(
     generated_at: datetime | None = None,
     *,
     only_source: str | None = None,
+    isolate: bool | None = None,
 ) -> WeeklyReport:
     """The report from columns: a folder of Parquet files (a week's partition) or an arrow table.
 
-    `only_source` keeps one source of records (`shadow` or `offline`)."""
+    `only_source` keeps one source of records (`shadow` or `offline`). The queries run in a process of
+    their own for a folder (`isolate`, see `quality.week_stage.week_tables`), in this one for a table."""
     policy = policy or ReportPolicy()
     year, number = parse_iso_week(week)
     start, end = week_bounds(year, number)
-    queries = WeekQueries.open(source, start, end, only_source=only_source)
-    try:
-        return _build(queries, policy, format_iso_week(year, number), (start, end), previous, generated_at)
-    finally:
-        queries.close()
+    label = format_iso_week(year, number)
+    # handed over in a list `_build` empties, no name here holding them: it lets go of the escalation
+    # sample once its plan has what it needs (at ten million pairs, 180 MB kept through the bootstrap)
+    tables = [week_tables(source, start, end, policy, only_source=only_source, isolate=isolate)]
+    return _build(tables, policy, label, (start, end), previous, generated_at)
 
 
 def _build(
-    queries: WeekQueries,
+    holder: list[WeekTables],
     policy: ReportPolicy,
     week: str,
     bounds: tuple[datetime, datetime],
     previous: Sequence[WeekSummary],
     generated_at: datetime | None,
 ) -> WeeklyReport:
-    counts = queries.counts()
-    engine = primary_engine(counts.engines)
+    # the statistics (scikit-learn, statsmodels, scipy) come in once the week's tables are here: while
+    # the SQL stage's process runs, this one holds only the light modules (about 70 MB less at once)
+    from quality.engines import engine_comparison_plans, engine_section
+    from quality.escalation import ThresholdPlan
+    from quality.sections import CategoryPlan, ComparisonPlan, TenantPlan, human_scores, sample_size_needed
 
-    def query(reference: Arm, candidate: Arm, **options: bool) -> PairQuery:
-        return PairQuery(reference, candidate, reference_engine=engine, candidate_engine=engine, **options)
-
-    def pairs_of(reference: Arm, candidate: Arm, **options: bool) -> tuple[PairCounts, dict[str, int]]:
-        return queries.pair_counts(query(reference, candidate, **options))
-
-    # Escalation pairs are the unsure frames only: they would bias every comparison but the weighted one.
-    main, pairing = queries.pair_counts(
-        query("thinking_on", "thinking_off", exclude_escalation=True), breakdown=True
-    )
-    every_pair = queries.threshold_frames(
-        query("thinking_on", "thinking_off"), policy.escalation_sample, policy.always_escalate
-    )
-    rerun, rerun_notes = pairs_of("thinking_on", "thinking_on_rerun", skip_reused_candidates=True)
-    formats = [cols for ref, cand in FORMAT_COMPARISONS if len(cols := pairs_of(ref, cand)[0])]
+    tables = holder.pop()  # the only reference: `del tables` below frees the escalation sample
+    counts, main, pairing, engine = tables.counts, tables.main, tables.pairing, tables.engine
+    rerun, rerun_notes, every_pair = tables.rerun, tables.rerun_notes, tables.escalation
     plans: list[ComparisonPlan | CategoryPlan | TenantPlan | ThresholdPlan] = []
     comparison_plan = ComparisonPlan(main, policy) if len(main) else None
     rerun_plan = ComparisonPlan(rerun, policy) if len(rerun) else None
-    format_plans = [ComparisonPlan(cols, policy) for cols in formats]
+    format_plans = [ComparisonPlan(cols, policy) for cols in tables.formats]
     category_plan = CategoryPlan(main, policy) if len(main) else None
     tenant_plan = TenantPlan(main, policy) if len(main) else None
-    engine_plans = engine_comparison_plans(queries, counts.engines, engine, policy)
-    costs = [cost for arm in ARMS if (cost := arm_cost(arm, *queries.arm_columns(arm, engine))) is not None]
-    for _, engine_plan in engine_plans:
-        engine_plan.fetch_cost()
-    # every query has run: DuckDB's buffers go before the escalation section's per-video sums and the
-    # bootstrap's weights come
-    queries.close()
+    engine_plans = engine_comparison_plans(tables.engines, tables.engine, policy)
+    costs = tables.costs
     threshold_plan = (
         ThresholdPlan(
             every_pair,
@@ -192,7 +144,8 @@ def _build(
         if every_pair.size
         else None
     )
-    del every_pair  # the plan keeps what its bootstrap needs of the sample's frames, not the frames
+    # the plan keeps what its bootstrap needs of the sample's frames, not the frames
+    del every_pair, tables
     for plan in (comparison_plan, rerun_plan, *format_plans, category_plan, tenant_plan, threshold_plan):
         if plan is not None:
             plans.append(plan)
@@ -249,6 +202,27 @@ def load_previous_summaries(directory: Path, week: str, limit: int = 12) -> list
         except (ValidationError, ValueError, OSError):
             logger.warning("skipping unreadable earlier report %s", path)
     return summaries[-limit:]
+
+
+def render_json(report: WeeklyReport) -> str:
+    """The report as JSON (`quality.rendering.render_json`; later weeks' trend reads it back)."""
+    from quality import rendering  # matplotlib and jinja: imported when a report is written
+
+    return rendering.render_json(report)
+
+
+def render_html(report: WeeklyReport) -> str:
+    """The report as one HTML page with its charts inline (`quality.rendering.render_html`)."""
+    from quality import rendering
+
+    return rendering.render_html(report)
+
+
+def render_markdown(report: WeeklyReport) -> str:
+    """The report as Markdown (`quality.rendering.render_markdown`)."""
+    from quality import rendering
+
+    return rendering.render_markdown(report)
 
 
 @dataclass(frozen=True)

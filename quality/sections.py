@@ -9,16 +9,12 @@ same videos share one draw), then `result()` gives the section. Counts per video
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from sklearn.metrics import cohen_kappa_score
 
 from quality.columns import IntArray, PairColumns, PairCounts, ResampleConsumer, run_bootstrap
-from quality.records import Arm
 from quality.stats import (
     BootstrapInterval,
     Proportion,
@@ -38,7 +34,6 @@ from quality.stats import (
     wilson_interval,
 )
 from quality.summaries import (
-    ArmCost,
     CategoryRow,
     Coefficient,
     Comparison,
@@ -49,6 +44,7 @@ from quality.summaries import (
     SampleSizeNeeded,
     TenantRow,
 )
+from quality.week_stage import arm_cost
 from shaping.verdict import ACTIONS
 
 __all__ = [
@@ -249,36 +245,6 @@ class TenantPlan:
                 )
             )
         return rows
-
-
-def arm_cost(arm: Arm, column: Callable[[str], pa.Array], frames: int, cache_hits: int) -> ArmCost | None:
-    """Latency and tokens of an arm's `frames` fresh verdicts (cache hits are counted, not timed), from
-    their columns one at a time (`column(name)`, as `quality.weekly_sql.WeekQueries.arm_columns` gives)."""
-    if frames == 0:
-        return None
-    latency = np.asarray(column("latency_ms").to_numpy(), dtype=np.float64)
-    p50, p90, p99 = (float(v) for v in np.quantile(latency, [0.5, 0.9, 0.99]))
-    quantiles = [round(float(v), 1) for v in np.quantile(latency, np.linspace(0, 1, 101))]
-    del latency
-    ttft = np.asarray(pc.drop_null(column("ttft_ms")).to_numpy(), dtype=np.float64)
-
-    def mean(name: str) -> float:
-        return float(np.mean(np.asarray(column(name).to_numpy(), dtype=np.int64)))
-
-    return ArmCost(
-        arm=arm,
-        frames=frames,
-        cache_hits=cache_hits,
-        latency_p50_ms=p50,
-        latency_p90_ms=p90,
-        latency_p99_ms=p99,
-        latency_quantiles_ms=quantiles,
-        ttft_p50_ms=float(np.median(ttft)) if ttft.size else None,
-        mean_prompt_tokens=mean("prompt_tokens"),
-        mean_cached_tokens=mean("cached_tokens"),
-        mean_completion_tokens=mean("completion_tokens"),
-        mean_reasoning_tokens=mean("reasoning_tokens"),
-    )
 
 
 def _wilson_rate(proportion: Proportion) -> Rate:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import pickle
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,9 +14,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from quality.columnar import RECORD_SCHEMA, convert_jsonl_weeks, partition_dir, records_table, week_source
-from quality.columns import PairColumns, PairCounts, ThresholdFrames, run_bootstrap
+from quality.columns import (
+    PairColumns,
+    PairCounts,
+    ThresholdFrames,
+    inverse_probability_weights,
+    run_bootstrap,
+    unit_weights,
+)
 from quality.records import JsonlRecordStore, VerdictRecord, pair_records, week_bounds
 from quality.report import ReportPolicy, WeeklyReport, build_weekly_report, build_weekly_report_from
+from quality.week_stage import week_tables
 from quality.weekly_sql import PairQuery, WeekQueries
 
 DATA = Path(__file__).parent / "data"
@@ -134,3 +144,48 @@ def test_the_sql_counts_and_frames_are_those_of_the_pairs_as_objects(records_dir
     assert frames.disagree.any()
     for name in ("confidence", "forced", "disagree", "weight", "video"):
         assert np.array_equal(getattr(frames, name), getattr(want_frames, name), equal_nan=True), name
+
+
+def test_the_sql_stage_in_a_process_of_its_own_hands_back_what_it_computes_here(records_dir: Path) -> None:
+    """A week on disk is queried in a child process (its memory leaves with it): its tables, read back
+    from the child's pickles, are the in-process ones array for array."""
+    convert_jsonl_weeks(records_dir)
+    partition = partition_dir(records_dir, 2026, 48)
+    start, end = week_bounds(2026, 48)
+    here = week_tables(partition, start, end, POLICY, isolate=False)
+    child = week_tables(partition, start, end, POLICY)  # a folder: isolated by default
+    assert child.counts == here.counts
+    assert (child.engine, child.pairing, child.rerun_notes) == (here.engine, here.pairing, here.rerun_notes)
+    assert child.costs == here.costs
+    assert len(child.formats) == len(here.formats)
+    compared = [(child.main, here.main), (child.rerun, here.rerun)]
+    for mine, theirs in [*compared, *zip(child.formats, here.formats, strict=True)]:
+        assert np.array_equal(mine.cells, theirs.cells)
+        assert np.array_equal(mine.actions, theirs.actions)
+        assert mine.categories.keys() == theirs.categories.keys()
+        assert all(np.array_equal(mine.categories[c], theirs.categories[c]) for c in mine.categories)
+        assert [t.tenant for t in mine.tenants] == [t.tenant for t in theirs.tenants]
+    for name in ("confidence", "forced", "disagree", "weight", "video"):
+        assert np.array_equal(getattr(child.escalation, name), getattr(here.escalation, name), equal_nan=True)
+    assert child.escalation.weight.strides == (0,)  # unit weights come back as a view, not a float a frame
+
+
+@pytest.mark.parametrize("sample", ["random", "ipw"])
+def test_threshold_frames_pickle_unit_weights_as_their_count(sample: str) -> None:
+    probability = np.array([0.5, np.nan, 0.25, 1.0])
+    weight = inverse_probability_weights(probability) if sample == "ipw" else unit_weights(4)
+    frames = ThresholdFrames(
+        confidence=np.array([0.9, np.nan, 0.2, 0.5]),
+        forced=np.array([False, True, False, False]),
+        disagree=np.array([False, True, True, False]),
+        weight=weight,
+        video=np.array([0, 0, 1, 2]),
+        escalation_pairs=1,
+        without_confidence=1,
+    )
+    written = pickle.dumps(frames, protocol=pickle.HIGHEST_PROTOCOL)
+    back = pickle.loads(written)  # noqa: S301 - written by this test
+    assert np.array_equal(back.weight, weight)
+    assert (back.weight.strides == (0,)) == (sample == "random")
+    big = replace(frames, weight=unit_weights(1_000_000), confidence=np.zeros(0))
+    assert len(pickle.dumps(big, protocol=pickle.HIGHEST_PROTOCOL)) < 1000  # no float per frame
