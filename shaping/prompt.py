@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any, Protocol
 
@@ -41,7 +41,13 @@ class SystemPrompt:
     @property
     def sha256(self) -> str:
         """Content hash: what a cache or an audit entry names the prompt by."""
-        return hashlib.sha256(self.text.encode()).hexdigest()
+        return _sha256_of(self.text)
+
+
+@lru_cache(maxsize=64)
+def _sha256_of(text: str) -> str:
+    """A prompt's hash, once per text (it is read for every request; the prompts are a handful)."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @cache

@@ -17,10 +17,11 @@ from gateway.cli.embedded import ThreadedServer
 from gateway.engine.kinds import EngineKind
 from gateway.http.app import create_app
 from gateway.settings import Settings
-from tests.processes import GatewayProcess, GatewayProcessesFactory
+from tests.processes import GatewayProcess, GatewayProcessesFactory, RedisServer
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, SwappableEngine
 
-REDIS_URL = os.environ.get("MODGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = os.environ.get("MODGATE_TEST_REDIS_URL", "")
+"""A Redis the tests may flush (``MODGATE_TEST_REDIS_URL``); unset, each test session starts its own."""
 
 
 @pytest.fixture
@@ -105,16 +106,32 @@ def gateway_processes(tmp_path: Path) -> Iterator[GatewayProcessesFactory]:
         gateway.stop()
 
 
+@pytest.fixture(scope="session")
+def session_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Redis of this test session: ``MODGATE_TEST_REDIS_URL`` when set, else a ``redis-server`` of the
+    session's own on a free port. Never a database of the machine's shared 6379 by default: the tests
+    flush their database, and another session's flush (or its gateways on the same stream) there wiped
+    this session's keys mid-test (every job of the drain test "gone")."""
+    if REDIS_URL:
+        yield REDIS_URL
+        return
+    server = RedisServer(tmp_path_factory.mktemp("redis"), persistent=False).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
 @pytest.fixture
-def redis_url() -> Iterator[str]:
-    """A real Redis (database 15, flushed before and after). Fails, never skips, when none answers."""
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+def redis_url(session_redis: str) -> Iterator[str]:
+    """A real Redis (flushed before and after). Fails, never skips, when none answers."""
+    client = redis.Redis.from_url(session_redis, socket_connect_timeout=2)
     try:
         client.ping()
     except redis.RedisError as exc:
-        pytest.fail(f"these tests need a real Redis at {REDIS_URL} (scripts/test starts one): {exc}")
+        pytest.fail(f"these tests need a real Redis at {session_redis} (scripts/test starts one): {exc}")
     client.flushdb()
-    yield REDIS_URL
+    yield session_redis
     client.flushdb()
     client.close()
 

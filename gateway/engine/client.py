@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,42 @@ def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
     if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
         return None
     return [TokenLogprob.from_wire(entry) for entry in logprobs["content"] if isinstance(entry, dict)]
+
+
+def _json(data: bytes) -> Any:
+    """A JSON text from the engine: msgspec (several times ``json.loads``'s speed on a stream chunk), or
+    ``json.loads`` for what msgspec refuses and the standard parser took (``NaN``, ``-Infinity``, integers
+    past 64 bits, invalid UTF-8 read with replacement): it reads all that it did before."""
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return json.loads(data.decode(errors="replace"))
+
+
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The non-blank lines of a streamed body, without their ends (``\\n``, ``\\r\\n`` or ``\\r``).
+
+    Of any length: a real vLLM SSE line (a chunk with its logprobs) can exceed 512 KiB, so a line is kept
+    in parts until its end comes, never cut at a buffer size. Blank lines (SSE's event ends) are dropped.
+    """
+    parts: list[bytes] = []
+    async for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            line = b"".join((*parts, chunk[start:end])) if parts else chunk[start:end]
+            parts.clear()
+            start = end + 1
+            if b"\r" in line:  # a "\r\n" end, or lines ended by a lone "\r" (as httpx splits them)
+                for part in line.splitlines():
+                    if part:
+                        yield part
+            elif line:
+                yield line
+        if start < len(chunk):
+            parts.append(chunk[start:])
+    for part in b"".join(parts).splitlines():
+        if part:
+            yield part
 
 
 @dataclass
@@ -257,6 +294,16 @@ class EngineClient:
             content=msgspec.json.encode(body),
             headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
         )
+        stream = bool(body.get("stream"))
+        # The first attempt outside stamina's retry context (its set-up costs every call; a retry is rare):
+        # a connect failure then enters the context, which replays that failure as its own first attempt,
+        # so the attempts, the back-off before each retry and stamina's testing mode are as they were.
+        try:
+            return await self._http.send(request, stream=stream)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            if self.connect_retries <= 0:
+                raise
+            first_failure: BaseException | None = exc
         # Retry only what the engine never saw: a refused or timed-out connection.
         async for attempt in stamina.retry_context(
             on=(httpx.ConnectError, httpx.ConnectTimeout),
@@ -266,7 +313,10 @@ class EngineClient:
             wait_jitter=0.1,
         ):
             with attempt:
-                return await self._http.send(request, stream=bool(body.get("stream")))
+                if first_failure is not None:
+                    failure, first_failure = first_failure, None
+                    raise failure
+                return await self._http.send(request, stream=stream)
         raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover - for mypy
 
     async def chat(self, body: dict[str, Any], request_id: str) -> EngineAnswer:
@@ -341,7 +391,7 @@ class EngineClient:
     async def _read_body(self, response: httpx.Response, state: _StreamState, started: float) -> None:
         raw = await response.aread()
         try:
-            payload = json.loads(raw)
+            payload = _json(raw)
             choice = payload["choices"][0]
             message = choice["message"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -358,47 +408,33 @@ class EngineClient:
         state.done = True
 
     async def _read_stream(self, response: httpx.Response, state: _StreamState, started: float) -> None:
-        lines = response.aiter_lines()
+        lines = _lines(response.aiter_bytes())
         first_chunk_is_a_token = (self._wire or wire_for("vllm")).first_chunk_is_a_token
-        first_token_deadline = started + self.first_token_timeout_s
-        while True:
-            timeout = None if state.first_token_at else max(0.0, first_token_deadline - time.monotonic())
-            try:
-                line = await asyncio.wait_for(anext(lines), timeout)
-            except StopAsyncIteration:
-                break
-            except TimeoutError as exc:
-                raise UpstreamTimeout(
-                    f"no first token from the engine within {self.first_token_timeout_s:g} s"
-                ) from exc
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                state.done = True
-                break
-            try:
-                chunk = json.loads(data)
-            except ValueError as exc:
-                raise UpstreamError(f"engine sent a malformed stream chunk: {data[:80]!r}") from exc
-            if chunk.get("usage"):
-                state.usage = chunk["usage"]
-            for choice in chunk.get("choices") or ():
-                delta = choice.get("delta") or {}
-                reasoning = delta.get("reasoning") or delta.get("reasoning_content")
-                if reasoning:
-                    state.reasoning.append(reasoning)
-                if delta.get("content"):
-                    state.content.append(delta["content"])
-                entries = _logprob_entries(choice)
-                if entries is not None:
-                    state.logprobs = state.logprobs or []
-                    state.logprobs.extend(entries)
-                token = reasoning or delta.get("content") or (first_chunk_is_a_token and "role" in delta)
-                if token and state.first_token_at is None:
-                    state.first_token_at = time.monotonic()
-                if choice.get("finish_reason"):
-                    state.finish_reason = choice["finish_reason"]
+        # one deadline over the lines before the first token, lifted once it came (not a timer per line)
+        first_token = asyncio.timeout_at(self._loop_time(started + self.first_token_timeout_s))
+        try:
+            async with first_token:
+                async for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        state.done = True
+                        break
+                    try:
+                        chunk = _json(data)
+                    except ValueError as exc:
+                        shown = data[:80].decode(errors="replace")
+                        raise UpstreamError(f"engine sent a malformed stream chunk: {shown!r}") from exc
+                    self._read_chunk(chunk, state, first_chunk_is_a_token)
+                    if state.first_token_at is not None and first_token.when() is not None:
+                        first_token.reschedule(None)
+        except TimeoutError as exc:
+            if not first_token.expired():
+                raise  # the total deadline's, outside
+            raise UpstreamTimeout(
+                f"no first token from the engine within {self.first_token_timeout_s:g} s"
+            ) from exc
         if state.done:
             # Read past [DONE] to the end of the body (the chunked terminator follows it): a response closed
             # unread is a connection closed, and the pool would open a new one for every engine request.
@@ -408,3 +444,32 @@ class EngineClient:
                         pass
         if not state.done or state.finish_reason is None:
             raise UpstreamError("the engine's stream ended before the answer was complete")
+
+    @staticmethod
+    def _loop_time(monotonic_at: float) -> float:
+        """A ``time.monotonic()`` instant on the running loop's clock (what ``asyncio.timeout_at`` takes)."""
+        return asyncio.get_running_loop().time() + (monotonic_at - time.monotonic())
+
+    @staticmethod
+    def _read_chunk(chunk: Any, state: _StreamState, first_chunk_is_a_token: bool) -> None:
+        """One stream chunk into ``state``."""
+        if not isinstance(chunk, dict):
+            raise UpstreamError(f"engine sent a stream chunk that is not an object: {str(chunk)[:80]!r}")
+        if chunk.get("usage"):
+            state.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+            if reasoning:
+                state.reasoning.append(reasoning)
+            if delta.get("content"):
+                state.content.append(delta["content"])
+            entries = _logprob_entries(choice)
+            if entries is not None:
+                state.logprobs = state.logprobs or []
+                state.logprobs.extend(entries)
+            token = reasoning or delta.get("content") or (first_chunk_is_a_token and "role" in delta)
+            if token and state.first_token_at is None:
+                state.first_token_at = time.monotonic()
+            if choice.get("finish_reason"):
+                state.finish_reason = choice["finish_reason"]

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -225,8 +226,15 @@ class ThinkingDecision:
     def terms_digest(self) -> str:
         """:meth:`engine_terms` in a canonical serialisation, hashed: what verdicts are reused under, in
         place of the version number (which restarts at 1 when the policy's Redis key is lost)."""
-        canonical = json.dumps(self.engine_terms(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return _terms_digest(tuple(sorted(self.engine_terms().items())))
+
+
+@lru_cache(maxsize=256)
+def _terms_digest(terms: tuple[tuple[str, Any], ...]) -> str:
+    """The digest of a decision's engine terms, once per set of terms (every request asks; a policy
+    makes a few)."""
+    canonical = json.dumps(dict(terms), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def reask_decision(
