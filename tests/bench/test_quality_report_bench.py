@@ -26,5 +26,6 @@ def test_one_small_run_prints_its_time_memory_and_the_machines_load(
     assert main(["--pairs", "3000", "--bootstrap", "100"]) == 0
     out = capsys.readouterr().out
     assert "generated 3,000 pairs" in out
-    assert "s CPU, peak RSS" in out
+    assert "s CPU, peak of the process tree at once" in out  # the SQL stage's child counted with the report
+    assert "the report process's own VmHWM" in out
     assert "load average" in out
