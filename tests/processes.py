@@ -86,8 +86,13 @@ class GatewayProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
 
+    def terminate(self) -> None:
+        """SIGTERM if still running, without waiting (it drains ``MODGATE_DRAIN_S`` first, then exits)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+
     def stop(self) -> None:
-        """Terminate if still running."""
+        """Terminate if still running, and wait for it (killed after 10 s)."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
