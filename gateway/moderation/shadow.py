@@ -42,10 +42,6 @@ LOWEST_PRIORITY = 10  # the bottom of the request priority range: shadow work yi
 ModelIds = Callable[[], Mapping[str, str]]
 
 
-def _no_model_ids() -> Mapping[str, str]:
-    return {}
-
-
 # One shadow judgement to make: in which mode, on which engines, of which kind (until the engine that answers
 # is detected), asking for which model (the body's, and each engine's own).
 _Judge = tuple[EngineMode, EnginePool, str, Callable[[], Awaitable[str]], ModelIds]
@@ -58,7 +54,7 @@ class SecondEngine:
     engines: EnginePool
     kind: str  # recorded as VerdictRecord.engine (vllm or llamacpp) until the engine's own kind is detected
     model: Callable[[], Awaitable[str]]
-    model_ids: ModelIds = _no_model_ids
+    model_ids: ModelIds = dict
 
 
 class ShadowCounters(Protocol):
@@ -90,7 +86,7 @@ class ShadowSampler:
         rng: random.Random | None = None,
         engine_kind: str = "vllm",
         second: SecondEngine | None = None,
-        model_ids: ModelIds = _no_model_ids,
+        model_ids: ModelIds = dict,
     ) -> None:
         self.engines = engines
         # the live engines' kind, recorded with their verdicts when the answering engine's is not yet detected
