@@ -5,13 +5,15 @@ Real parts, each in a process of its own: a Redis primary, two replicas and thre
 ``--max-num-seqs`` 64, so its ``running + waiting`` is the requests the gateways have at it), and two
 gateways on ``MODGATE_REDIS_URL=redis+sentinel://…`` with ``MODGATE_JOBS__WAIT_REPLICAS`` 1. While callers
 (the official ``openai`` client, no retries), a job submitter (retrying a refused submission with its
-Idempotency-Key) and a policy flipper (alternating the two gateways) run, the primary gets SIGKILL.
+Idempotency-Key) and a policy flipper (alternating the two gateways) run, the primary gets SIGKILL. No
+verdict is reused (``MODGATE_SHAPING__VERDICT_CACHE_TTL_S`` 0), so every request takes an engine slot.
 
 The timeline, in seconds after the kill: when the sentinels named the new primary, the first policy flip
 asked after that which succeeded, the first engine lease on the new primary, when every gateway held the
-cap through Redis again (``modgate_engine_leases_local_only`` back to 0). Also: requests failed before /
-after the kill, jobs accepted / lost / completed twice, the most requests at the engine during the switch
-and after it, and whether the gateways converged on one policy version.
+cap through Redis again (``modgate_engine_leases_local_only`` back to 0 and no call admitted on a local cap
+still running: ``modgate_engine_calls_outside_shared_cap`` 0; the cap is judged from then on). Also: requests
+failed before / after the kill, jobs accepted / lost / completed twice, the most requests at the engine
+during the switch and after it, and whether the gateways converged on one policy version.
 
     python -m bench.failover [--clients 8] [--time-scale 0.1] [--after-s 20] [--json F] [--markdown]
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import tempfile
 import threading
 import time
@@ -43,6 +46,7 @@ from gateway.jobs.store_redis import RedisJobStore
 CAP = 8
 API_KEY = "failover-bench-key"
 LEASE_PREFIX = "modgate:engine-leases"
+SETTLE_S = 1.0  # after the last call admitted on a local cap finished: the engine's count catches up
 
 
 @dataclass
@@ -137,27 +141,56 @@ def _sampler(engine_url: str, urls: list[str], stop: threading.Event, seen: Time
             local = False
             for url in urls:
                 with contextlib.suppress(httpx.HTTPError):
-                    local |= "modgate_engine_leases_local_only 1.0" in http.get(f"{url}/metrics").text
+                    local |= _on_local_caps(http.get(f"{url}/metrics").text)
             seen.local_only.append((time.monotonic(), local))
 
 
-def _first_lease(fleet: SentinelFleet, engine_url: str, killed_port: int, timeout_s: float) -> float | None:
-    """When the first engine lease was taken on the new primary (monotonic), or None."""
+def _on_local_caps(metrics: str) -> bool:
+    """Whether a gateway's ``/metrics`` says it holds the cap alone, or still runs calls admitted so."""
+    flag = re.search(r"^modgate_engine_leases_local_only (\S+)$", metrics, re.MULTILINE)
+    calls = re.search(r"^modgate_engine_calls_outside_shared_cap (\S+)$", metrics, re.MULTILINE)
+    return any(match is not None and float(match.group(1)) > 0 for match in (flag, calls))
+
+
+def _new_lease(fleet: SentinelFleet, engine_url: str, killed_port: int, timeout_s: float) -> float | None:
+    """When an engine lease the new primary did not inherit was first seen on it (monotonic), or None.
+
+    A promoted replica carries the old primary's lease members over, so a member present there proves
+    nothing: the first one that was not in the set at the first look was taken from the new primary.
+    """
     deadline = time.monotonic() + timeout_s
+    inherited: set[Any] | None = None
     while time.monotonic() < deadline:
         port = fleet.primary_port()
         if port is not None and port != killed_port:
             client = redis.Redis(port=port, socket_timeout=1)
             try:
-                # A lease taken on the new primary is a member the dead one never had: watch for new ones.
-                members = client.zrange(f"{LEASE_PREFIX}:{engine_url}", 0, -1)
+                members: set[Any] | None = set(client.zrange(f"{LEASE_PREFIX}:{engine_url}", 0, -1))
             except redis.RedisError:
-                members = []
+                members = None
             finally:
                 client.close()
-            if members:
-                return time.monotonic()
+            if members is not None:
+                if inherited is None:
+                    inherited = members
+                elif members - inherited:
+                    return time.monotonic()
         time.sleep(0.05)
+    return None
+
+
+def _shared_again(seen: Timeline, since: float, timeout_s: float, quiet_s: float = 1.0) -> float | None:
+    """When every gateway held its leases through Redis again (monotonic): the sampler saw no gateway on
+    local caps for ``quiet_s`` on end, after ``since``; None if that did not happen within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with seen.lock:
+            samples = [(t, on) for t, on in seen.local_only if t > since]
+        last_local = max((t for t, on in samples if on), default=since)
+        quiet = [t for t, on in samples if t > last_local]
+        if quiet and quiet[-1] - last_local >= quiet_s:
+            return last_local
+        time.sleep(0.1)
     return None
 
 
@@ -199,6 +232,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "MODGATE_API_KEYS": f"{API_KEY}:failover", "MODGATE_ADMIN_TOKEN": ADMIN_TOKEN,
                 "MODGATE_MAX_INFLIGHT": str(CAP), "MODGATE_JOBS__WAIT_REPLICAS": "1",
                 "MODGATE_ADMISSION__QUEUE_TIMEOUT_S": "120",
+                # No verdict reused: every request takes an engine slot, so the cap after the switch is
+                # exercised (with reuse on, the 24 frames are all stored within seconds and no lease is
+                # asked for again).
+                "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",
             }
             gateways = [Replica(f"gateway-{i}", env, directory / "logs") for i in range(2)]
             with running(*gateways):
@@ -227,8 +264,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         promoted = time.monotonic()
                         break
                     time.sleep(0.05)
-                lease = _first_lease(fleet, engine_url, old.port, 60)
-                time.sleep(args.after_s)
+                lease = _new_lease(fleet, engine_url, old.port, 60)
+                shared = _shared_again(seen, killed, 60)
+                # The cap is judged once no gateway holds it alone and no call admitted so still runs.
+                after_from = (shared if shared is not None else time.monotonic()) + SETTLE_S
+                time.sleep(max(0.0, after_from - time.monotonic()) + args.after_s)
                 stop.set()
                 for thread in threads:
                     thread.join(180)
@@ -242,7 +282,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         converged = versions[0]
                         break
                     time.sleep(0.2)
-    report["timeline"] = _timeline(seen, killed, promoted, lease)
+    report["timeline"] = _timeline(seen, killed, promoted, lease, shared, after_from)
     report["policy"] = {"flips_ok_after_kill": sum(ok for t, ok in seen.flips if t > killed),
                         "flips_failed_after_kill": sum(not ok for t, ok in seen.flips if t > killed),
                         "converged_version": converged}
@@ -250,22 +290,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _timeline(seen: Timeline, killed: float, promoted: float | None, lease: float | None) -> dict[str, Any]:
+def _timeline(seen: Timeline, killed: float, promoted: float | None, lease: float | None,
+              shared: float | None, after_from: float) -> dict[str, Any]:
     def after(moment: float | None) -> float | None:
         return None if moment is None else round(moment - killed, 2)
 
     first_flip = next((t for t, ok in seen.flips if ok and t > (promoted or killed)), None)
-    local = [t for t, on in seen.local_only if on and t > killed]
-    caps_back = max(local) if local else killed
-    settled = caps_back + 5.0  # calls admitted on local caps have finished by then
     return {
         "new_primary_s": after(promoted),
         "first_flip_s": after(first_flip),
         "first_lease_s": after(lease),
-        "local_caps_until_s": after(caps_back) if local else 0.0,
+        "local_caps_until_s": after(shared),
+        "cap_judged_from_s": after(after_from),
         "engine_peak_before": max((n for t, n in seen.engine if t < killed), default=0),
-        "engine_peak_switch": max((n for t, n in seen.engine if killed <= t <= settled), default=0),
-        "engine_peak_after": max((n for t, n in seen.engine if t > settled), default=0),
+        "engine_peak_switch": max((n for t, n in seen.engine if killed <= t <= after_from), default=0),
+        "engine_peak_after": max((n for t, n in seen.engine if t > after_from), default=0),
+        "engine_samples_after": sum(1 for t, _ in seen.engine if t > after_from),
         "requests_before": sum(1 for t, _ in seen.requests if t < killed),
         "requests_failed_before": sum(not ok for t, ok in seen.requests if t < killed),
         "requests_after": sum(1 for t, _ in seen.requests if t >= killed),

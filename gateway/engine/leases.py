@@ -176,6 +176,8 @@ class EngineLeases:
         self._held: dict[str, set[str]] = {}  # engine key -> our members
         self._renewer: asyncio.Task[None] | None = None
         self.lost = 0  # leases found expired at renewal
+        # Of those, the ones whose call still runs: outside the shared cap until it ends (released).
+        self.running_unleased: set[str] = set()
 
     @contextlib.asynccontextmanager
     async def _deadline(self) -> AsyncIterator[None]:
@@ -228,6 +230,7 @@ class EngineLeases:
     async def release(self, engine: str, lease: str) -> None:
         """Give a slot back (stops its renewal first: if Redis is down now, the lease still expires)."""
         self._held.get(engine, set()).discard(lease)
+        self.running_unleased.discard(lease)
         async with self._deadline():
             await self._redis.zrem(self.key(engine), lease)
 
@@ -246,7 +249,10 @@ class EngineLeases:
                 lost = await self._renew(keys=[self.key(engine)], args=[ttl_ms, *sorted(members)])
             for raw in lost:
                 member = raw.decode() if isinstance(raw, bytes) else raw
+                if member not in members:  # released while the renewal was on its way: given back, not lost
+                    continue
                 members.discard(member)
+                self.running_unleased.add(member)
                 self.lost += 1
                 log.error(
                     "engine %s: lease %s expired before it was renewed (this replica stalled, or Redis lost"

@@ -197,6 +197,7 @@ class EnginePool:
         self.weight = weight
         self._leases_down_until = 0.0  # while Redis was failing: serve on local caps, do not ask it
         self.leases_local_only = False
+        self.calls_on_local_caps = 0  # with Redis leases: running calls the shared cap never saw
         self._watch: asyncio.Task[None] | None = None
         self.refresh()
 
@@ -220,6 +221,35 @@ class EnginePool:
         while True:
             await asyncio.sleep(self.refresh_every_s)
             self.refresh()
+            if self.leases_local_only and time.monotonic() >= self._leases_down_until:
+                await self._probe_leases()
+
+    async def _probe_leases(self) -> None:
+        """Ask Redis whether it answers again though no call asks it: a replica that is idle, or whose every
+        answer is a reused verdict, would otherwise say it holds the caps alone (and alert) until its next
+        engine call, long after Redis (or a promoted replica) came back."""
+        assert self.leases is not None
+        try:
+            await self.leases.count(self.engines[0].url)
+        except LEASE_STORE_DOWN as exc:
+            self._leases_failed(exc)
+        else:
+            self._leases_answered()
+
+    def _leases_failed(self, exc: BaseException) -> None:
+        self._leases_down_until = time.monotonic() + self.lease_retry_after_failure_s
+        if not self.leases_local_only:
+            log.error(
+                "engine leases: Redis unreachable (%r); serving on this replica's local caps alone, so "
+                "an engine may get more than its cap from several replicas (asking Redis again in %g s)",
+                exc, self.lease_retry_after_failure_s,
+            )
+        self.leases_local_only = True
+
+    def _leases_answered(self) -> None:
+        if self.leases_local_only:
+            log.warning("engine leases: Redis answers again; engine caps hold across replicas again")
+            self.leases_local_only = False
 
     async def aclose(self) -> None:
         """Stop the background tasks, give back leases, close every engine's connections."""
@@ -341,7 +371,10 @@ class EnginePool:
     async def _lease(self, engine: EngineSlot, work: Work | None = None) -> str | None:
         """A lease on ``engine`` across replicas (:data:`LOCAL_ONLY` without Redis); None: all taken, or
         (fair leases) a tenant waiting on some replica has been served less than ``work``'s."""
-        if self.leases is None or time.monotonic() < self._leases_down_until:
+        if self.leases is None:
+            return LOCAL_ONLY
+        if time.monotonic() < self._leases_down_until:
+            self.calls_on_local_caps += 1
             return LOCAL_ONLY
         try:
             if self.fair_leases:
@@ -351,18 +384,10 @@ class EnginePool:
             else:
                 lease = await self.leases.try_acquire(engine.url, engine.cap)
         except LEASE_STORE_DOWN as exc:
-            self._leases_down_until = time.monotonic() + self.lease_retry_after_failure_s
-            if not self.leases_local_only:
-                log.error(
-                    "engine leases: Redis unreachable (%r); serving on this replica's local caps alone, so "
-                    "an engine may get more than its cap from several replicas (asking Redis again in %g s)",
-                    exc, self.lease_retry_after_failure_s,
-                )
-            self.leases_local_only = True
+            self._leases_failed(exc)
+            self.calls_on_local_caps += 1
             return LOCAL_ONLY
-        if self.leases_local_only:
-            log.warning("engine leases: Redis answers again; engine caps hold across replicas again")
-            self.leases_local_only = False
+        self._leases_answered()
         return lease
 
     async def _take_one(
@@ -404,7 +429,9 @@ class EnginePool:
     async def _give_back(self, engine: EngineSlot, lease: str) -> None:
         """Release the lease (best effort: unrenewed, it expires anyway), then the local count."""
         try:
-            if lease != LOCAL_ONLY and self.leases is not None:
+            if lease == LOCAL_ONLY and self.leases is not None:
+                self.calls_on_local_caps -= 1
+            elif lease != LOCAL_ONLY and self.leases is not None:
                 with contextlib.suppress(*LEASE_STORE_DOWN):
                     await self.leases.release(engine.url, lease)
         finally:
@@ -515,6 +542,14 @@ class _PoolCollector(Collector):
                 "modgate_engine_leases_local_only",
                 "1 while Redis is unreachable and engine caps hold per replica only.",
                 value=1.0 if pool.leases_local_only else 0.0,
+            )
+            # Redis answering again does not end the overshoot: the calls admitted meanwhile run on.
+            yield GaugeMetricFamily(
+                "modgate_engine_calls_outside_shared_cap",
+                "Calls this replica has at the engines that the shared cap does not count: admitted on its"
+                " local caps while Redis was unreachable, or whose lease was lost (expired unrenewed, or"
+                " not yet replicated when the primary failed); the engines may exceed their caps by these.",
+                value=pool.calls_on_local_caps + len(pool.leases.running_unleased),
             )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
+from typing import Any
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
 from gateway.engine.leases import EngineLeases
-from gateway.engine.pool import EnginePool, EngineSlot
+from gateway.engine.pool import EnginePool, EngineSlot, _PoolCollector
 from gateway.errors import Overloaded
 from gateway.http.services import redis_client
 from tests.processes import poll_async
@@ -131,6 +132,42 @@ async def test_a_lease_that_lapsed_is_not_renewed_back(replicas: Callable[..., E
     assert await stalled.count(ENGINE) == 1  # only the other replica's
 
 
+async def test_a_lost_lease_counts_outside_the_shared_cap_until_its_call_gives_it_back(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    """A lease gone from Redis while its call runs (lapsed, or never replicated before a failover): the call
+    runs on outside the shared cap, and the pool's gauge says so until it ends."""
+    leases = replicas(ttl_s=0.3, renew_every_s=0.1)
+    pool = pool_with(leases)
+    try:
+        async with pool.slot() as held:
+            await leases._redis.zrem(leases.key(ENGINE), held.lease)  # gone from Redis, the call runs on
+            await leases.renew()
+            assert leases.lost == 1
+            assert leases.running_unleased == {held.lease}
+        assert leases.running_unleased == set()
+    finally:
+        await pool.aclose()
+
+
+async def test_a_lease_given_back_while_its_renewal_was_on_its_way_is_not_lost(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    leases = replicas()
+    lease = await leases.try_acquire(ENGINE, 2)
+    assert lease is not None
+    renew_script = leases._renew
+
+    async def released_meanwhile(**arguments: Any) -> Any:
+        await leases.release(ENGINE, lease)  # after the renewal took its list, before Redis runs it
+        return await renew_script(**arguments)
+
+    leases._renew = released_meanwhile  # type: ignore[assignment]
+    await leases.renew()  # Redis reports the lease gone: it was given back, not lost
+    assert leases.lost == 0
+    assert leases.running_unleased == set()
+
+
 async def test_a_pool_waits_for_a_slot_another_replica_gives_back(
     replicas: Callable[..., EngineLeases],
 ) -> None:
@@ -170,3 +207,56 @@ async def test_with_redis_unreachable_a_pool_serves_on_its_local_cap_and_says_so
         await pool.aclose()
         await client.aclose()
     assert pool.engines[0].inflight == 0
+
+
+async def test_calls_admitted_on_local_caps_are_counted_until_they_end_though_redis_answers_again(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    """After a failover the shared cap sees only new leases: the calls admitted on local caps meanwhile run
+    on beside them, and the gauge says how many until the last one ends."""
+    dead = redis_client("redis://127.0.0.1:1/0")
+    pool = pool_with(EngineLeases(dead, key_prefix=PREFIX, timeout_s=0.2))
+    pool.lease_retry_after_failure_s = 0.0  # ask Redis again at the next call
+
+    def gauge() -> float:
+        name = "modgate_engine_calls_outside_shared_cap"
+        (family,) = [family for family in _PoolCollector(pool).collect() if family.name == name]
+        return float(family.samples[0].value)
+
+    try:
+        async with pool.slot() as local:
+            assert local.lease == ""
+            assert (pool.calls_on_local_caps, gauge()) == (1, 1.0)
+            pool.leases = replicas()  # Redis answers again: a promoted primary
+            async with pool.slot() as shared:
+                assert shared.lease  # a lease in Redis
+                assert not pool.leases_local_only
+                assert gauge() == 1.0  # the local call still runs: the cap may be overshot by it
+        assert gauge() == 0.0
+    finally:
+        await pool.aclose()
+        await dead.aclose()
+
+
+async def test_a_replica_with_no_engine_call_notices_that_redis_answers_again(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    """A replica whose answers all come from reused verdicts (or that is idle) asks Redis no lease; it must
+    not go on saying it holds the caps alone (the alert's gauge) once Redis, or a promoted replica, is
+    back."""
+    dead = redis_client("redis://127.0.0.1:1/0")
+    pool = pool_with(EngineLeases(dead, key_prefix=PREFIX, timeout_s=0.2))
+    pool.lease_retry_after_failure_s = 0.1
+    pool.refresh_every_s = 0.05
+    pool.start()
+    try:
+        async with pool.slot():
+            pass
+        assert pool.leases_local_only
+        await asyncio.sleep(0.3)
+        assert pool.leases_local_only  # still unreachable: the probes fail too
+        pool.leases = replicas()  # Redis answers again; no call comes
+        await poll_async(lambda: not pool.leases_local_only, 5, "the flag to fall without a call")
+    finally:
+        await pool.aclose()
+        await dead.aclose()

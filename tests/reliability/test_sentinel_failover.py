@@ -21,17 +21,19 @@ def test_a_killed_primary_behind_sentinel_loses_no_job_and_the_cap_holds_after(t
                           "--work-dir", str(tmp_path)]))
 
     line, jobs, policy = report["timeline"], report["jobs"], report["policy"]
-    assert line["new_primary_s"] is not None
-    assert jobs["accepted"] > 0
-    assert jobs["lost"] == 0
-    assert jobs["completed_twice"] == 0
-    assert line["requests_after"] > 0
-    assert line["requests_failed_after"] == 0  # serving never needed Redis
-    assert line["first_flip_s"] is not None  # a flip asked after the promotion succeeded
-    assert policy["converged_version"] is not None
-    assert line["first_lease_s"] is not None
-    assert line["engine_peak_after"] <= report["setup"]["cap"]
-
+    seen = f"the failover's report: {report}"  # every figure, when an assertion fails
+    assert line["new_primary_s"] is not None, seen
+    assert jobs["accepted"] > 0, seen
+    assert jobs["lost"] == 0, seen
+    assert jobs["completed_twice"] == 0, seen
+    assert line["requests_after"] > 0, seen
+    assert line["requests_failed_after"] == 0, seen  # serving never needed Redis
+    assert line["first_flip_s"] is not None, seen  # a flip asked after the promotion succeeded
+    assert policy["converged_version"] is not None, seen
+    assert line["first_lease_s"] is not None, seen  # a lease the new primary did not inherit
+    assert line["local_caps_until_s"] is not None, seen  # every gateway back on shared caps
+    assert line["engine_samples_after"] > 0, seen  # the cap below was watched, not vacuous
+    assert line["engine_peak_after"] <= report["setup"]["cap"], seen
 
 def test_a_sentinel_url_names_its_sentinels_service_and_database() -> None:
     assert parse_sentinel_url("redis+sentinel://10.0.0.1:26379,sentinel-2:26380/modgate/3") == SentinelTarget(
