@@ -247,6 +247,10 @@ class EnginePool:
         self.leases_local_only = True
 
     def _leases_answered(self) -> None:
+        # A call that was already waiting on Redis when another timed out may come back granted: Redis
+        # answers, so every call asks it again from now (else the flag read 0 while calls went on taking
+        # local slots for the rest of the pause).
+        self._leases_down_until = 0.0
         if self.leases_local_only:
             log.warning("engine leases: Redis answers again; engine caps hold across replicas again")
             self.leases_local_only = False

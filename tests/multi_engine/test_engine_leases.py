@@ -260,3 +260,35 @@ async def test_a_replica_with_no_engine_call_notices_that_redis_answers_again(
     finally:
         await pool.aclose()
         await dead.aclose()
+
+
+async def test_a_grant_after_a_timeout_ends_the_local_caps_for_every_call(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    """Two calls wait on Redis at once; one times out (local caps), then the other comes back granted: Redis
+    answers, so the next call asks it again instead of taking a local slot while the gauge reads 0."""
+    leases = replicas()
+    pool = pool_with(leases, cap=4)
+    pool.fair_leases = False
+    acquire, asked = leases.try_acquire, asyncio.Event()
+    timed_out = asyncio.Event()
+
+    async def one_times_out(engine: str, cap: int) -> str | None:
+        if not asked.is_set():  # the first call: waits until the second is on its way too, then fails
+            asked.set()
+            await asyncio.sleep(0.05)
+            timed_out.set()
+            raise TimeoutError("Redis did not answer within 0.5 s")
+        await timed_out.wait()  # the second: its answer comes after the first one's failure
+        return await acquire(engine, cap)
+
+    leases.try_acquire = one_times_out  # type: ignore[method-assign]
+    try:
+        async with AsyncExitStack() as stack:
+            held = await asyncio.gather(*(stack.enter_async_context(pool.slot()) for _ in range(2)))
+            assert sorted(bool(slot.lease) for slot in held) == [False, True]
+            assert not pool.leases_local_only
+            next_call = await stack.enter_async_context(pool.slot())
+            assert next_call.lease  # asked Redis: a shared slot, not a local one
+    finally:
+        await pool.aclose()

@@ -51,6 +51,10 @@ def replica_env(engine_url: str, redis_url: str) -> dict[str, str]:
         "MODGATE_MAX_INFLIGHT": "8",
         "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",
         "MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S": "0",
+        # A lease call slower than its deadline counts as Redis down and the replica serves on its local
+        # cap (by design: tests/multi_engine/test_engine_leases.py); on a 2-core machine at load 10 a
+        # gateway can stall past the default 0.5 s, which is starvation, not what these tests are about.
+        "MODGATE_LEASES__REDIS_TIMEOUT_S": "5",
     }
 
 
