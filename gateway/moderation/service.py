@@ -349,15 +349,23 @@ class ModerationService:
         """The best verdict stored for ``frame`` under any of ``scopes``."""
         return await self.verdicts.lookup_any(scopes, frame)
 
-    def _riding_lookup(
-        self, scopes: list[VerdictScope], identities: list[FrameIdentity]
+    async def _riding_lookup(
+        self, scopes: list[VerdictScope], frames: list[ShapedImage], identities: list[FrameIdentity],
+        extra_text: str, decision: ThinkingDecision,
     ) -> RidingLookup | None:
         """The lookup of a lone frame as Lua riding with its engine lease's acquire (one round trip for
-        both), when the verdict cache and the leases share a Redis that answers; else None."""
+        both), when the verdict cache and the leases share a Redis that answers; else None. Not while the
+        request's prompt tokens are still to be measured: a frame the cache answers must not cost the
+        engine a ``/tokenize`` (the engine request is prepared before the lease is asked)."""
         if len(identities) != 1:
             return None
         riding = self.verdicts.lookup_rider(scopes, identities[0])
-        return riding if riding is not None and self.engines.can_carry(riding.rider) else None
+        if riding is None or not self.engines.can_carry(riding.rider):
+            return None
+        measured = await self.judge.tokens.measured(
+            frames, self._instruction(1, extra_text), decision.mode == "on", decision.verdict_format
+        )
+        return riding if measured else None
 
     async def _judge_riding(
         self,
@@ -440,7 +448,7 @@ class ModerationService:
         hits: list[ReusedVerdict | None] = [None] * len(frames)
         prejudged: FrameOutcome | None = None  # a lone frame judged with its lookup riding on the lease
         if storing and not fresh:
-            riding = self._riding_lookup(searched, identities)
+            riding = await self._riding_lookup(searched, frames, identities, extra_text, decision)
             if riding is None:
                 hits = list(await asyncio.gather(*(self._reusable(searched, frame) for frame in identities)))
             else:

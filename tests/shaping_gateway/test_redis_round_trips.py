@@ -19,7 +19,9 @@ import redis
 
 from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
-from tests.support import GatewayFactory, image_input
+from gateway.http.app import create_app
+from gateway.settings import Settings
+from tests.support import ADMIN_TOKEN, GatewayFactory, forward, image_input
 
 # Renewal far apart: a renewal landing during the counted requests would add a lease command of its own.
 LEASES = {"ttl_s": 60.0, "renew_every_s": 50.0}
@@ -79,9 +81,20 @@ def monitored(url: str) -> Iterator[list[str]]:
 
 
 def sent_on_the_path(lines: list[str]) -> list[str]:
-    """The commands clients sent that name a verdict cache or engine lease key (not those scripts ran)."""
-    return [line.split('"')[1] for line in lines
-            if " lua]" not in line and any(key in line for key in ON_THE_PATH)]
+    """The commands clients sent that name a verdict cache or engine lease key (not those scripts ran).
+
+    A script's first use on a Redis is an ``EVALSHA`` refused with NOSCRIPT, a ``SCRIPT LOAD`` and the
+    ``EVALSHA`` again (redis-py's ``Script``; once per script and server): counted once."""
+    sent: list[tuple[str, str]] = []  # (client, command)
+    for line in lines:
+        if " lua]" in line:
+            continue
+        client, command = line.split("]", 1)[0].rsplit(" ", 1)[1], line.split('"')[1]
+        if command == "SCRIPT" and sent and sent[-1] == (client, "EVALSHA"):
+            sent.pop()
+        elif any(key in line for key in ON_THE_PATH):
+            sent.append((client, command))
+    return [command for _, command in sent]
 
 
 def moderate(gateway: ThreadedServer, frame: bytes) -> dict[str, Any]:
@@ -139,3 +152,29 @@ def test_without_engine_leases_the_lookup_and_the_store_are_one_command_each(
         again = moderate(gateway, FRAMES[1])
     assert (judged["reused"], again["reused"]) == (None, "exact")
     assert sent_on_the_path(lines) == ["EVALSHA", "EVALSHA", "EVALSHA"]  # lookup, store; lookup
+
+
+def test_a_keyframe_another_replica_judged_costs_this_replica_no_engine_call_not_even_a_tokenize(
+    redis_url: str, sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    # The engine request is prepared before the lease is asked, its prompt measured with /tokenize the
+    # first time; a fresh replica whose measurement is still to be made looks the frame up first instead.
+    judged_by = start_gateway(engine_url=sim.url, redis_url=redis_url, leases=LEASES)
+    first = moderate(judged_by, FRAMES[0])
+    asked: list[str] = []
+
+    async def engine(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return await forward(request, sim.url)
+
+    settings = Settings(admin_token=ADMIN_TOKEN, engine_url=sim.url, redis_url=redis_url, leases=LEASES)
+    with ThreadedServer(create_app(settings, engine_transport=httpx.MockTransport(engine))) as fresh:
+        asked.clear()  # what the replica asked while starting (its model, its slots)
+        again = moderate(fresh, FRAMES[0])
+        assert again["reused"] == "exact"
+        assert again["request_id"] == first["request_id"]
+        assert not [path for path in asked if path in ("/tokenize", "/v1/chat/completions")]
+        judged = moderate(fresh, FRAMES[1])  # a new frame: measured and judged as any other
+    assert judged["reused"] is None
+    assert "/tokenize" in asked
+    assert "/v1/chat/completions" in asked
