@@ -69,7 +69,7 @@ from bench.overhead_paths import (
     reused_verdicts,
     shaping_floor,
 )
-from bench.servers import free_port, gateway, process
+from bench.servers import cpu_seconds, free_port, gateway, gateway_process, process
 from deploy.simulator import PRESETS
 
 ARMS = ("engine", "modgate", "litellm")
@@ -92,15 +92,19 @@ class ArmRun:
     latencies: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
     errors: int = 0
+    cpu_s: float | None = None  # the gateway process's CPU time over the timed requests (modgate arms)
 
     def figures(self) -> dict[str, float]:
-        """Median, p99 (ms) and requests per second."""
-        return {
+        """Median, p99 (ms) and requests per second; the gateway's CPU ms per request where measured."""
+        figures = {
             "p50_ms": statistics.median(self.latencies) * 1e3,
             "p99_ms": percentile(self.latencies, 99) * 1e3,
             "rps": len(self.latencies) / self.elapsed_s,
             "errors": float(self.errors),
         }
+        if self.cpu_s is not None:
+            figures["cpu_ms_per_request"] = self.cpu_s * 1e3 / len(self.latencies)
+        return figures
 
 
 async def closed_loop(arm: Arm, requests: int, concurrency: int, run: ArmRun) -> None:
@@ -194,8 +198,11 @@ async def check_litellm(http: httpx.AsyncClient, url: str, body: bytes) -> None:
 
 
 async def measure(urls: dict[str, str], setup: Setup, engine_url: str, requests: int,
-                  concurrencies: list[int], rounds: int) -> dict[int, dict[str, ArmRun]]:
-    """Every arm at every concurrency, in interleaved rounds."""
+                  concurrencies: list[int], rounds: int,
+                  pids: dict[str, int] | None = None) -> dict[int, dict[str, ArmRun]]:
+    """Every arm at every concurrency, in interleaved rounds; ``pids``: the one-process gateways' process
+    ids by arm, whose CPU time over their timed requests is measured too."""
+    pids = pids or {}
     async with httpx.AsyncClient(timeout=120) as http:
         for name, url in urls.items():  # modgate's own engine requests, one per keyframe of its path
             if name.startswith("modgate") and path_of(name) not in setup.engine_bodies:
@@ -216,7 +223,11 @@ async def measure(urls: dict[str, str], setup: Setup, engine_url: str, requests:
         per_round = max(concurrency, requests // rounds)
         for round_no in range(rounds):
             for name in names[round_no % len(names):] + names[: round_no % len(names)]:
+                pid = pids.get(name)
+                cpu_before = cpu_seconds(pid) if pid else 0.0
                 await closed_loop(arms[name], per_round, concurrency, runs[name])
+                if pid:
+                    runs[name].cpu_s = (runs[name].cpu_s or 0.0) + cpu_seconds(pid) - cpu_before
             setup.time_shaping()
         results[concurrency] = runs
     for name, arm in arms.items():
@@ -320,14 +331,15 @@ def print_markdown(table: dict[str, Any]) -> None:
 def print_table(table: dict[str, Any]) -> None:
     """One row per concurrency and arm, then the modgate-to-LiteLLM ratios."""
     print(f"{'clients':>7}  {'arm':<20}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}"
-          f"{'added p50':>11}{'added p99':>11}")
+          f"{'added p50':>11}{'added p99':>11}{'CPU ms/req':>12}")
     for concurrency, entry in table.items():
         for arm, row in entry["arms"].items():
             added = (f"{row['added_p50_ms']:>11.2f}{row['added_p99_ms']:>11.2f}" if "added_p50_ms" in row
                      else f"{'-':>11}{'-':>11}")
             errors = f"   {row['errors']:.0f} errors" if row["errors"] else ""
+            cpu = f"{row['cpu_ms_per_request']:>12.2f}" if "cpu_ms_per_request" in row else f"{'-':>12}"
             print(f"{concurrency:>7}  {arm:<20}{row['p50_ms']:>9.2f}{row['p99_ms']:>9.2f}{row['rps']:>9.1f}"
-                  f"{added}{errors}")
+                  f"{added}{cpu}{errors}")
         for arm, ratios in entry["over_litellm"].items():
             print(f"{'':>7}  {arm}/litellm: added p50 {ratios['added_p50']:.3f}x, added p99 "
                   f"{ratios['added_p99']:.3f}x, req/s {ratios['rps']:.2f}x")
@@ -352,24 +364,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if otlp_url:  # read once the gateways have stopped (and flushed what they batched), before the sink
             stack.callback(lambda: exported.update(httpx.get(f"{otlp_url}/sink/info", timeout=30).json()))
         urls: dict[str, str] = {}
+        pids: dict[str, int] = {}  # one-process gateways, whose CPU time is measured
         for path in args.paths:
             environment = {**gateway_environment(path, callers[path], args.redis_url, otlp_url), **extra_env}
             urls[arm_name("engine", path)] = engine_url
-            urls[arm_name("modgate", path)] = stack.enter_context(gateway(engine_url, **environment))
+            name = arm_name("modgate", path)
+            urls[name], pids[name] = stack.enter_context(gateway_process(engine_url, **environment))
         cheap = {**gateway_environment("cheapest", callers["cheapest"], "", ""), **extra_env}
         for workers in args.workers:  # modgate with N uvicorn worker processes (state in Redis)
             scaled_env = {**cheap, "MODGATE_WORKERS": str(workers), "MODGATE_REDIS_URL": args.redis_url}
             urls[f"modgate:workers-{workers}"] = stack.enter_context(gateway(engine_url, **scaled_env))
         for label, *settings in args.variant:  # modgate again, with other settings, as arms of their own
             variant_env = {**cheap, **dict(item.split("=", 1) for item in settings)}
-            urls[f"modgate:{label}"] = stack.enter_context(gateway(engine_url, **variant_env))
+            name = f"modgate:{label}"
+            urls[name], pids[name] = stack.enter_context(gateway_process(engine_url, **variant_env))
         if "litellm" in args.arms:
             lite = stack.enter_context(litellm_proxy(engine_url, MODEL, LITELLM_KEY, args.litellm_workers))
             for path in args.paths:
                 urls[arm_name("litellm", path)] = lite
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the load generator kept lean
             results = runner.run(
-                measure(urls, setup, engine_url, args.requests, args.concurrency, args.rounds)
+                measure(urls, setup, engine_url, args.requests, args.concurrency, args.rounds, pids)
             )
         stub_info = httpx.get(f"{engine_url}/stub/info").json()
         reused = {name: reused_verdicts(httpx.get(f"{url}/metrics", timeout=30).text)

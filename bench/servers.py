@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 
@@ -46,14 +47,23 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 @contextlib.contextmanager
 def process(
     args: list[str], ready_url: str, env: dict[str, str] | None = None, ready_timeout_s: float = 60
-) -> Iterator[None]:
-    """Run a server process until the block ends."""
+) -> Iterator[int]:
+    """Run a server process until the block ends; yields its pid."""
     proc = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL)
     try:
         wait_until_ready(ready_url, proc, ready_timeout_s)
-        yield
+        yield proc.pid
     finally:
         stop(proc)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) a process has used so far, from ``/proc`` (Linux; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -81,6 +91,13 @@ def simulator(preset: str = "instant", time_scale: float = 0.0, *extra: str) -> 
 @contextlib.contextmanager
 def gateway(engine_url: str, **env: str) -> Iterator[str]:
     """``modgate serve`` in a process of its own, in front of ``engine_url``; yields its URL."""
+    with gateway_process(engine_url, **env) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def gateway_process(engine_url: str, **env: str) -> Iterator[tuple[str, int]]:
+    """``modgate serve`` in a process of its own, in front of ``engine_url``; yields its URL and pid."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port)]
@@ -90,5 +107,5 @@ def gateway(engine_url: str, **env: str) -> Iterator[str]:
         f"{url}/readyz",
         {"MODGATE_ENGINE_URL": engine_url, "MODGATE_LOG_LEVEL": "warning", **env},
         ready_timeout_s=180 * max(1, int(env.get("MODGATE_WORKERS", "1"))),
-    ):
-        yield url
+    ) as pid:
+        yield url, pid

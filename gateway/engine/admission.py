@@ -213,6 +213,26 @@ class AdmissionQueue:
             raise
         return Admission(time.monotonic() - started, self._ticket_of(waiter))
 
+    def admit_now(self, work: Work | None = None) -> tuple[Admission, Callable[[], None]] | None:
+        """A slot now if one is free and nobody waits (else None, nothing changed), with a function that
+        undoes the grant entirely, the fair share's figures included: for a call that may turn out not to
+        need the engine (a verdict found with the lease's ask, gateway/engine/pool.py)."""
+        if not (self.inflight < self.max_inflight and self.queued == 0):
+            return None
+        name = self._flow_name(work)
+        before, seen = self.share.snapshot(name), name in self._flows
+        self.share.arrive(name, ())
+        ticket = self._grant(name, work)
+
+        def undo() -> None:
+            self._flow(name).granted -= 1
+            self.share.restore(name, before)
+            self.release(0.0, ticket)
+            if not seen and not self._flows[name].waiters and not self._flows[name].inflight:
+                del self._flows[name]
+
+        return Admission(0.0, ticket), undo
+
     def _ticket_of(self, waiter: _Waiter) -> Ticket:
         return Ticket(self._flow_name(waiter.work), 0.0 if waiter.work is None else waiter.work.cost)
 

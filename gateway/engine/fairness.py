@@ -54,6 +54,19 @@ class FairShare:
         """The backlogged flow served next: lowest counter, then ``tiebreak`` (lower first)."""
         return min(candidates, key=lambda flow: (self.counters.get(flow, self._floor), *tiebreak(flow)))
 
+    def snapshot(self, flow: str) -> tuple[float | None, float | None, float]:
+        """``flow``'s counter and served work and the floor, as they are now (for :meth:`restore`)."""
+        return self.counters.get(flow), self.served.get(flow), self._floor
+
+    def restore(self, flow: str, snapshot: tuple[float | None, float | None, float]) -> None:
+        """Put ``flow``'s figures and the floor back as :meth:`snapshot` found them."""
+        counter, served, self._floor = snapshot
+        for figures, value in ((self.counters, counter), (self.served, served)):
+            if value is None:
+                figures.pop(flow, None)
+            else:
+                figures[flow] = value
+
     def charge(self, flow: str, work: float) -> None:
         """``flow`` was served ``work`` (negative: a correction after an over-estimate)."""
         counter = self.counters.get(flow, self._floor)

@@ -8,6 +8,9 @@ by when their lease expires (Redis server time, in milliseconds, so replicas' cl
 - fair acquire (``MODGATE_LEASES__FAIR_SHARE``): the same, but the free slot goes only to the waiting tenant
   served least (per weight) on any replica: one fair share across replicas (docs/tenants.md);
 - release: ``ZREM``;
+- riders: a caller's own Lua may ride in the same script as an acquire or a release
+  (:class:`LeaseRider`), so the request path pays one round trip for both (the verdict cache's lookup
+  rides with the acquire, its store with the release: gateway/moderation/verdict_cache.py);
 - renewal: a background task pushes the expiry of every lease this replica holds ``ttl_s`` ahead again,
   every ``renew_every_s`` seconds. A replica that dies (``kill -9``, a lost node) stops renewing, and its
   slots free themselves within ``ttl_s``: nobody has to clean up after it.
@@ -31,8 +34,11 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -137,6 +143,50 @@ return redis.call('ZCARD', KEYS[1])
 """
 
 
+@dataclass(slots=True, eq=False)
+class LeaseRider:
+    """Lua that rides in the same script as a lease's acquire or release: one round trip for both.
+
+    ``lua`` is the body of a Lua function that reads its keys from ``KEYS[K + i]`` and its arguments from
+    ``ARGV[A + i]`` (``K`` and ``A`` are the lease call's own counts, set as locals before it) and returns a
+    value. With an acquire it runs first, and any value but ``false`` withholds the slot: the lease's keys
+    are not touched and the value comes back in ``result``. With a release it runs after the ``ZREM``.
+    It rides only on ``client`` (the lease's own Redis), else it is left for its owner to run alone.
+    """
+
+    lua: str
+    keys: list[str]
+    args: list[str | int | float]
+    client: Redis
+    ran: bool = False  # sent with a lease call (``error`` says whether Redis answered)
+    result: Any = None  # what it returned when it withheld a slot
+    error: BaseException | None = field(default=None, repr=False)
+
+    @property
+    def withheld(self) -> bool:
+        """It ran with an acquire and withheld the slot."""
+        return self.ran and self.error is None and self.result is not None
+
+
+def with_rider(lease_lua: str, key_count: int, arg_count: int, rider_lua: str) -> str:
+    """One script: the rider's Lua, then (unless it returned a value: ``{-1, value}``) ``lease_lua``, whose
+    KEYS and ARGV come first."""
+    return (f"local K, A = {key_count}, {arg_count}\nlocal function rider()\n{rider_lua}\nend\n"
+            f"local found = rider()\nif found then return {{-1, found}} end\n{lease_lua}")
+
+
+# KEYS[1] the engine's set; ARGV[1] the member given back; the rider's keys and arguments after them.
+_RELEASE_WITH_RIDER = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+local K, A = 1, 1
+local function rider()
+RIDER
+end
+rider()
+return 1
+"""
+
+
 def replica_name() -> str:
     """This process's name in lease members: host, pid and a random tag (pids repeat across restarts)."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -172,6 +222,7 @@ class EngineLeases:
         self.wait_registration_ms = 500  # a waiting tenant's registration lapses this long after its last ask
         self._renew = redis.register_script(_RENEW)
         self._count = redis.register_script(_COUNT)
+        self._scripts: dict[tuple[str, str], AsyncScript] = {}  # a lease script with a rider, by the two
         self._ids = itertools.count(1)
         self._held: dict[str, set[str]] = {}  # engine key -> our members
         self._renewer: asyncio.Task[None] | None = None
@@ -196,43 +247,91 @@ class EngineLeases:
         """Leases this replica holds on ``engine``."""
         return len(self._held.get(engine, ()))
 
-    async def try_acquire(self, engine: str, cap: int) -> str | None:
-        """A slot of ``engine`` if fewer than ``cap`` are held across replicas: its lease id, else None."""
+    def carries(self, rider: LeaseRider) -> bool:
+        """Whether ``rider`` can ride with this replica's lease calls (it is for the same Redis)."""
+        return rider.client is self._redis
+
+    def _script(self, lease_lua: str, rider_lua: str, keys: int, args: int) -> AsyncScript:
+        """The lease's script with the rider's, registered once (the same texts make the same script)."""
+        script = self._scripts.get((lease_lua, rider_lua))
+        if script is None:
+            combined = (_RELEASE_WITH_RIDER.replace("RIDER", rider_lua, 1) if lease_lua == _RELEASE_WITH_RIDER
+                        else with_rider(lease_lua, keys, args, rider_lua))
+            script = self._scripts[lease_lua, rider_lua] = self._redis.register_script(combined)
+        return script
+
+    async def _acquire_with(
+        self, lease_lua: str, plain: AsyncScript, keys: list[str], args: list[str | int | float],
+        rider: LeaseRider | None,
+    ) -> bool:
+        """Run an acquire script (with ``rider`` first if it can ride); True when the slot was granted."""
+        if rider is None or not self.carries(rider):
+            async with self._deadline():
+                return bool(await plain(keys=keys, args=args))
+        script = self._script(lease_lua, rider.lua, len(keys), len(args))
+        rider.ran = True
+        try:
+            async with self._deadline():
+                answer = await script(keys=[*keys, *rider.keys], args=[*args, *rider.args])
+        except LEASE_STORE_DOWN as exc:
+            rider.error = exc
+            raise
+        if isinstance(answer, list):  # {-1, found}: the rider withheld the slot
+            rider.result = answer[1]
+            return False
+        return bool(answer)
+
+    async def try_acquire(self, engine: str, cap: int, rider: LeaseRider | None = None) -> str | None:
+        """A slot of ``engine`` if fewer than ``cap`` are held across replicas: its lease id, else None.
+
+        ``rider``: run first in the same script; a value from it withholds the slot (see :class:`LeaseRider`).
+        """
         member = f"{self.replica}/{next(self._ids)}"
-        async with self._deadline():
-            taken = await self._acquire(keys=[self.key(engine)], args=[cap, round(self.ttl_s * 1000), member])
-        if not taken:
+        args: list[str | int | float] = [cap, round(self.ttl_s * 1000), member]
+        if not await self._acquire_with(_ACQUIRE, self._acquire, [self.key(engine)], args, rider):
             return None
         self._held.setdefault(engine, set()).add(member)
         return member
 
     async def try_acquire_fair(
-        self, engine: str, cap: int, tenant: str, work_per_weight: float
+        self, engine: str, cap: int, tenant: str, work_per_weight: float, rider: LeaseRider | None = None
     ) -> str | None:
         """A slot of ``engine`` for ``tenant`` if one is free and no tenant waiting on any replica has been
         served less (per weight); ``tenant`` "" is background work, served only when no tenant waits.
 
         Asking registers ``tenant`` as waiting (until ``wait_registration_ms`` after its last ask), which is
-        how the other replicas learn of it: ask again (the pool polls) while the call waits.
+        how the other replicas learn of it: ask again (the pool polls) while the call waits. ``rider``: as
+        :meth:`try_acquire` (a rider that withholds the slot leaves ``tenant`` unregistered too).
         """
         member = f"{tenant}\x1f{self.replica}/{next(self._ids)}"
         keys = [self.key(engine), f"{self.key(engine)}:served", f"{self.key(engine)}:waiting"]
         args: list[str | int | float] = [
             cap, round(self.ttl_s * 1000), member, tenant, work_per_weight, self.wait_registration_ms
         ]
-        async with self._deadline():
-            taken = await self._acquire_fair(keys=keys, args=args)
-        if not taken:
+        if not await self._acquire_with(_ACQUIRE_FAIR, self._acquire_fair, keys, args, rider):
             return None
         self._held.setdefault(engine, set()).add(member)
         return member
 
-    async def release(self, engine: str, lease: str) -> None:
-        """Give a slot back (stops its renewal first: if Redis is down now, the lease still expires)."""
+    async def release(self, engine: str, lease: str, rider: LeaseRider | None = None) -> None:
+        """Give a slot back (stops its renewal first: if Redis is down now, the lease still expires).
+
+        ``rider``: run after the ``ZREM`` in the same script (see :class:`LeaseRider`)."""
         self._held.get(engine, set()).discard(lease)
         self.running_unleased.discard(lease)
-        async with self._deadline():
-            await self._redis.zrem(self.key(engine), lease)
+        if rider is None or not self.carries(rider):
+            async with self._deadline():
+                await self._redis.zrem(self.key(engine), lease)
+            return
+        rider.ran = True
+        try:
+            async with self._deadline():
+                await self._script(_RELEASE_WITH_RIDER, rider.lua, 1, 1)(
+                    keys=[self.key(engine), *rider.keys], args=[lease, *rider.args]
+                )
+        except LEASE_STORE_DOWN as exc:
+            rider.error = exc
+            raise
 
     async def count(self, engine: str) -> int:
         """Slots of ``engine`` held by all replicas now."""

@@ -22,6 +22,10 @@
   alone (logged loudly, ``modgate_engine_leases_local_only`` 1) rather than refusing traffic: with N
   replicas an engine may then see up to N × its cap, which it survives by queueing inside vLLM; refusing
   every request because the coordination store is down would be the worse failure.
+- Riders: a caller's Lua may ride with the lease's acquire (:meth:`EnginePool.slot`'s ``rider``: taken
+  only when a slot is free now, and withheld, with nothing of the slot left taken, when the rider found
+  something: :class:`SlotWithheld`) and with its release (:meth:`HeldEngine.part_with`), so the verdict
+  cache's lookup and store cost no round trip of their own (gateway/engine/leases.py).
 - llama.cpp: an engine's cap (so its leases' cap) is its ``--parallel`` slots as its ``/props`` last said
   (EngineClient re-reads it after a failed call and every ``props_recheck_s``), unless configured.
 """
@@ -48,7 +52,7 @@ from gateway.engine.admission import AdmissionQueue, Ticket
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen, CircuitState
 from gateway.engine.client import EngineAnswer, EngineClient, engine_failed
 from gateway.engine.fairness import Work
-from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases
+from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
 from gateway.errors import EngineUnavailable, Overloaded, ServerSideError
 from gateway.settings import Settings
 
@@ -58,6 +62,15 @@ T = TypeVar("T")
 
 LOCAL_ONLY = ""
 """The lease of a slot taken without Redis (none configured, or Redis unreachable): nothing to give back."""
+
+
+class SlotWithheld(Exception):
+    """No slot was taken for a call that asked with a rider: the rider found something (``rider.result``),
+    or it could not ride now (``rider.ran`` false: the caller does its own reads first, then asks again)."""
+
+    def __init__(self, rider: LeaseRider) -> None:
+        super().__init__("the slot was withheld")
+        self.rider = rider
 
 
 @dataclass(eq=False)
@@ -129,6 +142,12 @@ class HeldEngine:
         self.queue_seconds = queue_seconds  # the wait for the slot: queue and, across replicas, a lease
         self.ticket = ticket  # the tenant the slot is charged to (None: background work, charged to nobody)
         self.work = work  # what it was expected to cost (asked again if the call moves to another engine)
+        self.parting: LeaseRider | None = None  # sent with the lease's release
+
+    def part_with(self, rider: LeaseRider | None) -> None:
+        """Send ``rider`` with the release of this slot's lease (it stays unrun, ``ran`` false, when the slot
+        has no lease in Redis: its owner runs it alone then)."""
+        self.parting = rider
 
     def settle(self, actual: float) -> None:
         """Correct the tenant's charge with the work the call really took (from its usage)."""
@@ -372,9 +391,17 @@ class EnginePool:
         engine.inflight -= 1
         self.refresh()
 
-    async def _lease(self, engine: EngineSlot, work: Work | None = None) -> str | None:
+    def can_carry(self, rider: LeaseRider) -> bool:
+        """Whether a lease asked now would carry ``rider``: leases in its Redis, and that Redis answering."""
+        return (self.leases is not None and self.leases.carries(rider)
+                and time.monotonic() >= self._leases_down_until)
+
+    async def _lease(
+        self, engine: EngineSlot, work: Work | None = None, rider: LeaseRider | None = None
+    ) -> str | None:
         """A lease on ``engine`` across replicas (:data:`LOCAL_ONLY` without Redis); None: all taken, or
-        (fair leases) a tenant waiting on some replica has been served less than ``work``'s."""
+        (fair leases) a tenant waiting on some replica has been served less than ``work``'s, or ``rider``
+        withheld it."""
         if self.leases is None:
             return LOCAL_ONLY
         if time.monotonic() < self._leases_down_until:
@@ -384,9 +411,9 @@ class EnginePool:
             if self.fair_leases:
                 tenant = "" if work is None else work.tenant
                 share = 0.0 if work is None else work.cost / max(1e-6, self.weight(work.tenant))
-                lease = await self.leases.try_acquire_fair(engine.url, engine.cap, tenant, share)
+                lease = await self.leases.try_acquire_fair(engine.url, engine.cap, tenant, share, rider)
             else:
-                lease = await self.leases.try_acquire(engine.url, engine.cap)
+                lease = await self.leases.try_acquire(engine.url, engine.cap, rider)
         except LEASE_STORE_DOWN as exc:
             self._leases_failed(exc)
             self.calls_on_local_caps += 1
@@ -395,28 +422,37 @@ class EnginePool:
         return lease
 
     async def _take_one(
-        self, exclude: list[EngineSlot] | tuple[()] = (), work: Work | None = None
+        self, exclude: list[EngineSlot] | tuple[()] = (), work: Work | None = None,
+        rider: LeaseRider | None = None,
     ) -> tuple[EngineSlot, str] | None:
-        """One pass over the engines with room: the first whose lease is granted, or None."""
+        """One pass over the engines with room: the first whose lease is granted, or None. ``rider`` rides
+        with the first lease asked (:class:`SlotWithheld` if it withholds it)."""
         for engine in self._candidates(exclude):
             if engine.room() <= 0:  # taken by another request while we asked Redis about an earlier one
                 continue
             self._reserve(engine)  # before the await: nobody else counts on this room meanwhile
             try:
-                lease = await self._lease(engine, work)
+                lease = await self._lease(engine, work, rider)
             except BaseException:
                 self._unreserve(engine)
                 raise
             if lease is not None:
                 return engine, lease
             self._unreserve(engine)
+            if rider is not None and rider.withheld:
+                raise SlotWithheld(rider)
+            rider = None
         return None
 
-    async def _take(self, deadline: float, work: Work | None = None) -> tuple[EngineSlot, str]:
-        """An engine with room and a lease on it, waiting (polling Redis) until ``deadline`` if need be."""
+    async def _take(
+        self, deadline: float, work: Work | None = None, rider: LeaseRider | None = None
+    ) -> tuple[EngineSlot, str]:
+        """An engine with room and a lease on it, waiting (polling Redis) until ``deadline`` if need be;
+        ``rider`` rides with the first lease asked."""
         pause, longest = self.lease_poll_s
         while True:
-            taken = await self._take_one(work=work)
+            taken = await self._take_one(work=work, rider=rider)
+            rider = None
             if taken is not None:
                 return taken
             if not self._any_engine_accepts():
@@ -430,14 +466,15 @@ class EnginePool:
             await asyncio.sleep(min(pause, remaining))
             pause = min(pause * 2, longest)
 
-    async def _give_back(self, engine: EngineSlot, lease: str) -> None:
-        """Release the lease (best effort: unrenewed, it expires anyway), then the local count."""
+    async def _give_back(self, engine: EngineSlot, lease: str, rider: LeaseRider | None = None) -> None:
+        """Release the lease (best effort: unrenewed, it expires anyway; ``rider`` with it), then the local
+        count."""
         try:
             if lease == LOCAL_ONLY and self.leases is not None:
                 self.calls_on_local_caps -= 1
             elif lease != LOCAL_ONLY and self.leases is not None:
                 with contextlib.suppress(*LEASE_STORE_DOWN):
-                    await self.leases.release(engine.url, lease)
+                    await self.leases.release(engine.url, lease, rider)
         finally:
             engine.inflight -= 1
 
@@ -454,20 +491,37 @@ class EnginePool:
 
     @asynccontextmanager
     async def slot(
-        self, priority: int = 0, timeout_s: float | None = None, work: Work | None = None
+        self, priority: int = 0, timeout_s: float | None = None, work: Work | None = None,
+        rider: LeaseRider | None = None,
     ) -> AsyncIterator[HeldEngine]:
         """Hold a slot on the least-loaded engine that is up (429: waited too long; 503: all are down).
 
         ``work``: the tenant asking and its expected work, for the fair share (gateway/engine/admission.py).
+        ``rider``: Lua sent with the lease's acquire; with one, a slot is taken only if one is free now and
+        the rider rode with its lease, else :class:`SlotWithheld` leaves everything as it was.
         """
         started = time.monotonic()
         self.refresh()
         if not self._any_engine_accepts():
             raise self._refusal()
-        admission = await self.queue.acquire(priority, timeout_s, work)
+        undo = None
+        if rider is None:
+            admission = await self.queue.acquire(priority, timeout_s, work)
+        elif (admitted := self.queue.admit_now(work)) is None:
+            raise SlotWithheld(rider)  # it would wait: the caller reads first, then waits without a rider
+        else:
+            admission, undo = admitted
         deadline = started + (timeout_s if timeout_s is not None else self.queue.queue_timeout_s)
         try:
-            engine, lease = await self._take(deadline, work)
+            engine, lease = await self._take(deadline, work, rider)
+            if rider is not None and not rider.ran:  # no lease in Redis carried it (it went down meanwhile)
+                await self._give_back(engine, lease)
+                raise SlotWithheld(rider)
+        except SlotWithheld:
+            assert undo is not None
+            undo()
+            self.refresh()
+            raise
         except BaseException:
             self.queue.release(0.0, admission.ticket)
             self.refresh()
@@ -502,7 +556,7 @@ class EnginePool:
             yield
         finally:
             try:
-                await self._give_back(held.engine, held.lease)
+                await self._give_back(held.engine, held.lease, held.parting)
             finally:
                 self.queue.release(time.monotonic() - since, held.ticket)
                 self.refresh()

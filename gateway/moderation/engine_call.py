@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from opentelemetry import trace
 
+from gateway.engine.client import EngineAnswer
 from gateway.engine.fairness import WorkModel
+from gateway.engine.leases import LeaseRider
 from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError
 from gateway.moderation.engine_identity import EngineIdentity
@@ -89,11 +91,18 @@ class FrameJudge:
         request_id: str,
         *,
         reask: bool = False,
+        first: LeaseRider | None = None,
+        keep: Callable[[FrameOutcome], LeaseRider | None] | None = None,
     ) -> FrameOutcome:
-        """One outcome for the call: the first frame's verdict, every frame's in ``verdicts``."""
+        """One outcome for the call: the first frame's verdict, every frame's in ``verdicts``.
+
+        ``first``: Lua sent with the engine lease's acquire (the verdict cache's lookup): the engine pool
+        raises ``SlotWithheld`` when it found something or could not ride. ``keep``: what to send with the
+        lease's release, made from the outcome (the verdict cache's store): the verdicts are parsed before
+        the slot is given back, so they can go with it.
+        """
         # a re-ask (escalation) goes ahead of new asks, at the admission queue and in the engine
         priority = context.priority + (REASK_PRIORITY if reask else 0)
-        top_logprobs = self.settings.top_logprobs
         body = build_chat_request(
             self.system_prompts[decision.verdict_format],
             list(frames),
@@ -112,7 +121,7 @@ class FrameJudge:
         )
         queued_at = time.time_ns()  # span times are wall-clock nanoseconds
         try:
-            async with self.engines.slot(priority=priority, work=work) as admission:
+            async with self.engines.slot(priority=priority, work=work, rider=first) as admission:
                 self.tracer.start_span("queue", start_time=queued_at).end()
                 self.metrics.queue_wait.observe(admission.queue_seconds)
                 self.load.observe_queue_wait(admission.queue_seconds)
@@ -132,6 +141,9 @@ class FrameJudge:
                             answer.streamed,
                         )
                     )
+                outcome = self._read(answer, frames, decision, admission.queue_seconds, request_id)
+                if keep is not None:
+                    admission.part_with(keep(outcome))
         except ModgateError as exc:
             self.metrics.engine_errors.labels(type(exc).__name__).inc()
             self.identity.forget()  # the engine may have restarted with other weights
@@ -141,6 +153,14 @@ class FrameJudge:
         self.metrics.prompt_tokens.inc(answer.usage.prompt_tokens)
         self.metrics.cached_tokens.inc(answer.usage.cached_tokens)
         self.tokens.check(prediction, answer, request_id)
+        return outcome
+
+    def _read(
+        self, answer: EngineAnswer, frames: list[ShapedImage], decision: ThinkingDecision, queue_s: float,
+        request_id: str,
+    ) -> FrameOutcome:
+        """The call's outcome: a verdict per frame parsed from the answer, each with its confidence."""
+        top_logprobs = self.settings.top_logprobs
         with self.tracer.start_as_current_span("parsing"):
             parsed = parse_engine_output(
                 answer.content, answer.reasoning, answer.finish_reason, frames=max(1, len(frames))
@@ -165,7 +185,7 @@ class FrameJudge:
             verdict=verdicts[0],
             answer=answer,
             decision=decision,
-            queue_s=admission.queue_seconds,
+            queue_s=queue_s,
             verdicts=verdicts,
             packed=max(1, len(frames)),
         )

@@ -100,13 +100,6 @@ def plan_frames(
     return plan
 
 
-def best_hit(hits: Sequence[ReusedVerdict | None]) -> ReusedVerdict | None:
-    """The verdict to reuse among one frame's lookups under several scopes (in the pool's engine order): an
-    exact hit before a near one, then the nearest, then the scope of the engine listed first."""
-    found = [(hit.reused != "exact", hit.distance, order, hit) for order, hit in enumerate(hits) if hit]
-    return min(found, key=lambda item: item[:3])[3] if found else None
-
-
 def verdicts_to_keep(
     scopes: Mapping[str, VerdictScope],
     leaders: Sequence[int],

@@ -23,7 +23,8 @@ from gateway.caller import Caller
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.client import EngineClient
 from gateway.engine.fairness import SHARED_FLOW, WorkModel
-from gateway.engine.pool import EnginePool
+from gateway.engine.leases import LeaseRider
+from gateway.engine.pool import EnginePool, SlotWithheld
 from gateway.errors import (
     ClientError,
     InvalidRequest,
@@ -36,7 +37,6 @@ from gateway.moderation.engine_call import FrameJudge
 from gateway.moderation.engine_identity import EngineIdentity, EngineModel
 from gateway.moderation.escalation import Escalation
 from gateway.moderation.frame_reuse import (
-    best_hit,
     frame_identities,
     plan_frames,
     verdict_scope,
@@ -52,8 +52,11 @@ from gateway.moderation.verdict_cache import (
     MemoryVerdictCache,
     NearDuplicateRule,
     ReusedVerdict,
+    RidingLookup,
     VerdictCache,
     VerdictScope,
+    lookup_failed,
+    store_failed,
 )
 from gateway.moderation.wire import (
     ImageURLPart,
@@ -343,8 +346,52 @@ class ModerationService:
         return base + (f"\n{extra_text}" if extra_text else "")
 
     async def _reusable(self, scopes: list[VerdictScope], frame: FrameIdentity) -> ReusedVerdict | None:
-        """The best verdict stored for ``frame`` under any of ``scopes`` (one lookup each, at once)."""
-        return best_hit(await asyncio.gather(*(self.verdicts.lookup(scope, frame) for scope in scopes)))
+        """The best verdict stored for ``frame`` under any of ``scopes``."""
+        return await self.verdicts.lookup_any(scopes, frame)
+
+    async def _riding_lookup(
+        self, scopes: list[VerdictScope], frames: list[ShapedImage], identities: list[FrameIdentity],
+        extra_text: str, decision: ThinkingDecision,
+    ) -> RidingLookup | None:
+        """The lookup of a lone frame as Lua riding with its engine lease's acquire (one round trip for
+        both), when the verdict cache and the leases share a Redis that answers; else None. Not while the
+        request's prompt tokens are still to be measured: a frame the cache answers must not cost the
+        engine a ``/tokenize`` (the engine request is prepared before the lease is asked)."""
+        if len(identities) != 1:
+            return None
+        riding = self.verdicts.lookup_rider(scopes, identities[0])
+        if riding is None or not self.engines.can_carry(riding.rider):
+            return None
+        measured = await self.judge.tokens.measured(
+            frames, self._instruction(1, extra_text), decision.mode == "on", decision.verdict_format
+        )
+        return riding if measured else None
+
+    async def _judge_riding(
+        self,
+        riding: RidingLookup,
+        frame: ShapedImage,
+        extra_text: str,
+        decision: ThinkingDecision,
+        context: RequestContext,
+        request_id: str,
+        keep: Callable[[FrameOutcome], LeaseRider | None] | None,
+    ) -> FrameOutcome | ReusedVerdict | None:
+        """A lone frame judged with its lookup riding on the lease's acquire: the engine's outcome, or the
+        verdict the lookup found (None: it found near candidates none of which passes, or it could not ride
+        and the lookup alone found nothing: the frame is judged as any other then)."""
+        try:
+            return await self.judge.judge(
+                [frame], self._instruction(1, extra_text), decision, context, f"{request_id}-0",
+                first=riding.rider, keep=keep,
+            )
+        except SlotWithheld:
+            if riding.rider.ran:
+                return riding.hit()
+            return await self._reusable(list(riding.scopes), riding.frame)
+        finally:
+            if riding.rider.error is not None:  # Redis failed: a miss, as a failed lookup alone is
+                lookup_failed(riding.rider.error)
 
     async def _judge_frames(
         self,
@@ -376,9 +423,42 @@ class ModerationService:
             reuse_decision = replace(decision.reask, rule=decision.rule)
         rule = self.verdicts.rule
         identities = frame_identities(frames, rule)
+        storing = self.settings.shaping.verdict_cache_ttl_s > 0
+        kept_by: dict[int, LeaseRider] = {}  # a leader's verdict sent with its engine lease's release
+
+        def keeper(chunk: list[int]) -> Callable[[FrameOutcome], LeaseRider | None] | None:
+            """What a chunk's engine call sends with its lease's release: its fresh verdicts (escalate keeps
+            its verdicts once the re-asks are done, below)."""
+            if not storing or decision.mode == "escalate":
+                return None
+
+            def keep(outcome: FrameOutcome) -> LeaseRider | None:
+                shares: list[FrameOutcome | None] = [None] * len(frames)
+                for position, index in enumerate(chunk):
+                    shares[index] = packed_share(outcome, position)
+                rider = self.verdicts.store_rider(
+                    verdicts_to_keep(scopes, chunk, shares, identities, time.time())
+                )
+                if rider is not None:
+                    kept_by.update(dict.fromkeys(chunk, rider))
+                return rider
+
+            return keep
+
         hits: list[ReusedVerdict | None] = [None] * len(frames)
-        if self.settings.shaping.verdict_cache_ttl_s > 0 and not fresh:
-            hits = list(await asyncio.gather(*(self._reusable(searched, frame) for frame in identities)))
+        prejudged: FrameOutcome | None = None  # a lone frame judged with its lookup riding on the lease
+        if storing and not fresh:
+            riding = await self._riding_lookup(searched, frames, identities, extra_text, decision)
+            if riding is None:
+                hits = list(await asyncio.gather(*(self._reusable(searched, frame) for frame in identities)))
+            else:
+                found = await self._judge_riding(
+                    riding, frames[0], extra_text, decision, context, request_id, keeper([0])
+                )
+                if isinstance(found, FrameOutcome):
+                    prejudged = found
+                else:
+                    hits = [found]
         outcomes: list[FrameOutcome | None] = [None] * len(frames)
         for index, hit in enumerate(hits):
             if hit is not None:
@@ -391,7 +471,7 @@ class ModerationService:
         plan = plan_frames(identities, hits, rule)
         leaders = plan.leaders
         chunks = [leaders[start : start + packing] for start in range(0, len(leaders), packing)]
-        judged = await asyncio.gather(
+        judged = [prejudged] if prejudged is not None else await asyncio.gather(
             *(
                 self.judge.judge(
                     [frames[i] for i in chunk],
@@ -399,6 +479,7 @@ class ModerationService:
                     decision,
                     context,
                     f"{request_id}-{chunk[0]}",
+                    keep=keeper(chunk),
                 )
                 for chunk in chunks
             )
@@ -424,7 +505,10 @@ class ModerationService:
                 thinking_mode=made.thinking_mode,
             )
             self.metrics.reused.labels(how).inc()
-        if self.settings.shaping.verdict_cache_ttl_s > 0:
-            to_store = verdicts_to_keep(scopes, leaders, outcomes, identities, time.time())
-            await asyncio.gather(*(self.verdicts.store(where, stored) for where, stored in to_store))
+        if storing:
+            for rider in {id(rider): rider for rider in kept_by.values()}.values():
+                if rider.error is not None:
+                    store_failed(rider.error)
+            alone = [index for index in leaders if index not in kept_by or not kept_by[index].ran]
+            await self.verdicts.store_all(verdicts_to_keep(scopes, alone, outcomes, identities, time.time()))
         return [outcome for outcome in outcomes if outcome is not None]

@@ -74,6 +74,16 @@ class PromptTokenCheck:
                     return None
         return accountant.predict(enable_thinking, user_text, frames)
 
+    async def measured(
+        self, frames: list[ShapedImage], user_text: str, enable_thinking: bool, verdict_format: VerdictFormat
+    ) -> bool:
+        """Whether :meth:`predict` would ask the engine nothing for this request (all it needs is measured,
+        or prediction is paused): what a request whose engine call may not happen needs."""
+        if time.monotonic() < self._paused_until:
+            return True
+        accountant = self.accountants.get((verdict_format, await self.engine_model()))
+        return accountant is not None and not accountant.pending(enable_thinking, user_text, frames)
+
     def check(self, prediction: PromptPrediction | None, answer: EngineAnswer, request_id: str) -> None:
         """Count and log a request whose prompt tokens (or image tokens) the engine counted differently."""
         if prediction is None:

@@ -25,6 +25,11 @@ indexed under each of its bands; a lookup reads the frames that share a band and
 Two stores behind one interface: in memory (least recently used, with a TTL) and Redis (keys with a TTL,
 band sets as Redis sets). Reuse is an optimisation: a Redis failure is logged and read as a miss, never
 turned into a failed moderation.
+
+In Redis a lookup (under every scope searched) and a store (of every verdict an engine call made) are one
+Lua script each, one command. Each can also ride with an engine lease's script (gateway/engine/leases.py):
+the lookup with the acquire, which it withholds when it found anything; the store with the release. So a
+keyframe the engine judges costs two round trips to Redis, not four.
 """
 
 from __future__ import annotations
@@ -36,13 +41,15 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.engine.leases import LeaseRider
 from shaping.verdict import ACTIONS, KeyframeVerdict
 
 log = logging.getLogger("modgate.verdict_cache")
@@ -217,6 +224,13 @@ def closest(
     return best
 
 
+def best_hit(hits: Sequence[ReusedVerdict | None]) -> ReusedVerdict | None:
+    """The verdict to reuse among one frame's lookups under several scopes (in the pool's engine order): an
+    exact hit before a near one, then the nearest, then the scope of the engine listed first."""
+    found = [(hit.reused != "exact", hit.distance, order, hit) for order, hit in enumerate(hits) if hit]
+    return min(found, key=lambda item: item[:3])[3] if found else None
+
+
 class VerdictCache(Protocol):
     """Where reusable verdicts live."""
 
@@ -226,8 +240,25 @@ class VerdictCache(Protocol):
         """An exact hit, else the nearest near duplicate, else None."""
         ...
 
+    async def lookup_any(self, scopes: Sequence[VerdictScope], frame: FrameIdentity) -> ReusedVerdict | None:
+        """The best verdict for ``frame`` under any of ``scopes`` (:func:`best_hit`)."""
+        ...
+
     async def store(self, scope: VerdictScope, stored: StoredVerdict) -> None:
         """Keep a fresh engine verdict for reuse."""
+        ...
+
+    async def store_all(self, kept: Sequence[tuple[VerdictScope, StoredVerdict]]) -> None:
+        """Keep several fresh verdicts, each under its scope."""
+        ...
+
+    def lookup_rider(self, scopes: Sequence[VerdictScope], frame: FrameIdentity) -> RidingLookup | None:
+        """The lookup as Lua that rides with an engine lease's acquire (None: this store cannot ride)."""
+        ...
+
+    def store_rider(self, kept: Sequence[tuple[VerdictScope, StoredVerdict]]) -> LeaseRider | None:
+        """The store as Lua that rides with an engine lease's release (None: this store cannot ride, or
+        nothing to keep)."""
         ...
 
 
@@ -297,6 +328,97 @@ class MemoryVerdictCache:
             self._drop(scope_key, sha256)
 
 
+    async def lookup_any(self, scopes: Sequence[VerdictScope], frame: FrameIdentity) -> ReusedVerdict | None:
+        """The best verdict for ``frame`` under any of ``scopes`` (:func:`best_hit`)."""
+        return best_hit([await self.lookup(scope, frame) for scope in scopes])
+
+    async def store_all(self, kept: Sequence[tuple[VerdictScope, StoredVerdict]]) -> None:
+        """Keep several fresh verdicts, each under its scope."""
+        for scope, stored in kept:
+            await self.store(scope, stored)
+
+    def lookup_rider(self, scopes: Sequence[VerdictScope], frame: FrameIdentity) -> RidingLookup | None:
+        """In memory: nothing to ride."""
+        return None
+
+    def store_rider(self, kept: Sequence[tuple[VerdictScope, StoredVerdict]]) -> LeaseRider | None:
+        """In memory: nothing to ride."""
+        return None
+
+
+# The Lua of the Redis store, as rider bodies (gateway/engine/leases.py: keys from KEYS[K + i], arguments
+# from ARGV[A + i]). Lookup: ARGV scopes, band keys per scope, then each scope's entry-key prefix; KEYS per
+# scope its exact entry, then its band sets. Per scope: {exact value or false, {near candidates' values}};
+# false when no scope has anything. A band member whose entry expired is removed from the sets read. The
+# candidates' entries are read by a name made here, not passed in KEYS: fine on one Redis server (plain or
+# behind Sentinel), which is what modgate runs on; not on Redis Cluster.
+_LOOKUP = """
+local scopes, bands = tonumber(ARGV[A + 1]), tonumber(ARGV[A + 2])
+local found, any = {}, false
+for s = 1, scopes do
+  local base = K + (s - 1) * (bands + 1)
+  local exact = redis.call('GET', KEYS[base + 1])
+  local near = {}
+  if not exact and bands > 0 then
+    local sets = {}
+    for b = 1, bands do sets[b] = KEYS[base + 1 + b] end
+    local names = redis.call('SUNION', unpack(sets))
+    table.sort(names)
+    for _, name in ipairs(names) do
+      local value = redis.call('GET', ARGV[A + 2 + s] .. name)
+      if value then
+        table.insert(near, value)
+      else
+        for b = 1, bands do redis.call('SREM', sets[b], name) end
+      end
+    end
+  end
+  if exact or #near > 0 then any = true end
+  found[s] = {exact, near}
+end
+if any then return found end
+return false
+"""
+# Store: ARGV ttl in ms, band keys per entry, then per entry its value and its frame's SHA-256; KEYS per
+# entry its entry key, then its band sets.
+_STORE = """
+local ttl, bands = ARGV[A + 1], tonumber(ARGV[A + 2])
+local entries = (#ARGV - A - 2) / 2
+for e = 1, entries do
+  local base = K + (e - 1) * (bands + 1)
+  redis.call('SET', KEYS[base + 1], ARGV[A + 1 + 2 * e], 'PX', ttl)
+  for b = 1, bands do
+    redis.call('SADD', KEYS[base + 1 + b], ARGV[A + 2 + 2 * e])
+    redis.call('PEXPIRE', KEYS[base + 1 + b], ttl)
+  end
+end
+return false
+"""
+
+
+def _alone(rider_lua: str) -> str:
+    """A rider body as a script of its own (no lease keys or arguments before its own)."""
+    return f"local K, A = 0, 0\nlocal function rider()\n{rider_lua}\nend\nreturn rider()"
+
+
+@dataclass(frozen=True, slots=True)
+class RidingLookup:
+    """A Redis lookup sent with an engine lease's acquire; read its hit once the acquire has run."""
+
+    rider: LeaseRider
+    cache: RedisVerdictCache
+    scopes: tuple[VerdictScope, ...]
+    frame: FrameIdentity
+
+    def hit(self) -> ReusedVerdict | None:
+        """The verdict it found (None: nothing, or near candidates none of which passes the rule)."""
+        try:
+            return self.cache.read(self.scopes, self.frame, self.rider.result)
+        except (ValueError, KeyError, TypeError) as exc:
+            lookup_failed(exc)
+            return None
+
+
 class RedisVerdictCache:
     """Verdicts shared by every gateway process, in Redis; every key expires ``ttl_s`` after its last write.
 
@@ -312,61 +434,111 @@ class RedisVerdictCache:
         self.rule = rule
         self.timeout_s = timeout_s  # a slow Redis costs a keyframe at most this, then counts as a miss
         self.prefix = prefix
+        self._lookup_script = client.register_script(_alone(_LOOKUP))
+        self._store_script = client.register_script(_alone(_STORE))
+
+    def _entry_prefix(self, scope: VerdictScope) -> str:
+        return f"{self.prefix}:verdict:{scope.key}:"
 
     def _entry_key(self, scope: VerdictScope, sha256: str) -> str:
-        return f"{self.prefix}:verdict:{scope.key}:{sha256}"
+        return f"{self._entry_prefix(scope)}{sha256}"
 
     def _band_keys(self, scope: VerdictScope, phash: int) -> list[str]:
         d = self.rule.max_distance
         return [f"{self.prefix}:verdict-near:{scope.key}:d{d}:{index}:{value:x}"
                 for index, value in phash_bands(phash, d)]
 
+    def _bands(self) -> int:
+        return self.rule.max_distance + 1 if self.rule.enabled else 0
+
+    def _lookup_call(
+        self, scopes: Sequence[VerdictScope], frame: FrameIdentity
+    ) -> tuple[list[str], list[str | int | float]]:
+        """The lookup script's keys and arguments."""
+        keys: list[str] = []
+        for scope in scopes:
+            keys.append(self._entry_key(scope, frame.sha256))
+            if self.rule.enabled:
+                keys.extend(self._band_keys(scope, frame.phash))
+        return keys, [len(scopes), self._bands(), *(self._entry_prefix(scope) for scope in scopes)]
+
+    def read(self, scopes: Sequence[VerdictScope], frame: FrameIdentity, found: Any) -> ReusedVerdict | None:
+        """The best hit in what the lookup script returned (false/None: nothing under any scope)."""
+        if not found:
+            return None
+        hits: list[ReusedVerdict | None] = []
+        for exact, near in found:
+            if exact is not None:
+                hits.append(ReusedVerdict(StoredVerdict.from_json(exact), "exact", 0))
+            else:
+                hits.append(closest(frame, [StoredVerdict.from_json(value) for value in near], self.rule))
+        return best_hit(hits)
+
     async def lookup(self, scope: VerdictScope, frame: FrameIdentity) -> ReusedVerdict | None:
         """An exact hit, else the nearest near duplicate, else None (also when Redis fails or is slow)."""
+        return await self.lookup_any([scope], frame)
+
+    async def lookup_any(self, scopes: Sequence[VerdictScope], frame: FrameIdentity) -> ReusedVerdict | None:
+        """The best verdict for ``frame`` under any of ``scopes`` (:func:`best_hit`), in one command; None
+        also when Redis fails or is slow."""
+        keys, args = self._lookup_call(scopes, frame)
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._lookup(scope, frame)
-        except (RedisError, TimeoutError, ValueError, KeyError) as exc:
-            log.warning("verdict cache lookup failed, treated as a miss: %r", exc)
+                found = await self._lookup_script(keys=keys, args=args)
+            return self.read(scopes, frame, found)
+        except (RedisError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            lookup_failed(exc)
             return None
 
-    async def _lookup(self, scope: VerdictScope, frame: FrameIdentity) -> ReusedVerdict | None:
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.get(self._entry_key(scope, frame.sha256))
+    def lookup_rider(self, scopes: Sequence[VerdictScope], frame: FrameIdentity) -> RidingLookup:
+        """The lookup as Lua that rides with an engine lease's acquire, withholding the slot when it found
+        anything (an exact verdict, or near candidates to check)."""
+        keys, args = self._lookup_call(scopes, frame)
+        return RidingLookup(LeaseRider(_LOOKUP, keys, args, self.client), self, tuple(scopes), frame)
+
+    def _store_call(
+        self, kept: Sequence[tuple[VerdictScope, StoredVerdict]]
+    ) -> tuple[list[str], list[str | int | float]]:
+        """The store script's keys and arguments."""
+        keys: list[str] = []
+        args: list[str | int | float] = [max(1, round(self.ttl_s * 1000)), self._bands()]
+        for scope, stored in kept:
+            keys.append(self._entry_key(scope, stored.sha256))
             if self.rule.enabled:
-                pipe.sunion(self._band_keys(scope, frame.phash))
-            replies = await pipe.execute()
-        if replies[0] is not None:
-            return ReusedVerdict(StoredVerdict.from_json(replies[0]), "exact", 0)
-        if not self.rule.enabled or not replies[1]:
-            return None
-        names = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in replies[1])
-        values = await self.client.mget([self._entry_key(scope, sha) for sha in names])
-        candidates = [StoredVerdict.from_json(value) for value in values if value is not None]
-        expired = [sha for sha, value in zip(names, values, strict=True) if value is None]
-        if expired:
-            await self._forget(scope, frame.phash, expired)
-        return closest(frame, candidates, self.rule)
-
-    async def _forget(self, scope: VerdictScope, phash: int, expired: list[str]) -> None:
-        """Take expired frames out of the band sets this lookup read (others are cleaned when read)."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for key in self._band_keys(scope, phash):
-                pipe.srem(key, *expired)
-            await pipe.execute()
+                keys.extend(self._band_keys(scope, stored.phash))
+            args += [stored.to_json(), stored.sha256]
+        return keys, args
 
     async def store(self, scope: VerdictScope, stored: StoredVerdict) -> None:
         """Keep a fresh engine verdict for reuse (a Redis failure is logged, not raised)."""
-        if self.ttl_s <= 0:
+        await self.store_all([(scope, stored)])
+
+    async def store_all(self, kept: Sequence[tuple[VerdictScope, StoredVerdict]]) -> None:
+        """Keep several fresh verdicts, each under its scope, in one command (a Redis failure is logged, not
+        raised)."""
+        if self.ttl_s <= 0 or not kept:
             return
-        ttl_ms = max(1, round(self.ttl_s * 1000))
+        keys, args = self._store_call(kept)
         try:
-            async with asyncio.timeout(self.timeout_s), self.client.pipeline(transaction=False) as pipe:
-                pipe.set(self._entry_key(scope, stored.sha256), stored.to_json(), px=ttl_ms)
-                if self.rule.enabled:
-                    for key in self._band_keys(scope, stored.phash):
-                        pipe.sadd(key, stored.sha256)
-                        pipe.pexpire(key, ttl_ms)
-                await pipe.execute()
+            async with asyncio.timeout(self.timeout_s):
+                await self._store_script(keys=keys, args=args)
         except (RedisError, TimeoutError) as exc:
-            log.warning("verdict cache store failed, the verdict will not be reused: %r", exc)
+            store_failed(exc)
+
+    def store_rider(self, kept: Sequence[tuple[VerdictScope, StoredVerdict]]) -> LeaseRider | None:
+        """The store as Lua that rides with an engine lease's release (None: nothing to keep)."""
+        if self.ttl_s <= 0 or not kept:
+            return None
+        keys, args = self._store_call(kept)
+        return LeaseRider(_STORE, keys, args, self.client)
+
+
+def lookup_failed(exc: BaseException) -> None:
+    """Log a lookup that Redis did not answer (alone, or riding with a lease's acquire), or that could not
+    be read."""
+    log.warning("verdict cache lookup failed, treated as a miss: %r", exc)
+
+
+def store_failed(exc: BaseException) -> None:
+    """Log a store that Redis did not take (alone, or riding with a lease's release)."""
+    log.warning("verdict cache store failed, the verdict will not be reused: %r", exc)

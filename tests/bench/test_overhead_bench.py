@@ -43,10 +43,11 @@ def test_the_overhead_benchmark_prints_every_arm_at_every_concurrency(
     rows = _rows(printed)
     assert set(rows) == {(c, arm) for c in (1, 3) for arm in ("engine", "modgate", "modgate:json-logs")}
     for (_, arm), cells in rows.items():
-        assert len(cells) == 5  # p50, p99, req/s, added p50, added p99 (a dash for the engine itself)
+        # p50, p99, req/s, added p50, added p99, the gateway's CPU ms per request (dashes for the engine)
+        assert len(cells) == 6
         figures = cells[:3] if arm == "engine" else cells
         assert all(float(cell) == float(cell) for cell in figures)  # numbers, not NaN
-        assert (cells[3:] == ["-", "-"]) == (arm == "engine")
+        assert (cells[3:] == ["-", "-", "-"]) == (arm == "engine")
     # one body: the engine arm posts the very bytes modgate sent (both modgate arms send the same), so the
     # stub records it once and replays it for every timed request
     distinct, requests, replays = _stub_counts(printed)
@@ -56,6 +57,7 @@ def test_the_overhead_benchmark_prints_every_arm_at_every_concurrency(
     assert like in printed
     saved = json.loads(report.read_text())
     assert set(saved["results"]) == {"1", "3"}
+    assert saved["results"]["1"]["arms"]["modgate"]["cpu_ms_per_request"] > 0  # the gateway process's own
     assert saved["results"]["1"]["arms"]["modgate"]["added_p50_ms"] == pytest.approx(
         saved["results"]["1"]["arms"]["modgate"]["p50_ms"] - saved["results"]["1"]["arms"]["engine"]["p50_ms"]
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -14,8 +14,9 @@ import redis.asyncio as aioredis
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
-from gateway.engine.leases import EngineLeases
-from gateway.engine.pool import EnginePool, EngineSlot, _PoolCollector
+from gateway.engine.fairness import Work
+from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
+from gateway.engine.pool import EnginePool, EngineSlot, SlotWithheld, _PoolCollector
 from gateway.errors import Overloaded
 from gateway.http.services import redis_client
 from tests.processes import poll_async
@@ -273,14 +274,14 @@ async def test_a_grant_after_a_timeout_ends_the_local_caps_for_every_call(
     acquire, asked = leases.try_acquire, asyncio.Event()
     timed_out = asyncio.Event()
 
-    async def one_times_out(engine: str, cap: int) -> str | None:
+    async def one_times_out(engine: str, cap: int, rider: LeaseRider | None = None) -> str | None:
         if not asked.is_set():  # the first call: waits until the second is on its way too, then fails
             asked.set()
             await asyncio.sleep(0.05)
             timed_out.set()
             raise TimeoutError("Redis did not answer within 0.5 s")
         await timed_out.wait()  # the second: its answer comes after the first one's failure
-        return await acquire(engine, cap)
+        return await acquire(engine, cap, rider)
 
     leases.try_acquire = one_times_out  # type: ignore[method-assign]
     try:
@@ -292,3 +293,124 @@ async def test_a_grant_after_a_timeout_ends_the_local_caps_for_every_call(
             assert next_call.lease  # asked Redis: a shared slot, not a local one
     finally:
         await pool.aclose()
+
+
+# Riders: a caller's Lua in the same script as the lease call. This one finds the key its first argument
+# names (a value withholds the slot) and writes what it is given after the lease's own arguments.
+FIND = "local found = redis.call('GET', KEYS[K + 1])\nif found then return found end\nreturn false"
+NOTE = "redis.call('SET', KEYS[K + 1], ARGV[A + 1])\nreturn false"
+
+
+async def test_a_rider_that_finds_nothing_lets_the_acquire_run(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    leases = replicas()
+    rider = LeaseRider(FIND, ["test:found"], [], leases._redis)
+    assert await leases.try_acquire_fair(ENGINE, 1, "tenant", 1.0, rider) is not None
+    assert (rider.ran, rider.withheld, rider.result) == (True, False, None)
+    assert await leases.count(ENGINE) == 1
+
+
+async def test_a_rider_that_finds_something_withholds_the_slot_and_touches_no_lease_key(
+    replicas: Callable[..., EngineLeases], redis_url: str
+) -> None:
+    leases = replicas()
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.set("test:found", "a verdict")
+        acquires: list[Callable[[LeaseRider], Awaitable[str | None]]] = [
+            lambda r: leases.try_acquire(ENGINE, 1, r),
+            lambda r: leases.try_acquire_fair(ENGINE, 1, "tenant", 1.0, r),
+        ]
+        for acquire in acquires:
+            rider = LeaseRider(FIND, ["test:found"], [], leases._redis)
+            assert await acquire(rider) is None
+            assert rider.withheld
+            assert rider.result == b"a verdict"
+        assert [key async for key in client.scan_iter(f"{PREFIX}:*")] == []  # not even a waiting tenant
+    finally:
+        await client.aclose()
+    assert leases.held(ENGINE) == 0
+
+
+async def test_a_release_rider_runs_with_the_release(
+    replicas: Callable[..., EngineLeases], redis_url: str
+) -> None:
+    leases = replicas()
+    lease = await leases.try_acquire(ENGINE, 1)
+    assert lease is not None
+    rider = LeaseRider(NOTE, ["test:noted"], ["kept"], leases._redis)
+    await leases.release(ENGINE, lease, rider)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert await client.get("test:noted") == b"kept"
+    finally:
+        await client.aclose()
+    assert rider.ran
+    assert rider.error is None
+    assert await leases.count(ENGINE) == 0
+
+
+async def test_a_rider_for_another_redis_client_is_left_to_its_owner(
+    replicas: Callable[..., EngineLeases], redis_url: str
+) -> None:
+    leases = replicas()
+    other = aioredis.Redis.from_url(redis_url)
+    try:
+        rider = LeaseRider(FIND, ["test:found"], [], other)
+        lease = await leases.try_acquire(ENGINE, 1, rider)
+        assert lease is not None
+        await leases.release(ENGINE, lease, LeaseRider(NOTE, ["test:noted"], ["kept"], other))
+        assert await other.get("test:noted") is None
+    finally:
+        await other.aclose()
+    assert not rider.ran
+
+
+async def test_with_redis_unreachable_a_rider_carries_the_error() -> None:
+    client = redis_client("redis://127.0.0.1:1/0")
+    unreachable = EngineLeases(client, key_prefix=PREFIX, timeout_s=0.2)
+    rider = LeaseRider(FIND, ["test:found"], [], client)
+    try:
+        with pytest.raises(LEASE_STORE_DOWN):
+            await unreachable.try_acquire(ENGINE, 1, rider)
+    finally:
+        await client.aclose()
+    assert rider.ran
+    assert rider.error is not None
+    assert not rider.withheld
+
+
+async def test_a_withheld_slot_leaves_the_pool_and_its_fair_share_as_they_were(
+    replicas: Callable[..., EngineLeases], redis_url: str
+) -> None:
+    leases = replicas()
+    pool = pool_with(leases)
+    queue = pool.queue
+    async with pool.slot(work=Work("quiet", 10.0)):  # another tenant served, so the floor has moved
+        pass
+    before = (queue.figures(), dict(queue.share.counters), dict(queue.share.served), queue.share.snapshot(""))
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.set("test:found", "a verdict")
+        rider = LeaseRider(FIND, ["test:found"], [], leases._redis)
+        with pytest.raises(SlotWithheld):
+            async with pool.slot(work=Work("tenant", 50.0), rider=rider):
+                raise AssertionError("a withheld slot is never held")
+    finally:
+        await client.aclose()
+    assert (queue.figures(), dict(queue.share.counters), dict(queue.share.served),
+            queue.share.snapshot("")) == before
+    assert (queue.inflight, pool.engines[0].inflight, leases.held(ENGINE)) == (0, 0, 0)
+
+
+async def test_a_rider_is_not_sent_when_the_call_would_wait(replicas: Callable[..., EngineLeases]) -> None:
+    leases = replicas()
+    pool = pool_with(leases, cap=1)
+    rider = LeaseRider(FIND, ["test:found"], [], leases._redis)
+    async with pool.slot():
+        with pytest.raises(SlotWithheld):  # the one slot is taken: asking would mean waiting
+            async with pool.slot(rider=rider):
+                raise AssertionError("a withheld slot is never held")
+    assert not rider.ran
+    assert pool.queue.inflight == 0

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from deploy.keyframes import make_keyframe
 from gateway.moderation.engine_call import engine_options
-from gateway.moderation.frame_reuse import best_hit, made_under, verdict_scope
+from gateway.moderation.frame_reuse import made_under, verdict_scope
 from gateway.moderation.verdict_cache import (
     FrameIdentity,
     MemoryVerdictCache,
@@ -27,6 +27,7 @@ from gateway.moderation.verdict_cache import (
     ReusedVerdict,
     StoredVerdict,
     VerdictScope,
+    best_hit,
 )
 from gateway.policy.rules import Mode, RequestContext, ThinkingDecision, ThinkingPolicy, decide
 from gateway.settings import EngineSettings
