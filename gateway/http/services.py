@@ -21,7 +21,8 @@ from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
-from gateway.engine.pool import EnginePool, build_engine_pool
+from gateway.engine.pool import EnginePool
+from gateway.engine.pool_build import build_engine_pool, register_pool_metrics
 from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
 from gateway.http.auth import KeyRing
 from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
@@ -304,7 +305,7 @@ async def open_services(
         if remote_images is not None:
             stack.push_async_callback(remote_images.aclose)
         metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
-        engines.register_metrics(metrics.registry)
+        register_pool_metrics(engines, metrics.registry)
         quotas = TenantQuotas(directory, MemoryKeyframeRate() if state is None else RedisKeyframeRate(state))
         tenants = TenantFigures(admission, quotas, recent, executor)
         metrics.watch_tenants(tenants.collect)

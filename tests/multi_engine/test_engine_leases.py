@@ -16,7 +16,8 @@ from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
 from gateway.engine.fairness import Work
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
-from gateway.engine.pool import EnginePool, EngineSlot, SlotWithheld, _PoolCollector
+from gateway.engine.pool import EnginePool, EngineSlot, SlotWithheld
+from gateway.engine.pool_build import PoolCollector
 from gateway.errors import Overloaded
 from gateway.http.services import redis_client
 from tests.processes import poll_async
@@ -163,7 +164,7 @@ async def test_a_lease_given_back_while_its_renewal_was_on_its_way_is_not_lost(
         await leases.release(ENGINE, lease)  # after the renewal took its list, before Redis runs it
         return await renew_script(**arguments)
 
-    leases._renew = released_meanwhile  # type: ignore[assignment]
+    leases._renew = released_meanwhile  # type: ignore[assignment]  # a script stand-in that releases first
     await leases.renew()  # Redis reports the lease gone: it was given back, not lost
     assert leases.lost == 0
     assert leases.running_unleased == set()
@@ -221,7 +222,7 @@ async def test_calls_admitted_on_local_caps_are_counted_until_they_end_though_re
 
     def gauge() -> float:
         name = "modgate_engine_calls_outside_shared_cap"
-        (family,) = [family for family in _PoolCollector(pool).collect() if family.name == name]
+        (family,) = [family for family in PoolCollector(pool).collect() if family.name == name]
         return float(family.samples[0].value)
 
     try:
@@ -283,7 +284,7 @@ async def test_a_grant_after_a_timeout_ends_the_local_caps_for_every_call(
         await timed_out.wait()  # the second: its answer comes after the first one's failure
         return await acquire(engine, cap, rider)
 
-    leases.try_acquire = one_times_out  # type: ignore[method-assign]
+    leases.try_acquire = one_times_out  # type: ignore[method-assign]  # a Redis that times out once
     try:
         async with AsyncExitStack() as stack:
             held = await asyncio.gather(*(stack.enter_async_context(pool.slot()) for _ in range(2)))

@@ -16,6 +16,7 @@ from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen
 from gateway.engine.client import EngineClient
 from gateway.engine.pool import EnginePool, EngineSlot, HeldEngine
+from gateway.engine.pool_build import register_pool_metrics
 from gateway.errors import EngineUnavailable, Overloaded
 from gateway.settings import Settings
 from tests.support import FakeClock
@@ -193,7 +194,7 @@ async def test_per_engine_gauges_are_labelled_by_engine() -> None:
     pool = pool_of(engine_slot(A, 2), engine_slot(B, 3))
     pool.engines[1].circuit.record_failure()
     registry = CollectorRegistry()
-    pool.register_metrics(registry)
+    register_pool_metrics(pool, registry)
     async with pool.slot():
         text = generate_latest(registry).decode()
     assert f'modgate_engine_slot_inflight{{engine="{A}"}} 1.0' in text
@@ -206,7 +207,7 @@ async def test_an_engine_reads_down_from_its_failure_until_a_probe_succeeds_cool
     clock = FakeClock()
     pool = pool_of(engine_slot(A, 2), engine_slot(B, 2, clock=clock))
     registry = CollectorRegistry()
-    pool.register_metrics(registry)
+    register_pool_metrics(pool, registry)
 
     def up_of_b() -> str:
         line = next(line for line in generate_latest(registry).decode().splitlines()
