@@ -98,6 +98,13 @@ class SimPreset:
     # engine's steps, not in them. Each request reaches the engine this long after it was sent, so it
     # adds to the client's TTFT and end to end but takes no step's time (docs/simulator.md).
     request_overhead_s: float = 0.0
+    # A cost per sequence in a step (0: none), decoding or prefilling: vLLM computes the logits and samples
+    # a token for every scheduled sequence's last position (a partial prefill's is discarded), so a step
+    # at 8 rows costs more than one at 1 by more than its tokens' share of the weights. Identified on the
+    # real vLLM CPU engine from the fit configuration's own step times, grouped by the rows in the step
+    # (bench.row_cost, docs/simulator.md); 0 on the Spark, where nothing measured it (its decode rate
+    # already prices each decoding sequence's token).
+    row_cost_s: float = 0.0
     # A per-step cost from the hardware (None: not modelled): each step reads the weights its tokens route
     # to, at the memory's bandwidth, on top of the compute priced by the rates above.
     weight_reads: WeightReads | None = None
