@@ -370,7 +370,9 @@ def test_booted_engines_run_one_at_a_time_and_the_lock_is_held_only_while_measur
         booted.append(flags)
         return BootedEngine(flags, running)
 
-    async def measure(url: str, config: calibration_cpu.Configuration, requests: int, warmup: int) -> object:
+    async def measure(
+        url: str, config: calibration_cpu.Configuration, requests: int, warmup: int, traces_to: object
+    ) -> object:
         assert running == [config.flags]  # never two engines, and the one the configuration names
         with lock.open("a") as other, pytest.raises(BlockingIOError):  # another session would wait
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
