@@ -306,6 +306,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "fit configuration (the engine's torch) and price it as the decode cost in the fits",
     )
     parser.add_argument(
+        "--cpu-traces",
+        type=Path,
+        metavar="DIR",
+        help="with --vllm-cpu-boot: save each measurement of the fit configuration's token arrivals in DIR "
+        "(JSON; bench.row_cost reads the cost per row from them)",
+    )
+    parser.add_argument(
         "--measure-lock",
         type=Path,
         metavar="FILE",
@@ -383,7 +390,11 @@ def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, A
     for flags, url in ((CHUNKED.flags, args.vllm_cpu_chunked), (THRESHOLD.flags, args.vllm_cpu_threshold)):
         if url:
             urls[flags] = url
-    engines = calibration_cpu.OneEngineAtATime(args.cpu_requests, 8) if args.vllm_cpu_boot else None
+    engines = (
+        calibration_cpu.OneEngineAtATime(args.cpu_requests, 8, traces_to=args.cpu_traces)
+        if args.vllm_cpu_boot
+        else None
+    )
     replay = calibration_cpu.Replay(args.cpu_replay.read_text()) if args.cpu_replay else None
     if engines is not None or replay is not None:
         urls = dict.fromkeys(("", CHUNKED.flags, THRESHOLD.flags), "booted here")

@@ -35,6 +35,8 @@ from typing import Any, Final, TypeVar
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.row_cost import StreamTrace, identify, identify_by_requests
+from bench.row_cost import save as save_traces
 from deploy.engine_cpu import EngineProcess, boot_engine, default_model_dir, default_venv_dir, venv_python
 from deploy.simulator import PRESETS, SimPreset
 from deploy.simulator.virtual import RequestShape, closed_loop
@@ -57,13 +59,16 @@ class Configuration:
     changes: tuple[tuple[str, Any], ...] = ()  # the same flags as preset fields
     # Measured requests per the run's count: thinking off's 40 took 5 s, a moment of the machine's drift.
     requests_factor: int = 1
+    # Seconds between the callers' first requests (in the warm-up): the fit configuration's are a request's
+    # length apart, so its warm-up decodes at 1, 2 and 3 rows before 4 (bench.row_cost reads the steps).
+    stagger_s: float = 0.05
 
     @property
     def output_tokens(self) -> int:
         return THINKING_ON_TOKENS if self.thinking else THINKING_OFF_TOKENS
 
 
-FIT = Configuration("4 in flight, thinking on (the fit)", 4)
+FIT = Configuration("4 in flight, thinking on (the fit)", 4, stagger_s=0.5)
 HELD_OUT = (
     Configuration("1 in flight", 1),
     Configuration("2 in flight", 2),
@@ -130,7 +135,10 @@ class Measured:
     e2e_all_s: float = 0.0
     engine: EngineTimes | None = None
     step_wait_s: float = 0.0  # simulated only: the mean wait, at the engine, for the step in progress
-    row_s: float = 0.0  # a sampled row's cost from the hardware, probed beside this run (0: not probed)
+    # A sequence's cost in a step: identified from this run's step times (bench.row_cost; the fit
+    # configuration's), or probed from the hardware beside it (--row-cost-probe); 0: neither.
+    row_s: float = 0.0
+    row_standard_error_s: float = 0.0
 
     @property
     def outside_first_token_s(self) -> float | None:
@@ -180,14 +188,20 @@ def _body(config: Configuration, index: int) -> dict[str, Any]:
         "max_completion_tokens": config.output_tokens,
         "min_tokens": config.output_tokens,
         "stream": True,
-        "stream_options": {"include_usage": True},
+        # usage on every chunk too: the completion tokens counted so far time each step (bench.row_cost)
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
 
 
-async def measure(url: str, config: Configuration, requests: int, warmup: int) -> Measured:
-    """``config.callers`` callers in a closed loop on the real engine; figures over the measured requests."""
+async def measure(
+    url: str, config: Configuration, requests: int, warmup: int, traces_to: Path | None = None
+) -> Measured:
+    """``config.callers`` callers in a closed loop on the real engine; figures over the measured requests.
+    Each token's arrival is kept; the fit configuration's give its row cost (:func:`bench.row_cost.identify`
+    over every request, the warm-up's ramp too), and are saved in the folder ``traces_to`` if given."""
     issued = 0
     rows: list[tuple[int, float, float, float, int, int]] = []  # index, start, first, end, prompt, cached
+    traces: list[StreamTrace] = []
 
     async def caller(http: httpx.AsyncClient, stagger_s: float) -> None:
         nonlocal issued
@@ -197,28 +211,43 @@ async def measure(url: str, config: Configuration, requests: int, warmup: int) -
             issued += 1
             started = time.monotonic()
             first, usage = None, {}
+            arrivals: list[tuple[float, int]] = []  # (arrival, completion tokens so far)
             async with http.stream("POST", "/v1/chat/completions", json=_body(config, index)) as response:
                 async for line in response.aiter_lines():
                     if not line.startswith("data:") or line.endswith("[DONE]"):
                         continue
+                    now = time.monotonic()
                     chunk = json.loads(line[5:])
                     if chunk.get("usage"):
                         usage = chunk["usage"]
+                        tokens = int(usage.get("completion_tokens") or 0)
+                        if chunk["choices"] and tokens > (arrivals[-1][1] if arrivals else 0):
+                            arrivals.append((now, tokens))
                     if first is None and chunk["choices"]:
                         delta = chunk["choices"][0]["delta"]
                         if delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content"):
-                            first = time.monotonic()
+                            first = now
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             rows.append((index, started, first or time.monotonic(), time.monotonic(),
                          int(usage.get("prompt_tokens", 0)), int(cached)))  # fmt: skip
+            traces.append(StreamTrace(started, tuple(arrivals)))
 
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
         before = (await http.get("/metrics")).text
-        await asyncio.gather(*(caller(http, i * 0.05) for i in range(config.callers)))
+        await asyncio.gather(*(caller(http, i * config.stagger_s) for i in range(config.callers)))
         after = (await http.get("/metrics")).text
     measured = [row for row in rows if row[0] >= warmup]
     start, end = min(row[1] for row in measured), max(row[3] for row in measured)
     window = [row for row in rows if start < row[3] <= end]
+    steps = identify(traces) if config is FIT else None
+    if steps is not None:
+        print(f"  {steps.describe()}", flush=True)
+    if config is FIT and (whole := identify_by_requests(traces)) is not None:  # the cross-check, not used
+        print(f"  {whole.describe()}", flush=True)
+    if config is FIT and traces_to is not None:
+        saved = traces_to / time.strftime("fit-%Y%m%dT%H%M%SZ.json", time.gmtime())
+        save_traces(traces, saved)  # after the loop: nothing is left to time
+        print(f"  its token arrivals: {saved}", flush=True)
     return Measured(
         requests_per_min=len(window) / (end - start) * 60,
         ttft_mean_s=statistics.fmean(row[2] - row[1] for row in measured),
@@ -228,6 +257,8 @@ async def measure(url: str, config: Configuration, requests: int, warmup: int) -
         ttft_all_s=statistics.fmean(row[2] - row[1] for row in rows),
         e2e_all_s=statistics.fmean(row[3] - row[1] for row in rows),
         engine=engine_times(before, after),
+        row_s=max(0.0, steps.row_s) if steps else 0.0,
+        row_standard_error_s=steps.row_standard_error_s if steps else 0.0,
     )
 
 
@@ -254,6 +285,10 @@ FIGURES: tuple[tuple[str, Callable[[Measured], float]], ...] = (
 )
 
 
+TTFT_TOLERANCE = 0.02  # a fit whose TTFT is further off than this share sits at a jump: search the range
+GRID_POINTS = 10
+
+
 def fit(
     measured: Measured,
     config: Configuration = FIT,
@@ -263,9 +298,10 @@ def fit(
     near: SimPreset | None = None,
 ) -> SimPreset:
     """The two constants (a step's fixed cost and the prefill rate) that meet the fit configuration's
-    end to end and TTFT; the rate follows from them by Little's law. A decode token costs ``row_s`` when
-    one is known from elsewhere; by default 0, free: the fit configuration's batch is always 4, so its
-    figures cannot tell a per-sequence cost from the fixed one (docs/simulator.md: what that misses).
+    end to end and TTFT; the rate follows from them by Little's law. A sequence in a step costs ``row_s``
+    (``SimPreset.row_cost_s``) when it is known from elsewhere: the fit configuration's step times
+    (:mod:`bench.row_cost`) or the hardware probe; its means alone cannot tell a per-sequence cost from the
+    fixed one, since its batch is nearly always 4 (docs/simulator.md). By default 0.
     ``request_s`` is the cost per request outside the engine's steps (``SimPreset.request_overhead_s``),
     measured, not fitted (:func:`outside_the_steps`): the two constants price what is left.
 
@@ -276,7 +312,7 @@ def fit(
     start within a factor of 4 of its constants, in 9 halvings rather than 14, and fall back to the whole
     range when a constant comes out at the edge."""
     base = replace(
-        PRESETS["vllm-cpu"], decode_tokens_per_s=1 / row_s if row_s > 0 else 0.0, request_overhead_s=request_s
+        PRESETS["vllm-cpu"], decode_tokens_per_s=0.0, row_cost_s=max(0.0, row_s), request_overhead_s=request_s
     )
 
     def bisect(low: float, high: float, too_high: Callable[[float], bool]) -> float:
@@ -284,6 +320,20 @@ def fit(
             middle = math.sqrt(low * high)
             low, high = (low, middle) if too_high(middle) else (middle, high)
         return math.sqrt(low * high)
+
+    def closest_crossing(low: float, high: float, found: SimPreset) -> SimPreset:
+        # The bisection stopped at a jump of the TTFT (the closed loop's phase against the steps: it is
+        # not monotone in the rate), not at a crossing. Every crossing on a grid of the range is bisected
+        # instead, and the one whose TTFT comes out closest is kept.
+        grid = [low * (high / low) ** (k / GRID_POINTS) for k in range(GRID_POINTS + 1)]
+        slow = [not fast_first_token(rate) for rate in grid]
+        best, best_off = found, abs(first_token_off(found))
+        for k in range(GRID_POINTS):
+            if slow[k] and not slow[k + 1]:
+                candidate = with_rate(bisect(grid[k], grid[k + 1], fast_first_token))
+                if (off := abs(first_token_off(candidate))) < best_off:
+                    best, best_off = candidate, off
+        return best
 
     def around(value: float, low: float, high: float) -> tuple[float, float]:
         return (value / 4, value * 4) if near is not None else (low, high)
@@ -297,13 +347,19 @@ def fit(
         overhead = bisect(*around(near.step_overhead_s if near else 0.0, 1e-5, 1.0), slow)
         return replace(base, step_overhead_s=overhead, prefill_tokens_per_s=prefill)
 
-    def fast_first_token(prefill: float) -> bool:  # too high a rate: the TTFT comes out below the measured
-        figures = simulate(with_rate(prefill), config, measured.prompt_tokens, requests)
-        return figures.ttft_mean_s < measured.ttft_mean_s
+    def first_token_off(preset: SimPreset) -> float:  # > 0: the TTFT comes out above the measured
+        return simulate(preset, config, measured.prompt_tokens, requests).ttft_mean_s - measured.ttft_mean_s
 
-    fitted = with_rate(
-        bisect(*around(near.prefill_tokens_per_s if near else 0.0, 100.0, 1e7), fast_first_token)
-    )
+    def fast_first_token(prefill: float) -> bool:  # too high a rate: the TTFT comes out below the measured
+        return first_token_off(with_rate(prefill)) < 0
+
+    low_rate, high_rate = around(near.prefill_tokens_per_s if near else 0.0, 100.0, 1e7)
+    fitted = with_rate(bisect(low_rate, high_rate, fast_first_token))
+    if (
+        low_rate * 1.01 < fitted.prefill_tokens_per_s < high_rate / 1.01
+        and abs(first_token_off(fitted)) > TTFT_TOLERANCE * measured.ttft_mean_s
+    ):
+        fitted = closest_crossing(low_rate, high_rate, fitted)
     if near is not None and any(
         min(value / start, start / value) < 0.26
         for value, start in ((fitted.step_overhead_s, near.step_overhead_s),
@@ -367,6 +423,9 @@ def probe_row_cost(python: Path | None = None, model_dir: Path | None = None, ro
     return max(0.0, float(slope))
 
 
+AFTER_BOOT = Configuration("after a boot, not measured", 8)
+AFTER_BOOT_REQUESTS = 16
+
 Measure = Callable[[str, Configuration], Measured]
 """One configuration measured on the engine at a URL (by default :func:`measure`'s closed loop)."""
 
@@ -374,17 +433,32 @@ Measure = Callable[[str, Configuration], Measured]
 class OneEngineAtATime:
     """Engines booted here (``modgate engine-cpu``'s), one at a time: the engine a configuration's flags
     name is started when it is needed, the one before stopped first, so the shared machine never holds
-    two. A restart costs the engine its prefix cache and its first slow steps, which each measurement's
-    warm-up requests pay for. Call it as a :data:`Measure` (the URL is ignored); ``close`` at the end."""
+    two. A restart costs the engine its prefix cache and its first slow steps: a booted engine first serves
+    :data:`AFTER_BOOT` (not measured), so that the fit configuration's staggered start, which reads the step
+    at 1, 2 and 3 rows, does not fall on them. Call it as a :data:`Measure` (the URL is ignored); ``close``
+    at the end."""
 
     def __init__(
-        self, requests: int, warmup: int, boot: Callable[[str], EngineProcess] | None = None
+        self,
+        requests: int,
+        warmup: int,
+        boot: Callable[[str], EngineProcess] | None = None,
+        traces_to: Path | None = None,
     ) -> None:
-        """Measure ``requests`` (times a configuration's factor) after ``warmup``; boot with ``boot``."""
-        self.requests, self.warmup = requests, warmup
-        self.boot = boot or (lambda flags: boot_engine(extra_args=shlex.split(flags), ready_timeout=1500)[0])
+        """Measure ``requests`` (times a configuration's factor) after ``warmup``; boot with ``boot``; save
+        the fit configuration's token arrivals in the folder ``traces_to``."""
+        self.requests, self.warmup, self.traces_to = requests, warmup, traces_to
+        if traces_to is not None:
+            traces_to.mkdir(parents=True, exist_ok=True)
+        self.boot = boot or self._boot_and_warm_up
         self.engine: EngineProcess | None = None
         self.flags = ""
+
+    @staticmethod
+    def _boot_and_warm_up(flags: str) -> EngineProcess:
+        engine = boot_engine(extra_args=shlex.split(flags), ready_timeout=1500)[0]
+        asyncio.run(measure(engine.url, AFTER_BOOT, AFTER_BOOT_REQUESTS, 0))
+        return engine
 
     def __call__(self, url: str, config: Configuration) -> Measured:
         """Measure ``config`` on an engine started with its flags (booted now if another one runs)."""
@@ -395,7 +469,7 @@ class OneEngineAtATime:
             print(f"booted the engine with flags '{config.flags}' in {time.monotonic() - began:.0f} s; "
                   f"{machine_load()}", flush=True)  # fmt: skip
         requests = self.requests * config.requests_factor
-        return asyncio.run(measure(self.engine.url, config, requests, self.warmup))
+        return asyncio.run(measure(self.engine.url, config, requests, self.warmup, self.traces_to))
 
     def close(self) -> None:
         """Stop the engine running, if any."""
@@ -414,17 +488,25 @@ _PHASES = re.compile(
     r"end (?P<e2e>[\d.]+) ms;.*front end: TTFT (?P<front_ttft>[\d.]+) ms, end to end (?P<front_e2e>[\d.]+) ms"
 )
 
+_ROW_COST = re.compile(r"^  a row's cost from the step times: (?P<row>-?[\d.]+) ± (?P<error>[\d.]+) ms")
+
 
 def replayed(log: str) -> list[tuple[str, Measured, str]]:
     """A run's measurements read back from what it printed (``measured ...`` and the histograms' line
     after it), in order: the figures at the printed precision (a TTFT to the millisecond, the engine's
-    phases to 0.1 ms). For fitting a run again with another law or fit without measuring it again."""
+    phases to 0.1 ms; a row's cost, printed before its measurement's line, to the microsecond). For
+    fitting a run again with another law or fit without measuring it again."""
     seen: list[tuple[str, Measured, str]] = []
+    row_s, error_s = 0.0, 0.0
     for line in log.splitlines():
-        if found := _MEASURED.match(line):
+        if found := _ROW_COST.match(line):  # a probed cost (--row-cost-probe) is not read back: decode free
+            row_s, error_s = max(0.0, float(found["row"]) / 1000), float(found["error"]) / 1000
+        elif found := _MEASURED.match(line):
             figures = Measured(float(found["rate"]), float(found["ttft"]), float(found["e2e"]),
-                               int(found["prompt"]), float(found["cached"]))  # fmt: skip
+                               int(found["prompt"]), float(found["cached"]), row_s=row_s,
+                               row_standard_error_s=error_s)  # fmt: skip
             seen.append((found["name"], figures, found["load"]))
+            row_s, error_s = 0.0, 0.0
         elif (found := _PHASES.match(line)) and seen:
             ms = {key: float(value) / 1000 for key, value in found.groupdict().items() if key != "requests"}
             engine = EngineTimes(int(found["requests"]), ms["queue"], ms["prefill"], ms["running"],

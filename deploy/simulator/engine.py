@@ -3,8 +3,9 @@
 One step at a time, as vLLM does: up to ``max_num_seqs`` sequences run; each step spends at most
 ``max_num_batched_tokens`` on the decode tokens of the running sequences plus prefill chunks of new ones;
 the step lasts ``prefill_tokens / prefill_rate + decode_tokens / decode_rate`` (times ``time_scale``), so
-aggregate decode stays flat whatever the batch, as on the Spark's MoE. That is the whole cost model
-(docs/simulator.md); two engine options extend it, each only by its mechanism:
+aggregate decode stays flat whatever the batch, as on the Spark's MoE, plus a fixed cost a step and a cost
+per sequence in it (``SimPreset.row_cost_s``: 0 on the Spark; the real vLLM CPU engine's sampled row).
+That is the whole cost model (docs/simulator.md); two engine options extend it, each only by its mechanism:
 
 - speculative decoding (MTP): each decoding sequence verifies ``1 + num_speculative_tokens`` tokens per
   step, each costing what a decode token costs, and gains ``1 + accepted`` tokens, the accepted drafts
@@ -196,7 +197,8 @@ class SimScheduler(StepLoop):
             prefilling += 1
             if sequence.prefill_done:
                 prefilled_now.append(sequence)
-        seconds = self._step_seconds(prefill_tokens, decode_tokens)
+        # Every sequence in the step is a sampled row (vLLM samples a partial prefill's too and drops it).
+        seconds = self._step_seconds(prefill_tokens, decode_tokens, rows=len(decoding) + prefilling)
         return StepPlan(seconds, prefill_tokens, decoding, prefilled_now)
 
     def complete_step(self, step: StepPlan, now: float) -> None:

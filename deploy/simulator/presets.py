@@ -98,6 +98,13 @@ class SimPreset:
     # engine's steps, not in them. Each request reaches the engine this long after it was sent, so it
     # adds to the client's TTFT and end to end but takes no step's time (docs/simulator.md).
     request_overhead_s: float = 0.0
+    # A cost per sequence in a step (0: none), decoding or prefilling: vLLM computes the logits and samples
+    # a token for every scheduled sequence's last position (a partial prefill's is discarded), so a step
+    # at 8 rows costs more than one at 1 by more than its tokens' share of the weights. Identified on the
+    # real vLLM CPU engine from the fit configuration's own step times, grouped by the rows in the step
+    # (bench.row_cost, docs/simulator.md); 0 on the Spark, where nothing measured it (its decode rate
+    # already prices each decoding sequence's token).
+    row_cost_s: float = 0.0
     # A per-step cost from the hardware (None: not modelled): each step reads the weights its tokens route
     # to, at the memory's bandwidth, on top of the compute priced by the rates above.
     weight_reads: WeightReads | None = None
@@ -154,8 +161,10 @@ class SimPreset:
 # ``python -m bench.calibration --vllm-cpu`` on ONE configuration (4 in flight, default flags, thinking on)
 # and held to the others it measures in the same run (docs/simulator.md). A step: a fixed cost (the
 # scheduler, the LM head over the 151,936-token vocabulary, sampling, Python) plus its prefill tokens at a
-# rate; decode tokens are not charged apart (0: free): the fit's constant batch of 4 cannot tell a
-# per-sequence cost from the fixed one. The cost per request outside the steps is not fitted: it is the
+# rate; decode tokens are not charged apart (0: free), and neither is a sequence in a step (row_cost_s 0):
+# the fit's means at a batch of 4 cannot tell a per-sequence cost from the fixed one, and its own step
+# times (bench.row_cost) did not identify one at load 5-11 on 2 cores (1.76 +- 0.66 ms, 2026-12-02).
+# The cost per request outside the steps is not fitted: it is the
 # fit configuration's client TTFT and end to end less vLLM's own vllm:request_queue_time_seconds +
 # vllm:request_prefill_time_seconds and + vllm:request_inference_time_seconds (its /metrics, read before
 # and after), less the wait for the step in progress that the law charges itself
@@ -166,6 +175,7 @@ VLLM_CPU_STEP_OVERHEAD_S = 0.0175
 VLLM_CPU_PREFILL_TOKENS_PER_S = 23100.0
 VLLM_CPU_DECODE_TOKENS_PER_S = 0.0
 VLLM_CPU_REQUEST_OVERHEAD_S = 0.0147
+VLLM_CPU_ROW_COST_S = 0.0  # not identified yet (above)
 
 PRESETS: dict[str, SimPreset] = {
     "spark": SimPreset(name="spark", model="qwen3-vl-moe-sim", weight_reads=GB10_NVFP4_125B),
@@ -181,6 +191,7 @@ PRESETS: dict[str, SimPreset] = {
         prefill_tokens_per_s=VLLM_CPU_PREFILL_TOKENS_PER_S,
         decode_tokens_per_s=VLLM_CPU_DECODE_TOKENS_PER_S,
         request_overhead_s=VLLM_CPU_REQUEST_OVERHEAD_S,
+        row_cost_s=VLLM_CPU_ROW_COST_S,
         pixels_per_token=32,
     ),
     # Instant: a tiny engine with a small block so that prefix caching can be seen in a few requests.

@@ -5,7 +5,8 @@ lasts) and ``complete_step`` (the step has run: emit its tokens), plus how a req
 ``StepLoop`` holds everything else, the same for every engine: the asyncio loop that sleeps through each
 step (times ``time_scale``), ``generate`` (a sequence's events as steps produce them; leaving early
 aborts it), the counters ``/metrics`` shows, and the cost of one forward pass (``_step_seconds``: prefill
-tokens at the preset's prefill rate, decode tokens at its decode rate, plus its per-pass overhead).
+tokens at the preset's prefill rate, decode tokens at its decode rate, a cost per sequence in the pass,
+plus its per-pass overhead).
 
 One module per law: ``deploy.simulator.engine`` (vLLM's: ``SimScheduler``) and
 ``deploy.simulator.llamacpp_law`` (llama.cpp's server: ``LlamaCppScheduler``); ``make_scheduler`` in
@@ -189,12 +190,13 @@ class StepLoop(ABC):
         finally:
             self._abort(sequence)
 
-    def _step_seconds(self, prefill_tokens: int, decode_tokens: int) -> float:
-        """One forward pass, in Spark seconds: its tokens at the preset's rates, the per-pass overhead, and
-        the weights its prompt tokens read where the preset says (``SimPreset.weight_reads``): the same
-        per-pass hardware cost for vLLM's steps and llama.cpp's micro-batches."""
+    def _step_seconds(self, prefill_tokens: int, decode_tokens: int, rows: int = 0) -> float:
+        """One forward pass, in Spark seconds: its tokens at the preset's rates, the per-pass overhead, its
+        ``rows`` (sequences sampled in it) at ``SimPreset.row_cost_s`` each, and the weights its prompt
+        tokens read where the preset says (``SimPreset.weight_reads``): the same per-pass hardware cost for
+        vLLM's steps and llama.cpp's micro-batches."""
         preset = self.preset
-        seconds = preset.step_overhead_s
+        seconds = preset.step_overhead_s + rows * preset.row_cost_s
         if preset.prefill_tokens_per_s > 0:
             seconds += prefill_tokens / preset.prefill_tokens_per_s
         if preset.decode_tokens_per_s > 0:

@@ -108,7 +108,7 @@ def test_the_paced_run_sends_the_compact_request_when_asked_and_reads_its_answer
 
 ROW_S = 0.002
 LAWFUL_ENGINE = replace(PRESETS["vllm-cpu"], step_overhead_s=0.012, prefill_tokens_per_s=9000.0,
-                        decode_tokens_per_s=1 / ROW_S, request_overhead_s=0.0)  # fmt: skip
+                        decode_tokens_per_s=0.0, row_cost_s=ROW_S, request_overhead_s=0.0)  # fmt: skip
 """A stand-in "real engine": the law itself with known constants and a known cost per sampled row."""
 SIMULATED = 40  # requests per virtual run: the fit's 196 runs stay quick
 
@@ -221,8 +221,8 @@ def test_the_request_overhead_fit_takes_off_the_wait_for_the_step_in_progress_to
     assert 0 < fitted.request_overhead_s <= OUTSIDE_S + seen.step_wait_s
 
 
-LAWFUL_CPU = replace(LAWFUL_ENGINE, decode_tokens_per_s=0.0)
-"""The stand-in engine as the fit prices it: a fixed cost a step and a prefill rate, decode free."""
+LAWFUL_CPU = replace(LAWFUL_ENGINE, row_cost_s=0.0)
+"""The stand-in engine as the fit priced it without a row cost: a fixed cost a step and a prefill rate."""
 
 
 class DriftingEngine:
@@ -370,7 +370,9 @@ def test_booted_engines_run_one_at_a_time_and_the_lock_is_held_only_while_measur
         booted.append(flags)
         return BootedEngine(flags, running)
 
-    async def measure(url: str, config: calibration_cpu.Configuration, requests: int, warmup: int) -> object:
+    async def measure(
+        url: str, config: calibration_cpu.Configuration, requests: int, warmup: int, traces_to: object
+    ) -> object:
         assert running == [config.flags]  # never two engines, and the one the configuration names
         with lock.open("a") as other, pytest.raises(BlockingIOError):  # another session would wait
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
