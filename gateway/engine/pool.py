@@ -394,7 +394,6 @@ class EnginePool:
         if self.leases is None:
             return LOCAL_ONLY
         if time.monotonic() < self._leases_down_until:
-            self.calls_on_local_caps += 1
             return LOCAL_ONLY
         try:
             if self.fair_leases:
@@ -405,7 +404,6 @@ class EnginePool:
                 lease = await self.leases.try_acquire(engine.url, engine.cap, rider)
         except LEASE_STORE_DOWN as exc:
             self._leases_failed(exc)
-            self.calls_on_local_caps += 1
             return LOCAL_ONLY
         self._leases_answered()
         return lease
@@ -425,6 +423,8 @@ class EnginePool:
             except BaseException:
                 self._unreserve(engine)
                 raise
+            if lease == LOCAL_ONLY and self.leases is not None:
+                self.calls_on_local_caps += 1  # given back in _give_back
             if lease is not None:
                 return engine, lease
             self._unreserve(engine)
