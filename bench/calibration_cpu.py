@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -562,6 +563,7 @@ def run(
     held_out: Sequence[Configuration] = (*HELD_OUT, CHUNKED, THRESHOLD),
     lock: Path | None = None,
     probe: Callable[[], float] | None = None,
+    workers: int = 1,
 ) -> tuple[SimPreset, dict[str, list[Any]]]:
     """Measure every configuration whose engine is in ``urls`` (flags → URL), fit on :data:`FIT`, compare.
 
@@ -575,7 +577,8 @@ def run(
     when at most two engines fit in memory. ``lock``: the file whose ``flock`` is held while measuring.
     ``probe``: a sampled row's cost (:func:`probe_row_cost`), probed after each measurement of the fit
     configuration and priced as the decode cost in its fits (``ratio_without_row_cost`` and
-    ``bracketed_ratio_without_row_cost``: the same fits with decode free)."""
+    ``bracketed_ratio_without_row_cost``: the same fits with decode free). ``workers``: processes the fits
+    run in at once once the measuring is done (each is pure simulation on one core)."""
     measure_with = measure_with or (
         lambda url, config: asyncio.run(measure(url, config, requests * config.requests_factor, warmup))
     )
@@ -608,25 +611,55 @@ def run(
         if isinstance(measure_with, OneEngineAtATime):
             measure_with.close()
     first = fits[0][0]
-    preset = fit_with_request_overhead(first, requests=fit_requests, row_s=first.row_s)
-    residual = outside_residual(preset, first, requests=fit_requests)
-    print(f"fit: {preset.request_overhead_s * 1000:.2f} ms a request outside the steps, the fixed point's "
-          f"residual {residual * 1000:.2f} ms", flush=True)  # fmt: skip
-    document = compare(preset, [FIT, *held_out], measured)
-    # The same rows from the law without the cost outside the steps, fitted on the same measurement:
-    # what the per-request cost changed.
-    without = compare(fit(first, row_s=first.row_s, requests=fit_requests), [FIT, *held_out], measured)
-    # And with decode free, as the law was before the probe (the same rows when nothing was probed).
-    free = fit_with_request_overhead(first, requests=fit_requests) if first.row_s > 0 else preset
-    no_rows = compare(free, [FIT, *held_out], measured)
+    with _fitting(workers) as pool:
+        single = pool.submit(fit_with_request_overhead, first, requests=fit_requests, row_s=first.row_s)
+        # The same rows from the law without the cost outside the steps, fitted on the same measurement:
+        # what the per-request cost changed; and with no cost per row, as the law was before it.
+        plain = pool.submit(fit, first, row_s=first.row_s, requests=fit_requests)
+        free_fit = (
+            pool.submit(fit_with_request_overhead, first, requests=fit_requests) if first.row_s > 0 else None
+        )
+        brackets = [
+            pool.submit(bracketed, config, measured[config.name][0], fits[index][0], fits[index + 1][0],
+                        fit_requests)
+            for index, config in enumerate(held_out)
+        ]  # fmt: skip
+        preset = single.result()
+        residual = outside_residual(preset, first, requests=fit_requests)
+        print(f"fit: {preset.request_overhead_s * 1000:.2f} ms a request outside the steps, the fixed "
+              f"point's residual {residual * 1000:.2f} ms", flush=True)  # fmt: skip
+        document = compare(preset, [FIT, *held_out], measured)
+        without = compare(plain.result(), [FIT, *held_out], measured)
+        no_rows = compare(free_fit.result() if free_fit is not None else preset, [FIT, *held_out], measured)
+        bracket_rows = [future.result() for future in brackets]
     for table in document:
         for row, before, free_row in zip(document[table], without[table], no_rows[table], strict=True):
             row["ratio_without_request_overhead"] = before["ratio"]
             row["ratio_without_row_cost"] = free_row["ratio"]
             row["run"] = started
-    for index, config in enumerate(held_out):
-        bracket(document, config, measured[config.name][0], fits[index][0], fits[index + 1][0], fit_requests)
+    for config, (_, figures) in zip(held_out, bracket_rows, strict=True):
+        _add_bracketed(document, config, figures)
     return preset, document
+
+
+@contextlib.contextmanager
+def _fitting(workers: int) -> Iterator[Executor]:
+    """Where the fits run: ``workers`` processes (each fit is pure simulation on one core), or this one."""
+    if workers <= 1:
+        with _Here() as here:
+            yield here
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        yield pool
+
+
+class _Here(Executor):
+    """An executor that runs each call at once, in this process (``--cpu-fit-workers 1``)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        done.set_result(fn(*args, **kwargs))
+        return done
 
 
 def bracket(
@@ -639,24 +672,46 @@ def bracket(
 ) -> SimPreset:
     """Add to ``config``'s held-out rows the comparison with the preset fitted on the mean of the fit
     configuration's measurements just before and just after it, at the speed the row itself saw."""
+    preset, figures = bracketed(config, real, before, after, fit_requests)
+    _add_bracketed(document, config, figures)
+    return preset
+
+
+def bracketed(
+    config: Configuration, real: Measured, before: Measured, after: Measured, fit_requests: int = 120
+) -> tuple[SimPreset, list[dict[str, Any]]]:
+    """The preset fitted on the mean of the fit configuration's measurements either side of ``config``,
+    and what each of ``config``'s held-out rows gains from it (in :data:`FIGURES`' order)."""
     seen = mean_of(before, after)
     preset = fit_with_request_overhead(seen, requests=fit_requests, row_s=seen.row_s)
     simulated = simulate(preset, config, real.prompt_tokens)
     free = fit_with_request_overhead(seen, requests=fit_requests) if seen.row_s > 0 else preset
     simulated_free = simulate(free, config, real.prompt_tokens)
+    constants = {"step_overhead_s": preset.step_overhead_s,
+                 "prefill_tokens_per_s": preset.prefill_tokens_per_s,
+                 "request_overhead_s": preset.request_overhead_s,
+                 "row_s": seen.row_s}  # fmt: skip
+    figures = [
+        {"figure": figure,
+         "bracketed_simulated": get(simulated),
+         "bracketed_ratio": get(simulated) / get(real),
+         "bracketed_ratio_without_row_cost": get(simulated_free) / get(real),
+         "drift": after.requests_per_min / before.requests_per_min,
+         "fit_before": get(before), "fit_after": get(after),
+         "bracketed_fit": constants}
+        for figure, get in FIGURES
+    ]  # fmt: skip
+    return preset, figures
+
+
+def _add_bracketed(
+    document: dict[str, list[Any]], config: Configuration, figures: list[dict[str, Any]]
+) -> None:
+    """``config``'s held-out rows with their bracketed comparison (:func:`bracketed`)."""
     rows = [row for row in document["held_out"] if row["name"] == config.name]
-    for row, (figure, get) in zip(rows, FIGURES, strict=True):
-        assert row["figure"] == figure
-        row["bracketed_simulated"] = get(simulated)
-        row["bracketed_ratio"] = get(simulated) / get(real)
-        row["bracketed_ratio_without_row_cost"] = get(simulated_free) / get(real)
-        row["drift"] = after.requests_per_min / before.requests_per_min
-        row["fit_before"], row["fit_after"] = get(before), get(after)
-        row["bracketed_fit"] = {"step_overhead_s": preset.step_overhead_s,
-                                "prefill_tokens_per_s": preset.prefill_tokens_per_s,
-                                "request_overhead_s": preset.request_overhead_s,
-                                "row_s": seen.row_s}  # fmt: skip
-    return preset
+    for row, gained in zip(rows, figures, strict=True):
+        assert row["figure"] == gained["figure"]
+        row.update({key: value for key, value in gained.items() if key != "figure"})
 
 
 Timed = TypeVar("Timed", Measured, EngineTimes)

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from bench import calibration, calibration_cpu
-from deploy.simulator import PRESETS
+from deploy.simulator import PRESETS, SimPreset
 from shaping.prompt import load_system_prompt, prompt_version_for
 from shaping.verdict import VerdictFormat, structured_outputs
 
@@ -431,3 +431,37 @@ def test_a_printed_run_is_replayed_measurement_by_measurement_at_its_printed_pre
     _, document = calibration_cpu.run({"": "replayed"}, measure_with=replay, held_out=held_out)
     assert document["held_out"][0]["seed"] == pytest.approx(engine.seen[1][1].requests_per_min, abs=0.05)
     assert document["held_out"][0]["load"].startswith("load average")
+
+
+def fitted_to(measured: calibration_cpu.Measured, *args: object, **kwargs: object) -> SimPreset:
+    """A stand-in fit for the worker processes (a module's function, so it pickles): constants that say
+    which measurement it was given."""
+    return replace(LAWFUL_CPU, step_overhead_s=measured.e2e_mean_s / 100)
+
+
+def test_fits_in_worker_processes_give_the_same_rows_as_in_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --cpu-fit-workers: the single fit, its variants and each row's bracketed fit run in processes of their
+    # own once the measuring is done (forked: they see the stand-in fits); the rows come out as when the
+    # same fits run one after the other, each row with the fit of its own neighbours.
+    monkeypatch.setattr(calibration_cpu, "fit_with_request_overhead", fitted_to)
+    monkeypatch.setattr(calibration_cpu, "fit", fitted_to)
+    monkeypatch.setattr(calibration_cpu, "outside_residual", lambda *a, **k: 0.0)
+    held_out = [in_flight(8), in_flight(2)]
+    documents, engines = [], []
+    for workers in (1, 2):
+        engines.append(DriftingEngine(0.25))
+        _, document = calibration_cpu.run({"": "lawful"}, measure_with=engines[-1], held_out=held_out,
+                                          fit_requests=SIMULATED, workers=workers)  # fmt: skip
+        for row in (*document["fit"], *document["held_out"]):
+            del row["run"], row["load"]  # when it ran, and the machine's load then
+        documents.append(document)
+    one, two = documents
+    assert one == two
+    fits = [measured for name, measured in engines[1].seen if name == calibration_cpu.FIT.name]
+    for row in two["held_out"]:
+        neighbours = fits[0:2] if row["name"] == held_out[0].name else fits[1:3]
+        mean_e2e = (neighbours[0].e2e_mean_s + neighbours[1].e2e_mean_s) / 2
+        assert row["bracketed_fit"]["step_overhead_s"] == pytest.approx(mean_e2e / 100)
+    capsys.readouterr()
