@@ -210,7 +210,14 @@ def test_a_re_ask_goes_ahead_of_fast_asks_already_waiting(start_sim: SimFactory)
 
     async def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/chat/completions":
-            thinking.append(json.loads(request.content)["chat_template_kwargs"]["enable_thinking"])
+            on = json.loads(request.content)["chat_template_kwargs"]["enable_thinking"]
+            thinking.append(on)
+            if not on:
+                # A fast ask holds the slot 100 ms: the ask before it has long been parsed and its re-ask
+                # queued by then (at time_scale 0.002 alone, a gateway slowed by a loaded machine could
+                # finish this call first, and the next fast ask would take the slot before the re-ask
+                # was even asked: the order below would then be the machine's, not the queue's).
+                await asyncio.sleep(0.1)
         return await forward(request, sim.url)
 
     settings = Settings(admin_token=ADMIN_TOKEN, max_inflight=1)
