@@ -40,7 +40,7 @@ from bench.row_cost import StreamTrace, identify, identify_by_requests
 from bench.row_cost import save as save_traces
 from deploy.engine_cpu import EngineProcess, boot_engine, default_model_dir, default_venv_dir, venv_python
 from deploy.simulator import PRESETS, SimPreset
-from deploy.simulator.virtual import RequestShape, closed_loop
+from deploy.simulator.virtual import RequestShape, alone_e2e_s, closed_loop
 from shaping.prompt import load_system_prompt
 
 THINKING_ON_TOKENS = 64  # reasoning, as a thinking-on answer spends it
@@ -272,9 +272,12 @@ def simulate(preset: SimPreset, config: Configuration, prompt_tokens: int, reque
         shared_prefix_tokens=prompt_tokens if config.repeated else 0,
     )
     chosen = preset.scaled(**dict(config.changes)) if config.changes else preset
+    # the callers' starts spread over a request's own length (not the Spark's 8.56 s: thinking off's
+    # 50 ms requests would end the warm-up before the fourth caller starts)
     figures = closed_loop(
-        chosen, config.callers, shape=shape, requests=requests, warmup=20, turnaround_s=0.002
-    )
+        chosen, config.callers, shape=shape, requests=requests, warmup=20, turnaround_s=0.002,
+        spread_s=alone_e2e_s(chosen, shape),
+    )  # fmt: skip
     return Measured(figures.requests_per_min, figures.ttft_mean_s, figures.e2e_mean_s, prompt_tokens, 0.0,
                     step_wait_s=figures.step_wait_mean_s)  # fmt: skip
 

@@ -79,6 +79,15 @@ class LoadFigures:
     step_wait_mean_s: float = 0.0
 
 
+def alone_e2e_s(preset: SimPreset, shape: RequestShape) -> float:
+    """A request's end to end alone on the engine, from the preset's constants: its time outside the
+    steps, its prefill, and a step (fixed cost, its row, its decode token) per output token."""
+    decode_s = 1 / preset.decode_tokens_per_s if preset.decode_tokens_per_s > 0 else 0.0
+    step_s = preset.step_overhead_s + preset.row_cost_s + decode_s
+    prefill_s = shape.prompt_tokens / preset.prefill_tokens_per_s
+    return preset.request_overhead_s + prefill_s + shape.output_tokens * step_s
+
+
 def closed_loop(
     preset: SimPreset,
     callers: int,
@@ -88,21 +97,24 @@ def closed_loop(
     warmup: int = 40,
     turnaround_s: float = 0.001,
     law: Callable[[SimPreset], StepLoop] | None = None,
+    spread_s: float = 8.56,
 ) -> LoadFigures:
     """``callers`` callers, each sending its next request ``turnaround_s`` after an answer ends.
 
-    Starts are staggered over one expected end to end (callers that start together stay in step and
-    queue their prefills behind each other, a burst that steady traffic does not have). ``law`` builds the
-    engine's scheduler from the preset (default: vLLM's, ``SimScheduler``). A request reaches the engine
-    the preset's ``request_overhead_s`` after it was sent (the API server's work outside the steps); its
-    TTFT and end to end count from the send.
+    Starts are staggered over one expected end to end, ``spread_s`` (callers that start together stay in
+    step and queue their prefills behind each other, a burst that steady traffic does not have): by
+    default the seed's measured 8.56 s; an engine whose requests take far less must say its own
+    (:func:`alone_e2e_s`), or its callers start seconds apart and the warm-up ends before they all run.
+    ``law`` builds the engine's scheduler from the preset (default: vLLM's, ``SimScheduler``). A request
+    reaches the engine the preset's ``request_overhead_s`` after it was sent (the API server's work
+    outside the steps); its TTFT and end to end count from the send.
     """
     if callers < 1 or requests < 2:
         raise ValueError("need at least one caller and two measured requests")
     engine = law(preset) if law is not None else SimScheduler(preset, time_scale=1.0)
     clock = 0.0
     arrivals: list[tuple[float, int]] = []  # (time, request index)
-    spacing = 8.56 / callers
+    spacing = spread_s / callers
     outside = preset.request_overhead_s  # a request is at the engine this long after it was sent
     for caller in range(callers):
         heapq.heappush(arrivals, (caller * spacing + outside, caller))

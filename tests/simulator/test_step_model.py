@@ -13,7 +13,7 @@ import pytest
 from deploy.simulator import PRESETS, SimPreset
 from deploy.simulator.engine import Sequence, SimScheduler, StepPlan, TokenEvent
 from deploy.simulator.tokenizer import Token
-from deploy.simulator.virtual import RequestShape, closed_loop
+from deploy.simulator.virtual import RequestShape, alone_e2e_s, closed_loop
 from tests.support import SimFactory
 
 SPARK = PRESETS["spark"]
@@ -149,6 +149,22 @@ def test_the_virtual_run_is_deterministic_and_loads_the_engine_as_asked() -> Non
     first, second = closed_loop(SPARK, 7, requests=80), closed_loop(SPARK, 7, requests=80)
     assert first == second
     assert 6 < first.in_flight_mean <= 7
+
+
+def test_short_requests_load_the_engine_as_asked_when_the_starts_spread_over_their_own_length() -> None:
+    # The real vLLM CPU engine's thinking-off requests (372 prompt tokens, 4 out) take ~50 ms: spread over
+    # the Spark's 8.56 s, four callers start 2.1 s apart and the 120 measured requests end before the
+    # third one starts (bench.calibration_cpu read half the real rate from that); over their own length,
+    # all four are in flight.
+    cpu = replace(PRESETS["vllm-cpu"], step_overhead_s=0.0085, request_overhead_s=0.007)
+    shape = RequestShape(prompt_tokens=372, output_tokens=4, output_jitter=0)
+    alone = alone_e2e_s(cpu, shape)
+    assert alone == pytest.approx(0.007 + 372 / cpu.prefill_tokens_per_s + 4 * 0.0085)
+    spread_as_the_spark = closed_loop(cpu, 4, shape=shape, requests=120, warmup=20)
+    spread_over_their_own = closed_loop(cpu, 4, shape=shape, requests=120, warmup=20, spread_s=alone)
+    assert spread_as_the_spark.in_flight_mean < 2.5
+    assert 3.5 < spread_over_their_own.in_flight_mean <= 4
+    assert spread_over_their_own.requests_per_min > 1.3 * spread_as_the_spark.requests_per_min
 
 
 def test_more_callers_never_lower_latency() -> None:
