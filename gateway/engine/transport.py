@@ -107,7 +107,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             response = await self._session.request(
                 request.method,
                 str(request.url),
-                headers=request.headers.multi_items(),
+                headers=[(name.decode("latin-1"), value.decode("latin-1"))  # as httpcore sent them, in case
+                         for name, value in request.headers.raw],
                 data=content or None,
                 allow_redirects=False,
                 timeout=self._timeout(request),
