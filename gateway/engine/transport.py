@@ -77,6 +77,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         connector = aiohttp.TCPConnector(
             limit=self._limits.max_connections or 0,
             keepalive_timeout=self._limits.keepalive_expiry,
+            ssl=httpx.create_ssl_context(),  # an https engine verified as httpx did (certifi, SSL_CERT_FILE)
         )
         return aiohttp.ClientSession(
             connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
