@@ -24,6 +24,7 @@ import stamina
 
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.kinds import EngineKindSetting, EngineWire, kind_from_props, wire_for
+from gateway.engine.transport import AiohttpTransport
 from gateway.errors import EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
 from shaping.confidence import TokenLogprob
 
@@ -152,7 +153,8 @@ never sends a request into one the engine is closing. httpx's default, 5 s, equa
 
 
 class EngineClient:
-    """Talks to one engine over a shared ``httpx.AsyncClient``."""
+    """Talks to one engine over a shared ``httpx.AsyncClient`` (on aiohttp's pool unless a test passes its
+    own ``transport``: :mod:`gateway.engine.transport`)."""
 
     def __init__(
         self,
@@ -182,14 +184,15 @@ class EngineClient:
         self.first_token_timeout_s = first_token_timeout_s
         self.total_timeout_s = total_timeout_s
         self.connect_retries = connect_retries
+        # idle connections dropped before the engine's own keep-alive closes them (ENGINE_KEEPALIVE_S): a
+        # call sent on a connection the engine is closing fails mid-answer (502) and is not retried
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                              keepalive_expiry=ENGINE_KEEPALIVE_S)
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=httpx.Timeout(total_timeout_s, connect=connect_timeout_s),
-            # idle connections dropped before the engine's own keep-alive closes them (ENGINE_KEEPALIVE_S): a
-            # call sent on a connection the engine is closing fails mid-answer (502) and is not retried
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
-                                keepalive_expiry=ENGINE_KEEPALIVE_S),
-            transport=transport,
+            limits=limits,
+            transport=transport or AiohttpTransport(limits),
         )
 
     async def aclose(self) -> None:

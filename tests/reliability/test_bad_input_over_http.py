@@ -16,6 +16,7 @@ from PIL import Image
 from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
+from gateway.http.routes.moderations import json_depth, openers_at_most
 from gateway.settings import Settings
 from tests.reliability.conftest import error_body
 from tests.support import data_url, image_input
@@ -223,6 +224,16 @@ def test_json_nested_past_the_depth_limit_gets_400(gateway: httpx.Client) -> Non
 def test_brackets_inside_strings_do_not_count_as_depth(gateway: httpx.Client) -> None:
     response = post_json(gateway, b'{"input": "' + b"[" * 5000 + b'"}')
     assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"a": [1, {"b": []}]}', b"[" * 32, b"[" * 33, b"{[" * 16 + b"{", b'"' + b"{" * 40 + b'"', b""]
+)
+def test_a_body_with_no_more_brackets_than_the_limit_is_passed_unread(body: bytes) -> None:
+    # the short cut before json_depth: as many openers as the limit cannot nest deeper than it
+    assert openers_at_most(body, 32) == (body.count(b"[") + body.count(b"{") <= 32)
+    if openers_at_most(body, 32):
+        assert json_depth(body, stop_after=32) <= 32
 
 
 @pytest.mark.parametrize(

@@ -76,11 +76,27 @@ def json_depth(body: bytes, stop_after: int) -> int:
     return deepest
 
 
+def openers_at_most(body: bytes, limit: int) -> bool:
+    """Whether ``body`` holds at most ``limit`` opening brackets (``[`` and ``{``, in strings or not): then it
+    cannot nest deeper than ``limit``. Found by ``bytes.find`` (memchr), at most ``limit + 1`` of each, so a
+    keyframe's body (a handful of brackets around ~160 KiB of base64) is passed in a few scans at C speed,
+    where ``json_depth``'s translation of every byte took ten times as long."""
+    found = 0
+    for opener in b"[{":
+        start = 0
+        while (start := body.find(opener, start) + 1) > 0:
+            found += 1
+            if found > limit:
+                return False
+    return True
+
+
 async def refuse_deep_json(request: Request[Any, Any, Any]) -> None:
     """Before the body is parsed: refuse JSON nested past the limit (the parser would fail with a 500)."""
     services: Services = request.app.state.services
     limit = services.settings.limits.max_json_depth
-    if json_depth(await request.body(), stop_after=limit) > limit:
+    body = await request.body()
+    if not openers_at_most(body, limit) and json_depth(body, stop_after=limit) > limit:
         raise InvalidRequest(f"the JSON body nests deeper than {limit} levels", code="json_too_deep")
 
 
