@@ -10,6 +10,7 @@ are deterministic, so a figure is the same on a loaded machine as on a quiet one
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -107,7 +108,10 @@ def closed_loop(
     (:func:`alone_e2e_s`), or its callers start seconds apart and the warm-up ends before they all run.
     ``law`` builds the engine's scheduler from the preset (default: vLLM's, ``SimScheduler``). A request
     reaches the engine the preset's ``request_overhead_s`` after it was sent (the API server's work
-    outside the steps); its TTFT and end to end count from the send.
+    outside the steps); its TTFT and end to end count from the send. That time is spread evenly over 0 to
+    twice the preset's mean, request by request (:func:`_outside_s`): a fixed one would lock every
+    arrival to one phase of the steps, and the wait for the step in progress would be whatever that phase
+    gives (1 to 9 ms of an 8 ms step on the CPU preset, by the turnaround alone) instead of its mean.
     """
     if callers < 1 or requests < 2:
         raise ValueError("need at least one caller and two measured requests")
@@ -115,9 +119,9 @@ def closed_loop(
     clock = 0.0
     arrivals: list[tuple[float, int]] = []  # (time, request index)
     spacing = spread_s / callers
-    outside = preset.request_overhead_s  # a request is at the engine this long after it was sent
+    outside = preset.request_overhead_s  # on average a request is at the engine this long after it was sent
     for caller in range(callers):
-        heapq.heappush(arrivals, (caller * spacing + outside, caller))
+        heapq.heappush(arrivals, (caller * spacing + _outside_s(outside, caller), caller, caller * spacing))
     issued = callers
     in_engine: dict[int, Sequence] = {}
     waits: dict[int, float] = {}
@@ -126,8 +130,8 @@ def closed_loop(
     measured_left = requests  # callers keep sending until every measured request has ended: no drain
     while measured_left:
         while arrivals and arrivals[0][0] <= clock:
-            at, index = heapq.heappop(arrivals)
-            sequence = _sequence(index, shape, at - outside)  # arrival: when the caller sent it
+            at, index, sent = heapq.heappop(arrivals)
+            sequence = _sequence(index, shape, sent)  # arrival: when the caller sent it
             waits[index] = clock - at  # the engine takes it at the end of the step in progress
             in_engine[index] = sequence
             engine.submit(sequence)
@@ -150,13 +154,22 @@ def closed_loop(
             first = sequence.first_token_at if sequence.first_token_at is not None else clock
             finished.append(_Finished(index, sequence.arrival, first, clock, sequence.generated))
             measured_left -= warmup <= index < warmup + requests
-            heapq.heappush(arrivals, (clock + turnaround_s + outside, issued))
+            sent = clock + turnaround_s
+            heapq.heappush(arrivals, (sent + _outside_s(outside, issued), issued, sent))
             issued += 1
     figures = _figures(callers, finished, warmup, requests)
     measured_waits = [waits[row.index] for row in finished if warmup <= row.index < warmup + requests]
     return replace(
         figures, passes_per_request=passes / len(finished), step_wait_mean_s=statistics.fmean(measured_waits)
     )
+
+
+_GOLDEN = (math.sqrt(5) - 1) / 2  # Weyl's sequence: index * this, mod 1, fills [0, 1) evenly
+
+
+def _outside_s(mean_s: float, index: int) -> float:
+    """The ``index``-th request's time outside the steps: deterministic, spread evenly over [0, 2 mean)."""
+    return 2 * mean_s * ((index * _GOLDEN) % 1.0)
 
 
 @dataclass(frozen=True, slots=True)
