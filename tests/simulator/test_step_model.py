@@ -159,7 +159,7 @@ def test_short_requests_load_the_engine_as_asked_when_the_starts_spread_over_the
     cpu = replace(PRESETS["vllm-cpu"], step_overhead_s=0.0085, request_overhead_s=0.007)
     shape = RequestShape(prompt_tokens=372, output_tokens=4, output_jitter=0)
     alone = alone_e2e_s(cpu, shape)
-    assert alone == pytest.approx(0.007 + 372 / cpu.prefill_tokens_per_s + 4 * 0.0085)
+    assert alone == pytest.approx(0.007 + 372 / cpu.prefill_tokens_per_s + 4 * (0.0085 + cpu.row_cost_s))
     spread_as_the_spark = closed_loop(cpu, 4, shape=shape, requests=120, warmup=20)
     spread_over_their_own = closed_loop(cpu, 4, shape=shape, requests=120, warmup=20, spread_s=alone)
     assert spread_as_the_spark.in_flight_mean < 2.5
