@@ -117,7 +117,7 @@ def closed_loop(
         raise ValueError("need at least one caller and two measured requests")
     engine = law(preset) if law is not None else SimScheduler(preset, time_scale=1.0)
     clock = 0.0
-    arrivals: list[tuple[float, int]] = []  # (time, request index)
+    arrivals: list[tuple[float, int, float]] = []  # (at the engine, request index, sent)
     spacing = spread_s / callers
     outside = preset.request_overhead_s  # on average a request is at the engine this long after it was sent
     for caller in range(callers):
