@@ -57,6 +57,10 @@ def recommend(report: WeeklyReport) -> Recommendation:
     # every category the report judges is held to the flagged minimum too, as the table beside it says
     judged = [row for row in report.categories if row.judged and row.flagged_agreement is not None]
     failing = [row for row in judged if row.below_threshold]
+    # held to the same interval bound as the overall figure: a category whose interval still reaches below
+    # the minimum is not settled, and a week where no category has the frames to be judged cannot pass
+    unsettled = [row for row in judged if row.unsettled]
+    categories_ok = bool(judged) and not unsettled
 
     decision: Decision
     if agreement_below or flagged_below or failing:
@@ -71,14 +75,12 @@ def recommend(report: WeeklyReport) -> Recommendation:
         if failing:
             reasons.append(_failing_text(failing, judged, min_flagged))
         headline = f"{evidence}: {'; '.join(reasons)}. Keep thinking on."
-    elif agreement_ok and flagged_ok:
+    elif agreement_ok and flagged_ok and categories_ok:
         decision, title = "thinking_off_ok", "Thinking off meets policy"
-        categories = (
-            f", and every category judged ({count(len(judged))}) meets the flagged minimum" if judged else ""
-        )
         headline = (
-            f"{evidence}: both intervals clear the policy minimums ({min_all}, {min_flagged} on flagged)"
-            f"{categories}. Thinking can be turned off where this policy applies."
+            f"{evidence}: both intervals clear the policy minimums ({min_all}, {min_flagged} on flagged), "
+            f"and every category judged ({count(len(judged))}) meets the flagged minimum. Thinking can be "
+            "turned off where this policy applies."
         )
     else:
         decision, title = "inconclusive", "Not enough evidence yet"
@@ -91,6 +93,13 @@ def recommend(report: WeeklyReport) -> Recommendation:
                 if flagged is None
                 else f"the flagged interval still reaches below the {min_flagged} minimum"
             )
+        if flagged is not None and not judged:
+            short.append(
+                f"no category has the {count(policy.min_category_flagged)} flagged frames it needs to be "
+                "judged"
+            )
+        elif unsettled:
+            short.append(_unsettled_text(unsettled, judged, min_flagged))
         headline = f"{evidence}, but {' and '.join(short)}. Keep thinking on"
         if report.sample_size is not None:
             needed = max(report.sample_size.frames, report.sample_size.frames_for_flagged or 0)
@@ -111,6 +120,19 @@ def _failing_text(failing: list[CategoryRow], judged: list[CategoryRow], min_fla
     return (
         f"{count(len(failing))} of {count(len(judged))} categories judged are below the {min_flagged} "
         f"flagged minimum ({names}{more})"
+    )
+
+
+def _unsettled_text(unsettled: list[CategoryRow], judged: list[CategoryRow], min_flagged: str) -> str:
+    names = ", ".join(
+        f"{row.category} {_rate_text(row.flagged_agreement)}"
+        for row in unsettled[:3]
+        if row.flagged_agreement
+    )
+    more = f" and {count(len(unsettled) - 3)} more" if len(unsettled) > 3 else ""
+    return (
+        f"the interval of {count(len(unsettled))} of {count(len(judged))} categories judged still reaches "
+        f"below the {min_flagged} flagged minimum ({names}{more})"
     )
 
 
@@ -146,7 +168,15 @@ def _details(report: WeeklyReport) -> list[str]:
             if row.flagged_agreement
         )
         details.append(f"Keep thinking on for categories below the flagged minimum: {listed}.")
-    elif any(row.judged for row in report.categories):
+    unsettled = [row for row in report.categories if row.unsettled and row.flagged_agreement]
+    if unsettled:
+        listed = "; ".join(
+            f"{row.category} {_rate_text(row.flagged_agreement)} of {count(row.flagged_agreement.n)}"
+            for row in unsettled
+            if row.flagged_agreement
+        )
+        details.append(f"Not settled yet (the interval reaches below the flagged minimum): {listed}.")
+    if not failing and not unsettled and any(row.judged for row in report.categories):
         details.append(
             f"Every category with at least {policy.min_category_flagged} flagged frames meets the "
             f"{pct(policy.min_flagged_agreement, 0)} flagged minimum."

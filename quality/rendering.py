@@ -179,7 +179,13 @@ def render_markdown(report: WeeklyReport) -> str:
         ]
         for row in report.categories:
             verdict = (
-                "too few to judge" if not row.judged else ("below minimum" if row.below_threshold else "ok")
+                "too few to judge"
+                if not row.judged
+                else "below minimum"
+                if row.below_threshold
+                else "interval reaches below minimum"
+                if row.unsettled
+                else "ok"
             )
             lines.append(
                 f"| {row.category} | {row.reference_flagged:,} / {row.candidate_flagged:,} | "

@@ -201,6 +201,10 @@ class CategoryPlan:
                     below_threshold=judged
                     and flagged is not None
                     and flagged.value < policy.min_flagged_agreement,
+                    unsettled=judged
+                    and flagged is not None
+                    and flagged.value >= policy.min_flagged_agreement
+                    and flagged.low < policy.min_flagged_agreement,
                 )
             )
         rows.sort(key=lambda row: (-row.reference_flagged, row.category))

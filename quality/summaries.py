@@ -145,6 +145,9 @@ class CategoryRow(BaseModel):
     flagged_agreement: Rate | None
     judged: bool
     below_threshold: bool
+    # judged, not below, but its interval still reaches below the flagged minimum: not yet settled, as the
+    # overall figure in that state is (the headline's "not enough evidence yet")
+    unsettled: bool = False
 
 
 class TenantRow(BaseModel):

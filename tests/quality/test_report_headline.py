@@ -37,16 +37,16 @@ def _record(index: int, arm: str, flagged: bool, category: str | None, video: in
 
 
 def crafted_week(
-    failing: set[str], *, flagged_per_category: int = 80, safe: int = 4000
+    failing: set[str], *, flagged_per_category: int = 80, safe: int = 4000, renamed_of_20: int = 17
 ) -> list[VerdictRecord]:
     """Thinking off flags exactly the frames thinking on flags (overall flagged agreement 100 %), but names
-    the next category instead for 85 % of the frames of each category in `failing`."""
+    the next category instead for `renamed_of_20` of every 20 frames (85 %) of each category in `failing`."""
     records: list[VerdictRecord] = []
     index = 0
     for position, category in enumerate(CATEGORIES):
         renamed = CATEGORIES[(position + 1) % len(CATEGORIES)]
         for k in range(flagged_per_category):
-            other = category in failing and k % 20 < 17
+            other = category in failing and k % 20 < renamed_of_20
             video = index // 8
             records.append(_record(index, "thinking_on", True, category, video))
             records.append(_record(index, "thinking_off", True, renamed if other else category, video))
@@ -113,3 +113,38 @@ def test_the_category_chart_axis_reaches_below_every_interval_its_table_lists(fa
 def test_the_axis_floor_for_the_issue_week_shows_sixteen_percent() -> None:
     assert agreement_axis_floor([0.16, 0.17, 0.15], 0.9) == pytest.approx(0.1)
     assert agreement_axis_floor([0.93, 0.95], 0.9) == pytest.approx(0.85)
+
+
+def test_a_category_whose_interval_reaches_below_the_minimum_keeps_the_headline_from_meeting_policy() -> None:
+    """76 of 80 (95 %) is above the 90 % minimum, but its interval reaches 87.8 %: the overall figure in that
+    state is "not enough evidence yet", and so is a category."""
+    report = build_weekly_report(crafted_week({"hate"}, renamed_of_20=1), "2026-W48", POLICY)
+    hate = next(row for row in report.categories if row.category == "hate")
+    assert hate.flagged_agreement is not None
+    assert hate.flagged_agreement.value == 0.95
+    assert hate.flagged_agreement.low < POLICY.min_flagged_agreement
+    assert not hate.below_threshold
+    assert hate.unsettled
+    recommendation = report.recommendation
+    print(f"\nunsettled: {recommendation.title}: {recommendation.headline}")
+    assert recommendation.decision == "inconclusive"
+    assert "the interval of 1 of 6 categories judged still reaches below the 90 % flagged minimum (hate" in (
+        recommendation.headline
+    )
+    assert "can be turned off" not in recommendation.headline
+
+
+def test_a_week_with_no_judgeable_category_says_it_cannot_judge_never_that_it_meets_policy() -> None:
+    policy = ReportPolicy(bootstrap_resamples=200, min_category_flagged=100)
+    report = build_weekly_report(crafted_week(set()), "2026-W48", policy)
+    comparison = report.comparison
+    assert comparison is not None
+    assert comparison.flagged_agreement is not None
+    assert comparison.flagged_agreement.low >= policy.min_flagged_agreement  # the overall figure passes
+    assert not any(row.judged for row in report.categories)
+    recommendation = report.recommendation
+    print(f"\nno category judgeable: {recommendation.title}: {recommendation.headline}")
+    assert recommendation.decision == "inconclusive"
+    assert "no category has the 100 flagged frames it needs to be judged" in recommendation.headline
+    assert "meets policy" not in recommendation.title
+    assert "can be turned off" not in recommendation.headline

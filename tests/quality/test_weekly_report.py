@@ -32,7 +32,10 @@ def report_for(
 
 
 def test_a_close_agreement_meets_policy() -> None:
-    week = synthesize_week(frames=4000, videos=400, flip_on_flagged=0.01, flip_on_safe=0.001, seed=1)
+    # enough flagged frames that every category's interval clears the flagged minimum too (about 100 each)
+    week = synthesize_week(
+        frames=4000, videos=400, flag_rate=0.12, flip_on_flagged=0.01, flip_on_safe=0.001, seed=1
+    )
     report = report_for(week.records)
     assert report.recommendation.decision == "thinking_off_ok"
     assert report.recommendation.title == "Thinking off meets policy"
