@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from quality.notation import count, interval, pct
-from quality.sections import ComparisonPlan
+from quality.recommendation import failing_categories_text, unsettled_categories_text
+from quality.sections import CategoryPlan, ComparisonPlan, Group
 from quality.summaries import (
     ENGINE_NAMES,
     EngineComparison,
@@ -35,6 +36,10 @@ class EnginePlan(ComparisonPlan):
     def __init__(self, counts: EngineCounts, primary: str, policy: ReportPolicy) -> None:
         super().__init__(counts.pairs, policy)
         self.arm, self.engines, self.cost = counts.arm, (primary, counts.other), counts.cost
+        self.categories = CategoryPlan(counts.pairs, policy)
+
+    def groups(self) -> list[Group]:
+        return [*super().groups(), *self.categories.groups()]
 
 
 def engine_comparison_plans(
@@ -63,6 +68,7 @@ def engine_section(
                 arm=plan.arm,
                 comparison=plan.result(),
                 candidate_cost=plan.cost,
+                categories=plan.categories.result(),
             )
         )
     decision, headline = _recommend(comparisons, primary, other, policy)
@@ -78,8 +84,11 @@ def engine_section(
 def _recommend(
     comparisons: Sequence[EngineComparison], primary: str, other: str, policy: ReportPolicy
 ) -> tuple[EngineDecision, str]:
-    """Switch only when every arm both engines judged clears both policy minimums, interval and all."""
+    """Switch only when every arm both engines judged clears both policy minimums, interval and all, and
+    so does every category with enough flagged frames to be judged (the engine may flag the same frames
+    and name other categories); a week with no judgeable category cannot recommend a switch."""
     a, b = engine_name(primary), engine_name(other)
+    minimum = pct(policy.min_flagged_agreement, 0)
     lines, below, unsure = [], [], []
     for item in comparisons:
         comparison = item.comparison
@@ -89,18 +98,36 @@ def _recommend(
             f"{count(comparison.frames)} frames"
             + (f", {_rate_text(flagged)} on the {count(flagged.n)} frames {a} flagged" if flagged else "")
         )
+        judged = [row for row in item.categories if row.judged and row.flagged_agreement is not None]
+        failing = [row for row in judged if row.below_threshold]
+        unsettled = [row for row in judged if row.unsettled]
+        if failing:
+            text += f"; {failing_categories_text(failing, judged, minimum)}"
+        elif unsettled:
+            text += f"; {unsettled_categories_text(unsettled, judged, minimum)}"
+        elif judged:
+            text += f"; every category judged ({count(len(judged))}) meets the flagged minimum"
+        elif flagged is not None:
+            text += (
+                f"; no category has the {count(policy.min_category_flagged)} flagged frames it needs to "
+                "be judged"
+            )
         lines.append(text)
-        if agreement.value < policy.min_agreement or (
-            flagged is not None and flagged.value < policy.min_flagged_agreement
+        if (
+            agreement.value < policy.min_agreement
+            or (flagged is not None and flagged.value < policy.min_flagged_agreement)
+            or failing
         ):
             below.append(item.arm)
         elif (
             agreement.low < policy.min_agreement
             or flagged is None
             or flagged.low < policy.min_flagged_agreement
+            or unsettled
+            or not judged
         ):
             unsure.append(item.arm)
-    minimums = f"{pct(policy.min_agreement, 0)}, {pct(policy.min_flagged_agreement, 0)} on flagged"
+    minimums = f"{pct(policy.min_agreement, 0)}, {minimum} on flagged"
     evidence = "; ".join(lines)
     if below:
         return "keep_reference", f"{evidence}: below the policy minimums ({minimums}). Keep {a}."

@@ -10,7 +10,7 @@ from __future__ import annotations
 from quality.notation import count, interval, pct, points, points_interval
 from quality.summaries import CategoryRow, Decision, Rate, Recommendation, WeeklyReport
 
-__all__ = ["recommend"]
+__all__ = ["failing_categories_text", "recommend", "unsettled_categories_text"]
 
 
 def _rate_text(rate: Rate) -> str:
@@ -73,7 +73,7 @@ def recommend(report: WeeklyReport) -> Recommendation:
         elif flagged_below:
             reasons.append(f"the flagged figure is below the {min_flagged} policy minimum")
         if failing:
-            reasons.append(_failing_text(failing, judged, min_flagged))
+            reasons.append(failing_categories_text(failing, judged, min_flagged))
         headline = f"{evidence}: {'; '.join(reasons)}. Keep thinking on."
     elif agreement_ok and flagged_ok and categories_ok:
         decision, title = "thinking_off_ok", "Thinking off meets policy"
@@ -99,7 +99,7 @@ def recommend(report: WeeklyReport) -> Recommendation:
                 "judged"
             )
         elif unsettled:
-            short.append(_unsettled_text(unsettled, judged, min_flagged))
+            short.append(unsettled_categories_text(unsettled, judged, min_flagged))
         headline = f"{evidence}, but {' and '.join(short)}. Keep thinking on"
         if report.sample_size is not None:
             needed = max(report.sample_size.frames, report.sample_size.frames_for_flagged or 0)
@@ -109,7 +109,8 @@ def recommend(report: WeeklyReport) -> Recommendation:
     return Recommendation(decision=decision, title=title, headline=headline, details=_details(report))
 
 
-def _failing_text(failing: list[CategoryRow], judged: list[CategoryRow], min_flagged: str) -> str:
+def failing_categories_text(failing: list[CategoryRow], judged: list[CategoryRow], min_flagged: str) -> str:
+    """Which judged categories are below the flagged minimum, for a headline."""
     if len(failing) == len(judged):
         scope = "every category judged" if len(judged) > 1 else "the one category judged"
         return f"{scope} ({count(len(judged))}) is below the {min_flagged} flagged minimum"
@@ -123,7 +124,10 @@ def _failing_text(failing: list[CategoryRow], judged: list[CategoryRow], min_fla
     )
 
 
-def _unsettled_text(unsettled: list[CategoryRow], judged: list[CategoryRow], min_flagged: str) -> str:
+def unsettled_categories_text(
+    unsettled: list[CategoryRow], judged: list[CategoryRow], min_flagged: str
+) -> str:
+    """Which judged categories' intervals still reach below the flagged minimum, for a headline."""
     names = ", ".join(
         f"{row.category} {_rate_text(row.flagged_agreement)}"
         for row in unsettled[:3]

@@ -287,6 +287,8 @@ class EngineComparison(BaseModel):
     arm: Arm
     comparison: Comparison
     candidate_cost: ArmCost | None = None  # the other engine's latency and tokens on this arm
+    # agreement on flagged frames per category, judged as the thinking comparison's categories are
+    categories: list[CategoryRow] = Field(default_factory=list)
 
 
 class EngineSection(BaseModel):

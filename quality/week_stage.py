@@ -181,7 +181,7 @@ def _results(queries: WeekQueries, policy: ReportPolicy) -> Iterator[tuple[str, 
     for other in (e for e in counts.engines if e != engine):
         for arm in ARMS:
             pairs, _ = queries.pair_counts(
-                PairQuery(arm, arm, reference_engine=engine, candidate_engine=other)
+                PairQuery(arm, arm, reference_engine=engine, candidate_engine=other), categories=True
             )
             if len(pairs):
                 engines.append(

@@ -322,10 +322,13 @@ class WeekQueries:
         self._pair_tables[query] = (name, notes)
         return name, notes
 
-    def pair_counts(self, query: PairQuery, *, breakdown: bool = False) -> tuple[PairCounts, dict[str, int]]:
+    def pair_counts(
+        self, query: PairQuery, *, breakdown: bool = False, categories: bool = False
+    ) -> tuple[PairCounts, dict[str, int]]:
         """The pairing as counts per video (`quality.columns.PairCounts`), and what did not pair;
         with `breakdown`, its per-category, per-tenant and human-label tables too (the main comparison's
-        sections read them; the other comparisons need only their cells and actions).
+        sections read them; the other comparisons need only their cells and actions); with `categories`,
+        the per-category table alone (the engine comparison judges its categories).
 
         Only counts come back from the database: a row per video, per (category, video) and per (tenant,
         video), so the report's memory follows the week's videos, not its pairs."""
@@ -342,7 +345,7 @@ class WeekQueries:
             frames=notes["paired"],
             cells=cells,
             actions=actions,
-            categories=self._categories(table, cells) if breakdown else {},
+            categories=self._categories(table, cells) if breakdown or categories else {},
             tenants=self._tenants(table) if breakdown else [],
             labelled=self._labelled(table) if breakdown else np.zeros((2, 2, 2), dtype=np.int64),
         )

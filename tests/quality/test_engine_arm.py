@@ -14,6 +14,7 @@ from quality.report import ReportPolicy, build_weekly_report, render_html, rende
 from quality.runner import load_dataset, run_offline
 from quality.summaries import ENGINE_NAMES, EngineKind
 from tests.quality.fakes import synthesize_week
+from tests.quality.test_report_headline import CATEGORIES, crafted_week
 from tests.support import GatewayFactory, SimFactory
 
 POLICY = ReportPolicy(bootstrap_resamples=200)
@@ -75,11 +76,12 @@ def test_a_second_engines_verdicts_are_compared_with_the_first_and_leave_the_thi
 
 
 def test_a_second_engine_that_agrees_within_the_policy_may_replace_the_first() -> None:
-    week = synthesize_week(frames=3000, videos=300, seed=5)
+    # enough flagged frames (about 100 a category) that every category's interval can clear the minimum
+    week = synthesize_week(frames=4000, videos=400, flag_rate=0.12, seed=5)
     both = build_weekly_report([*week.records, *_second_engine(week.records, 1000)], "2026-W48", POLICY)
     assert both.engines is not None
     print(f"\n{both.engines.headline}")
-    assert both.engines.decision in ("switch_ok", "inconclusive")
+    assert both.engines.decision == "switch_ok"
     assert both.engines.comparisons[0].comparison.agreement.value > 0.99
 
 
@@ -130,7 +132,50 @@ async def test_the_runner_judges_every_frame_on_two_engines_and_the_report_compa
     assert all(c.frames == 24 for c in by_arm.values())
     # both simulators answer thinking on from the frame's truth; their thinking off differs
     assert by_arm["thinking_on"].agreement.value == 1.0
-    assert by_arm["thinking_off"].agreement.value < 1.0
-    assert section.decision in ("keep_reference", "inconclusive")
+    assert by_arm["thinking_off"].agreement.value < POLICY.min_agreement
+    assert section.decision == "keep_reference"
     assert report.comparison is not None
     assert report.comparison.frames == 24  # the thinking comparison is the first engine's alone
+
+
+def _engine_week(failing: set[str], **kwargs: int) -> list[VerdictRecord]:
+    """The crafted headline week as two engines on thinking off: vLLM says what thinking on said there,
+    llama.cpp what thinking off said (the same frames flagged, the next category named where `failing`)."""
+    records = []
+    for record in crafted_week(failing, **kwargs):
+        if record.arm == "thinking_on":
+            records.append(record.model_copy(update={"arm": "thinking_off"}))
+        else:
+            request_id = record.request_id + "-llamacpp"
+            records.append(record.model_copy(update={"engine": "llamacpp", "request_id": request_id}))
+    return records
+
+
+def test_an_engine_that_names_the_wrong_category_on_most_blocked_frames_keeps_the_reference() -> None:
+    report = build_weekly_report(_engine_week(set(CATEGORIES)), "2026-W48", POLICY)
+    section = report.engines
+    assert section is not None
+    comparison = section.comparisons[0].comparison
+    assert comparison.agreement.low >= POLICY.min_agreement  # the action alone would pass
+    assert comparison.flagged_agreement is not None
+    assert comparison.flagged_agreement.low >= POLICY.min_flagged_agreement
+    print(f"\n{section.headline}")
+    assert section.decision == "keep_reference"
+    assert "every category judged (6) is below the 90 % flagged minimum" in section.headline
+    assert section.headline.endswith("Keep vLLM.")
+    assert "Keep vLLM" in render_markdown(report)
+
+
+def test_an_engine_whose_category_interval_reaches_below_the_minimum_is_inconclusive() -> None:
+    section = build_weekly_report(_engine_week({"hate"}, renamed_of_20=1), "2026-W48", POLICY).engines
+    assert section is not None
+    print(f"\n{section.headline}")
+    assert section.decision == "inconclusive"
+    assert "hate 95.0 %" in section.headline
+
+
+def test_an_engine_that_agrees_on_every_category_may_replace_the_reference() -> None:
+    section = build_weekly_report(_engine_week(set()), "2026-W48", POLICY).engines
+    assert section is not None
+    assert section.decision == "switch_ok"
+    assert "every category judged (6) meets the flagged minimum" in section.headline
