@@ -175,16 +175,38 @@ def _begins(rest: str, word: str, terminators: str) -> bool:
     return rest.startswith(word) and len(rest) > len(word) and rest[len(word)] in terminators
 
 
+def _admitted_after(action: Action, tail: str, json_form: bool) -> bool | None:
+    """Whether the grammar admits ``tail`` right after ``action`` at a verdict's place: True, False, or
+    None where it depends on more than the action's own grammar (a second frame's line)."""
+    if not tail:
+        return True
+    if json_form:
+        return tail[0] == '"' or None
+    if action == "block":
+        if tail[0] != ":":
+            return False
+        name = tail[1:]
+        return any(c.startswith(name) or name.startswith(c) for c in MODEL_CATEGORIES) or None
+    return tail[0] == "\n" or False
+
+
 def action_probabilities(
-    spans: _Spans, offset: int, *, grammar_masked: bool = True
+    spans: _Spans, offset: int, *, grammar_masked: bool = True, json_form: bool = False
 ) -> dict[Action, float] | None:
     """P(action) as the engine gives it at the verdict's first character: each action's listed spellings.
 
     Grammar-masked (vLLM): not normalised over the three: an action the list leaves out is unknown, not
     impossible, so the chosen action keeps its own probability (a lower bound where a spelling of it was cut
-    off the list). Not masked (llama.cpp): renormalised over the listed spellings of any action (the
-    alternatives the grammar allows there) and the mass the list left out: a lower bound too.
+    off the list). Not masked (llama.cpp): an alternative is credited to an action only where the grammar
+    admits it at that place: the same head as the chosen token (its leading whitespace included), then a
+    piece of the action's word or the word and what the grammar lets follow it (``:`` and a category
+    after ``block``, a line break after ``allow``). What the grammar surely forbids there (``Allow``,
+    ``allowed``, ``blocked``) is left out; what it may or may not admit (`` allow`` where the chosen token
+    has no leading space) is mass no action is credited with; both that and what the list left out count
+    as admitted in the denominator, so the reading is a lower bound whatever is listed.
     """
+    if not grammar_masked:
+        return _admitted_action_probabilities(spans, offset, json_form)
     continuations = _continuations(spans, offset, spaced=True)
     if continuations is None:
         return None
@@ -197,10 +219,42 @@ def action_probabilities(
     allowed = sum(mass.values())
     if allowed <= 0:
         return None
-    if not grammar_masked:
-        allowed += _unlisted(spans, offset)
-        return {action: value / allowed for action, value in mass.items()}
     return {action: min(1.0, value) for action, value in mass.items()}
+
+
+def _admitted_action_probabilities(spans: _Spans, offset: int, json_form: bool) -> dict[Action, float] | None:
+    """The not-masked reading of ``action_probabilities``: credited spellings over what may be admitted."""
+    index = spans.at(offset)
+    if index is None:
+        return None
+    head = spans.text[spans.starts[index] : spans.lead + offset]
+    mass, uncertain = dict.fromkeys(ACTIONS, 0.0), 0.0
+    for text, logprob in spans.tokens[index].alternatives():
+        probability = _probability(logprob)
+        rest = text[len(head) :] if text.startswith(head) else text
+        if not text.startswith(head) or rest != rest.lstrip():
+            # other whitespace before the word: the grammar may admit it at this place (line breaks after
+            # ``</think>``) or not
+            word = rest.lstrip()
+            if word and any(word.startswith(a) or a.startswith(word) for a in ACTIONS):
+                uncertain += probability
+            continue
+        if not rest:
+            continue
+        for action in ACTIONS:
+            if action.startswith(rest):
+                mass[action] += probability
+            elif rest.startswith(action):
+                admitted = _admitted_after(action, rest[len(action) :], json_form)
+                if admitted:
+                    mass[action] += probability
+                elif admitted is None:
+                    uncertain += probability
+    credited = sum(mass.values())
+    if credited <= 0:
+        return None
+    allowed = credited + uncertain + _unlisted(spans, offset)
+    return {action: value / allowed for action, value in mass.items()}
 
 
 def _unlisted(spans: _Spans, offset: int) -> float:
@@ -340,7 +394,9 @@ def with_confidence(
         if verdict.problem is not None:
             read.append(replace(verdict, confidence=None, confidence_note="the verdict could not be parsed"))
             continue
-        probabilities = action_probabilities(spans, offset, grammar_masked=grammar_masked)
+        probabilities = action_probabilities(
+            spans, offset, grammar_masked=grammar_masked, json_form=json_form
+        )
         if probabilities is None:
             note = "no alternative at the verdict's first token" + (
                 "" if grammar_masked else " has a probability above 0 in the engine's raw softmax"

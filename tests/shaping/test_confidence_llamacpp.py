@@ -85,11 +85,13 @@ def test_llamacpp_logprobs_are_renormalised_over_what_can_begin_a_verdict(vocabu
 
 
 @pytest.mark.parametrize("vocabulary", FAMILIES)
-def test_other_spellings_of_the_action_still_add_after_renormalising(vocabulary: Family) -> None:
+def test_a_spelling_with_other_leading_whitespace_is_not_credited(vocabulary: Family) -> None:
     logprobs = answer_logprobs("block:violence", vocabulary, 10, RAW)
     verdict = read("block:violence", logprobs, grammar_masked=False)
     assert verdict.action == "block"
-    assert verdict.confidence == pytest.approx((0.1 + 0.05) / 0.4)
+    # `` block`` (0.05) is another head than the chosen ``block``'s: the grammar may forbid the space there,
+    # so it is not credited, but it stays in what may be admitted (a lower bound either way)
+    assert verdict.confidence == pytest.approx(0.1 / 0.4)
     scores = dict(verdict.category_scores)
     # the path inside the name is not read on raw probabilities: the named category scores P(block)
     assert scores["violence"] == pytest.approx(verdict.confidence, abs=1e-4)
@@ -107,7 +109,8 @@ def test_a_forbidden_token_listed_first_is_left_out_and_what_is_not_listed_count
 @pytest.mark.parametrize("answer", ["allow", "block:violence", "review"])
 def test_a_shorter_raw_list_never_raises_the_confidence(vocabulary: Family, answer: str) -> None:
     # the true reading, every alternative listed: the action's share of the 0.4 the grammar allows
-    truth = {"allow": 0.2 / 0.4, "block:violence": 0.15 / 0.4, "review": 0.05 / 0.4}[answer]
+    # (`` block`` counted as admitted but credited to no action: the grammar may forbid the space)
+    truth = {"allow": 0.2 / 0.4, "block:violence": 0.1 / 0.4, "review": 0.05 / 0.4}[answer]
     readings = [
         read(answer, answer_logprobs(answer, vocabulary, k, RAW), grammar_masked=False).confidence
         for k in (10, 6, 5, 4, 3, 2, 1)
@@ -144,3 +147,30 @@ def test_every_allowed_token_at_zero_in_float_gives_no_confidence_and_says_why()
     verdict = read("review", answer_logprobs("review", "qwen2.5", 5, degenerate), grammar_masked=False)
     assert verdict.confidence is None
     assert "raw softmax" in (verdict.confidence_note or "")
+
+
+# the raw softmax at the verdict's first token with the twins a model ranks beside the allowed spellings:
+# the grammar admits only `allow` (0.5) and `block` (0.15) here; the twins are forbidden at that place
+TWINS = {"allow": 0.5, " allow": 0.1, "allowed": 0.1, "Allow": 0.1, "block": 0.15, "blocked": 0.05}
+
+
+@pytest.mark.parametrize("vocabulary", FAMILIES)
+@pytest.mark.parametrize("k", [6, 5, 4, 3, 2, 1])
+def test_twins_the_grammar_forbids_never_raise_the_confidence_above_the_truth(
+    vocabulary: Family, k: int
+) -> None:
+    truth = 0.5 / (0.5 + 0.15)  # 0.769, allow's share of what the grammar admits at the verdict's first place
+    verdict = read("allow", answer_logprobs("allow", vocabulary, k, TWINS), grammar_masked=False)
+    assert verdict.confidence is not None
+    assert verdict.confidence <= truth + 1e-4
+    if k == 6:  # every alternative listed: the leading-space twin may or may not be admitted, so it is
+        # mass the reading cannot credit; the capitalised and longer twins are forbidden and left out
+        assert verdict.confidence == pytest.approx(0.5 / (0.5 + 0.15 + 0.1), abs=1e-4)
+
+
+@pytest.mark.parametrize("vocabulary", FAMILIES)
+def test_a_block_is_not_credited_with_blocked(vocabulary: Family) -> None:
+    raw = {"block": 0.3, "blocked": 0.3, "allow": 0.2, "Block": 0.2}
+    logprobs = answer_logprobs("block:violence", vocabulary, 4, raw)
+    verdict = read("block:violence", logprobs, grammar_masked=False)
+    assert verdict.confidence == pytest.approx(0.3 / 0.5, abs=1e-4)
