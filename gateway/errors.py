@@ -144,6 +144,16 @@ class EngineUnavailable(ServerSideError):
     default_code = "engine_unavailable"
 
 
+class EngineBusy(EngineUnavailable):
+    """The engine said it is busy (its own queue full, no slot free): back-pressure, not a failure.
+
+    Never counted against the engine's circuit; the call waits in the gateway or moves to another engine
+    (gateway/engine/pool.py). A caller sees it only as the 429 ``engine_busy`` once the queue's deadline
+    passed."""
+
+    default_code = "engine_busy"
+
+
 class UpstreamTimeout(ServerSideError):
     """A deadline passed while waiting on the engine."""
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import httpx
 import typer
-from redis.asyncio import Redis
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -25,6 +24,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from gateway.state import RedisUrlError, check_redis_url, open_redis
 from quality.records import (
     JsonlRecordStore,
     MirroredRecordStore,
@@ -87,8 +87,13 @@ def resolve_week(text: str, now: datetime | None = None) -> str:
 async def open_store(
     records: Path | None, redis_url: str | None, *, mirror: bool
 ) -> AsyncIterator[RecordStore]:
-    """Files in `records`, Redis at `redis_url`, or both (`mirror`: write to both, read the files)."""
-    client = Redis.from_url(redis_url) if redis_url else None
+    """Files in `records`, Redis at `redis_url`, or both (`mirror`: write to both, read the files).
+
+    `redis_url` is read as `modgate serve` reads MODGATE_REDIS_URL (gateway/state.py): redis://, rediss://,
+    unix://, or redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB] (the primary found through Sentinel).
+    """
+    # A report reads a week's stream in pages: a slower read than a request's is fine, a dead Redis is not.
+    client = open_redis(redis_url, socket_connect_timeout=2.0, socket_timeout=30.0) if redis_url else None
     store: RecordStore
     if client is not None and records is not None and mirror:
         store = MirroredRecordStore(JsonlRecordStore(records), RedisRecordStore(client))
@@ -109,6 +114,15 @@ async def open_store(
 def _fail(message: str, code: int = 2) -> typer.Exit:
     console.print(f"[red]error:[/] {message}")
     return typer.Exit(code)
+
+
+def _check_redis_url(redis_url: str | None) -> None:
+    """Refuse a Redis URL `modgate serve` would refuse, with its reason (exit 2)."""
+    if redis_url:
+        try:
+            check_redis_url(redis_url)
+        except RedisUrlError as exc:
+            raise _fail(str(exc)) from exc
 
 
 @quality_app.command()
@@ -155,6 +169,7 @@ def run(
     gateway (in front of, say, llama.cpp), and the weekly report compares the engines.
     Interrupt it at any time: running the same command again skips what is already recorded.
     """
+    _check_redis_url(redis_url)
     try:
         chosen_arms = parse_arms(arms)
         keyframes = load_dataset(dataset)
@@ -308,6 +323,7 @@ def report(
     from quality.report import ReportPolicy, build_weekly_report_from, limit_malloc_arenas, write_report
 
     limit_malloc_arenas()
+    _check_redis_url(redis_url)
     try:
         label = resolve_week(week)
     except ValueError as exc:

@@ -47,6 +47,11 @@ Rules (rule id, severity: what it checks):
 - max-inflight, error: the gateway's `MODGATE_MAX_INFLIGHT` (default 8) above its engine's
   `--max-num-seqs`: the excess queues inside the engine, outside the gateway's priority queue and
   deadlines.
+- queue-backstop, warning: a vLLM engine a gateway calls has no `--max-num-queued-reqs`, or one not above
+  the gateway's `MODGATE_MAX_INFLIGHT`; recommended: twice the cap. With Redis away each replica caps alone,
+  so replicas together may send the engine several times its cap, which vLLM queues without bound; past
+  `--max-num-queued-reqs` it answers 503 "engine busy", which the gateway treats as back-pressure (the
+  frame waits or moves to another engine; the circuit is untouched).
 - llamacpp-slot-context, error: llama.cpp's `-c` divided among its `--parallel` slots (rounded up to 256;
   all of it with `--kv-unified`) below one keyframe's prompt (1,076 tokens at 660 image tokens, scaled to
   the gateway's `MODGATE_SHAPING__IMAGE_TOKEN_BUDGET`) plus its longest output

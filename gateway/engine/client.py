@@ -25,15 +25,17 @@ import stamina
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.kinds import EngineKindSetting, EngineWire, kind_from_props, wire_for
 from gateway.engine.transport import AiohttpTransport
-from gateway.errors import EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
+from gateway.errors import EngineBusy, EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
 from shaping.confidence import TokenLogprob
 
 ENGINE_REJECTED = "engine_rejected"  # the engine's own 4xx: our request was wrong, the engine is fine
 
 
 def engine_failed(exc: BaseException) -> bool:
-    """Whether an engine call's error says the engine is unhealthy (what a circuit breaker counts)."""
-    return isinstance(exc, ServerSideError) and exc.code != ENGINE_REJECTED
+    """Whether an engine call's error says the engine is unhealthy (what a circuit breaker counts): not its
+    own 4xx, and not its busy answer (back-pressure from a healthy engine)."""
+    busy = isinstance(exc, EngineBusy)
+    return isinstance(exc, ServerSideError) and exc.code != ENGINE_REJECTED and not busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,8 +360,11 @@ class EngineClient:
                     if response.status_code != 200:
                         await response.aread()
                         status = response.status_code
-                        explained = (self._wire or wire_for("vllm")).explain(_error_message(response))
-                        message = f"engine answered {status}: {explained}"
+                        wire = self._wire or wire_for("vllm")
+                        said = _error_message(response)
+                        message = f"engine answered {status}: {wire.explain(said)}"
+                        if wire.says_busy(status, said):
+                            raise EngineBusy(message)
                         if 400 <= status < 500:
                             raise UpstreamError(message, code=ENGINE_REJECTED)
                         raise (EngineUnavailable if status == 503 else UpstreamError)(message)

@@ -32,6 +32,17 @@ from gateway.errors import UpstreamError
 TokenizeStep = tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]
 """One POST of a token count: its path and its body, made from the previous step's answer."""
 
+BUSY_ANSWERS: Final[tuple[str, ...]] = (
+    # vLLM past --max-num-queued-reqs (QueueOverflowError) and --max-num-queued-tokens
+    # (MaxQueuedTokensError): vllm/exceptions.py, a 503 in the OpenAI error shape.
+    "The engine is currently busy and cannot accept new requests",
+    "The engine has reached its prefill token backlog limit",
+    # llama-server with no idle slot where it is asked to refuse (ERROR_TYPE_UNAVAILABLE: 503,
+    # type unavailable_error); it otherwise holds a request until a slot frees.
+    "no slot available",
+)
+"""The 503 messages that mean "busy, come back": every kind's, since a pool's kinds may be undetected yet."""
+
 EngineKind = Literal["vllm", "llamacpp"]
 ENGINE_KINDS: Final[tuple[EngineKind, ...]] = ("vllm", "llamacpp")
 EngineKindSetting = Literal["auto", "vllm", "llamacpp"]
@@ -67,6 +78,10 @@ class EngineWire:
     def explain(self, message: str) -> str:
         """The engine's refusal with what to change, where the gateway knows it."""
         return message
+
+    def says_busy(self, status: int, message: str) -> bool:
+        """Whether an error answer is the engine's back-pressure (busy now), not a failure of the engine."""
+        return status == 503 and any(clue in message for clue in BUSY_ANSWERS)
 
     def cache_counters(self, samples: Iterable[Sample]) -> tuple[float, float] | None:
         """``(prompt tokens looked up in the prefix cache, of which found)`` from ``/metrics``, or None."""

@@ -14,6 +14,11 @@
   queueing.
 - Failover: a call its engine never took (connection refused, 503, circuit open) moves to another engine
   with room, once per engine; anything the engine may have started (timeouts, cut streams) is not retried.
+- Busy engines: an engine's own "busy" answer (vLLM past ``--max-num-queued-reqs``, llama-server with no
+  slot free: :class:`~gateway.errors.EngineBusy`) is back-pressure, not a failure: its circuit is untouched,
+  ``modgate_engine_busy_total`` counts it, and the call moves to another engine with room or waits here
+  (holding its slot, asking again from 50 ms doubling to 1 s) until the queue's deadline, then 429
+  ``engine_busy``.
 - Replicas: with :class:`EngineLeases` (Redis) a request also needs a lease on its engine, so the engine's
   cap holds across every replica. A request whose engines' shared slots are all taken by other replicas
   asks Redis again (10 ms, doubling to 100 ms; 50 ms with fair leases) until its deadline. With fair leases
@@ -47,11 +52,14 @@ from gateway.engine.circuit import CircuitBreaker, CircuitOpen, CircuitState
 from gateway.engine.client import EngineAnswer, EngineClient, engine_failed
 from gateway.engine.fairness import Work
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
-from gateway.errors import EngineUnavailable, Overloaded, ServerSideError
+from gateway.errors import EngineBusy, EngineUnavailable, Overloaded, ServerSideError
 
 log = logging.getLogger("modgate.engine_pool")
 
 T = TypeVar("T")
+
+BUSY_PAUSE_S = (0.05, 1.0)
+"""A call an engine answered busy asks again after 50 ms, doubling to 1 s, until the queue's deadline."""
 
 LOCAL_ONLY = ""
 """The lease of a slot taken without Redis (none configured, or Redis unreachable): nothing to give back."""
@@ -76,6 +84,7 @@ class EngineSlot:
     inflight: int = 0  # calls this replica has at the engine (or is getting a lease for)
     peak_inflight: int = 0
     failovers: int = 0  # calls moved away from this engine because it could not take them
+    busy_answers: int = 0  # calls it answered "busy" (its own queue full, no slot free): back-pressure
     cap_configured: bool = False  # set in MODGATE_ENGINE_CAPS: its own slot count does not replace it
     _outcomes: deque[bool] = field(default_factory=lambda: deque(maxlen=20))  # True: the engine failed
     default_cap: int = field(init=False)  # the cap it was given: what it returns to if it names no slots
@@ -155,11 +164,34 @@ class HeldEngine:
         ``models``: each engine's own model id by URL, sent in its request instead of the body's (a pool
         of both kinds may serve one model under two names: vLLM refuses a name it does not serve)."""
         tried: list[EngineSlot] = []
+        busy_since: float | None = None
+        pause = BUSY_PAUSE_S[0]
         while True:
             engine = self.engine
             sent = naming_own_model(body, models, engine.url)
             try:
                 answer = await engine.client.chat(sent, request_id)
+            except EngineBusy as exc:  # back-pressure: its circuit never heard of it (engine_failed is False)
+                engine.busy_answers += 1
+                engine.record(False)
+                tried.append(engine)
+                if await self.pool.move(self, tried):
+                    log.info("engine %s is busy: %s moved to %s", engine.url, request_id, self.engine.url)
+                    continue
+                # Every other engine is full or busy: wait here, holding the slot (the engine has no room for
+                # it either), then ask again; past the queue's deadline the caller hears 429, as from a queue.
+                now = time.monotonic()
+                busy_since = now if busy_since is None else busy_since
+                remaining = busy_since + self.pool.queue.queue_timeout_s - now
+                if remaining <= 0:
+                    raise Overloaded(
+                        f"every engine answered busy until the queue's deadline ({exc.message})",
+                        retry_after=self.pool.queue.retry_after_s(), code="engine_busy",
+                    ) from exc
+                await asyncio.sleep(min(pause, remaining))
+                pause = min(pause * 2, BUSY_PAUSE_S[1])
+                tried = []
+                continue
             except EngineUnavailable as exc:  # refused, 503 or circuit open: the engine did no work on it
                 engine.record(engine_failed(exc))
                 tried.append(engine)

@@ -48,14 +48,21 @@ class PoolCollector(Collector):
             "modgate_engine_failovers", "Calls moved to another engine because this one could not take them.",
             labels=["engine"],
         )
+        busy = CounterMetricFamily(
+            "modgate_engine_busy",
+            "Calls the engine answered busy (its own queue full, no slot free): back-pressure, which waits "
+            "in the gateway or moves to another engine and never opens the circuit.",
+            labels=["engine"],
+        )
         for engine in pool.engines:
+            busy.add_metric([engine.url], engine.busy_answers)
             inflight.add_metric([engine.url], engine.inflight)
             cap.add_metric([engine.url], engine.cap)
             # A cool-down that passed is no news of the engine: half-open stays 0 until its probe succeeds, so
             # a dead engine that no call probes (the others take them) reads down for as long as it is.
             up.add_metric([engine.url], 1.0 if engine.state == "closed" else 0.0)
             failovers.add_metric([engine.url], engine.failovers)
-        yield from (inflight, cap, up, failovers)
+        yield from (inflight, cap, up, failovers, busy)
         if pool.leases is not None:
             yield GaugeMetricFamily(
                 "modgate_engine_leases_local_only",

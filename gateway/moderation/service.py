@@ -208,17 +208,25 @@ class ModerationService:
         not reuse stored verdicts (``Cache-Control: no-cache``, e.g. the quality module's re-runs).
         """
         request_id = f"modr-{uuid.uuid4().hex}"
+        started = time.monotonic()
+        frames = len(self._split_input(request)[0])
+
+        def failed(outcome: str, message: str) -> None:
+            self.recorder.failed(
+                request_id, outcome, message, latency_s=time.monotonic() - started, frames=frames
+            )
+
         with self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id}):
             try:
                 return await self._moderate(request, caller, requested, request_id, packing, fresh=fresh)
             except ModgateError as exc:
-                self.recorder.failed(request_id, exc.default_code, exc.message)
+                failed(exc.default_code, exc.message)
                 raise
             except asyncio.CancelledError:
-                self.recorder.failed(request_id, "cancelled", "the caller went away")
+                failed("cancelled", "the caller went away")
                 raise
             except Exception as exc:
-                self.recorder.failed(request_id, "internal_error", type(exc).__name__)
+                failed("internal_error", type(exc).__name__)
                 raise
 
     async def _moderate(
@@ -292,7 +300,7 @@ class ModerationService:
         for index, outcome in enumerate(outcomes):
             frame = shaped[index] if shaped else None
             latency_s = time.monotonic() - started
-            self.metrics.e2e.observe(latency_s)
+            self.metrics.e2e.labels("ok").observe(latency_s)
             results.append(moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0))
             self.recorder.record(results[-1].modgate, request_id, caller.tenant)
         self.metrics.requests.labels("moderations", "ok").inc()

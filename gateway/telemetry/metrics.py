@@ -72,7 +72,12 @@ class GatewayMetrics:
         self.engine_errors = Counter(
             "modgate_engine_errors", "Engine call failures.", ["kind"], registry=registry
         )
-        self.e2e = seconds("modgate_request_seconds", "End-to-end latency per keyframe.")
+        # By outcome: a failed request is observed too (under its outcome), so the latency objective counts
+        # it as a miss however fast it failed (deploy/monitoring/modgate-rules.yaml).
+        self.e2e = Histogram(
+            "modgate_request_seconds", "End-to-end latency per keyframe, by outcome (ok, or how it failed).",
+            ["outcome"], buckets=LATENCY_BUCKETS, registry=registry,
+        )
         self.ttft = seconds("modgate_engine_ttft_seconds", "Engine time to first token.")
         self.queue_wait = seconds("modgate_queue_wait_seconds", "Wait for an engine slot.")
         self.shaping = seconds("modgate_shaping_seconds", "Image shaping per keyframe.")
@@ -343,9 +348,15 @@ class RequestRecorder:
         )
         return sample
 
-    def failed(self, request_id: str, outcome: str, message: str) -> None:
-        """A request that got no answer: counted by outcome and logged."""
+    def failed(
+        self, request_id: str, outcome: str, message: str, *, latency_s: float | None = None, frames: int = 1
+    ) -> None:
+        """A request that got no answer: counted by outcome, its ``frames`` keyframes observed in the latency
+        histogram under that outcome, and logged."""
         self.metrics.requests.labels("moderations", outcome).inc()
+        if latency_s is not None:
+            for _ in range(max(1, frames)):
+                self.metrics.e2e.labels(outcome).observe(latency_s)
         request_log.info(
             "%s failed: %s",
             request_id,

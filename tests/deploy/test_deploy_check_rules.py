@@ -27,6 +27,8 @@ services:
       - "--scheduling-policy"
       - "priority"
       - "--enable-prefix-caching"
+      - "--max-num-queued-reqs"
+      - "16"
     environment:
       PYTORCH_ALLOC_CONF: "per_process_memory_fraction:${GPU_MEM_UTIL}"
   gateway:
@@ -580,3 +582,23 @@ def test_a_compose_file_without_services_is_unreadable_input(tmp_path: Path) -> 
 
     with pytest.raises(UnreadableInputError, match="services"):
         check_deploy([tmp_path / "compose.yaml"], environ={}, compose_config=False)
+
+
+def test_a_vllm_engine_without_a_queue_backstop_is_told_the_value_and_why(run_check: CheckRun) -> None:
+    compose = GOOD_COMPOSE.replace('      - "--max-num-queued-reqs"\n      - "16"\n', "")
+
+    [finding] = of_rule(run_check(compose), "queue-backstop")
+
+    assert finding.severity == "warning"
+    assert "add `--max-num-queued-reqs 16` (above MODGATE_MAX_INFLIGHT 8" in finding.message
+    assert "with Redis away each gateway replica caps" in finding.message
+    assert "back-pressure" in finding.message
+
+
+def test_a_queue_backstop_at_the_gateways_cap_binds_under_it_and_is_a_warning(run_check: CheckRun) -> None:
+    compose = GOOD_COMPOSE.replace('      - "16"\n    environment:', '      - "8"\n    environment:')
+
+    [finding] = of_rule(run_check(compose), "queue-backstop")
+
+    assert "--max-num-queued-reqs 8 of `vllm` is not above MODGATE_MAX_INFLIGHT 8" in finding.message
+    assert "about 16" in finding.message

@@ -79,7 +79,10 @@ def test_the_traffic_left_the_series_the_alerts_count(scraped: str) -> None:
         and not line.endswith(" 0.0")
         for line in lines
     )
-    assert any(line.startswith('modgate_request_seconds_bucket{le="15.0"}') for line in lines)
+    assert any(
+        line.startswith("modgate_request_seconds_bucket{") and 'le="15.0"' in line and 'outcome="ok"' in line
+        for line in lines
+    )
     assert "modgate_engine_leases_local_only 0.0" in lines
     assert "modgate_engine_calls_outside_shared_cap 0.0" in lines
     assert "modgate_engine_queue_size 0.0" in lines

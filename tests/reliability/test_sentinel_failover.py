@@ -65,3 +65,22 @@ def test_the_sentinel_overlay_points_the_gateways_at_three_sentinels_and_waits_f
     assert len(target.sentinels) == 3
     assert target.service == "modgate"
     assert int(config["MODGATE_JOBS__WAIT_REPLICAS"]) >= 1
+
+
+def test_the_sentinel_overlays_weekly_report_finds_the_primary_through_the_same_sentinels() -> None:
+    overlay = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "overlays" / "sentinel"
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    patches = {entry["path"] for entry in kustomization["patches"]}
+    gateway = yaml.safe_load((overlay / "gateway-sentinel-url.yaml").read_text())
+    report = yaml.safe_load((overlay / "quality-report-sentinel-url.yaml").read_text())
+    (gateway_container,) = gateway["spec"]["template"]["spec"]["containers"]
+    (report_container,) = report["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    policy = yaml.safe_load((overlay / "sentinel-networkpolicy.yaml").read_text())
+    allowed = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+               for rule in policy["spec"]["ingress"] for peer in rule["from"]}
+
+    assert "quality-report-sentinel-url.yaml" in patches
+    assert (report["kind"], report["metadata"]["name"]) == ("CronJob", "modgate-quality-report")
+    assert report_container["env"] == gateway_container["env"]
+    assert parse_sentinel_url(report_container["env"][0]["value"]).service == "modgate"
+    assert "quality-report" in allowed

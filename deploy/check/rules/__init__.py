@@ -29,6 +29,7 @@ RULES: tuple[Rule, ...] = (
     engine.prompt_tokens_details,
     engine.mamba_block_size,
     gateway.max_inflight,
+    gateway.queue_backstop,
     llamacpp.slot_context,
     llamacpp.slots_vs_cap,
     llamacpp.prompt_cache,

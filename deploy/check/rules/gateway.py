@@ -143,3 +143,60 @@ def _setting(service: Service, name: str) -> EnvEntry | None:
     """A MODGATE_* variable as pydantic-settings reads it: its name in any case, the last one winning."""
     found = [entry for key, entry in service.environment.items() if key.upper() == name]
     return found[-1] if found else None
+
+
+def queue_backstop(deployment: Deployment) -> Iterator[Finding]:
+    """queue-backstop: a vLLM engine a gateway calls lacks ``--max-num-queued-reqs`` above the gateway's cap.
+
+    While Redis answers, the gateways' shared cap keeps the engine at MODGATE_MAX_INFLIGHT; when it is away
+    each replica caps alone, so N replicas may send N times the cap, and vLLM queues all of it, unbounded,
+    past every caller's deadline. ``--max-num-queued-reqs`` bounds that queue: past it vLLM answers 503
+    "engine busy", which the gateway treats as back-pressure (the frame waits in its queue or moves to
+    another engine; the circuit is untouched). Set above the cap, it never binds while the cap holds.
+    """
+    engines = deployment.engines
+    for gateway in deployment.gateways:
+        entry = gateway.environment.get("MODGATE_MAX_INFLIGHT")
+        raw = entry.value if entry is not None and entry.value else str(DEFAULT_MAX_INFLIGHT)
+        try:
+            cap = int(raw)
+        except ValueError:
+            continue  # max-inflight reports it
+        for engine in _engines_for(gateway, engines):
+            if engine.engine_kind != "vllm":
+                continue  # llama-server holds a request until a slot frees; its slots are the gateway's cap
+            recommended = 2 * cap
+            flag = engine.last_flag("--max-num-queued-reqs")
+            why = (
+                f"with Redis away each gateway replica caps `{engine.name}` alone at {cap}, so several "
+                "replicas may send it several times that, and vLLM queues the excess without bound past "
+                "every caller's deadline; past --max-num-queued-reqs it answers 503 'engine busy', which "
+                "the gateway treats as back-pressure (the frame waits in its queue or moves to another "
+                "engine, the circuit untouched)"
+            )
+            if flag is None or flag.value is None:
+                yield Finding(
+                    "warning",
+                    "queue-backstop",
+                    f"`{engine.name}` has no --max-num-queued-reqs: add `--max-num-queued-reqs "
+                    f"{recommended}` (above MODGATE_MAX_INFLIGHT {cap}, so it never binds while the shared "
+                    f"cap holds): {why}",
+                    engine.command_location or engine.location,
+                )
+                continue
+            try:
+                queued = int(flag.value)
+            except ValueError:
+                continue  # vLLM itself refuses it at start
+            if queued <= cap:
+                at = flag.value_arg.location if flag.value_arg else flag.arg.location
+                yield Finding(
+                    "warning",
+                    "queue-backstop",
+                    f"--max-num-queued-reqs {queued} of `{engine.name}` is not above MODGATE_MAX_INFLIGHT "
+                    f"{cap} of `{gateway.name}`: the engine answers busy within the gateway's own cap, and "
+                    f"every such answer is a retry; set it to about {recommended}, a backstop for when "
+                    "Redis is away",
+                    at,
+                    (entry.location,) if entry is not None else (),
+                )
