@@ -279,6 +279,20 @@ class EngineClient:
             payload = response.json()
         return wire.token_count(payload)
 
+    async def probe_chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """One small chat completion outside admission and the circuit, answered as (status, JSON body):
+        the start-up checks (gateway/engine/startup_check.py) read fields the moderation path does not."""
+        body = (await self.wire()).chat_body(body)
+        try:
+            response = await self._http.post("/v1/chat/completions", json=body, timeout=60.0)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"engine /v1/chat/completions failed: {exc!r}") from exc
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {"error": {"message": response.text[:200]}}
+        return response.status_code, payload if isinstance(payload, dict) else {}
+
     async def _get(self, path: str) -> httpx.Response:
         try:
             response = await self._http.get(path)
