@@ -143,7 +143,7 @@ def test_a_clean_runtime_install_serves_on_the_simulator_and_names_the_quality_e
     stage = runtime_stage()
     port = str(free_port())
     entrypoint = json.loads(next(a for k, a in stage if k == "ENTRYPOINT"))
-    command = [port if word == "8080" else "127.0.0.1" if word == "0.0.0.0" else word  # noqa: S104
+    command = [port if word == "8080" else "127.0.0.1" if word == "0.0.0.0" else word  # noqa: S104 - the image's 0.0.0.0 becomes loopback here
                for word in json.loads(next(a for k, a in stage if k == "CMD"))]
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(
