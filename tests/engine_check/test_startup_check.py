@@ -169,7 +169,7 @@ async def test_each_finding_is_logged_once_and_set_in_the_metric(
     assert ("logprobs", True) in recorded
 
 
-async def test_a_vllm_without_prompt_tokens_details_is_named_in_readyz_metrics_and_console(
+async def test_a_vllm_without_prompt_tokens_details_is_named_in_readyz_metrics_console_and_log(
     start_sim: SimFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     sim = start_sim()
@@ -189,6 +189,10 @@ async def test_a_vllm_without_prompt_tokens_details_is_named_in_readyz_metrics_a
             assert ready["status"] == "ready"  # the gateway serves what it can
             metrics = (await http.get("/metrics")).text
             assert (await http.post("/v1/moderations", json={"input": "some text"})).status_code == 200
+            admin = {"Authorization": "Bearer test-admin-token-0123456789"}
+            health = (await http.get("/console/panels", headers=admin)).json()["panels"]["health"]
+            assert "cached tokens missing" in health
+            assert "--enable-prompt-tokens-details" in health
             assert 'modgate_engine_check{check="cached_tokens",engine="http://engine.test"} 0.0' in metrics
             assert 'modgate_engine_check{check="logprobs",engine="http://engine.test"} 1.0' in metrics
     said = [r.getMessage() for r in caplog.records if "--enable-prompt-tokens-details" in r.getMessage()]
