@@ -133,21 +133,11 @@ async def check_engine(client: EngineClient, cap: int, targets: CheckTargets) ->
     found.append(logprobs_check)
     found.append(_cached_tokens_check(url, answer, llamacpp))
 
-    unconstrained = {key: value for key, value in fast.items() if key != "structured_outputs"}
-    thinking = unconstrained | {"chat_template_kwargs": {"enable_thinking": True}}
-    status, thought = await client.probe_chat(thinking)
+    # The gateway's own thinking-on request: the verdict's constraint (after the thought), streamed.
+    status, chunks = await client.probe_stream({**fast, "chat_template_kwargs": {"enable_thinking": True}})
     if status != 200:
-        raise _ProbeFailed(f"the thinking probe answered {status}: {_error_text(thought)}")
-    message = _first_choice(thought).get("message", {})
-    reasoning = message.get("reasoning") or message.get("reasoning_content")
-    if reasoning:
-        found.append(EngineCheck("reasoning_split", url, True, "the thought comes back apart"))
-    else:
-        found.append(EngineCheck(
-            "reasoning_split", url, False, "a thinking-on answer came back with no reasoning field",
-            "--jinja --reasoning-format deepseek" if llamacpp else "--reasoning-parser qwen3",
-            "thinking-on verdicts are read from text that still holds the thought (more read as review)",
-        ))
+        raise _ProbeFailed(f"the thinking probe answered {status}")
+    found.append(_reasoning_check(url, chunks, llamacpp))
 
     found.append(await _prefix_caching_check(client, llamacpp))
     found.append(_max_num_seqs_check(client, cap, llamacpp))
@@ -168,6 +158,23 @@ def _error_text(answer: dict[str, Any]) -> str:
     if isinstance(error, dict):
         return str(error.get("message", ""))
     return str(error or answer.get("detail") or "")
+
+
+def _reasoning_check(url: str, chunks: list[dict[str, Any]], llamacpp: bool) -> EngineCheck:
+    reasoning = content = ""
+    for chunk in chunks:
+        delta = _first_choice(chunk).get("delta") or {}
+        reasoning += str(delta.get("reasoning") or delta.get("reasoning_content") or "")
+        content += str(delta.get("content") or "")
+    if reasoning:
+        return EngineCheck("reasoning_split", url, True, "the thought comes back apart")
+    if not content.strip():  # a model that wrote nothing readable (the tiny test models' blanks)
+        return EngineCheck("reasoning_split", url, None, "the thinking-on answer held no text to judge")
+    return EngineCheck(
+        "reasoning_split", url, False, "a thinking-on answer came back with no reasoning field",
+        "--jinja --reasoning-format deepseek" if llamacpp else "--reasoning-parser qwen3",
+        "thinking-on verdicts are read from text that still holds the thought (more read as review)",
+    )
 
 
 def _logprobs_check(url: str, choice: dict[str, Any], wanted: int, llamacpp: bool) -> EngineCheck:

@@ -29,12 +29,13 @@ def without_cached_tokens(path: str, sent: dict[str, Any], answer: dict[str, Any
 
 
 def without_reasoning_parser(path: str, sent: dict[str, Any], answer: dict[str, Any]) -> None:
-    """vLLM without --reasoning-parser: the thought comes back in content."""
+    """vLLM without --reasoning-parser: the thought comes back in content (a whole answer or a chunk)."""
     for choice in answer.get("choices", []):
-        message = choice.get("message", {})
-        thought = message.pop("reasoning", None) or message.pop("reasoning_content", None)
-        if thought:
-            message["content"] = f"{thought}</think>{message.get('content') or ''}"
+        for part in (choice.get("message"), choice.get("delta")):
+            if isinstance(part, dict):
+                thought = part.pop("reasoning", None) or part.pop("reasoning_content", None)
+                if thought:
+                    part["content"] = f"{thought}{part.get('content') or ''}"
 
 
 def without_structured_outputs(path: str, sent: dict[str, Any], answer: dict[str, Any]) -> None:
@@ -75,6 +76,16 @@ def altered_engine(url: str, alter: Alter, prefix_caching: bool = True) -> httpx
         if request.url.path == "/metrics" and not prefix_caching:
             text = response.text.replace('enable_prefix_caching="True"', 'enable_prefix_caching="False"')
             return httpx.Response(200, text=text)
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            lines = []
+            for line in response.text.splitlines():
+                if line.startswith("data: {"):
+                    chunk = json.loads(line.removeprefix("data: "))
+                    alter(request.url.path, sent, chunk)
+                    line = f"data: {json.dumps(chunk)}"
+                lines.append(line)
+            stream = {"content-type": "text/event-stream"}
+            return httpx.Response(200, text="\n".join(lines) + "\n", headers=stream)
         if response.headers.get("content-type", "").startswith("application/json"):
             answer = response.json()
             replaced = alter(request.url.path, sent, answer)
