@@ -5,15 +5,23 @@ BIN    := $(VENV)/bin
 
 .PHONY: setup serve test lint bench
 
+# `make serve` installs the runtime only (`pip install .`); `make setup` (and so `make test`) adds the
+# quality, bench and dev extras to the same virtualenv. Each install leaves its own marker.
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+
+$(VENV)/.runtime: pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install -q -e .
 	touch $@
 
-serve: setup
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.runtime
+
+serve: $(VENV)/.runtime
 	$(BIN)/modgate serve
 
 test: setup

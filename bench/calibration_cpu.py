@@ -305,7 +305,7 @@ def fit(
     end to end and TTFT; the rate follows from them by Little's law. A sequence in a step costs ``row_s``
     (``SimPreset.row_cost_s``) when it is known from elsewhere: the fit configuration's step times
     (:mod:`bench.row_cost`) or the hardware probe; its means alone cannot tell a per-sequence cost from the
-    fixed one, since its batch is nearly always 4 (docs/simulator.md). By default 0.
+    fixed one, since its batch is nearly always 4 (docs/engineering.md). By default 0.
     ``request_s`` is the cost per request outside the engine's steps (``SimPreset.request_overhead_s``),
     measured, not fitted (:func:`outside_the_steps`): the two constants price what is left.
 

@@ -98,7 +98,7 @@ def engine_seconds_per_keyframe(
 ) -> tuple[float, float]:
     """(prefill, decode) engine seconds per keyframe when a share ``escalated`` is asked again with thinking
     on, from the preset's rates: a prefill costs its tokens at the prefill rate (it stalls the batch), an
-    output token 1 / the aggregate decode rate (SimPreset, docs/simulator.md)."""
+    output token 1 / the aggregate decode rate (SimPreset, docs/engineering.md)."""
     reasoning = preset.reasoning_tokens if reasoning_tokens is None else reasoning_tokens
     reask_output = reasoning + FAST_OUTPUT_TOKENS  # the closing tag, the verdict and the stop token
     prefill = uncached_prompt * (1 + escalated) / preset.prefill_tokens_per_s

@@ -13,7 +13,7 @@ other requests' prefills that fell inside it (each a step with a prompt in it), 
 token intervals: on a loaded machine the API server sends tokens late and then in bursts (8 tokens in one
 chunk was seen at load 10), which scatter an interval but move a request's ends by one burst at most.
 Requests overlap, so their errors are not independent and the standard errors are a lower bound
-(docs/simulator.md: how well a run identified it). A run's traces are kept as JSON (:func:`save`,
+(docs/engineering.md: how well a run identified it). A run's traces are kept as JSON (:func:`save`,
 :func:`load`) so they can be read again.
 """
 

@@ -97,7 +97,7 @@ _PREFILL_SCHEDULING = frozenset({
 PREFILL_CAVEAT = (
     "each prefill step reads the weights its chunk routes to, so cutting prefills costs rate (the 256 cap "
     "at 7 in flight: 26.0/min predicted, 24.3 measured on the Spark); the TTFT under "
-    "--prefill-compute-share rests on our reading of the fork's flag (docs/simulator.md)"
+    "--prefill-compute-share rests on our reading of the fork's flag (docs/engineering.md)"
 )
 _VALUELESS = frozenset({"--enable-chunked-prefill"})
 _NO_COST = "no cost in the simulator's model"

@@ -56,6 +56,9 @@ class EngineSettings(BaseModel):
     # sets it per engine URL ("http://a:8000=vllm,http://b:8080=llamacpp"), over `kind`.
     kind: Literal["auto", "vllm", "llamacpp"] = "auto"
     kinds: str | None = None
+    # At start, ask each engine two small chat completions and read its /v1/models and /metrics, and say
+    # once what it lacks with the flag that fixes it (gateway/engine/startup_check.py). Off: nothing asked.
+    startup_check: bool = True
 
     @field_validator("kinds")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -112,7 +114,7 @@ async def open_store(
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[red]error:[/] {message}")
+    console.print(f"[red]error:[/] {escape(message)}")
     return typer.Exit(code)
 
 
@@ -123,6 +125,22 @@ def _check_redis_url(redis_url: str | None) -> None:
             check_redis_url(redis_url)
         except RedisUrlError as exc:
             raise _fail(str(exc)) from exc
+
+
+# What the `quality` extra brings (pyproject.toml), by import name: `pip install .` leaves them out.
+QUALITY_EXTRA_MODULES = (
+    "scipy", "sklearn", "statsmodels", "matplotlib", "pyarrow", "duckdb", "threadpoolctl"
+)
+
+
+def _require_quality_extra() -> None:
+    """Stop with the install command when the report's packages are missing, before any import fails."""
+    missing = [name for name in QUALITY_EXTRA_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise _fail(
+            f"this command needs the quality extra ({', '.join(missing)} not installed): "
+            "pip install 'modgate[quality]'"
+        )
 
 
 @quality_app.command()
@@ -319,6 +337,7 @@ def report(
     bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples (whole videos).")] = 2000,
 ) -> None:
     """Write the weekly quality report (HTML, Markdown, JSON), led by a recommendation."""
+    _require_quality_extra()
     # matplotlib, scikit-learn and statsmodels take seconds to import: only this command pays for them
     from quality.report import ReportPolicy, build_weekly_report_from, limit_malloc_arenas, write_report
 
@@ -384,6 +403,7 @@ def convert(
     The JSONL files stay (the gateway appends to them); the report reads a week's Parquet partition when
     it is at least as new as the week's JSONL file.
     """
+    _require_quality_extra()
     from quality.columnar import convert_jsonl_weeks
 
     if not records.is_dir():

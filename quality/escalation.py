@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from scipy import sparse
 
 from quality.columns import IntArray, PairColumns, ThresholdFrames, run_bootstrap
+from quality.escalation_rule import ESCALATION_REASONS, EscalationReason, escalation_reason
 from quality.records import PairedRecord
 from quality.stats import wilson_interval
 from quality.summaries import EscalationSample, Estimate, ThresholdRow, ThresholdSection
@@ -48,35 +49,9 @@ __all__ = [
     "weighted_auroc",
 ]
 
-EscalationReason = Literal["review", "low_confidence", "no_confidence", "category"]
-ESCALATION_REASONS: tuple[EscalationReason, ...] = ("review", "low_confidence", "no_confidence", "category")
-
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
 _EMPTY, _NO, _NONE = np.zeros(0), np.zeros(0, np.bool_), np.zeros(0, np.int64)
-
-
-def escalation_reason(
-    action: str,
-    categories: Collection[str],
-    confidence: float | None,
-    threshold: float,
-    always: Collection[str] = (),
-) -> EscalationReason | None:
-    """Why a fast verdict is re-asked with thinking on, or None when it stands.
-
-    A verdict without a confidence (the engine gave no probabilities) cannot show it is sure: it escalates.
-    A threshold of 1 escalates every frame (logprobs round a near-certain answer to exactly 1).
-    """
-    if action == "review":
-        return "review"
-    if any(category in always for category in categories):
-        return "category"
-    if confidence is None:
-        return "no_confidence"
-    if confidence < threshold or threshold >= 1:
-        return "low_confidence"
-    return None
 
 
 def same_verdict(

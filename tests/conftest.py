@@ -20,6 +20,11 @@ from gateway.settings import Settings
 from tests.processes import GatewayProcess, GatewayProcessesFactory, RedisServer
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, SwappableEngine
 
+# The engine start-up check (gateway/engine/startup_check.py) asks each engine a few chat completions at
+# start: tests that count an engine's calls or script its faults would see them, so the suite turns it off
+# (gateways it starts as processes inherit this); tests/engine_check/ turns it on where it is tested.
+os.environ.setdefault("MODGATE_ENGINE__STARTUP_CHECK", "false")
+
 REDIS_URL = os.environ.get("MODGATE_TEST_REDIS_URL", "")
 """A Redis the tests may flush (``MODGATE_TEST_REDIS_URL``); unset, each test session starts its own."""
 

@@ -5,7 +5,7 @@ One step at a time, as vLLM does: up to ``max_num_seqs`` sequences run; each ste
 the step lasts ``prefill_tokens / prefill_rate + decode_tokens / decode_rate`` (times ``time_scale``), so
 aggregate decode stays flat whatever the batch, as on the Spark's MoE, plus a fixed cost a step and a cost
 per sequence in it (``SimPreset.row_cost_s``: 0 on the Spark; the real vLLM CPU engine's sampled row).
-That is the whole cost model (docs/simulator.md); two engine options extend it, each only by its mechanism:
+That is the whole cost model (docs/engineering.md); two engine options extend it, each only by its mechanism:
 
 - speculative decoding (MTP): each decoding sequence verifies ``1 + num_speculative_tokens`` tokens per
   step, each costing what a decode token costs, and gains ``1 + accepted`` tokens, the accepted drafts

@@ -1,7 +1,7 @@
 """llama.cpp's server as its source schedules: slots, one batch a loop, micro-batches, per-slot prompt caches.
 
 Read from llama.cpp's `tools/server/server-context.cpp`, `src/llama-batch.cpp`, `src/llama-memory-*.cpp`
-(the references and what they imply for the Spark are in docs/simulator-llamacpp.md):
+(the references and what they imply for the Spark are in docs/engineering.md):
 
 - ``--parallel`` slots, each one sequence; a request waits in the task queue, in order, for an idle slot
   (no priorities). ``get_available_slot`` picks among idle slots the one whose cached tokens share the

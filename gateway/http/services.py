@@ -24,6 +24,7 @@ from gateway.engine.client import EngineClient
 from gateway.engine.pool import EnginePool
 from gateway.engine.pool_build import build_engine_pool, register_pool_metrics
 from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
+from gateway.engine.startup_check import CheckTargets, EngineCheck, EngineChecks
 from gateway.http.auth import KeyRing
 from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
 from gateway.http.keys_store import RedisKeyStore
@@ -86,6 +87,8 @@ class Services:
     tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
     console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
     drain: Drain = field(default_factory=Drain)  # set by SIGTERM: /readyz 503 while still serving
+    # what each engine was found to lack at start (gateway/engine/startup_check.py); empty until checked
+    engine_checks: EngineChecks = field(default_factory=lambda: EngineChecks([], CheckTargets("auto", 0)))
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -234,6 +237,11 @@ def _policy_store(settings: Settings, state: aioredis.Redis | None) -> PolicySto
     )
 
 
+def _record_engine_check(metrics: GatewayMetrics, check: EngineCheck) -> None:
+    if check.ok is not None:
+        metrics.engine_check.labels(check.check, check.engine).set(1.0 if check.ok else 0.0)
+
+
 @asynccontextmanager
 async def open_services(
     settings: Settings,
@@ -359,6 +367,14 @@ async def open_services(
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         await engines.detect_engines()  # each engine's kind and slots (llama.cpp: its --parallel)
+        engine_checks = EngineChecks(
+            [(slot.client, slot.cap) for slot in engines.engines],
+            CheckTargets(settings.engine.model, settings.engine.top_logprobs),
+            record=lambda check: _record_engine_check(metrics, check),
+        )
+        stack.push_async_callback(engine_checks.aclose)
+        if settings.engine.startup_check:
+            engine_checks.start()
         directory.start()
         engine_cache.start()
         jobs.start()
@@ -387,4 +403,5 @@ async def open_services(
                 state,
             ),
             drain=drain,
+            engine_checks=engine_checks,
         )

@@ -11,7 +11,7 @@ from gateway.moderation.outcome import FrameOutcome
 from gateway.moderation.wire import EscalatedFrom
 from gateway.policy.rules import EscalationBudget, RequestContext, ThinkingDecision
 from gateway.telemetry.metrics import GatewayMetrics
-from quality.escalation import escalation_reason
+from quality.escalation_rule import escalation_reason
 from shaping.image import ShapedImage
 
 log = logging.getLogger("modgate.moderation")

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.policy.rules import EngineMode, Mode
-from quality.escalation import EscalationReason
+from quality.escalation_rule import EscalationReason
 from shaping.verdict import Action, VerdictFormat
 
 

@@ -170,6 +170,13 @@ class GatewayMetrics:
             ["verdict_format"],
             registry=registry,
         )
+        self.engine_check = Gauge(
+            "modgate_engine_check",
+            "What the start-up check found on each engine (gateway/engine/startup_check.py): 1 present, "
+            "0 missing (the log and /readyz name the fix); absent when the engine does not say.",
+            ["check", "engine"],
+            registry=registry,
+        )
 
     def shadow(self, outcome: str) -> None:
         """Count one shadow judgement's outcome."""

@@ -1,7 +1,7 @@
 """Rules on llama.cpp's server (`deploy/spark/compose.llamacpp.yaml`): its own pitfalls, read from its source.
 
 Its settings are read as the server reads them (`deploy.check.llamacpp`: aliases, `LLAMA_ARG_*`
-variables, defaults); why each matters is in docs/simulator-llamacpp.md.
+variables, defaults); why each matters is in docs/engineering.md.
 """
 
 from __future__ import annotations

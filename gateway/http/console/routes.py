@@ -249,6 +249,7 @@ async def _health(services: Services) -> dict[str, Any]:
         "model": model,
         "model_error": model_error,
         "store": services.policies.status(),
+        "engine_checks": services.engine_checks.findings(),  # what the start-up check found on each engine
     }
 
 

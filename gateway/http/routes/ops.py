@@ -51,6 +51,9 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
                 engine["model"] = {"id": served.id, "root": served.root, "revision": served.revision}
     # "engine" is the first one. The policy store does not gate readiness (a replica serves on its last
     # policy while Redis is down), but an operator should see that flips are refused: "degraded".
+    # What the start-up check found on each engine (gateway/engine/startup_check.py): a missing piece does
+    # not gate readiness (the gateway serves what it can); each says its fix and what is lost until then.
+    body["engine_checks"] = services.engine_checks.findings()
     store = services.policies.status()
     body["policy_store"] = store.model_dump(mode="json")
     if ready and not store.available:

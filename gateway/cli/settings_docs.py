@@ -1,0 +1,125 @@
+"""docs/settings.md, written from the settings model: ``python -m gateway.cli.settings_docs``.
+
+Each variable's name comes from the model (prefix ``MODGATE_``, nested groups with ``__``), its default from
+the field, and its meaning from the comments beside the field in gateway/settings.py, so a setting added
+there is documented by running this again (tests/layout/test_settings_docs.py fails until it is).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import sys
+import tokenize
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from gateway import settings as settings_module
+from gateway.settings import Settings
+
+SOURCE = Path(settings_module.__file__)
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+PREFIX, NESTED = "MODGATE_", "__"
+
+
+def field_comments(source: str) -> dict[tuple[str, str], str]:
+    """``(class, field) -> comment`` from the comment lines above a field and the comments on its lines."""
+    comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            comments[token.start[0]] = token.string.lstrip("#").strip()
+    lines = source.splitlines()
+    found: dict[tuple[str, str], str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for item in node.body:
+            if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
+                continue
+            above: list[str] = []
+            line = item.lineno - 1
+            while line >= 1 and lines[line - 1].strip().startswith("#"):
+                above.insert(0, comments.get(line, ""))
+                line -= 1
+            span = range(item.lineno, (item.end_lineno or item.lineno) + 1)
+            beside = [comments[n] for n in span if n in comments]
+            text = " ".join(part for part in [*above, *beside] if part and not part.startswith("noqa"))
+            found[(node.name, item.target.id)] = text
+    return found
+
+
+def _default(field: FieldInfo) -> str:
+    if field.default_factory is None and field.default is PydanticUndefined:
+        return "required"
+    value: Any = field.get_default(call_default_factory=True, validated_data={})
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"`{value}`" if value != "" else '`""`'
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _rows(model: type[BaseModel], prefix: str, comments: dict[tuple[str, str], str]) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            continue
+        what = comments.get((model.__name__, name), "")
+        rows.append(f"| `{prefix}{name.upper()}` | {_cell(_default(field))} | {_cell(what)} |")
+    return rows
+
+
+def settings_markdown() -> str:
+    """The whole page."""
+    comments = field_comments(SOURCE.read_text())
+    out = [
+        "# Settings",
+        "",
+        "Use this page to configure the gateway: every environment variable it reads, its default and what",
+        "it changes. Written from gateway/settings.py by `python -m gateway.cli.settings_docs`; do not edit.",
+        "",
+        f"Every name starts with `{PREFIX}`; a setting of a group joins the group's name with `{NESTED}`.",
+        "",
+        "## The gateway",
+        "",
+        "| variable | default | what it changes |",
+        "| --- | --- | --- |",
+        *_rows(Settings, PREFIX, comments),
+    ]
+    for name, field in Settings.model_fields.items():
+        group = field.annotation
+        if not (isinstance(group, type) and issubclass(group, BaseModel)):
+            continue
+        doc = (group.__doc__ or "").strip().splitlines()[0] if group.__doc__ else ""
+        out += [
+            "",
+            f"## `{PREFIX}{name.upper()}{NESTED}*`",
+            "",
+            *([doc, ""] if doc else []),
+            "| variable | default | what it changes |",
+            "| --- | --- | --- |",
+            *_rows(group, f"{PREFIX}{name.upper()}{NESTED}", comments),
+        ]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    """Write docs/settings.md (``--check``: exit 1 when it is not current)."""
+    page = settings_markdown()
+    if "--check" in sys.argv[1:]:
+        sys.exit(0 if PAGE.exists() and PAGE.read_text() == page else 1)
+    PAGE.write_text(page)
+    print(f"wrote {PAGE}")
+
+
+if __name__ == "__main__":
+    main()
