@@ -47,6 +47,10 @@ from gateway.moderation.verdict_cache import (
 )
 from gateway.policy.rules import MODES, Mode, PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
+from gateway.review.service import ReviewQueue
+from gateway.review.store import ReviewStore
+from gateway.review.store_memory import MemoryReviewStore
+from gateway.review.store_redis import RedisReviewStore
 from gateway.settings import Settings
 from gateway.state import open_redis
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
@@ -85,6 +89,7 @@ class Services:
     quotas: TenantQuotas  # per-tenant keyframes a minute and requests at once (gateway/http/quotas.py)
     tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
     console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
+    review: ReviewQueue  # frames people label (gateway/review/: Redis streams when Redis is configured)
     drain: Drain = field(default_factory=Drain)  # set by SIGTERM: /readyz 503 while still serving
 
 
@@ -127,6 +132,17 @@ def _job_service(
     )
     return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks,
                       accepting=lambda: not drain.active)
+
+
+def _review_queue(settings: Settings, state: aioredis.Redis | None) -> ReviewQueue:
+    """The review queue: durable in Redis streams when Redis is configured, else this process's memory."""
+    group = settings.review
+    store: ReviewStore = (
+        MemoryReviewStore(claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s)
+        if state is None
+        else RedisReviewStore(state, claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s)
+    )
+    return ReviewQueue(store, group)
 
 
 def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictCache:
@@ -334,6 +350,7 @@ async def open_services(
         if second is not None:
             stack.push_async_callback(second.engines.aclose)
             second.engines.start()
+        moderation.review = _review_queue(settings, state)
         moderation.shadow = ShadowSampler(
             engines=engines,
             store=records,
@@ -386,5 +403,6 @@ async def open_services(
                 ),
                 state,
             ),
+            review=moderation.review,
             drain=drain,
         )
