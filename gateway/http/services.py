@@ -29,6 +29,7 @@ from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console
 from gateway.http.keys_store import RedisKeyStore
 from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
 from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
+from gateway.jobs.models import JobReview
 from gateway.jobs.service import JobService
 from gateway.jobs.store import JobStore
 from gateway.jobs.store_memory import MemoryJobStore
@@ -47,6 +48,8 @@ from gateway.moderation.verdict_cache import (
 )
 from gateway.policy.rules import MODES, Mode, PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
+from gateway.review.metrics import ReviewMetrics
+from gateway.review.models import LabelledItem
 from gateway.review.service import ReviewQueue
 from gateway.review.store import ReviewStore
 from gateway.review.store_memory import MemoryReviewStore
@@ -134,7 +137,9 @@ def _job_service(
                       accepting=lambda: not drain.active)
 
 
-def _review_queue(settings: Settings, state: aioredis.Redis | None) -> ReviewQueue:
+def _review_queue(
+    settings: Settings, state: aioredis.Redis | None, metrics: GatewayMetrics
+) -> ReviewQueue:
     """The review queue: durable in Redis streams when Redis is configured, else this process's memory."""
     group = settings.review
     store: ReviewStore = (
@@ -142,7 +147,20 @@ def _review_queue(settings: Settings, state: aioredis.Redis | None) -> ReviewQue
         if state is None
         else RedisReviewStore(state, claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s)
     )
-    return ReviewQueue(store, group)
+    return ReviewQueue(store, group, metrics=ReviewMetrics(metrics.registry, group.oldest_alert_s))
+
+
+async def _label_to_job(jobs: JobService, done: LabelledItem) -> None:
+    """A labelled frame of an async job: the person's decision beside the model's in the job (and its
+    webhook, when it has one)."""
+    item, label = done.item, done.label
+    if item.job_id is None:
+        return
+    await jobs.add_review(item.job_id, JobReview(
+        request_id=item.request_id, action=label.action, categories=list(label.categories),
+        model_action=item.action, model_categories=list(item.categories), agrees=done.agrees,
+        labelled_at=label.labelled_at,
+    ))
 
 
 def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictCache:
@@ -350,7 +368,7 @@ async def open_services(
         if second is not None:
             stack.push_async_callback(second.engines.aclose)
             second.engines.start()
-        moderation.review = _review_queue(settings, state)
+        moderation.review = _review_queue(settings, state, metrics)
         moderation.shadow = ShadowSampler(
             engines=engines,
             store=records,
@@ -373,6 +391,7 @@ async def open_services(
         drain = drain or Drain(settings.drain_s)
         jobs = _job_service(settings, state, moderation, executor, remote_images, drain)
         stack.push_async_callback(jobs.stop)
+        moderation.review.on_label = partial(_label_to_job, jobs)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         await engines.detect_engines()  # each engine's kind and slots (llama.cpp: its --parallel)

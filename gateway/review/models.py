@@ -97,6 +97,25 @@ class LabelledItem:
         return self.label.action != "block" or set(self.label.categories) == set(self.item.categories)
 
 
+def audit_entry(item: ReviewItem, label: Label) -> dict[str, Any]:
+    """The audit trail's record of one label: who decided what, on which item, beside the model's verdict."""
+    done = LabelledItem(item, label)
+    return {
+        "at": label.labelled_at,
+        "reviewer": label.reviewer,
+        "item_id": item.id,
+        "tenant": item.tenant,
+        "request_id": item.request_id,
+        "job_id": item.job_id,
+        "reason": item.reason,
+        "audit_sample_rate": item.audit_sample_rate,
+        "thinking": item.thinking,
+        "model": {"action": item.action, "categories": list(item.categories), "confidence": item.confidence},
+        "label": {"action": label.action, "categories": list(label.categories)},
+        "agrees": done.agrees,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class TenantQueue:
     """One tenant's queue: items waiting or claimed, how many are claimed, the oldest's age."""

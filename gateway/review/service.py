@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from prometheus_client import CollectorRegistry
 
 from gateway.errors import StateUnavailable
+from gateway.review.metrics import ReviewMetrics
 from gateway.review.models import Label, LabelledItem, ReviewItem, TenantQueue, new_item_id
 from gateway.review.selection import UnitRandom, review_reason
 from gateway.review.store import ReviewStore
@@ -35,14 +38,17 @@ class ReviewQueue:
         store: ReviewStore,
         settings: ReviewSettings,
         *,
+        metrics: ReviewMetrics | None = None,
         rng: UnitRandom | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.settings = settings
+        self.metrics = metrics or ReviewMetrics(CollectorRegistry(), settings.oldest_alert_s)
         self.rng = rng or random.Random()
         self.clock = clock
-        self.enqueue_failures = 0  # frames that should have been queued but Redis refused (logged)
+        # What a label changes elsewhere (the job's result and webhook), set by open_services.
+        self.on_label: Callable[[LabelledItem], Awaitable[None]] | None = None
 
     async def offer(
         self,
@@ -85,9 +91,10 @@ class ReviewQueue:
         try:
             await self.store.enqueue(item)
         except StateUnavailable as exc:
-            self.enqueue_failures += 1
+            self.metrics.enqueue_failures.inc()
             log.error("frame of %s not queued for review: %s", request_id, exc)
             return None
+        self.metrics.enqueued.labels(tenant, reason).inc()
         return item
 
     async def claim(self, reviewer: Reviewer) -> ReviewItem | None:
@@ -97,16 +104,32 @@ class ReviewQueue:
     async def label(
         self, item_id: str, reviewer: Reviewer, action: Action, categories: Collection[str]
     ) -> LabelledItem:
-        """Record a held item's label (409 when labelled, gone, or someone else's)."""
+        """Record a held item's label (409 when labelled, gone, or someone else's; audited in the store with
+        the reviewer's name), then what it changes elsewhere: a failure there is logged, the label stands."""
         label = Label(action, tuple(categories) if action == "block" else (), reviewer.name, self.clock())
-        return await self.store.label(item_id, label)
+        done = await self.store.label(item_id, label)
+        self.metrics.labelled(done)
+        if self.on_label is not None:
+            try:
+                await self.on_label(done)
+            except StateUnavailable as exc:
+                log.error("review item %s labelled, but its job was not updated: %s", item_id, exc)
+        return done
 
     async def skip(self, item_id: str, reviewer: Reviewer) -> None:
         """Give a held item back for someone else."""
         await self.store.release(item_id, reviewer.name)
 
+    async def audit(self, limit: int, reviewer: Reviewer | None = None) -> list[dict[str, Any]]:
+        """The labels' audit trail, newest first (only the reviewer's tenants, when scoped)."""
+        entries = await self.store.audit(limit)
+        scope = None if reviewer is None else reviewer.tenants
+        return [entry for entry in entries if scope is None or entry.get("tenant") in scope]
+
     async def queues(self, reviewer: Reviewer | None = None) -> dict[str, TenantQueue]:
         """Depth, claimed and oldest age per tenant (only the reviewer's tenants, when given)."""
         figures = await self.store.queues()
+        if reviewer is None or reviewer.tenants is None:
+            self.metrics.show(figures)
         scope = None if reviewer is None else reviewer.tenants
         return {t: q for t, q in sorted(figures.items()) if scope is None or t in scope}

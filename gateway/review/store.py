@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Protocol
+from typing import Any, Protocol
 
 from gateway.review.models import Label, LabelledItem, ReviewItem, TenantQueue
 
@@ -29,6 +29,10 @@ class ReviewStore(Protocol):
 
     async def release(self, item_id: str, reviewer: str) -> None:
         """Give a held item back to its tenant's queue (a skip): at the end, for any reviewer."""
+        ...
+
+    async def audit(self, limit: int) -> list[dict[str, Any]]:
+        """The labels' audit trail (:func:`gateway.review.models.audit_entry`), newest first."""
         ...
 
     async def queues(self) -> dict[str, TenantQueue]:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
+from typing import Any
 
-from gateway.review.models import Label, LabelledItem, ReviewConflict, ReviewItem, TenantQueue
+from gateway.review.models import (
+    Label,
+    LabelledItem,
+    ReviewConflict,
+    ReviewItem,
+    TenantQueue,
+    audit_entry,
+)
 
 
 @dataclass(slots=True)
@@ -23,7 +31,12 @@ class MemoryReviewStore:
     durable = False
 
     def __init__(
-        self, *, claim_timeout_s: float, retention_s: float, clock: Callable[[], float] = time.time
+        self,
+        *,
+        claim_timeout_s: float,
+        retention_s: float,
+        audit_max_entries: int = 10_000,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.claim_timeout_s = claim_timeout_s
         self.retention_s = retention_s
@@ -31,6 +44,8 @@ class MemoryReviewStore:
         self._items: dict[str, _Held] = {}
         self._labelled: dict[str, float] = {}  # item id → when its tombstone expires
         self._next = 0
+        self._audit: list[dict[str, Any]] = []  # newest first, at most ``audit_max_entries``
+        self.audit_max_entries = audit_max_entries
 
     def _expire(self) -> None:
         now = self._clock()
@@ -76,7 +91,14 @@ class MemoryReviewStore:
         held = self._held_by(item_id, label.reviewer)
         del self._items[item_id]
         self._labelled[item_id] = self._clock() + self.retention_s
-        return LabelledItem(replace(held.item, frame=""), label)
+        item = replace(held.item, frame="")
+        self._audit.insert(0, audit_entry(item, label))
+        del self._audit[self.audit_max_entries:]
+        return LabelledItem(item, label)
+
+    async def audit(self, limit: int) -> list[dict[str, Any]]:
+        """The labels, newest first."""
+        return self._audit[:limit]
 
     async def release(self, item_id: str, reviewer: str) -> None:
         """Back to the end of its tenant's queue, unclaimed."""

@@ -21,11 +21,13 @@ from gateway.review.models import (
     ReviewConflict,
     ReviewItem,
     TenantQueue,
+    audit_entry,
 )
 
 PREFIX: Final = "modgate:review"
 GROUP: Final = "reviewers"
 TENANTS: Final = f"{PREFIX}:tenants"
+AUDIT: Final = f"{PREFIX}:audit"  # the labels' audit trail, newest first
 _SCAN_LIMIT: Final = 1000  # stream entries looked at per claim before answering "none" (expired ones skipped)
 
 # KEYS: item hash, tenant stream, tenants set. ARGV: group, item id, tenant, ttl, field/value pairs…
@@ -37,7 +39,8 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('SADD', KEYS[3], ARGV[3])
 return entry
 """
-# KEYS: item hash, tombstone, tenant stream. ARGV: group, reviewer, then (label only) label JSON, ttl.
+# KEYS: item hash, tombstone, tenant stream (label: and the audit list). ARGV: group, reviewer, then (label
+# only) the label JSON, its ttl, the audit entry and the audit's length.
 # The holder is the consumer the entry is pending to: a claim taken over after its timeout has moved.
 _HOLDER: Final = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'labelled'} end
@@ -54,6 +57,8 @@ redis.call('HDEL', KEYS[1], 'frame', 'entry')
 local fields = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
 redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+redis.call('LPUSH', KEYS[4], ARGV[5])
+redis.call('LTRIM', KEYS[4], 0, ARGV[6] - 1)
 return {'ok', unpack(fields)}
 """
 _RELEASE: Final = _HOLDER + """
@@ -80,9 +85,11 @@ class RedisReviewStore:
         *,
         claim_timeout_s: float,
         retention_s: int,
+        audit_max_entries: int = 10_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._redis = client
+        self.audit_max_entries = audit_max_entries
         self.claim_timeout_ms = max(1, int(claim_timeout_s * 1000))
         self.retention_s = retention_s
         self._clock = clock
@@ -174,11 +181,15 @@ class RedisReviewStore:
             return []
         return [entry for _, stream_entries in answer or [] for entry in stream_entries]
 
-    async def _run(self, script: Any, item_id: str, args: list[Any]) -> list[Any]:
-        tenant_raw = await self._redis.hget(self.item_key(item_id), "tenant")
-        stream = self.stream_key(json.loads(_text(tenant_raw))) if tenant_raw else f"{PREFIX}:stream:-"
+    async def _run(
+        self, script: Any, item_id: str, args: list[Any], tenant: str | None = None
+    ) -> list[Any]:
+        if tenant is None:
+            tenant_raw = await self._redis.hget(self.item_key(item_id), "tenant")
+            tenant = json.loads(_text(tenant_raw)) if tenant_raw else "-"
         answer: list[Any] = await script(
-            keys=[self.item_key(item_id), self.tombstone_key(item_id), stream], args=[GROUP, *args]
+            keys=[self.item_key(item_id), self.tombstone_key(item_id), self.stream_key(tenant), AUDIT],
+            args=[GROUP, *args],
         )
         status = _text(answer[0])
         if status != "ok":
@@ -190,11 +201,24 @@ class RedisReviewStore:
         """Acknowledge, drop the frame and the item, leave the tombstone: one script."""
         label_json = json.dumps(asdict(label))
         async with self._state("label the review item"):
+            # the item's fields for the audit entry first (the script checks it is still the holder's)
+            raw = {k: v for k, v in (await self._redis.hgetall(self.item_key(item_id))).items()
+                   if k not in (b"frame", b"entry")}
+            known = ReviewItem.from_hash(raw) if raw else None
+            entry = json.dumps(audit_entry(known, label)) if known else "{}"
             fields = await self._run(
-                self._label, item_id, [label.reviewer, label_json, self.retention_s]
+                self._label, item_id,
+                [label.reviewer, label_json, self.retention_s, entry, self.audit_max_entries],
+                tenant=known.tenant if known else None,
             )
         raw = dict(zip(fields[::2], fields[1::2], strict=True))
         return LabelledItem(ReviewItem.from_hash(raw), label)
+
+    async def audit(self, limit: int) -> list[dict[str, Any]]:
+        """The labels, newest first."""
+        async with self._state("read the review audit"):
+            entries = await self._redis.lrange(AUDIT, 0, limit - 1)
+        return [json.loads(entry) for entry in entries]
 
     async def release(self, item_id: str, reviewer: str) -> None:
         """Acknowledge and re-add at the stream's end, for any reviewer."""

@@ -9,13 +9,13 @@ by someone else (or by no one: claim it first).
 from __future__ import annotations
 
 import logging
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 from litestar import Request, Response, get, post
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 from litestar.handlers import BaseRouteHandler
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, JSONBody, Parameter
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import UnprocessableRequest
@@ -147,4 +147,13 @@ async def review_queue(
     }}
 
 
-ROUTES = [claim_review_item, label_review_item, skip_review_item, review_queue]
+@get("/admin/review/audit", responses=error_responses(REVIEW_READ))
+async def review_audit(
+    services: NamedDependency[Services], reviewer: NamedDependency[Reviewer],
+    limit: Annotated[int, Parameter(ge=1, le=1000)] = 50,
+) -> dict[str, Any]:
+    """Every label with its reviewer, the item and the model's verdict beside it; newest first."""
+    return {"data": await services.review.audit(limit, reviewer)}
+
+
+ROUTES = [claim_review_item, label_review_item, skip_review_item, review_queue, review_audit]
