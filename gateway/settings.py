@@ -386,6 +386,8 @@ class ReviewSettings(BaseModel):
     retention_s: int = Field(default=7 * 86400, ge=60, le=90 * 86400)
     # An alert fires when the oldest waiting item is older than this (deploy/monitoring/).
     oldest_alert_s: float = Field(default=3600.0, gt=0)
+    # Without Redis: items kept in memory, each with its frame (~100 KB); past this the oldest is dropped.
+    memory_max_items: int = Field(default=1000, ge=1, le=100_000)
 
 
 class SimulatorSettings(BaseModel):

@@ -143,7 +143,8 @@ def _review_queue(
     """The review queue: durable in Redis streams when Redis is configured, else this process's memory."""
     group = settings.review
     store: ReviewStore = (
-        MemoryReviewStore(claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s)
+        MemoryReviewStore(claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s,
+                          max_items=group.memory_max_items)
         if state is None
         else RedisReviewStore(state, claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s)
     )

@@ -36,6 +36,7 @@ class MemoryReviewStore:
         claim_timeout_s: float,
         retention_s: float,
         audit_max_entries: int = 10_000,
+        max_items: int = 1000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.claim_timeout_s = claim_timeout_s
@@ -44,6 +45,7 @@ class MemoryReviewStore:
         self._items: dict[str, _Held] = {}
         self._labelled: dict[str, float] = {}  # item id → when its tombstone expires
         self._next = 0
+        self.max_items = max_items  # each holds a shaped frame (~100 KB): the oldest go first past this
         self._audit: list[dict[str, Any]] = []  # newest first, at most ``audit_max_entries``
         self.audit_max_entries = audit_max_entries
 
@@ -58,6 +60,8 @@ class MemoryReviewStore:
         """Queue the item at its tenant's end."""
         self._next += 1
         self._items[item.id] = _Held(item, self._next)
+        if len(self._items) > self.max_items:
+            del self._items[min(self._items.values(), key=lambda h: h.order).item.id]
 
     async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:
         """A timed-out claim first, then the oldest unclaimed item, across the reviewer's tenants."""

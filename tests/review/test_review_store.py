@@ -184,3 +184,17 @@ def test_an_item_expires_after_the_retention_in_memory() -> None:
         assert await queue.queues() == {}
 
     asyncio.run(run())
+
+
+def test_memory_keeps_at_most_its_item_cap_dropping_the_oldest() -> None:
+    clock = Clock()
+    queue = MemoryReviewStore(claim_timeout_s=60, retention_s=3600, max_items=2, clock=clock)
+    items = [item("a", n, enqueued_at=clock.now) for n in range(3)]
+
+    async def run() -> list[str | None]:
+        for queued in items:
+            await queue.enqueue(queued)
+        claims = [await queue.claim("alice", None) for _ in range(3)]
+        return [c.id if c else None for c in claims]
+
+    assert asyncio.run(run()) == [items[1].id, items[2].id, None]

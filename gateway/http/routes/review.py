@@ -15,6 +15,7 @@ from litestar import Request, Response, get, post
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
 from litestar.handlers import BaseRouteHandler
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody, Parameter
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,7 +95,9 @@ def labelled_view(done: LabelledItem) -> dict[str, Any]:
     }
 
 
-@post("/admin/review/claim", status_code=200, responses=error_responses(REVIEW_READ))
+@post("/admin/review/claim", status_code=200, responses={
+    **error_responses(REVIEW_READ), 204: ResponseSpec(data_container=None, description="No item waits"),
+})
 async def claim_review_item(
     services: NamedDependency[Services], reviewer: NamedDependency[Reviewer]
 ) -> Response[dict[str, Any] | None]:
