@@ -11,3 +11,4 @@ class Caller:
 
     tenant: str
     key_id: str  # the first 8 hex digits of the key's digest: safe to log
+    job_id: str | None = None  # the async job a worker moderates for (a review label is written beside it)

@@ -374,6 +374,25 @@ class ShadowSettings(BaseModel):
         return value.rstrip("/")
 
 
+class ReviewSettings(BaseModel):
+    """The review queue (gateway/review/): frames people label, in Redis streams when Redis is set."""
+
+    enabled: bool = True
+    # A block or allow whose confidence is under this goes to the queue as unsure (0: none do). The
+    # per-tenant moderation policy's ``review_below`` takes over where it is set.
+    review_below: float = Field(default=0.0, ge=0, le=1)
+    # The share of confident verdicts sampled for audit, so accuracy is measured where the model is sure.
+    audit_sample_rate: float = Field(default=0.0, ge=0, le=1)
+    # A claim not labelled this long returns to the queue: the next reviewer who asks takes it over.
+    claim_timeout_s: float = Field(default=300.0, gt=0, le=86400)
+    # How long an item (and its frame) is kept unlabelled; a labelled item's frame is deleted at once.
+    retention_s: int = Field(default=7 * 86400, ge=60, le=90 * 86400)
+    # An alert fires when the oldest waiting item is older than this (deploy/monitoring/).
+    oldest_alert_s: float = Field(default=3600.0, gt=0)
+    # Without Redis: items kept in memory, each with its frame (~100 KB); past this the oldest is dropped.
+    memory_max_items: int = Field(default=1000, ge=1, le=100_000)
+
+
 class SimulatorSettings(BaseModel):
     """The built-in simulated engine that `modgate serve` starts when no engine URL is set."""
 
@@ -421,6 +440,7 @@ class Settings(BaseSettings):
     quality: QualitySettings = QualitySettings()
     shadow: ShadowSettings = ShadowSettings()
     tenants: TenantSettings = TenantSettings()
+    review: ReviewSettings = ReviewSettings()
 
     @field_validator("engine_url")
     @classmethod

@@ -357,6 +357,51 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
             ),
         ),
     ),
+    (
+        "Review queue",
+        (
+            PanelSpec(
+                "Review queue depth",
+                "Frames waiting for a reviewer or claimed, by tenant (gateway/review/).",
+                "short",
+                (q(f"max by (tenant) (modgate_review_queue_depth{{{SEL}}})", "{{tenant}}"),),
+                width=6,
+            ),
+            PanelSpec(
+                "Oldest review item",
+                "Age of each tenant's oldest item, against the alert's threshold "
+                "(MODGATE_REVIEW__OLDEST_ALERT_S).",
+                "s",
+                (
+                    q(f"max by (tenant) (modgate_review_oldest_age_seconds{{{SEL}}})", "{{tenant}}"),
+                    q(f"max (modgate_review_oldest_alert_seconds{{{SEL}}})", "alert threshold"),
+                ),
+                width=6,
+            ),
+            PanelSpec(
+                "Labels an hour",
+                "Labels given by reviewers an hour, by tenant.",
+                "short",
+                (q(f"3600 * {_rate('modgate_review_labels_total', 'tenant')}", "{{tenant}}"),),
+                width=6,
+            ),
+            PanelSpec(
+                "Disagreement rate",
+                "Share of labels that differ from the model's verdict (action, or categories of a block), "
+                "over the last hour.",
+                "percentunit",
+                (
+                    q(
+                        f'sum(rate(modgate_review_labels_total{{{SEL}, agrees="false"}}[1h])) '
+                        f"/ sum(rate(modgate_review_labels_total{{{SEL}}}[1h]))",
+                        "disagreement",
+                    ),
+                ),
+                max_value=1,
+                width=6,
+            ),
+        ),
+    ),
 )
 
 

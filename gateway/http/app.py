@@ -25,7 +25,7 @@ from gateway.http.error_handlers import EXCEPTION_HANDLERS
 from gateway.http.guards import ACTOR, CALLER, admin_token, business_key
 from gateway.http.json_body import JsonTypesPlugin
 from gateway.http.openapi import exact_openapi
-from gateway.http.routes import admin, jobs, moderations, ops, videos
+from gateway.http.routes import admin, jobs, moderations, ops, review, videos
 from gateway.http.services import Services, open_services
 from gateway.settings import Settings
 
@@ -76,6 +76,8 @@ def create_app(
             ),
             *ops.ROUTES,
             Router("/", route_handlers=admin.ROUTES, guards=[admin_token], dependencies=ACTOR),
+            Router("/", route_handlers=review.ROUTES, guards=[review.review_access],
+                   dependencies=review.REVIEWER),
             Router("/", route_handlers=console.ROUTES, dependencies=console.OPERATOR),
         ],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},

@@ -22,6 +22,7 @@ from litestar._openapi.plugin import OpenAPIPlugin
 from pydantic import BaseModel
 
 from gateway.http.routes.admin import REASON_PATTERN, RollbackRequest
+from gateway.http.routes.review import ReviewLabelRequest
 from gateway.jobs.models import JobRequest
 from gateway.jobs.service import IDEMPOTENCY_KEY_PATTERN
 from gateway.moderation.keyframe_batch import VIDEO_ID_PATTERN, KeyframeBatchRequest
@@ -71,7 +72,7 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
     """Complete the document ``app`` serves with what its routes and settings really accept."""
     document: dict[str, Any] = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
     schemas: dict[str, Any] = document["components"]["schemas"]
-    for model in (ModerationRequest, KeyframeBatchRequest, JobRequest, RollbackRequest):
+    for model in (ModerationRequest, KeyframeBatchRequest, JobRequest, RollbackRequest, ReviewLabelRequest):
         schemas[model.__name__] = model_schema(model, schemas)
     schemas["ThinkingPolicyChange"] = policy_change(schemas)
     schemas["ImageURL"]["properties"]["url"]["pattern"] = image_url_pattern(settings)

@@ -30,6 +30,7 @@ from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console
 from gateway.http.keys_store import RedisKeyStore
 from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
 from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
+from gateway.jobs.models import JobReview
 from gateway.jobs.service import JobService
 from gateway.jobs.store import JobStore
 from gateway.jobs.store_memory import MemoryJobStore
@@ -48,6 +49,12 @@ from gateway.moderation.verdict_cache import (
 )
 from gateway.policy.rules import MODES, Mode, PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
+from gateway.review.metrics import ReviewMetrics
+from gateway.review.models import LabelledItem
+from gateway.review.service import ReviewQueue
+from gateway.review.store import ReviewStore
+from gateway.review.store_memory import MemoryReviewStore
+from gateway.review.store_redis import RedisReviewStore
 from gateway.settings import Settings
 from gateway.state import open_redis
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
@@ -86,6 +93,7 @@ class Services:
     quotas: TenantQuotas  # per-tenant keyframes a minute and requests at once (gateway/http/quotas.py)
     tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
     console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
+    review: ReviewQueue  # frames people label (gateway/review/: Redis streams when Redis is configured)
     drain: Drain = field(default_factory=Drain)  # set by SIGTERM: /readyz 503 while still serving
     # what each engine was found to lack at start (gateway/engine/startup_check.py); empty until checked
     engine_checks: EngineChecks = field(default_factory=lambda: EngineChecks([], CheckTargets("auto", 0)))
@@ -130,6 +138,33 @@ def _job_service(
     )
     return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks,
                       accepting=lambda: not drain.active)
+
+
+def _review_queue(
+    settings: Settings, state: aioredis.Redis | None, metrics: GatewayMetrics
+) -> ReviewQueue:
+    """The review queue: durable in Redis streams when Redis is configured, else this process's memory."""
+    group = settings.review
+    store: ReviewStore = (
+        MemoryReviewStore(claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s,
+                          max_items=group.memory_max_items)
+        if state is None
+        else RedisReviewStore(state, claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s)
+    )
+    return ReviewQueue(store, group, metrics=ReviewMetrics(metrics.registry, group.oldest_alert_s))
+
+
+async def _label_to_job(jobs: JobService, done: LabelledItem) -> None:
+    """A labelled frame of an async job: the person's decision beside the model's in the job (and its
+    webhook, when it has one)."""
+    item, label = done.item, done.label
+    if item.job_id is None:
+        return
+    await jobs.add_review(item.job_id, JobReview(
+        request_id=item.request_id, action=label.action, categories=list(label.categories),
+        model_action=item.action, model_categories=list(item.categories), agrees=done.agrees,
+        labelled_at=label.labelled_at,
+    ))
 
 
 def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictCache:
@@ -342,6 +377,7 @@ async def open_services(
         if second is not None:
             stack.push_async_callback(second.engines.aclose)
             second.engines.start()
+        moderation.review = _review_queue(settings, state, metrics)
         moderation.shadow = ShadowSampler(
             engines=engines,
             store=records,
@@ -364,6 +400,7 @@ async def open_services(
         drain = drain or Drain(settings.drain_s)
         jobs = _job_service(settings, state, moderation, executor, remote_images, drain)
         stack.push_async_callback(jobs.stop)
+        moderation.review.on_label = partial(_label_to_job, jobs)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         await engines.detect_engines()  # each engine's kind and slots (llama.cpp: its --parallel)
@@ -402,6 +439,7 @@ async def open_services(
                 ),
                 state,
             ),
+            review=moderation.review,
             drain=drain,
             engine_checks=engine_checks,
         )

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from gateway.moderation.keyframe_batch import KeyframeBatchRequest, KeyframeBatchResponse
 from gateway.moderation.wire import ModerationResponse
+from shaping.verdict import Action
 
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
 WebhookStatus = Literal["pending", "delivered", "failed"]
 FINISHED: Final = frozenset({"succeeded", "failed"})
+REVIEW_FIELD: Final = "review:"  # a job hash field per labelled frame: ``review:<request id>``
 
 
 # --- wire ----------------------------------------------------------------------------------------------
@@ -56,6 +58,18 @@ class WebhookState(BaseModel):
     attempts: int
 
 
+class JobReview(BaseModel):
+    """A person's decision on one of the job's frames, beside the model's (gateway/review/)."""
+
+    request_id: str  # the frame's result's ``modgate.request_id``
+    action: Action
+    categories: list[str]
+    model_action: Action
+    model_categories: list[str]
+    agrees: bool
+    labelled_at: float
+
+
 class Job(BaseModel):
     """A job as its caller sees it; ``result`` once it has succeeded, ``error`` once it has failed."""
 
@@ -74,6 +88,7 @@ class Job(BaseModel):
     result: KeyframeBatchResponse | ModerationResponse | None = None
     error: JobError | None = None
     webhook: WebhookState | None = None
+    reviews: list[JobReview] = Field(default_factory=list)  # people's labels of its frames, as they come
 
 
 # --- the stored record ---------------------------------------------------------------------------------
@@ -100,10 +115,16 @@ class JobRecord:
     webhook_url: str | None = None
     webhook_status: WebhookStatus | None = None
     webhook_attempts: int = 0
+    # request id → a JobReview's JSON; stored as hash fields ``review:<request id>`` (each label its own)
+    reviews: dict[str, str] = field(default_factory=dict)
 
     def to_hash(self) -> dict[str, str]:
         """The record as Redis hash fields (None fields left out)."""
-        return {f.name: str(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}
+        values = {
+            f.name: str(getattr(self, f.name))
+            for f in fields(self) if f.name != "reviews" and getattr(self, f.name) is not None
+        }
+        return values | {f"{REVIEW_FIELD}{rid}": review for rid, review in self.reviews.items()}
 
     @classmethod
     def from_hash(cls, raw: dict[Any, Any]) -> JobRecord:
@@ -120,9 +141,14 @@ class JobRecord:
         }
         known = {f.name for f in fields(cls)}
         kwargs: dict[str, Any] = {
-            name: int(value) if name in numbers else value for name, value in values.items() if name in known
+            name: int(value) if name in numbers else value
+            for name, value in values.items() if name in known and name != "reviews"
         }
-        return cls(**kwargs)
+        reviews = {
+            name.removeprefix(REVIEW_FIELD): value
+            for name, value in values.items() if name.startswith(REVIEW_FIELD)
+        }
+        return cls(**kwargs, reviews=reviews)
 
     def view(self, durable: bool) -> Job:
         """What the caller sees."""
@@ -143,6 +169,8 @@ class JobRecord:
             else WebhookState(
                 url=self.webhook_url, status=self.webhook_status or "pending", attempts=self.webhook_attempts
             ),
+            reviews=sorted((JobReview.model_validate_json(r) for r in self.reviews.values()),
+                           key=lambda review: review.labelled_at),
         )
 
 

@@ -18,9 +18,9 @@ import httpx
 
 from gateway.caller import Caller
 from gateway.errors import Conflict, InvalidRequest, NotFound, Overloaded
-from gateway.jobs.models import Job, JobRecord, JobRequest, unix_now
+from gateway.jobs.models import Job, JobRecord, JobRequest, JobReview, unix_now
 from gateway.jobs.store import JobStore
-from gateway.jobs.webhooks import WebhookSender
+from gateway.jobs.webhooks import WebhookFailed, WebhookSender
 from gateway.jobs.worker import JobWorker
 from gateway.moderation.keyframe_batch import check_video_id
 from gateway.moderation.remote_images import RemoteImageFetcher, host_allowed, is_remote_url
@@ -50,6 +50,7 @@ class JobService:
     )
     accepting: Callable[[], bool] = lambda: True  # False while the gateway drains (gateway/drain.py)
     worker: JobWorker = field(init=False)
+    _review_posts: set[asyncio.Task[None]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self.worker = JobWorker(
@@ -166,9 +167,32 @@ class JobService:
         """Start the background worker."""
         self.worker.start()
 
+    async def add_review(self, job_id: str, review: JobReview) -> bool:
+        """Keep a person's label with the job and post the job again to its webhook (``job.reviewed``,
+        signed, retried with back-off, in the background); False when the job is gone."""
+        if not await self.store.add_review(job_id, review.request_id, review.model_dump_json()):
+            return False
+        record = await self.store.get(job_id)
+        if record is not None and record.webhook_url is not None and self.webhooks is not None:
+            body = record.view(self.store.durable).model_dump_json().encode()
+            task = asyncio.create_task(self._post_review(record.webhook_url, body, job_id, review.request_id))
+            self._review_posts.add(task)
+            task.add_done_callback(self._review_posts.discard)
+        return True
+
+    async def _post_review(self, url: str, body: bytes, job_id: str, request_id: str) -> None:
+        assert self.webhooks is not None
+        try:
+            await self.webhooks.deliver(url, body, delivery_id=f"{job_id}:{request_id}", event="job.reviewed")
+        except WebhookFailed as exc:
+            log.warning("job %s: review webhook failed after %d attempts: %s", job_id, exc.attempts, exc)
+
     async def stop(self) -> None:
         """Stop the worker (running jobs get ``stop_grace_s`` to finish); close the webhook client."""
         await self.worker.stop(self.settings.stop_grace_s)
+        for task in list(self._review_posts):  # review webhooks still retrying: not kept across a restart
+            task.cancel()
+        await asyncio.gather(*self._review_posts, return_exceptions=True)
         if self.webhooks is not None:
             await self.webhooks.aclose()
 

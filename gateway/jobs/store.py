@@ -55,6 +55,10 @@ class JobStore(Protocol):
         the entry is no longer this gateway's (taken over already)."""
         ...
 
+    async def add_review(self, job_id: str, request_id: str, review: str) -> bool:
+        """Keep a person's label of one frame with the job (False: the job is gone)."""
+        ...
+
     async def ack(self, delivery: Delivery) -> None:
         """The job needs no more work: drop its stream entry."""
         ...

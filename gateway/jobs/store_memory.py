@@ -97,6 +97,13 @@ class MemoryJobStore:
         if (record := self._records.get(job_id)) is not None:
             record.webhook_status, record.webhook_attempts = status, attempts
 
+    async def add_review(self, job_id: str, request_id: str, review: str) -> bool:
+        """Keep the label with the job."""
+        if (record := self._records.get(job_id)) is None:
+            return False
+        record.reviews[request_id] = review
+        return True
+
     async def requeue(self, consumer: str, delivery: Delivery) -> bool:
         """Queue the job again (for this process's next loop: memory has no other gateway)."""
         if delivery.job_id not in self._records:

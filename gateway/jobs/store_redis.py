@@ -12,7 +12,15 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.errors import StateUnavailable
-from gateway.jobs.models import Delivery, JobRecord, JobStatus, WebhookStatus, as_text, unix_now
+from gateway.jobs.models import (
+    REVIEW_FIELD,
+    Delivery,
+    JobRecord,
+    JobStatus,
+    WebhookStatus,
+    as_text,
+    unix_now,
+)
 
 STREAM: Final = "modgate:jobs"
 GROUP: Final = "gateways"
@@ -59,6 +67,14 @@ return 1
 """
 
 
+# KEYS[1] the job's hash; ARGV: the field, the review. Only a job still stored (an expired one stays gone).
+_ADD_REVIEW: Final = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+
+
 class RedisJobStore:
     """Durable jobs: hashes, a stream with one consumer group, Lua for the steps that must be atomic."""
 
@@ -84,6 +100,7 @@ class RedisJobStore:
         self._start_attempt = client.register_script(_START_ATTEMPT)
         self._complete = client.register_script(_COMPLETE)
         self._requeue = client.register_script(_REQUEUE)
+        self._add_review = client.register_script(_ADD_REVIEW)
 
     @staticmethod
     def job_key(job_id: str) -> str:
@@ -229,6 +246,14 @@ class RedisJobStore:
             await self._redis.hset(
                 self.job_key(job_id), mapping={"webhook_status": status, "webhook_attempts": attempts}
             )
+
+    async def add_review(self, job_id: str, request_id: str, review: str) -> bool:
+        """One hash field per label: no read-modify-write, so it never races the job's completion."""
+        async with self._state("keep the review with the job"):
+            added = await self._add_review(
+                keys=[self.job_key(job_id)], args=[f"{REVIEW_FIELD}{request_id}", review]
+            )
+        return int(added) == 1
 
     async def requeue(self, consumer: str, delivery: Delivery) -> bool:
         """Move the entry to the stream's end as a new one, so the next ``XREADGROUP`` of any gateway takes

@@ -69,8 +69,10 @@ class WebhookSender:
         """Close the connection pool."""
         await self._http.aclose()
 
-    async def deliver(self, url: str, body: bytes, delivery_id: str) -> int:
-        """Post ``body`` to ``url``; answers the attempts it took, or raises :class:`WebhookFailed`."""
+    async def deliver(self, url: str, body: bytes, delivery_id: str, event: str = "job.finished") -> int:
+        """Post ``body`` to ``url``; answers the attempts it took, or raises :class:`WebhookFailed`.
+
+        ``event`` (``X-Modgate-Event``): ``job.finished``; ``job.reviewed`` once a person labelled a frame."""
         tried = 0
         try:
             async for attempt in stamina.retry_context(
@@ -91,7 +93,7 @@ class WebhookSender:
                             "User-Agent": "modgate-webhook",
                             SIGNATURE_HEADER: sign_webhook(self._secret, int(time.time()), body),
                             DELIVERY_HEADER: delivery_id,
-                            "X-Modgate-Event": "job.finished",
+                            "X-Modgate-Event": event,
                         },
                     )
                     if response.status_code in (408, 429) or response.status_code >= 500:

@@ -166,7 +166,8 @@ class JobWorker:
             try:
                 # Behind live calls: the setting's priority, or the body's if it asks for even later.
                 response = await moderate_keyframes(
-                    self.moderation, request.video_id, request, Caller(tenant=record.tenant, key_id="job"),
+                    self.moderation, request.video_id, request,
+                    Caller(tenant=record.tenant, key_id="job", job_id=job_id),
                     None, priority=max(request.priority, self.settings.priority),
                 )
             except (ServerSideError, Overloaded) as exc:

@@ -62,6 +62,7 @@ from gateway.moderation.wire import (
     ImageURLPart,
     ModerationRequest,
     ModerationResponse,
+    ModerationResult,
     TextPart,
 )
 from gateway.policy.rules import (
@@ -74,6 +75,7 @@ from gateway.policy.rules import (
     ThinkingPolicy,
     decide,
 )
+from gateway.review.service import ReviewQueue
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
@@ -144,6 +146,7 @@ class ModerationService:
             NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta),
         )
         self.shadow: ShadowSampler | None = None  # set by open_services: shadow pairs for the quality module
+        self.review: ReviewQueue | None = None  # set by open_services: frames people should label
         self.judge = FrameJudge(
             settings.engine,
             self.system_prompts,
@@ -303,10 +306,31 @@ class ModerationService:
             self.metrics.e2e.labels("ok").observe(latency_s)
             results.append(moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0))
             self.recorder.record(results[-1].modgate, request_id, caller.tenant)
+        if self.review is not None and shaped:
+            await self._offer_for_review(caller, list(shaped), outcomes, results)
         self.metrics.requests.labels("moderations", "ok").inc()
         return ModerationResponse(
             id=request_id, model=request.model or self.settings.model_name, results=results
         )
+
+    async def _offer_for_review(
+        self,
+        caller: Caller,
+        frames: list[ShapedImage],
+        outcomes: list[FrameOutcome],
+        results: list[ModerationResult],
+    ) -> None:
+        """Offer each frame the engine judged to the review queue (a reused verdict's frame was offered
+        when it was judged); the queue decides which go (gateway/review/selection.py)."""
+        assert self.review is not None
+        await asyncio.gather(*(
+            self.review.offer(
+                caller.tenant, frame.data_url, outcome.verdict, result.modgate.thinking,
+                outcome.answer.reasoning, result.modgate.request_id, job_id=caller.job_id,
+            )
+            for frame, outcome, result in zip(frames, outcomes, results, strict=True)
+            if outcome.reused is None
+        ))
 
     @staticmethod
     def _split_input(request: ModerationRequest) -> tuple[list[str], list[str]]:

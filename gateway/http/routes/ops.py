@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextlib
+from typing import Any, Final
 
 from litestar import Response, get
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from prometheus_client import generate_latest
 
-from gateway.errors import ModgateError
+from gateway.errors import ModgateError, StateUnavailable
 from gateway.http.services import Services
 from gateway.telemetry.windows import stats_document
+
+_REVIEW_READ_S: Final = 1.0  # how long a scrape waits for the review queue's figures
 
 
 @get("/healthz")
@@ -66,6 +70,11 @@ async def metrics(services: NamedDependency[Services]) -> bytes:
     """Prometheus text format."""
     services.metrics.inflight.set(services.admission.inflight)
     services.metrics.queued.set(services.admission.queued)
+    # The review queue's gauges, read now; Redis down or slow: they keep their last values (a scrape must
+    # not wait out the Redis client's socket timeout).
+    with contextlib.suppress(StateUnavailable, TimeoutError):
+        async with asyncio.timeout(_REVIEW_READ_S):
+            await services.review.queues()
     return generate_latest(services.metrics.registry)
 
 

@@ -1,0 +1,59 @@
+"""The review queue's Prometheus metrics: depth and oldest age per tenant, labels and their agreement.
+
+Labels per hour and the disagreement rate are the counters' rates (deploy/monitoring/):
+``sum(rate(modgate_review_labels_total[1h])) * 3600`` and
+``sum(rate(modgate_review_labels_total{agrees="false"}[1h])) / sum(rate(modgate_review_labels_total[1h]))``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gateway.review.models import LabelledItem, TenantQueue
+
+
+class ReviewMetrics:
+    """Counters updated as items come and go; gauges refreshed from the store on each scrape."""
+
+    def __init__(self, registry: CollectorRegistry, oldest_alert_s: float) -> None:
+        self.enqueued = Counter(
+            "modgate_review_enqueued", "Frames queued for review, by why (review, unsure, audit).",
+            ["tenant", "reason"], registry=registry,
+        )
+        self.enqueue_failures = Counter(
+            "modgate_review_enqueue_failures", "Frames that should have been queued but the store failed.",
+            registry=registry,
+        )
+        self.labels = Counter(
+            "modgate_review_labels", "Labels given by reviewers, by whether they agree with the model.",
+            ["tenant", "agrees"], registry=registry,
+        )
+        self.depth = Gauge(
+            "modgate_review_queue_depth", "Review items waiting or claimed.", ["tenant"], registry=registry
+        )
+        self.claimed = Gauge(
+            "modgate_review_claimed", "Review items held by a reviewer.", ["tenant"], registry=registry
+        )
+        self.oldest = Gauge(
+            "modgate_review_oldest_age_seconds", "Age of the oldest review item.", ["tenant"],
+            registry=registry,
+        )
+        self.alert_after = Gauge(
+            "modgate_review_oldest_alert_seconds",
+            "MODGATE_REVIEW__OLDEST_ALERT_S: the oldest item's age that fires ModgateReviewQueueStale.",
+            registry=registry,
+        )
+        self.alert_after.set(oldest_alert_s)
+
+    def labelled(self, done: LabelledItem) -> None:
+        """Count one label."""
+        self.labels.labels(done.item.tenant, "true" if done.agrees else "false").inc()
+
+    def show(self, queues: dict[str, TenantQueue]) -> None:
+        """The store's figures now (tenants whose queue emptied read 0, not their last value)."""
+        for gauge in (self.depth, self.claimed, self.oldest):
+            gauge.clear()
+        for tenant, queue in queues.items():
+            self.depth.labels(tenant).set(queue.depth)
+            self.claimed.labels(tenant).set(queue.claimed)
+            self.oldest.labels(tenant).set(queue.oldest_age_s or 0.0)

@@ -1,0 +1,135 @@
+"""The review queue as the gateway uses it: what the moderation path offers, and the reviewers' calls."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from prometheus_client import CollectorRegistry
+
+from gateway.errors import StateUnavailable
+from gateway.review.metrics import ReviewMetrics
+from gateway.review.models import Label, LabelledItem, ReviewItem, TenantQueue, new_item_id
+from gateway.review.selection import UnitRandom, review_reason
+from gateway.review.store import ReviewStore
+from gateway.settings import ReviewSettings
+from shaping.verdict import Action, KeyframeVerdict
+
+log = logging.getLogger("modgate.review")
+
+
+@dataclass(frozen=True, slots=True)
+class Reviewer:
+    """Who labels: a name for the claims and the audit trail, and the tenants they may see (None: all)."""
+
+    name: str
+    tenants: frozenset[str] | None = None
+
+
+class ReviewQueue:
+    """Offers verdicts to the queue (by :func:`review_reason`), and answers the reviewers' calls."""
+
+    def __init__(
+        self,
+        store: ReviewStore,
+        settings: ReviewSettings,
+        *,
+        metrics: ReviewMetrics | None = None,
+        rng: UnitRandom | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics or ReviewMetrics(CollectorRegistry(), settings.oldest_alert_s)
+        self.rng = rng or random.Random()
+        self.clock = clock
+        # What a label changes elsewhere (the job's result and webhook), set by open_services.
+        self.on_label: Callable[[LabelledItem], Awaitable[None]] | None = None
+
+    async def offer(
+        self,
+        tenant: str,
+        frame: str,
+        verdict: KeyframeVerdict,
+        thinking: Literal["on", "off"],
+        reasoning: str | None,
+        request_id: str,
+        *,
+        model: str = "",
+        job_id: str | None = None,
+    ) -> ReviewItem | None:
+        """Queue the frame if its verdict should be seen by people; never fails the moderation it came from
+        (an unreachable Redis is logged and counted, the verdict still goes back)."""
+        settings = self.settings
+        if not settings.enabled:
+            return None
+        reason = review_reason(
+            verdict.action, verdict.confidence, settings.review_below, settings.audit_sample_rate, self.rng
+        )
+        if reason is None:
+            return None
+        item = ReviewItem(
+            id=new_item_id(),
+            tenant=tenant,
+            frame=frame,
+            action=verdict.action,
+            categories=verdict.categories,
+            confidence=verdict.confidence,
+            reason=reason,
+            audit_sample_rate=settings.audit_sample_rate,
+            thinking=thinking,
+            reasoning=reasoning if thinking == "on" else None,
+            request_id=request_id,
+            enqueued_at=self.clock(),
+            model=model,
+            job_id=job_id,
+        )
+        try:
+            await self.store.enqueue(item)
+        except StateUnavailable as exc:
+            self.metrics.enqueue_failures.inc()
+            log.error("frame of %s not queued for review: %s", request_id, exc)
+            return None
+        self.metrics.enqueued.labels(tenant, reason).inc()
+        return item
+
+    async def claim(self, reviewer: Reviewer) -> ReviewItem | None:
+        """The reviewer's next item, from the tenants they may see."""
+        return await self.store.claim(reviewer.name, reviewer.tenants)
+
+    async def label(
+        self, item_id: str, reviewer: Reviewer, action: Action, categories: Collection[str]
+    ) -> LabelledItem:
+        """Record a held item's label (409 when labelled, gone, or someone else's; audited in the store with
+        the reviewer's name), then what it changes elsewhere: a failure there is logged, the label stands."""
+        label = Label(action, tuple(categories) if action == "block" else (), reviewer.name, self.clock())
+        done = await self.store.label(item_id, label)
+        self.metrics.labelled(done)
+        if self.on_label is not None:
+            try:
+                await self.on_label(done)
+            except StateUnavailable as exc:
+                log.error("review item %s labelled, but its job was not updated: %s", item_id, exc)
+        return done
+
+    async def skip(self, item_id: str, reviewer: Reviewer) -> None:
+        """Give a held item back for someone else."""
+        await self.store.release(item_id, reviewer.name)
+
+    async def audit(self, limit: int, reviewer: Reviewer | None = None) -> list[dict[str, Any]]:
+        """The labels' audit trail, newest first (only the reviewer's tenants, when scoped)."""
+        entries = await self.store.audit(limit)
+        scope = None if reviewer is None else reviewer.tenants
+        return [entry for entry in entries if scope is None or entry.get("tenant") in scope]
+
+    async def queues(self, reviewer: Reviewer | None = None) -> dict[str, TenantQueue]:
+        """Depth, claimed and oldest age per tenant (only the reviewer's tenants, when given)."""
+        figures = await self.store.queues()
+        if reviewer is None or reviewer.tenants is None:
+            self.metrics.show(figures)
+        scope = None if reviewer is None else reviewer.tenants
+        return {t: q for t, q in sorted(figures.items()) if scope is None or t in scope}

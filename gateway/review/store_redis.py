@@ -1,0 +1,248 @@
+"""Review items in Redis: a stream per tenant with one consumer group, a consumer per reviewer, a hash per
+item with the retention as its TTL, and Lua for the steps that must be atomic (gateway/review/__init__.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Collection
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from gateway.errors import StateUnavailable
+from gateway.review.models import (
+    ConflictKind,
+    Label,
+    LabelledItem,
+    ReviewConflict,
+    ReviewItem,
+    TenantQueue,
+    audit_entry,
+)
+
+PREFIX: Final = "modgate:review"
+GROUP: Final = "reviewers"
+TENANTS: Final = f"{PREFIX}:tenants"
+AUDIT: Final = f"{PREFIX}:audit"  # the labels' audit trail, newest first
+_SCAN_LIMIT: Final = 1000  # stream entries looked at per claim before answering "none" (expired ones skipped)
+
+# KEYS: item hash, tenant stream, tenants set. ARGV: group, item id, tenant, ttl, field/value pairs…
+_ENQUEUE: Final = """
+pcall(redis.call, 'XGROUP', 'CREATE', KEYS[2], ARGV[1], '0', 'MKSTREAM')
+local entry = redis.call('XADD', KEYS[2], '*', 'item', ARGV[2])
+redis.call('HSET', KEYS[1], 'entry', entry, unpack(ARGV, 5))
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('SADD', KEYS[3], ARGV[3])
+return entry
+"""
+# KEYS: item hash, tombstone, tenant stream (label: and the audit list). ARGV: group, reviewer, then (label
+# only) the label JSON, its ttl, the audit entry and the audit's length.
+# The holder is the consumer the entry is pending to: a claim taken over after its timeout has moved.
+_HOLDER: Final = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'labelled'} end
+local entry = redis.call('HGET', KEYS[1], 'entry')
+if not entry then return {'gone'} end
+local pending = redis.call('XPENDING', KEYS[3], ARGV[1], entry, entry, 1)
+if #pending == 0 then return {'unclaimed'} end
+if pending[1][2] ~= ARGV[2] then return {'claimed'} end
+"""
+_LABEL: Final = _HOLDER + """
+redis.call('XACK', KEYS[3], ARGV[1], entry)
+redis.call('XDEL', KEYS[3], entry)
+redis.call('HDEL', KEYS[1], 'frame', 'entry')
+local fields = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], ARGV[3], 'EX', ARGV[4])
+redis.call('LPUSH', KEYS[4], ARGV[5])
+redis.call('LTRIM', KEYS[4], 0, ARGV[6] - 1)
+return {'ok', unpack(fields)}
+"""
+_RELEASE: Final = _HOLDER + """
+redis.call('XACK', KEYS[3], ARGV[1], entry)
+redis.call('XDEL', KEYS[3], entry)
+local moved = redis.call('XADD', KEYS[3], '*', 'item', ARGV[3])
+redis.call('HSET', KEYS[1], 'entry', moved)
+return {'ok'}
+"""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisReviewStore:
+    """Durable review items: streams, one consumer group, a consumer per reviewer (see the module doc)."""
+
+    durable = True
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        claim_timeout_s: float,
+        retention_s: int,
+        audit_max_entries: int = 10_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._redis = client
+        self.audit_max_entries = audit_max_entries
+        self.claim_timeout_ms = max(1, int(claim_timeout_s * 1000))
+        self.retention_s = retention_s
+        self._clock = clock
+        self._turn = 0  # the tenant a claim looks at first: turns, so a busy tenant starves no other
+        self._enqueue = client.register_script(_ENQUEUE)
+        self._label = client.register_script(_LABEL)
+        self._release = client.register_script(_RELEASE)
+
+    @staticmethod
+    def stream_key(tenant: str) -> str:
+        """The tenant's stream."""
+        return f"{PREFIX}:stream:{tenant}"
+
+    @staticmethod
+    def item_key(item_id: str) -> str:
+        """The item's hash (frame, verdict, stream entry)."""
+        return f"{PREFIX}:item:{item_id}"
+
+    @staticmethod
+    def tombstone_key(item_id: str) -> str:
+        """Left by a label (no frame): a second label is refused."""
+        return f"{PREFIX}:labelled:{item_id}"
+
+    @asynccontextmanager
+    async def _state(self, doing: str) -> AsyncIterator[None]:
+        try:
+            yield
+        except RedisError as exc:
+            raise StateUnavailable(
+                f"cannot {doing}: the review queue (Redis) is unreachable ({type(exc).__name__})"
+            ) from exc
+
+    async def enqueue(self, item: ReviewItem) -> None:
+        """Hash, stream entry and tenant in one script."""
+        pairs = [value for pair in item.to_hash().items() for value in pair]
+        async with self._state("queue the frame for review"):
+            await self._enqueue(
+                keys=[self.item_key(item.id), self.stream_key(item.tenant), TENANTS],
+                args=[GROUP, item.id, item.tenant, self.retention_s, *pairs],
+            )
+
+    async def _tenants(self, scope: Collection[str] | None) -> list[str]:
+        known = sorted(_text(t) for t in await self._redis.smembers(TENANTS))
+        return [t for t in known if scope is None or t in scope]
+
+    async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:
+        """Per tenant in turn: a claim past its timeout (``XAUTOCLAIM``), else a new entry (``XREADGROUP``);
+        entries whose item expired are acknowledged and dropped on the way."""
+        async with self._state("claim a review item"):
+            order = await self._tenants(tenants)
+            if not order:
+                return None
+            self._turn = (self._turn + 1) % len(order)
+            for tenant in order[self._turn:] + order[: self._turn]:
+                item = await self._claim_from(self.stream_key(tenant), reviewer)
+                if item is not None:
+                    return item
+        return None
+
+    async def _claim_from(self, stream: str, reviewer: str) -> ReviewItem | None:
+        for _ in range(_SCAN_LIMIT):
+            entries = await self._next_entries(stream, reviewer)
+            if not entries:
+                return None
+            entry_id, values = entries[0]
+            item_id = _text((values or {}).get(b"item") or (values or {}).get("item") or "")
+            raw = await self._redis.hgetall(self.item_key(item_id)) if item_id else {}
+            if raw and _text(raw.get(b"entry", b"")) == _text(entry_id):
+                return ReviewItem.from_hash({k: v for k, v in raw.items() if k != b"entry"})
+            # the item expired (or this entry is a stale copy): nothing to review
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.xack(stream, GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
+                await pipe.execute()
+        return None
+
+    async def _next_entries(self, stream: str, reviewer: str) -> list[Any]:
+        try:
+            claimed = await self._redis.xautoclaim(
+                stream, GROUP, reviewer, self.claim_timeout_ms, "0-0", count=1
+            )
+            if len(claimed) > 1 and claimed[1]:
+                return list(claimed[1])
+            answer: Any = await self._redis.xreadgroup(GROUP, reviewer, {stream: ">"}, count=1)
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            await self._redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            return []
+        return [entry for _, stream_entries in answer or [] for entry in stream_entries]
+
+    async def _run(
+        self, script: Any, item_id: str, args: list[Any], tenant: str | None = None
+    ) -> list[Any]:
+        if tenant is None:
+            tenant_raw = await self._redis.hget(self.item_key(item_id), "tenant")
+            tenant = json.loads(_text(tenant_raw)) if tenant_raw else "-"
+        answer: list[Any] = await script(
+            keys=[self.item_key(item_id), self.tombstone_key(item_id), self.stream_key(tenant), AUDIT],
+            args=[GROUP, *args],
+        )
+        status = _text(answer[0])
+        if status != "ok":
+            kind: ConflictKind = status  # type: ignore[assignment]  # the scripts answer only these
+            raise ReviewConflict(item_id, kind)
+        return answer[1:]
+
+    async def label(self, item_id: str, label: Label) -> LabelledItem:
+        """Acknowledge, drop the frame and the item, leave the tombstone: one script."""
+        label_json = json.dumps(asdict(label))
+        async with self._state("label the review item"):
+            # the item's fields for the audit entry first (the script checks it is still the holder's)
+            raw = {k: v for k, v in (await self._redis.hgetall(self.item_key(item_id))).items()
+                   if k not in (b"frame", b"entry")}
+            known = ReviewItem.from_hash(raw) if raw else None
+            entry = json.dumps(audit_entry(known, label)) if known else "{}"
+            fields = await self._run(
+                self._label, item_id,
+                [label.reviewer, label_json, self.retention_s, entry, self.audit_max_entries],
+                tenant=known.tenant if known else None,
+            )
+        raw = dict(zip(fields[::2], fields[1::2], strict=True))
+        return LabelledItem(ReviewItem.from_hash(raw), label)
+
+    async def audit(self, limit: int) -> list[dict[str, Any]]:
+        """The labels, newest first."""
+        async with self._state("read the review audit"):
+            entries = await self._redis.lrange(AUDIT, 0, limit - 1)
+        return [json.loads(entry) for entry in entries]
+
+    async def release(self, item_id: str, reviewer: str) -> None:
+        """Acknowledge and re-add at the stream's end, for any reviewer."""
+        async with self._state("give the review item back"):
+            await self._run(self._release, item_id, [reviewer, item_id])
+
+    async def queues(self) -> dict[str, TenantQueue]:
+        """Expired entries trimmed (``XTRIM MINID``: every entry older than the retention has expired), then
+        per tenant the stream's length, its pending count and its first entry's age."""
+        now_ms = int(self._clock() * 1000)
+        figures: dict[str, TenantQueue] = {}
+        async with self._state("read the review queue"):
+            for tenant in await self._tenants(None):
+                stream = self.stream_key(tenant)
+                await self._redis.xtrim(stream, minid=f"{now_ms - self.retention_s * 1000}-0")
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.xlen(stream)
+                    pipe.xrange(stream, count=1)
+                    pipe.xpending(stream, GROUP)
+                    depth, first, pending = await pipe.execute(raise_on_error=False)
+                if isinstance(depth, Exception) or not depth:
+                    continue
+                oldest_ms = int(_text(first[0][0]).split("-")[0]) if first else now_ms
+                claimed = 0 if isinstance(pending, Exception) else int(pending["pending"])
+                figures[tenant] = TenantQueue(int(depth), min(claimed, int(depth)),
+                                              max(0.0, (now_ms - oldest_ms) / 1000))
+        return figures

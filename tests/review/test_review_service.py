@@ -1,0 +1,82 @@
+"""What the moderation path hands the queue: a store that cannot be written never fails the verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.errors import StateUnavailable
+from gateway.review.metrics import ReviewMetrics
+from gateway.review.models import Label, LabelledItem, ReviewItem, TenantQueue
+from gateway.review.service import Reviewer, ReviewQueue
+from gateway.review.store_memory import MemoryReviewStore
+from gateway.settings import ReviewSettings
+from shaping.verdict import KeyframeVerdict
+
+
+class RedisDown:
+    """A store whose every call fails as an unreachable Redis does."""
+
+    durable = True
+
+    async def enqueue(self, item: ReviewItem) -> None:
+        raise StateUnavailable("Redis is unreachable")
+
+    async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:
+        raise StateUnavailable("Redis is unreachable")
+
+    async def label(self, item_id: str, label: Label) -> LabelledItem:
+        raise StateUnavailable("Redis is unreachable")
+
+    async def release(self, item_id: str, reviewer: str) -> None:
+        raise StateUnavailable("Redis is unreachable")
+
+    async def audit(self, limit: int) -> list[dict[str, Any]]:
+        raise StateUnavailable("Redis is unreachable")
+
+    async def queues(self) -> dict[str, TenantQueue]:
+        raise StateUnavailable("Redis is unreachable")
+
+
+def counter(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_an_unwritable_queue_leaves_the_verdict_alone_and_is_counted() -> None:
+    registry = CollectorRegistry()
+    queue = ReviewQueue(RedisDown(), ReviewSettings(), metrics=ReviewMetrics(registry, 3600))
+    offered = await queue.offer("a", "data:image/jpeg;base64,AAAA", KeyframeVerdict("review"), "off", None,
+                                "modr-1-0")
+    assert offered is None
+    assert counter(registry, "modgate_review_enqueue_failures_total") == 1
+    with pytest.raises(StateUnavailable):  # a reviewer's call says it: 503
+        await queue.claim(Reviewer("alice"))
+
+
+async def test_reasoning_is_kept_only_when_thinking_was_on() -> None:
+    registry = CollectorRegistry()
+    store = MemoryReviewStore(claim_timeout_s=60, retention_s=3600)
+    queue = ReviewQueue(store, ReviewSettings(), metrics=ReviewMetrics(registry, 3600))
+    on = await queue.offer("a", "data:,", KeyframeVerdict("review"), "on", "looks like a weapon", "r-0")
+    off = await queue.offer("a", "data:,", KeyframeVerdict("review"), "off", "stray text", "r-1")
+    allowed = await queue.offer("a", "data:,", KeyframeVerdict("allow", confidence=0.99), "off", None, "r-2")
+    assert on is not None
+    assert off is not None
+    assert (on.reasoning, off.reasoning, allowed) == ("looks like a weapon", None, None)
+    assert counter(registry, "modgate_review_enqueued_total", tenant="a", reason="review") == 2
+
+
+async def test_a_scoped_reviewer_sees_only_their_tenants_queue() -> None:
+    store = MemoryReviewStore(claim_timeout_s=60, retention_s=3600)
+    queue = ReviewQueue(store, ReviewSettings())
+    for tenant in ("a", "b"):
+        await queue.offer(tenant, "data:,", KeyframeVerdict("review"), "off", None, f"r-{tenant}")
+    scoped = Reviewer("alice", frozenset({"a"}))
+    assert list(await queue.queues(scoped)) == ["a"]
+    claimed = await queue.claim(scoped)
+    assert claimed is not None
+    assert claimed.tenant == "a"
+    assert await queue.claim(scoped) is None
