@@ -24,6 +24,7 @@ from gateway.engine.client import EngineClient
 from gateway.engine.pool import EnginePool
 from gateway.engine.pool_build import build_engine_pool, register_pool_metrics
 from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
+from gateway.engine.prefix_keeper import PrefixKeeper
 from gateway.http.auth import KeyRing
 from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
 from gateway.http.keys_store import RedisKeyStore
@@ -55,6 +56,7 @@ from gateway.telemetry.tracing import Telemetry, build_telemetry
 from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
 from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from shaping.prefix import GuidanceTooShort
+from shaping.prefix_strategy import PrefixStrategySetting
 from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
 from shaping.verdict import VERDICT_FORMATS, VerdictFormat
 
@@ -86,6 +88,7 @@ class Services:
     tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
     console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
     drain: Drain = field(default_factory=Drain)  # set by SIGTERM: /readyz 503 while still serving
+    prefix: PrefixKeeper | None = None  # each engine's prefix strategy and priming (/readyz)
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -138,12 +141,21 @@ def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictC
     return RedisVerdictCache(state, shaping.verdict_cache_ttl_s, rule)
 
 
+def prefix_strategy_setting(settings: Settings) -> PrefixStrategySetting:
+    """``MODGATE_SHAPING__PREFIX_STRATEGY``; the older ``BLOCK_FILLING_PREFIX=true`` reads as block-fill."""
+    shaping = settings.shaping
+    if shaping.prefix_strategy == "auto" and shaping.block_filling_prefix:
+        return "block-fill"
+    return shaping.prefix_strategy
+
+
 async def _system_prompt(
     settings: Settings,
     engine_url: str,
     transport: httpx.AsyncBaseTransport | None,
     verdict_format: VerdictFormat,
     metrics: GatewayMetrics,
+    fill: bool,
 ) -> SystemPrompt:
     """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
 
@@ -153,7 +165,7 @@ async def _system_prompt(
     version = prompt_version_for(verdict_format)
     cacheable = metrics.cacheable_prefix.labels(verdict_format)
     cacheable.set(0)
-    if not settings.shaping.block_filling_prefix:
+    if not fill:
         return load_system_prompt(version)
     try:
         async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
@@ -309,6 +321,20 @@ async def open_services(
         quotas = TenantQuotas(directory, MemoryKeyframeRate() if state is None else RedisKeyframeRate(state))
         tenants = TenantFigures(admission, quotas, recent, executor)
         metrics.watch_tenants(tenants.collect)
+        # The prefix strategy (shaping/prefix_strategy.py): chosen on the first engine before the system
+        # prompt (block filling changes it), on every engine at start, and again after a restart.
+        prefix = PrefixKeeper(
+            prefix_strategy_setting(settings),
+            engine_urls,
+            metrics.registry,
+            fill_max_tokens=settings.shaping.prefix_fill_max_tokens,
+            reprime_interval_s=settings.shaping.prefix_reprime_interval_s,
+            block_size=settings.shaping.prefix_block_size,
+            transport=engine_transport,
+        )
+        stack.push_async_callback(prefix.stop)
+        plain_prompts = {f: load_system_prompt(prompt_version_for(f)) for f in VERDICT_FORMATS}
+        first = await prefix.decide(engine_url, plain_prompts)
         moderation = ModerationService(
             settings=settings,
             engine=engine,
@@ -317,7 +343,7 @@ async def open_services(
             metrics=metrics,
             system_prompts={
                 verdict_format: await _system_prompt(
-                    settings, engine_url, engine_transport, verdict_format, metrics
+                    settings, engine_url, engine_transport, verdict_format, metrics, first.action == "fill"
                 )
                 for verdict_format in VERDICT_FORMATS
             },
@@ -359,6 +385,8 @@ async def open_services(
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         await engines.detect_engines()  # each engine's kind and slots (llama.cpp: its --parallel)
+        await prefix.start(moderation.system_prompts)  # every engine's strategy; the priming it needs
+        moderation.judge.prefix_observer = prefix.observe
         directory.start()
         engine_cache.start()
         jobs.start()
@@ -387,4 +415,5 @@ async def open_services(
                 state,
             ),
             drain=drain,
+            prefix=prefix,
         )

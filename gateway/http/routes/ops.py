@@ -51,6 +51,8 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
                 engine["model"] = {"id": served.id, "root": served.root, "revision": served.revision}
     # "engine" is the first one. The policy store does not gate readiness (a replica serves on its last
     # policy while Redis is down), but an operator should see that flips are refused: "degraded".
+    if services.prefix is not None:  # each engine's prefix strategy: primed or not, or the flag it needs
+        body["prefix_cache"] = services.prefix.status()
     store = services.policies.status()
     body["policy_store"] = store.model_dump(mode="json")
     if ready and not store.available:
