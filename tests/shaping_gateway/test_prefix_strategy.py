@@ -1,4 +1,4 @@
-"""The prefix strategy: chosen per engine from its own cache config, primed at start, primed again when lost."""
+"""The prefix strategy: chosen per engine from its cache config, primed at start, primed again when lost."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ HYBRID = EngineCacheConfig(block_size=2176, prefix_match_unit=None, mamba_cache_
 @pytest.mark.parametrize(("setting", "kind", "config", "action", "expected"), [
     ("auto", "vllm", EngineCacheConfig(2176, 16, "align"), "prime", 416),
     ("match-unit", "vllm", EngineCacheConfig(2176, 16, "align"), "prime", 416),
-    ("auto", "vllm", EngineCacheConfig(2176, 16, "align", shared_prefix_checkpoint=True), "engine-checkpoint", 416),
+    ("auto", "vllm", EngineCacheConfig(2176, 16, "align", shared_prefix_checkpoint=True),
+     "engine-checkpoint", 416),
     ("auto", "vllm", HYBRID, "fill", 2176),
     ("block-fill", "vllm", EngineCacheConfig(2176, 16, "align"), "fill", 2176),
     ("auto", "vllm", EngineCacheConfig(128), "none", 384),
@@ -65,7 +66,8 @@ def test_the_cache_config_is_read_from_vllms_labels() -> None:
         "enable_mamba_shared_prefix_checkpoint": "False", "enable_prefix_caching": "True",
     })
     assert config == EngineCacheConfig(2944, None, "align")
-    assert config.hybrid and config.match_unit is None
+    assert config.hybrid
+    assert config.match_unit is None
 
 
 # --- through the gateway, against the simulator's hybrid engine --------------------------------------------
@@ -82,7 +84,8 @@ def _samples(gateway: ThreadedServer, name: str) -> dict[tuple[tuple[str, str], 
 
 
 def _primings(gateway: ThreadedServer, engine: str, reason: str) -> float:
-    return _samples(gateway, "modgate_prefix_primings_total").get((("engine", engine), ("reason", reason)), 0.0)
+    samples = _samples(gateway, "modgate_prefix_primings_total")
+    return samples.get((("engine", engine), ("reason", reason)), 0.0)
 
 
 def _moderate(gateway: ThreadedServer, text: str) -> dict[str, Any]:
@@ -100,7 +103,8 @@ def _readyz(gateway: ThreadedServer, engine: str) -> dict[str, Any]:
 
 
 def _texts(start: int, count: int) -> list[str]:
-    return [f"第{i}条评论：" + "这段文字讨论天气和路况，没有别的内容。" * 12 for i in range(start, start + count)]
+    body = "这段文字讨论天气和路况，没有别的内容。" * 12
+    return [f"第{i}条评论：{body}" for i in range(start, start + count)]
 
 
 SETTINGS: dict[str, Any] = {"shaping": {"prefix_reprime_interval_s": 0.0, "verdict_cache_ttl_s": 0.0}}
