@@ -21,6 +21,7 @@ from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
+from gateway.engine.first_request import FirstRequestProbe
 from gateway.engine.pool import EnginePool
 from gateway.engine.pool_build import build_engine_pool, register_pool_metrics
 from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
@@ -89,6 +90,8 @@ class Services:
     console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
     drain: Drain = field(default_factory=Drain)  # set by SIGTERM: /readyz 503 while still serving
     prefix: PrefixKeeper | None = None  # each engine's prefix strategy and priming (/readyz)
+    # each engine's first tiny request, sent by /readyz once it is healthy (gateway/engine/first_request.py)
+    first_request: FirstRequestProbe = field(default_factory=FirstRequestProbe)
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:

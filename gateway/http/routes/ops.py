@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from litestar import Response, get
@@ -34,6 +35,7 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
             status_code=503,
         )
     engines = await services.engines.readiness()
+    await _first_requests(services, engines)
     ready = any(engine["up"] for engine in engines)
     model = None
     if ready:
@@ -58,6 +60,22 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
     if ready and not store.available:
         body["status"] = "degraded"
     return Response(body, status_code=200 if ready else 503)
+
+
+async def _first_requests(services: Services, engines: list[dict[str, Any]]) -> None:
+    """Probe each engine that answers ``/health`` once with a tiny real request; one that failed it is not up.
+
+    An engine can be healthy and fail every request (a hybrid model in float32 on the CPU): this says so at
+    start, with the fix, instead of the first keyframe's 500.
+    """
+    slots = {slot.url: slot for slot in services.engines.engines}
+    outcomes = await asyncio.gather(*(
+        services.first_request.check(slots[engine["url"]].client, engine["health"]) for engine in engines
+    ))
+    for engine, outcome in zip(engines, outcomes, strict=True):
+        if outcome is not None and outcome.status == "failed":
+            engine["up"] = False
+            engine["first_request"] = {"status": outcome.status, "detail": outcome.detail}
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")  # Litestar adds "; charset=utf-8" to text types
