@@ -17,7 +17,7 @@ from shaping.prefix_strategy import (
     choose_prefix_strategy,
     priming_prompt,
 )
-from tests.support import GatewayFactory, SimFactory
+from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory
 
 HYBRID = EngineCacheConfig(block_size=2176, prefix_match_unit=None, mamba_cache_mode="align")
 
@@ -168,6 +168,10 @@ def test_an_engine_that_cannot_cache_the_prefix_says_so_and_names_the_flag(
     assert state["fix"] == "start vLLM with --prefix-match-unit 16"
     assert _samples(gateway, "modgate_prefix_uncacheable") == {(("engine", engine.url),): 1.0}
     assert [r.message for r in caplog.records if "--prefix-match-unit 16" in r.message]
+    console = httpx.get(f"{gateway.url}/console", timeout=30,
+                        headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Modgate-Operator": "ops"})
+    assert console.status_code == 200
+    assert "cannot cache the shared prefix: start vLLM with --prefix-match-unit 16" in console.text
 
 
 def test_llamacpp_is_left_as_it_is(start_sim: SimFactory, start_gateway: GatewayFactory) -> None:

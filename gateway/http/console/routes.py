@@ -249,6 +249,7 @@ async def _health(services: Services) -> dict[str, Any]:
         "model": model,
         "model_error": model_error,
         "store": services.policies.status(),
+        "prefix": services.prefix.status() if services.prefix is not None else {},  # per engine URL
     }
 
 
