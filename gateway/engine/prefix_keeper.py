@@ -46,6 +46,19 @@ ENGINE_CHECKPOINT_GRACE = 3
 ACTIONS = ("prime", "engine-checkpoint", "fill", "none", "uncacheable")
 
 
+class _Borrowed(httpx.AsyncBaseTransport):
+    """A transport lent by the engine pool (tests): used for the keeper's calls, closed only by its owner."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Leave the lent transport open."""
+
+
 def cache_config_from_metrics(text: str) -> EngineCacheConfig | None:
     """The engine's ``vllm:cache_config_info`` labels, if its ``/metrics`` has them."""
     for family in text_string_to_metric_families(text):
@@ -132,7 +145,8 @@ class PrefixKeeper:
     # --- choosing ---------------------------------------------------------------------------------------
 
     def _client(self, url: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=url, transport=self.transport, timeout=self.timeout_s)
+        transport = None if self.transport is None else _Borrowed(self.transport)
+        return httpx.AsyncClient(base_url=url, transport=transport, timeout=self.timeout_s)
 
     async def decide(
         self, url: str, system_prompts: Mapping[VerdictFormat, SystemPrompt], *, reason: str = "start"
