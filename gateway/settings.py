@@ -180,7 +180,9 @@ class ShapingSettings(BaseModel):
     # start and after a restart: priming on vLLM with --prefix-match-unit, block filling where the block
     # fits prefix_fill_max_tokens, nothing on llama.cpp. block_filling_prefix=true is the old block-fill.
     prefix_strategy: Literal["auto", "match-unit", "block-fill", "off"] = "auto"
-    prefix_fill_max_tokens: int = Field(default=4096, ge=1)  # the most a block-filled shared prefix may be
+    # The longest shared prefix auto's block filling may make: 2,048 keeps a hybrid block (2,176 tiny, 2,960
+    # on the Spark: every prompt three times longer) out, for --prefix-match-unit instead.
+    prefix_fill_max_tokens: int = Field(default=2048, ge=1)
     prefix_reprime_interval_s: float = Field(default=5.0, ge=0)  # the least time between two primings
 
     @field_validator("text_user_text")

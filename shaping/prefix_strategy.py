@@ -164,7 +164,7 @@ def choose_prefix_strategy(
             "tokens hit as they are", expected_cached_tokens=whole,
         )
     filled = -(-shared_prefix_tokens // block) * block
-    if filled <= fill_max_tokens:
+    if setting == "block-fill" or filled <= fill_max_tokens:  # by name: no budget
         return PrefixDecision(
             "fill",
             f"block {block:,}: the shared prefix is filled with policy text to {filled:,} tokens, a whole "

@@ -338,6 +338,8 @@ async def open_services(
         stack.push_async_callback(prefix.stop)
         plain_prompts = {f: load_system_prompt(prompt_version_for(f)) for f in VERDICT_FORMATS}
         first = await prefix.decide(engine_url, plain_prompts)
+        if prefix_strategy_setting(settings) == "block-fill" and first.action != "fill":
+            log.error("block-filling prefix OFF: %s; serving the plain system prompt", first.reason)
         moderation = ModerationService(
             settings=settings,
             engine=engine,

@@ -83,7 +83,7 @@ def test_the_cacheable_prefix_is_what_each_call_then_takes_from_the_cache(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     engine = start_sim("spark")
-    plain = start_gateway(engine_url=engine.url, shaping={"prefix_strategy": "off"})
+    plain = start_gateway(engine_url=engine.url)
     filled = start_gateway(engine_url=engine.url, shaping={"block_filling_prefix": True})
     answers = [moderate(filled, seed, **{"X-Modgate-Thinking": "off"}).json() for seed in (1, 2)]
     cached = [answer["results"][0]["modgate"]["cached_tokens"] for answer in answers]
