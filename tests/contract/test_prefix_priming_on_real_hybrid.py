@@ -27,6 +27,7 @@ from tests.contract.test_hybrid_engine_contract import (
 )
 from tests.support import GatewayFactory, SimFactory
 
+
 def _hits(engine_url: str) -> float:
     text = httpx.get(f"{engine_url}/metrics", timeout=30).text
     return sum(sample.value for family in text_string_to_metric_families(text)
