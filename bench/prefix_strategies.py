@@ -7,9 +7,9 @@ own content. Each answer's ``modgate.prompt_tokens`` and ``cached_tokens`` are t
 
 Rows: no strategy (``off``), block filling, ``--prefix-match-unit`` 16 and 64 with the gateway's priming
 (``auto``), and llama.cpp (``auto``: nothing to do). Engines: the simulator's presets (``hybrid-cpu``, the
-tiny real hybrid engine's law and block; ``spark``, the production block) and, with ``--real``, the real
-hybrid engine (``modgate engine-cpu --model hybrid``, ``modgate engine-llamacpp --model hybrid``), booted
-once per row (2-4 min each on two cores).
+tiny real hybrid engine's law and block; ``spark-hybrid``, the production block) and, with
+``--real``, the real hybrid engine (``modgate engine-cpu --model hybrid``, ``modgate engine-llamacpp
+--model hybrid``), booted once per match unit.
 
     python -m bench.prefix_strategies [--requests 6] [--real] [--json docs/bench/prefix-strategies.json]
 """
@@ -126,7 +126,7 @@ def run_row(row: Row, engine_url: str, strategy: PrefixStrategySetting, count: i
 
 def simulated_rows(preset_name: str, count: int) -> Iterator[Row]:
     """Every strategy on a simulator preset, then llama.cpp's law on the same preset."""
-    images = preset_name == "spark"
+    images = preset_name.startswith("spark")
     label = f"simulator {preset_name}"
     for name, strategy, unit in STRATEGIES:
         row = Row(label, name)
@@ -157,11 +157,13 @@ def _real_engine(command: str, extra: list[str]) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def real_rows(count: int) -> Iterator[Row]:
+def real_rows(count: int, units_to_run: tuple[int | None, ...], llamacpp: bool) -> Iterator[Row]:
     """Every strategy on the real hybrid vLLM (one boot per match unit), then the real llama.cpp server."""
     label = "real hybrid (vLLM CPU, block 2176)"
-    for units in (None, 16, 64):
-        extra = [] if units is None else ["--vllm-args", f"--prefix-match-unit {units}"]
+    for units in units_to_run:
+        # -O0: torch's compile of the hybrid took over 300 s on a loaded 2-core machine (the suite's flag too)
+        flags = "--optimization-level 0" + ("" if units is None else f" --prefix-match-unit {units}")
+        extra = ["--vllm-args", flags]
         chosen = [s for s in STRATEGIES if s[2] == units]
         try:
             with _real_engine("engine-cpu", extra) as url:
@@ -170,6 +172,8 @@ def real_rows(count: int) -> Iterator[Row]:
         except RuntimeError as exc:
             for name, _strategy, _unit in chosen:
                 yield Row(label, name, note=f"engine did not start: {exc}")
+    if not llamacpp:
+        return
     try:
         with _real_engine("engine-llamacpp", []) as url:
             row = Row("real hybrid (llama.cpp)", "llama.cpp (auto)")
@@ -201,14 +205,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--requests", type=int, default=6, help="moderations per row (the first is cold)")
     parser.add_argument("--real", action="store_true", help="also the real hybrid engines (minutes a boot)")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulator rows")
+    parser.add_argument("--real-units", default="none,16,64",
+                        help="the real vLLM's boots: match units, 'none' for no unit (comma separated)")
+    parser.add_argument("--no-real-llamacpp", action="store_true", help="skip the real llama.cpp row")
     parser.add_argument("--json", type=Path, help="write the figures and the table here")
     args = parser.parse_args(argv)
     rows: list[Row] = []
     if not args.no_sim:
-        for preset in ("hybrid-cpu", "spark"):
+        for preset in ("hybrid-cpu", "spark-hybrid"):
             rows.extend(simulated_rows(preset, args.requests))
     if args.real:
-        rows.extend(real_rows(args.requests))
+        units = tuple(None if unit == "none" else int(unit) for unit in args.real_units.split(","))
+        rows.extend(real_rows(args.requests, units, not args.no_real_llamacpp))
     printed = table(rows)
     print(printed)
     document = {

@@ -224,7 +224,9 @@ def _spawn_without_main_module() -> None:
 def engine_sim(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
-    preset: Annotated[str, typer.Option(help="spark, vllm-cpu, hybrid-cpu or instant.")] = "spark",
+    preset: Annotated[
+        str, typer.Option(help="spark, spark-hybrid, vllm-cpu, hybrid-cpu or instant.")
+    ] = "spark",
     kind: Annotated[
         str, typer.Option(help="Whose wire and scheduling law: vllm, or llamacpp (llama-server's).")
     ] = "vllm",
