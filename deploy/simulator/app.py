@@ -27,15 +27,16 @@ from litestar.params import JSONBody
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploy.simulator.engine import Sequence
+from deploy.simulator.answers import END_OF_OUTPUT
+from deploy.simulator.engine import Sequence, TokenEvent
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from deploy.simulator.llamacpp_wire import LLAMACPP_ROUTES, LlamaCppServer, loading_guard
 from deploy.simulator.llamacpp_wire import error_response as llamacpp_error_response
 from deploy.simulator.presets import SimPreset
 from deploy.simulator.protocol import EngineError, decode_image, parse_chat
-from deploy.simulator.responses import streamed, whole
+from deploy.simulator.responses import streamed, usage, whole
 from deploy.simulator.service import Faults, SimulatedEngine
-from deploy.simulator.tokenizer import token_id
+from deploy.simulator.tokenizer import Token, token_id
 from gateway.engine.kinds import EngineKind
 
 
@@ -87,6 +88,53 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     if body.stream:
         return streamed(sim.engine, completion, bool((body.stream_options or {}).get("include_usage")))
     return await whole(sim.engine, completion)
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
+    """OpenAI completions over a prompt of token ids or text, answered whole (what a priming request sends:
+    its prompt ends exactly where the gateway wants the engine to keep a state)."""
+    sim: SimulatedEngine = state.sim
+    try:
+        raw = json.loads(await request.body())
+    except json.JSONDecodeError as exc:
+        raise EngineError(400, f"invalid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise EngineError(400, "expected a JSON object")
+    if raw.get("model") not in (None, sim.preset.model):
+        raise EngineError(404, f"The model `{raw['model']}` does not exist.", "model")
+    prompt = raw.get("prompt")
+    if isinstance(prompt, str):
+        tokens: list[Token] = list(sim.bpe.encode(prompt))
+    elif isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+        tokens = list(prompt)
+    else:
+        raise EngineError(400, "prompt must be a string or a non-empty list of token ids", "prompt")
+    if len(tokens) >= sim.preset.max_model_len:
+        raise EngineError(400, f"prompt is {len(tokens)} tokens, over max_model_len", "prompt")
+    max_tokens = raw.get("max_tokens", 16)
+    if type(max_tokens) is not int or max_tokens < 1:
+        raise EngineError(400, "max_tokens must be a positive integer", "max_tokens")
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    output = [TokenEvent("content", "。"), TokenEvent("content", END_OF_OUTPUT)][-max_tokens:]
+    sequence = Sequence(request_id=request_id, prompt=tokens, output=output, max_tokens=max_tokens)
+    text, finish = [], None
+    async for event in sim.engine.generate(sequence):
+        if isinstance(event, TokenEvent):
+            text.append("" if event.text == END_OF_OUTPUT else event.text)
+        else:
+            finish = event
+    assert finish is not None  # generate() always ends with a FinishEvent
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": sim.preset.model,
+        "choices": [
+            {"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": finish.finish_reason}
+        ],
+        "usage": usage(finish, []),
+    }
 
 
 @get("/v1/models")
@@ -232,7 +280,7 @@ def create_sim_app(
         await sim.engine.stop()
 
     return Litestar(
-        route_handlers=[chat_completions, models, health, metrics, tokenize, *SIM_ROUTES],
+        route_handlers=[chat_completions, completions, models, health, metrics, tokenize, *SIM_ROUTES],
         state=State({"sim": sim}),
         on_startup=[start],
         on_shutdown=[stop],

@@ -46,6 +46,7 @@ __all__ = [
     "EngineCounters",
     "Event",
     "FinishEvent",
+    "HybridPrefixCache",
     "PrefixCache",
     "Sequence",
     "SimScheduler",
@@ -99,6 +100,53 @@ class PrefixCache:
         self._blocks.clear()
 
 
+class HybridPrefixCache(PrefixCache):
+    """A hybrid model's cache in vLLM's "align" mode: a hit needs the linear-attention state where it ends.
+
+    vLLM keeps a linear-attention (Mamba, Gated DeltaNet) state only where a prefill chunk ends on a block
+    boundary and, with ``--prefix-match-unit U`` finer than the block, at the prompt's last ``U`` boundary
+    short of its last token (``_mamba_block_aligned_split`` and ``get_mamba_prefill_checkpoint_position``
+    in vLLM's v1 scheduler). A request then hits at the longest ``U`` multiple of its own prompt (never its
+    last token) where a state was kept for the same leading tokens. So a shared prefix shorter than a block
+    hits only after a request whose prompt ends at the shared prefix (or within its last unit) kept a state
+    there: the gateway's priming request.
+
+    ``hashes`` are one per ``unit`` boundary before the prompt's last token, each chained to the one before,
+    so the last one is the prompt's tail checkpoint. Capacity counts kept states, least recently used first.
+    """
+
+    def __init__(self, block_size: int, capacity_blocks: int, unit: int | None) -> None:
+        super().__init__(block_size, capacity_blocks)
+        self.unit = unit or block_size
+
+    def block_hashes(self, tokens: list[Token]) -> list[int]:
+        """One chained hash per ``unit`` boundary up to the last one before the prompt's last token."""
+        hashes, parent = [], 0
+        last = (len(tokens) - 1) // self.unit * self.unit
+        for start in range(0, last, self.unit):
+            parent = hash((parent, tuple(tokens[start : start + self.unit])))
+            hashes.append(parent)
+        return hashes
+
+    def lookup(self, hashes: list[int], prompt_len: int) -> int:
+        """The longest prefix, in units, whose state was kept (the hashes already stop short of the end)."""
+        for count in range(len(hashes), 0, -1):
+            if hashes[count - 1] in self._blocks:
+                self._blocks.move_to_end(hashes[count - 1])
+                return count * self.unit
+        return 0
+
+    def insert(self, hashes: list[int]) -> int:
+        """Keep the states at every block boundary and at the tail checkpoint; answers 0 tokens created, as
+        the real hybrid engine reports (``created_cache_tokens`` stayed 0 on every request)."""
+        per_block = self.block_size // self.unit
+        kept = [h for index, h in enumerate(hashes, start=1) if index % per_block == 0]
+        if hashes and (not kept or kept[-1] != hashes[-1]):
+            kept.append(hashes[-1])
+        super().insert(kept)
+        return 0
+
+
 class SimScheduler(StepLoop):
     """vLLM's law: admission into at most ``max_num_seqs``, chunked prefill, one pass a step."""
 
@@ -110,7 +158,11 @@ class SimScheduler(StepLoop):
         observe_e2e: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__(preset, time_scale, observe_ttft, observe_e2e)
-        self.cache = PrefixCache(preset.block_size, preset.kv_cache_blocks)
+        self.cache = (
+            HybridPrefixCache(preset.block_size, preset.kv_cache_blocks, preset.prefix_match_unit)
+            if preset.mamba_cache_mode == "align"
+            else PrefixCache(preset.block_size, preset.kv_cache_blocks)
+        )
         self._waiting: list[tuple[int, int, Sequence]] = []  # (priority, arrival order, sequence)
         self._order = itertools.count()
 

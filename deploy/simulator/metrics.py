@@ -65,12 +65,25 @@ class SimMetrics:
                     yield gauge
 
         self.registry.register(EngineCollector())
+        preset = engine.preset
+        unit = preset.prefix_match_unit
+        # The labels the real vLLM shows (a subset): a gateway reads the block, the match unit and the mode.
+        config = {
+            "block_size": str(preset.block_size),
+            "cache_hit_alignment_tokens": str(unit or preset.block_size),
+            "effective_attention_block_size": str(preset.block_size),
+            "enable_mamba_shared_prefix_checkpoint": "False",
+            "enable_prefix_caching": "True",
+            "hash_block_size": "None",
+            "mamba_block_size": "16" if preset.mamba_cache_mode == "align" else "None",
+            "mamba_cache_mode": preset.mamba_cache_mode,
+            "num_gpu_blocks": str(preset.kv_cache_blocks),
+            "prefix_match_unit": "None" if unit is None else str(unit),
+        }
         info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig.",
-            labels=["block_size", "enable_prefix_caching", "num_gpu_blocks"],
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig.", labels=["engine", *config]
         )
-        info.add_metric([str(engine.preset.block_size), "True", str(engine.preset.kv_cache_blocks)], 1.0)
+        info.add_metric(["0", *config.values()], 1.0)
         self.registry.register(_Fixed(info))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from shaping.bpe import DEFAULT_FAMILY, Family
 
@@ -81,6 +82,13 @@ class SimPreset:
     max_model_len: int = 131072
     block_size: int = 2960  # the hybrid model's KV block: a 1,076-token request never fills one
     kv_cache_blocks: int = 2048  # prefix-cache capacity in blocks, evicted least recently used
+    # A hybrid model (linear-attention layers beside full attention) caches in vLLM's "align" mode: a
+    # state is kept only at block boundaries and at the prompt's last prefix_match_unit boundary, and a hit
+    # needs one where it ends (deploy.simulator.engine.HybridPrefixCache). "none": a plain full-block cache.
+    mamba_cache_mode: Literal["none", "align"] = "none"
+    # vLLM's --prefix-match-unit: hits may land on multiples of it inside a block. vLLM refuses one that
+    # does not divide the block (a hybrid model's groups), or, on a single-group model, any but the block.
+    prefix_match_unit: int | None = None
     # Fitted to the Spark's tuned configuration (bench/calibration.py, docs/engineering.md): a step costs its
     # prefill tokens at PREFILL plus its decode tokens at DECODE tokens/s in aggregate (flat whatever the
     # batch: an MoE whose sequences touch different experts), plus, on the Spark, the weights its prefill
@@ -131,6 +139,23 @@ class SimPreset:
     separation_auroc: float = 0.85
     scheduling_policy: str = "fcfs"  # or "priority": lower ``priority`` first
 
+    def __post_init__(self) -> None:
+        unit = self.prefix_match_unit
+        if unit is None:
+            return
+        if unit < 1:
+            raise ValueError(f"prefix_match_unit must be at least 1, got {unit}")
+        if self.mamba_cache_mode != "align" and unit != self.block_size:
+            raise ValueError(  # vLLM's own words (v1/core/kv_cache_utils.py)
+                f"Invalid prefix_match_unit={unit}; with a single KV cache group, prefix-cache hits land on "
+                f"the block size ({self.block_size}). Unset it or set it to {self.block_size}."
+            )
+        if self.block_size % unit:
+            raise ValueError(
+                f"Invalid prefix_match_unit={unit}; prefix-cacheable KV cache group block sizes must be "
+                f"divisible by prefix_match_unit. Got group block sizes=[{self.block_size}]."
+            )
+
     @property
     def effective_prefill_tokens_per_s(self) -> float:
         """Prompt tokens a second over a whole seed-sized prefill (1,076 tokens in one step), its weight
@@ -180,6 +205,12 @@ VLLM_CPU_ROW_COST_S = 0.0002  # the fit measurement's own (above): not identifie
 
 PRESETS: dict[str, SimPreset] = {
     "spark": SimPreset(name="spark", model="qwen3-vl-moe-sim", weight_reads=GB10_NVFP4_125B),
+    # The Spark with its hybrid model's cache law (the same hits without a match unit; with one, the
+    # priming law). Not the default spark: it reports a linear-attention cache, so a gateway's /readyz
+    # sends it a first-request probe, outside the in-flight cap (gateway/engine/first_request.py).
+    "spark-hybrid": SimPreset(
+        name="spark-hybrid", model="qwen3-vl-moe-sim", weight_reads=GB10_NVFP4_125B, mamba_cache_mode="align"
+    ),
     "vllm-cpu": SimPreset(
         name="vllm-cpu",
         model="tiny",
@@ -194,6 +225,24 @@ PRESETS: dict[str, SimPreset] = {
         request_overhead_s=VLLM_CPU_REQUEST_OVERHEAD_S,
         row_cost_s=VLLM_CPU_ROW_COST_S,
         pixels_per_token=32,
+    ),
+    # The suite's real hybrid engine (`modgate engine-cpu --model hybrid`: a tiny random Qwen3-Next on the
+    # vLLM CPU build, the SSM state in float32): its cache law and figures, the CPU engine's pace.
+    "hybrid-cpu": SimPreset(
+        name="hybrid-cpu",
+        model="tiny",
+        tokenizer="qwen2.5",
+        max_num_seqs=4,
+        max_num_batched_tokens=2048,
+        max_model_len=8192,
+        block_size=2176,
+        kv_cache_blocks=725,  # 1 GiB of KV cache held 1,578,598 tokens at block 2176
+        mamba_cache_mode="align",
+        step_overhead_s=VLLM_CPU_STEP_OVERHEAD_S,
+        prefill_tokens_per_s=VLLM_CPU_PREFILL_TOKENS_PER_S,
+        decode_tokens_per_s=VLLM_CPU_DECODE_TOKENS_PER_S,
+        request_overhead_s=VLLM_CPU_REQUEST_OVERHEAD_S,
+        row_cost_s=VLLM_CPU_ROW_COST_S,
     ),
     # Instant: a tiny engine with a small block so that prefix caching can be seen in a few requests.
     "instant": SimPreset(

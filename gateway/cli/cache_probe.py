@@ -26,10 +26,12 @@ import httpx
 import typer
 
 from gateway.engine.client import EngineClient
+from gateway.engine.prefix_keeper import cache_config_from_metrics
 from gateway.errors import ModgateError, UpstreamError
 from gateway.settings import ShapingSettings
 from gateway.telemetry.windows import EngineCacheCounters, read_engine_cache_counters
 from shaping.image import ImageLimits, ShapedImage, shape_image
+from shaping.prefix_strategy import MATCH_UNIT_FIX, EngineCacheConfig, primed_cached_tokens
 from shaping.prompt import (
     RequestOptions,
     SystemPrompt,
@@ -73,6 +75,7 @@ class CacheProbeReport:
     counters_before: EngineCacheCounters | None
     counters_after: EngineCacheCounters | None
     engine_kind: str = "vllm"  # the engine's wire: "vllm" or "llamacpp" (token by token, no block)
+    cache_config: EngineCacheConfig | None = None  # vllm:cache_config_info: match unit, hybrid mode
     diagnosis: list[str] = field(default_factory=list)
 
     @property
@@ -170,6 +173,46 @@ def diagnose(report: CacheProbeReport) -> list[str]:
         )
     else:
         lines.append(f"the production-shaped request got 0 of {n:,} tokens from the cache")
+    return lines + hybrid_diagnosis(report)
+
+
+def hybrid_diagnosis(report: CacheProbeReport) -> list[str]:
+    """A hybrid model's case (linear-attention states kept only at block boundaries and prompt ends): the
+    block against the shared prefix and the prompt, the match unit, primed or not, and the fix."""
+    config, shared, block = report.cache_config, report.shared_prefix_tokens, report.block_size
+    if config is None or not config.hybrid or shared is None or block is None:
+        return []
+    n, cached = report.production.prompt_tokens, report.production.cached_tokens
+    unit = config.match_unit
+    lines = [
+        f"hybrid model (mamba_cache_mode {config.mamba_cache_mode}): a request hits only where the engine "
+        f"kept a linear-attention state: block boundaries (every {block:,} tokens) and a prompt's last "
+        f"{'match-unit' if unit else 'block'} boundary"
+    ]
+    if unit is None:
+        if block > shared:
+            lines.append(
+                f"block {block:,} > shared prefix {shared:,} tokens (prompt {n:,}) and no match unit: no "
+                f"request can hit the shared prefix; fix: {MATCH_UNIT_FIX} and leave "
+                "MODGATE_SHAPING__PREFIX_STRATEGY=auto (the gateway primes it), or fill the prefix to "
+                f"{block:,} tokens (MODGATE_SHAPING__PREFIX_STRATEGY=block-fill)"
+            )
+        return lines
+    expected = primed_cached_tokens(shared, unit)
+    if cached >= expected > 0:
+        lines.append(
+            f"match unit {unit}: primed, the state at the shared prefix is kept; each request takes "
+            f"{cached:,} tokens from the cache ({expected:,} of the shared prefix)"
+        )
+    else:
+        lines.append(
+            f"match unit {unit}, but not primed: the production-shaped request took {cached:,} of the "
+            f"{expected:,} tokens it could; only a request whose prompt ends at the shared prefix keeps a "
+            "state there: start the gateway with MODGATE_SHAPING__PREFIX_STRATEGY=auto (it primes at start "
+            "and after every restart), and check modgate_prefix_primings_total"
+        )
+    if config.shared_prefix_checkpoint:
+        lines.append("--enable-mamba-shared-prefix-checkpoint is on: it takes effect only with EAGLE drafts")
     return lines
 
 
@@ -179,6 +222,13 @@ def _keyframe(seed: int, shaping: ShapingSettings) -> ShapedImage:
     limits = ImageLimits(max_bytes=shaping.max_image_bytes, animated=shaping.animated)
     grid = TokenGrid(pixels_per_token=shaping.pixels_per_token, token_budget=shaping.image_token_budget)
     return shape_image(make_keyframe("allow", seed=seed), limits, grid, jpeg_quality=shaping.jpeg_quality)
+
+
+async def _cache_config(engine: EngineClient) -> EngineCacheConfig | None:
+    try:
+        return cache_config_from_metrics(await engine.metrics_text())
+    except (ModgateError, ValueError):
+        return None
 
 
 async def _counters(engine: EngineClient) -> EngineCacheCounters | None:
@@ -241,6 +291,7 @@ async def probe_engine(
         repeated = [await call(f"repeated probe {i + 1}", probe_frame) for i in range(max(2, repeats))]
         production = await call("production-shaped", production_frame)
         after = await _counters(engine)
+        config = await _cache_config(engine)
         kind = engine.kind
     finally:
         await engine.aclose()
@@ -251,7 +302,7 @@ async def probe_engine(
         engine_url=engine_url, model=served, verdict_format=verdict_format, block_size=chosen,
         block_size_from="flag" if block_size else ("engine" if exposed else None),
         shared_prefix_tokens=shared, repeated=repeated, production=production,
-        counters_before=before, counters_after=after, engine_kind=kind,
+        counters_before=before, counters_after=after, engine_kind=kind, cache_config=config,
     )
     report.diagnosis.extend(diagnose(report))
     return report

@@ -224,7 +224,9 @@ def _spawn_without_main_module() -> None:
 def engine_sim(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
-    preset: Annotated[str, typer.Option(help="spark, vllm-cpu or instant.")] = "spark",
+    preset: Annotated[
+        str, typer.Option(help="spark, spark-hybrid, vllm-cpu, hybrid-cpu or instant.")
+    ] = "spark",
     kind: Annotated[
         str, typer.Option(help="Whose wire and scheduling law: vllm, or llamacpp (llama-server's).")
     ] = "vllm",
@@ -242,6 +244,11 @@ def engine_sim(
         float, typer.Option(help="Multiplies every simulated duration: 1 real pace, 0 instant.")
     ] = 1.0,
     block_size: Annotated[int | None, typer.Option(help="Prefix-cache block size in tokens.")] = None,
+    prefix_match_unit: Annotated[
+        int | None,
+        typer.Option(help="vLLM's --prefix-match-unit: hits land on its multiples (a hybrid preset's block "
+                          "must be divisible by it)."),
+    ] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Sequences run at once.")] = None,
     disagreement: Annotated[
         float | None, typer.Option(help="Share of frames whose thinking-off verdict differs.")
@@ -292,6 +299,7 @@ def engine_sim(
     changes: dict[str, object] = {}
     for name, value in (
         ("block_size", block_size),
+        ("prefix_match_unit", prefix_match_unit),
         ("max_num_seqs", max_num_seqs),
         ("thinking_off_disagreement", disagreement),
         ("separation_auroc", separation),
@@ -324,7 +332,10 @@ def engine_sim(
             changes.update(options_from_flags(engine_flags))
         except FlagValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
-    chosen = PRESETS[preset].scaled(**changes)
+    try:
+        chosen = PRESETS[preset].scaled(**changes)
+    except ValueError as exc:  # what vLLM refuses at start (an invalid --prefix-match-unit)
+        raise typer.BadParameter(str(exc)) from exc
     faults = Faults(
         error_rate=error_rate,
         slow_rate=slow_rate,

@@ -21,9 +21,11 @@ from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
+from gateway.engine.first_request import FirstRequestProbe
 from gateway.engine.pool import EnginePool
 from gateway.engine.pool_build import build_engine_pool, register_pool_metrics
 from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
+from gateway.engine.prefix_keeper import PrefixKeeper
 from gateway.engine.startup_check import CheckTargets, EngineCheck, EngineChecks
 from gateway.http.auth import KeyRing
 from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
@@ -63,6 +65,7 @@ from gateway.telemetry.tracing import Telemetry, build_telemetry
 from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
 from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from shaping.prefix import GuidanceTooShort
+from shaping.prefix_strategy import PrefixStrategySetting
 from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
 from shaping.verdict import VERDICT_FORMATS, VerdictFormat
 
@@ -97,6 +100,9 @@ class Services:
     drain: Drain = field(default_factory=Drain)  # set by SIGTERM: /readyz 503 while still serving
     # what each engine was found to lack at start (gateway/engine/startup_check.py); empty until checked
     engine_checks: EngineChecks = field(default_factory=lambda: EngineChecks([], CheckTargets("auto", 0)))
+    prefix: PrefixKeeper | None = None  # each engine's prefix strategy and priming (/readyz)
+    # each engine's first tiny request, sent by /readyz once it is healthy (gateway/engine/first_request.py)
+    first_request: FirstRequestProbe = field(default_factory=FirstRequestProbe)
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -176,12 +182,21 @@ def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictC
     return RedisVerdictCache(state, shaping.verdict_cache_ttl_s, rule)
 
 
+def prefix_strategy_setting(settings: Settings) -> PrefixStrategySetting:
+    """``MODGATE_SHAPING__PREFIX_STRATEGY``; the older ``BLOCK_FILLING_PREFIX=true`` reads as block-fill."""
+    shaping = settings.shaping
+    if shaping.prefix_strategy == "auto" and shaping.block_filling_prefix:
+        return "block-fill"
+    return shaping.prefix_strategy
+
+
 async def _system_prompt(
     settings: Settings,
     engine_url: str,
     transport: httpx.AsyncBaseTransport | None,
     verdict_format: VerdictFormat,
     metrics: GatewayMetrics,
+    fill: bool,
 ) -> SystemPrompt:
     """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
 
@@ -191,7 +206,7 @@ async def _system_prompt(
     version = prompt_version_for(verdict_format)
     cacheable = metrics.cacheable_prefix.labels(verdict_format)
     cacheable.set(0)
-    if not settings.shaping.block_filling_prefix:
+    if not fill:
         return load_system_prompt(version)
     try:
         async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
@@ -352,6 +367,22 @@ async def open_services(
         quotas = TenantQuotas(directory, MemoryKeyframeRate() if state is None else RedisKeyframeRate(state))
         tenants = TenantFigures(admission, quotas, recent, executor)
         metrics.watch_tenants(tenants.collect)
+        # The prefix strategy (shaping/prefix_strategy.py): chosen on the first engine before the system
+        # prompt (block filling changes it), on every engine at start, and again after a restart.
+        prefix = PrefixKeeper(
+            prefix_strategy_setting(settings),
+            engine_urls,
+            metrics.registry,
+            fill_max_tokens=settings.shaping.prefix_fill_max_tokens,
+            reprime_interval_s=settings.shaping.prefix_reprime_interval_s,
+            block_size=settings.shaping.prefix_block_size,
+            transport=engine_transport,
+        )
+        stack.push_async_callback(prefix.stop)
+        plain_prompts = {f: load_system_prompt(prompt_version_for(f)) for f in VERDICT_FORMATS}
+        first = await prefix.decide(engine_url, plain_prompts)
+        if prefix_strategy_setting(settings) == "block-fill" and first.action != "fill":
+            log.error("block-filling prefix OFF: %s; serving the plain system prompt", first.reason)
         moderation = ModerationService(
             settings=settings,
             engine=engine,
@@ -360,7 +391,7 @@ async def open_services(
             metrics=metrics,
             system_prompts={
                 verdict_format: await _system_prompt(
-                    settings, engine_url, engine_transport, verdict_format, metrics
+                    settings, engine_url, engine_transport, verdict_format, metrics, first.action == "fill"
                 )
                 for verdict_format in VERDICT_FORMATS
             },
@@ -412,6 +443,8 @@ async def open_services(
         stack.push_async_callback(engine_checks.aclose)
         if settings.engine.startup_check:
             engine_checks.start()
+        await prefix.start(moderation.system_prompts)  # every engine's strategy; the priming it needs
+        moderation.judge.prefix_observer = prefix.observe
         directory.start()
         engine_cache.start()
         jobs.start()
@@ -442,4 +475,5 @@ async def open_services(
             review=moderation.review,
             drain=drain,
             engine_checks=engine_checks,
+            prefix=prefix,
         )

@@ -81,6 +81,9 @@ class FrameJudge:
         self.load = load
         self.metrics = metrics
         self.tracer = tracer
+        # Told each answer's cached tokens (engine URL, verdict format, prompt, cached, monotonic send
+        # time): the prefix keeper primes an engine again when they fall (gateway/engine/prefix_keeper.py).
+        self.prefix_observer: Callable[[str, VerdictFormat, int, int, float], None] | None = None
 
     async def judge(
         self,
@@ -126,8 +129,12 @@ class FrameJudge:
                 self.metrics.queue_wait.observe(admission.queue_seconds)
                 self.load.observe_queue_wait(admission.queue_seconds)
                 with self.tracer.start_as_current_span("engine") as engine_span:
+                    sent_at = time.monotonic()
                     answer = await admission.chat(body, request_id, models=self.identity.model_ids())
                     usage = answer.usage
+                    if self.prefix_observer is not None:
+                        self.prefix_observer(admission.engine.url, decision.verdict_format,
+                                             usage.prompt_tokens, usage.cached_tokens, sent_at)
                     admission.settle(
                         self.work.actual(work, len(frames), usage.prompt_tokens, usage.completion_tokens)
                     )

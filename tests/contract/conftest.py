@@ -3,21 +3,34 @@
 ``real_engine_url`` fails loudly (never skips) when the engine cannot start: a contract suite that
 quietly skips its real engine proves nothing. Set ``MODGATE_TEST_ENGINE_URL`` to run against an engine
 that is already up (``modgate engine-cpu``) instead of booting one, which saves the ~90 s start locally.
+
+The hybrid model (``--model hybrid``: a tiny Qwen3-Next with Gated DeltaNet layers, text only) is booted
+once per session on each engine too: ``real_hybrid_url`` (vLLM, with ``HYBRID_VLLM_ARGS``) and
+``real_hybrid_llamacpp_url``; ``MODGATE_TEST_HYBRID_URL`` and ``MODGATE_TEST_HYBRID_LLAMACPP_URL`` name
+ones already up.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from deploy.engine_cpu import EngineError, boot_engine
+from deploy.engine_cpu import TINY_HYBRID, EngineError, EngineProcess, boot_engine
 from deploy.engine_llamacpp import boot_llamacpp
 
 # The first test that asks for the engine pays for the install (minutes on a cold machine) and the
 # start (~90 s): give those tests room beyond the suite's default per-test timeout.
 ENGINE_TEST_TIMEOUT_S = 1200
+# One hybrid vLLM for the session, with a match unit: unprimed requests still get 0 cached tokens on it
+# (the seed's failure), and a primer makes the shared prefix hit to the unit, so one boot shows both. No
+# compilation (-O0): torch's compile of the hybrid took over 300 s on a loaded 2-core machine.
+HYBRID_MATCH_UNIT = 16
+HYBRID_VLLM_ARGS = ("--prefix-match-unit", str(HYBRID_MATCH_UNIT), "--optimization-level", "0")
+HYBRID_READY_TIMEOUT_S = 1100.0
+_HYBRID_FIXTURES = ("real_hybrid_url", "real_hybrid_llamacpp_url")
 
 _boot_report: list[str] = []
 
@@ -27,7 +40,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         # The vllm marker too: a test may ask for the engine late, via request.getfixturevalue.
         names = getattr(item, "fixturenames", ())
-        asks = "real_engine_url" in names or "real_llamacpp_url" in names
+        asks = any(name in names for name in ("real_engine_url", "real_llamacpp_url", *_HYBRID_FIXTURES))
         marked = item.get_closest_marker("vllm") or item.get_closest_marker("llamacpp")
         if (asks or marked) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT_S))
@@ -87,6 +100,52 @@ def real_llamacpp_url() -> Iterator[str]:
         yield engine.url
     finally:
         engine.stop()
+
+
+def _serve_for_session(what: str, boot: Callable[[], tuple[EngineProcess, Any]]) -> Iterator[str]:
+    """Boot an engine for the session (failing loudly, never skipping), report its times, stop it after."""
+    try:
+        engine, timings = boot()
+    except EngineError as exc:
+        failure = str(exc)
+    else:
+        failure = ""
+    if failure:
+        pytest.fail(f"the real {what} did not start: {failure}", pytrace=False)
+    _boot_report.append(
+        f"real {what} at {engine.url}: {timings.summary()}, "
+        f"RSS {engine.rss_bytes() / 2**20:.0f} MiB, log {engine.log_path}"
+    )
+    try:
+        yield engine.url
+    finally:
+        engine.stop()
+
+
+@pytest.fixture(scope="session")
+def real_hybrid_url() -> Iterator[str]:
+    """Base URL of the real vLLM CPU engine serving the tiny hybrid as ``tiny``, with ``HYBRID_VLLM_ARGS``."""
+    external = os.environ.get("MODGATE_TEST_HYBRID_URL")
+    if external:
+        _boot_report.append(f"real hybrid vLLM: using {external} (MODGATE_TEST_HYBRID_URL)")
+        yield external.rstrip("/")
+        return
+    yield from _serve_for_session("hybrid vLLM engine", lambda: boot_engine(
+        model=TINY_HYBRID, extra_args=HYBRID_VLLM_ARGS, ready_timeout=HYBRID_READY_TIMEOUT_S
+    ))
+
+
+@pytest.fixture(scope="session")
+def real_hybrid_llamacpp_url() -> Iterator[str]:
+    """Base URL of the real llama-server serving the tiny hybrid as GGUF (no projector) as ``tiny``."""
+    external = os.environ.get("MODGATE_TEST_HYBRID_LLAMACPP_URL")
+    if external:
+        _boot_report.append(f"real hybrid llama-server: using {external} (MODGATE_TEST_HYBRID_LLAMACPP_URL)")
+        yield external.rstrip("/")
+        return
+    yield from _serve_for_session(
+        "hybrid llama-server", lambda: boot_llamacpp(tiny=TINY_HYBRID, vision=False)
+    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

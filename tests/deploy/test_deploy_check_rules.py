@@ -602,3 +602,44 @@ def test_a_queue_backstop_at_the_gateways_cap_binds_under_it_and_is_a_warning(ru
 
     assert "--max-num-queued-reqs 8 of `vllm` is not above MODGATE_MAX_INFLIGHT 8" in finding.message
     assert "about 16" in finding.message
+
+# --- prefix match unit ---------------------------------------------------------------------------------
+
+
+HYBRID_COMPOSE = replaced('"some/model"', '"Qwen/Qwen3-Next-80B-A3B-Instruct"')
+
+
+def test_a_hybrid_model_without_a_match_unit_is_told_to_add_one(run_check: CheckRun) -> None:
+    findings = of_rule(run_check(HYBRID_COMPOSE), "prefix-match-unit")
+    assert [f.severity for f in findings] == ["warning"]
+    assert "--prefix-match-unit 16" in findings[0].message
+
+
+def test_a_match_unit_of_16_on_a_hybrid_model_passes(run_check: CheckRun) -> None:
+    compose = with_items('"--prefix-match-unit"', '"16"', compose=HYBRID_COMPOSE)
+    assert of_rule(run_check(compose), "prefix-match-unit") == []
+
+
+@pytest.mark.parametrize(("items", "words"), [
+    (('"--prefix-match-unit"', '"100"', '"--block-size"', '"2176"'), "does not divide --block-size 2176"),
+    (('"--prefix-match-unit"', '"64"'), "guarantees only a multiple of 16"),
+    (('"--prefix-match-unit"', '"0"'), "must be a positive integer"),
+    (('"--prefix-match-unit"', '"16"', '"--mamba-cache-mode"', '"all"'), "--mamba-cache-mode all"),
+    (('"--prefix-match-unit"', '"16"', '"--no-enable-prefix-caching"'), "--no-enable-prefix-caching"),
+])
+def test_a_match_unit_vllm_refuses_or_ignores_is_an_error_before_a_start(
+    run_check: CheckRun, items: tuple[str, ...], words: str
+) -> None:
+    compose = with_items(*items, compose=HYBRID_COMPOSE)
+    if "--no-enable-prefix-caching" in " ".join(items):
+        compose = compose.replace('      - "--enable-prefix-caching"\n', "")
+    findings = of_rule(run_check(compose), "prefix-match-unit")
+    assert [f.severity for f in findings] == ["error"], findings
+    assert words in findings[0].message
+    assert findings[0].location.line == line_of(compose, items[1])
+
+
+def test_a_match_unit_on_a_plain_model_is_a_warning(run_check: CheckRun) -> None:
+    findings = of_rule(run_check(with_items('"--prefix-match-unit"', '"16"')), "prefix-match-unit")
+    assert [f.severity for f in findings] == ["warning"]
+    assert "one KV cache group" in findings[0].message

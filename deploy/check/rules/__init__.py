@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 from deploy.check.compose import Deployment
 from deploy.check.model import Finding
-from deploy.check.rules import command_line, engine, gateway, llamacpp, source, tuning
+from deploy.check.rules import command_line, engine, gateway, llamacpp, prefix, source, tuning
 
 Rule = Callable[[Deployment], Iterator[Finding]]
 
@@ -28,6 +28,7 @@ RULES: tuple[Rule, ...] = (
     gateway.scheduling_policy,
     engine.prompt_tokens_details,
     engine.mamba_block_size,
+    prefix.prefix_match_unit,
     gateway.max_inflight,
     gateway.queue_backstop,
     llamacpp.slot_context,

@@ -250,6 +250,7 @@ async def _health(services: Services) -> dict[str, Any]:
         "model_error": model_error,
         "store": services.policies.status(),
         "engine_checks": services.engine_checks.findings(),  # what the start-up check found on each engine
+        "prefix": services.prefix.status() if services.prefix is not None else {},  # per engine URL
     }
 
 

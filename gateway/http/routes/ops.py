@@ -38,6 +38,7 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
             status_code=503,
         )
     engines = await services.engines.readiness()
+    await _first_requests(services, engines)
     ready = any(engine["up"] for engine in engines)
     model = None
     if ready:
@@ -58,11 +59,29 @@ async def readyz(services: NamedDependency[Services]) -> Response[dict[str, Any]
     # What the start-up check found on each engine (gateway/engine/startup_check.py): a missing piece does
     # not gate readiness (the gateway serves what it can); each says its fix and what is lost until then.
     body["engine_checks"] = services.engine_checks.findings()
+    if services.prefix is not None:  # each engine's prefix strategy: primed or not, or the flag it needs
+        body["prefix_cache"] = services.prefix.status()
     store = services.policies.status()
     body["policy_store"] = store.model_dump(mode="json")
     if ready and not store.available:
         body["status"] = "degraded"
     return Response(body, status_code=200 if ready else 503)
+
+
+async def _first_requests(services: Services, engines: list[dict[str, Any]]) -> None:
+    """Probe each engine that answers ``/health`` once with a tiny real request; one that failed it is not up.
+
+    An engine can be healthy and fail every request (a hybrid model in float32 on the CPU): this says so at
+    start, with the fix, instead of the first keyframe's 500.
+    """
+    slots = {slot.url: slot for slot in services.engines.engines}
+    outcomes = await asyncio.gather(*(
+        services.first_request.check(slots[engine["url"]].client, engine["health"]) for engine in engines
+    ))
+    for engine, outcome in zip(engines, outcomes, strict=True):
+        if outcome is not None and outcome.status == "failed":
+            engine["up"] = False
+            engine["first_request"] = {"status": outcome.status, "detail": outcome.detail}
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")  # Litestar adds "; charset=utf-8" to text types

@@ -1,0 +1,112 @@
+"""The first-request probe: one tiny real request to each engine before it is called ready.
+
+An engine can boot, answer ``/health`` 200 and still fail every request. The case seen on the real vLLM
+CPU build: a hybrid (linear-attention) model served in float32 answers its first chat request 500
+("EngineCore encountered an issue"; its log says "CPU GDN attention requires BF16.") and then exits.
+``/readyz`` sends this probe once to each vLLM engine that answers ``/health`` and reports a linear-attention
+(mamba) cache in ``vllm:cache_config_info`` (again after the engine was seen down: a restart may change its
+flags), so that failure is reported at start, with what to change, in ``/readyz`` and the log, not by the
+first keyframe's 500. Other engines are not sent it: no other start-up fault of this kind is known, and an
+extra request at every start would be counted by whoever watches the engine's request counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.engine.client import ENGINE_REJECTED, EngineClient
+from gateway.errors import ModgateError, UpstreamError
+
+log = logging.getLogger("modgate.engine")
+
+PROBE_REQUEST_ID: Final = "modgate-first-request"
+HYBRID_ON_CPU_NEEDS_BF16: Final = (
+    "a hybrid (linear-attention) model on the CPU needs bfloat16: start vLLM with --dtype bfloat16 "
+    "(its CPU Gated DeltaNet kernel refuses float32)"
+)
+_NOT_HYBRID: Final = {"", "none"}  # vllm:cache_config_info's mamba_cache_mode on a model with no mamba layers
+
+
+def probe_body(model: str) -> dict[str, Any]:
+    """The smallest real chat request: one user word, one token back, thinking off."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "ok"}],
+        "max_tokens": 1,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+
+
+def serves_linear_attention(metrics_text: str) -> bool | None:
+    """Whether vLLM's ``vllm:cache_config_info`` shows a mamba (linear-attention) cache; None: not said."""
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "vllm:cache_config_info" and family.samples:
+            mode = family.samples[0].labels.get("mamba_cache_mode")
+            return None if mode is None else mode.strip().lower() not in _NOT_HYBRID
+    return None
+
+
+def failure_message(error: str) -> str:
+    """What ``/readyz`` and the log say of a hybrid engine whose first request failed, with the likely fix."""
+    return f"the engine failed its first request ({error}): {HYBRID_ON_CPU_NEEDS_BF16}"
+
+
+@dataclass(frozen=True, slots=True)
+class FirstRequest:
+    """One engine's probe outcome: ``ok`` or ``failed`` (with the message)."""
+
+    status: Literal["ok", "failed"]
+    detail: str | None = None
+
+
+@dataclass
+class FirstRequestProbe:
+    """Each engine's first-request outcome since it was last seen down (by URL)."""
+
+    results: dict[str, FirstRequest] = field(default_factory=dict)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    async def check(self, client: EngineClient, healthy: bool) -> FirstRequest | None:
+        """The engine's outcome, probing it now if it is healthy and was not probed since it came up.
+
+        None: not probed (the engine is down or serves no linear-attention model, or the probe could not
+        reach it or timed out: asked again).
+        """
+        url = client.base_url
+        if not healthy:
+            self.results.pop(url, None)  # when it is back it may be another process: probe again
+            return None
+        async with self._locks.setdefault(url, asyncio.Lock()):  # concurrent /readyz calls probe once
+            if url not in self.results:
+                outcome = await self._probe(client)
+                if outcome is not None:
+                    self.results[url] = outcome
+            return self.results.get(url)
+
+    @staticmethod
+    async def _probe(client: EngineClient) -> FirstRequest | None:
+        if (await client.wire()).kind != "vllm":
+            return FirstRequest("ok", "not probed: not vLLM")
+        try:
+            linear_attention = serves_linear_attention(await client.metrics_text())
+        except ModgateError:
+            return None  # its /metrics could not be read: ask again
+        if not linear_attention:
+            return FirstRequest("ok", "not probed: no linear-attention layers")
+        try:
+            models = await client.model_ids()
+            await client.chat(probe_body(models[0] if models else ""), PROBE_REQUEST_ID)
+        except UpstreamError as exc:
+            if exc.code == ENGINE_REJECTED:  # a 4xx: it answered, and refusals are a request's business
+                return FirstRequest("ok", exc.message)
+            message = failure_message(exc.message)
+            log.error("engine %s: %s", client.base_url, message)
+            return FirstRequest("failed", message)
+        except ModgateError:
+            return None  # unreachable, loading (503) or slow: not a verdict on the engine, ask again
+        return FirstRequest("ok")

@@ -1,0 +1,290 @@
+"""Each engine's prefix strategy, chosen at start and again after a restart, and the priming it needs.
+
+The choice is :func:`shaping.prefix_strategy.choose_prefix_strategy` over what the engine shows: its kind,
+``vllm:cache_config_info`` and the shared prefix in its own tokens. On an engine with a match unit the
+keeper sends one priming request (``POST /v1/completions`` with the shared prefix's token ids and one more)
+so the engine keeps the linear-attention state at the shared prefix; then it watches the cached tokens of
+every answer and primes again when a request sent after the last priming took fewer than the shared prefix
+from the cache (a restart, a model swap, an eviction), reading the engine's cache config again first.
+
+Priming runs beside the traffic, never in a request's way: a failed priming is logged and counted, and the
+requests go on uncached until the next one succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.engine.prefix import EngineTokens, PrefixPlanError, serves_llamacpp
+from shaping.prefix import shared_prefix_length
+from shaping.prefix_strategy import (
+    EngineCacheConfig,
+    PrefixDecision,
+    PrefixStrategySetting,
+    choose_prefix_strategy,
+    primed_cached_tokens,
+    priming_prompt,
+)
+from shaping.prompt import SystemPrompt
+from shaping.verdict import VerdictFormat
+
+log = logging.getLogger("modgate.prefix")
+
+ENGINE_CHECKPOINT_GRACE = 3
+"""Short answers tolerated before priming an engine that checkpoints the shared prefix itself."""
+
+ACTIONS = ("prime", "engine-checkpoint", "fill", "none", "uncacheable")
+
+
+class _Borrowed(httpx.AsyncBaseTransport):
+    """A transport lent by the engine pool (tests): used for the keeper's calls, closed only by its owner."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Leave the lent transport open."""
+
+
+def cache_config_from_metrics(text: str) -> EngineCacheConfig | None:
+    """The engine's ``vllm:cache_config_info`` labels, if its ``/metrics`` has them."""
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:cache_config_info" and family.samples:
+            return EngineCacheConfig.from_labels(family.samples[0].labels)
+    return None
+
+
+@dataclass
+class EnginePrefixState:
+    """What the keeper knows of one engine."""
+
+    url: str
+    decision: PrefixDecision | None = None
+    model: str | None = None
+    shared_ids: dict[VerdictFormat, list[int]] = field(default_factory=dict)
+    expected: dict[VerdictFormat, int] = field(default_factory=dict)  # cached tokens a request should get
+    primings: int = 0
+    primed_at: float | None = None  # monotonic time the last priming finished (None: not primed)
+    last_error: str | None = None
+    unread: bool = False  # the engine could not be read when last asked: ask again on its next answer
+    shortfalls: int = 0  # answers since the last priming that took fewer cached tokens than expected
+    task: asyncio.Task[None] | None = None
+
+    def document(self) -> dict[str, Any]:
+        """The engine's part of ``/readyz``."""
+        decision = self.decision
+        return {
+            "strategy": None if decision is None else decision.action,
+            "reason": None if decision is None else decision.reason,
+            "fix": None if decision is None else decision.fix,
+            "expected_cached_tokens": dict(self.expected),
+            "primed": self.primed_at is not None,
+            "primings": self.primings,
+            "last_error": self.last_error,
+        }
+
+
+class PrefixKeeper:
+    """Chooses, primes and re-primes each engine's prefix cache (``MODGATE_SHAPING__PREFIX_STRATEGY``)."""
+
+    def __init__(
+        self,
+        setting: PrefixStrategySetting,
+        urls: list[str],
+        registry: CollectorRegistry,
+        *,
+        fill_max_tokens: int,
+        reprime_interval_s: float,
+        block_size: int | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.setting = setting
+        self.block_size = block_size
+        self.fill_max_tokens = fill_max_tokens
+        self.reprime_interval_s = reprime_interval_s
+        self.transport = transport
+        self.timeout_s = timeout_s
+        self.engines = {url: EnginePrefixState(url) for url in urls}
+        self.system_prompts: Mapping[VerdictFormat, SystemPrompt] = {}
+        self.primings = Counter(
+            "modgate_prefix_primings",
+            "Priming requests sent to keep the engine's linear-attention state at the shared prefix, by why: "
+            "start, cache_fell (a request got fewer cached tokens than the shared prefix: restart, swap, "
+            "eviction), failed (the priming request itself failed).",
+            ["engine", "reason"],
+            registry=registry,
+        )
+        self.strategy = Gauge(
+            "modgate_prefix_strategy",
+            "1 for the prefix strategy in force on each engine (prime, engine-checkpoint, fill, none, "
+            "uncacheable).",
+            ["engine", "strategy"],
+            registry=registry,
+        )
+        self.uncacheable = Gauge(
+            "modgate_prefix_uncacheable",
+            "1 while the engine cannot cache the shared prefix (the log and /readyz name the engine flag).",
+            ["engine"],
+            registry=registry,
+        )
+
+    # --- choosing ---------------------------------------------------------------------------------------
+
+    def _client(self, url: str) -> httpx.AsyncClient:
+        transport = None if self.transport is None else _Borrowed(self.transport)
+        return httpx.AsyncClient(base_url=url, transport=transport, timeout=self.timeout_s)
+
+    async def decide(
+        self, url: str, system_prompts: Mapping[VerdictFormat, SystemPrompt], *, reason: str = "start"
+    ) -> PrefixDecision:
+        """Read the engine and choose its strategy; on an engine that cannot be read, nothing changes."""
+        state = self.engines[url]
+        try:
+            async with self._client(url) as http:
+                if await serves_llamacpp(http):
+                    decision = choose_prefix_strategy(self.setting, "llamacpp", None, 0, self.fill_max_tokens)
+                    state.unread, state.expected = False, {}
+                    self._set(state, decision, reason)
+                    return decision
+                response = await http.get("/metrics")
+                config = cache_config_from_metrics(response.text) if response.status_code == 200 else None
+                if self.block_size is not None:  # MODGATE_SHAPING__PREFIX_BLOCK_SIZE: the operator's word
+                    config = replace(config or EngineCacheConfig(), block_size=self.block_size)
+                engine = await EngineTokens.connect(http)
+                state.model = engine.model
+                shared: dict[VerdictFormat, list[int]] = {}
+                for verdict_format, prompt in system_prompts.items():
+                    shared[verdict_format] = await _shared_ids(engine, prompt.text)
+        except (PrefixPlanError, httpx.HTTPError, ValueError) as exc:  # ValueError: /metrics unparsable
+            state.last_error, state.unread = f"{exc}", True
+            decision = PrefixDecision("none", f"the engine could not be read ({exc}): nothing is changed")
+            self._set(state, decision, reason)
+            return decision
+        state.unread, state.last_error = False, None
+        state.shared_ids = shared
+        shortest = min((len(ids) for ids in shared.values()), default=0)
+        decision = choose_prefix_strategy(self.setting, "vllm", config, shortest, self.fill_max_tokens)
+        unit = None if config is None else config.match_unit
+        state.expected = {
+            verdict_format: primed_cached_tokens(len(ids), unit) if decision.primes and unit else 0
+            for verdict_format, ids in shared.items()
+        }
+        self._set(state, decision, reason)
+        return decision
+
+    def _set(self, state: EnginePrefixState, decision: PrefixDecision, reason: str) -> None:
+        changed = state.decision != decision
+        state.decision = decision
+        for action in ACTIONS:
+            self.strategy.labels(state.url, action).set(1.0 if action == decision.action else 0.0)
+        self.uncacheable.labels(state.url).set(1.0 if decision.action == "uncacheable" else 0.0)
+        if not changed:
+            return
+        if decision.action == "uncacheable":
+            log.error("prefix cache (%s) on %s: %s; fix: %s", reason, state.url, decision.reason,
+                      decision.fix)
+        else:
+            log.warning("prefix cache (%s) on %s: %s: %s", reason, state.url, decision.action,
+                        decision.reason)
+
+    async def start(self, system_prompts: Mapping[VerdictFormat, SystemPrompt]) -> None:
+        """Choose every engine's strategy (kept where already chosen) and prime where it is needed."""
+        self.system_prompts = system_prompts
+        for state in self.engines.values():
+            if state.decision is None or not state.shared_ids:
+                await self.decide(state.url, system_prompts)
+            if state.decision is not None and state.decision.action == "prime":
+                await self.prime(state.url, "start")
+
+    # --- priming ----------------------------------------------------------------------------------------
+
+    async def prime(self, url: str, reason: str) -> bool:
+        """Send the priming request of every system prompt; answers whether all of them were taken."""
+        state = self.engines[url]
+        try:
+            async with self._client(url) as http:
+                for ids in state.shared_ids.values():
+                    body = {"model": state.model, "prompt": priming_prompt(ids), "max_tokens": 1}
+                    response = await http.post("/v1/completions", json=body)
+                    if response.status_code != 200:
+                        raise PrefixPlanError(
+                            f"/v1/completions answered {response.status_code}: {response.text[:200]}"
+                        )
+        except (PrefixPlanError, httpx.HTTPError, ValueError) as exc:
+            state.last_error = f"priming failed: {exc!r}"
+            self.primings.labels(url, "failed").inc()
+            log.warning("prefix cache: priming %s failed (%s): requests go on uncached", url, exc)
+            return False
+        state.primings += 1
+        state.shortfalls = 0
+        state.primed_at = time.monotonic()
+        state.last_error = None
+        self.primings.labels(url, reason).inc()
+        log.info("prefix cache: primed %s (%s)", url, reason)
+        return True
+
+    def observe(self, url: str, verdict_format: VerdictFormat, prompt_tokens: int, cached_tokens: int,
+                sent_at: float) -> None:
+        """One answer's cached tokens: prime again when a request sent after the last priming fell short."""
+        state = self.engines.get(url)
+        if state is None or (state.task is not None and not state.task.done()):
+            return  # not an engine of the pool, or a priming is on its way
+        now = time.monotonic()
+        if state.unread and now - (state.primed_at or 0.0) >= self.reprime_interval_s:
+            state.primed_at = now  # the engine answers again: read it (at most once an interval)
+            state.task = asyncio.create_task(self._reprime(url), name=f"prefix-reread-{url}")
+            return
+        if state.decision is None or not state.decision.primes:
+            return
+        expected = state.expected.get(verdict_format, 0)
+        if not expected or cached_tokens >= expected or prompt_tokens <= expected:
+            return
+        primed_at = state.primed_at
+        if primed_at is not None and (sent_at < primed_at or now - primed_at < self.reprime_interval_s):
+            return  # sent before the state was kept, or primed a moment ago
+        state.shortfalls += 1
+        # The engine's own junction checkpoint needs a sibling request to see the junction: give it a few.
+        if state.decision.action == "engine-checkpoint" and state.shortfalls < ENGINE_CHECKPOINT_GRACE:
+            return
+        state.task = asyncio.create_task(self._reprime(url), name=f"prefix-reprime-{url}")
+
+    async def _reprime(self, url: str) -> None:
+        """The engine lost the state (or was swapped): read it again, then prime if it still wants it."""
+        decision = await self.decide(url, self.system_prompts, reason="cache_fell")
+        if decision.primes:
+            await self.prime(url, "cache_fell")
+
+    async def stop(self) -> None:
+        """Cancel primings on their way."""
+        for state in self.engines.values():
+            if state.task is not None:
+                state.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await state.task
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Every engine's strategy, by URL (``/readyz``)."""
+        return {url: state.document() for url, state in self.engines.items()}
+
+
+async def _shared_ids(engine: EngineTokens, system_text: str) -> list[int]:
+    """The shared prefix's token ids: the system prompt and the template up to the user's content."""
+    first, second = await asyncio.gather(*(
+        engine.token_ids([{"role": "system", "content": system_text}, {"role": "user", "content": text}])
+        for text in ("A", "B")
+    ))
+    return first[: shared_prefix_length(first, second)]
