@@ -27,9 +27,11 @@ __all__ = [
     "DECISION_SCHEMA",
     "DecisionKind",
     "DecisionRow",
+    "TenantDecisions",
     "day_partitions",
     "drop_days_before",
     "read_decisions",
+    "tenant_decisions",
     "write_day_partitions",
 ]
 
@@ -161,3 +163,48 @@ def drop_days_before(directory: Path, keep_days: int, now: datetime | None = Non
     for day in dropped:
         shutil.rmtree(_day_dir(directory, day))
     return dropped
+
+
+class TenantDecisions(BaseModel):
+    """One tenant's decisions over a period: how many, what they answered, and how people's labels agreed."""
+
+    tenant: str
+    decisions: int  # the gateway's (labels not counted)
+    block_share: float | None
+    review_share: float | None
+    changed_by_policy: int  # the tenant's policy answered other than the model
+    engine_failures: int
+    labelled: int  # decisions a person labelled afterwards
+    label_agreement: float | None  # of those, the share whose label's action is the decision's
+
+
+def tenant_decisions(rows: Iterable[DecisionRow]) -> list[TenantDecisions]:
+    """Per tenant, by name: counts and shares of the gateway's decisions and the labels' agreement with them.
+
+    A label is matched to the decision of the same request and frame (the latest decision before it).
+    """
+    decided: dict[str, list[DecisionRow]] = {}
+    labels: dict[tuple[str, str, str | None], DecisionRow] = {}
+    for row in rows:
+        if row.kind == "label":
+            labels[(row.tenant, row.request_id, row.frame_sha256)] = row
+        else:
+            decided.setdefault(row.tenant, []).append(row)
+    summaries = []
+    for tenant in sorted(decided.keys() | {key[0] for key in labels}):
+        mine = decided.get(tenant, [])
+        matched = [(row, labels[key]) for row in mine
+                   if (key := (tenant, row.request_id, row.frame_sha256)) in labels]
+        total = len(mine)
+        summaries.append(TenantDecisions(
+            tenant=tenant,
+            decisions=total,
+            block_share=sum(row.action == "block" for row in mine) / total if total else None,
+            review_share=sum(row.action == "review" for row in mine) / total if total else None,
+            changed_by_policy=sum(row.model_action is not None for row in mine),
+            engine_failures=sum(row.kind == "engine_failure" for row in mine),
+            labelled=len(matched),
+            label_agreement=(sum(row.action == label.action for row, label in matched) / len(matched)
+                             if matched else None),
+        ))
+    return summaries

@@ -11,8 +11,10 @@ from typing import Annotated, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 import typer
+from rich.console import Console
+from rich.table import Table
 
-from quality.decisions import DECISION_SCHEMA, DecisionRow
+from quality.decisions import DECISION_SCHEMA, DecisionRow, tenant_decisions
 
 decisions_app = typer.Typer(help="The decision log: every verdict answered, for an auditor.",
                             no_args_is_help=True)
@@ -81,3 +83,35 @@ def export(
     write_export(rows, out_format, out)
     if out is not None:
         typer.echo(f"{len(rows)} decision(s) written to {out}", err=True)
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f} %"
+
+
+@decisions_app.command("summary")
+def summary(
+    since: Annotated[str, typer.Option("--since", help="From this ISO 8601 time on (UTC without a zone).")],
+    tenant: Annotated[str | None, typer.Option("--tenant", help="This tenant only.")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar="MODGATE_REDIS_URL")] = None,
+    stream: Annotated[str, typer.Option("--stream", envvar="MODGATE_DECISIONS__STREAM")] = (
+        "modgate:decisions"
+    ),
+    archive_dir: Annotated[Path, typer.Option("--archive-dir", envvar="MODGATE_DECISIONS__ARCHIVE_DIR")] = (
+        Path("var/decisions")
+    ),
+) -> None:
+    """Per tenant: decisions, block and review shares, verdicts its policy changed, and people's agreement."""
+    rows = asyncio.run(_rows(redis_url or None, stream, archive_dir, _since(since), tenant))
+    table = Table(title=f"decisions since {since}")
+    for column in ("tenant", "decisions", "block", "review", "changed by policy", "engine failures",
+                   "labelled", "label agrees"):
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    for figures in tenant_decisions(rows):
+        table.add_row(
+            figures.tenant, f"{figures.decisions:,}", _share(figures.block_share),
+            _share(figures.review_share), f"{figures.changed_by_policy:,}", f"{figures.engine_failures:,}",
+            f"{figures.labelled:,}",
+            _share(figures.label_agreement),
+        )
+    Console(width=120).print(table)

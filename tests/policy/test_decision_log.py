@@ -25,6 +25,7 @@ from quality.decisions import (
     day_partitions,
     drop_days_before,
     read_decisions,
+    tenant_decisions,
     write_day_partitions,
 )
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
@@ -149,3 +150,32 @@ def test_a_human_label_is_a_row_of_its_own_that_is_not_automated() -> None:
     assert (labelled.request_id, labelled.frame_sha256, labelled.tenant) == (
         decided.request_id, decided.frame_sha256, decided.tenant
     )
+
+
+def test_each_tenants_block_share_and_label_agreement_come_from_the_log(tmp_path: Path) -> None:
+    at = datetime(2026, 12, 3, 9, tzinfo=UTC)
+    news = [row(at + timedelta(minutes=i), tenant="news") for i in range(4)]
+    news[0] = news[0].model_copy(update={"action": "allow", "model_action": "block",
+                                         "moderation_rule": "category_not_enforced"})
+    news[1] = news[1].model_copy(update={"action": "review", "kind": "engine_failure"})
+    kids = [row(at + timedelta(minutes=10), tenant="kids")]
+    later = at + timedelta(hours=1)
+    labels = [  # a person agrees with one block of news and overturns the other, and agrees with kids'
+        label_row(news[2].request_id, "news", news[2].frame_sha256, "block", ["violence"], "r1", later),
+        label_row(news[3].request_id, "news", news[3].frame_sha256, "allow", [], "r1", later),
+        label_row(kids[0].request_id, "kids", kids[0].frame_sha256, "block", ["violence"], "r2", later),
+    ]
+    figures = {f.tenant: f for f in tenant_decisions([*news, *kids, *labels])}
+    assert (figures["news"].decisions, figures["news"].block_share) == (4, 0.5)
+    assert figures["news"].review_share == 0.25
+    assert (figures["news"].changed_by_policy, figures["news"].engine_failures) == (1, 1)
+    assert (figures["news"].labelled, figures["news"].label_agreement) == (2, 0.5)
+    assert (figures["kids"].decisions, figures["kids"].label_agreement) == (1, 1.0)
+
+    write_day_partitions([*news, *kids, *labels], tmp_path)
+    args = ["decisions", "summary", "--since", "2026-12-03", "--archive-dir", str(tmp_path)]
+    shown = CliRunner().invoke(app, args, env={"MODGATE_REDIS_URL": ""})  # the archive alone
+    assert shown.exit_code == 0, shown.output
+    news_line = next(line for line in shown.output.splitlines() if "news" in line)
+    assert "50.0 %" in news_line
+    assert "25.0 %" in news_line
