@@ -92,7 +92,7 @@ def test_a_day_of_decisions_is_exported_field_by_field(
     async def move_to_parquet() -> int:  # what the gateway's archiver does every archive_interval_s
         client = redis_client(redis_url)
         try:
-            log = RedisDecisionLog(client, DecisionSettings(archive_after_s=0, **settings))  # type: ignore[arg-type]
+            log = RedisDecisionLog(client, DecisionSettings(archive_after_s=0, **settings))  # type: ignore[arg-type]  # the settings dict holds str values for Path fields
             return await log.archive()
         finally:
             await client.aclose()

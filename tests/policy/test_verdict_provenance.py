@@ -36,12 +36,12 @@ def test_fresh_reused_and_text_verdicts_name_model_prompt_and_policy_versions(
     gateway = start_gateway(engine_url=sim.url, engine={"model_revision": "rev-7"})
     model = served_model(sim)
     with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as client:
-        first = client.moderations.create(model="m", input=image_input(*FRAMES))  # type: ignore[arg-type]
-        again = client.moderations.create(model="m", input=image_input(*FRAMES))  # type: ignore[arg-type]
+        first = client.moderations.create(model="m", input=image_input(*FRAMES))  # type: ignore[arg-type]  # the client types input as its own parts; image parts are dicts
+        again = client.moderations.create(model="m", input=image_input(*FRAMES))  # type: ignore[arg-type]  # the client types input as its own parts; image parts are dicts
         text = client.moderations.create(model="m", input="a sentence to judge")
-    fresh = [r.model_extra["modgate"] for r in first.results]  # type: ignore[index]
-    reused = [r.model_extra["modgate"] for r in again.results]  # type: ignore[index]
-    judged_text = text.results[0].model_extra["modgate"]  # type: ignore[index]
+    fresh = [r.model_extra["modgate"] for r in first.results]  # type: ignore[index]  # model_extra is typed optional; modgate is always there
+    reused = [r.model_extra["modgate"] for r in again.results]  # type: ignore[index]  # model_extra is typed optional; modgate is always there
+    judged_text = text.results[0].model_extra["modgate"]  # type: ignore[index]  # model_extra is typed optional; modgate is always there
     assert [d["reused"] for d in reused] == ["exact", "exact"]
     for details in (*fresh, *reused, judged_text):
         assert provenance(details) == (model, PROMPT, 1, "on")
@@ -49,8 +49,8 @@ def test_fresh_reused_and_text_verdicts_name_model_prompt_and_policy_versions(
     httpx.put(f"{gateway.url}/admin/moderation-policy", headers=ADMIN, timeout=10,
               json={"tenants": {"x": {"review_below": 0.5}}, "reason": "a new tenant"}).raise_for_status()
     with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as client:
-        later = client.moderations.create(model="m", input=image_input(FRAMES[0]))  # type: ignore[arg-type]
-    assert later.results[0].model_extra["modgate"]["moderation_policy_version"] == 2  # type: ignore[index]
+        later = client.moderations.create(model="m", input=image_input(FRAMES[0]))  # type: ignore[arg-type]  # the client types input as its own parts; image parts are dicts
+    assert later.results[0].model_extra["modgate"]["moderation_policy_version"] == 2  # type: ignore[index]  # model_extra is typed optional; modgate is always there
 
 
 def test_a_job_result_names_model_prompt_and_policy_versions(
