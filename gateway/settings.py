@@ -363,6 +363,17 @@ class QualitySettings(BaseModel):
     redis_stream: str = "modgate:quality:records"  # mirrored there when MODGATE_REDIS_URL is set
 
 
+class DecisionSettings(BaseModel):
+    """The decision log (docs/decisions.md): each decision on a Redis stream, then in daily Parquet files."""
+
+    stream: str = Field(default="modgate:decisions", min_length=1)  # with MODGATE_REDIS_URL
+    archive_dir: Path = Path("var/decisions")  # one folder of Parquet files per UTC day
+    archive_after_s: float = Field(default=3600.0, ge=0)  # stream entries older than this move to Parquet
+    archive_interval_s: float = Field(default=300.0, gt=0)  # how often a replica tries to move them
+    retention_days: int = Field(default=400, ge=1)  # day folders older than this are deleted
+    redis_timeout_s: float = Field(default=0.5, gt=0)  # an append waits no longer (the answer goes out)
+
+
 class ShadowSettings(BaseModel):
     """A second engine for shadow pairs: the policy's ``shadow_share`` of live frames is judged there too, in
     the live thinking mode and verdict format, so one engine's verdicts are measured against the other's."""
@@ -449,6 +460,7 @@ class Settings(BaseSettings):
     shadow: ShadowSettings = ShadowSettings()
     tenants: TenantSettings = TenantSettings()
     review: ReviewSettings = ReviewSettings()
+    decisions: DecisionSettings = DecisionSettings()
 
     @field_validator("engine_url")
     @classmethod

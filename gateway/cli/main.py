@@ -19,6 +19,7 @@ from deploy.cli import deploy_app
 from deploy.engine_cpu import engine_cpu as engine_cpu_command
 from deploy.engine_llamacpp import engine_llamacpp as engine_llamacpp_command
 from gateway.cli.cache_probe import cache_app
+from gateway.cli.decisions import decisions_app
 from gateway.cli.policy import policy_app
 from gateway.cli.prefix import plan as cache_plan
 from gateway.cli.stats import stats
@@ -53,6 +54,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(tenants_app, name="tenants")
 app.command("stats")(stats)
 app.add_typer(quality_app, name="quality")
+app.add_typer(decisions_app, name="decisions")
 
 
 def _sample_body_file(url: str) -> Path:

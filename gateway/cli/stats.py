@@ -67,6 +67,22 @@ def render_stats(document: dict[str, Any], console: Console) -> None:
     console.print(facts)
     if cache.get("engine_scrape_error"):
         console.print(f"engine /metrics unreadable: {cache['engine_scrape_error']}")
+    if document.get("tenants"):
+        render_tenants(document["tenants"], console)
+
+
+def render_tenants(rows: list[dict[str, Any]], console: Console) -> None:
+    """One line per tenant: keyframes, the verdicts it got (after its moderation policy), its p95."""
+    table = Table(title="by tenant")
+    for column in ("tenant", "keyframes", "per minute", "block", "review", "thinking on", "e2e p95 ms"):
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    for row in rows:
+        table.add_row(
+            row["tenant"], f"{row['keyframes']:,}", f"{row['keyframes_per_minute']:,.1f}",
+            _percent(row.get("block_share")), _percent(row.get("review_share")),
+            _percent(row.get("thinking_share")), _ms(row["latency_ms"]["end_to_end"]["p95"]),
+        )
+    console.print(table)
 
 
 def stats(

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from gateway.decisions.log import DecisionArchiver, MemoryDecisionLog, RedisDecisionLog, unlogged_counter
 from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
@@ -428,6 +429,13 @@ async def open_services(
         metrics.shadow_share.set_function(lambda: policies.current().shadow_share)
         for mode in MODES:
             metrics.default_mode.labels(mode).set_function(partial(_is_default_mode, policies, mode))
+        unlogged = unlogged_counter(metrics.registry)
+        moderation.decisions = (
+            MemoryDecisionLog(settings.decisions, unlogged) if state is None
+            else RedisDecisionLog(state, settings.decisions, unlogged)
+        )
+        archiver = DecisionArchiver(moderation.decisions, settings.decisions.archive_interval_s)
+        stack.push_async_callback(archiver.stop)
         drain = drain or Drain(settings.drain_s)
         jobs = _job_service(settings, state, moderation, executor, remote_images, drain)
         stack.push_async_callback(jobs.stop)
@@ -448,6 +456,7 @@ async def open_services(
         directory.start()
         engine_cache.start()
         jobs.start()
+        archiver.start()
         yield Services(
             settings,
             keys,

@@ -6,11 +6,13 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from gateway.engine.client import EngineAnswer, Usage
+from gateway.errors import ModgateError
 from gateway.moderation.verdict_cache import Reuse
 from gateway.moderation.wire import EscalatedFrom, ModerationDetails, ModerationResult
+from gateway.policy.moderation import PolicyRule, TenantModeration, apply_moderation_policy
 from gateway.policy.rules import Mode, ThinkingDecision
 from shaping.image import ShapedImage
-from shaping.verdict import OPENAI_CATEGORIES, KeyframeVerdict
+from shaping.verdict import OPENAI_CATEGORIES, Action, KeyframeVerdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,43 @@ class FrameOutcome:
     fast: FrameOutcome | None = None  # escalated: the thinking-off outcome this one replaced
     escalated_from: EscalatedFrom | None = None
     escalation_skipped: Literal["cap_share", "cap_rate", "reask_failed"] | None = None
+    model_action: Action | None = None  # the model's action, where the tenant's moderation policy changed it
+    moderation_rule: PolicyRule | None = None
+    engine_failure: str | None = None  # the engine could not answer: the tenant's policy answered ``review``
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """What produced a verdict, beside the decision: the model, the prompt, the moderation policy."""
+
+    model: str | None
+    model_revision: str | None
+    prompt_version: str
+    prompt_sha256: str
+    moderation_policy_version: int
+
+
+def under_moderation_policy(outcome: FrameOutcome, policy: TenantModeration) -> FrameOutcome:
+    """The outcome with the tenant's moderation policy applied to its verdict (gateway/policy/moderation)."""
+    if outcome.engine_failure is not None:
+        return outcome
+    verdict, rule = apply_moderation_policy(outcome.verdict, policy)
+    if rule is None:
+        return replace(outcome, verdict=verdict)
+    return replace(outcome, verdict=verdict, model_action=outcome.verdict.action, moderation_rule=rule)
+
+
+def engine_failure_outcome(
+    failure: ModgateError, decision: ThinkingDecision, request_id: str
+) -> FrameOutcome:
+    """``review`` for a frame the engine could not judge, where the tenant's policy fails open to review."""
+    answer = EngineAnswer(
+        content=None, reasoning=None, finish_reason=None, usage=Usage(), ttft_s=None, total_s=0.0,
+        request_id=request_id, streamed=False,
+    )
+    verdict = KeyframeVerdict(action="review", detail=f"the engine could not answer: {failure.message}")
+    return FrameOutcome(verdict=verdict, answer=answer, decision=decision, queue_s=0.0,
+                        engine_failure=failure.code)
 
 
 def packed_share(outcome: FrameOutcome, position: int) -> FrameOutcome:
@@ -70,7 +109,8 @@ def reused_outcome(
 
 
 def moderation_result(
-    outcome: FrameOutcome, frame: ShapedImage | None, latency_s: float, shaping_s: float
+    outcome: FrameOutcome, frame: ShapedImage | None, latency_s: float, shaping_s: float,
+    provenance: Provenance | None = None,
 ) -> ModerationResult:
     """The frame's (or the text's) result as the wire has it: OpenAI's fields, then how it was made."""
     verdict, answer, decision = outcome.verdict, outcome.answer, outcome.decision
@@ -113,5 +153,14 @@ def moderation_result(
             thinking_mode=outcome.thinking_mode or decision.mode,
             escalated_from=outcome.escalated_from,
             escalation_skipped=outcome.escalation_skipped,
+            model=provenance.model if provenance else None,
+            model_revision=provenance.model_revision if provenance else None,
+            prompt_version=provenance.prompt_version if provenance else None,
+            prompt_sha256=provenance.prompt_sha256 if provenance else None,
+            moderation_policy_version=provenance.moderation_policy_version if provenance else None,
+            categories=list(verdict.categories),
+            model_action=outcome.model_action,
+            moderation_rule=outcome.moderation_rule,
+            engine_failure=outcome.engine_failure,
         ),
     )

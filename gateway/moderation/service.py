@@ -15,11 +15,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from opentelemetry import trace
 
 from gateway.caller import Caller
+from gateway.decisions.log import DecisionLog, MemoryDecisionLog
+from gateway.decisions.rows import decision_row
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.client import EngineClient
 from gateway.engine.fairness import SHARED_FLOW, WorkModel
@@ -27,11 +30,14 @@ from gateway.engine.leases import LeaseRider
 from gateway.engine.pool import EnginePool, SlotWithheld
 from gateway.errors import (
     ClientError,
+    EngineUnavailable,
     InvalidRequest,
     ModgateError,
     PayloadTooLarge,
     UnprocessableImage,
     UnsupportedMedia,
+    UpstreamError,
+    UpstreamTimeout,
 )
 from gateway.moderation.engine_call import FrameJudge
 from gateway.moderation.engine_identity import EngineIdentity, EngineModel
@@ -42,7 +48,15 @@ from gateway.moderation.frame_reuse import (
     verdict_scope,
     verdicts_to_keep,
 )
-from gateway.moderation.outcome import FrameOutcome, moderation_result, packed_share, reused_outcome
+from gateway.moderation.outcome import (
+    FrameOutcome,
+    Provenance,
+    engine_failure_outcome,
+    moderation_result,
+    packed_share,
+    reused_outcome,
+    under_moderation_policy,
+)
 from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
 from gateway.moderation.shadow import ShadowSampler
 from gateway.moderation.shaping_pool import ShapingPool
@@ -87,6 +101,9 @@ from shaping.verdict import VerdictFormat
 
 log = logging.getLogger("modgate.moderation")
 T = TypeVar("T")
+# What a tenant's ``on_engine_failure: review`` answers ``review`` for (the circuit's refusal included);
+# a full queue (429) and bad input are not engine failures.
+ENGINE_FAILURES = (EngineUnavailable, UpstreamError, UpstreamTimeout)
 
 
 def image_rejection(exc: ImageRejected) -> ClientError:
@@ -147,6 +164,8 @@ class ModerationService:
         )
         self.shadow: ShadowSampler | None = None  # set by open_services: shadow pairs for the quality module
         self.review: ReviewQueue | None = None  # set by open_services: frames people should label
+        # every answered verdict (gateway/decisions); open_services puts it on Redis when there is one
+        self.decisions: DecisionLog = MemoryDecisionLog(settings.decisions)
         self.judge = FrameJudge(
             settings.engine,
             self.system_prompts,
@@ -254,7 +273,12 @@ class ModerationService:
             requested_format=options.verdict_format if options else None,
         )
         policy = self.policies.current()
+        moderation = policy.moderation.for_tenant(caller.tenant)
         decision = decide(policy, context, under_load=self.load.update(policy.load))
+        if decision.escalation is not None and moderation.review_below > decision.escalation.threshold:
+            # escalate: a verdict the tenant would send to review is first asked again with thinking on
+            raised = decision.escalation.model_copy(update={"threshold": moderation.review_below})
+            decision = replace(decision, escalation=raised)
         shaping_started = time.monotonic()
         with self.tracer.start_as_current_span("shaping", attributes={"modgate.images": len(images)}):
             # all bad input fails before any engine call
@@ -265,12 +289,21 @@ class ModerationService:
         extra_text = "\n".join(texts)
         if shaped:
             k = packing or self.settings.shaping.packing_k
-            outcomes = await self._judge_frames(
-                list(shaped), extra_text, decision, context, request_id, k, fresh=fresh
-            )
+            try:
+                outcomes = await self._judge_frames(
+                    list(shaped), extra_text, decision, context, request_id, k, fresh=fresh
+                )
+            except ENGINE_FAILURES as exc:
+                if moderation.on_engine_failure == "fail_closed":
+                    raise
+                outcomes = [
+                    engine_failure_outcome(exc, decision, f"{request_id}-{i}") for i in range(len(shaped))
+                ]
             if self.shadow is not None and not extra_text:
                 video_id = options.video_id if options else None
                 for judged_frame, outcome in zip(shaped, outcomes, strict=True):
+                    if outcome.engine_failure is not None:
+                        continue  # nothing was judged
                     if decision.mode == "escalate":
                         self._pair_escalation(policy, judged_frame, outcome, caller.tenant, video_id)
                     elif (
@@ -293,19 +326,34 @@ class ModerationService:
                 isinstance(item, str) for item in request.input
             ) else [extra_text]
             text_template = self.settings.shaping.text_user_text
-            outcomes = list(await asyncio.gather(*(
-                self.judge.judge(
-                    [], text_template.format(text=piece), decision, context, f"{request_id}-{index}"
-                )
-                for index, piece in enumerate(pieces)
-            )))
+            try:
+                outcomes = list(await asyncio.gather(*(
+                    self.judge.judge(
+                        [], text_template.format(text=piece), decision, context, f"{request_id}-{index}"
+                    )
+                    for index, piece in enumerate(pieces)
+                )))
+            except ENGINE_FAILURES as exc:
+                if moderation.on_engine_failure == "fail_closed":
+                    raise
+                outcomes = [
+                    engine_failure_outcome(exc, decision, f"{request_id}-{i}") for i in range(len(pieces))
+                ]
+        outcomes = [under_moderation_policy(outcome, moderation) for outcome in outcomes]
         results = []
         for index, outcome in enumerate(outcomes):
             frame = shaped[index] if shaped else None
             latency_s = time.monotonic() - started
             self.metrics.e2e.labels("ok").observe(latency_s)
-            results.append(moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0))
+            provenance = self._provenance(outcome, policy)
+            results.append(
+                moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0, provenance)
+            )
             self.recorder.record(results[-1].modgate, request_id, caller.tenant)
+        decided_at = datetime.now(UTC)
+        await self.decisions.append(
+            decision_row(result.modgate, request_id, caller.tenant, decided_at) for result in results
+        )
         if self.review is not None and shaped:
             await self._offer_for_review(caller, list(shaped), outcomes, results)
         self.metrics.requests.labels("moderations", "ok").inc()
@@ -331,6 +379,19 @@ class ModerationService:
             for frame, outcome, result in zip(frames, outcomes, results, strict=True)
             if outcome.reused is None
         ))
+
+    def _provenance(self, outcome: FrameOutcome, policy: ThinkingPolicy) -> Provenance:
+        """What produced ``outcome``: the model of the engine that answered (a reused verdict's: the model
+        in force, as reuse is scoped by it), the system prompt's version, the policy document's version."""
+        model = self.identity.models.get(outcome.answer.engine) or self.identity.model
+        prompt = self.system_prompts[outcome.decision.verdict_format]
+        return Provenance(
+            model=model.id if model else None,
+            model_revision=(model.revision or None) if model else None,
+            prompt_version=prompt.version,
+            prompt_sha256=prompt.sha256,
+            moderation_policy_version=policy.version,
+        )
 
     @staticmethod
     def _split_input(request: ModerationRequest) -> tuple[list[str], list[str]]:

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.policy.moderation import PolicyRule
 from gateway.policy.rules import EngineMode, Mode
 from quality.escalation_rule import EscalationReason
 from shaping.verdict import Action, VerdictFormat
@@ -107,6 +108,18 @@ class ModerationDetails(BaseModel):
     thinking_mode: Mode | None = None  # the mode the policy chose for the frame
     escalated_from: EscalatedFrom | None = None
     escalation_skipped: Literal["cap_share", "cap_rate", "reask_failed"] | None = None
+    # what produced the verdict: the engine's model (and revision where known), the system prompt's version,
+    # the version of the policy document holding the moderation policy (docs/decisions.md)
+    model: str | None = None  # null only when no engine has answered /v1/models yet
+    model_revision: str | None = None
+    prompt_version: str | None = None
+    prompt_sha256: str | None = None  # the prompt as sent (a version's text may carry engine-fitted guidance)
+    moderation_policy_version: int | None = None
+    # the tenant's moderation policy (docs/tenants.md): the model's action where the policy changed it; why
+    categories: list[str] = Field(default_factory=list)  # what the verdict names (a review's too)
+    model_action: Action | None = None
+    moderation_rule: PolicyRule | None = None
+    engine_failure: str | None = None  # the engine could not answer and the tenant's policy says ``review``
 
 
 class ModerationResult(BaseModel):

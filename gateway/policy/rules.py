@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gateway.policy.moderation import ModerationPolicy
 from shaping.verdict import DEFAULT_VERDICT_FORMAT, MODEL_CATEGORIES, VerdictFormat
 
 log = logging.getLogger("modgate.policy")
@@ -167,6 +168,9 @@ class ThinkingPolicy(BaseModel):
     rules: list[ThinkingRule] = Field(default_factory=list, max_length=100)
     load: LoadRule = Field(default_factory=LoadRule)
     escalation: EscalationPolicy = Field(default_factory=EscalationPolicy)  # what ``escalate`` does
+    # Each tenant's moderation policy (gateway/policy/moderation.py): in this document so that it shares
+    # its store, version counter, history, audit and propagation (``GET|PUT /admin/moderation-policy``)
+    moderation: ModerationPolicy = Field(default_factory=ModerationPolicy)
     updated_at: datetime | None = None
     updated_by: str | None = None
     reason: str | None = None
@@ -448,6 +452,13 @@ class PolicyStore(Protocol):
         self, policy: ThinkingPolicy, actor: str, reason: str, expected_version: int | None = None
     ) -> PolicyUpdate:
         """Install a new document under the next version (409 when ``expected_version`` is stale)."""
+        ...
+
+    async def amend(
+        self, edit: Callable[[ThinkingPolicy], ThinkingPolicy], actor: str, reason: str,
+        expected_version: int | None = None,
+    ) -> PolicyUpdate:
+        """Install ``edit(document in force)`` under the next version (one part of it changed)."""
         ...
 
     async def rollback(self, to_version: int | None, actor: str, reason: str) -> PolicyUpdate:

@@ -40,6 +40,10 @@ Change = Callable[[ThinkingPolicy], Proposal]
 # In Redis a change may also need earlier documents from the history (by version).
 RedisChange = Callable[[ThinkingPolicy, dict[int, ThinkingPolicy]], Proposal]
 
+# An edit of the document in force (one part of it, e.g. the moderation policy): applied to whatever is in
+# force where the flip lands, so a part edited on one replica never reverts another part flipped elsewhere.
+Edit = Callable[[ThinkingPolicy], ThinkingPolicy]
+
 MAX_HISTORY_VERSIONS = 1000
 
 
@@ -62,6 +66,10 @@ def next_version(
 
 
 def _replace_with(content: ThinkingPolicy, actor: str, reason: str, expected_version: int | None) -> Change:
+    return _amend_with(lambda _: content, actor, reason, expected_version)
+
+
+def _amend_with(edit: Edit, actor: str, reason: str, expected_version: int | None) -> Change:
     def change(current: ThinkingPolicy) -> Proposal:
         if expected_version is not None and expected_version != current.version:
             raise Conflict(
@@ -69,7 +77,7 @@ def _replace_with(content: ThinkingPolicy, actor: str, reason: str, expected_ver
                 "now in force: read it again and re-apply your change",
                 code="stale_policy_version", param="version",
             )
-        return next_version(current, content, actor, reason)
+        return next_version(current, edit(current), actor, reason)
 
     return change
 
@@ -115,6 +123,12 @@ class MemoryPolicyStore:
     ) -> PolicyUpdate:
         """Install a new document under the next version."""
         return self._apply(_replace_with(policy, actor, reason, expected_version))
+
+    async def amend(
+        self, edit: Edit, actor: str, reason: str, expected_version: int | None = None
+    ) -> PolicyUpdate:
+        """Install ``edit(document in force)`` under the next version."""
+        return self._apply(_amend_with(edit, actor, reason, expected_version))
 
     async def rollback(self, to_version: int | None, actor: str, reason: str) -> PolicyUpdate:
         """Install an earlier version's content under the next version."""
@@ -406,6 +420,19 @@ class RedisPolicyStore:
             async with self._deadline():
                 return await self._transact(
                     lambda current, _: _replace_with(policy, actor, reason, expected_version)(current),
+                    expected_version=expected_version,
+                )
+        except _REDIS_DOWN as exc:
+            raise self._unavailable(exc, "the policy change") from exc
+
+    async def amend(
+        self, edit: Edit, actor: str, reason: str, expected_version: int | None = None
+    ) -> PolicyUpdate:
+        """Install ``edit(document in force in Redis)`` under the next version, atomically across replicas."""
+        try:
+            async with self._deadline():
+                return await self._transact(
+                    lambda current, _: _amend_with(edit, actor, reason, expected_version)(current),
                     expected_version=expected_version,
                 )
         except _REDIS_DOWN as exc:

@@ -19,12 +19,13 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.kinds import WIRES, EngineKind
+from shaping.verdict import ACTIONS
 
 log = logging.getLogger("modgate.stats")
 
@@ -117,6 +118,7 @@ class WindowSummary:
     escalation_share: float | None = None  # escalated / engine-judged escalate-mode keyframes
     escalations: int = 0
     escalations_skipped: int = 0
+    actions: dict[str, int] = field(default_factory=dict)  # keyframes per action answered (after the policy)
 
     @property
     def cached_share(self) -> float | None:
@@ -182,6 +184,7 @@ class RecentRequests:
             escalation_share=escalations / len(escalating) if escalating else None,
             escalations=escalations,
             escalations_skipped=sum(s.escalation_skipped is not None for s in escalating),
+            actions={action: sum(s.action == action for s in samples) for action in ACTIONS},
         )
 
 
@@ -379,6 +382,11 @@ def _latency_ms(summary: WindowSummary, names: tuple[str, ...]) -> dict[str, Any
     }
 
 
+def _share(summary: WindowSummary, action: str) -> float | None:
+    """The window's keyframes answered ``action``, as a share (null: none answered)."""
+    return _ratio(summary.actions.get(action, 0) / summary.keyframes if summary.keyframes else None)
+
+
 def tenant_document(summary: WindowSummary) -> dict[str, Any]:
     """One tenant's part of ``GET /stats``: throughput, thinking share, latency and queue wait."""
     return {
@@ -388,6 +396,10 @@ def tenant_document(summary: WindowSummary) -> dict[str, Any]:
         "reused_share": _ratio(summary.reused_share),
         "latency_ms": _latency_ms(summary, ("end_to_end", "queue_wait", "ttft")),
         "tokens": {"prompt": summary.prompt_tokens, "completion": summary.completion_tokens},
+        # the verdicts the tenant got (after its moderation policy): what its operators watch
+        "actions": dict(summary.actions),
+        "block_share": _share(summary, "block"),
+        "review_share": _share(summary, "review"),
     }
 
 

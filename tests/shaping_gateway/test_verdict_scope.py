@@ -48,6 +48,8 @@ VARIATIONS: dict[str, Any] = {
     "rules": [{"name": "pin", "tenants": ["t"], "mode": "off"}],
     "load": {"enabled": True, "queue_depth_high": 16, "queue_depth_low": 4},
     "escalation": {"threshold": 0.5, "always_categories": ["violence"]},
+    # applied to the model's verdict after it is made (and reused): never part of the engine request
+    "moderation": {"tenants": {"t": {"categories": ["violence"], "review_below": 0.9}}},
 }
 CONTEXTS = [RequestContext(tenant="t", requested=mode) for mode in (None, "on", "off", "escalate")]
 SETTINGS = EngineSettings()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from litestar import Request, Response, get, post, put, route
 from litestar.di import NamedDependency
@@ -23,6 +23,7 @@ from gateway.http.json_body import integral_numbers, validate_json_body
 from gateway.http.routes import responses
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
+from gateway.policy.moderation import ModerationPolicy
 from gateway.policy.rules import ThinkingPolicy
 
 log = logging.getLogger("modgate.admin")
@@ -40,6 +41,41 @@ def _reason(value: object) -> str:
         raise InvalidRequest("a 'reason' (at least 3 characters) is required for every policy change",
                              param="reason")
     return value.strip()
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(model: type[M], body: dict[str, Any]) -> M:
+    """``body`` as ``model`` (JSON's own types), or a 4xx naming the first field that is wrong."""
+    try:
+        return validate_json_body(model, body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        # a model validator's rule (between fields) is no schema's: the document accepted the body
+        rule_only = all(error["type"] == "value_error" for error in exc.errors())
+        refused = UnprocessableRequest if rule_only else InvalidRequest
+        raise refused(f"invalid policy: {where}: {first['msg']}", param=where or None) from exc
+
+
+async def _policy_change(request: Request[Any, Any, Any]) -> tuple[dict[str, Any], str, int | None]:
+    """A PUT's body (a JSON object), its ``reason`` and the ``version`` it was made from, popped off."""
+    try:
+        body = await request.json()
+    except (ValueError, SerializationException) as exc:
+        raise InvalidRequest(f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    body = integral_numbers(body)  # 2.0 is an integer to JSON Schema: a version of 2.0 is version 2
+    reason = _reason(body.pop("reason", None))
+    expected_version = body.pop("version", None)
+    if expected_version is not None and (type(expected_version) is not int or expected_version < 1):
+        raise InvalidRequest("'version' must be the version the change was made from (an integer)",
+                             param="version")
+    for shown_only in _SHOWN_ONLY:
+        body.pop(shown_only, None)
+    return body, reason, expected_version
 
 
 def policy_view(policy: ThinkingPolicy, services: Services) -> dict[str, Any]:
@@ -72,33 +108,58 @@ async def put_thinking_policy(
     A ``version`` in the body is the version the change was made from: if another flip came first the
     answer is 409 instead of silently overwriting it. Without one, the change applies to whatever is in force.
     """
-    try:
-        body = await request.json()
-    except (ValueError, SerializationException) as exc:
-        raise InvalidRequest(f"the body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    body = integral_numbers(body)  # 2.0 is an integer to JSON Schema: a version of 2.0 is version 2
-    reason = _reason(body.pop("reason", None))
-    expected_version = body.pop("version", None)
-    if expected_version is not None and (type(expected_version) is not int or expected_version < 1):
-        raise InvalidRequest("'version' must be the version the change was made from (an integer)",
-                             param="version")
-    for shown_only in _SHOWN_ONLY:
-        body.pop(shown_only, None)
-    try:
-        policy = validate_json_body(ThinkingPolicy, body)  # JSON's own types, as the document says
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        # a model validator's rule (between fields) is no schema's: the document accepted the body
-        rule_only = all(error["type"] == "value_error" for error in exc.errors())
-        refused = UnprocessableRequest if rule_only else InvalidRequest
-        raise refused(f"invalid policy: {where}: {first['msg']}", param=where or None) from exc
-    update = await services.policies.replace(policy, actor, reason, expected_version)
+    body, reason, expected_version = await _policy_change(request)
+    policy = _validated(ThinkingPolicy, body)
+    if "moderation" in body:
+        update = await services.policies.replace(policy, actor, reason, expected_version)
+    else:  # a thinking document without the moderation policy keeps the one in force
+        update = await services.policies.amend(
+            lambda current: policy.model_copy(update={"moderation": current.moderation}),
+            actor, reason, expected_version,
+        )
     if update.changed:
         log.warning("thinking policy version %d by %s: %s", update.policy.version, actor, reason)
     return {**policy_view(update.policy, services), "changed": update.changed}
+
+
+def moderation_view(policy: ThinkingPolicy, services: Services) -> dict[str, Any]:
+    """The moderation policy as operators see it: the shared document's version, its default and tenants."""
+    document: dict[str, Any] = json.loads(policy.moderation.model_dump_json())
+    updated_at = policy.updated_at.isoformat() if policy.updated_at else None
+    return {"version": policy.version, **document, "updated_at": updated_at, "updated_by": policy.updated_by,
+            "store": services.policies.status().model_dump(mode="json")}
+
+
+@route("/admin/moderation-policy", http_method=[HttpMethod.OPTIONS], include_in_schema=False)
+async def moderation_policy_options(request: Request[Any, Any, Any]) -> Response[None]:
+    """``Allow`` naming every method of the path (see :func:`thinking_policy_options`)."""
+    methods = request.app.route_handler_method_map[request.scope["path_template"]]
+    return Response(None, status_code=204, headers={"Allow": ", ".join(sorted(methods))})
+
+
+@get("/admin/moderation-policy", responses=error_responses(responses.ADMIN_READ))
+async def get_moderation_policy(services: NamedDependency[Services]) -> dict[str, Any]:
+    """Each tenant's moderation policy and the default, under the policy document's version."""
+    return moderation_view(services.policies.current(), services)
+
+
+@put("/admin/moderation-policy", responses=error_responses(responses.ADMIN_CHANGE))
+async def put_moderation_policy(
+    request: Request[Any, Any, Any], services: NamedDependency[Services], actor: NamedDependency[str]
+) -> dict[str, Any]:
+    """Replace the moderation policy (``default`` and ``tenants``, whole, plus a ``reason``).
+
+    It is part of the one policy document: the flip is a new version of it, audited, sent to every replica
+    as a thinking flip is; a ``version`` in the body is the one the change was made from (409 if stale).
+    """
+    body, reason, expected_version = await _policy_change(request)
+    moderation = _validated(ModerationPolicy, body)
+    update = await services.policies.amend(
+        lambda current: current.model_copy(update={"moderation": moderation}), actor, reason, expected_version
+    )
+    if update.changed:
+        log.warning("moderation policy in policy version %d by %s: %s", update.policy.version, actor, reason)
+    return {**moderation_view(update.policy, services), "changed": update.changed}
 
 
 class RollbackRequest(BaseModel):
@@ -143,4 +204,5 @@ async def audit_trail(services: NamedDependency[Services], limit: Limit = 50) ->
 ROUTES = [
     thinking_policy_options, get_thinking_policy, put_thinking_policy, rollback_thinking_policy,
     thinking_policy_history, audit_trail,
+    moderation_policy_options, get_moderation_policy, put_moderation_policy,
 ]

@@ -1,0 +1,209 @@
+"""Where decisions are kept: a Redis stream shared by every replica (or this process's memory), trimmed by
+age into daily Parquet files, which are deleted after the retention period.
+
+Redis layout (``<stream>`` is ``MODGATE_DECISIONS__STREAM``):
+- ``<stream>``: one entry per decision, field ``row`` (the row's JSON); the entry id's time is the append's.
+- ``<stream>:archiver``: a lock (SET NX PX) so one replica at a time moves entries to Parquet.
+
+The answer never waits on a failing Redis longer than ``redis_timeout_s``: an append that fails is logged
+and counted (``modgate_decisions_unlogged_total``), and the verdict goes out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter
+from pydantic import ValidationError
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.settings import DecisionSettings
+from quality.decisions import DecisionRow, drop_days_before, read_decisions, write_day_partitions
+
+log = logging.getLogger("modgate.decisions")
+_REDIS_DOWN = (RedisError, OSError, TimeoutError)
+_BATCH = 10_000  # stream entries moved to Parquet per read
+
+
+class DecisionLog(Protocol):
+    """Appends decisions and reads them back (the archive's days first, then what is still live)."""
+
+    async def append(self, rows: Iterable[DecisionRow]) -> None:
+        """Keep ``rows`` (never raises: a failure is logged and counted)."""
+        ...
+
+    async def live(self, since: datetime, tenant: str | None = None) -> list[DecisionRow]:
+        """Rows not yet moved to Parquet, decided at or after ``since``."""
+        ...
+
+    async def archive(self, now: float | None = None) -> int:
+        """Move rows older than ``archive_after_s`` into the day files; drop days past retention."""
+        ...
+
+
+def _archive_files(settings: DecisionSettings, rows: list[DecisionRow], now: float) -> None:
+    """Write rows to their day folders and drop expired days (on a worker thread: Parquet is CPU)."""
+    if rows:
+        write_day_partitions(rows, settings.archive_dir)
+    drop_days_before(settings.archive_dir, settings.retention_days, datetime.fromtimestamp(now, UTC))
+
+
+class MemoryDecisionLog:
+    """This process's decisions (``MODGATE_REDIS_URL`` unset): lost on restart until archived."""
+
+    def __init__(self, settings: DecisionSettings, unlogged: Counter | None = None) -> None:
+        self.settings = settings
+        self._rows: deque[tuple[float, DecisionRow]] = deque()
+        self._unlogged = unlogged
+
+    async def append(self, rows: Iterable[DecisionRow]) -> None:
+        """Keep ``rows`` in memory."""
+        now = time.time()
+        self._rows.extend((now, row) for row in rows)
+
+    async def live(self, since: datetime, tenant: str | None = None) -> list[DecisionRow]:
+        """Rows not yet archived."""
+        return [row for _, row in self._rows
+                if row.decided_at >= since and (tenant is None or row.tenant == tenant)]
+
+    async def archive(self, now: float | None = None) -> int:
+        """Move rows past their age to the day files."""
+        now = time.time() if now is None else now
+        horizon = now - self.settings.archive_after_s
+        moving: list[DecisionRow] = []
+        while self._rows and self._rows[0][0] <= horizon:
+            moving.append(self._rows.popleft()[1])
+        await asyncio.to_thread(_archive_files, self.settings, moving, now)
+        return len(moving)
+
+
+class RedisDecisionLog:
+    """Decisions on a Redis stream shared by every replica."""
+
+    def __init__(self, client: Redis, settings: DecisionSettings, unlogged: Counter | None = None) -> None:
+        self._redis = client
+        self.settings = settings
+        self._stream = settings.stream
+        self._lock = f"{settings.stream}:archiver"
+        self._unlogged = unlogged
+
+    async def append(self, rows: Iterable[DecisionRow]) -> None:
+        """XADD each row (one round trip); a failing or hanging Redis costs the answer at most the timeout."""
+        batch = list(rows)
+        if not batch:
+            return
+        try:
+            async with asyncio.timeout(self.settings.redis_timeout_s):
+                pipe = self._redis.pipeline(transaction=False)
+                for row in batch:
+                    pipe.xadd(self._stream, {"row": row.model_dump_json()})
+                await pipe.execute()
+        except _REDIS_DOWN as exc:
+            if self._unlogged is not None:
+                self._unlogged.inc(len(batch))
+            log.error("the decision log did not take %d decision(s): %s", len(batch), exc,
+                      extra={"request_id": batch[0].request_id})
+
+    @staticmethod
+    def _entries(raw: object) -> list[tuple[str, DecisionRow | None]]:
+        """XRANGE's answer as (entry id, row); a row that cannot be read is None (and logged)."""
+        entries: list[tuple[str, DecisionRow | None]] = []
+        for entry_id, fields in raw if isinstance(raw, list) else []:
+            ident = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            value = fields.get(b"row", fields.get("row")) if isinstance(fields, dict) else None
+            try:
+                entries.append((ident, DecisionRow.model_validate_json(value or b"")))
+            except ValidationError:
+                log.error("skipping an unreadable decision entry %s: %.200r", ident, value)
+                entries.append((ident, None))
+        return entries
+
+    async def live(self, since: datetime, tenant: str | None = None) -> list[DecisionRow]:
+        """Every entry from ``since`` on (the stream id's time is at or after the decision's)."""
+        start = f"{int(since.timestamp() * 1000)}-0"
+        rows: list[DecisionRow] = []
+        while True:
+            entries = self._entries(await self._redis.xrange(self._stream, min=start, max="+", count=_BATCH))
+            rows.extend(row for _, row in entries if row is not None)
+            if len(entries) < _BATCH:
+                break
+            start = f"({entries[-1][0]}"
+        return [row for row in rows if row.decided_at >= since and (tenant is None or row.tenant == tenant)]
+
+    async def archive(self, now: float | None = None) -> int:
+        """Move entries older than ``archive_after_s`` to the day files, then XTRIM them (MINID), under a
+        lock so two replicas never write the same entries twice."""
+        now = time.time() if now is None else now
+        horizon_ms = int((now - self.settings.archive_after_s) * 1000)
+        lease_ms = int(max(60.0, self.settings.archive_interval_s) * 1000)
+        if not await self._redis.set(self._lock, "1", nx=True, px=lease_ms):
+            return 0
+        try:
+            entries = self._entries(
+                await self._redis.xrange(self._stream, min="-", max=f"{horizon_ms}", count=_BATCH * 10)
+            )
+            rows = [row for _, row in entries if row is not None]
+            await asyncio.to_thread(_archive_files, self.settings, rows, now)
+            if entries:  # written first, trimmed after: a crash in between repeats rows, never loses one
+                last_id = entries[-1][0]
+                await self._redis.xtrim(self._stream, minid=last_id, approximate=False)
+                await self._redis.xdel(self._stream, last_id)
+            return len(rows)
+        finally:
+            await self._redis.delete(self._lock)
+
+
+class DecisionArchiver:
+    """Calls :meth:`DecisionLog.archive` every ``archive_interval_s`` seconds in the background."""
+
+    def __init__(self, decisions: DecisionLog, interval_s: float) -> None:
+        self._decisions = decisions
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the loop."""
+        self._task = asyncio.create_task(self._run(), name="decision-archiver")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                moved = await self._decisions.archive()
+            except (*_REDIS_DOWN, OSError) as exc:
+                log.warning("moving decisions to the archive failed (next try in %g s): %s",
+                            self._interval_s, exc)
+                continue
+            if moved:
+                log.info("moved %d decision(s) to the archive", moved)
+
+    async def stop(self) -> None:
+        """Stop the loop."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def unlogged_counter(registry: CollectorRegistry) -> Counter:
+    """``modgate_decisions_unlogged_total``: decisions answered that the log did not take."""
+    return Counter("modgate_decisions_unlogged", "Decisions answered that the decision log did not take",
+                   registry=registry)
+
+
+async def export_rows(
+    decisions: DecisionLog | None, archive_dir: Path, since: datetime, tenant: str | None = None
+) -> list[DecisionRow]:
+    """The archive's rows from ``since`` on, then the live ones not archived yet, in decision order."""
+    archived = await asyncio.to_thread(lambda: list(read_decisions(archive_dir, since, tenant)))
+    live = [] if decisions is None else await decisions.live(since, tenant)
+    return sorted([*archived, *live], key=lambda row: row.decided_at)

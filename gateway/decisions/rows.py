@@ -1,0 +1,63 @@
+"""A moderation answer's results as decision-log rows, and a human label as one."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from gateway.moderation.wire import ModerationDetails
+from quality.decisions import DecisionKind, DecisionRow
+from shaping.verdict import Action
+
+
+def decision_kind(details: ModerationDetails) -> DecisionKind:
+    """How the answered verdict was reached."""
+    if details.engine_failure is not None:
+        return "engine_failure"
+    if details.reused is not None:
+        return "reused"
+    if details.escalated_from is not None:
+        return "escalated"
+    return "judged"
+
+
+def decision_row(details: ModerationDetails, request_id: str, tenant: str, at: datetime) -> DecisionRow:
+    """One result of request ``request_id`` as the log keeps it (the frame's hash, never the frame)."""
+    return DecisionRow(
+        decided_at=at,
+        request_id=request_id,
+        tenant=tenant,
+        frame_sha256=details.frame_sha256,
+        kind=decision_kind(details),
+        automated=True,
+        action=details.action,
+        categories=sorted(details.categories),
+        confidence=details.confidence,
+        model_action=details.model_action,
+        moderation_rule=details.moderation_rule,
+        model=details.model,
+        model_revision=details.model_revision,
+        prompt_version=details.prompt_version,
+        prompt_sha256=details.prompt_sha256,
+        moderation_policy_version=details.moderation_policy_version,
+        thinking=details.thinking,
+        thinking_mode=details.thinking_mode,
+        thinking_rule=details.thinking_rule,
+        engine_request_id=details.request_id,
+        latency_ms=details.latency_ms,
+    )
+
+
+def label_row(
+    request_id: str, tenant: str, frame_sha256: str | None, action: Action, categories: list[str],
+    reviewer: str, at: datetime,
+) -> DecisionRow:
+    """A person's label of an earlier decision (named by its request and frame): ``automated`` false.
+
+    The review queue appends it (``ModerationService.decisions.append([row])``) once a reviewer labels an
+    item; an export then holds the machine's decision and the person's, side by side.
+    """
+    return DecisionRow(
+        decided_at=at, request_id=request_id, tenant=tenant, frame_sha256=frame_sha256, kind="label",
+        automated=False, action=action, categories=sorted(categories), confidence=None, model=None,
+        prompt_version=None, moderation_policy_version=None, thinking=None, labelled_by=reviewer,
+    )

@@ -1,0 +1,210 @@
+"""The decision log's rows as columns: one Parquet folder per UTC day, read back for an export.
+
+Every decision the gateway makes (judged, reused, escalated, answered ``review`` because the engine failed)
+and every human label is one :class:`DecisionRow`. The gateway appends rows to a Redis stream and moves
+those past their age into ``DIRECTORY/day=2026-12-03/part-*.parquet`` (this module); ``modgate decisions
+export`` reads both. The frame itself is never stored: its SHA-256 names it. docs/decisions.md maps the
+fields onto the statement of reasons of the EU Digital Services Act (Art. 17).
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+
+from shaping.verdict import Action
+
+__all__ = [
+    "DECISION_SCHEMA",
+    "DecisionKind",
+    "DecisionRow",
+    "TenantDecisions",
+    "day_partitions",
+    "drop_days_before",
+    "read_decisions",
+    "tenant_decisions",
+    "write_day_partitions",
+]
+
+# judged: the engine judged the frame; reused: a stored verdict answered; escalated: a thinking-on re-ask
+# answered; engine_failure: the engine could not answer and the tenant's policy said ``review``; label: a
+# person's label of an earlier decision (``automated`` false), appended by the review queue
+DecisionKind = Literal["judged", "reused", "escalated", "engine_failure", "label"]
+
+
+class DecisionRow(BaseModel):
+    """One decision, as the log keeps it (field order is the export's column order)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decided_at: datetime
+    request_id: str  # the moderation request (``modr-…``); a label names the decision it labels by it
+    tenant: str
+    frame_sha256: str | None  # null for a text input
+    kind: DecisionKind
+    automated: bool  # false only for a person's label
+    action: Action
+    categories: list[str]
+    confidence: float | None
+    model_action: Action | None = None  # the model's action where the tenant's policy changed it
+    moderation_rule: str | None = None  # which rule of the policy changed it
+    model: str | None
+    model_revision: str | None = None
+    prompt_version: str | None
+    prompt_sha256: str | None = None
+    moderation_policy_version: int | None
+    thinking: str | None  # on / off: how the answering verdict was made (null for a label)
+    thinking_mode: str | None = None  # on / off / escalate: what the policy chose
+    thinking_rule: str | None = None
+    engine_request_id: str | None = None
+    latency_ms: float | None = None
+    labelled_by: str | None = None  # a label's reviewer
+
+
+DECISION_SCHEMA = pa.schema(
+    [
+        ("decided_at", pa.timestamp("us", tz="UTC")),
+        ("request_id", pa.string()),
+        ("tenant", pa.string()),
+        ("frame_sha256", pa.string()),
+        ("kind", pa.string()),
+        ("automated", pa.bool_()),
+        ("action", pa.string()),
+        ("categories", pa.list_(pa.string())),
+        ("confidence", pa.float64()),
+        ("model_action", pa.string()),
+        ("moderation_rule", pa.string()),
+        ("model", pa.string()),
+        ("model_revision", pa.string()),
+        ("prompt_version", pa.string()),
+        ("prompt_sha256", pa.string()),
+        ("moderation_policy_version", pa.int64()),
+        ("thinking", pa.string()),
+        ("thinking_mode", pa.string()),
+        ("thinking_rule", pa.string()),
+        ("engine_request_id", pa.string()),
+        ("latency_ms", pa.float64()),
+        ("labelled_by", pa.string()),
+    ]
+)
+
+
+def _table(rows: Iterable[DecisionRow]) -> pa.Table:
+    return pa.Table.from_pylist([row.model_dump(mode="python") for row in rows], schema=DECISION_SCHEMA)
+
+
+def _day_dir(directory: Path, day: date) -> Path:
+    return directory / f"day={day.isoformat()}"
+
+
+def day_partitions(directory: Path) -> dict[date, Path]:
+    """Every day folder under ``directory``, by day."""
+    found: dict[date, Path] = {}
+    if directory.is_dir():
+        for folder in directory.glob("day=*"):
+            try:
+                found[date.fromisoformat(folder.name.removeprefix("day="))] = folder
+            except ValueError:
+                continue
+    return dict(sorted(found.items()))
+
+
+def write_day_partitions(rows: Iterable[DecisionRow], directory: Path) -> list[Path]:
+    """Append rows to the Parquet folders of their UTC days (new part files only, written under a temporary
+    name and renamed, so a reader never sees half a file); returns the files written."""
+    table = _table(rows)
+    written: list[Path] = []
+    if table.num_rows == 0:
+        return written
+    days = pc.strftime(table["decided_at"], format="%Y-%m-%d")
+    for label in pc.unique(days).to_pylist():
+        part = table.filter(pc.equal(days, label))
+        folder = _day_dir(directory, date.fromisoformat(label))
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        path = folder / f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet.tmp"
+        pq.write_table(part, path, compression="zstd")
+        final = path.with_suffix("")  # drop ".tmp"
+        path.replace(final)
+        written.append(final)
+    return written
+
+
+def read_decisions(directory: Path, since: datetime, tenant: str | None = None) -> Iterator[DecisionRow]:
+    """Rows decided at or after ``since`` (of ``tenant`` only, if given), day by day, each day in order."""
+    for day, folder in day_partitions(directory).items():
+        if day < since.astimezone(UTC).date():
+            continue
+        files = sorted(folder.glob("part-*.parquet"))
+        if not files:
+            continue
+        table = pa.concat_tables([pq.read_table(path, schema=DECISION_SCHEMA) for path in files])
+        keep = pc.greater_equal(table["decided_at"], pa.scalar(since, type=pa.timestamp("us", tz="UTC")))
+        if tenant is not None:
+            keep = pc.and_(keep, pc.equal(table["tenant"], tenant))
+        table = table.filter(keep).sort_by("decided_at")
+        for row in table.to_pylist():
+            yield DecisionRow.model_validate(row)
+
+
+def drop_days_before(directory: Path, keep_days: int, now: datetime | None = None) -> list[date]:
+    """Delete the day folders older than ``keep_days`` (the retention setting); returns the days deleted."""
+    horizon = ((now or datetime.now(UTC)) - timedelta(days=keep_days)).date()
+    dropped = [day for day in day_partitions(directory) if day < horizon]
+    for day in dropped:
+        shutil.rmtree(_day_dir(directory, day))
+    return dropped
+
+
+class TenantDecisions(BaseModel):
+    """One tenant's decisions over a period: how many, what they answered, and how people's labels agreed."""
+
+    tenant: str
+    decisions: int  # the gateway's (labels not counted)
+    block_share: float | None
+    review_share: float | None
+    changed_by_policy: int  # the tenant's policy answered other than the model
+    engine_failures: int
+    labelled: int  # decisions a person labelled afterwards
+    label_agreement: float | None  # of those, the share whose label's action is the decision's
+
+
+def tenant_decisions(rows: Iterable[DecisionRow]) -> list[TenantDecisions]:
+    """Per tenant, by name: counts and shares of the gateway's decisions and the labels' agreement with them.
+
+    A label is matched to the decision of the same request and frame (the latest decision before it).
+    """
+    decided: dict[str, list[DecisionRow]] = {}
+    labels: dict[tuple[str, str, str | None], DecisionRow] = {}
+    for row in rows:
+        if row.kind == "label":
+            labels[(row.tenant, row.request_id, row.frame_sha256)] = row
+        else:
+            decided.setdefault(row.tenant, []).append(row)
+    summaries = []
+    for tenant in sorted(decided.keys() | {key[0] for key in labels}):
+        mine = decided.get(tenant, [])
+        matched = [(row, labels[key]) for row in mine
+                   if (key := (tenant, row.request_id, row.frame_sha256)) in labels]
+        total = len(mine)
+        summaries.append(TenantDecisions(
+            tenant=tenant,
+            decisions=total,
+            block_share=sum(row.action == "block" for row in mine) / total if total else None,
+            review_share=sum(row.action == "review" for row in mine) / total if total else None,
+            changed_by_policy=sum(row.model_action is not None for row in mine),
+            engine_failures=sum(row.kind == "engine_failure" for row in mine),
+            labelled=len(matched),
+            label_agreement=(sum(row.action == label.action for row, label in matched) / len(matched)
+                             if matched else None),
+        ))
+    return summaries
