@@ -76,7 +76,6 @@ from gateway.moderation.wire import (
     ImageURLPart,
     ModerationRequest,
     ModerationResponse,
-    ModerationResult,
     TextPart,
 )
 from gateway.policy.rules import (
@@ -355,30 +354,11 @@ class ModerationService:
             decision_row(result.modgate, request_id, caller.tenant, decided_at) for result in results
         )
         if self.review is not None and shaped:
-            await self._offer_for_review(caller, list(shaped), outcomes, results)
+            await self.review.offer_judged(caller, list(shaped), outcomes, results)
         self.metrics.requests.labels("moderations", "ok").inc()
         return ModerationResponse(
             id=request_id, model=request.model or self.settings.model_name, results=results
         )
-
-    async def _offer_for_review(
-        self,
-        caller: Caller,
-        frames: list[ShapedImage],
-        outcomes: list[FrameOutcome],
-        results: list[ModerationResult],
-    ) -> None:
-        """Offer each frame the engine judged to the review queue (a reused verdict's frame was offered
-        when it was judged); the queue decides which go (gateway/review/selection.py)."""
-        assert self.review is not None
-        await asyncio.gather(*(
-            self.review.offer(
-                caller.tenant, frame.data_url, outcome.verdict, result.modgate.thinking,
-                outcome.answer.reasoning, result.modgate.request_id, job_id=caller.job_id,
-            )
-            for frame, outcome, result in zip(frames, outcomes, results, strict=True)
-            if outcome.reused is None
-        ))
 
     def _provenance(self, outcome: FrameOutcome, policy: ThinkingPolicy) -> Provenance:
         """What produced ``outcome``: the model of the engine that answered (a reused verdict's: the model

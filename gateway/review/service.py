@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import CollectorRegistry
 
@@ -18,6 +19,12 @@ from gateway.review.selection import UnitRandom, review_reason
 from gateway.review.store import ReviewStore
 from gateway.settings import ReviewSettings
 from shaping.verdict import Action, KeyframeVerdict
+
+if TYPE_CHECKING:
+    from gateway.caller import Caller
+    from gateway.moderation.outcome import FrameOutcome
+    from gateway.moderation.wire import ModerationResult
+    from shaping.image import ShapedImage
 
 log = logging.getLogger("modgate.review")
 
@@ -133,3 +140,21 @@ class ReviewQueue:
             self.metrics.show(figures)
         scope = None if reviewer is None else reviewer.tenants
         return {t: q for t, q in sorted(figures.items()) if scope is None or t in scope}
+
+    async def offer_judged(
+        self,
+        caller: Caller,
+        frames: list[ShapedImage],
+        outcomes: list[FrameOutcome],
+        results: list[ModerationResult],
+    ) -> None:
+        """Offer each frame the engine judged (a reused verdict's frame was offered when it was judged);
+        :func:`review_reason` decides which go."""
+        await asyncio.gather(*(
+            self.offer(
+                caller.tenant, frame.data_url, outcome.verdict, result.modgate.thinking,
+                outcome.answer.reasoning, result.modgate.request_id, job_id=caller.job_id,
+            )
+            for frame, outcome, result in zip(frames, outcomes, results, strict=True)
+            if outcome.reused is None
+        ))
