@@ -129,7 +129,7 @@ def _check_redis_url(redis_url: str | None) -> None:
 
 # What the `quality` extra brings (pyproject.toml), by import name: `pip install .` leaves them out.
 QUALITY_EXTRA_MODULES = (
-    "scipy", "sklearn", "statsmodels", "matplotlib", "pyarrow", "duckdb", "threadpoolctl"
+    "scipy", "sklearn", "statsmodels", "matplotlib", "duckdb", "threadpoolctl"
 )
 
 

@@ -27,7 +27,7 @@ from tests.processes import poll
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 # The quality extra's packages, by import name: the runtime install must leave every one of them out.
-QUALITY_MODULES = ("scipy", "sklearn", "statsmodels", "matplotlib", "pyarrow", "duckdb", "threadpoolctl")
+QUALITY_MODULES = ("scipy", "sklearn", "statsmodels", "matplotlib", "duckdb", "threadpoolctl")
 
 
 def instructions() -> list[tuple[str, str]]:

@@ -59,7 +59,12 @@ async def test_windowed_hit_rate_is_zero_for_production_while_the_since_start_ra
     # can never hit, while a repeated 1,004-token probe reuses two whole blocks, all but its last 4 tokens.
     sim = start_sim("instant", block_size=500)
     clock = FakeClock()
-    settings = Settings(engine_url=sim.url, telemetry={"window_s": WINDOW_S, "engine_scrape_interval_s": 0})
+    # the plain prompt, as before the prefix strategy: auto would fill the 500-token block and hit
+    settings = Settings(
+        engine_url=sim.url,
+        telemetry={"window_s": WINDOW_S, "engine_scrape_interval_s": 0},
+        shaping={"prefix_strategy": "off"},
+    )
     keys = KeyRing({}, None)
     async with open_services(settings, keys, clock=clock) as services:
         scraper = services.engine_cache
