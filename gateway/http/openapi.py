@@ -27,6 +27,7 @@ from gateway.jobs.models import JobRequest
 from gateway.jobs.service import IDEMPOTENCY_KEY_PATTERN
 from gateway.moderation.keyframe_batch import VIDEO_ID_PATTERN, KeyframeBatchRequest
 from gateway.moderation.wire import ModerationRequest
+from gateway.policy.moderation import MODEL_CATEGORIES, ModerationPolicy
 from gateway.policy.rules import ThinkingPolicy
 from gateway.settings import Settings
 from shaping.image.data_url import DATA_URL_PATTERN
@@ -44,10 +45,12 @@ def model_schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, A
     return schema
 
 
-def policy_change(schemas: dict[str, Any]) -> dict[str, Any]:
-    """The body of ``PUT /admin/thinking-policy``: the policy's fields, a ``reason``, and optionally the
-    ``version`` the change was made from."""
-    schema = model_schema(ThinkingPolicy, schemas)
+def policy_change(
+    schemas: dict[str, Any], model: type[BaseModel] = ThinkingPolicy, title: str = "ThinkingPolicyChange"
+) -> dict[str, Any]:
+    """The body of ``PUT /admin/thinking-policy`` (or ``/admin/moderation-policy``): the policy's fields, a
+    ``reason``, and optionally the ``version`` the change was made from."""
+    schema = model_schema(model, schemas)
     properties = {
         name: value for name, value in schema["properties"].items()
         if name not in ("version", "reason", "updated_at", "updated_by")
@@ -58,7 +61,7 @@ def policy_change(schemas: dict[str, Any]) -> dict[str, Any]:
                              "description": "the version the change was made from: 409 if it is stale"}
     for name in SHOWN_ONLY:
         properties[name] = {"description": "shown by GET; ignored"}
-    return {**schema, "title": "ThinkingPolicyChange", "properties": properties, "required": ["reason"]}
+    return {**schema, "title": title, "properties": properties, "required": ["reason"]}
 
 
 def image_url_pattern(settings: Settings) -> str:
@@ -75,6 +78,14 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
     for model in (ModerationRequest, KeyframeBatchRequest, JobRequest, RollbackRequest, ReviewLabelRequest):
         schemas[model.__name__] = model_schema(model, schemas)
     schemas["ThinkingPolicyChange"] = policy_change(schemas)
+    schemas["ModerationPolicyChange"] = policy_change(schemas, ModerationPolicy, "ModerationPolicyChange")
+    entry = schemas["ModerationEntry"]["properties"]  # the categories a policy may name: the model's own
+    for form in entry["categories"].get("anyOf", [entry["categories"]]):
+        if form.get("type") == "array":
+            form["items"] = {"enum": list(MODEL_CATEGORIES)}
+    for form in entry["thresholds"].get("anyOf", [entry["thresholds"]]):
+        if form.get("type") == "object":
+            form["propertyNames"] = {"enum": list(MODEL_CATEGORIES)}
     schemas["ImageURL"]["properties"]["url"]["pattern"] = image_url_pattern(settings)
     batch = schemas["KeyframeBatchRequest"]["properties"]
     batch["frames"]["maxItems"] = settings.shaping.max_frames_per_batch
@@ -89,10 +100,12 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
         if form.get("type") == "array":
             form.update(minItems=1, maxItems=settings.shaping.max_images_per_request)
     paths = document["paths"]
-    paths["/admin/thinking-policy"]["put"]["requestBody"] = {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": REF.format(model="ThinkingPolicyChange")}}},
-    }
+    for path, change in (("/admin/thinking-policy", "ThinkingPolicyChange"),
+                         ("/admin/moderation-policy", "ModerationPolicyChange")):
+        paths[path]["put"]["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": REF.format(model=change)}}},
+        }
     for parameter in paths["/v1/videos/{video_id}/keyframes"]["post"].get("parameters", []):
         if parameter["name"] == "video_id" and parameter["in"] == "path":
             parameter["schema"] = {"type": "string", "pattern": VIDEO_ID_PATTERN}
