@@ -98,9 +98,10 @@ def column_engine(request: pytest.FixtureRequest, start_sim: SimFactory, column:
 
 
 def tagged_prompt() -> SystemPrompt:
-    """The canonical system prompt with a nonce at its end: a prefix no other test's request shares."""
+    """The canonical system prompt after a nonce line: a prefix no other test's request shares, not even the
+    canonical prompt's own tokens the gateway primed (a nonce at the end left those 320 tokens hitting)."""
     canonical = load_system_prompt()
-    return SystemPrompt(version=canonical.version, text=f"{canonical.text}\n{uuid.uuid4().hex}")
+    return SystemPrompt(version=canonical.version, text=f"{uuid.uuid4().hex}\n{canonical.text}")
 
 
 def text_request(
