@@ -354,7 +354,7 @@ class ModerationService:
             decision_row(result.modgate, request_id, caller.tenant, decided_at) for result in results
         )
         if self.review is not None and shaped:
-            await self.review.offer_judged(caller, list(shaped), outcomes, results)
+            await self.review.offer_judged(caller, list(shaped), outcomes, results, moderation)
         self.metrics.requests.labels("moderations", "ok").inc()
         return ModerationResponse(
             id=request_id, model=request.model or self.settings.model_name, results=results

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from gateway.caller import Caller
     from gateway.moderation.outcome import FrameOutcome
     from gateway.moderation.wire import ModerationResult
+    from gateway.policy.moderation import TenantModeration
     from shaping.image import ShapedImage
 
 log = logging.getLogger("modgate.review")
@@ -68,15 +69,18 @@ class ReviewQueue:
         *,
         model: str = "",
         job_id: str | None = None,
+        tenant_review_below: float = 0.0,
+        tenant_audit_sample_rate: float = 0.0,
     ) -> ReviewItem | None:
         """Queue the frame if its verdict should be seen by people; never fails the moderation it came from
-        (an unreachable Redis is logged and counted, the verdict still goes back)."""
+        (an unreachable Redis is logged and counted, the verdict still goes back). The tenant's moderation
+        policy may raise the gateway's review threshold and audit rate for its frames, never lower them."""
         settings = self.settings
         if not settings.enabled:
             return None
-        reason = review_reason(
-            verdict.action, verdict.confidence, settings.review_below, settings.audit_sample_rate, self.rng
-        )
+        review_below = max(settings.review_below, tenant_review_below)
+        audit_sample_rate = max(settings.audit_sample_rate, tenant_audit_sample_rate)
+        reason = review_reason(verdict.action, verdict.confidence, review_below, audit_sample_rate, self.rng)
         if reason is None:
             return None
         item = ReviewItem(
@@ -87,7 +91,7 @@ class ReviewQueue:
             categories=verdict.categories,
             confidence=verdict.confidence,
             reason=reason,
-            audit_sample_rate=settings.audit_sample_rate,
+            audit_sample_rate=audit_sample_rate,
             thinking=thinking,
             reasoning=reasoning if thinking == "on" else None,
             request_id=request_id,
@@ -147,13 +151,16 @@ class ReviewQueue:
         frames: list[ShapedImage],
         outcomes: list[FrameOutcome],
         results: list[ModerationResult],
+        tenant: TenantModeration | None = None,
     ) -> None:
         """Offer each frame the engine judged (a reused verdict's frame was offered when it was judged);
-        :func:`review_reason` decides which go."""
+        :func:`review_reason` decides which go, with the tenant's policy's threshold and audit rate."""
         await asyncio.gather(*(
             self.offer(
                 caller.tenant, frame.data_url, outcome.verdict, result.modgate.thinking,
                 outcome.answer.reasoning, result.modgate.request_id, job_id=caller.job_id,
+                tenant_review_below=tenant.review_below if tenant else 0.0,
+                tenant_audit_sample_rate=tenant.audit_sample_rate if tenant else 0.0,
             )
             for frame, outcome, result in zip(frames, outcomes, results, strict=True)
             if outcome.reused is None

@@ -118,3 +118,22 @@ def test_only_the_admin_token_reaches_the_queue(reviewed: ThreadedServer) -> Non
     business = httpx.post(f"{reviewed.url}/admin/review/claim", timeout=10,
                           headers={"Authorization": f"Bearer {API_KEY}"})
     assert business.status_code == 403
+
+
+def test_a_tenants_moderation_policy_raises_its_own_audit_rate_and_no_one_elses(
+    start_gateway: GatewayFactory, sim: ThreadedServer
+) -> None:
+    gateway = start_gateway(engine_url=sim.url, api_keys=f"{API_KEY}:tenant-a,key-b-0123456789:tenant-b")
+    flip = httpx.put(f"{gateway.url}/admin/moderation-policy", headers=admin(), timeout=10, json={
+        "default": {}, "tenants": {"tenant-a": {"audit_sample_rate": 1.0}}, "reason": "audit tenant a",
+    })
+    assert flip.status_code == 200, flip.text
+    moderate(gateway, "allow", "block:violence", seed=60)
+    labels = ("allow", "block:violence")
+    frames = [make_keyframe(label, 320, 180, seed=70 + n) for n, label in enumerate(labels)]
+    other = httpx.post(f"{gateway.url}/v1/moderations", json={"input": image_input(*frames)},
+                       headers={"Authorization": "Bearer key-b-0123456789"}, timeout=30)
+    assert other.status_code == 200, other.text
+    queue = httpx.get(f"{gateway.url}/admin/review/queue", headers=admin(), timeout=10).json()
+    assert queue["tenants"]["tenant-a"]["depth"] == 2  # the gateway's rate is 0; the tenant's 1.0: both
+    assert "tenant-b" not in queue["tenants"]
