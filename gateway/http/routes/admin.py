@@ -33,14 +33,23 @@ _SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed")
 
 Limit = Annotated[int, Parameter(ge=1, le=1000)]
 # A reason: at least 3 characters once surrounding white space is stripped (``_reason``)
-REASON_PATTERN = r"^\s*\S[\s\S]+\S\s*$"
+# The white space of JSON Schema's (ECMA-262's) \s, spelled out: Python's str.strip() also strips the
+# control characters \x1c-\x1f and \x85, which the published pattern counts as text (schemathesis found a
+# schema-valid reason of control characters refused). The pattern and the check below use this one set.
+_SPACE_CLASS = r"\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_SPACE = "".join(
+    ("\t\n\v\f\r \u00a0\u1680", *map(chr, range(0x2000, 0x200B)), "\u2028\u2029\u202f\u205f\u3000\ufeff")
+)
+REASON_PATTERN = rf"^[{_SPACE_CLASS}]*[^{_SPACE_CLASS}][\s\S]+[^{_SPACE_CLASS}][{_SPACE_CLASS}]*$"
 
 
 def _reason(value: object) -> str:
-    if not isinstance(value, str) or len(value.strip()) < 3:
+    """The change's reason without its surrounding white space, as the published pattern reads it."""
+    reason = value.strip(_SPACE) if isinstance(value, str) else ""
+    if len(reason) < 3:
         raise InvalidRequest("a 'reason' (at least 3 characters) is required for every policy change",
                              param="reason")
-    return value.strip()
+    return reason
 
 
 M = TypeVar("M", bound=BaseModel)
