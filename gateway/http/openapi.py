@@ -65,6 +65,25 @@ def policy_change(
     return {**schema, "title": title, "properties": properties, "required": ["reason"]}
 
 
+def bearer_security(document: dict[str, Any], *, keys_required: bool) -> None:
+    """Say who may call what: ``/admin`` takes the admin token (or a reviewer's session), ``/v1`` a business
+    service's API key (optional while no key is set), both as ``Authorization: Bearer``."""
+    document.setdefault("components", {})["securitySchemes"] = {
+        "apiKey": {"type": "http", "scheme": "bearer", "description": "a business service's API key"},
+        "adminToken": {"type": "http", "scheme": "bearer",
+                       "description": "MODGATE_ADMIN_TOKEN (automation) or a signed-in operator or reviewer"},
+    }
+    business: list[dict[str, list[str]]] = [{"apiKey": []}] if keys_required else [{"apiKey": []}, {}]
+    for path, operations in document["paths"].items():
+        requirement = [{"adminToken": []}] if path.startswith("/admin") else (
+            business if path.startswith("/v1") else None)
+        if requirement is None:
+            continue
+        for method, operation in operations.items():
+            if method in ("get", "put", "post", "delete", "patch"):
+                operation["security"] = requirement
+
+
 def image_url_pattern(settings: Settings) -> str:
     """What ``image_url.url`` may be: a base64 data: URL of an image (or http(s) with remote images on)."""
     if not settings.remote_images.enabled:
@@ -107,6 +126,9 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
             "required": True,
             "content": {"application/json": {"schema": {"$ref": REF.format(model=change)}}},
         }
+    escalation = schemas["EscalationPolicy"]["properties"]["always_categories"]
+    escalation["items"] = {"enum": list(MODEL_CATEGORIES)}  # the server refuses any other name (422)
+    bearer_security(document, keys_required=bool(settings.api_keys or settings.api_keys_from_redis))
     for parameter in paths["/v1/videos/{video_id}/keyframes"]["post"].get("parameters", []):
         if parameter["name"] == "video_id" and parameter["in"] == "path":
             parameter["schema"] = {"type": "string", "pattern": VIDEO_ID_PATTERN}

@@ -19,6 +19,7 @@ from PIL import Image
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
 from gateway.cli.embedded import ThreadedServer
+from shaping.verdict import MODEL_CATEGORIES
 from tests.support import GatewayFactory, SimFactory, data_url, image_input
 
 BUSINESS_ROUTES = {
@@ -215,3 +216,22 @@ def test_a_405_names_the_methods_the_route_allows(gateway: ThreadedServer) -> No
             assert answer.status_code == 405, (method, path, answer.status_code)
             allowed = {name.strip() for name in answer.headers["allow"].split(",")}
             assert allowed == documented | {"OPTIONS"}, (method, path, allowed)
+
+
+def test_the_document_says_which_bearer_each_route_takes_and_which_categories_escalation_knows(
+    start_gateway: GatewayFactory, start_sim: SimFactory
+) -> None:
+    sim = start_sim("instant")
+    keyed = openapi(start_gateway(engine_url=sim.url, api_keys="key-a-0123456789:tenant-a"))
+    open_ = openapi(start_gateway(engine_url=sim.url))
+    validate(keyed)
+    schemes = keyed["components"]["securitySchemes"]
+    assert {name: (s["type"], s["scheme"]) for name, s in schemes.items()} == {
+        "apiKey": ("http", "bearer"), "adminToken": ("http", "bearer")
+    }
+    assert keyed["paths"]["/admin/thinking-policy"]["put"]["security"] == [{"adminToken": []}]
+    assert keyed["paths"]["/admin/moderation-policy"]["get"]["security"] == [{"adminToken": []}]
+    assert keyed["paths"]["/v1/moderations"]["post"]["security"] == [{"apiKey": []}]
+    assert open_["paths"]["/v1/moderations"]["post"]["security"] == [{"apiKey": []}, {}]  # no key: optional
+    always = keyed["components"]["schemas"]["EscalationPolicy"]["properties"]["always_categories"]
+    assert always["items"] == {"enum": list(MODEL_CATEGORIES)}
