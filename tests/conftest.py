@@ -52,10 +52,13 @@ def start_sim() -> Iterator[SimFactory]:
         **changes: Any,
     ) -> ThreadedServer:
         chosen = PRESETS[preset] if isinstance(preset, str) else preset
+        started: list[ThreadedServer] = []  # the server, for the app to exit as vLLM does when its core dies
         app = create_sim_app(
-            chosen.scaled(**changes), time_scale, faults, kind=kind, llamacpp=llamacpp, vision=vision
+            chosen.scaled(**changes), time_scale, faults, kind=kind, llamacpp=llamacpp, vision=vision,
+            on_exit=lambda: started[0].exit_soon(),
         )
         server = ThreadedServer(app).start()
+        started.append(server)
         servers.append(server)
         return server
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Final
 
 from litestar import Litestar, Request, Response, get, post
+from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import State
 from litestar.params import JSONBody
 from prometheus_client import generate_latest
@@ -63,11 +65,30 @@ def _error_response(_: Request[Any, Any, Any], exc: EngineError) -> Response[dic
     )
 
 
+ENGINE_CORE_FAILED: Final = {
+    "error": {
+        "message": "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+        "type": "InternalServerError", "param": None, "code": 500,
+    }
+}  # fmt: skip
+"""The real vLLM's answer to a request its engine core died on (the float32 hybrid's first request)."""
+
+
+def _engine_core_failed(state: State) -> Response[Any]:
+    """vLLM's 500 for a dead engine core; then, as vLLM, the server exits (``on_exit``), else it stays up
+    answering 500 with ``/health`` 503 (vLLM with ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1``)."""
+    on_exit: Callable[[], None] | None = state.get("on_exit")
+    return Response(ENGINE_CORE_FAILED, status_code=500,
+                    background=None if on_exit is None else BackgroundTask(on_exit))
+
+
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """OpenAI chat completions, streamed or not."""
     sim: SimulatedEngine = state.sim
     body = parse_chat(await request.body(), sim.preset.model)
+    if sim.engine_core_dies():
+        return _engine_core_failed(state)
     faults = sim.faults
     if sim.chance(faults.error_rate):
         raise EngineError(500, "simulated engine failure")
@@ -91,7 +112,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
 
 
 @post("/v1/completions", status_code=200)
-async def completions(request: Request[Any, Any, Any], state: State) -> dict[str, Any]:
+async def completions(request: Request[Any, Any, Any], state: State) -> Response[Any]:
     """OpenAI completions over a prompt of token ids or text, answered whole (what a priming request sends:
     its prompt ends exactly where the gateway wants the engine to keep a state)."""
     sim: SimulatedEngine = state.sim
@@ -115,6 +136,8 @@ async def completions(request: Request[Any, Any, Any], state: State) -> dict[str
     max_tokens = raw.get("max_tokens", 16)
     if type(max_tokens) is not int or max_tokens < 1:
         raise EngineError(400, "max_tokens must be a positive integer", "max_tokens")
+    if sim.engine_core_dies():
+        return _engine_core_failed(state)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     output = [TokenEvent("content", "。"), TokenEvent("content", END_OF_OUTPUT)][-max_tokens:]
     sequence = Sequence(request_id=request_id, prompt=tokens, output=output, max_tokens=max_tokens)
@@ -125,7 +148,7 @@ async def completions(request: Request[Any, Any, Any], state: State) -> dict[str
         else:
             finish = event
     assert finish is not None  # generate() always ends with a FinishEvent
-    return {
+    return Response({
         "id": request_id,
         "object": "text_completion",
         "created": int(time.time()),
@@ -134,7 +157,7 @@ async def completions(request: Request[Any, Any, Any], state: State) -> dict[str
             {"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": finish.finish_reason}
         ],
         "usage": usage(finish, []),
-    }
+    })
 
 
 @get("/v1/models")
@@ -158,9 +181,10 @@ async def models(state: State) -> dict[str, Any]:
 
 
 @get("/health")
-async def health() -> Response[None]:
-    """200 while the engine runs."""
-    return Response(None, status_code=200)
+async def health(state: State) -> Response[None]:
+    """200 while the engine runs; 503 once its engine core died (and the server stayed up)."""
+    sim: SimulatedEngine = state.sim
+    return Response(None, status_code=503 if sim.engine_core_dead else 200)
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
@@ -263,11 +287,13 @@ def create_sim_app(
     llamacpp: LlamaCppOptions | None = None,
     vision: bool = True,
     loading_s: float = 0.0,
+    on_exit: Callable[[], None] | None = None,
 ) -> Litestar:
     """The simulated engine as an ASGI app, in vLLM's wire or (``kind="llamacpp"``) llama-server's.
 
     llama.cpp's wire runs llama.cpp's law with ``llamacpp``'s flags (its defaults otherwise); ``vision``
     False is a server started without ``--mmproj``, ``loading_s`` how long every route answers 503.
+    ``on_exit``: how the server exits when its engine core dies, as vLLM's does (None: it stays up).
     """
     if kind == "llamacpp":
         return _llamacpp_app(preset, time_scale, faults, llamacpp or LlamaCppOptions(), vision, loading_s)
@@ -281,7 +307,7 @@ def create_sim_app(
 
     return Litestar(
         route_handlers=[chat_completions, completions, models, health, metrics, tokenize, *SIM_ROUTES],
-        state=State({"sim": sim}),
+        state=State({"sim": sim, "on_exit": on_exit}),
         on_startup=[start],
         on_shutdown=[stop],
         exception_handlers={EngineError: _error_response},

@@ -89,6 +89,9 @@ class SimPreset:
     # vLLM's --prefix-match-unit: hits may land on multiples of it inside a block. vLLM refuses one that
     # does not divide the block (a hybrid model's groups), or, on a single-group model, any but the block.
     prefix_match_unit: int | None = None
+    # vLLM's --dtype. The CPU build's Gated DeltaNet kernel asserts bfloat16: a hybrid model ("align") served
+    # in float32 boots, answers its first generation request 500 and exits (SimulatedEngine.engine_core_dies).
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
     # Fitted to the Spark's tuned configuration (bench/calibration.py, docs/engineering.md): a step costs its
     # prefill tokens at PREFILL plus its decode tokens at DECODE tokens/s in aggregate (flat whatever the
     # batch: an MoE whose sequences touch different experts), plus, on the Spark, the weights its prefill

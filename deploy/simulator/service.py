@@ -63,6 +63,14 @@ class SimulatedEngine:
         )
         self._rng = random.Random(self.faults.seed)
         self.started = time.time()
+        self.engine_core_dead = False  # the engine core died (a hybrid model in float32): every request 500s
+
+    def engine_core_dies(self) -> bool:
+        """Whether this generation request kills the engine core: any, on a hybrid model served in float32
+        (vLLM's CPU build: ``AssertionError: CPU GDN attention requires BF16.``), and every one after."""
+        if self.preset.mamba_cache_mode == "align" and self.preset.dtype == "float32":
+            self.engine_core_dead = True
+        return self.engine_core_dead
 
     def set_faults(self, faults: Faults) -> None:
         """Switch failure modes at runtime."""

@@ -50,6 +50,11 @@ class ThreadedServer:
             raise RuntimeError(f"the server on {self.url} did not start within {timeout_s:g} s")
         return self
 
+    def exit_soon(self) -> None:
+        """Stop serving without waiting (from the server's own thread: a simulated engine whose core died);
+        its port refuses connections once uvicorn has closed it. ``stop`` still joins the thread."""
+        self._server.should_exit = True
+
     def stop(self, timeout_s: float = 30.0) -> None:
         """Ask the server to finish and wait for its thread; raise if it still runs after ``timeout_s``.
 

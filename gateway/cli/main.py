@@ -252,6 +252,11 @@ def engine_sim(
                           "must be divisible by it)."),
     ] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Sequences run at once.")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="vLLM's --dtype: bfloat16, or float32 (a hybrid preset then answers its first "
+                          "request 500 and exits, as vLLM's CPU build does)."),
+    ] = None,
     disagreement: Annotated[
         float | None, typer.Option(help="Share of frames whose thinking-off verdict differs.")
     ] = None,
@@ -303,12 +308,15 @@ def engine_sim(
         ("block_size", block_size),
         ("prefix_match_unit", prefix_match_unit),
         ("max_num_seqs", max_num_seqs),
+        ("dtype", dtype),
         ("thinking_off_disagreement", disagreement),
         ("separation_auroc", separation),
         ("scheduling_policy", scheduling_policy),
     ):
         if value is not None:
             changes[name] = value
+    if dtype not in (None, "bfloat16", "float32"):
+        raise typer.BadParameter(f"unknown dtype {dtype!r}; choose bfloat16 or float32")
     if tokenizer is not None:
         from shaping.bpe import FAMILIES
 
@@ -349,18 +357,20 @@ def engine_sim(
     typer.echo(
         f"engine simulator ({chosen.name} preset, {wire}, time scale {time_scale:g}) on http://{host}:{port}"
     )
-    uvicorn.run(
-        create_sim_app(
-            chosen, time_scale, faults, kind="llamacpp" if kind == "llamacpp" else "vllm",
-            llamacpp=options, loading_s=loading_s,
-        ),
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
+    servers: list[uvicorn.Server] = []  # the app exits it as vLLM exits when its engine core dies
+
+    def engine_core_died() -> None:
+        typer.echo("engine core died (a hybrid model in float32): exiting, as vLLM does", err=True)
+        servers[0].should_exit = True
+
+    app_ = create_sim_app(
+        chosen, time_scale, faults, kind="llamacpp" if kind == "llamacpp" else "vllm",
+        llamacpp=options, loading_s=loading_s, on_exit=engine_core_died,
     )
+    servers.append(uvicorn.Server(uvicorn.Config(
+        app_, host=host, port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools",
+    )))
+    servers[0].run()
 
 
 def main() -> None:

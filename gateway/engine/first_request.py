@@ -3,11 +3,15 @@
 An engine can boot, answer ``/health`` 200 and still fail every request. The case seen on the real vLLM
 CPU build: a hybrid (linear-attention) model served in float32 answers its first chat request 500
 ("EngineCore encountered an issue"; its log says "CPU GDN attention requires BF16.") and then exits.
-``/readyz`` sends this probe once to each vLLM engine that answers ``/health`` and reports a linear-attention
-(mamba) cache in ``vllm:cache_config_info`` (again after the engine was seen down: a restart may change its
-flags), so that failure is reported at start, with what to change, in ``/readyz`` and the log, not by the
-first keyframe's 500. Other engines are not sent it: no other start-up fault of this kind is known, and an
-extra request at every start would be counted by whoever watches the engine's request counters.
+The gateway sends this probe at start, before any other request of its own (the start-up check's probes,
+the prefix primer: the first request the engine gets is the one that finds this out, and the engine exits
+after it), and ``/readyz`` sends it to each vLLM engine that answers ``/health`` and was not probed since it
+came up, when it reports a linear-attention (mamba) cache in ``vllm:cache_config_info`` (again after the
+engine was seen down: a restart may change its flags). So that failure is reported at start, with what to
+change, in ``/readyz`` and the log, not by the first keyframe's 500; and it stays in ``/readyz`` while the
+engine is down, since it says why. Other engines are not sent it: no other start-up fault of this kind is
+known, and an extra request at every start would be counted by whoever watches the engine's request
+counters. The probe takes a slot of the engine's in-flight cap (``hold``), as a keyframe does.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, Final, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import ENGINE_REJECTED, EngineClient
+from gateway.engine.pool import EngineHold, unheld
 from gateway.errors import ModgateError, UpstreamError
 
 log = logging.getLogger("modgate.engine")
@@ -68,28 +73,41 @@ class FirstRequest:
 class FirstRequestProbe:
     """Each engine's first-request outcome since it was last seen down (by URL)."""
 
+    hold: EngineHold = unheld  # the engine's slot for the probe: within its in-flight cap, as a keyframe
     results: dict[str, FirstRequest] = field(default_factory=dict)
+    _down: set[str] = field(default_factory=set)  # seen down since its last probe: probed again when back
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     async def check(self, client: EngineClient, healthy: bool) -> FirstRequest | None:
         """The engine's outcome, probing it now if it is healthy and was not probed since it came up.
 
-        None: not probed (the engine is down or serves no linear-attention model, or the probe could not
-        reach it or timed out: asked again).
+        None: not probed (the engine is down, or the probe could not reach it or timed out: asked again).
+        A failed outcome stays while the engine is down (the real engine exits after that 500: it says why).
         """
         url = client.base_url
         if not healthy:
-            self.results.pop(url, None)  # when it is back it may be another process: probe again
-            return None
+            self._down.add(url)  # when it is back it may be another process: probe again
+            outcome = self.results.get(url)
+            return outcome if outcome is not None and outcome.status == "failed" else None
         async with self._locks.setdefault(url, asyncio.Lock()):  # concurrent /readyz calls probe once
+            if url in self._down:
+                self._down.discard(url)
+                self.results.pop(url, None)
             if url not in self.results:
-                outcome = await self._probe(client)
+                outcome = await self._probe(client, self.hold)
                 if outcome is not None:
                     self.results[url] = outcome
             return self.results.get(url)
 
+    async def check_all(self, clients: list[EngineClient]) -> None:
+        """Probe every engine that answers ``/health`` now (at start, before the gateway's other requests)."""
+        async def one(client: EngineClient) -> None:
+            await self.check(client, await client.healthy())
+
+        await asyncio.gather(*(one(client) for client in clients))
+
     @staticmethod
-    async def _probe(client: EngineClient) -> FirstRequest | None:
+    async def _probe(client: EngineClient, hold: EngineHold) -> FirstRequest | None:
         if (await client.wire()).kind != "vllm":
             return FirstRequest("ok", "not probed: not vLLM")
         try:
@@ -100,7 +118,8 @@ class FirstRequestProbe:
             return FirstRequest("ok", "not probed: no linear-attention layers")
         try:
             models = await client.model_ids()
-            await client.chat(probe_body(models[0] if models else ""), PROBE_REQUEST_ID)
+            async with hold(client.base_url):
+                await client.chat(probe_body(models[0] if models else ""), PROBE_REQUEST_ID)
         except UpstreamError as exc:
             if exc.code == ENGINE_REJECTED:  # a 4xx: it answered, and refusals are a request's business
                 return FirstRequest("ok", exc.message)

@@ -33,6 +33,9 @@
   cache's lookup and store cost no round trip of their own (gateway/engine/leases.py).
 - llama.cpp: an engine's cap (so its leases' cap) is its ``--parallel`` slots as its ``/props`` last said
   (EngineClient re-reads it after a failed call and every ``props_recheck_s``), unless configured.
+- The gateway's own calls (the start-up check's probes, the first-request probe, the prefix primer) name
+  their engine: :meth:`EnginePool.slot_on` holds a slot of that engine's cap (and its lease) for them,
+  outside the tenants' queue, so the cap is a promise to the engine whatever asks it.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -57,6 +60,15 @@ from gateway.errors import EngineBusy, EngineUnavailable, Overloaded, ServerSide
 log = logging.getLogger("modgate.engine_pool")
 
 T = TypeVar("T")
+
+EngineHold = Callable[[str], AbstractAsyncContextManager[object]]
+"""A slot on the engine at a URL for one of the gateway's own calls (:meth:`EnginePool.slot_on`)."""
+
+
+@asynccontextmanager
+async def unheld(_url: str) -> AsyncIterator[None]:
+    """No slot: for a caller with no engine pool (the command line's tools talk to an engine alone)."""
+    yield
 
 BUSY_PAUSE_S = (0.05, 1.0)
 """A call an engine answered busy asks again after 50 ms, doubling to 1 s, until the queue's deadline."""
@@ -550,6 +562,50 @@ class EnginePool:
         held = HeldEngine(self, engine, lease, time.monotonic() - started, admission.ticket, work)
         async with self._holding(held):
             yield held
+
+    @asynccontextmanager
+    async def slot_on(self, url: str, timeout_s: float = 60.0) -> AsyncIterator[EngineSlot]:
+        """A slot on the engine at ``url`` for the gateway's own call, within its cap and (across replicas)
+        its lease, waiting for room (polling, as a keyframe waits for a lease) until ``timeout_s``.
+
+        Outside the tenants' queue and its circuit: a probe or a primer is charged to nobody and goes to the
+        engine it names, up or not; it only never makes the engine run more than its cap."""
+        engine = next((slot for slot in self.engines if slot.url == url), None)
+        if engine is None:
+            raise ValueError(f"{url} is not an engine of the pool")
+        deadline = time.monotonic() + timeout_s
+        pause, longest = self.lease_poll_s
+        while True:
+            lease = None
+            if engine.inflight < engine.cap:
+                self._reserve(engine)
+                try:
+                    lease = await self._lease(engine)
+                except BaseException:
+                    self._unreserve(engine)
+                    raise
+                if lease is None:
+                    self._unreserve(engine)
+            if lease is not None:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Overloaded(
+                    f"the engine at {url} stayed at its cap of {engine.cap} for {timeout_s:g} s",
+                    retry_after=self.queue.retry_after_s(), code="queue_timeout",
+                )
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(pause * 2, longest)
+        if lease == LOCAL_ONLY and self.leases is not None:
+            self.calls_on_local_caps += 1
+        self.refresh()
+        try:
+            yield engine
+        finally:
+            try:
+                await self._give_back(engine, lease)
+            finally:
+                self.refresh()
 
     @asynccontextmanager
     async def spare_slot(self) -> AsyncIterator[HeldEngine | None]:

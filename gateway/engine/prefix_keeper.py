@@ -25,7 +25,9 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.engine.pool import EngineHold, unheld
 from gateway.engine.prefix import EngineTokens, PrefixPlanError, serves_llamacpp
+from gateway.errors import ModgateError
 from shaping.prefix import shared_prefix_length
 from shaping.prefix_strategy import (
     EngineCacheConfig,
@@ -111,8 +113,10 @@ class PrefixKeeper:
         block_size: int | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = 30.0,
+        hold: EngineHold = unheld,
     ) -> None:
         self.setting = setting
+        self.hold = hold  # the engine's slot for a priming: within its in-flight cap, as a keyframe
         self.block_size = block_size
         self.fill_max_tokens = fill_max_tokens
         self.reprime_interval_s = reprime_interval_s
@@ -216,7 +220,7 @@ class PrefixKeeper:
         """Send the priming request of every system prompt; answers whether all of them were taken."""
         state = self.engines[url]
         try:
-            async with self._client(url) as http:
+            async with self._client(url) as http, self.hold(url):
                 for ids in state.shared_ids.values():
                     body = {"model": state.model, "prompt": priming_prompt(ids), "max_tokens": 1}
                     response = await http.post("/v1/completions", json=body)
@@ -224,7 +228,7 @@ class PrefixKeeper:
                         raise PrefixPlanError(
                             f"/v1/completions answered {response.status_code}: {response.text[:200]}"
                         )
-        except (PrefixPlanError, httpx.HTTPError, ValueError) as exc:
+        except (PrefixPlanError, ModgateError, httpx.HTTPError, ValueError) as exc:  # Modgate: no slot
             state.last_error = f"priming failed: {exc!r}"
             self.primings.labels(url, "failed").inc()
             log.warning("prefix cache: priming %s failed (%s): requests go on uncached", url, exc)

@@ -23,6 +23,8 @@ from typing import Any, Final, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import EngineClient
+from gateway.engine.first_request import FirstRequestProbe
+from gateway.engine.pool import EngineHold, unheld
 from gateway.errors import ModgateError
 
 log = logging.getLogger("modgate.engine")
@@ -258,8 +260,14 @@ class EngineChecks:
         targets: CheckTargets,
         record: Callable[[EngineCheck], None] = lambda _check: None,
         retry_s: float = 5.0,
+        hold: EngineHold = unheld,
+        first_request: FirstRequestProbe | None = None,
     ) -> None:
         self._engines = list(engines)
+        # An engine is checked once it passed its first request: one that fails it (a hybrid model in
+        # float32) exits after that 500, and the probe, not a check's, is what says why.
+        self._first_request = first_request
+        self._hold = hold  # one slot of the engine's cap for its probes, sent one after the other
         self._targets = targets
         self._record = record
         self._retry_s = retry_s
@@ -277,8 +285,14 @@ class EngineChecks:
 
     async def _check_until_answered(self, client: EngineClient, cap: int) -> None:
         while True:
+            if self._first_request is not None:
+                passed = await self._first_request.check(client, await client.healthy())
+                if passed is None or passed.status == "failed":
+                    await asyncio.sleep(self._retry_s)
+                    continue
             try:
-                found = await check_engine(client, cap, self._targets)
+                async with self._hold(client.base_url):
+                    found = await check_engine(client, cap, self._targets)
             except ModgateError as exc:
                 log.debug("engine %s not checked yet (%s): again in %g s", client.base_url, exc.message,
                           self._retry_s)

@@ -378,6 +378,7 @@ async def open_services(
             reprime_interval_s=settings.shaping.prefix_reprime_interval_s,
             block_size=settings.shaping.prefix_block_size,
             transport=engine_transport,
+            hold=engines.slot_on,  # the gateway's own calls take a slot of the engine's cap, as keyframes do
         )
         stack.push_async_callback(prefix.stop)
         plain_prompts = {f: load_system_prompt(prompt_version_for(f)) for f in VERDICT_FORMATS}
@@ -443,10 +444,16 @@ async def open_services(
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         await engines.detect_engines()  # each engine's kind and slots (llama.cpp: its --parallel)
+        # The first request each engine gets is the first-request probe's: a hybrid engine in float32
+        # answers it 500 and exits, and the probe is what says so (gateway/engine/first_request.py).
+        first_request = FirstRequestProbe(hold=engines.slot_on)
+        await first_request.check_all([slot.client for slot in engines.engines])
         engine_checks = EngineChecks(
             [(slot.client, slot.cap) for slot in engines.engines],
             CheckTargets(settings.engine.model, settings.engine.top_logprobs),
             record=lambda check: _record_engine_check(metrics, check),
+            hold=engines.slot_on,
+            first_request=first_request,
         )
         stack.push_async_callback(engine_checks.aclose)
         if settings.engine.startup_check:
@@ -485,4 +492,5 @@ async def open_services(
             drain=drain,
             engine_checks=engine_checks,
             prefix=prefix,
+            first_request=first_request,
         )
