@@ -23,6 +23,7 @@ import ctypes
 import fcntl
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -118,6 +119,44 @@ TINY_MODELS: Final[dict[ModelName, TinyModel]] = {"vlm": TINY_VLM, "hybrid": TIN
 
 class EngineError(RuntimeError):
     """The CPU engine could not be installed, built or started; the message carries the log tail."""
+
+
+class EngineExited(EngineError):
+    """The server exited before it was ready: ``code`` is its exit status (negative: the signal)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# A Python exception's last line, where vLLM's log prints it: alone, or after a process's prefix and the
+# log level ("(EngineCore_DP0 pid=9) ERROR 12-03 10:00:00 [core.py:1100] ValueError: Invalid …").
+_EXCEPTION_LINE: Final = re.compile(
+    r"(?:^|[\s\]])((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)): (\S.*)$"
+)
+_NOT_THE_MESSAGE: Final = ("File ", "Traceback", "For further information")
+_SEE_ABOVE: Final = "See root cause above"  # vLLM's API server's own exception after its engine core's
+
+
+def root_cause(log_path: Path) -> str | None:
+    """The engine's own error in its log: the last exception line that does not point to another above it
+    (vLLM's API server ends with "Engine core initialization failed. See root cause above"), with up to
+    three lines that continue its message (pydantic's field and reason)."""
+    try:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for index in range(len(lines) - 1, -1, -1):
+        found = _EXCEPTION_LINE.search(lines[index])
+        if found is None or _SEE_ABOVE in found.group(2):
+            continue
+        cause = [f"{found.group(1)}: {found.group(2).strip()}"]
+        for line in lines[index + 1 : index + 4]:
+            if not line.strip() or line.startswith("(") or line.strip().startswith(_NOT_THE_MESSAGE):
+                break  # a log record of its own, a traceback, or pydantic's link
+            cause.append(line.strip())
+        return " ".join(cause)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,10 +459,13 @@ def wait_until_healthy(engine: EngineProcess, timeout: float, server: str = "vLL
         while True:
             code = engine.process.poll()
             if code is not None:
-                raise EngineError(
-                    f"{server} exited with code {code} before it was ready; last lines of {engine.log_path}:"
-                    "\n"
-                    + log_tail(engine.log_path)
+                cause = root_cause(engine.log_path)
+                raise EngineExited(
+                    f"{server} exited with code {code} before it was ready"
+                    + ("" if cause is None else f": {cause}")
+                    + f"\nlast lines of {engine.log_path}:\n"
+                    + log_tail(engine.log_path),
+                    code,
                 )
             with contextlib.suppress(httpx.TransportError):
                 if client.get(f"{engine.url}/health").status_code == 200:
@@ -482,7 +524,8 @@ def serve_until_interrupted(
         engine, timings = boot()
     except EngineError as exc:
         print(f"modgate {command}: {exc}", file=sys.stderr)
-        return 1
+        # the engine's own exit status when it exited with one (a signal, or any other failure: 1)
+        return exc.code if isinstance(exc, EngineExited) and exc.code > 0 else 1
     except KeyboardInterrupt:
         return 130
     with engine:
