@@ -209,8 +209,8 @@ VLLM_CPU_ROW_COST_S = 0.0002  # the fit measurement's own (above): not identifie
 PRESETS: dict[str, SimPreset] = {
     "spark": SimPreset(name="spark", model="qwen3-vl-moe-sim", weight_reads=GB10_NVFP4_125B),
     # The Spark with its hybrid model's cache law (the same hits without a match unit; with one, the
-    # priming law). Not the default spark: it reports a linear-attention cache, so a gateway's /readyz
-    # sends it a first-request probe, outside the in-flight cap (gateway/engine/first_request.py).
+    # priming law). Not the default spark: it reports a linear-attention cache, so a gateway sends it a
+    # first-request probe at start (gateway/engine/first_request.py), one request more than the plain law.
     "spark-hybrid": SimPreset(
         name="spark-hybrid", model="qwen3-vl-moe-sim", weight_reads=GB10_NVFP4_125B, mamba_cache_mode="align"
     ),

@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import ENGINE_REJECTED, EngineClient
-from gateway.engine.pool import EngineHold, unheld
+from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.errors import ModgateError, UpstreamError
 
 log = logging.getLogger("modgate.engine")

@@ -44,15 +44,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from gateway.engine.admission import AdmissionQueue, Ticket
-from gateway.engine.circuit import CircuitBreaker, CircuitOpen, CircuitState
+from gateway.engine.circuit import CircuitBreaker, CircuitOpen
 from gateway.engine.client import EngineAnswer, EngineClient, engine_failed
+from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.fairness import Work
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
 from gateway.errors import EngineBusy, EngineUnavailable, Overloaded, ServerSideError
@@ -60,15 +59,6 @@ from gateway.errors import EngineBusy, EngineUnavailable, Overloaded, ServerSide
 log = logging.getLogger("modgate.engine_pool")
 
 T = TypeVar("T")
-
-EngineHold = Callable[[str], AbstractAsyncContextManager[object]]
-"""A slot on the engine at a URL for one of the gateway's own calls (:meth:`EnginePool.slot_on`)."""
-
-
-@asynccontextmanager
-async def unheld(_url: str) -> AsyncIterator[None]:
-    """No slot: for a caller with no engine pool (the command line's tools talk to an engine alone)."""
-    yield
 
 BUSY_PAUSE_S = (0.05, 1.0)
 """A call an engine answered busy asks again after 50 ms, doubling to 1 s, until the queue's deadline."""
@@ -84,52 +74,6 @@ class SlotWithheld(Exception):
     def __init__(self, rider: LeaseRider) -> None:
         super().__init__("the slot was withheld")
         self.rider = rider
-
-
-@dataclass(eq=False)
-class EngineSlot:
-    """One engine: its client, its in-flight cap, its circuit breaker and what this replica sends it."""
-
-    client: EngineClient
-    cap: int
-    circuit: CircuitBreaker
-    inflight: int = 0  # calls this replica has at the engine (or is getting a lease for)
-    peak_inflight: int = 0
-    failovers: int = 0  # calls moved away from this engine because it could not take them
-    busy_answers: int = 0  # calls it answered "busy" (its own queue full, no slot free): back-pressure
-    cap_configured: bool = False  # set in MODGATE_ENGINE_CAPS: its own slot count does not replace it
-    _outcomes: deque[bool] = field(default_factory=lambda: deque(maxlen=20))  # True: the engine failed
-    default_cap: int = field(init=False)  # the cap it was given: what it returns to if it names no slots
-
-    def __post_init__(self) -> None:
-        self.default_cap = self.cap
-
-    @property
-    def url(self) -> str:
-        """The engine's base URL: its name in metrics, readiness and Redis."""
-        return self.client.base_url
-
-    @property
-    def state(self) -> CircuitState:
-        """Its circuit's state."""
-        return self.circuit.state
-
-    def capacity(self) -> int:
-        """Calls it may have at once now: its cap when closed, one probe when half-open, none when open."""
-        return {"closed": self.cap, "half_open": 1, "open": 0}[self.state]
-
-    def room(self) -> int:
-        """Calls it may still take now."""
-        return max(0, self.capacity() - self.inflight)
-
-    @property
-    def recent_failures(self) -> int:
-        """Engine failures among its last 20 calls (what breaks ties between equally loaded engines)."""
-        return sum(self._outcomes)
-
-    def record(self, failed: bool) -> None:
-        """One call's outcome."""
-        self._outcomes.append(failed)
 
 
 def naming_own_model(body: dict[str, Any], models: Mapping[str, str] | None, url: str) -> dict[str, Any]:

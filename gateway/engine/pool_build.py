@@ -13,8 +13,9 @@ from redis.asyncio import Redis
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
+from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.leases import EngineLeases
-from gateway.engine.pool import EnginePool, EngineSlot
+from gateway.engine.pool import EnginePool
 from gateway.settings import Settings
 
 

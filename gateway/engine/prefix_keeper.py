@@ -25,7 +25,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.engine.pool import EngineHold, unheld
+from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.engine.prefix import EngineTokens, PrefixPlanError, serves_llamacpp
 from gateway.errors import ModgateError
 from shaping.prefix import shared_prefix_length

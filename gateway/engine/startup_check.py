@@ -23,8 +23,8 @@ from typing import Any, Final, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import EngineClient
+from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.engine.first_request import FirstRequestProbe
-from gateway.engine.pool import EngineHold, unheld
 from gateway.errors import ModgateError
 
 log = logging.getLogger("modgate.engine")

@@ -21,9 +21,9 @@ from deploy.engine_cpu import (
     EngineTimings,
     free_port,
     launch_server,
-    root_cause,
     serve_until_interrupted,
 )
+from deploy.engine_log import root_cause
 
 REAL_LOG = Path(__file__).parent / "fixtures" / "vllm-invalid-prefix-match-unit.log"
 PYDANTIC_CAUSE = (
