@@ -1,11 +1,13 @@
 """Each engine's prefix strategy, chosen at start and again after a restart, and the priming it needs.
 
 The choice is :func:`shaping.prefix_strategy.choose_prefix_strategy` over what the engine shows: its kind,
-``vllm:cache_config_info`` and the shared prefix in its own tokens. On an engine with a match unit the
-keeper sends one priming request (``POST /v1/completions`` with the shared prefix's token ids and one more)
-so the engine keeps the linear-attention state at the shared prefix; then it watches the cached tokens of
-every answer and primes again when a request sent after the last priming took fewer than the shared prefix
-from the cache (a restart, a model swap, an eviction), reading the engine's cache config again first.
+``vllm:cache_config_info`` and the shared prefix in its own tokens; made per engine at start, and again for an
+engine that comes back after a restart or shows another cache config (:meth:`PrefixKeeper.watch`). On an
+engine with a match unit the keeper sends one priming request (``POST /v1/completions`` with the shared
+prefix's token ids and one more) so the engine keeps the linear-attention state at the shared prefix; then it
+watches the cached tokens of every answer and primes again when a request sent after the last priming took
+fewer than the shared prefix from the cache (a restart, a model swap, an eviction), reading the engine's cache
+config again first.
 
 Priming runs beside the traffic, never in a request's way: a failed priming is logged and counted, and the
 requests go on uncached until the next one succeeds.
@@ -82,6 +84,8 @@ class EnginePrefixState:
     primed_at: float | None = None  # monotonic time the last priming finished (None: not primed)
     last_error: str | None = None
     unread: bool = False  # the engine could not be read when last asked: ask again on its next answer
+    seen: tuple[str, EngineCacheConfig | None] | None = None  # its kind and cache config when decided
+    down: bool = False  # the watch could not reach it: decided again when it answers (a restart)
     shortfalls: int = 0  # answers since the last priming that took fewer cached tokens than expected
     task: asyncio.Task[None] | None = None
 
@@ -123,12 +127,14 @@ class PrefixKeeper:
         self.transport = transport
         self.timeout_s = timeout_s
         self.engines = {url: EnginePrefixState(url) for url in urls}
+        self._watch: asyncio.Task[None] | None = None
         self.system_prompts: Mapping[VerdictFormat, SystemPrompt] = {}
         self.primings = Counter(
             "modgate_prefix_primings",
             "Priming requests sent to keep the engine's linear-attention state at the shared prefix, by why: "
             "start, cache_fell (a request got fewer cached tokens than the shared prefix: restart, swap, "
-            "eviction), failed (the priming request itself failed).",
+            "eviction), restart (the engine answered again after it could not be reached), swap (its cache "
+            "config changed), failed (the priming request itself failed).",
             ["engine", "reason"],
             registry=registry,
         )
@@ -159,15 +165,13 @@ class PrefixKeeper:
         state = self.engines[url]
         try:
             async with self._client(url) as http:
-                if await serves_llamacpp(http):
+                kind, config = await self._read(http)
+                state.seen = (kind, config)
+                if kind == "llamacpp":
                     decision = choose_prefix_strategy(self.setting, "llamacpp", None, 0, self.fill_max_tokens)
                     state.unread, state.expected = False, {}
                     self._set(state, decision, reason)
                     return decision
-                response = await http.get("/metrics")
-                config = cache_config_from_metrics(response.text) if response.status_code == 200 else None
-                if self.block_size is not None:  # MODGATE_SHAPING__PREFIX_BLOCK_SIZE: the operator's word
-                    config = replace(config or EngineCacheConfig(), block_size=self.block_size)
                 engine = await EngineTokens.connect(http)
                 state.model = engine.model
                 shared: dict[VerdictFormat, list[int]] = {}
@@ -189,6 +193,16 @@ class PrefixKeeper:
         }
         self._set(state, decision, reason)
         return decision
+
+    async def _read(self, http: httpx.AsyncClient) -> tuple[str, EngineCacheConfig | None]:
+        """The engine's kind (``/props``) and cache config (``/metrics``): what the strategy follows."""
+        if await serves_llamacpp(http):
+            return "llamacpp", None
+        response = await http.get("/metrics")
+        config = cache_config_from_metrics(response.text) if response.status_code == 200 else None
+        if self.block_size is not None:  # MODGATE_SHAPING__PREFIX_BLOCK_SIZE: the operator's word
+            config = replace(config or EngineCacheConfig(), block_size=self.block_size)
+        return "vllm", config
 
     def _set(self, state: EnginePrefixState, decision: PrefixDecision, reason: str) -> None:
         changed = state.decision != decision
@@ -266,19 +280,50 @@ class PrefixKeeper:
             return
         state.task = asyncio.create_task(self._reprime(url), name=f"prefix-reprime-{url}")
 
-    async def _reprime(self, url: str) -> None:
-        """The engine lost the state (or was swapped): read it again, then prime if it still wants it."""
-        decision = await self.decide(url, self.system_prompts, reason="cache_fell")
+    async def _reprime(self, url: str, reason: str = "cache_fell") -> None:
+        """The engine lost the state (or was restarted or swapped): read it again, then prime if it still
+        wants it."""
+        decision = await self.decide(url, self.system_prompts, reason=reason)
         if decision.primes:
-            await self.prime(url, "cache_fell")
+            await self.prime(url, reason)
+
+    def start_watching(self, interval_s: float) -> None:
+        """Watch the engines in the background (:meth:`watch`) until :meth:`stop`."""
+        if self._watch is None:
+            self._watch = asyncio.create_task(self.watch(interval_s), name="prefix-watch")
+
+    async def watch(self, interval_s: float) -> None:
+        """Read every engine's kind and cache config each ``interval_s`` (no slot: ``/props``, ``/metrics``)
+        and decide again for one that came back after it could not be reached (``restart``) or shows
+        another config (``swap``: other flags or another model), priming it if the new decision primes.
+
+        Cached tokens falling short notice a lost state only on an engine that primes; this notices an
+        engine whose strategy should change (one restarted with ``--prefix-match-unit``, or without it)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            for state in self.engines.values():
+                if state.decision is None or (state.task is not None and not state.task.done()):
+                    continue
+                try:
+                    async with self._client(state.url) as http:
+                        seen = await self._read(http)
+                except (httpx.HTTPError, ValueError):  # ValueError: /metrics unparsable
+                    state.down = True
+                    continue
+                if state.down or seen != state.seen:
+                    reason = "restart" if state.down else "swap"
+                    state.down = False
+                    state.task = asyncio.create_task(self._reprime(state.url, reason),
+                                                     name=f"prefix-{reason}-{state.url}")
 
     async def stop(self) -> None:
-        """Cancel primings on their way."""
-        for state in self.engines.values():
-            if state.task is not None:
-                state.task.cancel()
+        """Stop watching; cancel primings on their way."""
+        tasks = [self._watch, *(state.task for state in self.engines.values())]
+        for task in tasks:
+            if task is not None:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await state.task
+                    await task
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Every engine's strategy, by URL (``/readyz``)."""

@@ -459,6 +459,7 @@ async def open_services(
         if settings.engine.startup_check:
             engine_checks.start()
         await prefix.start(moderation.system_prompts)  # every engine's strategy; the priming it needs
+        prefix.start_watching(settings.engine.model_recheck_s or 5.0)  # again after a restart or swap
         moderation.judge.prefix_observer = prefix.observe
         directory.start()
         engine_cache.start()
