@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import ENGINE_REJECTED, EngineClient
 from gateway.engine.engine_slot import EngineHold, unheld
+from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError, UpstreamError
 
 log = logging.getLogger("modgate.engine")
@@ -98,6 +99,12 @@ class FirstRequestProbe:
                 if outcome is not None:
                     self.results[url] = outcome
             return self.results.get(url)
+
+    async def passed(self, engines: EnginePool, url: str) -> bool:
+        """Whether the engine at ``url`` answers and passed its probe (probing it now if it is due)."""
+        client = next(slot.client for slot in engines.engines if slot.url == url)
+        outcome = await self.check(client, await client.healthy())
+        return outcome is not None and outcome.status == "ok"
 
     async def check_all(self, clients: list[EngineClient]) -> None:
         """Probe every engine that answers ``/health`` now (at start, before the gateway's other requests)."""

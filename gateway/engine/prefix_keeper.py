@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -118,9 +118,13 @@ class PrefixKeeper:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = 30.0,
         hold: EngineHold = unheld,
+        passed_first_request: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.setting = setting
         self.hold = hold  # the engine's slot for a priming: within its in-flight cap, as a keyframe
+        # Primed only once it passed the first-request probe: a hybrid engine in float32 dies on its first
+        # request, and the probe's is the one that says why (gateway/engine/first_request.py).
+        self.passed_first_request = passed_first_request
         self.block_size = block_size
         self.fill_max_tokens = fill_max_tokens
         self.reprime_interval_s = reprime_interval_s
@@ -233,6 +237,9 @@ class PrefixKeeper:
     async def prime(self, url: str, reason: str) -> bool:
         """Send the priming request of every system prompt; answers whether all of them were taken."""
         state = self.engines[url]
+        if self.passed_first_request is not None and not await self.passed_first_request(url):
+            state.last_error = "not primed: the engine has not passed its first request (see /readyz engines)"
+            return False
         try:
             async with self._client(url) as http, self.hold(url):
                 for ids in state.shared_ids.values():

@@ -448,6 +448,7 @@ async def open_services(
         # answers it 500 and exits, and the probe is what says so (gateway/engine/first_request.py).
         first_request = FirstRequestProbe(hold=engines.slot_on)
         await first_request.check_all([slot.client for slot in engines.engines])
+        prefix.passed_first_request = partial(first_request.passed, engines)
         engine_checks = EngineChecks(
             [(slot.client, slot.cap) for slot in engines.engines],
             CheckTargets(settings.engine.model, settings.engine.top_logprobs),

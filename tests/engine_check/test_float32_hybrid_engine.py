@@ -7,13 +7,14 @@ that request 500 with vLLM's own body, then the server exits (``/health`` refuse
 from __future__ import annotations
 
 import logging
+import time
 
 import httpx
 import pytest
 
 from deploy.simulator.app import ENGINE_CORE_FAILED
 from gateway.engine.first_request import HYBRID_ON_CPU_NEEDS_BF16
-from tests.support import GatewayFactory, SimFactory
+from tests.support import GatewayFactory, SimFactory, SwappableEngine
 
 
 def test_the_simulated_float32_hybrid_answers_its_first_request_as_vllm_does_then_exits(
@@ -58,3 +59,27 @@ def test_a_float32_hybrid_engine_is_caught_at_start_and_readyz_keeps_saying_why_
         assert entry["health"] is False
         assert entry["first_request"]["status"] == "failed"
         assert entry["first_request"]["detail"].endswith(HYBRID_ON_CPU_NEEDS_BF16)
+
+
+def test_an_engine_that_comes_up_after_the_gateway_gets_the_probe_before_the_primer(
+    start_gateway: GatewayFactory,
+) -> None:
+    # The engine is loading when the gateway starts; it comes up as a float32 hybrid with a match unit, and
+    # stays up after its core died (vLLM with VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1: /health 503, chat 500).
+    engine = SwappableEngine()
+    engine.stop()
+    try:
+        gateway = start_gateway(engine_url=engine.url, engine={"model_recheck_s": 0.2, "startup_check": True})
+        engine.start(mamba_cache_mode="align", block_size=1024, prefix_match_unit=16, dtype="float32")
+        for _ in range(300):  # the gateway notices it and sends it its first request
+            if httpx.get(f"{engine.url}/health", timeout=10).status_code == 503:
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)  # what the gateway does next (a primer, a check) reaches a dead engine core
+        ready = httpx.get(f"{gateway.url}/readyz", timeout=30).json()
+        (entry,) = ready["engines"]
+        assert entry["first_request"]["status"] == "failed", ready
+        assert entry["first_request"]["detail"].endswith(HYBRID_ON_CPU_NEEDS_BF16)
+        assert ready["prefix_cache"][engine.url]["primings"] == 0  # never primed: the probe came first
+    finally:
+        engine.stop()
