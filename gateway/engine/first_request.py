@@ -49,11 +49,15 @@ def probe_body(model: str) -> dict[str, Any]:
 
 
 def serves_linear_attention(metrics_text: str) -> bool | None:
-    """Whether vLLM's ``vllm:cache_config_info`` shows a mamba (linear-attention) cache; None: not said."""
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name == "vllm:cache_config_info" and family.samples:
-            mode = family.samples[0].labels.get("mamba_cache_mode")
-            return None if mode is None else mode.strip().lower() not in _NOT_HYBRID
+    """Whether vLLM's ``vllm:cache_config_info`` shows a mamba (linear-attention) cache; None: not said
+    (nor when the text is not Prometheus' format: an engine's unreadable metrics must not stop a start)."""
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            if family.name == "vllm:cache_config_info" and family.samples:
+                mode = family.samples[0].labels.get("mamba_cache_mode")
+                return None if mode is None else mode.strip().lower() not in _NOT_HYBRID
+    except ValueError:
+        return None
     return None
 
 
