@@ -117,6 +117,14 @@ def audit_entry(item: ReviewItem, label: Label) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuedItem:
+    """An item still in the queue (frame included), and the reviewer who holds it now (None: nobody)."""
+
+    item: ReviewItem
+    holder: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class TenantQueue:
     """One tenant's queue: items waiting or claimed, how many are claimed, the oldest's age."""
 

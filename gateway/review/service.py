@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import CollectorRegistry
 
-from gateway.errors import StateUnavailable
+from gateway.errors import Forbidden, NotFound, StateUnavailable
 from gateway.review.metrics import ReviewMetrics
-from gateway.review.models import Label, LabelledItem, ReviewItem, TenantQueue, new_item_id
+from gateway.review.models import Label, LabelledItem, QueuedItem, ReviewItem, TenantQueue, new_item_id
 from gateway.review.selection import UnitRandom, review_reason
 from gateway.review.store import ReviewStore
 from gateway.settings import ReviewSettings
@@ -111,6 +111,18 @@ class ReviewQueue:
     async def claim(self, reviewer: Reviewer) -> ReviewItem | None:
         """The reviewer's next item, from the tenants they may see."""
         return await self.store.claim(reviewer.name, reviewer.tenants)
+
+    async def look(self, item_id: str, reviewer: Reviewer) -> QueuedItem:
+        """An item still queued, with its frame and holder, claiming nothing: 404 once it is labelled or
+        expired (or never was), 403 when it is a tenant's the reviewer may not see."""
+        found = await self.store.peek(item_id)
+        if found is None:
+            raise NotFound(f"review item {item_id} is not in the queue: labelled, expired or never queued",
+                           code="review_item_gone")
+        if reviewer.tenants is not None and found.item.tenant not in reviewer.tenants:
+            raise Forbidden(f"review item {item_id} is another tenant's: you do not review it",
+                            code="review_item_other_tenant")
+        return found
 
     async def label(
         self, item_id: str, reviewer: Reviewer, action: Action, categories: Collection[str]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Protocol
 
-from gateway.review.models import Label, LabelledItem, ReviewItem, TenantQueue
+from gateway.review.models import Label, LabelledItem, QueuedItem, ReviewItem, TenantQueue
 
 
 class ReviewStore(Protocol):
@@ -20,6 +20,10 @@ class ReviewStore(Protocol):
     async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:
         """The next item for ``reviewer`` (a claim older than the timeout first, else a new one) from
         ``tenants`` (None: every tenant), now held by this reviewer; None when none waits."""
+        ...
+
+    async def peek(self, item_id: str) -> QueuedItem | None:
+        """The item, its frame and holder, claiming nothing; None once labelled, expired or unknown."""
         ...
 
     async def label(self, item_id: str, label: Label) -> LabelledItem:

@@ -10,6 +10,7 @@ from typing import Any
 from gateway.review.models import (
     Label,
     LabelledItem,
+    QueuedItem,
     ReviewConflict,
     ReviewItem,
     TenantQueue,
@@ -76,6 +77,12 @@ class MemoryReviewStore:
                 held.reviewer, held.claimed_at = reviewer, now
                 return held.item
         return None
+
+    async def peek(self, item_id: str) -> QueuedItem | None:
+        """The item and its holder, claiming nothing."""
+        self._expire()
+        held = self._items.get(item_id)
+        return None if held is None else QueuedItem(held.item, held.reviewer)
 
     def _held_by(self, item_id: str, reviewer: str) -> _Held:
         self._expire()

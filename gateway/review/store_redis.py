@@ -18,6 +18,7 @@ from gateway.review.models import (
     ConflictKind,
     Label,
     LabelledItem,
+    QueuedItem,
     ReviewConflict,
     ReviewItem,
     TenantQueue,
@@ -180,6 +181,19 @@ class RedisReviewStore:
             await self._redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
             return []
         return [entry for _, stream_entries in answer or [] for entry in stream_entries]
+
+    async def peek(self, item_id: str) -> QueuedItem | None:
+        """The item's hash, and the consumer its stream entry is pending to (none: not claimed)."""
+        async with self._state("read the review item"):
+            raw = await self._redis.hgetall(self.item_key(item_id))
+            if not raw or b"entry" not in raw:
+                return None
+            item = ReviewItem.from_hash({k: v for k, v in raw.items() if k != b"entry"})
+            entry = _text(raw[b"entry"])
+            pending = await self._redis.xpending_range(
+                self.stream_key(item.tenant), GROUP, min=entry, max=entry, count=1
+            )
+        return QueuedItem(item, _text(pending[0]["consumer"]) if pending else None)
 
     async def _run(
         self, script: Any, item_id: str, args: list[Any], tenant: str | None = None

@@ -198,3 +198,23 @@ def test_memory_keeps_at_most_its_item_cap_dropping_the_oldest() -> None:
         return [c.id if c else None for c in claims]
 
     assert asyncio.run(run()) == [items[1].id, items[2].id, None]
+
+
+async def test_a_peek_shows_the_item_and_its_holder_and_claims_nothing(
+    store: tuple[ReviewStore, Clock],
+) -> None:
+    queue, _ = store
+    queued = item("a", 1, enqueued_at=Clock().now)
+    await queue.enqueue(queued)
+    waiting = await queue.peek(queued.id)
+    assert waiting is not None
+    assert (waiting.item, waiting.holder) == (queued, None)
+    claimed = await queue.claim("alice", None)
+    assert claimed is not None
+    assert claimed.id == queued.id  # the peek did not take it
+    held = await queue.peek(queued.id)
+    assert held is not None
+    assert (held.item.frame, held.holder) == (queued.frame, "alice")
+    await queue.label(queued.id, label("alice"))
+    assert await queue.peek(queued.id) is None  # labelled: the frame is gone
+    assert await queue.peek(new_item_id()) is None
