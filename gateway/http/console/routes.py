@@ -66,7 +66,8 @@ _REPORT_HEADERS = {
                                "frame-ancestors 'none'; base-uri 'none'",
 }
 # Litestar adds the charset to text types.
-_ASSET_TYPES = {"console.css": "text/css", "console.js": "text/javascript", "favicon.svg": "image/svg+xml"}
+_ASSET_TYPES = {"console.css": "text/css", "console.js": "text/javascript", "review.js": "text/javascript",
+                "favicon.svg": "image/svg+xml"}
 # Templates and assets ship in the package (package-data), beside this module's package.
 _TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 # Read once at import: small files, never changed while the process runs.
@@ -95,14 +96,20 @@ def _when(moment: datetime | None) -> str:
     return "–" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _age(seconds: float | None) -> str:
+    """``42 s``, ``5 min``, ``3 h``, ``2 d``: the largest whole unit; ``–`` when there is nothing to show."""
+    if seconds is None:
+        return "–"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f} {unit}"
+    return f"{max(0.0, seconds):.0f} s"
+
+
 def _ago(moment: datetime | None) -> str:
     if moment is None:
         return ""
-    seconds = max(0.0, (datetime.now(UTC) - moment).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size:.0f} {unit} ago"
-    return f"{seconds:.0f} s ago"
+    return f"{_age((datetime.now(UTC) - moment).total_seconds())} ago"
 
 
 def _change(values: dict[str, Any]) -> str:
@@ -121,7 +128,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(duration=_duration, percent=_percent, number=_number, when=_when, ago=_ago,
-                       change=_change)
+                       change=_change, age=_age)
     return env
 
 
@@ -330,13 +337,26 @@ def _sign_in_page(services: Services, status: int = 200, error: str | None = Non
                  status=status, headers=headers)
 
 
+def _csrf(services: Services, operator: _Operator) -> str:
+    """The CSRF token the session's forms carry ("" for a caller with the Authorization header)."""
+    signer = _signer(services)
+    return signer.csrf_token(operator.session) if signer is not None and operator.session is not None else ""
+
+
+def _csrf_refused(services: Services, operator: _Operator, form: FormMultiDict) -> bool:
+    """Whether a form posted with the session cookie lacks its session's CSRF token."""
+    signer = _signer(services)
+    return operator.session is not None and (
+        signer is None or not signer.csrf_valid(operator.session, _field(form, "csrf"))
+    )
+
+
 async def _dashboard(
     services: Services, operator: _Operator, *, status: int = 200, error: str | None = None,
     notice: str | None = None, reason: str = "",
 ) -> Response[str]:
     view = await _view(services, operator)
-    signer = _signer(services)
-    csrf = signer.csrf_token(operator.session) if signer is not None and operator.session is not None else ""
+    csrf = _csrf(services, operator)
     return _html(_render("dashboard.html", **view, csrf=csrf, error=error, notice=notice, reason=reason,
                          panels=_PANELS), status=status)
 
@@ -440,9 +460,7 @@ async def console_sign_out_everywhere(
     if operator is None:
         return _sign_in_page(services, 401, "Sign in to sign everyone out.")
     form = await request.form()
-    signer = _signer(services)
-    if operator.session is not None and (signer is None or not signer.csrf_valid(operator.session,
-                                                                                  _field(form, "csrf"))):
+    if _csrf_refused(services, operator, form):
         refusal = "This sign-out did not come from the console's own page."
         return _html(_render("refused.html", message=refusal), status=403)
     now = time.time()
@@ -468,9 +486,7 @@ async def console_flip_thinking(
         return _sign_in_page(services, 401, "Sign in to change the thinking policy.")
     form = await request.form()
     reason = _field(form, "reason")
-    signer = _signer(services)
-    if operator.session is not None and (signer is None or not signer.csrf_valid(operator.session,
-                                                                                  _field(form, "csrf"))):
+    if _csrf_refused(services, operator, form):
         log.warning("console: refused a flip without a valid CSRF token (session of %s)", operator.name)
         return await _dashboard(services, operator, status=403, reason=reason, error=(
             "Refused: this form did not come from this console session. Nothing changed; reload the page."
