@@ -46,6 +46,8 @@ def render_html(report: WeeklyReport) -> str:
         images["trend"] = charts.png_data_uri(charts.trend_chart(report.trend, report.policy))
     if report.costs:
         images["costs"] = charts.png_data_uri(charts.cost_chart(report.costs))
+    if report.labels is not None:
+        images["labels"] = charts.png_data_uri(charts.label_chart(report.labels, report.policy))
     template = _environment().get_template("weekly_report.html.jinja")
     return template.render(
         report=report,

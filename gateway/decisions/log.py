@@ -134,9 +134,10 @@ class RedisDecisionLog:
         """Try ``batch`` again with back-off; when every try failed, log it and count it as unlogged."""
         settings = self.settings
         try:
-            # the first try was append's, on the answer's time
+            if settings.retry_attempts <= 1:  # the first try was append's, on the answer's time
+                raise ConnectionError("retries are off (MODGATE_DECISIONS__RETRY_ATTEMPTS=1)")
             async for attempt in stamina.retry_context(
-                on=_REDIS_DOWN, attempts=max(1, settings.retry_attempts - 1),
+                on=_REDIS_DOWN, attempts=settings.retry_attempts - 1,
                 timeout=settings.retry_timeout_s, wait_initial=0.1, wait_max=5.0,
             ):
                 with attempt:
