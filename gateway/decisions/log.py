@@ -142,15 +142,27 @@ class RedisDecisionLog:
             ):
                 with attempt:
                     await self._add(batch)
-        except _REDIS_DOWN as exc:
+        except (*_REDIS_DOWN, asyncio.CancelledError) as exc:
             if self._unlogged is not None:
                 self._unlogged.inc(len(batch))
             log.error("the decision log did not take %d decision(s) after %d tries: %s", len(batch),
-                      settings.retry_attempts, exc, extra={"request_id": batch[0].request_id})
+                      settings.retry_attempts, exc or "the gateway stopped",
+                      extra={"request_id": batch[0].request_id})
 
     async def flush(self) -> None:
         """Wait for the appends being tried again (shutdown, tests): each ends stored or counted."""
         while self._retrying:
+            await asyncio.gather(*self._retrying, return_exceptions=True)
+
+    async def close(self, timeout_s: float) -> None:
+        """At shutdown: give the appends being tried again ``timeout_s``, then stop them and count their rows
+        as unlogged (never dropped silently)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.flush()
+        except TimeoutError:
+            for task in list(self._retrying):
+                task.cancel()
             await asyncio.gather(*self._retrying, return_exceptions=True)
 
     @staticmethod

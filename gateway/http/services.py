@@ -442,6 +442,8 @@ async def open_services(
             MemoryDecisionLog(settings.decisions, unlogged) if state is None
             else RedisDecisionLog(state, settings.decisions, unlogged)
         )
+        if isinstance(moderation.decisions, RedisDecisionLog):  # rows still being retried: 5 s, then counted
+            stack.push_async_callback(moderation.decisions.close, 5.0)
         archiver = DecisionArchiver(moderation.decisions, settings.decisions.archive_interval_s)
         stack.push_async_callback(archiver.stop)
         drain = drain or Drain(settings.drain_s)

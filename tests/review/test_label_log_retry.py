@@ -97,3 +97,23 @@ def test_a_label_the_log_never_takes_is_counted_as_unlogged(private_redis: Redis
 
     asyncio.run(scenario())
     assert unlogged_total(registry) == 1
+
+
+def test_a_gateway_stopping_while_a_label_is_retried_counts_it_as_unlogged(
+    private_redis: RedisServer,
+) -> None:
+    registry = CollectorRegistry()
+    settings = DecisionSettings(stream=STREAM, redis_timeout_s=0.2, retry_attempts=100, retry_timeout_s=600)
+
+    async def scenario() -> None:
+        client = redis_client(private_redis.url)
+        log = RedisDecisionLog(client, settings, unlogged_counter(registry))
+        try:
+            private_redis.stop()
+            await log.append([review_label_row(labelled())])
+            await log.close(timeout_s=0.5)  # what the lifespan does at shutdown
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+    assert unlogged_total(registry) == 1
