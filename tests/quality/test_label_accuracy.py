@@ -24,9 +24,10 @@ from quality.labels import (
     threshold_from_labels,
     weighted_accuracy,
 )
-from quality.records import VerdictRecord
+from quality.records import Arm, VerdictRecord
 from quality.report import ReportPolicy, build_weekly_report_from
 from quality.summaries import Estimate, ThresholdRow, ThresholdSection
+from shaping.verdict import Action
 
 AT = datetime(2026, 11, 25, 12, tzinfo=UTC)  # in 2026-W48
 
@@ -123,7 +124,7 @@ def agreement_section(threshold: float, escalated: float) -> ThresholdSection:
     )
 
 
-def decision(index: int, *, tenant: str = "news", action: str = "allow", mode: str = "off") -> DecisionRow:
+def decision(index: int, *, tenant: str = "news", action: Action = "allow", mode: str = "off") -> DecisionRow:
     return DecisionRow(
         decided_at=AT + timedelta(minutes=index),
         request_id=f"modr-{index}",
@@ -131,7 +132,7 @@ def decision(index: int, *, tenant: str = "news", action: str = "allow", mode: s
         frame_sha256=frame(index),
         kind="judged",
         automated=True,
-        action=action,  # type: ignore[arg-type]
+        action=action,
         categories=["violence"] if action == "block" else [],
         confidence=0.9,
         model="m",
@@ -147,12 +148,12 @@ def frame(index: int) -> str:
     return hashlib.sha256(f"frame-{index}".encode()).hexdigest()
 
 
-def label(row: DecisionRow, action: str, reason: str = "audit", rate: float = 0.5) -> DecisionRow:
+def label(row: DecisionRow, action: Action, reason: str = "audit", rate: float = 0.5) -> DecisionRow:
     return label_row(
         row.request_id,
         row.tenant,
         row.frame_sha256,
-        action,  # type: ignore[arg-type]
+        action,
         ["violence"] if action == "block" else [],
         "alice (admin:1)",
         row.decided_at + timedelta(hours=1),
@@ -184,15 +185,17 @@ def test_the_report_says_the_threshold_came_from_labels_only_with_enough_of_them
     assert few.threshold.recommended == escalation.recommended
 
 
-def record(index: int, arm: str, action: str, tenant: str, confidence: float | None = None) -> VerdictRecord:
+def record(
+    index: int, arm: Arm, action: Action, tenant: str, confidence: float | None = None
+) -> VerdictRecord:
     return VerdictRecord(
         frame_sha256=frame(index),
         video_id=f"v{index // 4}",
         tenant=tenant,
-        arm=arm,  # type: ignore[arg-type]
+        arm=arm,
         action=action,
         flagged=action != "allow",
-        categories=["violence"] if action == "block" else [],  # type: ignore[arg-type]
+        categories=["violence"] if action == "block" else [],
         policy_version=1,
         prompt_tokens=300,
         cached_tokens=280,
@@ -240,13 +243,12 @@ def test_the_week_scores_arms_against_log_labels_chooses_the_threshold_from_them
     assert summary.label_accuracy == {"off/m": pytest.approx((80 - missed) / 80)}
     # per tenant: the report's on/off agreement and the log's block rate, side by side in the summary
     assert {row.tenant for row in report.tenants} == {"news", "kids"}
-    blocked = {row.tenant: row.block_rate for row in report.tenant_decisions}
-    assert blocked["news"] is not None
-    assert blocked["news"].k == sum(
-        1 for i in range(40) if i % 4 == 0 and 0.5 + i / 80 >= 0.7
-    )
+    block_rates = {row.tenant: row.block_rate for row in report.tenant_decisions}
+    news = block_rates["news"]
+    assert news is not None
+    assert news.k == sum(1 for i in range(40) if i % 4 == 0 and 0.5 + i / 80 >= 0.7)
     assert set(summary.tenants) == {"news", "kids"}
     assert summary.tenants["news"].agreement == next(
         r.agreement.value for r in report.tenants if r.tenant == "news"
     )
-    assert summary.tenants["news"].block_rate == blocked["news"].value
+    assert summary.tenants["news"].block_rate == news.value
