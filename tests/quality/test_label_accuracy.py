@@ -218,7 +218,7 @@ def test_the_week_scores_arms_against_log_labels_chooses_the_threshold_from_them
         tenant = "news" if i < 40 else "kids"
         blocked = i % 4 == 0
         confidence = 0.5 + (i % 40) / 80
-        off = "block" if blocked and confidence >= 0.7 else "allow"
+        off: Action = "block" if blocked and confidence >= 0.7 else "allow"
         records += [
             record(i, "thinking_on", "block" if blocked else "allow", tenant),
             record(i, "thinking_off", off, tenant, confidence),
