@@ -6,15 +6,17 @@ from __future__ import annotations
 import hashlib
 import math
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from scipy.stats import norm
 from statsmodels.stats.proportion import proportion_confint
 from statsmodels.stats.weightstats import DescrStatsW
 
 from gateway.decisions.rows import label_row
-from quality.columnar import records_table
+from quality.columnar import records_table, write_week_partition
 from quality.decisions import DecisionRow
 from quality.labels import (
     LabelledPair,
@@ -210,7 +212,10 @@ def record(
     )
 
 
-def test_the_week_scores_arms_against_log_labels_chooses_the_threshold_from_them_and_splits_tenants() -> None:
+@pytest.mark.parametrize("stored", ["table", "parquet"])
+def test_the_week_scores_arms_against_log_labels_chooses_the_threshold_from_them_and_splits_tenants(
+    stored: str, tmp_path: Path
+) -> None:
     # 40 frames of news, 40 of kids; thinking on blocks every fourth frame; thinking off (confidence from 0.5
     # up) misses the blocks of its least confident frames; the person agrees with thinking on everywhere
     records, rows = [], []
@@ -226,7 +231,11 @@ def test_the_week_scores_arms_against_log_labels_chooses_the_threshold_from_them
         decided = decision(i, tenant=tenant, action=off, mode="off")
         rows += [decided, label(decided, "block" if blocked else "allow", rate=1.0)]
     policy = ReportPolicy(bootstrap_resamples=100, min_threshold_labels=50)
-    report = build_weekly_report_from(records_table(records), "2026-W48", policy, decisions=rows)
+    source: Path | pa.Table = records_table(records)
+    if stored == "parquet":  # a week's partition on disk, as the report reads a stored week
+        write_week_partition(source, tmp_path / "week=2026-W48")
+        source = tmp_path / "week=2026-W48"
+    report = build_weekly_report_from(source, "2026-W48", policy, decisions=rows, isolate=False)
     assert report.labels is not None
     (arm,) = report.labels.arms
     missed = sum(1 for i in range(80) if i % 4 == 0 and 0.5 + (i % 40) / 80 < 0.7)
