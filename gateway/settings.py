@@ -372,6 +372,10 @@ class DecisionSettings(BaseModel):
     archive_interval_s: float = Field(default=300.0, gt=0)  # how often a replica tries to move them
     retention_days: int = Field(default=400, ge=1)  # day folders older than this are deleted
     redis_timeout_s: float = Field(default=0.5, gt=0)  # an append waits no longer (the answer goes out)
+    # a failed append is tried again in the background (never on the answer's time) this many times in all,
+    # for at most this long, then counted in modgate_decisions_unlogged_total
+    retry_attempts: int = Field(default=8, ge=1)
+    retry_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class ShadowSettings(BaseModel):

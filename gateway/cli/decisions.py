@@ -29,7 +29,7 @@ def _since(value: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # a time without a zone is UTC
 
 
-async def _rows(redis_url: str | None, stream: str, archive_dir: Path, since: datetime,
+async def decision_rows(redis_url: str | None, stream: str, archive_dir: Path, since: datetime,
                 tenant: str | None) -> list[DecisionRow]:
     from gateway.decisions.log import RedisDecisionLog, export_rows  # the service's modules: imported late
     from gateway.http.services import redis_client
@@ -79,7 +79,7 @@ def export(
     )] = Path("var/decisions"),
 ) -> None:
     """Write one row per decision from ``--since`` on: the archive's days, then what Redis still holds."""
-    rows = asyncio.run(_rows(redis_url or None, stream, archive_dir, _since(since), tenant))
+    rows = asyncio.run(decision_rows(redis_url or None, stream, archive_dir, _since(since), tenant))
     write_export(rows, out_format, out)
     if out is not None:
         typer.echo(f"{len(rows)} decision(s) written to {out}", err=True)
@@ -102,7 +102,7 @@ def summary(
     ),
 ) -> None:
     """Per tenant: decisions, block and review shares, verdicts its policy changed, and people's agreement."""
-    rows = asyncio.run(_rows(redis_url or None, stream, archive_dir, _since(since), tenant))
+    rows = asyncio.run(decision_rows(redis_url or None, stream, archive_dir, _since(since), tenant))
     table = Table(title=f"decisions since {since}")
     for column in ("tenant", "decisions", "block", "review", "changed by policy", "engine failures",
                    "labelled", "label agrees"):

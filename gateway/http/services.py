@@ -17,7 +17,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from gateway.decisions.log import DecisionArchiver, MemoryDecisionLog, RedisDecisionLog, unlogged_counter
+from gateway.decisions.log import (
+    DecisionArchiver,
+    DecisionLog,
+    MemoryDecisionLog,
+    RedisDecisionLog,
+    unlogged_counter,
+)
+from gateway.decisions.rows import review_label_row
 from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
@@ -161,9 +168,10 @@ def _review_queue(
     return ReviewQueue(store, group, metrics=ReviewMetrics(metrics.registry, group.oldest_alert_s))
 
 
-async def _label_to_job(jobs: JobService, done: LabelledItem) -> None:
-    """A labelled frame of an async job: the person's decision beside the model's in the job (and its
-    webhook, when it has one)."""
+async def _label_to_job(jobs: JobService, decisions: DecisionLog, done: LabelledItem) -> None:
+    """A label into the decision log (never raises: a failed append is retried in the background), then,
+    for a frame of an async job, the person's decision beside the model's in the job (and its webhook)."""
+    await decisions.append([review_label_row(done)])
     item, label = done.item, done.label
     if item.job_id is None:
         return
@@ -434,12 +442,14 @@ async def open_services(
             MemoryDecisionLog(settings.decisions, unlogged) if state is None
             else RedisDecisionLog(state, settings.decisions, unlogged)
         )
+        if isinstance(moderation.decisions, RedisDecisionLog):  # rows still being retried: 5 s, then counted
+            stack.push_async_callback(moderation.decisions.close, 5.0)
         archiver = DecisionArchiver(moderation.decisions, settings.decisions.archive_interval_s)
         stack.push_async_callback(archiver.stop)
         drain = drain or Drain(settings.drain_s)
         jobs = _job_service(settings, state, moderation, executor, remote_images, drain)
         stack.push_async_callback(jobs.stop)
-        moderation.review.on_label = partial(_label_to_job, jobs)
+        moderation.review.on_label = partial(_label_to_job, jobs, moderation.decisions)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         await engines.detect_engines()  # each engine's kind and slots (llama.cpp: its --parallel)

@@ -69,6 +69,7 @@ class ReviewQueue:
         *,
         model: str = "",
         job_id: str | None = None,
+        frame_sha256: str | None = None,
         tenant_review_below: float = 0.0,
         tenant_audit_sample_rate: float = 0.0,
     ) -> ReviewItem | None:
@@ -98,6 +99,7 @@ class ReviewQueue:
             enqueued_at=self.clock(),
             model=model,
             job_id=job_id,
+            frame_sha256=frame_sha256,
         )
         try:
             await self.store.enqueue(item)
@@ -171,6 +173,7 @@ class ReviewQueue:
             self.offer(
                 caller.tenant, frame.data_url, outcome.verdict, result.modgate.thinking,
                 outcome.answer.reasoning, result.modgate.request_id, job_id=caller.job_id,
+                frame_sha256=result.modgate.frame_sha256,
                 tenant_review_below=tenant.review_below if tenant else 0.0,
                 tenant_audit_sample_rate=tenant.audit_sample_rate if tenant else 0.0,
             )
