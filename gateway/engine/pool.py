@@ -325,6 +325,13 @@ class EnginePool:
         kind = next((engine.client.kind for engine in self.engines if engine.url == url), "unknown")
         return default if kind == "unknown" else kind
 
+    async def engines_counting_no_images(self) -> list[str]:
+        """The URLs of the engines whose token count and usage leave images out (llama.cpp): a request with
+        images cannot be predicted for them."""
+        wires = await asyncio.gather(*(engine.client.wire() for engine in self.engines))
+        return [engine.url for engine, wire in zip(self.engines, wires, strict=True)
+                if not wire.counts_image_tokens]
+
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``) of the first engine that answers."""
         return await self._ask_any(lambda client: client.model_ids())
