@@ -107,7 +107,7 @@ class PromptTokenCheck:
             return
         if answer.usage.prompt_tokens:  # an engine without usage gives nothing to compare with
             self.metrics.token_predictions.inc()
-        mismatch = compare_usage(prediction, answer.usage.prompt_tokens, answer.usage.image_tokens)
+        mismatch = compare_usage(prediction, answer.usage.prompt_tokens, answer.usage.image_tokens or 0)
         if mismatch is not None:
             self.metrics.token_mismatches.inc()
             log.warning(
