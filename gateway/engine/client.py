@@ -239,6 +239,11 @@ class EngineClient:
         """The engine kind, or "unknown" before it was detected."""
         return "unknown" if self._wire is None else self._wire.kind
 
+    @property
+    def counts_image_tokens(self) -> bool:
+        """Whether its token count and usage include images, as far as it is known (undetected: yes)."""
+        return self._wire is None or self._wire.counts_image_tokens
+
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``)."""
         return [model_id for model_id, _ in await self.model_cards()]

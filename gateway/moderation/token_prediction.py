@@ -46,7 +46,7 @@ class PromptTokenCheck:
         """Whether every engine counts an image's tokens; an engine that cannot (llama.cpp: its ``/tokenize``
         takes text, its usage has no image count) switches prediction off for requests with images, said
         once per engine (at start for the engines detected then), while text-only ones are still predicted."""
-        blind = await self.engines.engines_counting_no_images()
+        blind = self.engines.engines_counting_no_images()
         for url in blind:
             if url not in self._said_off:
                 self._said_off.add(url)

@@ -200,7 +200,7 @@ class CountingPool:
     def __init__(self) -> None:
         self.models: list[str] = []
 
-    async def engines_counting_no_images(self) -> list[str]:
+    def engines_counting_no_images(self) -> list[str]:
         return []  # a vLLM-like engine: its /tokenize counts images
 
     async def tokenize(self, body: dict[str, Any], *, models: Mapping[str, str] | None = None) -> int:
@@ -239,7 +239,7 @@ class RefusingPool:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def engines_counting_no_images(self) -> list[str]:
+    def engines_counting_no_images(self) -> list[str]:
         return []  # it says it counts images; its /tokenize fails
 
     async def tokenize(self, body: dict[str, Any], *, models: Mapping[str, str] | None = None) -> int:
