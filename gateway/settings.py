@@ -139,10 +139,11 @@ class TenantSettings(BaseModel):
     default_keyframes_per_minute: int = Field(default=0, ge=0)
     max_concurrent: TenantCounts = Field(default_factory=dict)  # moderation requests at once, per replica
     default_max_concurrent: int = Field(default=0, ge=0)
-    # One output token's engine time in prompt tokens: the Spark preset's effective prefill / decode rates,
-    # 3,325 (a 1,076-token prefill, its weight reads included) / 97.8 tokens/s (deploy/simulator/presets.py,
-    # SimPreset.output_token_weight; a test holds the two together). The built-in simulator uses its own
-    # preset's; set it for another engine (docs/tenants.md).
+    # One output token's engine time in prompt tokens. Unset: it starts at the Spark preset's effective
+    # prefill / decode rates, 3,325 (a 1,076-token prefill, its weight reads included) / 97.8 tokens/s
+    # (deploy/simulator/presets.py, SimPreset.output_token_weight; a test holds the two together), and is
+    # learned from the served engine's calls; the built-in simulator uses its own preset's. Set: it stays
+    # (docs/tenants.md).
     output_token_weight: float = Field(default=34.0, ge=0, le=1000)
     redis_key: str = Field(default="modgate:tenants", min_length=1)  # hash: tenant -> JSON limits
     reload_interval_s: float = Field(default=5.0, gt=0)  # how often Redis-held tenants are read again

@@ -46,12 +46,12 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
     created_cache_tokens: int = 0
-    image_tokens: int = 0
+    image_tokens: int | None = 0  # None: the engine counts none (llama.cpp), which is not "no image tokens"
     reasoning_tokens: int = 0
 
     @classmethod
-    def from_wire(cls, usage: dict[str, Any] | None) -> Usage:
-        """Read vLLM's ``usage`` object."""
+    def from_wire(cls, usage: dict[str, Any] | None, counts_images: bool = True) -> Usage:
+        """Read vLLM's ``usage`` object (``counts_images`` False: an engine that gives no image count)."""
         usage = usage or {}
         prompt_details = usage.get("prompt_tokens_details") or {}
         completion_details = usage.get("completion_tokens_details") or {}
@@ -61,7 +61,7 @@ class Usage:
             completion_tokens=int(usage.get("completion_tokens") or 0),
             cached_tokens=int(prompt_details.get("cached_tokens") or 0),
             created_cache_tokens=int(prompt_details.get("created_cache_tokens") or 0),
-            image_tokens=int(multimodal.get("image") or 0),
+            image_tokens=int(multimodal.get("image") or 0) if counts_images else None,
             reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
         )
 
@@ -238,6 +238,11 @@ class EngineClient:
     def kind(self) -> str:
         """The engine kind, or "unknown" before it was detected."""
         return "unknown" if self._wire is None else self._wire.kind
+
+    @property
+    def counts_image_tokens(self) -> bool:
+        """Whether its token count and usage include images, as far as it is known (undetected: yes)."""
+        return self._wire is None or self._wire.counts_image_tokens
 
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``)."""
@@ -421,7 +426,7 @@ class EngineClient:
             content="".join(state.content) if state.content else None,
             reasoning="".join(state.reasoning) if state.reasoning else None,
             finish_reason=state.finish_reason,
-            usage=Usage.from_wire(state.usage),
+            usage=Usage.from_wire(state.usage, (self._wire or wire_for("vllm")).counts_image_tokens),
             ttft_s=None if state.first_token_at is None else state.first_token_at - started,
             total_s=total,
             request_id=request_id,

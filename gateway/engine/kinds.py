@@ -43,6 +43,11 @@ BUSY_ANSWERS: Final[tuple[str, ...]] = (
 )
 """The 503 messages that mean "busy, come back": every kind's, since a pool's kinds may be undetected yet."""
 
+IMAGE_TOKENS_UNCOUNTED: Final = (
+    "the engine reports no image tokens (llama.cpp's usage counts the prompt as a whole)"
+)
+"""Why a result's (or a window's) image tokens are null: unknown, which 0 would misstate."""
+
 EngineKind = Literal["vllm", "llamacpp"]
 ENGINE_KINDS: Final[tuple[EngineKind, ...]] = ("vllm", "llamacpp")
 EngineKindSetting = Literal["auto", "vllm", "llamacpp"]

@@ -453,6 +453,7 @@ async def open_services(
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         await engines.detect_engines()  # each engine's kind and slots (llama.cpp: its --parallel)
+        await moderation.judge.tokens.images_countable()  # says at start which engines cannot be predicted
         engine_checks = EngineChecks(
             [(slot.client, slot.cap) for slot in engines.engines],
             CheckTargets(settings.engine.model, settings.engine.top_logprobs),

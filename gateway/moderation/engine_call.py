@@ -130,8 +130,13 @@ class FrameJudge:
                 self.load.observe_queue_wait(admission.queue_seconds)
                 with self.tracer.start_as_current_span("engine") as engine_span:
                     sent_at = time.monotonic()
+                    beside = admission.engine.inflight
                     answer = await admission.chat(body, request_id, models=self.identity.model_ids())
                     usage = answer.usage
+                    self.work.observe(
+                        usage.prompt_tokens - usage.cached_tokens, answer.ttft_s, usage.completion_tokens,
+                        answer.total_s - (answer.ttft_s or 0.0), (beside + admission.engine.inflight) / 2,
+                    )
                     if self.prefix_observer is not None:
                         self.prefix_observer(admission.engine.url, decision.verdict_format,
                                              usage.prompt_tokens, usage.cached_tokens, sent_at)

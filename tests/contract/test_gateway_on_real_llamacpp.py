@@ -3,6 +3,7 @@ the official ``openai`` client, the kind and slots detected, and what llama.cpp 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import httpx
@@ -38,8 +39,9 @@ def test_the_readmes_first_request_through_the_gateway_to_llamacpp_gets_a_verdic
         assert details["action"] == "review"
     assert details["thinking"] == thinking
     assert details["prompt_tokens"] > 0
-    # llama.cpp's usage carries no image token count (docs/engines.md): 0, never a guess
-    assert details["image_tokens"] == 0
+    # llama.cpp's usage carries no image token count (docs/engines.md): unknown, with why; not 0, not a guess
+    assert details["image_tokens"] is None
+    assert "reports no image tokens" in details["image_tokens_reason"]
     assert details["ttft_ms"] is not None
     assert isinstance(result.flagged, bool)
     if details["reason"] is not None:
@@ -122,3 +124,23 @@ def test_a_thinking_on_request_closed_by_its_reasoning_budget_gets_a_finished_ve
     assert details["reason"] is None, details
     assert details["action"] in ("allow", "review", "block")  # the model's own verdict, parsed
     assert details["completion_tokens"] <= 16 + 12  # the thought, </think>, two line breaks, the verdict
+
+
+def test_token_prediction_on_llamacpp_counts_text_through_its_own_endpoints(
+    real_llamacpp_url: str, start_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # llama-server's /apply-template and /tokenize predict a text-only request's prompt tokens to the token;
+    # a request with images is not predicted (its /tokenize takes text), said once at start.
+    with caplog.at_level(logging.WARNING, logger="modgate.moderation"):
+        gateway = start_gateway(engine_url=real_llamacpp_url)
+        for body in ({"input": "a text only request"},
+                     {"input": image_input(make_keyframe("allow", 640, 360, seed=11))}):
+            response = httpx.post(f"{gateway.url}/v1/moderations", json=body, timeout=300,
+                                  headers={"X-Modgate-Thinking": "off"})
+            assert response.status_code == 200, response.text
+    said = [r.getMessage() for r in caplog.records if "token prediction" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "off for requests with images" in said[0]
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    assert "modgate_token_predictions_total 1.0" in metrics
+    assert "modgate_token_prediction_mismatches_total 0.0" in metrics
