@@ -20,6 +20,7 @@ from litestar.plugins.pydantic import PydanticDIPlugin, PydanticSchemaPlugin
 
 from gateway.drain import Drain
 from gateway.http.auth import KeyRing
+from gateway.http.console import oidc_routes
 from gateway.http.console import routes as console
 from gateway.http.error_handlers import EXCEPTION_HANDLERS
 from gateway.http.guards import ACTOR, CALLER, admin_token, business_key
@@ -78,7 +79,7 @@ def create_app(
             Router("/", route_handlers=admin.ROUTES, guards=[admin_token], dependencies=ACTOR),
             Router("/", route_handlers=review.ROUTES, guards=[review.review_access],
                    dependencies=review.REVIEWER),
-            Router("/", route_handlers=console.ROUTES, dependencies=console.OPERATOR),
+            Router("/", route_handlers=[*console.ROUTES, *oidc_routes.ROUTES], dependencies=console.OPERATOR),
         ],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         lifespan=[lifespan],
