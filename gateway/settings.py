@@ -337,12 +337,11 @@ class ConsoleSettings(BaseModel):
 
 
 class OidcSettings(BaseModel):
-    """Console sign-in with OpenID Connect (gateway/http/console/oidc.py): people sign in as themselves, as an
-    operator or as a reviewer of some tenants. Off while ``issuer`` is unset; the admin token stays."""
+    """Console sign-in with OpenID Connect (off while the issuer is unset): people sign in as themselves."""
 
-    # "https://login.example.com/realms/modgate": its /.well-known/openid-configuration is read at sign-in
+    # "https://login.example.com/realms/modgate": its discovery document is read at the first sign-in
     issuer: str | None = None
-    client_id: str | None = None
+    client_id: str | None = None  # the console's client at the provider (code flow, with PKCE)
     client_secret: SecretStr | None = None  # unset: a public client (PKCE alone proves the code is ours)
     # The console's address as browsers reach it: <this>/console/oidc/callback is the registered redirect URI.
     redirect_base_url: str | None = None
@@ -367,9 +366,7 @@ class OidcSettings(BaseModel):
     @model_validator(mode="after")
     def _complete_when_on(self) -> OidcSettings:
         if self.issuer is not None and (not self.client_id or self.redirect_base_url is None):
-            raise ValueError(
-                "MODGATE_OIDC__ISSUER needs MODGATE_OIDC__CLIENT_ID and MODGATE_OIDC__REDIRECT_BASE_URL"
-            )
+            raise ValueError("MODGATE_OIDC__ISSUER needs MODGATE_OIDC__CLIENT_ID and __REDIRECT_BASE_URL")
         if self.operator_role == self.reviewer_role:
             raise ValueError("MODGATE_OIDC__OPERATOR_ROLE and __REVIEWER_ROLE must differ")
         return self
@@ -587,9 +584,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _sign_in_sessions_need_the_admin_token(self) -> Settings:
         if self.oidc.issuer is not None and self.admin_token is None:
-            raise ValueError(
-                "MODGATE_OIDC__ISSUER needs MODGATE_ADMIN_TOKEN: console sessions are signed with it"
-            )
+            raise ValueError("MODGATE_OIDC__ISSUER needs MODGATE_ADMIN_TOKEN (it signs console sessions)")
         return self
 
     def tenant_keys(self) -> dict[str, str]:

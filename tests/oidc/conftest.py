@@ -5,13 +5,18 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from bench.servers import free_port
-from tests.oidc.support import HERE, OidcProvider
+from gateway.cli.embedded import ThreadedServer
+from gateway.http.app import create_app
+from gateway.settings import Settings
+from tests.oidc.support import CONSOLE_CLIENT, HERE, KEYS, SCOPES, OidcProvider
 from tests.processes import poll
+from tests.support import ADMIN_TOKEN, GatewayFactory
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +49,29 @@ def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProv
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture
+def oidc_gateway(oidc_provider: OidcProvider, sim: ThreadedServer) -> Iterator[GatewayFactory]:
+    """``oidc_gateway(**settings)``: a gateway whose console signs people in through the provider (with the
+    confidential client), in front of the instant simulator, with one API key per tenant."""
+    servers: list[ThreadedServer] = []
+
+    def start(**overrides: Any) -> ThreadedServer:
+        port = free_port()
+        client_id, secret = CONSOLE_CLIENT
+        oidc = {"issuer": oidc_provider.issuer, "client_id": client_id, "client_secret": secret,
+                "redirect_base_url": f"http://127.0.0.1:{port}", "scopes": SCOPES,
+                "provider_name": "Test IdP", **overrides.pop("oidc", {})}
+        settings = Settings(
+            admin_token=ADMIN_TOKEN, engine_url=sim.url, oidc=oidc,
+            api_keys=",".join(f"{key}:{tenant}" for tenant, key in KEYS.items()),
+            console={"cookie_secure": False}, **overrides,
+        )
+        server = ThreadedServer(create_app(settings), port=port).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -12,10 +12,15 @@ from urllib.parse import urljoin
 import httpx
 import pytest
 
+from deploy.keyframes import make_keyframe
+from gateway.cli.embedded import ThreadedServer
+from tests.support import image_input
+
 HERE = Path(__file__).resolve().parent
 CONSOLE_CLIENT = ("modgate-console", "modgate-console-secret-0123456789")  # confidential (provider.mjs)
 PUBLIC_CLIENT = "modgate-public"  # public: PKCE alone
 SCOPES = "openid email profile modgate"  # "modgate" releases the roles and tenants claims
+KEYS = {"tenant-a": "key-a-0123456789", "tenant-b": "key-b-0123456789"}  # the tests' business API keys
 
 
 @dataclass
@@ -55,3 +60,11 @@ def through_provider(browser: httpx.Client, url: str, login: str, stop_at: str) 
             fields |= {"login": login, "password": "any"}
         response = browser.post(urljoin(str(response.url), form.group(1)), data=fields)
     pytest.fail(f"the sign-in did not come back to {stop_at}")
+
+
+def queue_frames(gateway: ThreadedServer, tenant: str, count: int, seed: int = 0) -> None:
+    """``count`` frames of ``tenant`` that the simulator judges "review", so they wait in the queue."""
+    frames = [make_keyframe("review", 320, 180, seed=seed + n) for n in range(count)]
+    answer = httpx.post(f"{gateway.url}/v1/moderations", json={"input": image_input(*frames)},
+                        headers={"Authorization": f"Bearer {KEYS[tenant]}"}, timeout=30)
+    assert answer.status_code == 200, answer.text

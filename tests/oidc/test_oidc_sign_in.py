@@ -6,48 +6,17 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 import pytest
 from pydantic import ValidationError
 
-from bench.servers import free_port
-from deploy.keyframes import make_keyframe
 from gateway.cli.embedded import ThreadedServer
-from gateway.http.app import create_app
 from gateway.settings import Settings
-from tests.oidc.support import CONSOLE_CLIENT, SCOPES, OidcProvider, through_provider
-from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
+from tests.oidc.support import queue_frames, through_provider
+from tests.support import ADMIN_TOKEN, GatewayFactory
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-KEYS = {"tenant-a": "key-a-0123456789", "tenant-b": "key-b-0123456789"}
-
-
-@pytest.fixture
-def oidc_gateway(oidc_provider: OidcProvider, sim: ThreadedServer) -> Iterator[GatewayFactory]:
-    """``oidc_gateway(**settings)``: a gateway whose console signs people in through the provider (with the
-    confidential client), in front of the instant simulator, with one API key per tenant."""
-    servers: list[ThreadedServer] = []
-
-    def start(**overrides: Any) -> ThreadedServer:
-        port = free_port()
-        client_id, secret = CONSOLE_CLIENT
-        oidc = {"issuer": oidc_provider.issuer, "client_id": client_id, "client_secret": secret,
-                "redirect_base_url": f"http://127.0.0.1:{port}", "scopes": SCOPES,
-                "provider_name": "Test IdP", **overrides.pop("oidc", {})}
-        settings = Settings(
-            admin_token=ADMIN_TOKEN, engine_url=sim.url, oidc=oidc,
-            api_keys=",".join(f"{key}:{tenant}" for tenant, key in KEYS.items()),
-            console={"cookie_secure": False}, **overrides,
-        )
-        server = ThreadedServer(create_app(settings), port=port).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 @dataclass
@@ -95,14 +64,6 @@ def console(oidc_gateway: GatewayFactory, redis_url: str) -> Iterator[Console]:
     yield opened
     for browser in opened.opened:
         browser.close()
-
-
-def queue_frames(gateway: ThreadedServer, tenant: str, count: int, seed: int = 0) -> None:
-    """``count`` frames of ``tenant`` that the simulator judges "review", so they wait in the queue."""
-    frames = [make_keyframe("review", 320, 180, seed=seed + n) for n in range(count)]
-    answer = httpx.post(f"{gateway.url}/v1/moderations", json={"input": image_input(*frames)},
-                        headers={"Authorization": f"Bearer {KEYS[tenant]}"}, timeout=30)
-    assert answer.status_code == 200, answer.text
 
 
 def test_the_sign_in_page_offers_the_provider_beside_the_admin_token(console: Console) -> None:
