@@ -11,6 +11,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from bench.servers import free_port
 from gateway.cli.embedded import ThreadedServer
 from gateway.settings import Settings
 from tests.oidc.support import queue_frames, through_provider
@@ -203,3 +204,11 @@ def test_oidc_needs_its_client_its_redirect_base_and_the_admin_token() -> None:
         Settings(admin_token=ADMIN_TOKEN, oidc={"issuer": "id.example.com", "client_id": "c",
                                                 "redirect_base_url": "https://modgate.example.com"})
     assert Settings(admin_token=ADMIN_TOKEN).oidc.issuer is None  # off by default
+
+
+def test_a_provider_that_does_not_answer_is_said_on_the_sign_in_page(oidc_gateway: GatewayFactory) -> None:
+    gateway = oidc_gateway(oidc={"issuer": f"http://127.0.0.1:{free_port()}"})  # nothing listens there
+    answer = httpx.get(f"{gateway.url}/console/oidc/start", timeout=30)
+    assert answer.status_code == 502
+    assert "did not answer (discovery document)" in answer.text
+    assert 'name="token"' in answer.text  # the admin token still signs in
