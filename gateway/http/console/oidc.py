@@ -267,7 +267,7 @@ class OidcSignIn:
                 params={"nonce": nonce, "client_id": self.client_id, "access_token": access_token},
             )
             claims.validate(now=int(self._clock()), leeway=LEEWAY_S)
-        except (JoseError, ValueError) as exc:  # joserfc's errors, and its ValueError for a malformed token
+        except JoseError as exc:  # a malformed token, a bad signature, an unknown key, a claim that fails
             log.warning("console: an ID token was refused: %s", exc)
             refusal = f"The ID token does not hold ({type(exc).__name__}): start again."
             raise SignInFailed(refusal, 401) from exc
