@@ -337,6 +337,42 @@ class ConsoleSettings(BaseModel):
     audit_rows: int = Field(default=15, ge=1, le=200)
 
 
+class OidcSettings(BaseModel):
+    """Console sign-in with OpenID Connect (off while the issuer is unset): people sign in as themselves."""
+
+    # "https://login.example.com/realms/modgate": its discovery document is read at the first sign-in
+    issuer: str | None = None
+    client_id: str | None = None  # the console's client at the provider (code flow, with PKCE)
+    client_secret: SecretStr | None = None  # unset: a public client (PKCE alone proves the code is ours)
+    # The console's address as browsers reach it: <this>/console/oidc/callback is the registered redirect URI.
+    redirect_base_url: str | None = None
+    provider_name: str = Field(default="OpenID Connect", min_length=1, max_length=64)  # "Sign in with …"
+    scopes: str = "openid email profile"  # add the scope that releases the roles and tenants claims, if any
+    # Where the roles are: a claim name or a dotted path ("realm_access.roles"); a list or a spaced string.
+    roles_claim: str = Field(default="roles", min_length=1)
+    operator_role: str = Field(default="modgate-operator", min_length=1)  # the console and its changes
+    reviewer_role: str = Field(default="modgate-reviewer", min_length=1)  # the review queue, own tenants only
+    tenants_claim: str = Field(default="tenants", min_length=1)  # a reviewer's tenants (a list, or spaced)
+    timeout_s: float = Field(default=10.0, gt=0, le=120)  # each call to the provider
+
+    @field_validator("issuer", "redirect_base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"MODGATE_OIDC__ISSUER and __REDIRECT_BASE_URL are http(s) URLs, got {value!r}")
+        return value.strip().rstrip("/")
+
+    @model_validator(mode="after")
+    def _complete_when_on(self) -> OidcSettings:
+        if self.issuer is not None and (not self.client_id or self.redirect_base_url is None):
+            raise ValueError("MODGATE_OIDC__ISSUER needs MODGATE_OIDC__CLIENT_ID and __REDIRECT_BASE_URL")
+        if self.operator_role == self.reviewer_role:
+            raise ValueError("MODGATE_OIDC__OPERATOR_ROLE and __REVIEWER_ROLE must differ")
+        return self
+
+
 class LeaseSettings(BaseModel):
     """Engine slots shared by gateway replicas in Redis (gateway/engine/leases.py) given MODGATE_REDIS_URL."""
 
@@ -460,6 +496,7 @@ class Settings(BaseSettings):
     jobs: JobSettings = JobSettings()
     policy: PolicySettings = PolicySettings()
     console: ConsoleSettings = ConsoleSettings()
+    oidc: OidcSettings = OidcSettings()
     leases: LeaseSettings = LeaseSettings()
     quality: QualitySettings = QualitySettings()
     shadow: ShadowSettings = ShadowSettings()
@@ -547,6 +584,12 @@ class Settings(BaseSettings):
     def _redis_keys_need_redis(self) -> Settings:
         if self.api_keys_from_redis and not self.redis_url:
             raise ValueError("MODGATE_API_KEYS_FROM_REDIS needs MODGATE_REDIS_URL")
+        return self
+
+    @model_validator(mode="after")
+    def _sign_in_sessions_need_the_admin_token(self) -> Settings:
+        if self.oidc.issuer is not None and self.admin_token is None:
+            raise ValueError("MODGATE_OIDC__ISSUER needs MODGATE_ADMIN_TOKEN (it signs console sessions)")
         return self
 
     def tenant_keys(self) -> dict[str, str]:

@@ -37,6 +37,7 @@ from gateway.engine.prefix_keeper import PrefixKeeper
 from gateway.engine.startup_check import CheckTargets, EngineCheck, EngineChecks
 from gateway.http.auth import KeyRing
 from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
+from gateway.http.console.oidc import OidcSignIn
 from gateway.http.keys_store import RedisKeyStore
 from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
 from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
@@ -111,6 +112,7 @@ class Services:
     prefix: PrefixKeeper | None = None  # each engine's prefix strategy and priming (/readyz)
     # each engine's first tiny request, sent by /readyz once it is healthy (gateway/engine/first_request.py)
     first_request: FirstRequestProbe = field(default_factory=FirstRequestProbe)
+    oidc: OidcSignIn | None = None  # the console's OpenID Connect sign-in (None: MODGATE_OIDC__ISSUER unset)
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -468,6 +470,9 @@ async def open_services(
         engine_cache.start()
         jobs.start()
         archiver.start()
+        oidc = None
+        if settings.oidc.issuer is not None:  # the provider is first asked at the first sign-in, not here
+            oidc = OidcSignIn(settings.oidc, await stack.enter_async_context(httpx.AsyncClient()))
         yield Services(
             settings,
             keys,
@@ -496,4 +501,5 @@ async def open_services(
             drain=drain,
             engine_checks=engine_checks,
             prefix=prefix,
+            oidc=oidc,
         )

@@ -129,10 +129,11 @@ class ReviewQueue:
     async def label(
         self, item_id: str, reviewer: Reviewer, action: Action, categories: Collection[str]
     ) -> LabelledItem:
-        """Record a held item's label (409 when labelled, gone, or someone else's; audited in the store with
-        the reviewer's name), then what it changes elsewhere: a failure there is logged, the label stands."""
+        """Record a held item's label (409 when labelled, gone, someone else's, or of a tenant the reviewer
+        may not see; audited in the store with the reviewer's name), then what it changes elsewhere: a
+        failure there is logged, the label stands."""
         label = Label(action, tuple(categories) if action == "block" else (), reviewer.name, self.clock())
-        done = await self.store.label(item_id, label)
+        done = await self.store.label(item_id, label, reviewer.tenants)
         self.metrics.labelled(done)
         if self.on_label is not None:
             try:
@@ -143,7 +144,7 @@ class ReviewQueue:
 
     async def skip(self, item_id: str, reviewer: Reviewer) -> None:
         """Give a held item back for someone else."""
-        await self.store.release(item_id, reviewer.name)
+        await self.store.release(item_id, reviewer.name, reviewer.tenants)
 
     async def audit(self, limit: int, reviewer: Reviewer | None = None) -> list[dict[str, Any]]:
         """The labels' audit trail, newest first (only the reviewer's tenants, when scoped)."""

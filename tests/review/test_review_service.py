@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.errors import Forbidden, NotFound, StateUnavailable
 from gateway.review.metrics import ReviewMetrics
-from gateway.review.models import Label, LabelledItem, QueuedItem, ReviewItem, TenantQueue
+from gateway.review.models import Label, LabelledItem, QueuedItem, ReviewConflict, ReviewItem, TenantQueue
 from gateway.review.service import Reviewer, ReviewQueue
 from gateway.review.store_memory import MemoryReviewStore
 from gateway.settings import ReviewSettings
@@ -31,10 +31,10 @@ class RedisDown:
     async def peek(self, item_id: str) -> QueuedItem | None:
         raise StateUnavailable("Redis is unreachable")
 
-    async def label(self, item_id: str, label: Label) -> LabelledItem:
+    async def label(self, item_id: str, label: Label, tenants: Collection[str] | None = None) -> LabelledItem:
         raise StateUnavailable("Redis is unreachable")
 
-    async def release(self, item_id: str, reviewer: str) -> None:
+    async def release(self, item_id: str, reviewer: str, tenants: Collection[str] | None = None) -> None:
         raise StateUnavailable("Redis is unreachable")
 
     async def audit(self, limit: int) -> list[dict[str, Any]]:
@@ -104,3 +104,17 @@ async def test_a_scoped_reviewer_may_look_at_their_tenants_items_only() -> None:
     assert (await queue.look(theirs.id, Reviewer("root"))).item.tenant == "b"  # every tenant's reviewer
     with pytest.raises(NotFound):
         await queue.look("rev-00000000000000000000000000000000", scoped)
+
+
+async def test_a_reviewer_labels_only_items_of_the_tenants_they_review_now() -> None:
+    """Claimed as a reviewer of a; signed in again as a reviewer of b only (same name): not theirs now."""
+    queue = ReviewQueue(MemoryReviewStore(claim_timeout_s=60, retention_s=3600), ReviewSettings())
+    await queue.offer("a", "data:,", KeyframeVerdict("review"), "off", None, "r-a")
+    claimed = await queue.claim(Reviewer("rita", frozenset({"a"})))
+    assert claimed is not None
+    moved = Reviewer("rita", frozenset({"b"}))
+    with pytest.raises(ReviewConflict, match="not in the queue"):
+        await queue.label(claimed.id, moved, "allow", [])
+    with pytest.raises(ReviewConflict, match="not in the queue"):
+        await queue.skip(claimed.id, moved)
+    assert await queue.audit(10) == []

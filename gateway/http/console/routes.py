@@ -33,9 +33,11 @@ from redis.exceptions import RedisError
 
 from gateway.errors import Forbidden, ModgateError, NotFound, StateUnavailable, Unauthorized
 from gateway.http.auth import OPERATOR_NAME, operator_name
+from gateway.http.console.access import SESSION_COOKIE, console_session, require, session_signer
 from gateway.http.console.sessions import (
     ConsoleSession,
     QualityHeadline,
+    Role,
     SessionSigner,
     latest_quality_headline,
 )
@@ -45,7 +47,6 @@ from gateway.telemetry.windows import stats_document
 
 log = logging.getLogger("modgate.console")
 
-SESSION_COOKIE = "modgate_console"
 REASON_MIN, REASON_MAX = 3, 500
 
 # Everything the page loads comes from this gateway; nothing may frame it (the flip is one click).
@@ -142,8 +143,9 @@ def _render(template: str, **context: Any) -> str:
 # --- who is asking -------------------------------------------------------------------------------------
 # Each route names who it lets in by the dependency it takes, resolved before its handler runs (the same
 # header checks as the /admin guard, gateway/http/guards.py, plus signed-in sessions): ``operator`` (None
-# for a stranger, whom the route answers with its sign-in page), ``signed_in`` (a stranger gets 401) or,
-# for the page itself, ``visitor``.
+# for a stranger, whom the route answers with its sign-in page; 403 for a reviewer), ``signed_in`` (a
+# stranger gets 401), ``person`` (anyone signed in, whatever their role: signing out) or, for the page
+# itself, ``visitor``. Which role reaches what: gateway/http/console/access.py.
 
 @dataclass(frozen=True, slots=True)
 class _Operator:
@@ -152,19 +154,19 @@ class _Operator:
     name: str
     actor: str  # the audit trail's name
     session: ConsoleSession | None  # None: the Authorization header (no CSRF token needed or possible)
+    role: Role = "operator"  # the admin token's is an operator; a session says which
 
 
 def _signer(services: Services) -> SessionSigner | None:
     """The session signer, or None while admin calls are disabled (no MODGATE_ADMIN_TOKEN)."""
-    token = services.settings.admin_token
-    return None if token is None else SessionSigner(token, services.settings.console.session_ttl_s)
+    return session_signer(services)
 
 
-async def _operator(
+async def _person(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> _Operator | None:
     """The header's admin token (a wrong one is a 401, a business key a 403, as on /admin), else the signed
-    session still in force (not signed out, on this replica or another), else None."""
+    session still in force (not signed out, on this replica or another), whatever its role, else None."""
     authorization = request.headers.get("authorization")
     if authorization is not None:
         token_id = await services.keys.authorize_admin(authorization)
@@ -172,11 +174,17 @@ async def _operator(
         if name is None:
             return _Operator(token_id, f"{token_id} (console)", None)
         return _Operator(name, f"{name} ({token_id}, console)", None)
-    signer = _signer(services)
-    session = None if signer is None else signer.read(request.cookies.get(SESSION_COOKIE))
-    if session is None or not await services.console.session_in_force(session):
+    session = await console_session(request, services)
+    if session is None:
         return None
-    return _Operator(session.operator, session.actor, session)
+    return _Operator(session.operator, session.actor, session, session.role)
+
+
+def _operator(person: NamedDependency[_Operator | None]) -> _Operator | None:
+    """The person if they may use the console's pages (None: a stranger); 403 for a reviewer."""
+    if person is not None:
+        require(person.role, "console")
+    return person
 
 
 def _signed_in(operator: NamedDependency[_Operator | None]) -> _Operator:
@@ -189,12 +197,13 @@ def _signed_in(operator: NamedDependency[_Operator | None]) -> _Operator:
 async def _visitor(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> _Operator | None:
-    """The page's operator; None, not a 403, while admin calls are disabled: the page itself says so."""
-    return None if services.settings.admin_token is None else await _operator(request, services)
+    """The page's visitor; None, not a 403, while admin calls are disabled: the page itself says so."""
+    return None if services.settings.admin_token is None else await _person(request, services)
 
 
 OPERATOR = {
-    "operator": Provide(_operator),
+    "person": Provide(_person),
+    "operator": Provide(_operator, sync_to_thread=False),
     "signed_in": Provide(_signed_in, sync_to_thread=False),
     "visitor": Provide(_visitor),
 }
@@ -324,7 +333,8 @@ def _see_other(location: str, cookies: list[Cookie] | None = None) -> Response[s
 
 
 def _session_cookie(services: Services, value: str, max_age: int) -> Cookie:
-    return Cookie(key=SESSION_COOKIE, value=value, path="/console", max_age=max_age, httponly=True,
+    # Path "/": the review queue's API (/admin/review/*) takes the console's session too.
+    return Cookie(key=SESSION_COOKIE, value=value, path="/", max_age=max_age, httponly=True,
                   secure=services.settings.console.cookie_secure, samesite="strict")
 
 
@@ -333,6 +343,7 @@ def _sign_in_page(services: Services, status: int = 200, error: str | None = Non
                   headers: dict[str, str] | None = None) -> Response[str]:
     return _html(_render("sign_in.html", error=error, operator_name=operator, cookie_dropped=cookie_dropped,
                          disabled=services.settings.admin_token is None,
+                         oidc_provider=services.oidc.provider_name if services.oidc is not None else None,
                          cookie_secure=services.settings.console.cookie_secure),
                  status=status, headers=headers)
 
@@ -375,6 +386,13 @@ async def console_page(
     if operator is None:
         # Just signed in, yet no session came back: the browser dropped the cookie (Secure over plain HTTP).
         return _sign_in_page(services, cookie_dropped=request.query_params.get("signed_in") == "1")
+    if operator.role != "operator" and operator.session is not None:
+        signer = _signer(services)
+        csrf = signer.csrf_token(operator.session) if signer is not None else ""
+        return _html(_render("refused.html", csrf=csrf, message=(
+            f"You are signed in as {operator.name}, a reviewer: the review queue is yours "
+            "(/admin/review/*), the operations console is not."
+        )), status=403)
     notice = None
     flipped = request.query_params.get("flipped")
     policy = services.policies.current()
@@ -427,24 +445,24 @@ async def console_sign_in(
 @post("/console/sign-out", include_in_schema=False)
 async def console_sign_out(
     request: Request[Any, Any, Any], services: NamedDependency[Services],
-    operator: NamedDependency[_Operator | None],
+    person: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """End this session on the server (wherever a copy of its cookie went) and forget the cookie."""
     form = await request.form()
     signer = _signer(services)
-    if operator is not None and operator.session is not None and signer is not None and not signer.csrf_valid(
-        operator.session, _field(form, "csrf")
+    if person is not None and person.session is not None and signer is not None and not signer.csrf_valid(
+        person.session, _field(form, "csrf")
     ):
         refusal = "This sign-out did not come from the console's own page."
         return _html(_render("refused.html", message=refusal), status=403)
-    if operator is not None and operator.session is not None:
+    if person is not None and person.session is not None:
         try:
-            await services.console.revocations.revoke(operator.session)
+            await services.console.revocations.revoke(person.session)
         except RedisError as exc:
             return _html(_render("refused.html", message=(
                 f"Not signed out on the server: the session store (Redis) is unreachable ({exc}). Try again."
             )), status=503)
-        log.info("console: %s signed out", operator.actor)
+        log.info("console: %s signed out", person.actor)
     return _see_other("/console", cookies=[_session_cookie(services, "", 0)])
 
 
