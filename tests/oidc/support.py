@@ -21,6 +21,7 @@ CONSOLE_CLIENT = ("modgate-console", "modgate-console-secret-0123456789")  # con
 PUBLIC_CLIENT = "modgate-public"  # public: PKCE alone
 SCOPES = "openid email profile modgate"  # "modgate" releases the roles and tenants claims
 KEYS = {"tenant-a": "key-a-0123456789", "tenant-b": "key-b-0123456789"}  # the tests' business API keys
+REVIEWERS = frozenset({"rita", "ravi"})  # the provider's reviewers (provider.mjs); olivia operates
 
 
 @dataclass

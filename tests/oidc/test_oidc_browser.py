@@ -38,8 +38,9 @@ def gateway(oidc_gateway: GatewayFactory, redis_url: str) -> ThreadedServer:
     return oidc_gateway(redis_url=redis_url, oidc={"client_id": PUBLIC_CLIENT, "client_secret": None})
 
 
-def sign_in(watched: WatchedPage, gateway: ThreadedServer, login: str) -> Page:
-    """From the console's sign-in page through the provider's login and consent pages, back to /console.
+def sign_in(watched: WatchedPage, gateway: ThreadedServer, login: str, home: str = "/console") -> Page:
+    """From the console's sign-in page through the provider's login and consent pages, back to ``home`` (an
+    operator's console; a reviewer's page is the review queue).
 
     The provider's development pages ask for a web font from elsewhere: refused here, so nothing leaves the
     machine, and what the browser said about the provider's pages is not the console's problem."""
@@ -52,7 +53,7 @@ def sign_in(watched: WatchedPage, gateway: ThreadedServer, login: str) -> Page:
     page.fill("input[name=password]", "any")
     page.click("button[type=submit]")
     page.click("button[type=submit]")  # the provider's consent page: Continue
-    page.wait_for_url(f"{gateway.url}/console?signed_in=1")
+    page.wait_for_url(f"{gateway.url}{home}?signed_in=1")
     page.wait_for_load_state("load")
     watched.problems.clear()
     return page
@@ -71,8 +72,7 @@ def test_a_reviewer_signs_in_in_chromium_and_labels_a_frame_of_their_tenant(gate
     queue_frames(gateway, "tenant-b", 1, seed=20)  # not theirs: never served to them
     queue_frames(gateway, "tenant-a", 1)
     with chromium_page(1280, 900) as watched:
-        page = sign_in(watched, gateway, "rita")
-        expect(page.locator("body")).to_contain_text("a reviewer")
+        page = sign_in(watched, gateway, "rita", home="/console/review")
         done = page.evaluate(CLAIM_AND_LABEL)
         again = page.evaluate(CLAIM_AND_LABEL)
     assert (done["claim"], done["tenant"], done["label"]) == (200, "tenant-a", 200), done
@@ -83,3 +83,39 @@ def test_a_reviewer_signs_in_in_chromium_and_labels_a_frame_of_their_tenant(gate
     assert [(entry["reviewer"], entry["tenant"]) for entry in audit] == [
         ("rita@example.test (oidc:rita)", "tenant-a")
     ]
+
+
+def test_a_reviewer_signed_in_through_the_provider_labels_their_tenants_frames_on_the_review_page(
+    gateway: ThreadedServer,
+) -> None:
+    """The reviewer's page as the provider's reviewer of tenant-a sees it: only tenant-a's queue and frames,
+    labelled with the keys; the operations console is not theirs (no link; 403)."""
+    queue_frames(gateway, "tenant-b", 1, seed=20)  # not theirs: never served to them
+    queue_frames(gateway, "tenant-a", 2)
+    with chromium_page(1280, 900) as watched:
+        page = sign_in(watched, gateway, "rita", home="/console/review")
+        expect(page.locator("#queue-tenant-a .depth")).to_have_text("2")
+        expect(page.locator("#queue-tenant-b")).to_have_count(0)
+        expect(page.locator("#nav-operations")).to_have_count(0)
+        labelled = 0
+        with page.expect_navigation():
+            page.keyboard.press("n")
+        while page.locator("#item-frame").count():
+            expect(page.locator("#item-frame")).to_have_js_property("complete", True)
+            assert "tenant-a" in page.locator("#item-heading").inner_text()
+            with page.expect_navigation():
+                page.keyboard.press("a")
+            labelled += 1
+            assert labelled <= 2
+        expect(page.locator("#item-heading")).to_have_text("The queue is empty")
+        assert page.request.get(f"{gateway.url}/console").status == 403  # not the operations console
+    assert labelled == 2
+    audit = httpx.get(f"{gateway.url}/admin/review/audit",
+                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()["data"]
+    assert sorted((entry["reviewer"], entry["tenant"]) for entry in audit) == [
+        ("rita@example.test (oidc:rita, console)", "tenant-a")
+    ] * 2
+    queued = httpx.get(f"{gateway.url}/admin/review/queue",
+                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()["tenants"]
+    assert {tenant: q["depth"] for tenant, q in queued.items()} == {"tenant-b": 1}
+    assert watched.problems == []

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from bench.servers import free_port
 from gateway.cli.embedded import ThreadedServer
 from gateway.settings import Settings
-from tests.oidc.support import queue_frames, through_provider
+from tests.oidc.support import REVIEWERS, queue_frames, through_provider
 from tests.support import ADMIN_TOKEN, GatewayFactory
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -48,7 +48,8 @@ class Console:
         browser = self.browser()
         answer = browser.get(self.through_provider(browser, login).headers["location"])
         assert answer.status_code == 200, answer.text
-        assert answer.headers["refresh"] == "0; url=/console?signed_in=1"
+        home = "/console/review" if login in REVIEWERS else "/console"  # a reviewer's page: the queue
+        assert answer.headers["refresh"] == f"0; url={home}?signed_in=1"
         return browser
 
     def csrf(self, browser: httpx.Client) -> dict[str, str]:

@@ -68,8 +68,9 @@ async def oidc_callback(
     log.info("console: %s (%s) signed in with OpenID Connect as %s%s", person.name, person.token_id,
              person.role, "" if person.tenants is None else f" of {sorted(person.tenants)}")
     cookies = [_session_cookie(services, value, int(signer.ttl_s)), _flow_cookie(services, "", 0)]
-    page = _render("signed_in.html", name=person.name, role=person.role)
-    return _html(page, cookies=cookies, headers={"Refresh": "0; url=/console?signed_in=1"})
+    home = "/console" if person.role == "operator" else "/console/review"  # a reviewer's page is the queue
+    page = _render("signed_in.html", name=person.name, role=person.role, home=home)
+    return _html(page, cookies=cookies, headers={"Refresh": f"0; url={home}?signed_in=1"})
 
 
 ROUTES = [oidc_start, oidc_callback]

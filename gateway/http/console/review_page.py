@@ -23,7 +23,8 @@ from litestar import Request, Response, get, post
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
-from gateway.errors import Forbidden, ModgateError, NotFound
+from gateway.errors import Forbidden, ModgateError, NotFound, Unauthorized
+from gateway.http.console.access import require
 from gateway.http.console.routes import (
     _PAGE_HEADERS,
     _csrf,
@@ -55,11 +56,12 @@ def _item_id(text: str) -> str:
     return text
 
 
-def console_reviewer(operator: _Operator) -> Reviewer:
-    """The reviewer a console user is. Every console user today signed in with the admin token: a reviewer of
-    every tenant, named as the console names them in every audit trail. A sign-in that limits a reviewer to
-    some tenants answers their tenants here."""
-    return Reviewer(name=operator.actor, tenants=None)
+def console_reviewer(person: _Operator) -> Reviewer:
+    """The reviewer a console user is, named as the console names them in every audit trail: an operator (the
+    admin token, or signed in as one) reviews every tenant; a reviewer signed in through OpenID Connect, the
+    tenants their session names. Every role may review (gateway/http/console/access.py says so)."""
+    require(person.role, "review")
+    return Reviewer(name=person.actor, tenants=None if person.session is None else person.session.tenants)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +164,10 @@ async def review_page(
 @post(f"{PAGE}/next", include_in_schema=False)
 async def review_claim_next(
     request: Request[Any, Any, Any], services: NamedDependency[Services],
-    operator: NamedDependency[_Operator | None],
+    person: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """Claim the next item for the user."""
+    operator = person
     if operator is None:
         return _sign_in_page(services, 401, "Sign in to review.")
     if _csrf_refused(services, operator, await request.form()):
@@ -181,9 +184,10 @@ async def review_claim_next(
 @post(f"{PAGE}/{{item_id:str}}/decide", include_in_schema=False)
 async def review_decide(
     item_id: FromPath[str], request: Request[Any, Any, Any], services: NamedDependency[Services],
-    operator: NamedDependency[_Operator | None],
+    person: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """Label the item the user holds (or skip it), then claim the next."""
+    operator = person
     if operator is None:
         return _sign_in_page(services, 401, "Sign in to review.")
     form = await request.form()
@@ -213,10 +217,12 @@ async def review_decide(
 
 @get(f"{PAGE}/{{item_id:str}}/frame", include_in_schema=False)
 async def review_frame(
-    item_id: FromPath[str], services: NamedDependency[Services], signed_in: NamedDependency[_Operator]
+    item_id: FromPath[str], services: NamedDependency[Services], person: NamedDependency[_Operator | None]
 ) -> Response[bytes]:
     """The item's shaped frame, for a signed-in user who may review its tenant; never cached."""
-    found = await services.review.look(_item_id(item_id), console_reviewer(signed_in))
+    if person is None:
+        raise Unauthorized("sign in to the console to see a review item's frame")
+    found = await services.review.look(_item_id(item_id), console_reviewer(person))
     mime, frame = decode_data_url(found.item.frame, len(found.item.frame))
     return Response(frame, media_type=mime, headers=_PAGE_HEADERS)
 

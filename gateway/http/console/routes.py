@@ -387,6 +387,8 @@ async def console_page(
         # Just signed in, yet no session came back: the browser dropped the cookie (Secure over plain HTTP).
         return _sign_in_page(services, cookie_dropped=request.query_params.get("signed_in") == "1")
     if operator.role != "operator" and operator.session is not None:
+        if request.query_params.get("signed_in") is not None:
+            return _see_other("/console/review")  # a reviewer who just signed in: their page
         signer = _signer(services)
         csrf = signer.csrf_token(operator.session) if signer is not None else ""
         return _html(_render("refused.html", csrf=csrf, message=(
