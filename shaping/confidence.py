@@ -168,13 +168,6 @@ def _continuations(spans: _Spans, offset: int, *, spaced: bool = False) -> list[
     return cut
 
 
-def _begins(rest: str, word: str, terminators: str) -> bool:
-    """Whether a continuation ``rest`` can be the start of ``word`` (or ``word`` then a terminator)."""
-    if word.startswith(rest):
-        return True
-    return rest.startswith(word) and len(rest) > len(word) and rest[len(word)] in terminators
-
-
 def _admitted_after(action: Action, tail: str, json_form: bool) -> bool | None:
     """Whether the grammar admits ``tail`` right after ``action`` at a verdict's place: True, False, or
     None where it depends on more than the action's own grammar (a second frame's line)."""
@@ -270,26 +263,6 @@ def _unlisted(spans: _Spans, offset: int) -> float:
     return max(0.0, 1.0 - listed)
 
 
-def _category_path(spans: _Spans, start: int, name: str, terminators: str) -> float | None:
-    """P(the engine spells ``name`` from ``start`` and stops there), along the tokens it chose."""
-    first, last = spans.at(start), spans.at(start + len(name) - 1)
-    if first is None or last is None:
-        return None
-    probability = 1.0  # along the tokens the engine chose: other spellings of the name are not counted
-    for index in range(first, last + 1):
-        probability *= _probability(spans.tokens[index].logprob)
-    boundary = spans.lead + start + len(name)
-    # the token that starts where the name ends (an end-of-output token may have no text at all)
-    after = next((i for i in range(last + 1, len(spans.tokens)) if spans.starts[i] == boundary), None)
-    if after is not None:
-        stops = [(t, _probability(lp)) for t, lp in spans.tokens[after].alternatives()]
-        total = sum(p for _, p in stops)
-        ending = sum(p for t, p in stops if not t or t[0] in terminators or t.startswith("<"))
-        if total > 0:
-            probability *= ending / total
-    return min(1.0, probability)
-
-
 def _category_slots(answer: str, action_offset: int, json_form: bool) -> list[tuple[int, str]]:
     """(offset, category) of each category the verdict names, in order."""
     if json_form:
@@ -308,34 +281,140 @@ def _category_slots(answer: str, action_offset: int, json_form: bool) -> list[tu
     return slots
 
 
+def _line_admits(written: str) -> bool:
+    """Whether the compact line grammar may admit ``written`` (a verdict from its ``block`` on) at this
+    place: False only where it surely does not (no colon, a name no category has, a blank in a name)."""
+    if not written.startswith("block") or len(written) == len("block"):
+        return True
+    if written[len("block")] != ":":
+        return False
+    line, newline, _rest = written[len("block:") :].partition("\n")
+    *done, last = line.split(",")
+    if any(name not in MODEL_CATEGORIES for name in done):
+        return False
+    if newline:  # the line ended: what follows is the next frame's or the end, not judged here
+        return last in MODEL_CATEGORIES
+    return any(c.startswith(last) for c in MODEL_CATEGORIES)
+
+
+def _complete(target: str) -> bool:
+    """Whether the grammar must end the category ``target`` ends with (no longer category begins with it)."""
+    name = re.split(r'[:,"]', target)[-1]
+    return name in MODEL_CATEGORIES and not any(c != name and c.startswith(name) for c in MODEL_CATEGORIES)
+
+
+@dataclass(frozen=True, slots=True)
+class _BlockPaths:
+    """The verdict's tokens after its ``block``, where every category's path is read."""
+
+    spans: _Spans
+    action: int  # offset of the verdict's ``block`` in the answer proper
+    p_block: float
+    terminators: str
+    grammar_masked: bool
+    json_form: bool
+
+    def share(self, index: int, probability: float) -> float:
+        """The engine's ``probability`` at token ``index`` as a lower bound of the grammar's there: as given
+        where the engine masked its logits; else over 1 minus the listed tokens the grammar surely forbids
+        there (the line form's; in JSON nothing is surely forbidden, so the raw figure is the bound)."""
+        if self.grammar_masked:
+            return probability
+        origin = self.spans.lead + self.action
+        if self.json_form or self.spans.starts[index] < origin:
+            return probability
+        written = self.spans.text[origin : self.spans.starts[index]]
+        forbidden = sum(
+            _probability(logprob)
+            for text, logprob in self.spans.tokens[index].alternatives()
+            if not _is_special(text) and not _line_admits(written + text)
+        )
+        return min(1.0, probability / (1.0 - forbidden)) if forbidden < 1.0 else 0.0
+
+    def ends(self, index: int) -> float:
+        """P(a name that ends where token ``index`` starts stops there): its alternatives that stop it (a
+        terminator, the end of output); 1.0 where the answer ended there with no token at all."""
+        if index >= len(self.spans.tokens):
+            return 1.0
+        return sum(
+            self.share(index, _probability(logprob))
+            for text, logprob in self.spans.tokens[index].alternatives()
+            if _is_special(text) or text[0] in self.terminators
+        )
+
+    def stops(self, rest: str, target: str) -> bool:
+        """Whether a token that writes ``rest`` writes all of ``target`` and then stops its name."""
+        return rest.startswith(target) and len(rest) > len(target) and rest[len(target)] in self.terminators
+
+    def probability(self, target: str) -> float:
+        """A lower bound of P(the engine writes ``block``, then ``target``, and the name there ends).
+
+        Along the chosen tokens while they spell ``target``; at each of them, every listed alternative that
+        spells the rest of it through its end is added (the same text split another way, or the path the
+        engine did not take). 0.0 where nothing listed reaches the end: the path's probability is unknown.
+        """
+        spans = self.spans
+        after = spans.lead + self.action + len("block")
+        first = spans.at(self.action)
+        if first is None:
+            return 0.0
+        probability, total, index = self.p_block, 0.0, first
+        if _token_end(spans, first) <= after:  # P(block) holds the first token; the rest of ``block``:
+            index += 1
+            while index < len(spans.tokens) and _token_end(spans, index) <= after:
+                probability *= self.share(index, _probability(spans.tokens[index].logprob))
+                index += 1
+        else:  # ``block`` shares its first token with what follows: that spelling's share of P(block)
+            spelled = sum(
+                p for rest, p in _continuations(spans, self.action, spaced=True) or ()
+                if rest.startswith("block") or "block".startswith(rest)
+            )
+            probability *= _probability(spans.tokens[first].logprob) / spelled if spelled > 0 else 0.0
+        if index >= len(spans.tokens):
+            return 0.0
+        head = spans.text[spans.starts[index] : after] if spans.starts[index] < after else ""
+        if head and index != first:  # a later piece of ``block`` goes on past it: its chosen spelling alone
+            probability *= self.share(index, _probability(spans.tokens[index].logprob))
+        while index < len(spans.tokens):
+            token = spans.tokens[index]
+            chosen = "" if _is_special(token.token) else token.token[len(head) :]
+            if not head:
+                for text, logprob in token.alternatives():
+                    if text != token.token and (
+                        self.stops(text, target) or (text == target and _complete(target))
+                    ):
+                        total += probability * self.share(index, _probability(logprob))
+                probability *= self.share(index, _probability(token.logprob))
+            if not chosen or not (target.startswith(chosen) or chosen.startswith(target)):
+                return total
+            if len(chosen) >= len(target):
+                ended = self.stops(chosen, target) if len(chosen) > len(target) else self.ends(index + 1)
+                return total + probability * ended
+            target, head, index = target[len(chosen) :], "", index + 1
+        return total
+
+
+def _token_end(spans: _Spans, index: int) -> int:
+    """Where token ``index`` ends in ``spans.text``."""
+    return spans.starts[index + 1] if index + 1 < len(spans.starts) else len(spans.text)
+
+
 def _category_scores(
-    spans: _Spans,
-    slots: list[tuple[int, str]],
-    p_block: float,
-    terminators: str,
-    *,
-    grammar_masked: bool = True,
+    paths: _BlockPaths, answer: str, slots: list[tuple[int, str]]
 ) -> tuple[tuple[str, float], ...]:
-    scores = dict.fromkeys(MODEL_CATEGORIES, 0.0)
-    if slots:  # categories not named: what the alternatives at the first place could only begin
-        cut = [
-            (rest, probability, [c for c in MODEL_CATEGORIES if _begins(rest, c, terminators)])
-            for rest, probability in _continuations(spans, slots[0][0]) or []
-        ]
-        # not grammar-masked: over the alternatives that can begin some category (what the grammar allows)
-        # and what the list left out (a lower bound, as for the action)
-        allowed = 1.0 if grammar_masked else sum(p for _, p, fits in cut if fits)
-        if not grammar_masked and allowed > 0:
-            allowed += _unlisted(spans, slots[0][0])
-        for _rest, probability, fits in cut:
-            if len(fits) == 1 and allowed > 0:
-                scores[fits[0]] = max(scores[fits[0]], p_block * probability / allowed)
-    for offset, name in slots:
-        if name in scores:
-            path = _category_path(spans, offset, name, terminators) if grammar_masked else 1.0
-            if path is not None:
-                scores[name] = round(p_block * path, 4)
-    return tuple((name, round(score, 4)) for name, score in scores.items())
+    """Each category's score: a lower bound of P(block, then its path), read the same way whatever the
+    tokenizer splits; a category whose path the logprobs do not reach (scored 0.0) is left out: unknown."""
+    after = paths.action + len("block")
+    if slots:  # a named category: the verdict as written up to its end; an unnamed one: in the first's place
+        separator = answer[after : slots[0][0]]
+        named = {name: answer[after : offset + len(name)] for offset, name in slots}
+    else:
+        separator, named = (',"categories":["' if paths.json_form else ":"), {}
+    scores = {
+        category: round(paths.probability(named.get(category, separator + category)), 4)
+        for category in MODEL_CATEGORIES
+    }
+    return tuple((category, score) for category, score in scores.items() if score > 0)
 
 
 def _action_offsets(answer: str, json_form: bool) -> list[int]:
@@ -403,14 +482,15 @@ def with_confidence(
             )
             read.append(replace(verdict, confidence=None, confidence_note=note))
             continue
-        slots = _category_slots(answer, offset, json_form) if verdict.action == "block" else []
+        scores: tuple[tuple[str, float], ...] = ()  # another action: no category's path is reached
+        if verdict.action == "block":
+            paths = _BlockPaths(spans, offset, probabilities["block"], terminators, grammar_masked, json_form)
+            scores = _category_scores(paths, answer, _category_slots(answer, offset, json_form))
         read.append(
             replace(
                 verdict,
                 confidence=round(probabilities[verdict.action], 4),
-                category_scores=_category_scores(
-                    spans, slots, probabilities["block"], terminators, grammar_masked=grammar_masked
-                ),
+                category_scores=scores,
                 confidence_note=None,
             )
         )

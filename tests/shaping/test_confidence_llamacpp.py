@@ -121,24 +121,25 @@ def test_a_shorter_raw_list_never_raises_the_confidence(vocabulary: Family, answ
         assert shorter <= longer + 1e-4, readings
 
 
-def test_an_unnamed_categorys_score_counts_what_the_list_left_out_too() -> None:
-    # at the first category's place (``viol``): a forbidden blank, violence, self-harm, a forbidden "The"
-    # and hate; the named category scores P(block), an unnamed one its share of what the grammar allows
+def test_a_categorys_path_counts_what_the_list_left_out_as_allowed() -> None:
+    # at the category's place (``viol``): a forbidden blank, violence, self-harm, a forbidden "The" and
+    # hate; each token on the path is its share of 1 minus the listed tokens the grammar surely forbids
     place = {"\n": 0.4, "viol": 0.3, "self": 0.2, "The": 0.05, "hate": 0.05}
     pieces = [*qwen_bpe("qwen2.5").pieces("block:violence"), "<|im_end|>"]
     assert pieces[2] == "viol"
 
-    def self_harm(k: int) -> float:
+    def scores(k: int) -> dict[str, float]:
         entries = [
             TokenLogprob.from_wire(llamacpp_entry(piece, place if piece == "viol" else {piece: 1.0}, k))
             for piece in pieces
         ]
-        return float(dict(read("block:violence", entries, grammar_masked=False).category_scores)["self-harm"])
+        return dict(read("block:violence", entries, grammar_masked=False).category_scores)
 
-    assert self_harm(5) == pytest.approx(0.2 / 0.55, abs=1e-4)  # all listed: 0.2 of the allowed 0.55
-    # three listed: "The" and hate (0.1) left out and counted as allowed: 0.2 / 0.6, not 0.2 / 0.5 above it
-    assert self_harm(3) == pytest.approx(0.2 / 0.6, abs=1e-4)
-    assert self_harm(3) < self_harm(5)
+    assert scores(5)["violence"] == pytest.approx(0.3 / 0.55, abs=1e-4)  # all listed: 0.3 of the allowed 0.55
+    assert scores(5)["hate"] == pytest.approx(0.05 / 0.55, abs=1e-4)  # "hate" spells its whole path
+    # three listed: "The" (0.05) left out and counted as allowed: 0.3 / 0.6, not 0.3 / 0.55 above it
+    assert scores(3)["violence"] == pytest.approx(0.3 / 0.6, abs=1e-4)
+    assert "hate" not in scores(3)  # not listed: unknown
 
 
 def test_every_allowed_token_at_zero_in_float_gives_no_confidence_and_says_why() -> None:
