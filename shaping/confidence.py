@@ -18,38 +18,44 @@ only leave a spelling out, which makes the confidence lower, never higher: with 
 
 An engine whose log-probabilities are not grammar-masked (llama.cpp's ``llama-server``: a softmax over the
 raw logits, ``grammar_masked=False``) lists tokens the grammar forbids and gives the allowed ones less than
-all the mass. There the listed first-token alternatives that can begin an action are renormalised over
-themselves (what the grammar allows at that place; other spellings of one action still add):
+all the mass. There a listed alternative is credited to an action only where the grammar the gateway sent
+admits it at that place (``action_probabilities``); what it surely forbids (``Allow``, ``allowed``,
+``blocked``) is left out; what it may or may not admit (`` allow`` where the chosen token has no leading
+space) is credited to no action; both that and what the list left out count in the denominator:
 
-    confidence = P(chosen action's spellings) / (P(listed spellings of any action) + P(not listed))
+    confidence = P(chosen action's admitted spellings)
+                 / (P(admitted spellings of any action) + P(maybe admitted) + P(not listed))
 
-``P(not listed)`` is 1 minus the listed alternatives' mass (the softmax is over the whole vocabulary): a
-token the list left out may be a spelling the grammar allows, so it is counted as one of another action's.
-The reading is then a lower bound, as on vLLM: a top-k cut can make it lower, never higher (renormalised
-over the listed spellings alone, a list whose slots went to forbidden tokens read 1.0 for a true 0.5).
-The gateway asks llama.cpp for more alternatives than vLLM (``LlamaCppWire.chat_body``) to keep it tight.
-The path inside a category name is not read on such an engine (its raw probabilities along the name are
-not the grammar's): a named category scores P(block); unnamed ones are renormalised the same way over the
-alternatives at the first category's place that can begin a category.
+``P(not listed)`` is 1 minus the listed alternatives' mass (the softmax is over the whole vocabulary). The
+figure is a lower bound of the grammar-renormalised probability (the model's softmax over what the grammar
+admits: what constrained decoding samples from); nothing a list can hold or leave out raises it above that.
+Where the raw list gives every allowed spelling 0 in float, ``places`` may bring the distribution at a
+verdict's first token as a probe read it after the engine's sampler chain (``EngineWire.place_probe``): the
+grammar-renormalised one where the engine drew again under the grammar, read the same way (then exact).
 
-Category scores, for a block: P(block) times the probability of spelling the category at its place in the
-verdict (the product over its tokens, times the chance that the name ends there rather than going on to a
-longer one: ``sexual`` against ``sexual/minors``). Categories the verdict does not name get P(block) times
-the probability of the alternatives at the first category's place that can only begin that category; 0.0
-where no alternative can.
+Category scores, for a block: a lower bound of P(the engine writes ``block`` and then the category's whole
+path): every token after ``block`` through the end of the name and the chance that the name stops there
+(``sexual`` against ``sexual/minors``), so a colon counts the same whether the BPE gives it a token of its
+own (``:`` ``viol``) or merges it with the name (``:self``). At each token on the path a listed alternative
+that spells the rest of the path to its stop adds its probability. A category the verdict does not name
+scores its path where a listed alternative spells it to the end; where none does its probability is
+unknown and it is left out of ``category_scores`` (never 0). On a not-masked engine each token on the path
+is its share of 1 minus the listed tokens the compact grammar surely forbids there.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from shaping.verdict import ACTIONS, MODEL_CATEGORIES, Action, KeyframeVerdict
 
 THINK_END = "</think>"
+RAW_ZERO = " has a probability above 0 in the engine's raw softmax"
+"""How a not-masked verdict's note ends where nothing allowed had mass in float (a probe may read it)."""
 _JSON_ACTION = re.compile(r'"verdict"\s*:\s*"')
 _JSON_CATEGORIES = re.compile(r'"categories"\s*:\s*\[([^\]]*)\]')
 _JSON_ITEM = re.compile(r'"([^"]*)"')
@@ -250,6 +256,18 @@ def _admitted_action_probabilities(spans: _Spans, offset: int, json_form: bool) 
     return {action: value / allowed for action, value in mass.items()}
 
 
+def _place_probabilities(place: Sequence[tuple[str, float]]) -> dict[Action, float] | None:
+    """P(action) from the probabilities at a verdict's first place as a probe read them (llama.cpp's
+    ``post_sampling_probs``): renormalised over what the grammar admits where the engine drew again under
+    it, else its raw softmax; either way read as not masked (credited spellings over what may be admitted
+    and what is not listed), exact in the first case and a lower bound in the second."""
+    if not place:
+        return None
+    top = tuple((token, math.log(p) if p > 0 else float("-inf")) for token, p in place)
+    entry = TokenLogprob(top[0][0], top[0][1], top)
+    return _admitted_action_probabilities(_Spans((entry,), [0], entry.token, 0), 0, json_form=False)
+
+
 def _unlisted(spans: _Spans, offset: int) -> float:
     """The raw softmax's mass outside the list at the token holding ``offset`` (1 minus what is listed).
 
@@ -417,6 +435,17 @@ def _category_scores(
     return tuple((category, score) for category, score in scores.items() if score > 0)
 
 
+def unread_in_raw_softmax(verdict: KeyframeVerdict) -> bool:
+    """Whether a verdict has no confidence only because the raw softmax gave its place nothing in float."""
+    return verdict.confidence is None and (verdict.confidence_note or "").endswith(RAW_ZERO)
+
+
+def answer_before_each(content: str | None) -> list[str]:
+    """The compact answer up to each verdict's first character (earlier frames' lines and their breaks)."""
+    answer = (content or "").strip()
+    return [answer[:offset] for offset in _action_offsets(answer, json_form=False)]
+
+
 def _action_offsets(answer: str, json_form: bool) -> list[int]:
     if json_form:
         return [m.end() for m in _JSON_ACTION.finditer(answer)]
@@ -435,12 +464,15 @@ def with_confidence(
     missing: str = "the engine returned no logprobs",
     *,
     grammar_masked: bool = True,
+    places: Mapping[int, Sequence[tuple[str, float]]] | None = None,
 ) -> tuple[KeyframeVerdict, ...]:
     """The verdicts with ``confidence`` and ``category_scores`` read from the engine's logprobs.
 
     ``grammar_masked``: whether the engine's logprobs are taken over what the grammar allows (vLLM) or
     over the raw logits (llama.cpp), which are renormalised over the allowed alternatives and the mass the
-    list left out.
+    list left out. ``places``: for a verdict (by index), the (token, probability) list at its first token
+    that a probe read after the engine's sampler chain (``EngineWire.place_probe``); its action is read
+    from there instead of the answer's own list.
 
     Verdicts that could not be parsed, or whose tokens the logprobs do not cover, keep ``confidence``
     None with a note that says why (``missing`` when there are no logprobs at all).
@@ -469,16 +501,19 @@ def with_confidence(
         return unread(f"found {len(offsets)} verdicts in the logprobs for {len(verdicts)} frames")
     terminators = '"' if json_form else ",\n"
     read: list[KeyframeVerdict] = []
-    for verdict, offset in zip(verdicts, offsets, strict=True):
+    for index, (verdict, offset) in enumerate(zip(verdicts, offsets, strict=True)):
         if verdict.problem is not None:
             read.append(replace(verdict, confidence=None, confidence_note="the verdict could not be parsed"))
             continue
-        probabilities = action_probabilities(
-            spans, offset, grammar_masked=grammar_masked, json_form=json_form
-        )
+        if places and index in places:
+            probabilities = _place_probabilities(places[index])
+        else:
+            probabilities = action_probabilities(
+                spans, offset, grammar_masked=grammar_masked, json_form=json_form
+            )
         if probabilities is None:
             note = "no alternative at the verdict's first token" + (
-                "" if grammar_masked else " has a probability above 0 in the engine's raw softmax"
+                "" if grammar_masked else RAW_ZERO
             )
             read.append(replace(verdict, confidence=None, confidence_note=note))
             continue

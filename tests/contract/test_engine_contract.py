@@ -595,6 +595,34 @@ def test_llamacpp_twins_the_grammar_forbids_never_raise_the_confidence_above_the
     assert verdict.confidence <= truth_at_most(listed, verdict.action) + 1e-4
 
 
+@pytest.mark.llamacpp
+def test_llamacpp_reads_the_grammars_distribution_after_its_sampler_chain_only_at_temperature_1(
+    real_llamacpp_url: str,
+) -> None:
+    """What the gateway's verdict-place probe rests on (LlamaCppWire.place_probe): the same request read
+    after the chain reads 1.0 for the greedy token at temperature 0; at temperature 1 with nothing truncated
+    (where the draw without the grammar was forbidden, so it drew again under it) it lists only what the
+    grammar admits, summing to 1: the tiny model's raw softmax gives those tokens 0 in float."""
+    engine = Engine("llamacpp", real_llamacpp_url, "")
+    wire = wire_for("llamacpp")
+    body = compact_request(engine, thinking=False)
+    greedy = {**wire.chat_body(body), "post_sampling_probs": True}
+    greedy.pop("stream", None)
+    first = httpx.post(f"{real_llamacpp_url}/v1/chat/completions", json=greedy, timeout=300).json()
+    entry = first["choices"][0]["logprobs"]["content"][0]
+    assert [(a["token"], a["prob"]) for a in entry["top_probs"]] == [(entry["token"], 1.0)]
+    probe = wire.place_probe(body, "", compact_regex(1))
+    assert probe is not None
+    answer = httpx.post(f"{real_llamacpp_url}/v1/chat/completions", json=probe, timeout=300).json()
+    place = wire.read_place(answer)
+    assert place is not None
+    print("\nllama.cpp verdict place after the chain at temperature 1:", place[:6])
+    assert sum(p for _, p in place) == pytest.approx(1.0, abs=1e-3)
+    assert all(any(admitted_at_the_start(t, a) for a in ACTIONS) for t, _ in place), place
+    with_mass = {a for a in ACTIONS if any(admitted_at_the_start(t, a) and p > 0 for t, p in place)}
+    assert with_mass == set(ACTIONS)
+
+
 def test_the_simulated_llamacpp_lists_twins_that_a_reader_crediting_them_would_read_above_the_truth(
     request: pytest.FixtureRequest, start_sim: SimFactory
 ) -> None:
