@@ -147,3 +147,20 @@ def test_a_thinking_on_request_closed_by_its_reasoning_budget_gets_a_finished_ve
     assert details["reason"] is None, details
     assert details["action"] in ("allow", "review", "block")  # the model's own verdict, parsed
     assert details["completion_tokens"] <= 16 + 12  # the thought, </think>, two line breaks, the verdict
+
+
+def test_a_text_verdict_through_the_hybrid_on_llamacpp_comes_back_with_the_grammars_confidence(
+    real_hybrid_llamacpp_url: str, start_gateway: GatewayFactory
+) -> None:
+    """The tiny hybrid (a recurrent model, text only) through llama-server: thinking off, its verdict's
+    confidence is read from the grammar's distribution at the verdict's first token, never null."""
+    gateway = start_gateway(engine_url=real_hybrid_llamacpp_url)
+    with client_for(gateway.url) as client:
+        response = client.moderations.create(
+            model="modgate-moderation", input="a quiet street at night",
+            extra_headers={"X-Modgate-Thinking": "off"},
+        )
+    details = response.results[0].model_extra["modgate"]
+    print("\nhybrid on llama.cpp:", details["action"], details["confidence"], details["confidence_reason"])
+    assert details["confidence"] is not None, details["confidence_reason"]
+    assert 0 < details["confidence"] <= 1
