@@ -300,6 +300,23 @@ class EngineClient:
             payload = {"error": {"message": response.text[:200]}}
         return response.status_code, payload if isinstance(payload, dict) else {}
 
+    async def verdict_place(
+        self, body: dict[str, Any], before: str, regex: str
+    ) -> tuple[tuple[str, float], ...] | None:
+        """The grammar's distribution at a verdict's first token where the wire can ask for it (its
+        ``place_probe``); None where it cannot or the engine did not answer (the verdict then keeps no
+        confidence: a probe never fails the call)."""
+        wire = await self.wire()
+        probe = wire.place_probe(body, before, regex)
+        if probe is None:
+            return None
+        try:
+            response = await self._http.post("/v1/chat/completions", json=probe, timeout=60.0)
+            payload = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return wire.read_place(payload) if isinstance(payload, dict) else None
+
     async def probe_stream(self, body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
         """:meth:`probe_chat` streamed, answered as (status, the chunks): a streamed answer is where both
         engines put an unfinished thought in its own field (llama.cpp's final answer folds it in content)."""
