@@ -91,7 +91,7 @@ async def open_store(
 ) -> AsyncIterator[RecordStore]:
     """Files in `records`, Redis at `redis_url`, or both (`mirror`: write to both, read the files).
 
-    `redis_url` is read as `modgate serve` reads MODGATE_REDIS_URL (gateway/state.py): redis://, rediss://,
+    `redis_url` is read as `modgate serve` reads MODGATE_REDIS__URL (gateway/state.py): redis://, rediss://,
     unix://, or redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB] (the primary found through Sentinel).
     """
     # A report reads a week's stream in pages: a slower read than a request's is fine, a dead Redis is not.
@@ -163,7 +163,8 @@ def run(
     tenant: Annotated[str, typer.Option(help="Tenant recorded on each verdict.")] = "offline",
     out: Annotated[Path, typer.Option(help="Directory of weekly JSONL record files.")] = DEFAULT_RECORDS,
     redis_url: Annotated[
-        str | None, typer.Option(envvar="MODGATE_REDIS_URL", help="Also append records to this Redis stream.")
+        str | None,
+        typer.Option(envvar="MODGATE_REDIS__URL", help="Also append records to this Redis stream."),
     ] = None,
     labels: Annotated[
         Path | None, typer.Option(help="Human labels CSV: path or frame_sha256, and label or flagged.")
@@ -323,7 +324,7 @@ def report(
         ),
     ] = None,
     redis_url: Annotated[
-        str | None, typer.Option(envvar="MODGATE_REDIS_URL", help="Read records from this Redis stream.")
+        str | None, typer.Option(envvar="MODGATE_REDIS__URL", help="Read records from this Redis stream.")
     ] = None,
     out: Annotated[
         Path, typer.Option(help="Where the HTML, Markdown and JSON reports go.")

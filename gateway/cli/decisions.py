@@ -69,7 +69,7 @@ def export(
     ] = "jsonl",
     out: Annotated[Path | None, typer.Option("--out", help="The file to write (jsonl: else stdout).")] = None,
     redis_url: Annotated[str | None, typer.Option(
-        "--redis-url", envvar="MODGATE_REDIS_URL", help="The gateways' Redis (decisions not archived yet)."
+        "--redis-url", envvar="MODGATE_REDIS__URL", help="The gateways' Redis (decisions not archived yet)."
     )] = None,
     stream: Annotated[str, typer.Option("--stream", envvar="MODGATE_DECISIONS__STREAM")] = (
         "modgate:decisions"
@@ -93,7 +93,7 @@ def _share(value: float | None) -> str:
 def summary(
     since: Annotated[str, typer.Option("--since", help="From this ISO 8601 time on (UTC without a zone).")],
     tenant: Annotated[str | None, typer.Option("--tenant", help="This tenant only.")] = None,
-    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar="MODGATE_REDIS_URL")] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar="MODGATE_REDIS__URL")] = None,
     stream: Annotated[str, typer.Option("--stream", envvar="MODGATE_DECISIONS__STREAM")] = (
         "modgate:decisions"
     ),

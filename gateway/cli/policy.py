@@ -1,6 +1,7 @@
 """``modgate policy show|set|rollback|history|audit``: the thinking policy of a running gateway, over HTTP.
 
-Every command needs the admin token (``--token`` or ``MODGATE_ADMIN_TOKEN``); every change a ``--reason``.
+Every command needs the admin token (``--token`` or ``MODGATE_AUTH__ADMIN_TOKEN``), every change a
+``--reason``.
 ``set`` reads the policy in force, applies the options (and/or a JSON or YAML file of fields) and sends it
 back with the version it was read at, so a flip made meanwhile by someone else is refused (409), not lost.
 """
@@ -30,8 +31,8 @@ policy_app = typer.Typer(help="Show and flip the thinking policy of a running ga
 _SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed", "reason", "version")
 
 Url = Annotated[str, typer.Option("--url", envvar="MODGATE_URL", help="The gateway's base URL.")]
-Token = Annotated[str | None, typer.Option("--token", envvar="MODGATE_ADMIN_TOKEN", show_default=False,
-                                           help="Admin token (default: MODGATE_ADMIN_TOKEN).")]
+Token = Annotated[str | None, typer.Option("--token", envvar="MODGATE_AUTH__ADMIN_TOKEN", show_default=False,
+                                           help="Admin token (default: MODGATE_AUTH__ADMIN_TOKEN).")]
 Operator = Annotated[str | None, typer.Option("--as", show_default=False,
                                               help="Your name in the audit trail (default: your login).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the gateway's JSON instead of tables.")]
@@ -77,7 +78,7 @@ class AdminClient:
 
     def __init__(self, url: str, token: str | None, operator: str | None = None) -> None:
         if not token:
-            _fail("no admin token: pass --token or set MODGATE_ADMIN_TOKEN", code=2)
+            _fail("no admin token: pass --token or set MODGATE_AUTH__ADMIN_TOKEN", code=2)
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"}
         name = operator or _login()
