@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
@@ -54,6 +54,32 @@ def deprecated_env_names() -> dict[str, str]:
     return {f"{PREFIX}{old.upper()}": env_name(*new) for old, new in RENAMED.items()}
 
 
+def _say_deprecated(old_name: str, new_name: str, *, superseded: bool) -> None:
+    """One deprecation warning for an old name read: a ``DeprecationWarning`` and the same line in the log."""
+    winner = f"; {new_name} is set too and wins" if superseded else ""
+    message = f"{old_name} is deprecated: use {new_name}{winner} (docs/settings.md)"
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    log.warning(message)
+
+
+def option_envvars(new_name: str) -> list[str]:
+    """A command-line option's environment names: the setting's, then the deprecated one it replaced."""
+    return [new_name, *(old for old, new in deprecated_env_names().items() if new == new_name)]
+
+
+def warn_if_read_by_old_name(new_name: str) -> Callable[[str | None], str | None]:
+    """A command-line option's callback: one deprecation warning when its value came from the old name."""
+    old_names = option_envvars(new_name)[1:]
+
+    def check(value: str | None) -> str | None:
+        for old_name in old_names:
+            if new_name not in os.environ and value is not None and os.environ.get(old_name) == value:
+                _say_deprecated(old_name, new_name, superseded=False)
+        return value
+
+    return check
+
+
 def nest_renamed(data: Mapping[str, Any]) -> dict[str, Any]:
     """``{"engine_url": u}`` as ``{"engine": {"url": u}}``, merged into what the group already holds."""
     nested = dict(data)
@@ -92,10 +118,7 @@ class RenamedEnvSource(PydanticBaseSettingsSource):
             old_name, new_name = f"{PREFIX}{old.upper()}", env_name(group, field)
             if old_name not in environ:
                 continue
-            winner = f"; {new_name} is set too and wins" if new_name in environ else ""
-            message = f"{old_name} is deprecated: use {new_name}{winner} (docs/settings.md)"
-            warnings.warn(message, DeprecationWarning, stacklevel=2)
-            log.warning(message)
+            _say_deprecated(old_name, new_name, superseded=new_name in environ)
             found.setdefault(group, {})[field] = environ[old_name]
         return found
 

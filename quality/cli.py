@@ -26,6 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
 from gateway.state import RedisUrlError, check_redis_url, open_redis
 from quality.records import (
     JsonlRecordStore,
@@ -57,6 +58,7 @@ __all__ = ["quality_app"]
 
 DEFAULT_RECORDS = Path("var/quality/records")
 DEFAULT_REPORTS = Path("var/quality/reports")
+REDIS_URL = "MODGATE_REDIS__URL"
 
 quality_app = typer.Typer(
     help="Measure what turning thinking off costs in verdicts: offline A/B runs and weekly reports.",
@@ -164,7 +166,8 @@ def run(
     out: Annotated[Path, typer.Option(help="Directory of weekly JSONL record files.")] = DEFAULT_RECORDS,
     redis_url: Annotated[
         str | None,
-        typer.Option(envvar="MODGATE_REDIS__URL", help="Also append records to this Redis stream."),
+        typer.Option(envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL),
+                     help="Also append records to this Redis stream."),
     ] = None,
     labels: Annotated[
         Path | None, typer.Option(help="Human labels CSV: path or frame_sha256, and label or flagged.")
@@ -324,7 +327,9 @@ def report(
         ),
     ] = None,
     redis_url: Annotated[
-        str | None, typer.Option(envvar="MODGATE_REDIS__URL", help="Read records from this Redis stream.")
+        str | None,
+        typer.Option(envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL),
+                     help="Read records from this Redis stream."),
     ] = None,
     out: Annotated[
         Path, typer.Option(help="Where the HTML, Markdown and JSON reports go.")

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gateway.policy.rules import MODES, AuditEntry, ThinkingPolicy, policy_changes
+from gateway.renamed_settings import env_name, option_envvars, warn_if_read_by_old_name
 
 policy_app = typer.Typer(help="Show and flip the thinking policy of a running gateway (admin token).",
                          no_args_is_help=True)
@@ -31,8 +32,10 @@ policy_app = typer.Typer(help="Show and flip the thinking policy of a running ga
 _SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed", "reason", "version")
 
 Url = Annotated[str, typer.Option("--url", envvar="MODGATE_URL", help="The gateway's base URL.")]
-Token = Annotated[str | None, typer.Option("--token", envvar="MODGATE_AUTH__ADMIN_TOKEN", show_default=False,
-                                           help="Admin token (default: MODGATE_AUTH__ADMIN_TOKEN).")]
+ADMIN = env_name("auth", "admin_token")  # MODGATE_AUTH__ADMIN_TOKEN
+Token = Annotated[str | None, typer.Option("--token", envvar=option_envvars(ADMIN), show_default=False,
+                                           callback=warn_if_read_by_old_name(ADMIN),
+                                           help=f"Admin token (default: {ADMIN}).")]
 Operator = Annotated[str | None, typer.Option("--as", show_default=False,
                                               help="Your name in the audit trail (default: your login).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the gateway's JSON instead of tables.")]

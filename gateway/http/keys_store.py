@@ -21,6 +21,7 @@ import typer
 from redis.exceptions import RedisError
 
 from gateway.errors import StateUnavailable
+from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
 from gateway.state import open_redis
 
 API_KEYS_HASH: Final = "modgate:api_keys"
@@ -107,10 +108,12 @@ keys_app = typer.Typer(
     no_args_is_help=True,
 )
 
+REDIS_URL = "MODGATE_REDIS__URL"
 RedisUrl = Annotated[
     str | None,
-    typer.Option("--redis-url", envvar="MODGATE_REDIS__URL", show_default=False,
-                 help="The gateway's Redis (default: MODGATE_REDIS__URL)."),
+    typer.Option("--redis-url", envvar=option_envvars(REDIS_URL), show_default=False,
+                 callback=warn_if_read_by_old_name(REDIS_URL),
+                 help=f"The gateway's Redis (default: {REDIS_URL})."),
 ]
 
 

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+from typer.testing import CliRunner
 
 from bench.servers import free_port, wait_until_ready
 from deploy.check.model import gateway_setting
+from gateway.cli.main import app as cli
 from gateway.renamed_settings import RENAMED, deprecated_env_names
 from gateway.settings import Settings
 
@@ -40,13 +42,11 @@ SAMPLES: dict[str, tuple[str, dict[str, str]]] = {
 
 
 @pytest.fixture(autouse=True)
-def _no_gateway_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test sets the MODGATE_* names it reads; none leaks in from the machine or another test."""
-    import os
-
-    for name in list(os.environ):
-        if name.upper().startswith("MODGATE_") and name.upper() != "MODGATE_ENGINE__STARTUP_CHECK":
-            monkeypatch.delenv(name)
+def _no_moved_setting_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sets the names of the moved settings it reads; none leaks in from the machine."""
+    for old, new in deprecated_env_names().items():
+        monkeypatch.delenv(old, raising=False)
+        monkeypatch.delenv(new, raising=False)
 
 
 def _read(monkeypatch: pytest.MonkeyPatch, environment: dict[str, str]) -> Settings:
@@ -122,6 +122,16 @@ def test_deploy_check_reads_a_gateway_setting_under_either_name() -> None:
     both = {"MODGATE_MAX_INFLIGHT": "4", "MODGATE_ENGINE__MAX_INFLIGHT": "6"}
     assert gateway_setting(both, "MODGATE_ENGINE__MAX_INFLIGHT") == "6"
     assert gateway_setting({}, "MODGATE_ENGINE__MAX_INFLIGHT") is None
+
+
+def test_a_command_reads_its_option_from_the_old_name_with_a_warning(redis_url: str) -> None:
+    old = {"MODGATE_REDIS_URL": redis_url}
+    with pytest.warns(DeprecationWarning, match="MODGATE_REDIS_URL is deprecated: use MODGATE_REDIS__URL"):
+        added = CliRunner().invoke(cli, ["keys", "add", "--tenant", "acme"], env=old)
+    assert added.exit_code == 0, added.output
+    listed = CliRunner().invoke(cli, ["keys", "list"], env={"MODGATE_REDIS__URL": redis_url})
+    assert listed.exit_code == 0, listed.output
+    assert "acme" in listed.stdout
 
 
 def test_modgate_serve_still_starts_on_old_names(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ Who may use it: a browser signs in with the admin token and gets a signed sessio
 SameSite=Strict, Secure unless configured off; see gateway/http/console/sessions.py); scripts may send
 ``Authorization: Bearer <MODGATE_AUTH__ADMIN_TOKEN>`` instead. Forms posted with the cookie carry a
 per-session CSRF token, checked here; a request authorised by the header needs none, because browsers never
-attach that header on their own. A flip goes through the same policy store call as ``PUT
-/admin/thinking-policy``, with the reason and the signed-in operator as the actor, and the version the page
-showed (409 if another flip came first).
+attach that header on their own. A flip goes through the same policy store call as
+``PUT /admin/thinking-policy``, with the reason and the signed-in operator as the actor, and the version the
+page showed (409 if another flip came first).
 """
 
 from __future__ import annotations
