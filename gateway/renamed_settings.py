@@ -15,9 +15,9 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 if TYPE_CHECKING:
     from gateway.settings import AuthSettings, EngineSettings, RedisSettings, ServerSettings
@@ -124,13 +124,42 @@ class RenamedEnvSource(PydanticBaseSettingsSource):
 
 
 class RenamedAttributes:
-    """The old flat attribute names of ``Settings``, read-only, for code written before the groups."""
+    """What ``Settings`` keeps of the names before the groups: the old environment names (read below the new
+    ones), keywords, methods and read-only attributes."""
 
     if TYPE_CHECKING:
         server: ServerSettings
         engine: EngineSettings
         redis: RedisSettings
         auth: AuthSettings
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The old flat names right below the new ones: the new name wins where both are set."""
+        renamed = RenamedEnvSource(settings_cls)
+        return init_settings, env_settings, renamed, dotenv_settings, file_secret_settings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keywords(cls, data: object) -> object:
+        """``Settings(engine_url=...)`` as ``Settings(engine={"url": ...})``: the old keywords still work."""
+        return nest_renamed(data) if isinstance(data, Mapping) else data
+
+    def engine_urls(self) -> list[str]:
+        """The configured engines, in order (empty: the built-in simulated engine)."""
+        return self.engine.urls()
+
+    def engine_cap_map(self) -> dict[str, int]:
+        """Caps set in MODGATE_ENGINE__CAPS, by engine URL."""
+        return self.engine.cap_map()
+
+    def engine_cap(self, url: str) -> int:
+        """An engine's in-flight cap: its MODGATE_ENGINE__CAPS entry, else MODGATE_ENGINE__MAX_INFLIGHT."""
+        return self.engine.cap_map().get(url, self.engine.max_inflight)
 
     @property
     def host(self) -> str:

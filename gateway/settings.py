@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from gateway.renamed_settings import RenamedAttributes, RenamedEnvSource, nest_renamed, nest_renamed_update
+from gateway.renamed_settings import RenamedAttributes, nest_renamed_update
 from shaping.bpe import Family
 from shaping.tokens import TokenGrid, smallest_honoured_budget
 from shaping.verdict import ACTIONS
@@ -553,23 +553,6 @@ class Settings(RenamedAttributes, BaseSettings):
     review: ReviewSettings = ReviewSettings()
     decisions: DecisionSettings = DecisionSettings()
 
-
-    @classmethod
-    def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """The old flat names (gateway/renamed_settings.py) right below the new ones: the new name wins."""
-        renamed = RenamedEnvSource(settings_cls)
-        return init_settings, env_settings, renamed, dotenv_settings, file_secret_settings
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_keywords(cls, data: object) -> object:
-        """``Settings(engine_url=...)`` as ``Settings(engine={"url": ...})``: the old keywords still work."""
-        return nest_renamed(data) if isinstance(data, Mapping) else data
-
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied; an old flat name (``engine_url``) updates its group's field."""
         return super().model_copy(update=update and nest_renamed_update(self, update), deep=deep)
@@ -579,18 +562,6 @@ class Settings(RenamedAttributes, BaseSettings):
         if self.auth.api_keys_from_redis and not self.redis.url:
             raise ValueError("MODGATE_AUTH__API_KEYS_FROM_REDIS needs MODGATE_REDIS__URL")
         return self
-
-    def engine_urls(self) -> list[str]:
-        """The configured engines, in order (empty: the built-in simulated engine)."""
-        return self.engine.urls()
-
-    def engine_cap_map(self) -> dict[str, int]:
-        """Caps set in MODGATE_ENGINE__CAPS, by engine URL."""
-        return self.engine.cap_map()
-
-    def engine_cap(self, url: str) -> int:
-        """An engine's in-flight cap: its MODGATE_ENGINE__CAPS entry, else MODGATE_ENGINE__MAX_INFLIGHT."""
-        return self.engine.cap_map().get(url, self.engine.max_inflight)
 
     def tenant_keys(self) -> dict[str, str]:
         """The configured API keys, mapped to their tenant."""
