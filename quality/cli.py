@@ -26,6 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
 from gateway.state import RedisUrlError, check_redis_url, open_redis
 from quality.records import (
     JsonlRecordStore,
@@ -58,6 +59,7 @@ __all__ = ["quality_app"]
 
 DEFAULT_RECORDS = Path("var/quality/records")
 DEFAULT_REPORTS = Path("var/quality/reports")
+REDIS_URL = "MODGATE_REDIS__URL"
 
 quality_app = typer.Typer(
     help="Measure what turning thinking off costs in verdicts: offline A/B runs and weekly reports.",
@@ -92,7 +94,7 @@ async def open_store(
 ) -> AsyncIterator[RecordStore]:
     """Files in `records`, Redis at `redis_url`, or both (`mirror`: write to both, read the files).
 
-    `redis_url` is read as `modgate serve` reads MODGATE_REDIS_URL (gateway/state.py): redis://, rediss://,
+    `redis_url` is read as `modgate serve` reads MODGATE_REDIS__URL (gateway/state.py): redis://, rediss://,
     unix://, or redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB] (the primary found through Sentinel).
     """
     # A report reads a week's stream in pages: a slower read than a request's is fine, a dead Redis is not.
@@ -164,7 +166,9 @@ def run(
     tenant: Annotated[str, typer.Option(help="Tenant recorded on each verdict.")] = "offline",
     out: Annotated[Path, typer.Option(help="Directory of weekly JSONL record files.")] = DEFAULT_RECORDS,
     redis_url: Annotated[
-        str | None, typer.Option(envvar="MODGATE_REDIS_URL", help="Also append records to this Redis stream.")
+        str | None,
+        typer.Option(envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL),
+                     help="Also append records to this Redis stream."),
     ] = None,
     labels: Annotated[
         Path | None, typer.Option(help="Human labels CSV: path or frame_sha256, and label or flagged.")
@@ -336,7 +340,9 @@ def report(
         ),
     ] = None,
     redis_url: Annotated[
-        str | None, typer.Option(envvar="MODGATE_REDIS_URL", help="Read records from this Redis stream.")
+        str | None,
+        typer.Option(envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL),
+                     help="Read records from this Redis stream."),
     ] = None,
     out: Annotated[
         Path, typer.Option(help="Where the HTML, Markdown and JSON reports go.")

@@ -14,7 +14,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
 from quality.decisions import DECISION_SCHEMA, DecisionRow, tenant_decisions
+
+REDIS_URL = "MODGATE_REDIS__URL"
 
 decisions_app = typer.Typer(help="The decision log: every verdict answered, for an auditor.",
                             no_args_is_help=True)
@@ -69,7 +72,8 @@ def export(
     ] = "jsonl",
     out: Annotated[Path | None, typer.Option("--out", help="The file to write (jsonl: else stdout).")] = None,
     redis_url: Annotated[str | None, typer.Option(
-        "--redis-url", envvar="MODGATE_REDIS_URL", help="The gateways' Redis (decisions not archived yet)."
+        "--redis-url", envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL),
+        help="The gateways' Redis (decisions not archived yet).",
     )] = None,
     stream: Annotated[str, typer.Option("--stream", envvar="MODGATE_DECISIONS__STREAM")] = (
         "modgate:decisions"
@@ -93,7 +97,9 @@ def _share(value: float | None) -> str:
 def summary(
     since: Annotated[str, typer.Option("--since", help="From this ISO 8601 time on (UTC without a zone).")],
     tenant: Annotated[str | None, typer.Option("--tenant", help="This tenant only.")] = None,
-    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar="MODGATE_REDIS_URL")] = None,
+    redis_url: Annotated[str | None, typer.Option(
+        "--redis-url", envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL)
+    )] = None,
     stream: Annotated[str, typer.Option("--stream", envvar="MODGATE_DECISIONS__STREAM")] = (
         "modgate:decisions"
     ),

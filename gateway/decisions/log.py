@@ -65,7 +65,7 @@ def _archive_files(settings: DecisionSettings, rows: list[DecisionRow], now: flo
 
 
 class MemoryDecisionLog:
-    """This process's decisions (``MODGATE_REDIS_URL`` unset): lost on restart until archived."""
+    """This process's decisions (``MODGATE_REDIS__URL`` unset): lost on restart until archived."""
 
     def __init__(self, settings: DecisionSettings, unlogged: Counter | None = None) -> None:
         self.settings = settings

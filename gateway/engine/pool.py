@@ -85,7 +85,7 @@ class EngineSlot:
     peak_inflight: int = 0
     failovers: int = 0  # calls moved away from this engine because it could not take them
     busy_answers: int = 0  # calls it answered "busy" (its own queue full, no slot free): back-pressure
-    cap_configured: bool = False  # set in MODGATE_ENGINE_CAPS: its own slot count does not replace it
+    cap_configured: bool = False  # set in MODGATE_ENGINE__CAPS: its own slot count does not replace it
     _outcomes: deque[bool] = field(default_factory=lambda: deque(maxlen=20))  # True: the engine failed
     default_cap: int = field(init=False)  # the cap it was given: what it returns to if it names no slots
 
@@ -378,7 +378,7 @@ class EnginePool:
         """Size the shared queue to what the engines can take now; refuse waiters when no engine would.
 
         An engine that says how many slots it has (llama.cpp's ``--parallel``, in ``/props``) is capped at
-        them unless MODGATE_ENGINE_CAPS sets its cap: more would only queue inside llama-server, where no
+        them unless MODGATE_ENGINE__CAPS sets its cap: more would only queue inside llama-server, where no
         priority or tenant share holds.
         """
         for engine in self.engines:

@@ -48,7 +48,8 @@ def create_app(
     keys = KeyRing(settings.tenant_keys(), settings.admin_token, keys_in_store=settings.api_keys_from_redis)
     if keys.open:
         log.warning(
-            "MODGATE_API_KEYS is unset: business calls need NO API key. Set it before exposing the gateway."
+            "MODGATE_AUTH__API_KEYS is unset: business calls need NO API key. Set it before exposing the "
+            "gateway."
         )
 
     @asynccontextmanager

@@ -323,7 +323,7 @@ async def open_services(
         engine_urls = settings.engine_urls()
     else:
         raise MissingEngine(
-            "no engine to call: set MODGATE_ENGINE_URL (`modgate serve` starts the built-in simulated "
+            "no engine to call: set MODGATE_ENGINE__URL (`modgate serve` starts the built-in simulated "
             "engine when it is unset)"
         )
     # Every resource is registered on the stack as soon as it exists: a failure half-way closes what was

@@ -265,7 +265,7 @@ def test_the_console_is_off_without_an_admin_token(
     gateway = start_gateway(engine_url=sim.url, admin_token=None)
     page = httpx.get(f"{gateway.url}/console")
     assert page.status_code == 403
-    assert "MODGATE_ADMIN_TOKEN" in page.text
+    assert "MODGATE_AUTH__ADMIN_TOKEN" in page.text
     assert sign_in(gateway).status_code == 403
 
 

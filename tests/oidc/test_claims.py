@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.console_settings import OidcSettings
 from gateway.http.console.oidc import OidcSignIn, SignInFailed
-from gateway.settings import OidcSettings
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import RSAKey
 
+from gateway.console_settings import OidcSettings
 from gateway.http.console.oidc import OidcSignIn, SignInFailed
-from gateway.settings import OidcSettings
 from tests.oidc.support import PUBLIC_CLIENT, SCOPES, OidcProvider, through_provider
 
 REDIRECT_BASE = "http://127.0.0.1:9"  # never served: the test takes the code from the provider's redirect

@@ -43,9 +43,9 @@ from joserfc import jwt
 from joserfc.errors import InvalidKeyIdError, JoseError
 from joserfc.jwk import KeySet
 
+from gateway.console_settings import OidcSettings
 from gateway.http.auth import OPERATOR_NAME
 from gateway.http.console.sessions import Role
-from gateway.settings import OidcSettings
 
 log = logging.getLogger("modgate.console")
 

@@ -7,11 +7,11 @@ build step, nothing fetched from elsewhere (the Content-Security-Policy says so 
 
 Who may use it: a browser signs in with the admin token and gets a signed session cookie (HttpOnly,
 SameSite=Strict, Secure unless configured off; see gateway/http/console/sessions.py); scripts may send
-``Authorization: Bearer <MODGATE_ADMIN_TOKEN>`` instead. Forms posted with the cookie carry a per-session
-CSRF token, checked here; a request authorised by the header needs none, because browsers never attach
-that header on their own. A flip goes through the same policy store call as ``PUT /admin/thinking-policy``,
-with the reason and the signed-in operator as the actor, and the version the page showed (409 if another
-flip came first).
+``Authorization: Bearer <MODGATE_AUTH__ADMIN_TOKEN>`` instead. Forms posted with the cookie carry a
+per-session CSRF token, checked here; a request authorised by the header needs none, because browsers never
+attach that header on their own. A flip goes through the same policy store call as
+``PUT /admin/thinking-policy``, with the reason and the signed-in operator as the actor, and the version the
+page showed (409 if another flip came first).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ class _Operator:
 
 
 def _signer(services: Services) -> SessionSigner | None:
-    """The session signer, or None while admin calls are disabled (no MODGATE_ADMIN_TOKEN)."""
+    """The session signer, or None while admin calls are disabled (no MODGATE_AUTH__ADMIN_TOKEN)."""
     return session_signer(services)
 
 
@@ -190,7 +190,9 @@ def _operator(person: NamedDependency[_Operator | None]) -> _Operator | None:
 def _signed_in(operator: NamedDependency[_Operator | None]) -> _Operator:
     """The operator, or 401 for a stranger (the routes a script polls: no sign-in page)."""
     if operator is None:
-        raise Unauthorized("sign in to the console (or send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>')")
+        raise Unauthorized(
+            "sign in to the console (or send 'Authorization: Bearer <MODGATE_AUTH__ADMIN_TOKEN>')"
+        )
     return operator
 
 
@@ -475,7 +477,8 @@ async def console_sign_out_everywhere(
 ) -> Response[Any]:
     """End every console session issued until now, on every replica (a lost laptop, a departing operator).
 
-    From the page (session and CSRF token) or a script (``Authorization: Bearer <MODGATE_ADMIN_TOKEN>``).
+    From the page (session and CSRF token) or a script
+    (``Authorization: Bearer <MODGATE_AUTH__ADMIN_TOKEN>``).
     """
     if operator is None:
         return _sign_in_page(services, 401, "Sign in to sign everyone out.")

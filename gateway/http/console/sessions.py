@@ -2,8 +2,8 @@
 weekly quality report's headline.
 
 Sessions: the cookie holds a signed statement ("alice signed in with admin token 1a2b3c4d at T, valid until
-T+ttl"), never the token. The signing key is derived from ``MODGATE_ADMIN_TOKEN`` (HMAC with a fixed label)
-and the statement names the token's digest, so every replica that shares the token accepts the same
+T+ttl"), never the token. The signing key is derived from ``MODGATE_AUTH__ADMIN_TOKEN`` (HMAC with a fixed
+label) and the statement names the token's digest, so every replica that shares the token accepts the same
 sessions, and rotating the token signs every console user out. Signing out (one session, or everywhere) is
 remembered on the server: gateway/http/console/guard.py. The CSRF token is an HMAC of the session id under a
 second derived key: the server recomputes it, nothing is stored.
