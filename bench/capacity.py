@@ -333,7 +333,7 @@ async def set_reasoning_cap(http: httpx.AsyncClient, budget: int) -> None:
 @contextlib.contextmanager
 def stack_for(config: Configuration, time_scale: float) -> Iterator[str]:
     """A fresh Spark simulator and a gateway in front of it, configured; yields the gateway's URL."""
-    env = {"MODGATE_ADMIN_TOKEN": ADMIN_TOKEN, **config.settings}
+    env = {"MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN, **config.settings}
     sim_args = [] if config.separation is None else ["--separation", str(config.separation)]
     with simulator("spark", time_scale, *sim_args) as engine_url, gateway(engine_url, **env) as gateway_url:
         yield gateway_url

@@ -117,7 +117,7 @@ class Replica:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli.main", "serve", "--host", "127.0.0.1",
                  "--port", str(self.port)],
-                env={**os.environ, "MODGATE_LOG_LEVEL": "warning", **self.env},
+                env={**os.environ, "MODGATE_SERVER__LOG_LEVEL": "warning", **self.env},
                 stdout=log, stderr=subprocess.STDOUT,
             )
 
@@ -301,7 +301,7 @@ sentinel parallel-syncs {service} 1
 @dataclass
 class SentinelFleet:
     """A Redis primary, ``replicas`` replicas of it and ``sentinels`` sentinels (``redis-server --sentinel``),
-    each a real process on a loopback port of its own; ``url`` is what ``MODGATE_REDIS_URL`` takes."""
+    each a real process on a loopback port of its own; ``url`` is what ``MODGATE_REDIS__URL`` takes."""
 
     directory: Path
     service: str = "modgate"

@@ -151,10 +151,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="modgate-dashboard-") as tmp, private_redis() as redis_url, \
             simulator("spark", args.time_scale) as engine:
         env = {
-            "MODGATE_REDIS_URL": redis_url,
-            "MODGATE_ADMIN_TOKEN": ADMIN,
-            "MODGATE_API_KEYS": ",".join(f"{key}:{tenant}" for key, tenant in TENANTS.items()),
-            "MODGATE_MAX_INFLIGHT": "4",
+            "MODGATE_REDIS__URL": redis_url,
+            "MODGATE_AUTH__ADMIN_TOKEN": ADMIN,
+            "MODGATE_AUTH__API_KEYS": ",".join(f"{key}:{tenant}" for key, tenant in TENANTS.items()),
+            "MODGATE_ENGINE__MAX_INFLIGHT": "4",
             "MODGATE_ADMISSION__QUEUE_SIZE": "6",
             "MODGATE_TENANTS__KEYFRAMES_PER_MINUTE": "globex=40",
             "MODGATE_TELEMETRY__WINDOW_S": "60",

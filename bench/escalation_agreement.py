@@ -278,7 +278,7 @@ def print_capacity(measured: Sequence[float]) -> None:
 
 
 async def _run(args: argparse.Namespace, separation: float) -> list[FrameOutcome]:
-    env = {"MODGATE_ADMIN_TOKEN": ADMIN_TOKEN, "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0"}
+    env = {"MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN, "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0"}
     with simulator("spark", 0.0, "--separation", str(separation)) as engine_url, \
             gateway(engine_url, **env) as gateway_url:
         async with httpx.AsyncClient(base_url=gateway_url, timeout=120) as http:

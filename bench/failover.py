@@ -3,7 +3,7 @@
 Real parts, each in a process of its own: a Redis primary, two replicas and three sentinels
 (``redis-server --sentinel``, ``down-after-milliseconds`` 1000), the engine simulator (Spark preset,
 ``--max-num-seqs`` 64, so its ``running + waiting`` is the requests the gateways have at it), and two
-gateways on ``MODGATE_REDIS_URL=redis+sentinel://…`` with ``MODGATE_JOBS__WAIT_REPLICAS`` 1. While callers
+gateways on ``MODGATE_REDIS__URL=redis+sentinel://…`` with ``MODGATE_JOBS__WAIT_REPLICAS`` 1. While callers
 (the official ``openai`` client, no retries), a job submitter (retrying a refused submission with its
 Idempotency-Key) and a policy flipper (alternating the two gateways) run, the primary gets SIGKILL. No
 verdict is reused (``MODGATE_SHAPING__VERDICT_CACHE_TTL_S`` 0), so every request takes an engine slot.
@@ -228,9 +228,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         fleet = SentinelFleet(directory / "redis", replicas=2).start()
         with running(fleet), simulator("spark", args.time_scale, "--max-num-seqs", "64") as engine_url:
             env = {
-                "MODGATE_ENGINE_URL": engine_url, "MODGATE_REDIS_URL": fleet.url,
-                "MODGATE_API_KEYS": f"{API_KEY}:failover", "MODGATE_ADMIN_TOKEN": ADMIN_TOKEN,
-                "MODGATE_MAX_INFLIGHT": str(CAP), "MODGATE_JOBS__WAIT_REPLICAS": "1",
+                "MODGATE_ENGINE__URL": engine_url, "MODGATE_REDIS__URL": fleet.url,
+                "MODGATE_AUTH__API_KEYS": f"{API_KEY}:failover", "MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN,
+                "MODGATE_ENGINE__MAX_INFLIGHT": str(CAP), "MODGATE_JOBS__WAIT_REPLICAS": "1",
                 "MODGATE_ADMISSION__QUEUE_TIMEOUT_S": "120",
                 # No verdict reused: every request takes an engine slot, so the cap after the switch is
                 # exercised (with reuse on, the 24 frames are all stored within seconds and no lease is

@@ -171,12 +171,12 @@ async def measure(url: str | tuple[str, str], fairness: str, args: argparse.Name
 
 def _env(fairness: str) -> dict[str, str]:
     return {
-        "MODGATE_API_KEYS": f"{KEYS['flood']}:tenant-a,{KEYS['quiet']}:tenant-b",
+        "MODGATE_AUTH__API_KEYS": f"{KEYS['flood']}:tenant-a,{KEYS['quiet']}:tenant-b",
         "MODGATE_ADMISSION__FAIRNESS": fairness,
         "MODGATE_ADMISSION__QUEUE_SIZE": "1024",
         "MODGATE_ADMISSION__QUEUE_TIMEOUT_S": "3600",
         "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",  # every keyframe goes to the engine
-        "MODGATE_MAX_INFLIGHT": str(MAX_INFLIGHT),
+        "MODGATE_ENGINE__MAX_INFLIGHT": str(MAX_INFLIGHT),
     }
 
 
@@ -196,8 +196,8 @@ def replicated_stack(fair_share: bool, time_scale: float) -> Iterator[tuple[str,
     env = {**_env("tenant"), "MODGATE_LEASES__FAIR_SHARE": "true" if fair_share else "false"}
     with tempfile.TemporaryDirectory(prefix="modgate-fairness-") as tmp, \
             running(store := RedisProcess(Path(tmp)).start()), simulator("spark", time_scale) as engine_url, \
-            gateway(engine_url, MODGATE_REDIS_URL=store.url, **env) as a, \
-            gateway(engine_url, MODGATE_REDIS_URL=store.url, **env) as b:
+            gateway(engine_url, MODGATE_REDIS__URL=store.url, **env) as a, \
+            gateway(engine_url, MODGATE_REDIS__URL=store.url, **env) as b:
         yield a, b
 
 

@@ -372,7 +372,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             urls[name], pids[name] = stack.enter_context(gateway_process(engine_url, **environment))
         cheap = {**gateway_environment("cheapest", callers["cheapest"], "", ""), **extra_env}
         for workers in args.workers:  # modgate with N uvicorn worker processes (state in Redis)
-            scaled_env = {**cheap, "MODGATE_WORKERS": str(workers), "MODGATE_REDIS_URL": args.redis_url}
+            scaled_env = {**cheap, "MODGATE_WORKERS": str(workers), "MODGATE_REDIS__URL": args.redis_url}
             urls[f"modgate:workers-{workers}"] = stack.enter_context(gateway(engine_url, **scaled_env))
         for label, *settings in args.variant:  # modgate again, with other settings, as arms of their own
             variant_env = {**cheap, **dict(item.split("=", 1) for item in settings)}

@@ -45,7 +45,7 @@ class Callers:
         return cls(keys[0], keys[1:])
 
     def api_keys(self, path: str) -> str:
-        """``MODGATE_API_KEYS``: each key its own tenant, named afresh each run (verdicts are scoped by
+        """``MODGATE_AUTH__API_KEYS``: each key its own tenant, named afresh each run (verdicts are scoped by
         tenant, so a Redis that kept an earlier run's verdicts has none for these)."""
         run = secrets.token_hex(4)
         keys = [self.capture, *self.tenants]
@@ -158,10 +158,10 @@ def shaping_floor(times: list[float], shaped: dict[str, Any]) -> dict[str, Any]:
 def gateway_environment(path: str, callers: Callers, redis_url: str, otlp_url: str) -> dict[str, str]:
     """modgate as benchmarked on ``path``: production defaults (the in-flight cap of 8 included) and API keys;
     the cheapest path without the verdict cache, the production one with Redis and OTLP export."""
-    environment = {"MODGATE_API_KEYS": callers.api_keys(path)}
+    environment = {"MODGATE_AUTH__API_KEYS": callers.api_keys(path)}
     if path == "cheapest":
         return {**environment, "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0"}
-    return {**environment, "MODGATE_REDIS_URL": redis_url, "MODGATE_TELEMETRY__OTLP_ENDPOINT": otlp_url}
+    return {**environment, "MODGATE_REDIS__URL": redis_url, "MODGATE_TELEMETRY__OTLP_ENDPOINT": otlp_url}
 
 
 async def capture(http: httpx.AsyncClient, gateway_url: str, engine_url: str, key: str,

@@ -36,7 +36,7 @@ from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
-from gateway.settings import Settings, ShapingSettings
+from gateway.settings import EngineSettings, Settings, ShapingSettings
 from shaping.prefix_strategy import PrefixStrategySetting
 
 STRATEGIES: tuple[tuple[str, PrefixStrategySetting, int | None], ...] = (
@@ -113,7 +113,7 @@ def run_row(row: Row, engine_url: str, strategy: PrefixStrategySetting, count: i
     shaping = ShapingSettings(
         prefix_strategy=strategy, verdict_cache_ttl_s=0.0, prefix_reprime_interval_s=0.0
     )
-    settings = Settings(engine_url=engine_url, shaping=shaping)
+    settings = Settings(engine=EngineSettings(url=engine_url), shaping=shaping)
     gateway = ThreadedServer(create_app(settings)).start(timeout_s=900)
     try:
         for payload in _payloads(count, row.strategy + row.engine, images):

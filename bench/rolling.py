@@ -3,7 +3,7 @@
 Real parts, each in a process of its own: a private ``redis-server``, the engine simulator (Spark preset,
 ``--max-num-seqs`` 64 so that it would run more than 8 at once if it were sent more: its ``peak_requests``
 is then the most requests the gateways had at the engine together), ``--replicas`` gateways sharing the
-Redis (cap 8 held across them by the leases, ``MODGATE_DRAIN_S`` 3), and Debian's HAProxy in front,
+Redis (cap 8 held across them by the leases, ``MODGATE_SERVER__DRAIN_S`` 3), and Debian's HAProxy in front,
 health-checking ``/readyz`` every 250 ms (two failed checks take a replica out). Steady traffic goes through
 HAProxy: ``--clients`` callers with the
 official ``openai`` client (``max_retries=0``: a failure is counted, never retried away) and one job every
@@ -135,11 +135,11 @@ def fleet(
     store = RedisProcess(directory / "redis").start()
     with running(store), simulator("spark", time_scale, "--max-num-seqs", "64") as engine_url:
         env = {
-            "MODGATE_ENGINE_URL": engine_url,
-            "MODGATE_REDIS_URL": store.url,
-            "MODGATE_API_KEYS": f"{API_KEY}:rolling",
-            "MODGATE_MAX_INFLIGHT": str(CAP),
-            "MODGATE_DRAIN_S": "3",  # HAProxy takes a 503 out within 0.5 s: well before the drain ends
+            "MODGATE_ENGINE__URL": engine_url,
+            "MODGATE_REDIS__URL": store.url,
+            "MODGATE_AUTH__API_KEYS": f"{API_KEY}:rolling",
+            "MODGATE_ENGINE__MAX_INFLIGHT": str(CAP),
+            "MODGATE_SERVER__DRAIN_S": "3",  # HAProxy takes a 503 out within 0.5 s, well before the drain
             "MODGATE_JOBS__STOP_GRACE_S": "5",
             "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",  # every keyframe goes to the engine
             "MODGATE_ADMISSION__QUEUE_TIMEOUT_S": "120",

@@ -105,7 +105,7 @@ def gateway_process(engine_url: str, **env: str) -> Iterator[tuple[str, int]]:
     with process(
         args,
         f"{url}/readyz",
-        {"MODGATE_ENGINE_URL": engine_url, "MODGATE_LOG_LEVEL": "warning", **env},
+        {"MODGATE_ENGINE__URL": engine_url, "MODGATE_SERVER__LOG_LEVEL": "warning", **env},
         ready_timeout_s=180 * max(1, int(env.get("MODGATE_WORKERS", "1"))),
     ) as pid:
         yield url, pid

@@ -278,9 +278,9 @@ def soak_stack(args: argparse.Namespace, log_dir: Path, webhook_url: str) -> Ite
                 time.sleep(0.1)
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         gateway_env = {
-            "MODGATE_ENGINE_URL": sim_url,
-            "MODGATE_REDIS_URL": redis_url,
-            "MODGATE_LOG_LEVEL": "warning",
+            "MODGATE_ENGINE__URL": sim_url,
+            "MODGATE_REDIS__URL": redis_url,
+            "MODGATE_SERVER__LOG_LEVEL": "warning",
             "MODGATE_ENGINE__FIRST_TOKEN_TIMEOUT_S": str(args.first_token_timeout_s),
             "MODGATE_ADMISSION__QUEUE_SIZE": str(args.queue_size),
             "MODGATE_ADMISSION__QUEUE_TIMEOUT_S": "10",

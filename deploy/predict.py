@@ -17,6 +17,7 @@ from typing import Any
 
 from deploy.check import DEFAULT_MAX_INFLIGHT, ServiceFlags, UnreadableInputError, read_services
 from deploy.check.llamacpp import server_settings, slots
+from deploy.check.model import gateway_setting
 from deploy.prefix_pricing import StrategyPrice, price_prefix_strategies
 from deploy.simulator.llamacpp_law import LlamaCppOptions, LlamaCppScheduler
 from deploy.simulator.presets import GB10_GGUF_125B, PRESETS, SimPreset, WeightReads
@@ -178,11 +179,13 @@ def options_from_flags(flags: Mapping[str, str | None]) -> dict[str, Any]:
 
 
 def in_flight_cap(services: Sequence[ServiceFlags]) -> int:
-    """The gateway's MODGATE_MAX_INFLIGHT where the compose file sets it, else the gateway's default."""
+    """The gateway's MODGATE_ENGINE__MAX_INFLIGHT where the compose file sets it, else its default."""
     for service in services:
-        value = service.environment.get("MODGATE_MAX_INFLIGHT") if service.is_gateway else None
+        if not service.is_gateway:
+            continue
+        value = gateway_setting(service.environment, "MODGATE_ENGINE__MAX_INFLIGHT")
         if value:
-            return _int("MODGATE_MAX_INFLIGHT", value)
+            return _int("MODGATE_ENGINE__MAX_INFLIGHT", value)
     return DEFAULT_MAX_INFLIGHT
 
 

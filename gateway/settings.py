@@ -1,14 +1,17 @@
-"""Gateway settings, read from the environment with the ``MODGATE_`` prefix."""
+"""Gateway settings, read from the environment: every setting is ``MODGATE_<GROUP>__<NAME>``."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gateway.console_settings import ConsoleSettings, OidcSettings
+from gateway.renamed_settings import RenamedAttributes, nest_renamed_update
 from shaping.bpe import Family
 from shaping.tokens import TokenGrid, smallest_honoured_budget
 from shaping.verdict import ACTIONS
@@ -35,6 +38,9 @@ def _whole_number(value: object) -> object:
 class EngineSettings(BaseModel):
     """How the gateway talks to the engine."""
 
+    url: str | None = None  # unset: the built-in simulated engine; "http://a:8000,http://b:8000": two
+    caps: str | None = None  # "http://a:8000=8,http://b:8000=4"; an engine not listed: max_inflight
+    max_inflight: int = Field(default=8, ge=1, le=1024)  # requests in flight to each engine
     model: str = "auto"  # "auto": the first model the engine lists at /v1/models
     connect_timeout_s: float = Field(default=2.0, gt=0)
     first_token_timeout_s: float = Field(default=30.0, gt=0)
@@ -59,6 +65,48 @@ class EngineSettings(BaseModel):
     # At start, ask each engine two small chat completions and read its /v1/models and /metrics, and say
     # once what it lacks with the flag that fixes it (gateway/engine/startup_check.py). Off: nothing asked.
     startup_check: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        urls = [url.strip().rstrip("/") for url in value.split(",") if url.strip()]
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"MODGATE_ENGINE__URL must start with http:// or https://, got {url!r}")
+        if len(set(urls)) != len(urls):
+            raise ValueError("MODGATE_ENGINE__URL lists an engine twice")
+        return ",".join(urls) or None
+
+    @field_validator("caps")
+    @classmethod
+    def _caps_well_formed(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        for item in value.split(","):
+            url, sep, cap = item.strip().rpartition("=")
+            if not sep or not url or not cap.strip().isdigit() or int(cap) < 1:
+                raise ValueError("MODGATE_ENGINE__CAPS must look like 'http://a:8000=8,http://b:8000=4'")
+        return value
+
+    @model_validator(mode="after")
+    def _caps_name_configured_engines(self) -> EngineSettings:
+        extra = set(self.cap_map()) - set(self.urls())
+        if extra:
+            raise ValueError(f"MODGATE_ENGINE__CAPS names engines MODGATE_ENGINE__URL lacks: {sorted(extra)}")
+        return self
+
+    def urls(self) -> list[str]:
+        """The configured engines, in order (empty: the built-in simulated engine)."""
+        return self.url.split(",") if self.url else []
+
+    def cap_map(self) -> dict[str, int]:
+        """Caps set in MODGATE_ENGINE__CAPS, by engine URL."""
+        if self.caps is None:
+            return {}
+        pairs = (item.strip().rpartition("=") for item in self.caps.split(","))
+        return {url.strip().rstrip("/"): int(cap) for url, _, cap in pairs}
 
     @field_validator("kinds")
     @classmethod
@@ -129,8 +177,8 @@ TenantCounts = Annotated[dict[str, Annotated[int, Field(ge=0)]], NoDecode, Befor
 class TenantSettings(BaseModel):
     """Per-tenant weights and quotas (``MODGATE_TENANTS__*``); ``modgate tenants set`` keeps them in Redis.
 
-    A tenant is whatever the API keys name (``MODGATE_API_KEYS``, ``modgate keys add``); without keys there
-    is one tenant, ``default``. A value in Redis overrides the settings' for that tenant. Quota 0: none.
+    A tenant is whatever the API keys name (``MODGATE_AUTH__API_KEYS``, ``modgate keys add``); without keys
+    there is one tenant, ``default``. A value in Redis overrides the settings' for that tenant. Quota 0: none.
     """
 
     weights: TenantWeights = Field(default_factory=dict)  # "a=2,b=1": a's share of work is twice b's
@@ -139,10 +187,11 @@ class TenantSettings(BaseModel):
     default_keyframes_per_minute: int = Field(default=0, ge=0)
     max_concurrent: TenantCounts = Field(default_factory=dict)  # moderation requests at once, per replica
     default_max_concurrent: int = Field(default=0, ge=0)
-    # One output token's engine time in prompt tokens: the Spark preset's effective prefill / decode rates,
-    # 3,325 (a 1,076-token prefill, its weight reads included) / 97.8 tokens/s (deploy/simulator/presets.py,
-    # SimPreset.output_token_weight; a test holds the two together). The built-in simulator uses its own
-    # preset's; set it for another engine (docs/tenants.md).
+    # One output token's engine time in prompt tokens. Unset: it starts at the Spark preset's effective
+    # prefill / decode rates, 3,325 (a 1,076-token prefill, its weight reads included) / 97.8 tokens/s
+    # (deploy/simulator/presets.py, SimPreset.output_token_weight; a test holds the two together), and is
+    # learned from the served engine's calls; the built-in simulator uses its own preset's. Set: it stays
+    # (docs/tenants.md).
     output_token_weight: float = Field(default=34.0, ge=0, le=1000)
     redis_key: str = Field(default="modgate:tenants", min_length=1)  # hash: tenant -> JSON limits
     reload_interval_s: float = Field(default=5.0, gt=0)  # how often Redis-held tenants are read again
@@ -310,7 +359,7 @@ class TelemetrySettings(BaseModel):
 
 
 class PolicySettings(BaseModel):
-    """The thinking policy store: Redis (shared by every replica) when MODGATE_REDIS_URL is set."""
+    """The thinking policy store: Redis (shared by every replica) when MODGATE_REDIS__URL is set."""
 
     key_prefix: str = Field(default="modgate:thinking-policy", min_length=1)
     reload_interval_s: float = Field(default=5.0, gt=0)  # re-read even without a pub/sub message (one lost)
@@ -319,25 +368,8 @@ class PolicySettings(BaseModel):
     audit_max_entries: int = Field(default=10000, ge=10)
 
 
-class ConsoleSettings(BaseModel):
-    """The operations page at ``/console`` (gateway/http/console/), signed in with the admin token."""
-
-    reports_dir: Path = Path("var/quality/reports")  # where `modgate quality report` writes its JSON
-    session_ttl_s: float = Field(default=8 * 3600, ge=60, le=7 * 86400)  # a sign-in lasts a working day
-    # Browsers keep a Secure cookie only from HTTPS (or localhost): turn off only behind plain HTTP on a
-    # network you trust, where the session cookie could otherwise be read off the wire.
-    cookie_secure: bool = True
-    poll_interval_s: float = Field(default=3.0, ge=1, le=60)  # how often the open page refreshes its panels
-    # Failed sign-ins before 429 (until the window that the first failure opened ends): from one address,
-    # and from everyone together (many addresses guessing).
-    sign_in_max_failures_per_client: int = Field(default=5, ge=1, le=1000)
-    sign_in_max_failures: int = Field(default=50, ge=1, le=100_000)
-    sign_in_window_s: float = Field(default=300.0, ge=1, le=86400)
-    audit_rows: int = Field(default=15, ge=1, le=200)
-
-
 class LeaseSettings(BaseModel):
-    """Engine slots shared by gateway replicas in Redis (gateway/engine/leases.py) given MODGATE_REDIS_URL."""
+    """Engine slots the gateway replicas share in Redis (gateway/engine/leases.py) with MODGATE_REDIS__URL."""
 
     enabled: bool = True  # off: each replica keeps each engine's cap on its own (N replicas, N × the cap)
     key_prefix: str = Field(default="modgate:engine-leases", min_length=1)
@@ -360,18 +392,22 @@ class QualitySettings(BaseModel):
     """Where shadow pairs (the policy's ``shadow_share`` of live frames, judged in both modes) are kept."""
 
     records_dir: Path = Path("var/quality/records")  # one JSONL file per ISO week, read by the weekly report
-    redis_stream: str = "modgate:quality:records"  # mirrored there when MODGATE_REDIS_URL is set
+    redis_stream: str = "modgate:quality:records"  # mirrored there when MODGATE_REDIS__URL is set
 
 
 class DecisionSettings(BaseModel):
     """The decision log (docs/decisions.md): each decision on a Redis stream, then in daily Parquet files."""
 
-    stream: str = Field(default="modgate:decisions", min_length=1)  # with MODGATE_REDIS_URL
+    stream: str = Field(default="modgate:decisions", min_length=1)  # with MODGATE_REDIS__URL
     archive_dir: Path = Path("var/decisions")  # one folder of Parquet files per UTC day
     archive_after_s: float = Field(default=3600.0, ge=0)  # stream entries older than this move to Parquet
     archive_interval_s: float = Field(default=300.0, gt=0)  # how often a replica tries to move them
     retention_days: int = Field(default=400, ge=1)  # day folders older than this are deleted
     redis_timeout_s: float = Field(default=0.5, gt=0)  # an append waits no longer (the answer goes out)
+    # a failed append is tried again in the background (never on the answer's time) this many times in all,
+    # for at most this long, then counted in modgate_decisions_unlogged_total
+    retry_attempts: int = Field(default=8, ge=1)
+    retry_timeout_s: float = Field(default=60.0, gt=0)
 
 
 class ShadowSettings(BaseModel):
@@ -420,10 +456,8 @@ class SimulatorSettings(BaseModel):
     tokenizer: Family | None = None  # whose BPE the simulator counts with; None: the preset's (qwen3.6)
 
 
-class Settings(BaseSettings):
-    """Everything the gateway reads from its environment."""
-
-    model_config = SettingsConfigDict(env_prefix="MODGATE_", env_nested_delimiter="__", extra="ignore")
+class ServerSettings(BaseModel):
+    """The gateway's own HTTP server: where it listens, how it logs and how it stops."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
@@ -432,19 +466,65 @@ class Settings(BaseSettings):
     # idle connection before the server does, and never sends a request into one the server is closing
     # (the server's old 5 s equalled httpx's expiry: "Server disconnected without sending a response").
     keep_alive_s: int = Field(default=120, ge=1, le=3600)
-    engine_url: str | None = None  # unset: the built-in simulated engine; "http://a:8000,http://b:8000": two
-    engine_caps: str | None = None  # "http://a:8000=8,http://b:8000=4"; an engine not listed: max_inflight
-    redis_url: str | None = None  # unset: in-memory state
-    max_inflight: int = Field(default=8, ge=1, le=1024)
-    api_keys: str | None = None  # "key1:tenant1,key2:tenant2"; unset: no key required (said loudly)
-    api_keys_from_redis: bool = False  # also accept keys added with `modgate keys add`; keys always required
-    admin_token: str | None = None
-    model_name: str = "modgate-moderation"  # the name answered in the moderation response
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # After SIGTERM: seconds /readyz answers 503 while requests are still served (gateway/drain.py).
     drain_s: float = Field(default=5.0, ge=0, le=600)
+    model_name: str = "modgate-moderation"  # the name answered in the moderation response
 
+
+class RedisSettings(BaseModel):
+    """The Redis every replica shares: policy, keys, jobs, leases, reviews and the decision log."""
+
+    url: str | None = None  # unset: in-memory state
+
+    @field_validator("url")
+    @classmethod
+    def _url_well_formed(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        from gateway.state import check_redis_url  # redis-py is imported only where a URL is given
+
+        check_redis_url(value.strip())  # redis://, rediss://, unix:// or redis+sentinel:// (gateway/state.py)
+        return value.strip()
+
+
+class AuthSettings(BaseModel):
+    """Who may call the gateway: API keys for /v1, the admin token for /admin and the console."""
+
+    api_keys: str | None = None  # "key1:tenant1,key2:tenant2"; unset: no key required (said loudly)
+    api_keys_from_redis: bool = False  # also accept keys added with `modgate keys add`; keys always required
+    admin_token: str | None = None
+
+    @field_validator("api_keys")
+    @classmethod
+    def _api_keys_well_formed(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        for item in value.split(","):
+            key, sep, tenant = item.strip().partition(":")
+            if not sep or not key or not tenant:
+                raise ValueError("MODGATE_AUTH__API_KEYS must look like 'key1:tenant1,key2:tenant2'")
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_long_enough(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if len(value) < 16:
+            raise ValueError("MODGATE_AUTH__ADMIN_TOKEN must be at least 16 characters")
+        return value
+
+
+class Settings(RenamedAttributes, BaseSettings):
+    """Everything the gateway reads from its environment."""
+
+    model_config = SettingsConfigDict(env_prefix="MODGATE_", env_nested_delimiter="__", extra="ignore")
+
+    server: ServerSettings = ServerSettings()
     engine: EngineSettings = EngineSettings()
+    redis: RedisSettings = RedisSettings()
+    auth: AuthSettings = AuthSettings()
     admission: AdmissionSettings = AdmissionSettings()
     shaping: ShapingSettings = ShapingSettings()
     simulator: SimulatorSettings = SimulatorSettings()
@@ -455,6 +535,7 @@ class Settings(BaseSettings):
     jobs: JobSettings = JobSettings()
     policy: PolicySettings = PolicySettings()
     console: ConsoleSettings = ConsoleSettings()
+    oidc: OidcSettings = OidcSettings()
     leases: LeaseSettings = LeaseSettings()
     quality: QualitySettings = QualitySettings()
     shadow: ShadowSettings = ShadowSettings()
@@ -462,91 +543,26 @@ class Settings(BaseSettings):
     review: ReviewSettings = ReviewSettings()
     decisions: DecisionSettings = DecisionSettings()
 
-    @field_validator("engine_url")
-    @classmethod
-    def _engine_url_is_http(cls, value: str | None) -> str | None:
-        if value is None or value == "":
-            return None
-        urls = [url.strip().rstrip("/") for url in value.split(",") if url.strip()]
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"MODGATE_ENGINE_URL must start with http:// or https://, got {url!r}")
-        if len(set(urls)) != len(urls):
-            raise ValueError("MODGATE_ENGINE_URL lists an engine twice")
-        return ",".join(urls) or None
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url_well_formed(cls, value: str | None) -> str | None:
-        if value is None or value.strip() == "":
-            return None
-        from gateway.state import check_redis_url  # redis-py is imported only where a URL is given
-
-        check_redis_url(value.strip())  # redis://, rediss://, unix:// or redis+sentinel:// (gateway/state.py)
-        return value.strip()
-
-    @field_validator("engine_caps")
-    @classmethod
-    def _engine_caps_well_formed(cls, value: str | None) -> str | None:
-        if value is None or value.strip() == "":
-            return None
-        for item in value.split(","):
-            url, sep, cap = item.strip().rpartition("=")
-            if not sep or not url or not cap.strip().isdigit() or int(cap) < 1:
-                raise ValueError("MODGATE_ENGINE_CAPS must look like 'http://a:8000=8,http://b:8000=4'")
-        return value
-
-    @model_validator(mode="after")
-    def _caps_name_configured_engines(self) -> Settings:
-        unknown = set(self.engine_cap_map()) - set(self.engine_urls())
-        if unknown:
-            raise ValueError(f"MODGATE_ENGINE_CAPS names engines MODGATE_ENGINE_URL lacks: {sorted(unknown)}")
-        return self
-
-    def engine_urls(self) -> list[str]:
-        """The configured engines, in order (empty: the built-in simulated engine)."""
-        return self.engine_url.split(",") if self.engine_url else []
-
-    def engine_cap_map(self) -> dict[str, int]:
-        """Caps set in MODGATE_ENGINE_CAPS, by engine URL."""
-        if self.engine_caps is None:
-            return {}
-        pairs = (item.strip().rpartition("=") for item in self.engine_caps.split(","))
-        return {url.strip().rstrip("/"): int(cap) for url, _, cap in pairs}
-
-    def engine_cap(self, url: str) -> int:
-        """An engine's in-flight cap: its MODGATE_ENGINE_CAPS entry, else MODGATE_MAX_INFLIGHT."""
-        return self.engine_cap_map().get(url, self.max_inflight)
-
-    @field_validator("api_keys")
-    @classmethod
-    def _api_keys_well_formed(cls, value: str | None) -> str | None:
-        if value is None or value.strip() == "":
-            return None
-        for item in value.split(","):
-            key, sep, tenant = item.strip().partition(":")
-            if not sep or not key or not tenant:
-                raise ValueError("MODGATE_API_KEYS must look like 'key1:tenant1,key2:tenant2'")
-        return value
-
-    @field_validator("admin_token")
-    @classmethod
-    def _admin_token_long_enough(cls, value: str | None) -> str | None:
-        if value is None or value == "":
-            return None
-        if len(value) < 16:
-            raise ValueError("MODGATE_ADMIN_TOKEN must be at least 16 characters")
-        return value
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied; an old flat name (``engine_url``) updates its group's field."""
+        return super().model_copy(update=update and nest_renamed_update(self, update), deep=deep)
 
     @model_validator(mode="after")
     def _redis_keys_need_redis(self) -> Settings:
-        if self.api_keys_from_redis and not self.redis_url:
-            raise ValueError("MODGATE_API_KEYS_FROM_REDIS needs MODGATE_REDIS_URL")
+        if self.auth.api_keys_from_redis and not self.redis.url:
+            raise ValueError("MODGATE_AUTH__API_KEYS_FROM_REDIS needs MODGATE_REDIS__URL")
+        return self
+
+    @model_validator(mode="after")
+    def _sign_in_sessions_need_the_admin_token(self) -> Settings:
+        if self.oidc.issuer is not None and self.admin_token is None:
+            raise ValueError(
+                "MODGATE_OIDC__ISSUER needs MODGATE_AUTH__ADMIN_TOKEN (it signs console sessions)")
         return self
 
     def tenant_keys(self) -> dict[str, str]:
         """The configured API keys, mapped to their tenant."""
-        if self.api_keys is None:
+        if self.auth.api_keys is None:
             return {}
-        pairs = (item.strip().partition(":") for item in self.api_keys.split(","))
+        pairs = (item.strip().partition(":") for item in self.auth.api_keys.split(","))
         return {key: tenant for key, _, tenant in pairs}

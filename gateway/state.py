@@ -1,6 +1,6 @@
 """The shared state's address: one Redis server, or a primary found through Redis Sentinel.
 
-``MODGATE_REDIS_URL`` takes redis-py's URLs (``redis://``, ``rediss://``, ``unix://``) or
+``MODGATE_REDIS__URL`` takes redis-py's URLs (``redis://``, ``rediss://``, ``unix://``) or
 ``redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT…]/SERVICE[/DB]``: the sentinels to ask, the name they
 monitor the primary under, and the database. With Sentinel, every new connection asks a sentinel where the
 primary is now, so after a failover the client reconnects to the promoted replica by itself; a connection
@@ -22,7 +22,7 @@ PLAIN_SCHEMES = ("redis", "rediss", "unix")
 
 
 class RedisUrlError(ValueError):
-    """``MODGATE_REDIS_URL`` is not a Redis or Sentinel URL modgate can use."""
+    """``MODGATE_REDIS__URL`` is not a Redis or Sentinel URL modgate can use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ def check_redis_url(url: str) -> None:
         parse_sentinel_url(url)
     elif scheme not in PLAIN_SCHEMES:
         raise RedisUrlError(
-            f"MODGATE_REDIS_URL must start with redis://, rediss://, unix:// or {SENTINEL_SCHEME}://, "
+            f"MODGATE_REDIS__URL must start with redis://, rediss://, unix:// or {SENTINEL_SCHEME}://, "
             f"got {url!r}"
         )
 

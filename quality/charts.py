@@ -19,10 +19,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from quality.summaries import ArmCost, CategoryRow, Comparison, ReportPolicy, WeekSummary
+from quality.summaries import ArmCost, CategoryRow, Comparison, LabelSection, ReportPolicy, WeekSummary
 from shaping.verdict import ACTIONS
 
-__all__ = ["category_chart", "confusion_chart", "cost_chart", "png_data_uri", "trend_chart"]
+__all__ = ["category_chart", "confusion_chart", "cost_chart", "label_chart", "png_data_uri", "trend_chart"]
 
 ARM_COLORS = {
     "thinking_on": "#2f5dab",
@@ -313,4 +313,30 @@ def cost_chart(costs: Sequence[ArmCost]) -> bytes:
         fontsize=7,
         color=SUBTLE,
     )
+    return _png(figure)
+
+
+MODE_COLORS = {"on": ARM_COLORS["thinking_on"], "off": ARM_COLORS["thinking_off"], "escalate": "#1f7a4d"}
+
+
+def label_chart(section: LabelSection, policy: ReportPolicy) -> bytes:
+    """Accuracy against people's labels per arm and engine, with its interval, and the threshold's source."""
+    rows = list(section.arms)
+    figure = _figure(10.4, max(1.8, 0.42 * len(rows) + 1.2))
+    ax = figure.subplots()
+    source = "human labels" if section.threshold.source == "labels" else "thinking-on agreement"
+    _style(ax, f"Accuracy against people's labels (weighted); escalation threshold from {source}")
+    positions = np.arange(len(rows))[::-1]
+    floor = agreement_axis_floor([row.accuracy.low for row in rows], policy.min_agreement)
+    for y, row in zip(positions, rows, strict=True):
+        color = MODE_COLORS.get(row.arm, MUTED)
+        ax.plot([row.accuracy.low, row.accuracy.high], [y, y], color=color, linewidth=2.2,
+                solid_capstyle="round", alpha=0.55)
+        ax.plot([row.accuracy.value], [y], "o", color=color, markersize=6)
+        ax.text(1.012, y, f"{row.accuracy.value:.1%}  n={row.labels:,} (eff. {row.effective_labels:.0f})",
+                va="center", fontsize=7.5, color=SUBTLE)
+    ax.set_xlim(floor, 1.0)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=None))
+    ax.set_yticks(positions, [f"{row.arm} · {row.engine}" for row in rows])
     return _png(figure)

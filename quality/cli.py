@@ -26,6 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
 from gateway.state import RedisUrlError, check_redis_url, open_redis
 from quality.records import (
     JsonlRecordStore,
@@ -51,12 +52,14 @@ from quality.summaries import EngineKind
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from quality.decisions import DecisionRow
     from quality.report import ReportPolicy, WeekSummary
 
 __all__ = ["quality_app"]
 
 DEFAULT_RECORDS = Path("var/quality/records")
 DEFAULT_REPORTS = Path("var/quality/reports")
+REDIS_URL = "MODGATE_REDIS__URL"
 
 quality_app = typer.Typer(
     help="Measure what turning thinking off costs in verdicts: offline A/B runs and weekly reports.",
@@ -91,7 +94,7 @@ async def open_store(
 ) -> AsyncIterator[RecordStore]:
     """Files in `records`, Redis at `redis_url`, or both (`mirror`: write to both, read the files).
 
-    `redis_url` is read as `modgate serve` reads MODGATE_REDIS_URL (gateway/state.py): redis://, rediss://,
+    `redis_url` is read as `modgate serve` reads MODGATE_REDIS__URL (gateway/state.py): redis://, rediss://,
     unix://, or redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB] (the primary found through Sentinel).
     """
     # A report reads a week's stream in pages: a slower read than a request's is fine, a dead Redis is not.
@@ -163,7 +166,9 @@ def run(
     tenant: Annotated[str, typer.Option(help="Tenant recorded on each verdict.")] = "offline",
     out: Annotated[Path, typer.Option(help="Directory of weekly JSONL record files.")] = DEFAULT_RECORDS,
     redis_url: Annotated[
-        str | None, typer.Option(envvar="MODGATE_REDIS_URL", help="Also append records to this Redis stream.")
+        str | None,
+        typer.Option(envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL),
+                     help="Also append records to this Redis stream."),
     ] = None,
     labels: Annotated[
         Path | None, typer.Option(help="Human labels CSV: path or frame_sha256, and label or flagged.")
@@ -311,6 +316,18 @@ async def _trend(
     return sorted(known.values(), key=lambda s: s.week)[-weeks:]
 
 
+async def _decision_rows(
+    archive_dir: Path | None, redis_url: str | None, stream: str, week: str
+) -> list[DecisionRow]:
+    """The decision log's rows of a week: the archive's days, then the stream's (as the export reads them)."""
+    from gateway.cli.decisions import decision_rows  # the service's modules: imported late
+
+    year, number = parse_iso_week(week)
+    start, end = week_bounds(year, number)
+    rows = await decision_rows(redis_url, stream, archive_dir or Path("var/decisions"), start, None)
+    return [row for row in rows if row.decided_at < end]
+
+
 @quality_app.command()
 def report(
     week: Annotated[
@@ -323,7 +340,9 @@ def report(
         ),
     ] = None,
     redis_url: Annotated[
-        str | None, typer.Option(envvar="MODGATE_REDIS_URL", help="Read records from this Redis stream.")
+        str | None,
+        typer.Option(envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL),
+                     help="Read records from this Redis stream."),
     ] = None,
     out: Annotated[
         Path, typer.Option(help="Where the HTML, Markdown and JSON reports go.")
@@ -335,6 +354,24 @@ def report(
     trend_weeks: Annotated[int, typer.Option(min=0, max=52, help="Earlier weeks in the trend chart.")] = 8,
     source: Annotated[SourceFilter, typer.Option(help="Which records count.")] = SourceFilter.all,
     bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples (whole videos).")] = 2000,
+    decisions: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MODGATE_DECISIONS__ARCHIVE_DIR",
+            help="The decision log's daily Parquet folders: its labels score each arm against people, its "
+            "decisions give each tenant's block rate (with --decisions-redis-url, the live stream too).",
+        ),
+    ] = None,
+    decisions_redis_url: Annotated[
+        str | None, typer.Option(help="The gateways' Redis: decisions and labels not archived yet.")
+    ] = None,
+    decisions_stream: Annotated[
+        str, typer.Option(envvar="MODGATE_DECISIONS__STREAM", help="The decision log's stream.")
+    ] = "modgate:decisions",
+    min_threshold_labels: Annotated[
+        int, typer.Option(min=1, help="Labelled frames judged both ways needed to choose the escalation "
+                          "threshold from labels (else: from thinking-on agreement).")
+    ] = 200,
 ) -> None:
     """Write the weekly quality report (HTML, Markdown, JSON), led by a recommendation."""
     _require_quality_extra()
@@ -353,7 +390,9 @@ def report(
         min_agreement=min_agreement,
         min_flagged_agreement=min_flagged_agreement,
         bootstrap_resamples=bootstrap,
+        min_threshold_labels=min_threshold_labels,
     )
+    _check_redis_url(decisions_redis_url)
     directory = records if records is not None else (None if redis_url else DEFAULT_RECORDS)
 
     async def main(scratch: Path) -> tuple[str, str, list[Path]]:
@@ -366,6 +405,11 @@ def report(
                 if trend_weeks
                 else []
             )
+        logged = (
+            await _decision_rows(decisions, decisions_redis_url, decisions_stream, label)
+            if decisions is not None or decisions_redis_url
+            else None
+        )
         built = await asyncio.to_thread(
             build_weekly_report_from,
             week_input if week_input is not None else RECORD_SCHEMA.empty_table(),
@@ -373,6 +417,7 @@ def report(
             policy,
             previous,
             only_source=None if source is SourceFilter.all else source.value,
+            decisions=logged,
         )
         files = await asyncio.to_thread(write_report, built, out)
         return (

@@ -30,6 +30,7 @@ __all__ = [
     "TenantDecisions",
     "day_partitions",
     "drop_days_before",
+    "labelled_decisions",
     "read_decisions",
     "tenant_decisions",
     "write_day_partitions",
@@ -67,7 +68,9 @@ class DecisionRow(BaseModel):
     thinking_rule: str | None = None
     engine_request_id: str | None = None
     latency_ms: float | None = None
-    labelled_by: str | None = None  # a label's reviewer
+    labelled_by: str | None = None  # a label's reviewer, as the review audit names them
+    review_reason: str | None = None  # a label: why its item was queued (review, unsure, audit)
+    audit_sample_rate: float | None = None  # a label: the audit rate its item was offered at (audit: 1/rate)
 
 
 DECISION_SCHEMA = pa.schema(
@@ -94,6 +97,8 @@ DECISION_SCHEMA = pa.schema(
         ("engine_request_id", pa.string()),
         ("latency_ms", pa.float64()),
         ("labelled_by", pa.string()),
+        ("review_reason", pa.string()),
+        ("audit_sample_rate", pa.float64()),
     ]
 )
 
@@ -178,23 +183,48 @@ class TenantDecisions(BaseModel):
     label_agreement: float | None  # of those, the share whose label's action is the decision's
 
 
-def tenant_decisions(rows: Iterable[DecisionRow]) -> list[TenantDecisions]:
-    """Per tenant, by name: counts and shares of the gateway's decisions and the labels' agreement with them.
+def labelled_decisions(
+    rows: Iterable[DecisionRow],
+) -> tuple[list[DecisionRow], list[tuple[DecisionRow, DecisionRow]]]:
+    """The gateway's decisions, and each label beside the decision it labels.
 
-    A label is matched to the decision of the same request and frame (the latest decision before it).
+    A label names its decision by the engine request that made it (``engine_request_id``: the review
+    queue's labels) or else by its request and frame; the latest decision before it of that name wins.
     """
-    decided: dict[str, list[DecisionRow]] = {}
-    labels: dict[tuple[str, str, str | None], DecisionRow] = {}
+    decided: list[DecisionRow] = []
+    by_engine: dict[tuple[str, str], DecisionRow] = {}
+    by_request: dict[tuple[str, str, str | None], DecisionRow] = {}
+    labels: list[DecisionRow] = []
     for row in rows:
         if row.kind == "label":
-            labels[(row.tenant, row.request_id, row.frame_sha256)] = row
-        else:
-            decided.setdefault(row.tenant, []).append(row)
+            labels.append(row)
+            continue
+        decided.append(row)
+        by_request[(row.tenant, row.request_id, row.frame_sha256)] = row
+        if row.engine_request_id is not None:
+            by_engine[(row.tenant, row.engine_request_id)] = row
+    matched: dict[int, tuple[DecisionRow, DecisionRow]] = {}  # one label per decision: the last one
+    for label in labels:
+        decision = (
+            by_engine.get((label.tenant, label.engine_request_id)) if label.engine_request_id is not None
+            else by_request.get((label.tenant, label.request_id, label.frame_sha256))
+        )
+        if decision is not None:
+            matched[id(decision)] = (decision, label)
+    return decided, list(matched.values())
+
+
+def tenant_decisions(rows: Iterable[DecisionRow]) -> list[TenantDecisions]:
+    """Per tenant, by name: counts and shares of the gateway's decisions and the labels' agreement with them
+    (:func:`labelled_decisions` matches a label to its decision)."""
+    decided, pairs = labelled_decisions(rows)
+    by_tenant: dict[str, list[DecisionRow]] = {}
+    for row in decided:
+        by_tenant.setdefault(row.tenant, []).append(row)
     summaries = []
-    for tenant in sorted(decided.keys() | {key[0] for key in labels}):
-        mine = decided.get(tenant, [])
-        matched = [(row, labels[key]) for row in mine
-                   if (key := (tenant, row.request_id, row.frame_sha256)) in labels]
+    for tenant in sorted(by_tenant.keys() | {label.tenant for _, label in pairs}):
+        mine = by_tenant.get(tenant, [])
+        matched = [(row, label) for row, label in pairs if row.tenant == tenant]
         total = len(mine)
         summaries.append(TenantDecisions(
             tenant=tenant,

@@ -6,7 +6,15 @@ from jinja2 import Environment, PackageLoader
 
 from quality import charts
 from quality.notation import count, interval, pct, points, points_interval
-from quality.summaries import ENGINE_NAMES, Coefficient, Rate, ThresholdRow, ThresholdSection, WeeklyReport
+from quality.summaries import (
+    ENGINE_NAMES,
+    Coefficient,
+    Estimate,
+    Rate,
+    ThresholdRow,
+    ThresholdSection,
+    WeeklyReport,
+)
 
 __all__ = ["SHOWN_THRESHOLDS", "render_html", "render_json", "render_markdown", "shown_rows"]
 
@@ -38,6 +46,8 @@ def render_html(report: WeeklyReport) -> str:
         images["trend"] = charts.png_data_uri(charts.trend_chart(report.trend, report.policy))
     if report.costs:
         images["costs"] = charts.png_data_uri(charts.cost_chart(report.costs))
+    if report.labels is not None:
+        images["labels"] = charts.png_data_uri(charts.label_chart(report.labels, report.policy))
     template = _environment().get_template("weekly_report.html.jinja")
     return template.render(
         report=report,
@@ -217,6 +227,7 @@ def render_markdown(report: WeeklyReport) -> str:
             f"{_md_rate(s.recall)} |"
             for s in report.human
         ]
+    lines += _md_labels(report)
     if report.costs:
         lines += [
             "",
@@ -264,6 +275,41 @@ def render_markdown(report: WeeklyReport) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _md_estimate(estimate: Estimate) -> str:
+    return f"{pct(estimate.value)} [{pct(estimate.low)}, {pct(estimate.high)}]"
+
+
+def _md_labels(report: WeeklyReport) -> list[str]:
+    """Accuracy against the decision log's labels, the threshold's source, and each tenant's decisions."""
+    lines: list[str] = []
+    section = report.labels
+    if section is not None:
+        lines += ["", "## Against people's labels (decision log)", "",
+                  "Each label weighs what it stands for: an audit sample at rate r, 1/r decisions; an item "
+                  "queued for a review verdict or a low confidence, 1. Interval: Wilson on Kish's effective "
+                  "number of labels.", "",
+                  "| arm | engine | labels | effective | accuracy |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {row.arm} | {row.engine} | {row.labels:,} | {row.effective_labels:.1f} | "
+                  f"{_md_estimate(row.accuracy)} |" for row in section.arms]
+        if section.categories:
+            lines += ["", "| arm | engine | category | labels | accuracy |",
+                      "| --- | --- | --- | --- | --- |"]
+            lines += [f"| {row.arm} | {row.engine} | {row.category} | {row.labels:,} | "
+                      f"{_md_estimate(row.accuracy)} |" for row in section.categories]
+        lines += ["", f"**{section.threshold.note}**"]
+    if report.tenant_decisions:
+        lines += ["", "## Decisions by tenant (decision log)", "",
+                  "| tenant | decisions | blocked | answered review | labelled | labels agreeing |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"| {row.tenant} | {row.decisions:,} | {_md_rate(row.block_rate)} | "
+            f"{'–' if row.review_share is None else pct(row.review_share)} | {row.labelled:,} | "
+            f"{'–' if row.label_agreement is None else pct(row.label_agreement)} |"
+            for row in report.tenant_decisions
+        ]
+    return lines
 
 
 def _md_engines(report: WeeklyReport) -> list[str]:

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from quality.columnar import records_table
 from quality.columns import run_bootstrap
+from quality.decisions import DecisionRow
 from quality.recommendation import recommend
 from quality.records import ARMS, VerdictRecord, format_iso_week, parse_iso_week, week_bounds
 from quality.summaries import (
@@ -91,11 +92,14 @@ def build_weekly_report_from(
     *,
     only_source: str | None = None,
     isolate: bool | None = None,
+    decisions: Sequence[DecisionRow] | None = None,
 ) -> WeeklyReport:
     """The report from columns: a folder of Parquet files (a week's partition) or an arrow table.
 
     `only_source` keeps one source of records (`shadow` or `offline`). The queries run in a process of
-    their own for a folder (`isolate`, see `quality.week_stage.week_tables`), in this one for a table."""
+    their own for a folder (`isolate`, see `quality.week_stage.week_tables`), in this one for a table.
+    `decisions`: the decision log's rows of the week (its labels score the arms against people, its
+    decisions give each tenant's block rate); None: no log was read."""
     policy = policy or ReportPolicy()
     year, number = parse_iso_week(week)
     start, end = week_bounds(year, number)
@@ -103,7 +107,57 @@ def build_weekly_report_from(
     # handed over in a list `_build` empties, no name here holding them: it lets go of the escalation
     # sample once its plan has what it needs (at ten million pairs, 180 MB kept through the bootstrap)
     tables = [week_tables(source, start, end, policy, only_source=only_source, isolate=isolate)]
-    return _build(tables, policy, label, (start, end), previous, generated_at)
+    report = _build(tables, policy, label, (start, end), previous, generated_at)
+    if decisions is not None:
+        _add_decisions(report, source, [row for row in decisions if start <= row.decided_at < end], policy)
+        report.recommendation = recommend(report)
+        if report.labels is not None:
+            from quality.labels import label_headline
+
+            line = label_headline(report.labels)
+            report.recommendation.headline += " " + line
+            report.recommendation.details.append(line)
+        report.trend[-1] = report.summary()
+    return report
+
+
+def _add_decisions(report: WeeklyReport, source: Path | pa.Table, rows: list[DecisionRow],
+                   policy: ReportPolicy) -> None:
+    """The decision log's part: accuracy against labels per arm, the threshold's source, tenants' blocks."""
+    from quality.labels import label_section, labelled_from_log, labelled_pairs, tenant_decision_rows
+
+    labelled = labelled_from_log(rows)
+    frames = {item.frame_sha256 for item in labelled if item.frame_sha256}
+    pairs = labelled_pairs(labelled, _verdicts_of(source, frames), policy.always_escalate)
+    report.labels = label_section(labelled, pairs, report.escalation, policy)
+    report.tenant_decisions = tenant_decision_rows(rows, policy.confidence)
+
+
+def _verdicts_of(
+    source: Path | pa.Table, frames: set[str]
+) -> dict[str, dict[str, tuple[str, tuple[str, ...], float | None, float | None]]]:
+    """The week's thinking-off and thinking-on verdicts of these frames (the first of each arm)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    if not frames:
+        return {}
+    columns = [
+        "frame_sha256", "arm", "action", "categories", "confidence", "selection_probability", "recorded_at"
+    ]
+    wanted = pc.field("frame_sha256").isin(sorted(frames)) & pc.field("arm").isin(
+        ["thinking_off", "thinking_on"]
+    )
+    table = (source if isinstance(source, pa.Table) else ds.dataset(source, format="parquet").to_table(
+        columns=columns, filter=wanted))
+    if isinstance(source, pa.Table):
+        table = table.select(columns).filter(wanted)
+    found: dict[str, dict[str, tuple[str, tuple[str, ...], float | None, float | None]]] = {}
+    for row in table.sort_by("recorded_at").to_pylist():
+        arms = found.setdefault(row["frame_sha256"], {})
+        arms.setdefault(row["arm"], (row["action"], tuple(row["categories"] or ()), row["confidence"],
+                                     row["selection_probability"]))
+    return found
 
 
 def _build(

@@ -31,14 +31,20 @@ __all__ = [
     "EscalationSample",
     "Estimate",
     "HumanScore",
+    "LabelAccuracy",
+    "LabelSection",
+    "LabelThreshold",
     "McNemar",
     "Rate",
     "Recommendation",
     "ReportPolicy",
     "SampleSizeNeeded",
+    "TenantDecisionRow",
     "TenantRow",
+    "TenantWeek",
     "ThresholdRow",
     "ThresholdSection",
+    "ThresholdSource",
     "WeekSummary",
     "WeeklyReport",
 ]
@@ -46,6 +52,8 @@ __all__ = [
 Decision = Literal["thinking_off_ok", "keep_thinking_on", "inconclusive", "no_data"]
 # which pairs estimate the escalation threshold: the random ones, or all weighted (quality.escalation)
 EscalationSample = Literal["random", "ipw"]
+# which figure chose the escalation threshold: human labels (enough of them), or agreement with thinking on
+ThresholdSource = Literal["labels", "agreement"]
 
 
 class ReportPolicy(BaseModel):
@@ -66,6 +74,8 @@ class ReportPolicy(BaseModel):
     # the escalation threshold section: the agreement to reach, the sample it is estimated from, and the
     # categories the thinking policy escalates whatever the confidence
     escalation_target: float = Field(default=0.99, gt=0, le=1)
+    # labelled frames (with both thinking verdicts) the escalation threshold needs to be chosen from labels
+    min_threshold_labels: int = Field(default=200, ge=1)
     escalation_sample: EscalationSample = "random"
     always_escalate: tuple[str, ...] = ("sexual/minors",)
 
@@ -192,6 +202,13 @@ class SampleSizeNeeded(BaseModel):
     frames_for_flagged: int | None = None
 
 
+class TenantWeek(BaseModel):
+    """A tenant's week in the JSON summary: thinking on/off agreement and the share of decisions blocked."""
+
+    agreement: float | None = None
+    block_rate: float | None = None
+
+
 class WeekSummary(BaseModel):
     """One week's headline figures: what the trend chart needs from past reports."""
 
@@ -208,6 +225,10 @@ class WeekSummary(BaseModel):
     noise_floor_low: float | None = None
     noise_floor_high: float | None = None
     decision: Decision = "no_data"
+    # against human labels (the decision log's): weighted accuracy per arm, and where the threshold came from
+    label_accuracy: dict[str, float] = Field(default_factory=dict)
+    threshold_source: ThresholdSource | None = None
+    tenants: dict[str, TenantWeek] = Field(default_factory=dict)
 
 
 class Recommendation(BaseModel):
@@ -301,6 +322,57 @@ class EngineSection(BaseModel):
     headline: str
 
 
+# --- against human labels, from the decision log (computed by quality.labels) -------------------------
+
+
+
+class LabelAccuracy(BaseModel):
+    """One arm's (and engine's) decisions against people's labels: the weighted share a person agreed with.
+
+    Each label weighs what it stands for: an audit sample at rate r, 1/r confident decisions; an item queued
+    for a ``review`` verdict or a low confidence, itself (all of those are queued). The interval is Wilson's
+    on the weighted share with Kish's effective number of labels, (sum w)^2 / sum w^2."""
+
+    arm: str  # off, on, escalate: the thinking mode the policy chose for the frame
+    engine: str  # the engine's model
+    category: str | None = None  # None: every label; else the labels where the model or the person named it
+    labels: int
+    effective_labels: float
+    accuracy: Estimate
+
+
+class LabelThreshold(BaseModel):
+    """Where the escalation threshold comes from, and the threshold human labels choose."""
+
+    source: ThresholdSource
+    labels: int  # labelled frames with both a thinking-off and a thinking-on verdict this week
+    min_labels: int
+    budget: float | None  # the largest share escalated allowed: the agreement-chosen threshold's
+    rows: list[ThresholdRow]  # per threshold: share escalated and accuracy of the escalated answer
+    recommended: ThresholdRow | None
+    note: str  # "threshold from human labels (n=…)" or "from thinking-on agreement …"
+
+
+class LabelSection(BaseModel):
+    """The week's decisions against the people who labelled them (docs/quality.md, "Against human labels")."""
+
+    labels: int
+    arms: list[LabelAccuracy]
+    categories: list[LabelAccuracy]
+    threshold: LabelThreshold
+
+
+class TenantDecisionRow(BaseModel):
+    """A tenant's decisions this week (the decision log): the share blocked, with its Wilson interval."""
+
+    tenant: str
+    decisions: int
+    block_rate: Rate | None
+    review_share: float | None
+    labelled: int
+    label_agreement: float | None
+
+
 class WeeklyReport(BaseModel):
     week: str
     week_start: datetime
@@ -321,6 +393,8 @@ class WeeklyReport(BaseModel):
     data: DataNotes
     escalation: ThresholdSection | None = None  # None: no pair had a fast verdict to judge
     engines: EngineSection | None = None  # None: one engine judged the whole week
+    labels: LabelSection | None = None  # None: no decision log was read, or it held no label of the week
+    tenant_decisions: list[TenantDecisionRow] = Field(default_factory=list)  # the decision log's, per tenant
 
     @property
     def last_day(self) -> datetime:
@@ -346,4 +420,17 @@ class WeeklyReport(BaseModel):
         if floor is not None:
             summary.noise_floor = floor.agreement.value
             summary.noise_floor_low, summary.noise_floor_high = floor.agreement.low, floor.agreement.high
+        if self.labels is not None:
+            summary.label_accuracy = {
+                f"{row.arm}/{row.engine}": row.accuracy.value for row in self.labels.arms
+            }
+            summary.threshold_source = self.labels.threshold.source
+        tenants: dict[str, TenantWeek] = {}
+        for row in self.tenants:
+            tenants.setdefault(row.tenant, TenantWeek()).agreement = row.agreement.value
+        for figures in self.tenant_decisions:
+            tenants.setdefault(figures.tenant, TenantWeek()).block_rate = (
+                figures.block_rate.value if figures.block_rate else None
+            )
+        summary.tenants = dict(sorted(tenants.items()))
         return summary

@@ -18,38 +18,44 @@ only leave a spelling out, which makes the confidence lower, never higher: with 
 
 An engine whose log-probabilities are not grammar-masked (llama.cpp's ``llama-server``: a softmax over the
 raw logits, ``grammar_masked=False``) lists tokens the grammar forbids and gives the allowed ones less than
-all the mass. There the listed first-token alternatives that can begin an action are renormalised over
-themselves (what the grammar allows at that place; other spellings of one action still add):
+all the mass. There a listed alternative is credited to an action only where the grammar the gateway sent
+admits it at that place (``action_probabilities``); what it surely forbids (``Allow``, ``allowed``,
+``blocked``) is left out; what it may or may not admit (`` allow`` where the chosen token has no leading
+space) is credited to no action; both that and what the list left out count in the denominator:
 
-    confidence = P(chosen action's spellings) / (P(listed spellings of any action) + P(not listed))
+    confidence = P(chosen action's admitted spellings)
+                 / (P(admitted spellings of any action) + P(maybe admitted) + P(not listed))
 
-``P(not listed)`` is 1 minus the listed alternatives' mass (the softmax is over the whole vocabulary): a
-token the list left out may be a spelling the grammar allows, so it is counted as one of another action's.
-The reading is then a lower bound, as on vLLM: a top-k cut can make it lower, never higher (renormalised
-over the listed spellings alone, a list whose slots went to forbidden tokens read 1.0 for a true 0.5).
-The gateway asks llama.cpp for more alternatives than vLLM (``LlamaCppWire.chat_body``) to keep it tight.
-The path inside a category name is not read on such an engine (its raw probabilities along the name are
-not the grammar's): a named category scores P(block); unnamed ones are renormalised the same way over the
-alternatives at the first category's place that can begin a category.
+``P(not listed)`` is 1 minus the listed alternatives' mass (the softmax is over the whole vocabulary). The
+figure is a lower bound of the grammar-renormalised probability (the model's softmax over what the grammar
+admits: what constrained decoding samples from); nothing a list can hold or leave out raises it above that.
+Where the raw list gives every allowed spelling 0 in float, ``places`` may bring the distribution at a
+verdict's first token as a probe read it after the engine's sampler chain (``EngineWire.place_probe``): the
+grammar-renormalised one where the engine drew again under the grammar, read the same way (then exact).
 
-Category scores, for a block: P(block) times the probability of spelling the category at its place in the
-verdict (the product over its tokens, times the chance that the name ends there rather than going on to a
-longer one: ``sexual`` against ``sexual/minors``). Categories the verdict does not name get P(block) times
-the probability of the alternatives at the first category's place that can only begin that category; 0.0
-where no alternative can.
+Category scores, for a block: a lower bound of P(the engine writes ``block`` and then the category's whole
+path): every token after ``block`` through the end of the name and the chance that the name stops there
+(``sexual`` against ``sexual/minors``), so a colon counts the same whether the BPE gives it a token of its
+own (``:`` ``viol``) or merges it with the name (``:self``). At each token on the path a listed alternative
+that spells the rest of the path to its stop adds its probability. A category the verdict does not name
+scores its path where a listed alternative spells it to the end; where none does its probability is
+unknown and it is left out of ``category_scores`` (never 0). On a not-masked engine each token on the path
+is its share of 1 minus the listed tokens the compact grammar surely forbids there.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from shaping.verdict import ACTIONS, MODEL_CATEGORIES, Action, KeyframeVerdict
 
 THINK_END = "</think>"
+RAW_ZERO = " has a probability above 0 in the engine's raw softmax"
+"""How a not-masked verdict's note ends where nothing allowed had mass in float (a probe may read it)."""
 _JSON_ACTION = re.compile(r'"verdict"\s*:\s*"')
 _JSON_CATEGORIES = re.compile(r'"categories"\s*:\s*\[([^\]]*)\]')
 _JSON_ITEM = re.compile(r'"([^"]*)"')
@@ -168,13 +174,6 @@ def _continuations(spans: _Spans, offset: int, *, spaced: bool = False) -> list[
     return cut
 
 
-def _begins(rest: str, word: str, terminators: str) -> bool:
-    """Whether a continuation ``rest`` can be the start of ``word`` (or ``word`` then a terminator)."""
-    if word.startswith(rest):
-        return True
-    return rest.startswith(word) and len(rest) > len(word) and rest[len(word)] in terminators
-
-
 def _admitted_after(action: Action, tail: str, json_form: bool) -> bool | None:
     """Whether the grammar admits ``tail`` right after ``action`` at a verdict's place: True, False, or
     None where it depends on more than the action's own grammar (a second frame's line)."""
@@ -257,6 +256,18 @@ def _admitted_action_probabilities(spans: _Spans, offset: int, json_form: bool) 
     return {action: value / allowed for action, value in mass.items()}
 
 
+def _place_probabilities(place: Sequence[tuple[str, float]]) -> dict[Action, float] | None:
+    """P(action) from the probabilities at a verdict's first place as a probe read them (llama.cpp's
+    ``post_sampling_probs``): renormalised over what the grammar admits where the engine drew again under
+    it, else its raw softmax; either way read as not masked (credited spellings over what may be admitted
+    and what is not listed), exact in the first case and a lower bound in the second."""
+    if not place:
+        return None
+    top = tuple((token, math.log(p) if p > 0 else float("-inf")) for token, p in place)
+    entry = TokenLogprob(top[0][0], top[0][1], top)
+    return _admitted_action_probabilities(_Spans((entry,), [0], entry.token, 0), 0, json_form=False)
+
+
 def _unlisted(spans: _Spans, offset: int) -> float:
     """The raw softmax's mass outside the list at the token holding ``offset`` (1 minus what is listed).
 
@@ -268,26 +279,6 @@ def _unlisted(spans: _Spans, offset: int) -> float:
         return 0.0
     listed = sum(_probability(logprob) for _text, logprob in spans.tokens[index].alternatives())
     return max(0.0, 1.0 - listed)
-
-
-def _category_path(spans: _Spans, start: int, name: str, terminators: str) -> float | None:
-    """P(the engine spells ``name`` from ``start`` and stops there), along the tokens it chose."""
-    first, last = spans.at(start), spans.at(start + len(name) - 1)
-    if first is None or last is None:
-        return None
-    probability = 1.0  # along the tokens the engine chose: other spellings of the name are not counted
-    for index in range(first, last + 1):
-        probability *= _probability(spans.tokens[index].logprob)
-    boundary = spans.lead + start + len(name)
-    # the token that starts where the name ends (an end-of-output token may have no text at all)
-    after = next((i for i in range(last + 1, len(spans.tokens)) if spans.starts[i] == boundary), None)
-    if after is not None:
-        stops = [(t, _probability(lp)) for t, lp in spans.tokens[after].alternatives()]
-        total = sum(p for _, p in stops)
-        ending = sum(p for t, p in stops if not t or t[0] in terminators or t.startswith("<"))
-        if total > 0:
-            probability *= ending / total
-    return min(1.0, probability)
 
 
 def _category_slots(answer: str, action_offset: int, json_form: bool) -> list[tuple[int, str]]:
@@ -308,34 +299,151 @@ def _category_slots(answer: str, action_offset: int, json_form: bool) -> list[tu
     return slots
 
 
+def _line_admits(written: str) -> bool:
+    """Whether the compact line grammar may admit ``written`` (a verdict from its ``block`` on) at this
+    place: False only where it surely does not (no colon, a name no category has, a blank in a name)."""
+    if not written.startswith("block") or len(written) == len("block"):
+        return True
+    if written[len("block")] != ":":
+        return False
+    line, newline, _rest = written[len("block:") :].partition("\n")
+    *done, last = line.split(",")
+    if any(name not in MODEL_CATEGORIES for name in done):
+        return False
+    if newline:  # the line ended: what follows is the next frame's or the end, not judged here
+        return last in MODEL_CATEGORIES
+    return any(c.startswith(last) for c in MODEL_CATEGORIES)
+
+
+def _complete(target: str) -> bool:
+    """Whether the grammar must end the category ``target`` ends with (no longer category begins with it)."""
+    name = re.split(r'[:,"]', target)[-1]
+    return name in MODEL_CATEGORIES and not any(c != name and c.startswith(name) for c in MODEL_CATEGORIES)
+
+
+@dataclass(frozen=True, slots=True)
+class _BlockPaths:
+    """The verdict's tokens after its ``block``, where every category's path is read."""
+
+    spans: _Spans
+    action: int  # offset of the verdict's ``block`` in the answer proper
+    p_block: float
+    terminators: str
+    grammar_masked: bool
+    json_form: bool
+
+    def share(self, index: int, probability: float) -> float:
+        """The engine's ``probability`` at token ``index`` as a lower bound of the grammar's there: as given
+        where the engine masked its logits; else over 1 minus the listed tokens the grammar surely forbids
+        there (the line form's; in JSON nothing is surely forbidden, so the raw figure is the bound)."""
+        if self.grammar_masked:
+            return probability
+        origin = self.spans.lead + self.action
+        if self.json_form or self.spans.starts[index] < origin:
+            return probability
+        written = self.spans.text[origin : self.spans.starts[index]]
+        forbidden = sum(
+            _probability(logprob)
+            for text, logprob in self.spans.tokens[index].alternatives()
+            if not _is_special(text) and not _line_admits(written + text)
+        )
+        return min(1.0, probability / (1.0 - forbidden)) if forbidden < 1.0 else 0.0
+
+    def ends(self, index: int) -> float:
+        """P(a name that ends where token ``index`` starts stops there): its alternatives that stop it (a
+        terminator, the end of output); 1.0 where the answer ended there with no token at all."""
+        if index >= len(self.spans.tokens):
+            return 1.0
+        return sum(
+            self.share(index, _probability(logprob))
+            for text, logprob in self.spans.tokens[index].alternatives()
+            if _is_special(text) or text[0] in self.terminators
+        )
+
+    def stops(self, rest: str, target: str) -> bool:
+        """Whether a token that writes ``rest`` writes all of ``target`` and then stops its name."""
+        return rest.startswith(target) and len(rest) > len(target) and rest[len(target)] in self.terminators
+
+    def probability(self, target: str) -> float:
+        """A lower bound of P(the engine writes ``block``, then ``target``, and the name there ends).
+
+        Along the chosen tokens while they spell ``target``; at each of them, every listed alternative that
+        spells the rest of it through its end is added (the same text split another way, or the path the
+        engine did not take). 0.0 where nothing listed reaches the end: the path's probability is unknown.
+        """
+        spans = self.spans
+        after = spans.lead + self.action + len("block")
+        first = spans.at(self.action)
+        if first is None:
+            return 0.0
+        probability, total, index = self.p_block, 0.0, first
+        if _token_end(spans, first) <= after:  # P(block) holds the first token; the rest of ``block``:
+            index += 1
+            while index < len(spans.tokens) and _token_end(spans, index) <= after:
+                probability *= self.share(index, _probability(spans.tokens[index].logprob))
+                index += 1
+        else:  # ``block`` shares its first token with what follows: that spelling's share of P(block)
+            spelled = sum(
+                p for rest, p in _continuations(spans, self.action, spaced=True) or ()
+                if rest.startswith("block") or "block".startswith(rest)
+            )
+            probability *= _probability(spans.tokens[first].logprob) / spelled if spelled > 0 else 0.0
+        if index >= len(spans.tokens):
+            return 0.0
+        head = spans.text[spans.starts[index] : after] if spans.starts[index] < after else ""
+        if head and index != first:  # a later piece of ``block`` goes on past it: its chosen spelling alone
+            probability *= self.share(index, _probability(spans.tokens[index].logprob))
+        while index < len(spans.tokens):
+            token = spans.tokens[index]
+            chosen = "" if _is_special(token.token) else token.token[len(head) :]
+            if not head:
+                for text, logprob in token.alternatives():
+                    if text != token.token and (
+                        self.stops(text, target) or (text == target and _complete(target))
+                    ):
+                        total += probability * self.share(index, _probability(logprob))
+                probability *= self.share(index, _probability(token.logprob))
+            if not chosen or not (target.startswith(chosen) or chosen.startswith(target)):
+                return total
+            if len(chosen) >= len(target):
+                ended = self.stops(chosen, target) if len(chosen) > len(target) else self.ends(index + 1)
+                return total + probability * ended
+            target, head, index = target[len(chosen) :], "", index + 1
+        return total
+
+
+def _token_end(spans: _Spans, index: int) -> int:
+    """Where token ``index`` ends in ``spans.text``."""
+    return spans.starts[index + 1] if index + 1 < len(spans.starts) else len(spans.text)
+
+
 def _category_scores(
-    spans: _Spans,
-    slots: list[tuple[int, str]],
-    p_block: float,
-    terminators: str,
-    *,
-    grammar_masked: bool = True,
+    paths: _BlockPaths, answer: str, slots: list[tuple[int, str]]
 ) -> tuple[tuple[str, float], ...]:
-    scores = dict.fromkeys(MODEL_CATEGORIES, 0.0)
-    if slots:  # categories not named: what the alternatives at the first place could only begin
-        cut = [
-            (rest, probability, [c for c in MODEL_CATEGORIES if _begins(rest, c, terminators)])
-            for rest, probability in _continuations(spans, slots[0][0]) or []
-        ]
-        # not grammar-masked: over the alternatives that can begin some category (what the grammar allows)
-        # and what the list left out (a lower bound, as for the action)
-        allowed = 1.0 if grammar_masked else sum(p for _, p, fits in cut if fits)
-        if not grammar_masked and allowed > 0:
-            allowed += _unlisted(spans, slots[0][0])
-        for _rest, probability, fits in cut:
-            if len(fits) == 1 and allowed > 0:
-                scores[fits[0]] = max(scores[fits[0]], p_block * probability / allowed)
-    for offset, name in slots:
-        if name in scores:
-            path = _category_path(spans, offset, name, terminators) if grammar_masked else 1.0
-            if path is not None:
-                scores[name] = round(p_block * path, 4)
-    return tuple((name, round(score, 4)) for name, score in scores.items())
+    """Each category's score: a lower bound of P(block, then its path), read the same way whatever the
+    tokenizer splits; a category whose path the logprobs do not reach (scored 0.0) is left out: unknown."""
+    after = paths.action + len("block")
+    if slots:  # a named category: the verdict as written up to its end; an unnamed one: in the first's place
+        separator = answer[after : slots[0][0]]
+        named = {name: answer[after : offset + len(name)] for offset, name in slots}
+    else:
+        separator, named = (',"categories":["' if paths.json_form else ":"), {}
+    scores = {
+        category: round(paths.probability(named.get(category, separator + category)), 4)
+        for category in MODEL_CATEGORIES
+    }
+    return tuple((category, score) for category, score in scores.items() if score > 0)
+
+
+def unread_in_raw_softmax(verdict: KeyframeVerdict) -> bool:
+    """Whether a verdict has no confidence only because the raw softmax gave its place nothing in float."""
+    return verdict.confidence is None and (verdict.confidence_note or "").endswith(RAW_ZERO)
+
+
+def answer_before_each(content: str | None) -> list[str]:
+    """The compact answer up to each verdict's first character (earlier frames' lines and their breaks)."""
+    answer = (content or "").strip()
+    return [answer[:offset] for offset in _action_offsets(answer, json_form=False)]
 
 
 def _action_offsets(answer: str, json_form: bool) -> list[int]:
@@ -356,12 +464,15 @@ def with_confidence(
     missing: str = "the engine returned no logprobs",
     *,
     grammar_masked: bool = True,
+    places: Mapping[int, Sequence[tuple[str, float]]] | None = None,
 ) -> tuple[KeyframeVerdict, ...]:
     """The verdicts with ``confidence`` and ``category_scores`` read from the engine's logprobs.
 
     ``grammar_masked``: whether the engine's logprobs are taken over what the grammar allows (vLLM) or
     over the raw logits (llama.cpp), which are renormalised over the allowed alternatives and the mass the
-    list left out.
+    list left out. ``places``: for a verdict (by index), the (token, probability) list at its first token
+    that a probe read after the engine's sampler chain (``EngineWire.place_probe``); its action is read
+    from there instead of the answer's own list.
 
     Verdicts that could not be parsed, or whose tokens the logprobs do not cover, keep ``confidence``
     None with a note that says why (``missing`` when there are no logprobs at all).
@@ -390,27 +501,31 @@ def with_confidence(
         return unread(f"found {len(offsets)} verdicts in the logprobs for {len(verdicts)} frames")
     terminators = '"' if json_form else ",\n"
     read: list[KeyframeVerdict] = []
-    for verdict, offset in zip(verdicts, offsets, strict=True):
+    for index, (verdict, offset) in enumerate(zip(verdicts, offsets, strict=True)):
         if verdict.problem is not None:
             read.append(replace(verdict, confidence=None, confidence_note="the verdict could not be parsed"))
             continue
-        probabilities = action_probabilities(
-            spans, offset, grammar_masked=grammar_masked, json_form=json_form
-        )
+        if places and index in places:
+            probabilities = _place_probabilities(places[index])
+        else:
+            probabilities = action_probabilities(
+                spans, offset, grammar_masked=grammar_masked, json_form=json_form
+            )
         if probabilities is None:
             note = "no alternative at the verdict's first token" + (
-                "" if grammar_masked else " has a probability above 0 in the engine's raw softmax"
+                "" if grammar_masked else RAW_ZERO
             )
             read.append(replace(verdict, confidence=None, confidence_note=note))
             continue
-        slots = _category_slots(answer, offset, json_form) if verdict.action == "block" else []
+        scores: tuple[tuple[str, float], ...] = ()  # another action: no category's path is reached
+        if verdict.action == "block":
+            paths = _BlockPaths(spans, offset, probabilities["block"], terminators, grammar_masked, json_form)
+            scores = _category_scores(paths, answer, _category_slots(answer, offset, json_form))
         read.append(
             replace(
                 verdict,
                 confidence=round(probabilities[verdict.action], 4),
-                category_scores=_category_scores(
-                    spans, slots, probabilities["block"], terminators, grammar_masked=grammar_masked
-                ),
+                category_scores=scores,
                 confidence_note=None,
             )
         )

@@ -110,7 +110,7 @@ def gateway_processes(tmp_path: Path) -> Iterator[GatewayProcessesFactory]:
         return batch
 
     yield start
-    for gateway in started:  # all drain at once: each waits MODGATE_DRAIN_S after SIGTERM
+    for gateway in started:  # all drain at once: each waits MODGATE_SERVER__DRAIN_S after SIGTERM
         gateway.terminate()
     for gateway in started:
         gateway.stop()

@@ -66,7 +66,7 @@ class GatewayProcess:
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port)],
-                env={**os.environ, "MODGATE_LOG_LEVEL": "warning", **env},
+                env={**os.environ, "MODGATE_SERVER__LOG_LEVEL": "warning", **env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -87,7 +87,7 @@ class GatewayProcess:
         self.process.wait(10)
 
     def terminate(self) -> None:
-        """SIGTERM if still running, without waiting (it drains ``MODGATE_DRAIN_S`` first, then exits)."""
+        """SIGTERM if still running, without waiting (it drains MODGATE_SERVER__DRAIN_S first, then exits)."""
         if self.process.poll() is None:
             self.process.terminate()
 

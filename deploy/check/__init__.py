@@ -51,11 +51,12 @@ Rules (rule id, severity: what it checks):
   hybrid model (by name, or any `--mamba-*` flag) without it (its block is longer than the shared prompt:
   no request hits; `--prefix-match-unit 16` and the gateway's priming fix it); set on a model that does not
   look hybrid (one KV cache group: vLLM refuses any unit but the block).
-- max-inflight, error: the gateway's `MODGATE_MAX_INFLIGHT` (default 8) above its engine's
+- max-inflight, error: the gateway's `MODGATE_ENGINE__MAX_INFLIGHT` (default 8) above its engine's
   `--max-num-seqs`: the excess queues inside the engine, outside the gateway's priority queue and
   deadlines.
 - queue-backstop, warning: a vLLM engine a gateway calls has no `--max-num-queued-reqs`, or one not above
-  the gateway's `MODGATE_MAX_INFLIGHT`; recommended: twice the cap. With Redis away each replica caps alone,
+  the gateway's `MODGATE_ENGINE__MAX_INFLIGHT`; recommended: twice the cap. With Redis away each replica caps
+  alone,
   so replicas together may send the engine several times its cap, which vLLM queues without bound; past
   `--max-num-queued-reqs` it answers 503 "engine busy", which the gateway treats as back-pressure (the
   frame waits or moves to another engine; the circuit is untouched).
@@ -63,8 +64,8 @@ Rules (rule id, severity: what it checks):
   all of it with `--kv-unified`) below one keyframe's prompt (1,076 tokens at 660 image tokens, scaled to
   the gateway's `MODGATE_SHAPING__IMAGE_TOKEN_BUDGET`) plus its longest output
   (`MODGATE_ENGINE__MAX_COMPLETION_TOKENS_THINKING`, 512).
-- llamacpp-slots, error: the gateway's `MODGATE_MAX_INFLIGHT` above llama-server's slots (`--parallel`;
-  unset: the server's auto, 4).
+- llamacpp-slots, error: the gateway's `MODGATE_ENGINE__MAX_INFLIGHT` above llama-server's slots
+  (`--parallel`; unset: the server's auto, 4).
 - llamacpp-prompt-cache, error: `--no-cache-prompt`, or `--ctx-checkpoints 0` (the Spark's model is hybrid:
   its recurrent state is reused only from a checkpoint). Warning: `--cache-reuse` with `--mmproj` (the
   server turns it off for multimodal models).

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
+
+from gateway.renamed_settings import deprecated_env_names
 
 Severity = Literal["error", "warning"]
 
-DEFAULT_MAX_INFLIGHT = 8  # the gateway's default MODGATE_MAX_INFLIGHT (docs/spark.md)
+DEFAULT_MAX_INFLIGHT = 8  # the gateway's default MODGATE_ENGINE__MAX_INFLIGHT (docs/spark.md)
+_REPLACED = {new: old for old, new in deprecated_env_names().items()}
+_Value = TypeVar("_Value")
+
+
+def gateway_setting(environment: Mapping[str, _Value], name: str) -> _Value | None:
+    """A gateway setting as the gateway reads it: by its name, else by the deprecated name it replaced."""
+    if name in environment:
+        return environment[name]
+    old = _REPLACED.get(name)
+    return environment.get(old) if old else None
 
 # Boolean switches of vLLM and llama.cpp's server that take no value, so the token after them is not read as
 # theirs.

@@ -15,10 +15,12 @@ From llama.cpp's tools/server/server-task.cpp (``to_json_oaicompat_chat``, ``...
 - a logprob entry is ``id, token, bytes, logprob, top_logprobs`` (alternatives ``id, token, bytes,
   logprob``): exactly ``n_probs`` alternatives of a softmax over the raw logits, taken before the grammar
   (``get_token_probabilities`` in server-common.cpp), a probability of 0 in float written as the lowest
-  float. The simulated model's raw softmax: where a grammar holds the answer, 60 % of it sits on tokens
-  the grammar forbids (``OFF_GRAMMAR``: a line break, as the tiny test model's blank, ``The`` and ``**``,
-  the near twins a trained model ranks beside a verdict) and the rest is the model's own distribution over
-  what the grammar allows; so a short ``n_probs`` list holds forbidden tokens and leaves allowed ones out.
+  float. The simulated model's raw softmax: where a grammar holds the answer, up to 60 % of it sits on
+  tokens the grammar forbids (``OFF_GRAMMAR``: a line break, as the tiny test model's blank, ``The`` and
+  ``**``; and ``TWINS`` of the chosen token, the near twins a trained model ranks beside it: ``Allow``,
+  `` allow``, ``allowed``, ``blocked``) and the rest is the model's own distribution over what the grammar
+  allows; so a short ``n_probs`` list holds forbidden tokens and leaves allowed ones out, and a reader that
+  credited a twin to its action would read above the truth.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import json
 import math
 import string
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,8 +44,15 @@ from deploy.simulator.scheduler import FinishEvent, StepLoop, TokenEvent
 from shaping.bpe import QwenBPE
 
 LLAMACPP_ZERO_LOGPROB = -3.4028234663852886e38  # std::numeric_limits<float>::lowest(): llama-server's log(0)
-# what the raw softmax puts on tokens the grammar forbids, at each answer token (0.6 in all)
-OFF_GRAMMAR: tuple[tuple[str, float], ...] = (("\n", 0.45), ("The", 0.1), ("**", 0.05))
+# what the raw softmax puts on tokens the grammar forbids, at each answer token (0.6 with all three twins)
+# (the line break above the 0.4 left to what the grammar allows: the best listed token is forbidden)
+OFF_GRAMMAR: tuple[tuple[str, float], ...] = (("\n", 0.41), ("The", 0.01), ("**", 0.01))
+# the chosen token's twins the grammar forbids at its place, each a function of it, with its share
+TWINS: tuple[tuple[Callable[[str], str], float], ...] = (
+    (str.capitalize, 0.07),  # Allow, Block, Viol
+    (lambda token: " " + token, 0.05),  # a blank before it (none is allowed in a compact verdict)
+    (lambda token: token + "ed", 0.05),  # allowed, blocked, reviewed
+)
 SYSTEM_FINGERPRINT = "b11434-modgate-sim"  # llama_build_info(): the tree's build number, then the commit
 
 
@@ -237,9 +246,9 @@ def logprob_entry(run: LlamaCppCompletion, event: TokenEvent) -> dict[str, Any]:
     text = "" if event.text == END_OF_OUTPUT else event.text  # the stop token's text_to_send is empty
     alternatives = list(event.alternatives) or [(event.text, event.logprob)]
     if run.constrained and event.channel == "content" and event.text not in (END_OF_OUTPUT, THINK_END):
-        kept = math.log1p(-sum(share for _, share in OFF_GRAMMAR))
-        forbidden = dict(OFF_GRAMMAR)
-        alternatives = [(token, math.log(share)) for token, share in OFF_GRAMMAR] + [
+        forbidden = forbidden_beside(event.text, {token for token, _ in alternatives})
+        kept = math.log1p(-sum(forbidden.values()))
+        alternatives = [(token, math.log(share)) for token, share in forbidden.items()] + [
             (token, logprob + kept) for token, logprob in alternatives if token not in forbidden
         ]
     chosen = dict(alternatives).get(event.text, event.logprob)
@@ -264,6 +273,17 @@ def logprob_entry(run: LlamaCppCompletion, event: TokenEvent) -> dict[str, Any]:
             for token, logprob in alternatives[:top]
         ],
     }
+
+
+def forbidden_beside(chosen: str, allowed: set[str]) -> dict[str, float]:
+    """The raw softmax's share of each token the grammar forbids where ``chosen`` was written: the fixed
+    ones and ``chosen``'s twins (a twin that is the token itself or an allowed alternative is none)."""
+    forbidden = dict(OFF_GRAMMAR)
+    for twin_of, share in TWINS:
+        twin = twin_of(chosen)
+        if twin != chosen and twin not in allowed and twin not in forbidden:
+            forbidden[twin] = share
+    return forbidden
 
 
 def _fillers(bpe: QwenBPE) -> Iterator[str]:

@@ -14,7 +14,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
 from quality.decisions import DECISION_SCHEMA, DecisionRow, tenant_decisions
+
+REDIS_URL = "MODGATE_REDIS__URL"
 
 decisions_app = typer.Typer(help="The decision log: every verdict answered, for an auditor.",
                             no_args_is_help=True)
@@ -29,7 +32,7 @@ def _since(value: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # a time without a zone is UTC
 
 
-async def _rows(redis_url: str | None, stream: str, archive_dir: Path, since: datetime,
+async def decision_rows(redis_url: str | None, stream: str, archive_dir: Path, since: datetime,
                 tenant: str | None) -> list[DecisionRow]:
     from gateway.decisions.log import RedisDecisionLog, export_rows  # the service's modules: imported late
     from gateway.http.services import redis_client
@@ -69,7 +72,8 @@ def export(
     ] = "jsonl",
     out: Annotated[Path | None, typer.Option("--out", help="The file to write (jsonl: else stdout).")] = None,
     redis_url: Annotated[str | None, typer.Option(
-        "--redis-url", envvar="MODGATE_REDIS_URL", help="The gateways' Redis (decisions not archived yet)."
+        "--redis-url", envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL),
+        help="The gateways' Redis (decisions not archived yet).",
     )] = None,
     stream: Annotated[str, typer.Option("--stream", envvar="MODGATE_DECISIONS__STREAM")] = (
         "modgate:decisions"
@@ -79,7 +83,7 @@ def export(
     )] = Path("var/decisions"),
 ) -> None:
     """Write one row per decision from ``--since`` on: the archive's days, then what Redis still holds."""
-    rows = asyncio.run(_rows(redis_url or None, stream, archive_dir, _since(since), tenant))
+    rows = asyncio.run(decision_rows(redis_url or None, stream, archive_dir, _since(since), tenant))
     write_export(rows, out_format, out)
     if out is not None:
         typer.echo(f"{len(rows)} decision(s) written to {out}", err=True)
@@ -93,7 +97,9 @@ def _share(value: float | None) -> str:
 def summary(
     since: Annotated[str, typer.Option("--since", help="From this ISO 8601 time on (UTC without a zone).")],
     tenant: Annotated[str | None, typer.Option("--tenant", help="This tenant only.")] = None,
-    redis_url: Annotated[str | None, typer.Option("--redis-url", envvar="MODGATE_REDIS_URL")] = None,
+    redis_url: Annotated[str | None, typer.Option(
+        "--redis-url", envvar=option_envvars(REDIS_URL), callback=warn_if_read_by_old_name(REDIS_URL)
+    )] = None,
     stream: Annotated[str, typer.Option("--stream", envvar="MODGATE_DECISIONS__STREAM")] = (
         "modgate:decisions"
     ),
@@ -102,7 +108,7 @@ def summary(
     ),
 ) -> None:
     """Per tenant: decisions, block and review shares, verdicts its policy changed, and people's agreement."""
-    rows = asyncio.run(_rows(redis_url or None, stream, archive_dir, _since(since), tenant))
+    rows = asyncio.run(decision_rows(redis_url or None, stream, archive_dir, _since(since), tenant))
     table = Table(title=f"decisions since {since}")
     for column in ("tenant", "decisions", "block", "review", "changed by policy", "engine failures",
                    "labelled", "label agrees"):

@@ -87,7 +87,7 @@ def engine_settings(settings: Settings) -> Iterator[Settings]:
         preset = preset.scaled(tokenizer=settings.simulator.tokenizer)
     with ThreadedServer(create_sim_app(preset, settings.simulator.time_scale)) as server:
         log.warning(
-            "MODGATE_ENGINE_URL is unset: using the built-in simulated engine at %s "
+            "MODGATE_ENGINE__URL is unset: using the built-in simulated engine at %s "
             "(%s preset, time scale %g)",
             server.url,
             preset.name,
@@ -122,20 +122,20 @@ def served_app() -> Litestar:
 @app.command()
 def serve(
     host: Annotated[
-        str | None, typer.Option(help="Address to listen on (default MODGATE_HOST or 127.0.0.1).")
+        str | None, typer.Option(help="Address to listen on (default MODGATE_SERVER__HOST or 127.0.0.1).")
     ] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default MODGATE_PORT or 8080).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default MODGATE_SERVER__PORT or 8080).")] = None,
     workers: Annotated[
         int,
         typer.Option(
             envvar="MODGATE_WORKERS",
             min=1,
-            help="Worker processes. Each keeps its own in-flight cap and, without MODGATE_REDIS_URL, its own "
-            "policy, keys, jobs and verdict cache: more than 1 needs Redis.",
+            help="Worker processes. Each keeps its own in-flight cap and, without MODGATE_REDIS__URL, its "
+            "own policy, keys, jobs and verdict cache: more than 1 needs Redis.",
         ),
     ] = 1,
 ) -> None:
-    """Serve the gateway; with MODGATE_ENGINE_URL unset it starts the simulated engine itself."""
+    """Serve the gateway; with MODGATE_ENGINE__URL unset it starts the simulated engine itself."""
     import uvicorn
 
     from gateway.cli.serving import run as run_server
@@ -151,7 +151,7 @@ def serve(
         raise typer.Exit(2) from exc
     if workers > 1 and not settings.redis_url:
         typer.secho(
-            "--workers above 1 needs MODGATE_REDIS_URL: without it every worker process would keep "
+            "--workers above 1 needs MODGATE_REDIS__URL: without it every worker process would keep "
             "its own thinking policy, keys, jobs and verdict cache, and a policy flip would reach "
             "only one.",
             fg="red",
@@ -171,7 +171,7 @@ def serve(
     typer.echo(f"try: curl -s {url}/v1/moderations -H 'Content-Type: application/json'{auth} -d @{sample}")
     if workers > 1:
         typer.secho(
-            f"{workers} workers: each admits up to MODGATE_MAX_INFLIGHT={settings.max_inflight} "
+            f"{workers} workers: each admits up to MODGATE_ENGINE__MAX_INFLIGHT={settings.max_inflight} "
             f"engine requests, {workers * settings.max_inflight} in all; lower it to keep the "
             "engine's cap.",
             fg="yellow",
@@ -183,7 +183,7 @@ def serve(
         _spawn_without_main_module()
     with engine_settings(settings) as served:
         if workers > 1 and served.engine_url:
-            os.environ["MODGATE_ENGINE_URL"] = served.engine_url  # worker processes read the environment
+            os.environ["MODGATE_ENGINE__URL"] = served.engine_url  # worker processes read the environment
         drain = Drain(served.drain_s)
         target: Litestar | str = (
             create_app(served, drain=drain) if workers == 1 else "gateway.cli.main:served_app"
@@ -205,7 +205,7 @@ def serve(
             http="httptools",
             log_config=log_config,
         )
-        run_server(config, drain)  # SIGTERM: drain MODGATE_DRAIN_S, finish, exit 0 (gateway/cli/serving.py)
+        run_server(config, drain)  # SIGTERM: drain MODGATE_SERVER__DRAIN_S, finish, exit 0 (cli/serving.py)
 
 
 def _spawn_without_main_module() -> None:

@@ -1,6 +1,7 @@
 """``modgate policy show|set|rollback|history|audit``: the thinking policy of a running gateway, over HTTP.
 
-Every command needs the admin token (``--token`` or ``MODGATE_ADMIN_TOKEN``); every change a ``--reason``.
+Every command needs the admin token (``--token`` or ``MODGATE_AUTH__ADMIN_TOKEN``), every change a
+``--reason``.
 ``set`` reads the policy in force, applies the options (and/or a JSON or YAML file of fields) and sends it
 back with the version it was read at, so a flip made meanwhile by someone else is refused (409), not lost.
 """
@@ -23,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gateway.policy.rules import MODES, AuditEntry, ThinkingPolicy, policy_changes
+from gateway.renamed_settings import env_name, option_envvars, warn_if_read_by_old_name
 
 policy_app = typer.Typer(help="Show and flip the thinking policy of a running gateway (admin token).",
                          no_args_is_help=True)
@@ -30,8 +32,10 @@ policy_app = typer.Typer(help="Show and flip the thinking policy of a running ga
 _SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed", "reason", "version")
 
 Url = Annotated[str, typer.Option("--url", envvar="MODGATE_URL", help="The gateway's base URL.")]
-Token = Annotated[str | None, typer.Option("--token", envvar="MODGATE_ADMIN_TOKEN", show_default=False,
-                                           help="Admin token (default: MODGATE_ADMIN_TOKEN).")]
+ADMIN = env_name("auth", "admin_token")  # MODGATE_AUTH__ADMIN_TOKEN
+Token = Annotated[str | None, typer.Option("--token", envvar=option_envvars(ADMIN), show_default=False,
+                                           callback=warn_if_read_by_old_name(ADMIN),
+                                           help=f"Admin token (default: {ADMIN}).")]
 Operator = Annotated[str | None, typer.Option("--as", show_default=False,
                                               help="Your name in the audit trail (default: your login).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the gateway's JSON instead of tables.")]
@@ -77,7 +81,7 @@ class AdminClient:
 
     def __init__(self, url: str, token: str | None, operator: str | None = None) -> None:
         if not token:
-            _fail("no admin token: pass --token or set MODGATE_ADMIN_TOKEN", code=2)
+            _fail("no admin token: pass --token or set MODGATE_AUTH__ADMIN_TOKEN", code=2)
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"}
         name = operator or _login()

@@ -3,8 +3,8 @@
 Plain uvicorn, on SIGTERM, closes its listening socket at once (a caller 0.3 s later gets "connection
 refused"), never lets readiness fail first, and re-raises the signal after its shutdown, so the process
 ends by the signal instead of exiting 0. Here the first SIGTERM (or Ctrl-C) only begins the drain
-(gateway/drain.py): for ``MODGATE_DRAIN_S`` seconds everything is served and ``/readyz`` answers 503; then
-uvicorn's own shutdown runs (stop accepting, finish the requests in flight, close the app, whose lifespan
+(gateway/drain.py): for ``MODGATE_SERVER__DRAIN_S`` seconds everything is served and ``/readyz`` answers 503;
+then uvicorn's own shutdown runs (stop accepting, finish the requests in flight, close the app, whose lifespan
 finishes or requeues running jobs and writes the shadow records), and the process exits 0. A second Ctrl-C
 stops at once, as uvicorn's does.
 

@@ -1,6 +1,6 @@
 """docs/settings.md, written from the settings model: ``python -m gateway.cli.settings_docs``.
 
-Each variable's name comes from the model (prefix ``MODGATE_``, nested groups with ``__``), its default from
+Each variable's name comes from the model (``MODGATE_<GROUP>__<NAME>``), its default from
 the field, and its meaning from the comments beside the field in gateway/settings.py, so a setting added
 there is documented by running this again (tests/layout/test_settings_docs.py fails until it is).
 """
@@ -19,11 +19,11 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from gateway import settings as settings_module
+from gateway.renamed_settings import NESTED, PREFIX, deprecated_env_names
 from gateway.settings import Settings
 
 SOURCE = Path(settings_module.__file__)
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
-PREFIX, NESTED = "MODGATE_", "__"
 
 
 def field_comments(source: str) -> dict[tuple[str, str], str]:
@@ -87,13 +87,9 @@ def settings_markdown() -> str:
         "Use this page to configure the gateway: every environment variable it reads, its default and what",
         "it changes. Written from gateway/settings.py by `python -m gateway.cli.settings_docs`; do not edit.",
         "",
-        f"Every name starts with `{PREFIX}`; a setting of a group joins the group's name with `{NESTED}`.",
-        "",
-        "## The gateway",
-        "",
-        "| variable | default | what it changes |",
-        "| --- | --- | --- |",
-        *_rows(Settings, PREFIX, comments),
+        f"Every setting is `{PREFIX}<GROUP>{NESTED}<NAME>`, its group and its name joined by `{NESTED}`",
+        "(`MODGATE_ENGINE__URL`, `MODGATE_SERVER__PORT`). A group can also be set whole, as JSON",
+        "(`MODGATE_ENGINE='{\"url\": \"http://vllm:8000\", \"max_inflight\": 16}'`).",
     ]
     for name, field in Settings.model_fields.items():
         group = field.annotation
@@ -109,6 +105,19 @@ def settings_markdown() -> str:
             "| --- | --- | --- |",
             *_rows(group, f"{PREFIX}{name.upper()}{NESTED}", comments),
         ]
+    out += [
+        "",
+        "## Deprecated names",
+        "",
+        "These older names are still read, each with a deprecation warning in the log at start; where both",
+        "are set, the new name wins. The Python attributes and keywords of the same old names",
+        "(`settings.engine_url`, `Settings(engine_url=...)`) keep working too. An `.env` file that feeds a",
+        "compose file's `${...}` needs the names that file asks for: deploy/spark asks for the new ones.",
+        "",
+        "| deprecated | use instead |",
+        "| --- | --- |",
+        *(f"| `{old}` | `{new}` |" for old, new in deprecated_env_names().items()),
+    ]
     return "\n".join(out) + "\n"
 
 

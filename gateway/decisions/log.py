@@ -5,8 +5,10 @@ Redis layout (``<stream>`` is ``MODGATE_DECISIONS__STREAM``):
 - ``<stream>``: one entry per decision, field ``row`` (the row's JSON); the entry id's time is the append's.
 - ``<stream>:archiver``: a lock (SET NX PX) so one replica at a time moves entries to Parquet.
 
-The answer never waits on a failing Redis longer than ``redis_timeout_s``: an append that fails is logged
-and counted (``modgate_decisions_unlogged_total``), and the verdict goes out.
+The answer never waits on a failing Redis longer than ``redis_timeout_s``: an append that fails is tried
+again in the background (``retry_attempts`` times in all, for at most ``retry_timeout_s``, with stamina's
+jittered back-off), and only when every try failed is it logged and counted
+(``modgate_decisions_unlogged_total``). The verdict goes out either way.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+import stamina
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 from redis.asyncio import Redis
@@ -49,6 +52,10 @@ class DecisionLog(Protocol):
         """Move rows older than ``archive_after_s`` into the day files; drop days past retention."""
         ...
 
+    async def flush(self) -> None:
+        """Wait until every failed append was stored or counted as unlogged."""
+        ...
+
 
 def _archive_files(settings: DecisionSettings, rows: list[DecisionRow], now: float) -> None:
     """Write rows to their day folders and drop expired days (on a worker thread: Parquet is CPU)."""
@@ -58,7 +65,7 @@ def _archive_files(settings: DecisionSettings, rows: list[DecisionRow], now: flo
 
 
 class MemoryDecisionLog:
-    """This process's decisions (``MODGATE_REDIS_URL`` unset): lost on restart until archived."""
+    """This process's decisions (``MODGATE_REDIS__URL`` unset): lost on restart until archived."""
 
     def __init__(self, settings: DecisionSettings, unlogged: Counter | None = None) -> None:
         self.settings = settings
@@ -69,6 +76,9 @@ class MemoryDecisionLog:
         """Keep ``rows`` in memory."""
         now = time.time()
         self._rows.extend((now, row) for row in rows)
+
+    async def flush(self) -> None:
+        """Nothing to wait for: memory takes every row."""
 
     async def live(self, since: datetime, tenant: str | None = None) -> list[DecisionRow]:
         """Rows not yet archived."""
@@ -95,23 +105,65 @@ class RedisDecisionLog:
         self._stream = settings.stream
         self._lock = f"{settings.stream}:archiver"
         self._unlogged = unlogged
+        self._retrying: set[asyncio.Task[None]] = set()
+
+    async def _add(self, batch: list[DecisionRow]) -> None:
+        """XADD each row in one round trip, waiting no longer than ``redis_timeout_s``."""
+        async with asyncio.timeout(self.settings.redis_timeout_s):
+            pipe = self._redis.pipeline(transaction=False)
+            for row in batch:
+                pipe.xadd(self._stream, {"row": row.model_dump_json()})
+            await pipe.execute()
 
     async def append(self, rows: Iterable[DecisionRow]) -> None:
-        """XADD each row (one round trip); a failing or hanging Redis costs the answer at most the timeout."""
+        """XADD each row (one round trip); a failing or hanging Redis costs the answer at most the timeout,
+        and the rows are tried again in the background (:meth:`_retry`)."""
         batch = list(rows)
         if not batch:
             return
         try:
-            async with asyncio.timeout(self.settings.redis_timeout_s):
-                pipe = self._redis.pipeline(transaction=False)
-                for row in batch:
-                    pipe.xadd(self._stream, {"row": row.model_dump_json()})
-                await pipe.execute()
+            await self._add(batch)
         except _REDIS_DOWN as exc:
+            log.warning("the decision log did not take %d decision(s), trying again: %s", len(batch), exc,
+                        extra={"request_id": batch[0].request_id})
+            task = asyncio.create_task(self._retry(batch), name="decision-log-retry")
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
+
+    async def _retry(self, batch: list[DecisionRow]) -> None:
+        """Try ``batch`` again with back-off; when every try failed, log it and count it as unlogged."""
+        settings = self.settings
+        try:
+            if settings.retry_attempts <= 1:  # the first try was append's, on the answer's time
+                raise ConnectionError("retries are off (MODGATE_DECISIONS__RETRY_ATTEMPTS=1)")
+            async for attempt in stamina.retry_context(
+                on=_REDIS_DOWN, attempts=settings.retry_attempts - 1,
+                timeout=settings.retry_timeout_s, wait_initial=0.1, wait_max=5.0,
+            ):
+                with attempt:
+                    await self._add(batch)
+        except (*_REDIS_DOWN, asyncio.CancelledError) as exc:
             if self._unlogged is not None:
                 self._unlogged.inc(len(batch))
-            log.error("the decision log did not take %d decision(s): %s", len(batch), exc,
+            log.error("the decision log did not take %d decision(s) after %d tries: %s", len(batch),
+                      settings.retry_attempts, exc or "the gateway stopped",
                       extra={"request_id": batch[0].request_id})
+
+    async def flush(self) -> None:
+        """Wait for the appends being tried again (shutdown, tests): each ends stored or counted."""
+        while self._retrying:
+            await asyncio.gather(*self._retrying, return_exceptions=True)
+
+    async def close(self, timeout_s: float) -> None:
+        """At shutdown: give the appends being tried again ``timeout_s``, then stop them and count their rows
+        as unlogged (never dropped silently)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.flush()
+        except TimeoutError:
+            for task in list(self._retrying):
+                task.cancel()
+            await asyncio.gather(*self._retrying, return_exceptions=True)
 
     @staticmethod
     def _entries(raw: object) -> list[tuple[str, DecisionRow | None]]:

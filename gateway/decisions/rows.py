@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from gateway.moderation.wire import ModerationDetails
 from quality.decisions import DecisionKind, DecisionRow
 from shaping.verdict import Action
+
+if TYPE_CHECKING:
+    from gateway.review.models import LabelledItem
 
 
 def decision_kind(details: ModerationDetails) -> DecisionKind:
@@ -49,15 +53,30 @@ def decision_row(details: ModerationDetails, request_id: str, tenant: str, at: d
 
 def label_row(
     request_id: str, tenant: str, frame_sha256: str | None, action: Action, categories: list[str],
-    reviewer: str, at: datetime,
+    reviewer: str, at: datetime, *, engine_request_id: str | None = None, review_reason: str | None = None,
+    audit_sample_rate: float | None = None,
 ) -> DecisionRow:
-    """A person's label of an earlier decision (named by its request and frame): ``automated`` false.
-
-    The review queue appends it (``ModerationService.decisions.append([row])``) once a reviewer labels an
-    item; an export then holds the machine's decision and the person's, side by side.
-    """
+    """A person's label of an earlier decision (named by its request and frame, or by the engine request
+    that made it): a row of its own, ``automated`` false, so the log stays append-only (the decision's row
+    may be in a Parquet file already) and an export holds the machine's decision and the person's side by
+    side."""
     return DecisionRow(
         decided_at=at, request_id=request_id, tenant=tenant, frame_sha256=frame_sha256, kind="label",
         automated=False, action=action, categories=sorted(categories), confidence=None, model=None,
-        prompt_version=None, moderation_policy_version=None, thinking=None, labelled_by=reviewer,
+        prompt_version=None, moderation_policy_version=None, thinking=None,
+        engine_request_id=engine_request_id, labelled_by=reviewer, review_reason=review_reason,
+        audit_sample_rate=audit_sample_rate,
+    )
+
+
+def review_label_row(done: LabelledItem) -> DecisionRow:
+    """A review queue label as its row: the item names its decision by the engine request that made it
+    (the result's ``modgate.request_id``) and the frame's hash; the reviewer as the review audit names
+    them; why the item was queued and the audit rate it was offered at (an audit label stands for
+    1/rate confident verdicts in the weekly report)."""
+    item, label = done.item, done.label
+    return label_row(
+        item.request_id, item.tenant, item.frame_sha256, label.action, list(label.categories), label.reviewer,
+        datetime.fromtimestamp(label.labelled_at, UTC), engine_request_id=item.request_id,
+        review_reason=item.reason, audit_sample_rate=item.audit_sample_rate,
     )

@@ -46,12 +46,12 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
     created_cache_tokens: int = 0
-    image_tokens: int = 0
+    image_tokens: int | None = 0  # None: the engine counts none (llama.cpp), which is not "no image tokens"
     reasoning_tokens: int = 0
 
     @classmethod
-    def from_wire(cls, usage: dict[str, Any] | None) -> Usage:
-        """Read vLLM's ``usage`` object."""
+    def from_wire(cls, usage: dict[str, Any] | None, counts_images: bool = True) -> Usage:
+        """Read vLLM's ``usage`` object (``counts_images`` False: an engine that gives no image count)."""
         usage = usage or {}
         prompt_details = usage.get("prompt_tokens_details") or {}
         completion_details = usage.get("completion_tokens_details") or {}
@@ -61,7 +61,7 @@ class Usage:
             completion_tokens=int(usage.get("completion_tokens") or 0),
             cached_tokens=int(prompt_details.get("cached_tokens") or 0),
             created_cache_tokens=int(prompt_details.get("created_cache_tokens") or 0),
-            image_tokens=int(multimodal.get("image") or 0),
+            image_tokens=int(multimodal.get("image") or 0) if counts_images else None,
             reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
         )
 
@@ -239,6 +239,11 @@ class EngineClient:
         """The engine kind, or "unknown" before it was detected."""
         return "unknown" if self._wire is None else self._wire.kind
 
+    @property
+    def counts_image_tokens(self) -> bool:
+        """Whether its token count and usage include images, as far as it is known (undetected: yes)."""
+        return self._wire is None or self._wire.counts_image_tokens
+
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``)."""
         return [model_id for model_id, _ in await self.model_cards()]
@@ -294,6 +299,23 @@ class EngineClient:
         except ValueError:
             payload = {"error": {"message": response.text[:200]}}
         return response.status_code, payload if isinstance(payload, dict) else {}
+
+    async def verdict_place(
+        self, body: dict[str, Any], before: str, regex: str
+    ) -> tuple[tuple[str, float], ...] | None:
+        """The grammar's distribution at a verdict's first token where the wire can ask for it (its
+        ``place_probe``); None where it cannot or the engine did not answer (the verdict then keeps no
+        confidence: a probe never fails the call)."""
+        wire = await self.wire()
+        probe = wire.place_probe(body, before, regex)
+        if probe is None:
+            return None
+        try:
+            response = await self._http.post("/v1/chat/completions", json=probe, timeout=60.0)
+            payload = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return wire.read_place(payload) if isinstance(payload, dict) else None
 
     async def probe_stream(self, body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
         """:meth:`probe_chat` streamed, answered as (status, the chunks): a streamed answer is where both
@@ -421,7 +443,7 @@ class EngineClient:
             content="".join(state.content) if state.content else None,
             reasoning="".join(state.reasoning) if state.reasoning else None,
             finish_reason=state.finish_reason,
-            usage=Usage.from_wire(state.usage),
+            usage=Usage.from_wire(state.usage, (self._wire or wire_for("vllm")).counts_image_tokens),
             ttft_s=None if state.first_token_at is None else state.first_token_at - started,
             total_s=total,
             request_id=request_id,

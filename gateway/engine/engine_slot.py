@@ -32,7 +32,7 @@ class EngineSlot:
     peak_inflight: int = 0
     failovers: int = 0  # calls moved away from this engine because it could not take them
     busy_answers: int = 0  # calls it answered "busy" (its own queue full, no slot free): back-pressure
-    cap_configured: bool = False  # set in MODGATE_ENGINE_CAPS: its own slot count does not replace it
+    cap_configured: bool = False  # set in MODGATE_ENGINE__CAPS: its own slot count does not replace it
     _outcomes: deque[bool] = field(default_factory=lambda: deque(maxlen=20))  # True: the engine failed
     default_cap: int = field(init=False)  # the cap it was given: what it returns to if it names no slots
 

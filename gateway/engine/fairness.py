@@ -88,15 +88,19 @@ class Work:
 class WorkModel:
     """Engine time of a call in prompt-token equivalents: prompt tokens + weight × output tokens.
 
-    The weight prices one output token against one prompt token: the engine preset's prefill rate over its
-    aggregate decode rate (the Spark's 3,325 / 97.8 tokens/s: ~34×; docs/tenants.md says where it comes
-    from and how it is set). Output is unknown until the call ends, so the
-    estimate uses the mean output of recent calls in the same thinking mode; the real usage then corrects
-    the charge.
+    The weight prices one output token against one prompt token: the engine's prefill rate over its
+    aggregate decode rate (docs/tenants.md). Set (``MODGATE_TENANTS__OUTPUT_TOKEN_WEIGHT``, or the built-in
+    simulator's preset) it stays; otherwise it starts at the default and is learned from the engine served
+    (:meth:`observe`). Output is unknown until the call ends, so the estimate uses the mean output of recent
+    calls in the same thinking mode; the real usage then corrects the charge.
     """
 
-    def __init__(self, output_token_weight: float, prompt_tokens: float = 1076.0) -> None:
+    def __init__(
+        self, output_token_weight: float, prompt_tokens: float = 1076.0, *, learn_weight: bool = False
+    ) -> None:
         self.output_token_weight = output_token_weight
+        self.learn_weight = learn_weight
+        self.weight_samples = 0  # calls the weight was learned from
         self._prompt_per_frame = prompt_tokens
         self._output = {True: 95.0, False: 10.0}  # starting guesses; moved by every call's real usage
 
@@ -112,3 +116,26 @@ class WorkModel:
         self._output[work.thinking] = 0.9 * self._output[work.thinking] + 0.1 * completion_tokens / frames
         self._prompt_per_frame = 0.9 * self._prompt_per_frame + 0.1 * prompt_tokens / frames
         return prompt_tokens + self.output_token_weight * completion_tokens
+
+    def observe(
+        self, prefilled_tokens: int, ttft_s: float | None, output_tokens: int, decode_s: float, streams: float
+    ) -> None:
+        """Learn the weight from one finished call (when it is not set): the engine time of an output token
+        over a prompt token's. A prompt token took ``ttft_s / prefilled_tokens`` (the prefill holds the
+        engine); an output token ``decode_s / (output_tokens - 1)`` of the call's own time, shared by the
+        ``streams`` calls decoding beside it on that engine (a decode step serves them all: what one costs
+        the engine is its share, the aggregate decode rate's). Calls too short to time are skipped."""
+        if not self.learn_weight or ttft_s is None or ttft_s <= 0 or decode_s <= 0:
+            return
+        if prefilled_tokens < MIN_TIMED_TOKENS or output_tokens - 1 < MIN_TIMED_TOKENS:
+            return
+        per_prompt_token = ttft_s / prefilled_tokens
+        per_output_token = decode_s / (output_tokens - 1) / max(1.0, streams)
+        weight = min(1000.0, per_output_token / per_prompt_token)
+        self.weight_samples += 1
+        alpha = max(0.1, 1.0 / self.weight_samples)  # the first calls replace the default, then a mean
+        self.output_token_weight = (1 - alpha) * self.output_token_weight + alpha * weight
+
+
+MIN_TIMED_TOKENS: Final = 8
+"""Fewer prompt or output tokens than this time the request's fixed costs, not the engine's per token."""

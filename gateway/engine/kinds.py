@@ -8,10 +8,12 @@ takes and reads what its engine serves. The moderation path never asks which kin
   ``chat_template_kwargs``; logprobs already grammar-masked; ``vllm:prefix_cache_*`` counters.
 - llama.cpp's ``llama-server`` (``LlamaCppWire``, read from its tools/server sources): the regex becomes a
   GBNF ``grammar``; ``thinking_token_budget`` becomes ``reasoning_budget_tokens``; no ``priority``;
-  logprobs are softmax over the raw logits (not grammar-masked: shaping.confidence renormalises over the
-  alternatives that can begin a verdict and the mass the list left out, and four times vLLM's alternatives
-  are asked); ``/tokenize`` takes text (``/apply-template`` renders the messages first) and counts no image
-  tokens; its cache counters are ``llamacpp:prompt_tokens_total`` (processed, cached excluded) and
+  logprobs are softmax over the raw logits (not grammar-masked: shaping.confidence credits only what the
+  grammar admits and counts the mass the list left out, and four times vLLM's alternatives are asked);
+  where that raw list gives a thinking-off verdict nothing, a one-token probe at temperature 1 reads the
+  grammar's distribution after the sampler chain (``place_probe``); ``/tokenize`` takes text
+  (``/apply-template`` renders the messages first) and counts no image tokens; its cache counters are
+  ``llamacpp:prompt_tokens_total`` (processed, cached excluded) and
   ``llamacpp:prompt_tokens_cached_total``; ``/props`` names its ``--parallel`` slots (``total_slots``) and
   whether it has a vision projector.
 
@@ -43,6 +45,11 @@ BUSY_ANSWERS: Final[tuple[str, ...]] = (
 )
 """The 503 messages that mean "busy, come back": every kind's, since a pool's kinds may be undetected yet."""
 
+IMAGE_TOKENS_UNCOUNTED: Final = (
+    "the engine reports no image tokens (llama.cpp's usage counts the prompt as a whole)"
+)
+"""Why a result's (or a window's) image tokens are null: unknown, which 0 would misstate."""
+
 EngineKind = Literal["vllm", "llamacpp"]
 ENGINE_KINDS: Final[tuple[EngineKind, ...]] = ("vllm", "llamacpp")
 EngineKindSetting = Literal["auto", "vllm", "llamacpp"]
@@ -66,6 +73,15 @@ class EngineWire:
     def model_root(self, card: dict[str, Any]) -> str:
         """The weights' identity in a ``/v1/models`` entry (part of the verdict-reuse scope)."""
         return str(card.get("root") or "")
+
+    def place_probe(self, body: dict[str, Any], before: str, regex: str) -> dict[str, Any] | None:
+        """A one-token request for the grammar's distribution where a verdict starts (after ``before``,
+        held to ``regex`` from there), or None where the answer's own logprobs already are it (vLLM)."""
+        return None
+
+    def read_place(self, payload: dict[str, Any]) -> tuple[tuple[str, float], ...] | None:
+        """The (token, probability) list a :meth:`place_probe` answered, or None."""
+        return None
 
     def tokenize_steps(self, body: dict[str, Any]) -> list[TokenizeStep]:
         """The calls that count a prompt's tokens (vLLM: one ``/tokenize``, which takes messages)."""
@@ -121,6 +137,38 @@ class LlamaCppWire(EngineWire):
         if isinstance(messages, list):
             out["messages"] = [_without_uuids(message) for message in messages]
         return out
+
+    def place_probe(self, body: dict[str, Any], before: str, regex: str) -> dict[str, Any] | None:
+        """The gateway's thinking-off request cut to the verdict's first token, sampled at temperature 1
+        with nothing truncated and read after llama.cpp's sampler chain (``post_sampling_probs``).
+
+        ``common_sampler_sample`` (common/sampling.cpp) draws first without the grammar and, where the draw
+        is a token the grammar forbids, draws again over the candidates the grammar left, so the chain's
+        candidates are then the model's probabilities renormalised over what the grammar admits: what
+        constrained decoding samples from. At temperature 0 they read 1.0 for the greedy token (the
+        ``temp`` sampler keeps one logit), so the answer itself cannot carry them. The probe's draw is
+        thrown away: the verdict stays the greedy one. ``before``: the answer up to the verdict (earlier
+        frames' lines), sent as the assistant's start, which llama-server continues.
+        """
+        if thinking_on(body) or not isinstance(body.get("structured_outputs"), dict):
+            return None
+        messages = list(body.get("messages") or [])
+        if before:
+            messages.append({"role": "assistant", "content": before})
+        probe = {key: value for key, value in body.items() if key not in {"stream", "stream_options"}}
+        probe.update(
+            messages=messages, structured_outputs={"regex": regex}, max_completion_tokens=1,
+            logprobs=True, top_logprobs=body.get("top_logprobs") or 1,
+        )
+        return {**self.chat_body(probe), **PLACE_SAMPLING}
+
+    def read_place(self, payload: dict[str, Any]) -> tuple[tuple[str, float], ...] | None:
+        """``choices[0].logprobs.content[0].top_probs``: probabilities, not logprobs, after the chain."""
+        try:
+            entry = payload["choices"][0]["logprobs"]["content"][0]
+            return tuple((str(alt["token"]), float(alt["prob"])) for alt in entry["top_probs"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
 
     def tokenize_steps(self, body: dict[str, Any]) -> list[TokenizeStep]:
         """``/apply-template`` renders the messages, ``/tokenize`` counts the text (special tokens parsed)."""
@@ -184,6 +232,14 @@ alternative for a word-sized piece (40: 3.5 kB a token against vLLM's 10 of 76 b
 test model, whose pieces are long runs of blanks, 17.3 kB a token against 5.5 kB at 10 (measured, no
 per-token time difference above the noise at load 6-17). llama.cpp sets no limit on ``n_probs`` (a partial
 sort over the vocabulary's logits picks them)."""
+
+PLACE_SAMPLING: Final[dict[str, Any]] = {
+    "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
+    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
+    "xtc_probability": 0.0, "seed": 0, "post_sampling_probs": True,
+}
+"""A verdict-place probe's sampler settings: the model's own probabilities (temperature 1, no truncation,
+no penalty), read after the chain (llama-server's ``params_from_json_cmpl`` names, server-schema.cpp)."""
 
 THOUGHT_RULES: Final = 'root ::= thought verdict\nthought ::= [^<]* "</think>" "\\n"{0,2}\n'
 """The reasoning before the verdict, in GBNF: anything up to ``</think>``, then at most the two line breaks

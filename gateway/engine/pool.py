@@ -281,6 +281,12 @@ class EnginePool:
         kind = next((engine.client.kind for engine in self.engines if engine.url == url), "unknown")
         return default if kind == "unknown" else kind
 
+    def engines_counting_no_images(self) -> list[str]:
+        """The URLs of the engines known to leave images out of their token count and usage (llama.cpp): a
+        request with images cannot be predicted for them. As detected, without asking (an engine down must
+        not hold up a request)."""
+        return [engine.url for engine in self.engines if not engine.client.counts_image_tokens]
+
     async def model_ids(self) -> list[str]:
         """The served models (``GET /v1/models``) of the first engine that answers."""
         return await self._ask_any(lambda client: client.model_ids())
@@ -328,7 +334,7 @@ class EnginePool:
         """Size the shared queue to what the engines can take now; refuse waiters when no engine would.
 
         An engine that says how many slots it has (llama.cpp's ``--parallel``, in ``/props``) is capped at
-        them unless MODGATE_ENGINE_CAPS sets its cap: more would only queue inside llama-server, where no
+        them unless MODGATE_ENGINE__CAPS sets its cap: more would only queue inside llama-server, where no
         priority or tenant share holds.
         """
         for engine in self.engines:

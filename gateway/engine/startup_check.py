@@ -241,7 +241,7 @@ def _max_num_seqs_check(client: EngineClient, cap: int, llamacpp: bool) -> Engin
         if client.slots < cap:
             return EngineCheck(
                 "max_num_seqs", url, False, f"--parallel {client.slots} slots, the gateway's cap is {cap}",
-                f"--parallel {cap} (or MODGATE_MAX_INFLIGHT={client.slots})",
+                f"--parallel {cap} (or MODGATE_ENGINE__MAX_INFLIGHT={client.slots})",
                 "calls past the slots wait inside the engine, outside the gateway's priorities and deadlines",
             )
         return EngineCheck("max_num_seqs", url, True, f"--parallel {client.slots} slots for a cap of {cap}")

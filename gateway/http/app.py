@@ -20,6 +20,7 @@ from litestar.plugins.pydantic import PydanticDIPlugin, PydanticSchemaPlugin
 
 from gateway.drain import Drain
 from gateway.http.auth import KeyRing
+from gateway.http.console import oidc_routes, review_page
 from gateway.http.console import routes as console
 from gateway.http.error_handlers import EXCEPTION_HANDLERS
 from gateway.http.guards import ACTOR, CALLER, admin_token, business_key
@@ -47,7 +48,8 @@ def create_app(
     keys = KeyRing(settings.tenant_keys(), settings.admin_token, keys_in_store=settings.api_keys_from_redis)
     if keys.open:
         log.warning(
-            "MODGATE_API_KEYS is unset: business calls need NO API key. Set it before exposing the gateway."
+            "MODGATE_AUTH__API_KEYS is unset: business calls need NO API key. Set it before exposing the "
+            "gateway."
         )
 
     @asynccontextmanager
@@ -78,7 +80,8 @@ def create_app(
             Router("/", route_handlers=admin.ROUTES, guards=[admin_token], dependencies=ACTOR),
             Router("/", route_handlers=review.ROUTES, guards=[review.review_access],
                    dependencies=review.REVIEWER),
-            Router("/", route_handlers=console.ROUTES, dependencies=console.OPERATOR),
+            Router("/", route_handlers=[*console.ROUTES, *review_page.ROUTES, *oidc_routes.ROUTES],
+                   dependencies=console.OPERATOR),
         ],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         lifespan=[lifespan],

@@ -2,8 +2,8 @@
 
 Keys are kept only as SHA-256 digests and compared in constant time; a key is never logged. Keys may also
 live in Redis (``modgate keys add``, digests only, see gateway/http/keys_store.py): with
-``MODGATE_API_KEYS_FROM_REDIS`` on, a key not in the settings is looked up there by its digest. The routes
-ask through guards, once per request (gateway/http/guards.py).
+``MODGATE_AUTH__API_KEYS_FROM_REDIS`` on, a key not in the settings is looked up there by its digest. The
+routes ask through guards, once per request (gateway/http/guards.py).
 """
 
 from __future__ import annotations
@@ -114,10 +114,12 @@ class KeyRing:
         """Check an admin call against the admin token and the settings' keys; answers an actor name safe to
         log (routes use :meth:`authorize_admin`, which also knows the key store's business keys)."""
         if self._admin is None:
-            raise Forbidden("admin calls are disabled: set MODGATE_ADMIN_TOKEN", code="admin_disabled")
+            raise Forbidden("admin calls are disabled: set MODGATE_AUTH__ADMIN_TOKEN", code="admin_disabled")
         token = bearer_token(authorization)
         if token is None:
-            raise Unauthorized("missing admin token: send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>'")
+            raise Unauthorized(
+                "missing admin token: send 'Authorization: Bearer <MODGATE_AUTH__ADMIN_TOKEN>'"
+            )
         digest = _digest(token)
         if not hmac.compare_digest(self._admin, digest):
             if any(hmac.compare_digest(known, digest) for known, _ in self._keys):

@@ -2,9 +2,10 @@
 
 - :func:`business_key` guards ``/v1/…``: an API key (the settings' keys, then the Redis key store; none is
   needed while no key is configured), or 401. The handler receives the :class:`Caller` as ``caller``.
-- :func:`admin_token` guards ``/admin/…``: the admin token, or 401 (403 for a business key, or while admin
-  calls are disabled); then ``X-Modgate-Operator`` is checked (400). The handler receives the audit trail's
-  name as ``actor``.
+- :func:`admin_token` guards ``/admin/…``: the admin token, or 401 (403 for a business key, for a reviewer
+  signed in to the console, or while admin calls are disabled); then ``X-Modgate-Operator`` is checked
+  (400). The handler receives the audit trail's name as ``actor``. The review queue's routes have a guard
+  of their own that also takes the console's session (gateway/http/routes/review.py).
 
 Both are declared on the routers in gateway/http/app.py. The console also admits signed-in sessions, and
 each of its pages answers a stranger its own way, so it asks through a dependency of its own
@@ -25,6 +26,7 @@ from litestar.handlers import BaseRouteHandler
 
 from gateway.caller import Caller
 from gateway.http.auth import operator_name
+from gateway.http.console.access import console_session, require
 from gateway.http.services import Services
 
 # Where a guard leaves what it found, in the request's scope state, for the providers below.
@@ -46,8 +48,13 @@ async def business_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRo
 async def admin_token(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """An admin call: the admin token (401, 403), and a name for the audit trail (the operator's, if sent,
     and the token's id)."""
-    keys = _services(connection).keys
-    token_id = await keys.authorize_admin(connection.headers.get("authorization"))
+    services = _services(connection)
+    authorization = connection.headers.get("authorization")
+    if authorization is None:  # a reviewer's console session is known, and not allowed here: 403, not 401
+        session = await console_session(connection, services)
+        if session is not None:
+            require(session.role, "admin")
+    token_id = await services.keys.authorize_admin(authorization)
     operator = operator_name(connection.headers.get("x-modgate-operator"))
     connection.state[_ACTOR] = token_id if operator is None else f"{operator} ({token_id})"
 

@@ -21,6 +21,7 @@ import typer
 from redis.exceptions import RedisError
 
 from gateway.errors import StateUnavailable
+from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
 from gateway.state import open_redis
 
 API_KEYS_HASH: Final = "modgate:api_keys"
@@ -103,21 +104,23 @@ def _text(value: bytes | str) -> str:
 
 keys_app = typer.Typer(
     help="Business API keys kept in Redis (digests only); the gateway reads them with "
-    "MODGATE_API_KEYS_FROM_REDIS=true.",
+    "MODGATE_AUTH__API_KEYS_FROM_REDIS=true.",
     no_args_is_help=True,
 )
 
+REDIS_URL = "MODGATE_REDIS__URL"
 RedisUrl = Annotated[
     str | None,
-    typer.Option("--redis-url", envvar="MODGATE_REDIS_URL", show_default=False,
-                 help="The gateway's Redis (default: MODGATE_REDIS_URL)."),
+    typer.Option("--redis-url", envvar=option_envvars(REDIS_URL), show_default=False,
+                 callback=warn_if_read_by_old_name(REDIS_URL),
+                 help=f"The gateway's Redis (default: {REDIS_URL})."),
 ]
 
 
 def with_redis(redis_url: str | None, action: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
     """Run a command's action on a Redis client of its own, closed afterwards; a readable exit on trouble."""
     if not redis_url:
-        typer.secho("set MODGATE_REDIS_URL or pass --redis-url", fg="red", err=True)
+        typer.secho("set MODGATE_REDIS__URL or pass --redis-url", fg="red", err=True)
         raise typer.Exit(2)
 
     async def run() -> T:

@@ -71,7 +71,8 @@ def bearer_security(document: dict[str, Any], *, keys_required: bool) -> None:
     document.setdefault("components", {})["securitySchemes"] = {
         "apiKey": {"type": "http", "scheme": "bearer", "description": "a business service's API key"},
         "adminToken": {"type": "http", "scheme": "bearer",
-                       "description": "MODGATE_ADMIN_TOKEN (automation) or a signed-in operator or reviewer"},
+                       "description": "MODGATE_AUTH__ADMIN_TOKEN (automation) or a signed-in operator or "
+                                      "reviewer"},
     }
     business: list[dict[str, list[str]]] = [{"apiKey": []}] if keys_required else [{"apiKey": []}, {}]
     for path, operations in document["paths"].items():

@@ -17,7 +17,14 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from gateway.decisions.log import DecisionArchiver, MemoryDecisionLog, RedisDecisionLog, unlogged_counter
+from gateway.decisions.log import (
+    DecisionArchiver,
+    DecisionLog,
+    MemoryDecisionLog,
+    RedisDecisionLog,
+    unlogged_counter,
+)
+from gateway.decisions.rows import review_label_row
 from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
@@ -30,6 +37,7 @@ from gateway.engine.prefix_keeper import PrefixKeeper
 from gateway.engine.startup_check import CheckTargets, EngineCheck, EngineChecks
 from gateway.http.auth import KeyRing
 from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
+from gateway.http.console.oidc import OidcSignIn
 from gateway.http.keys_store import RedisKeyStore
 from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
 from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
@@ -104,6 +112,7 @@ class Services:
     prefix: PrefixKeeper | None = None  # each engine's prefix strategy and priming (/readyz)
     # each engine's first tiny request, sent by /readyz once it is healthy (gateway/engine/first_request.py)
     first_request: FirstRequestProbe = field(default_factory=FirstRequestProbe)
+    oidc: OidcSignIn | None = None  # the console's OpenID Connect sign-in (None: MODGATE_OIDC__ISSUER unset)
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -161,9 +170,10 @@ def _review_queue(
     return ReviewQueue(store, group, metrics=ReviewMetrics(metrics.registry, group.oldest_alert_s))
 
 
-async def _label_to_job(jobs: JobService, done: LabelledItem) -> None:
-    """A labelled frame of an async job: the person's decision beside the model's in the job (and its
-    webhook, when it has one)."""
+async def _label_to_job(jobs: JobService, decisions: DecisionLog, done: LabelledItem) -> None:
+    """A label into the decision log (never raises: a failed append is retried in the background), then,
+    for a frame of an async job, the person's decision beside the model's in the job (and its webhook)."""
+    await decisions.append([review_label_row(done)])
     item, label = done.item, done.label
     if item.job_id is None:
         return
@@ -313,7 +323,7 @@ async def open_services(
         engine_urls = settings.engine_urls()
     else:
         raise MissingEngine(
-            "no engine to call: set MODGATE_ENGINE_URL (`modgate serve` starts the built-in simulated "
+            "no engine to call: set MODGATE_ENGINE__URL (`modgate serve` starts the built-in simulated "
             "engine when it is unset)"
         )
     # Every resource is registered on the stack as soon as it exists: a failure half-way closes what was
@@ -435,15 +445,18 @@ async def open_services(
             MemoryDecisionLog(settings.decisions, unlogged) if state is None
             else RedisDecisionLog(state, settings.decisions, unlogged)
         )
+        if isinstance(moderation.decisions, RedisDecisionLog):  # rows still being retried: 5 s, then counted
+            stack.push_async_callback(moderation.decisions.close, 5.0)
         archiver = DecisionArchiver(moderation.decisions, settings.decisions.archive_interval_s)
         stack.push_async_callback(archiver.stop)
         drain = drain or Drain(settings.drain_s)
         jobs = _job_service(settings, state, moderation, executor, remote_images, drain)
         stack.push_async_callback(jobs.stop)
-        moderation.review.on_label = partial(_label_to_job, jobs)
+        moderation.review.on_label = partial(_label_to_job, jobs, moderation.decisions)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
         engines.start()
         await engines.detect_engines()  # each engine's kind and slots (llama.cpp: its --parallel)
+        await moderation.judge.tokens.images_countable()  # says at start which engines cannot be predicted
         # The first request each engine gets is the first-request probe's: a hybrid engine in float32
         # answers it 500 and exits, and the probe is what says so (gateway/engine/first_request.py).
         first_request = FirstRequestProbe(hold=engines.slot_on)
@@ -466,6 +479,9 @@ async def open_services(
         engine_cache.start()
         jobs.start()
         archiver.start()
+        oidc = None
+        if settings.oidc.issuer is not None:  # the provider is first asked at the first sign-in, not here
+            oidc = OidcSignIn(settings.oidc, await stack.enter_async_context(httpx.AsyncClient()))
         yield Services(
             settings,
             keys,
@@ -495,4 +511,5 @@ async def open_services(
             engine_checks=engine_checks,
             prefix=prefix,
             first_request=first_request,
+            oidc=oidc,
         )

@@ -1,6 +1,6 @@
 """Keyframe batches as jobs: accepted at once (202 and an id), worked in the background, never lost.
 
-With Redis (``MODGATE_REDIS_URL``) jobs are durable:
+With Redis (``MODGATE_REDIS__URL``) jobs are durable:
 
 - a job is a hash ``modgate:job:<id>`` (status, request, result, webhook state). Submitting writes it, the
   tenant's idempotency key and an entry on the stream ``modgate:jobs`` in one Lua script: per idempotency

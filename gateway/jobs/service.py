@@ -58,7 +58,7 @@ class JobService:
         )
         if not self.store.durable:
             log.warning(
-                "MODGATE_REDIS_URL is unset: jobs are kept in memory and are NOT durable: "
+                "MODGATE_REDIS__URL is unset: jobs are kept in memory and are NOT durable: "
                 "a restart loses every queued and running job"
             )
 

@@ -3,13 +3,15 @@ confidence."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from opentelemetry import trace
 
-from gateway.engine.client import EngineAnswer
+from gateway.engine.client import EngineAnswer, EngineClient
 from gateway.engine.fairness import WorkModel
 from gateway.engine.leases import LeaseRider
 from gateway.engine.pool import EnginePool
@@ -21,10 +23,10 @@ from gateway.policy.rules import QueueLoad, RequestContext, ThinkingDecision
 from gateway.settings import EngineSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import engine_span_attributes
-from shaping.confidence import with_confidence
+from shaping.confidence import answer_before_each, unread_in_raw_softmax, with_confidence
 from shaping.image import ShapedImage
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request
-from shaping.verdict import VerdictFormat, parse_engine_output
+from shaping.verdict import VerdictFormat, compact_regex, parse_engine_output
 
 log = logging.getLogger("modgate.moderation")
 
@@ -55,6 +57,27 @@ def engine_options(
         verdict_format=decision.verdict_format,
         top_logprobs=settings.top_logprobs,
     )
+
+
+async def verdict_places(
+    client: EngineClient, body: dict[str, Any], answer: EngineAnswer, decision: ThinkingDecision, frames: int
+) -> dict[int, tuple[tuple[str, float], ...]]:
+    """For each compact thinking-off verdict the raw softmax left with no confidence (every allowed token 0
+    in float: llama.cpp, not masked), the grammar's distribution at its first token, from a probe held in
+    the call's engine slot. Only then: elsewhere the answer's own list is read (a lower bound) at no cost."""
+    if answer.logprobs_grammar_masked or answer.logprobs is None or decision.mode == "on":
+        return {}
+    if decision.verdict_format != "compact":
+        return {}
+    frames = max(1, frames)
+    parsed = parse_engine_output(answer.content, answer.reasoning, answer.finish_reason, frames=frames)
+    read = with_confidence(parsed.verdicts, answer.logprobs, answer.content, grammar_masked=False)
+    before = answer_before_each(answer.content)
+    wanted = [i for i, v in enumerate(read) if unread_in_raw_softmax(v) and i < len(before)]
+    found = await asyncio.gather(
+        *(client.verdict_place(body, before[i], compact_regex(frames - i)) for i in wanted)
+    )
+    return {i: place for i, place in zip(wanted, found, strict=True) if place}
 
 
 class FrameJudge:
@@ -130,8 +153,13 @@ class FrameJudge:
                 self.load.observe_queue_wait(admission.queue_seconds)
                 with self.tracer.start_as_current_span("engine") as engine_span:
                     sent_at = time.monotonic()
+                    beside = admission.engine.inflight
                     answer = await admission.chat(body, request_id, models=self.identity.model_ids())
                     usage = answer.usage
+                    self.work.observe(
+                        usage.prompt_tokens - usage.cached_tokens, answer.ttft_s, usage.completion_tokens,
+                        answer.total_s - (answer.ttft_s or 0.0), (beside + admission.engine.inflight) / 2,
+                    )
                     if self.prefix_observer is not None:
                         self.prefix_observer(admission.engine.url, decision.verdict_format,
                                              usage.prompt_tokens, usage.cached_tokens, sent_at)
@@ -148,7 +176,8 @@ class FrameJudge:
                             answer.streamed,
                         )
                     )
-                outcome = self._read(answer, frames, decision, admission.queue_seconds, request_id)
+                places = await verdict_places(admission.engine.client, body, answer, decision, len(frames))
+                outcome = self._read(answer, frames, decision, admission.queue_seconds, request_id, places)
                 if keep is not None:
                     admission.part_with(keep(outcome))
         except ModgateError as exc:
@@ -164,7 +193,7 @@ class FrameJudge:
 
     def _read(
         self, answer: EngineAnswer, frames: list[ShapedImage], decision: ThinkingDecision, queue_s: float,
-        request_id: str,
+        request_id: str, places: Mapping[int, Sequence[tuple[str, float]]] | None = None,
     ) -> FrameOutcome:
         """The call's outcome: a verdict per frame parsed from the answer, each with its confidence."""
         top_logprobs = self.settings.top_logprobs
@@ -182,6 +211,7 @@ class FrameJudge:
                     else "logprobs are not asked of the engine (MODGATE_ENGINE__TOP_LOGPROBS=0)"
                 ),
                 grammar_masked=answer.logprobs_grammar_masked,
+                places=places,
             )
         for problem in parsed.problems:
             self.metrics.unparsable.labels(problem).inc()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from gateway.engine.client import EngineAnswer, Usage
+from gateway.engine.kinds import IMAGE_TOKENS_UNCOUNTED
 from gateway.errors import ModgateError
 from gateway.moderation.verdict_cache import Reuse
 from gateway.moderation.wire import EscalatedFrom, ModerationDetails, ModerationResult
@@ -79,12 +80,15 @@ def packed_share(outcome: FrameOutcome, position: int) -> FrameOutcome:
     def part(total: int) -> int:  # shares that add up to the total: the first frames take the remainder
         return total // k + (1 if position < total % k else 0)
 
+    def part_of_known(total: int | None) -> int | None:
+        return None if total is None else part(total)
+
     shared = Usage(
         prompt_tokens=part(usage.prompt_tokens),
         completion_tokens=part(usage.completion_tokens),
         cached_tokens=part(usage.cached_tokens),
         created_cache_tokens=part(usage.created_cache_tokens),
-        image_tokens=part(usage.image_tokens),
+        image_tokens=part_of_known(usage.image_tokens),
         reasoning_tokens=part(usage.reasoning_tokens),
     )
     verdict = outcome.verdicts[position] if position < len(outcome.verdicts) else outcome.verdict
@@ -145,6 +149,7 @@ def moderation_result(
             prompt_tokens=usage.prompt_tokens,
             cached_tokens=usage.cached_tokens,
             image_tokens=usage.image_tokens,
+            image_tokens_reason=None if usage.image_tokens is not None else IMAGE_TOKENS_UNCOUNTED,
             completion_tokens=usage.completion_tokens,
             reasoning_tokens=usage.reasoning_tokens,
             frame_sha256=frame.sha256 if frame else None,

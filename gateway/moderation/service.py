@@ -143,7 +143,12 @@ class ModerationService:
         self.metrics = metrics
         self.system_prompts = dict(system_prompts)  # one per verdict format: each asks for its own form
         self.executor = executor  # a ShapingPool: each tenant's frames wait in a queue of their own
-        self.work = WorkModel(settings.tenants.output_token_weight)  # engine work per call (fair share)
+        # engine work per call (fair share); its output weight learned from the engine unless it was set
+        self.work = WorkModel(
+            settings.tenants.output_token_weight,
+            learn_weight="output_token_weight" not in settings.tenants.model_fields_set,
+        )
+        metrics.output_token_weight.set_function(lambda: self.work.output_token_weight)
         self.tracer = tracer or trace.NoOpTracer()
         self.recorder = recorder or RequestRecorder(metrics, RecentRequests(settings.telemetry.window_s))
         self.identity = EngineIdentity(settings.engine, self.engines)  # the model verdicts are reused under

@@ -40,6 +40,22 @@ class PromptTokenCheck:
         self.accountants: dict[tuple[VerdictFormat, str], TokenAccountant] = {}
         self._lock = asyncio.Lock()
         self._paused_until = 0.0  # after a failed /tokenize: no prediction until then
+        self._said_off: set[str] = set()  # engines already named as unable to count image tokens
+
+    async def images_countable(self) -> bool:
+        """Whether every engine counts an image's tokens; an engine that cannot (llama.cpp: its ``/tokenize``
+        takes text, its usage has no image count) switches prediction off for requests with images, said
+        once per engine (at start for the engines detected then), while text-only ones are still predicted."""
+        blind = self.engines.engines_counting_no_images()
+        for url in blind:
+            if url not in self._said_off:
+                self._said_off.add(url)
+                log.warning(
+                    "token prediction is off for requests with images: the engine at %s counts no image "
+                    "tokens (llama.cpp's /tokenize takes text only); text-only requests are still predicted",
+                    url,
+                )
+        return not blind
 
     async def predict(
         self,
@@ -51,8 +67,9 @@ class PromptTokenCheck:
         """The prompt tokens this engine request should cost; what the accountant lacks is asked of /tokenize.
 
         A failing /tokenize never fails a moderation: prediction pauses for a minute, the request goes on.
+        None for a request with images while an engine cannot count them (:meth:`images_countable`).
         """
-        if time.monotonic() < self._paused_until:
+        if time.monotonic() < self._paused_until or (frames and not await self.images_countable()):
             return None
         model = await self.engine_model()
         accountant = self.accountants.get((verdict_format, model))
@@ -79,7 +96,7 @@ class PromptTokenCheck:
     ) -> bool:
         """Whether :meth:`predict` would ask the engine nothing for this request (all it needs is measured,
         or prediction is paused): what a request whose engine call may not happen needs."""
-        if time.monotonic() < self._paused_until:
+        if time.monotonic() < self._paused_until or (frames and not await self.images_countable()):
             return True
         accountant = self.accountants.get((verdict_format, await self.engine_model()))
         return accountant is not None and not accountant.pending(enable_thinking, user_text, frames)
@@ -90,7 +107,7 @@ class PromptTokenCheck:
             return
         if answer.usage.prompt_tokens:  # an engine without usage gives nothing to compare with
             self.metrics.token_predictions.inc()
-        mismatch = compare_usage(prediction, answer.usage.prompt_tokens, answer.usage.image_tokens)
+        mismatch = compare_usage(prediction, answer.usage.prompt_tokens, answer.usage.image_tokens or 0)
         if mismatch is not None:
             self.metrics.token_mismatches.inc()
             log.warning(

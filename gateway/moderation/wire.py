@@ -98,7 +98,8 @@ class ModerationDetails(BaseModel):
     decode_ms: float | None = None  # engine time after the first token
     prompt_tokens: int
     cached_tokens: int
-    image_tokens: int
+    image_tokens: int | None  # null when the engine counts none: then ``image_tokens_reason`` says so
+    image_tokens_reason: str | None = None
     completion_tokens: int
     reasoning_tokens: int
     frame_sha256: str | None

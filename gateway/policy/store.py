@@ -91,7 +91,7 @@ def _rollback_target(current: ThinkingPolicy, to_version: int | None) -> int:
 
 
 class MemoryPolicyStore:
-    """One process's policy, history and audit trail, in memory (``MODGATE_REDIS_URL`` unset)."""
+    """One process's policy, history and audit trail, in memory (``MODGATE_REDIS__URL`` unset)."""
 
     def __init__(self, initial: ThinkingPolicy | None = None) -> None:
         self._policy = initial or ThinkingPolicy()
@@ -105,7 +105,7 @@ class MemoryPolicyStore:
     def status(self) -> StoreStatus:
         """Always available; never shared with another replica."""
         return StoreStatus(backend="memory", available=True,
-                           detail="this process only (MODGATE_REDIS_URL unset)")
+                           detail="this process only (MODGATE_REDIS__URL unset)")
 
     def _apply(self, change: Change) -> PolicyUpdate:
         # No await between reading and writing: one event loop makes this atomic.

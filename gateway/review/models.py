@@ -52,6 +52,7 @@ class ReviewItem:
     enqueued_at: float  # unix seconds
     model: str = ""
     job_id: str | None = None  # the async job whose result the label is written beside
+    frame_sha256: str | None = None  # the frame's hash as the decision log names it (the label's row too)
 
     def to_hash(self) -> dict[str, str]:
         """Flat string fields (a Redis hash)."""
@@ -114,6 +115,14 @@ def audit_entry(item: ReviewItem, label: Label) -> dict[str, Any]:
         "label": {"action": label.action, "categories": list(label.categories)},
         "agrees": done.agrees,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedItem:
+    """An item still in the queue (frame included), and the reviewer who holds it now (None: nobody)."""
+
+    item: ReviewItem
+    holder: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import CollectorRegistry
 
-from gateway.errors import StateUnavailable
+from gateway.errors import Forbidden, NotFound, StateUnavailable
 from gateway.review.metrics import ReviewMetrics
-from gateway.review.models import Label, LabelledItem, ReviewItem, TenantQueue, new_item_id
+from gateway.review.models import Label, LabelledItem, QueuedItem, ReviewItem, TenantQueue, new_item_id
 from gateway.review.selection import UnitRandom, review_reason
 from gateway.review.store import ReviewStore
 from gateway.settings import ReviewSettings
@@ -69,6 +69,7 @@ class ReviewQueue:
         *,
         model: str = "",
         job_id: str | None = None,
+        frame_sha256: str | None = None,
         tenant_review_below: float = 0.0,
         tenant_audit_sample_rate: float = 0.0,
     ) -> ReviewItem | None:
@@ -98,6 +99,7 @@ class ReviewQueue:
             enqueued_at=self.clock(),
             model=model,
             job_id=job_id,
+            frame_sha256=frame_sha256,
         )
         try:
             await self.store.enqueue(item)
@@ -112,13 +114,26 @@ class ReviewQueue:
         """The reviewer's next item, from the tenants they may see."""
         return await self.store.claim(reviewer.name, reviewer.tenants)
 
+    async def look(self, item_id: str, reviewer: Reviewer) -> QueuedItem:
+        """An item still queued, with its frame and holder, claiming nothing: 404 once it is labelled or
+        expired (or never was), 403 when it is a tenant's the reviewer may not see."""
+        found = await self.store.peek(item_id)
+        if found is None:
+            raise NotFound(f"review item {item_id} is not in the queue: labelled, expired or never queued",
+                           code="review_item_gone")
+        if reviewer.tenants is not None and found.item.tenant not in reviewer.tenants:
+            raise Forbidden(f"review item {item_id} is another tenant's: you do not review it",
+                            code="review_item_other_tenant")
+        return found
+
     async def label(
         self, item_id: str, reviewer: Reviewer, action: Action, categories: Collection[str]
     ) -> LabelledItem:
-        """Record a held item's label (409 when labelled, gone, or someone else's; audited in the store with
-        the reviewer's name), then what it changes elsewhere: a failure there is logged, the label stands."""
+        """Record a held item's label (409 when labelled, gone, someone else's, or of a tenant the reviewer
+        may not see; audited in the store with the reviewer's name), then what it changes elsewhere: a
+        failure there is logged, the label stands."""
         label = Label(action, tuple(categories) if action == "block" else (), reviewer.name, self.clock())
-        done = await self.store.label(item_id, label)
+        done = await self.store.label(item_id, label, reviewer.tenants)
         self.metrics.labelled(done)
         if self.on_label is not None:
             try:
@@ -129,7 +144,7 @@ class ReviewQueue:
 
     async def skip(self, item_id: str, reviewer: Reviewer) -> None:
         """Give a held item back for someone else."""
-        await self.store.release(item_id, reviewer.name)
+        await self.store.release(item_id, reviewer.name, reviewer.tenants)
 
     async def audit(self, limit: int, reviewer: Reviewer | None = None) -> list[dict[str, Any]]:
         """The labels' audit trail, newest first (only the reviewer's tenants, when scoped)."""
@@ -159,6 +174,7 @@ class ReviewQueue:
             self.offer(
                 caller.tenant, frame.data_url, outcome.verdict, result.modgate.thinking,
                 outcome.answer.reasoning, result.modgate.request_id, job_id=caller.job_id,
+                frame_sha256=result.modgate.frame_sha256,
                 tenant_review_below=tenant.review_below if tenant else 0.0,
                 tenant_audit_sample_rate=tenant.audit_sample_rate if tenant else 0.0,
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Protocol
 
-from gateway.review.models import Label, LabelledItem, ReviewItem, TenantQueue
+from gateway.review.models import Label, LabelledItem, QueuedItem, ReviewItem, TenantQueue
 
 
 class ReviewStore(Protocol):
@@ -22,13 +22,21 @@ class ReviewStore(Protocol):
         ``tenants`` (None: every tenant), now held by this reviewer; None when none waits."""
         ...
 
-    async def label(self, item_id: str, label: Label) -> LabelledItem:
-        """Record the label of an item ``label.reviewer`` holds and drop its frame; :class:`ReviewConflict`
-        when it is labelled already, gone, or held by someone else (or no one)."""
+    async def peek(self, item_id: str) -> QueuedItem | None:
+        """The item, its frame and holder, claiming nothing; None once labelled, expired or unknown."""
         ...
 
-    async def release(self, item_id: str, reviewer: str) -> None:
-        """Give a held item back to its tenant's queue (a skip): at the end, for any reviewer."""
+    async def label(
+        self, item_id: str, label: Label, tenants: Collection[str] | None = None
+    ) -> LabelledItem:
+        """Record the label of an item ``label.reviewer`` holds and drop its frame; :class:`ReviewConflict`
+        when it is labelled already, gone, or held by someone else (or no one). An item of a tenant outside
+        ``tenants`` (None: every tenant) is gone for this reviewer, even one they hold."""
+        ...
+
+    async def release(self, item_id: str, reviewer: str, tenants: Collection[str] | None = None) -> None:
+        """Give a held item back to its tenant's queue (a skip): at the end, for any reviewer (``tenants``:
+        as for :meth:`label`)."""
         ...
 
     async def audit(self, limit: int) -> list[dict[str, Any]]:

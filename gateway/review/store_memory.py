@@ -10,6 +10,7 @@ from typing import Any
 from gateway.review.models import (
     Label,
     LabelledItem,
+    QueuedItem,
     ReviewConflict,
     ReviewItem,
     TenantQueue,
@@ -77,12 +78,18 @@ class MemoryReviewStore:
                 return held.item
         return None
 
-    def _held_by(self, item_id: str, reviewer: str) -> _Held:
+    async def peek(self, item_id: str) -> QueuedItem | None:
+        """The item and its holder, claiming nothing."""
+        self._expire()
+        held = self._items.get(item_id)
+        return None if held is None else QueuedItem(held.item, held.reviewer)
+
+    def _held_by(self, item_id: str, reviewer: str, tenants: Collection[str] | None) -> _Held:
         self._expire()
         if item_id in self._labelled:
             raise ReviewConflict(item_id, "labelled")
         held = self._items.get(item_id)
-        if held is None:
+        if held is None or (tenants is not None and held.item.tenant not in tenants):
             raise ReviewConflict(item_id, "gone")
         if held.reviewer is None:
             raise ReviewConflict(item_id, "unclaimed")
@@ -90,9 +97,11 @@ class MemoryReviewStore:
             raise ReviewConflict(item_id, "claimed")
         return held
 
-    async def label(self, item_id: str, label: Label) -> LabelledItem:
+    async def label(
+        self, item_id: str, label: Label, tenants: Collection[str] | None = None
+    ) -> LabelledItem:
         """Record the label; the frame goes with the item."""
-        held = self._held_by(item_id, label.reviewer)
+        held = self._held_by(item_id, label.reviewer, tenants)
         del self._items[item_id]
         self._labelled[item_id] = self._clock() + self.retention_s
         item = replace(held.item, frame="")
@@ -104,9 +113,9 @@ class MemoryReviewStore:
         """The labels, newest first."""
         return self._audit[:limit]
 
-    async def release(self, item_id: str, reviewer: str) -> None:
+    async def release(self, item_id: str, reviewer: str, tenants: Collection[str] | None = None) -> None:
         """Back to the end of its tenant's queue, unclaimed."""
-        held = self._held_by(item_id, reviewer)
+        held = self._held_by(item_id, reviewer, tenants)
         self._next += 1
         held.order, held.reviewer, held.claimed_at = self._next, None, 0.0
 

@@ -18,6 +18,7 @@ from gateway.review.models import (
     ConflictKind,
     Label,
     LabelledItem,
+    QueuedItem,
     ReviewConflict,
     ReviewItem,
     TenantQueue,
@@ -181,14 +182,30 @@ class RedisReviewStore:
             return []
         return [entry for _, stream_entries in answer or [] for entry in stream_entries]
 
-    async def _run(
-        self, script: Any, item_id: str, args: list[Any], tenant: str | None = None
-    ) -> list[Any]:
-        if tenant is None:
-            tenant_raw = await self._redis.hget(self.item_key(item_id), "tenant")
-            tenant = json.loads(_text(tenant_raw)) if tenant_raw else "-"
+    async def peek(self, item_id: str) -> QueuedItem | None:
+        """The item's hash, and the consumer its stream entry is pending to (none: not claimed)."""
+        async with self._state("read the review item"):
+            raw = await self._redis.hgetall(self.item_key(item_id))
+            if not raw or b"entry" not in raw:
+                return None
+            item = ReviewItem.from_hash({k: v for k, v in raw.items() if k != b"entry"})
+            entry = _text(raw[b"entry"])
+            pending = await self._redis.xpending_range(
+                self.stream_key(item.tenant), GROUP, min=entry, max=entry, count=1
+            )
+        return QueuedItem(item, _text(pending[0]["consumer"]) if pending else None)
+
+    async def _tenant_of(self, item_id: str, tenants: Collection[str] | None) -> str | None:
+        """The item's tenant (None: no such item now); a tenant outside ``tenants``: gone for this caller."""
+        raw = await self._redis.hget(self.item_key(item_id), "tenant")
+        tenant: str | None = json.loads(_text(raw)) if raw else None
+        if tenant is not None and tenants is not None and tenant not in tenants:
+            raise ReviewConflict(item_id, "gone")
+        return tenant
+
+    async def _run(self, script: Any, item_id: str, args: list[Any], tenant: str | None) -> list[Any]:
         answer: list[Any] = await script(
-            keys=[self.item_key(item_id), self.tombstone_key(item_id), self.stream_key(tenant), AUDIT],
+            keys=[self.item_key(item_id), self.tombstone_key(item_id), self.stream_key(tenant or "-"), AUDIT],
             args=[GROUP, *args],
         )
         status = _text(answer[0])
@@ -197,7 +214,9 @@ class RedisReviewStore:
             raise ReviewConflict(item_id, kind)
         return answer[1:]
 
-    async def label(self, item_id: str, label: Label) -> LabelledItem:
+    async def label(
+        self, item_id: str, label: Label, tenants: Collection[str] | None = None
+    ) -> LabelledItem:
         """Acknowledge, drop the frame and the item, leave the tombstone: one script."""
         label_json = json.dumps(asdict(label))
         async with self._state("label the review item"):
@@ -205,6 +224,8 @@ class RedisReviewStore:
             raw = {k: v for k, v in (await self._redis.hgetall(self.item_key(item_id))).items()
                    if k not in (b"frame", b"entry")}
             known = ReviewItem.from_hash(raw) if raw else None
+            if known is not None and tenants is not None and known.tenant not in tenants:
+                raise ReviewConflict(item_id, "gone")
             entry = json.dumps(audit_entry(known, label)) if known else "{}"
             fields = await self._run(
                 self._label, item_id,
@@ -220,10 +241,11 @@ class RedisReviewStore:
             entries = await self._redis.lrange(AUDIT, 0, limit - 1)
         return [json.loads(entry) for entry in entries]
 
-    async def release(self, item_id: str, reviewer: str) -> None:
+    async def release(self, item_id: str, reviewer: str, tenants: Collection[str] | None = None) -> None:
         """Acknowledge and re-add at the stream's end, for any reviewer."""
         async with self._state("give the review item back"):
-            await self._run(self._release, item_id, [reviewer, item_id])
+            tenant = await self._tenant_of(item_id, tenants)
+            await self._run(self._release, item_id, [reviewer, item_id], tenant)
 
     async def queues(self) -> dict[str, TenantQueue]:
         """Expired entries trimmed (``XTRIM MINID``: every entry older than the retention has expired), then

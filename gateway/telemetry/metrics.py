@@ -142,6 +142,12 @@ class GatewayMetrics:
         )
 
         # What the alert rules compare the counters above with (deploy/monitoring/, docs/alerts.md).
+        self.output_token_weight = Gauge(
+            "modgate_tenants_output_token_weight",
+            "One output token's engine time in prompt tokens (the fair share's work weight): as set, or "
+            "learned from the engine's calls.",
+            registry=registry,
+        )
         self.queue_size = Gauge(
             "modgate_engine_queue_size",
             "Requests the admission queue holds waiting for a slot before it answers 429.",

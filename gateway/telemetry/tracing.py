@@ -73,7 +73,8 @@ class RequestInstruments:
             ("completion", sample.completion_tokens),
             ("reasoning", sample.reasoning_tokens),
         ):
-            self.tokens.add(count, {**attributes, "kind": kind})
+            if count is not None:  # image tokens of an engine that counts none: unknown, not 0
+                self.tokens.add(count, {**attributes, "kind": kind})
 
 
 @dataclass

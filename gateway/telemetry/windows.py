@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.engine.kinds import WIRES, EngineKind
+from gateway.engine.kinds import IMAGE_TOKENS_UNCOUNTED, WIRES, EngineKind
 from shaping.verdict import ACTIONS
 
 log = logging.getLogger("modgate.stats")
@@ -51,7 +51,7 @@ class RequestSample:
     decode_s: float | None  # total engine time after the first token
     prompt_tokens: int
     cached_tokens: int
-    image_tokens: int
+    image_tokens: int | None  # None: the engine counts none (llama.cpp)
     completion_tokens: int
     reasoning_tokens: int
     tenant: str = "default"  # as the caller's API key names it (never taken from the request)
@@ -99,6 +99,16 @@ def percentiles(values: Iterable[float | None]) -> Percentiles:
     return Percentiles(len(ordered), p50, p95, p99)
 
 
+def _known_sum(counts: Iterable[int | None]) -> int | None:
+    """The sum, or None when a count is unknown (a part of the sum would be missing, not 0)."""
+    total = 0
+    for count in counts:
+        if count is None:
+            return None
+        total += count
+    return total
+
+
 @dataclass(frozen=True, slots=True)
 class WindowSummary:
     """What the gateway's own requests looked like over the recent window."""
@@ -112,7 +122,7 @@ class WindowSummary:
     latencies: dict[str, Percentiles]
     prompt_tokens: int
     cached_tokens: int
-    image_tokens: int
+    image_tokens: int | None  # None: an engine call of the window came from an engine that counts none
     completion_tokens: int
     reasoning_tokens: int
     escalation_share: float | None = None  # escalated / engine-judged escalate-mode keyframes
@@ -178,7 +188,7 @@ class RecentRequests:
             latencies={name: percentiles(s.latency(name) for s in samples) for name in LATENCIES},
             prompt_tokens=sum(s.prompt_tokens for s in judged),
             cached_tokens=sum(s.cached_tokens for s in judged),
-            image_tokens=sum(s.image_tokens for s in judged),
+            image_tokens=_known_sum(s.image_tokens for s in judged),
             completion_tokens=sum(s.completion_tokens for s in judged),
             reasoning_tokens=sum(s.reasoning_tokens for s in judged),
             escalation_share=escalations / len(escalating) if escalating else None,
@@ -429,6 +439,7 @@ def stats_document(recent: RecentRequests, engine_cache: EngineCacheScraper) -> 
             "prompt": summary.prompt_tokens,
             "cached": summary.cached_tokens,
             "image": summary.image_tokens,
+            "image_reason": None if summary.image_tokens is not None else IMAGE_TOKENS_UNCOUNTED,
             "completion": summary.completion_tokens,
             "reasoning": summary.reasoning_tokens,
         },

@@ -547,6 +547,100 @@ def test_llamacpp_a_shorter_raw_list_never_raises_the_confidence(llamacpp_url: s
         assert shorter <= longer + 1e-4, readings  # type: ignore[operator]  # not None, asserted above
 
 
+def admitted_at_the_start(token: str, action: str) -> bool:
+    """Whether the single-frame compact grammar (thinking off) admits ``token`` as the first piece of
+    ``action``: a piece of the word, or for a block the word, its colon and a piece of a category."""
+    if action.startswith(token) and token:
+        return True
+    rest = token.removeprefix("block:")
+    return action == "block" and rest != token and any(c.startswith(rest) for c in MODEL_CATEGORIES)
+
+
+def first_place(url: str) -> tuple[list[tuple[str, float]], Any]:
+    """The raw list at the verdict's first token of a thinking-off compact answer, and the gateway's
+    reading of the answer's confidence."""
+    engine = Engine("llamacpp", url, "")
+    body = engine.post(compact_request(engine, thinking=False, top=10)).json()
+    choice = body["choices"][0]
+    content, entries = choice["message"]["content"], choice["logprobs"]["content"]
+    parsed = parse_engine_output(content, None, choice["finish_reason"])
+    (verdict,) = with_confidence(
+        parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content,
+        grammar_masked=wire_for("llamacpp").logprobs_grammar_masked,
+    )
+    listed = {a["token"]: math.exp(a["logprob"]) if a["logprob"] > LLAMACPP_ZERO_LOGPROB else 0.0
+              for a in entries[0]["top_logprobs"]}
+    return list(listed.items()), verdict
+
+
+def truth_at_most(listed: list[tuple[str, float]], action: str) -> float:
+    """The most the grammar's P(action) at the first place can be, given the raw list: the action's
+    admitted spellings and all the unlisted mass over that and the other actions' admitted spellings."""
+    unlisted = max(0.0, 1.0 - sum(p for _, p in listed))
+    own = sum(p for t, p in listed if admitted_at_the_start(t, action)) + unlisted
+    others = sum(p for t, p in listed for a in ACTIONS if a != action and admitted_at_the_start(t, a))
+    return own / (own + others) if own + others > 0 else 1.0
+
+
+def test_llamacpp_twins_the_grammar_forbids_never_raise_the_confidence_above_the_truth(
+    llamacpp_url: str,
+) -> None:
+    """A raw list holds the verdict's near twins (``Allow``, `` allow``, ``allowed``); the reading counts
+    only what the grammar admits, so it is never above the most the grammar's probability can be."""
+    listed, verdict = first_place(llamacpp_url)
+    print("\nllama.cpp first place:", [(t[:12], round(p, 4)) for t, p in listed], "->", verdict.confidence)
+    if verdict.confidence is None:  # the tiny real model: every allowed spelling 0 in float
+        assert "raw softmax" in (verdict.confidence_note or "")
+        return
+    assert verdict.confidence <= truth_at_most(listed, verdict.action) + 1e-4
+
+
+@pytest.mark.llamacpp
+def test_llamacpp_reads_the_grammars_distribution_after_its_sampler_chain_only_at_temperature_1(
+    real_llamacpp_url: str,
+) -> None:
+    """What the gateway's verdict-place probe rests on (LlamaCppWire.place_probe): the same request read
+    after the chain reads 1.0 for the greedy token at temperature 0; at temperature 1 with nothing truncated
+    (where the draw without the grammar was forbidden, so it drew again under it) it lists only what the
+    grammar admits, summing to 1: the tiny model's raw softmax gives those tokens 0 in float."""
+    engine = Engine("llamacpp", real_llamacpp_url, "")
+    wire = wire_for("llamacpp")
+    body = compact_request(engine, thinking=False)
+    greedy = {**wire.chat_body(body), "post_sampling_probs": True}
+    greedy.pop("stream", None)
+    first = httpx.post(f"{real_llamacpp_url}/v1/chat/completions", json=greedy, timeout=300).json()
+    entry = first["choices"][0]["logprobs"]["content"][0]
+    assert [(a["token"], a["prob"]) for a in entry["top_probs"]] == [(entry["token"], 1.0)]
+    probe = wire.place_probe(body, "", compact_regex(1))
+    assert probe is not None
+    answer = httpx.post(f"{real_llamacpp_url}/v1/chat/completions", json=probe, timeout=300).json()
+    place = wire.read_place(answer)
+    assert place is not None
+    print("\nllama.cpp verdict place after the chain at temperature 1:", place[:6])
+    assert sum(p for _, p in place) == pytest.approx(1.0, abs=1e-3)
+    assert all(any(admitted_at_the_start(t, a) for a in ACTIONS) for t, _ in place), place
+    with_mass = {a for a in ACTIONS if any(admitted_at_the_start(t, a) and p > 0 for t, p in place)}
+    assert with_mass == set(ACTIONS)
+
+
+def test_the_simulated_llamacpp_lists_twins_that_a_reader_crediting_them_would_read_above_the_truth(
+    request: pytest.FixtureRequest, start_sim: SimFactory
+) -> None:
+    """The simulator's raw list holds the chosen action's twins, so the contract test above catches a
+    reader that credits them (as every case-blind spelling of the word was once credited)."""
+    listed, verdict = first_place(engine_url(request, start_sim, "simulator-llamacpp"))
+    word = verdict.action
+    twins = {t for t, p in listed if p > 0 and t.strip().lower().startswith(word) and t != word}
+    assert {word.capitalize(), " " + word, word + "ed"} <= twins, listed
+    unlisted = max(0.0, 1.0 - sum(p for _, p in listed))
+    spelled = {a: sum(p for t, p in listed if t.strip().lower().startswith(a)) for a in ACTIONS}
+    credited_twins = spelled[word] / (sum(spelled.values()) + unlisted)
+    # above the most the truth can be (by less where the model is surer: 1 - P(others) is then near 1)
+    assert credited_twins > truth_at_most(listed, word) + 1e-3
+    assert verdict.confidence is not None
+    assert verdict.confidence <= truth_at_most(listed, word)
+
+
 def test_the_confidence_is_the_engines_own_probability_and_a_shorter_list_never_raises_it(
     engine: Engine,
 ) -> None:

@@ -120,7 +120,7 @@ def test_read_services_gives_each_flag_as_the_engine_reads_it(tmp_path: Path) ->
         "  gateway:\n"
         "    image: modgate-gateway:local\n"
         "    environment:\n"
-        '      MODGATE_MAX_INFLIGHT: "${INFLIGHT:-8}"\n',
+        '      MODGATE_ENGINE__MAX_INFLIGHT: "${INFLIGHT:-8}"\n',
         encoding="utf-8",
     )
     (tmp_path / ".env").write_text("SEQS=16\n", encoding="utf-8")
@@ -137,7 +137,7 @@ def test_read_services_gives_each_flag_as_the_engine_reads_it(tmp_path: Path) ->
     )
     assert engine.last("--max-num-seqs") == engine.flags[2]
     assert engine.last("--speculative-config") is None
-    assert (gateway.is_gateway, gateway.environment) == (True, {"MODGATE_MAX_INFLIGHT": "3"})
+    assert (gateway.is_gateway, gateway.environment) == (True, {"MODGATE_ENGINE__MAX_INFLIGHT": "3"})
 
 
 def test_read_services_refuses_a_missing_env_file(tmp_path: Path) -> None:

@@ -34,8 +34,8 @@ services:
   gateway:
     image: modgate-gateway:local
     environment:
-      MODGATE_ENGINE_URL: "http://vllm:8000"
-      MODGATE_MAX_INFLIGHT: "8"
+      MODGATE_ENGINE__URL: "http://vllm:8000"
+      MODGATE_ENGINE__MAX_INFLIGHT: "8"
 """
 GOOD_ENV = "GPU_MEM_UTIL=0.822\n"
 
@@ -344,7 +344,8 @@ USE_PRIORITY = '      MODGATE_ENGINE__USE_PRIORITY: "true"\n'
 
 def sending_priorities(compose: str = GOOD_COMPOSE, line: str = USE_PRIORITY) -> str:
     """The compose with the gateway turning use_priority on (it then sends each request's priority)."""
-    return replaced('      MODGATE_MAX_INFLIGHT: "8"\n', '      MODGATE_MAX_INFLIGHT: "8"\n' + line, compose)
+    cap = '      MODGATE_ENGINE__MAX_INFLIGHT: "8"\n'
+    return replaced(cap, cap + line, compose)
 
 
 WITHOUT_POLICY = '      - "--scheduling-policy"\n      - "priority"\n'
@@ -429,7 +430,7 @@ def test_priority_scheduling_is_required_only_of_the_engines_the_priority_gatewa
     compose = replaced("  gateway:\n", second_engine + "  gateway:\n")
     compose = sending_priorities(compose)
     compose = replaced('"http://vllm:8000"', '"http://vllm:8000,http://vllm-b:8000"', compose)
-    compose += '  batch-gateway:\n    environment:\n      MODGATE_ENGINE_URL: "http://vllm-b:8000"\n'
+    compose += '  batch-gateway:\n    environment:\n      MODGATE_ENGINE__URL: "http://vllm-b:8000"\n'
 
     [finding] = of_rule(run_check(compose), "scheduling-policy")
 
@@ -504,18 +505,18 @@ def test_a_mamba_block_size_without_prefix_caching_is_a_warning(run_check: Check
 
 
 def test_max_inflight_above_the_engines_max_num_seqs_is_an_error_at_both_lines(run_check: CheckRun) -> None:
-    compose = replaced('MODGATE_MAX_INFLIGHT: "8"', 'MODGATE_MAX_INFLIGHT: "12"')
+    compose = replaced('MODGATE_ENGINE__MAX_INFLIGHT: "8"', 'MODGATE_ENGINE__MAX_INFLIGHT: "12"')
 
     [finding] = of_rule(run_check(compose), "max-inflight")
 
-    assert places([finding]) == [("compose.yaml", line_of(compose, "MODGATE_MAX_INFLIGHT"), "error")]
+    assert places([finding]) == [("compose.yaml", line_of(compose, "MODGATE_ENGINE__MAX_INFLIGHT"), "error")]
     assert [place.line for place in finding.related] == [line_of(compose, '      - "8"')]
 
 
 def test_the_default_max_inflight_of_8_is_checked_when_the_gateway_leaves_it_unset(
     run_check: CheckRun,
 ) -> None:
-    compose = replaced('      MODGATE_MAX_INFLIGHT: "8"\n', "")
+    compose = replaced('      MODGATE_ENGINE__MAX_INFLIGHT: "8"\n', "")
     compose = replaced('      - "8"\n', '      - "4"\n', compose)
 
     [finding] = of_rule(run_check(compose), "max-inflight")
@@ -543,7 +544,7 @@ def test_max_inflight_is_compared_with_the_engine_its_url_names(run_check: Check
 def test_an_override_file_is_merged_and_its_findings_name_that_file(tmp_path: Path) -> None:
     (tmp_path / "compose.yaml").write_text(GOOD_COMPOSE)
     (tmp_path / ".env").write_text(GOOD_ENV)
-    override = 'services:\n  gateway:\n    environment:\n      MODGATE_MAX_INFLIGHT: "9"\n'
+    override = 'services:\n  gateway:\n    environment:\n      MODGATE_ENGINE__MAX_INFLIGHT: "9"\n'
     (tmp_path / "compose.override.yaml").write_text(override)
 
     report = check_deploy(
@@ -590,7 +591,7 @@ def test_a_vllm_engine_without_a_queue_backstop_is_told_the_value_and_why(run_ch
     [finding] = of_rule(run_check(compose), "queue-backstop")
 
     assert finding.severity == "warning"
-    assert "add `--max-num-queued-reqs 16` (above MODGATE_MAX_INFLIGHT 8" in finding.message
+    assert "add `--max-num-queued-reqs 16` (above MODGATE_ENGINE__MAX_INFLIGHT 8" in finding.message
     assert "with Redis away each gateway replica caps" in finding.message
     assert "back-pressure" in finding.message
 
@@ -600,7 +601,7 @@ def test_a_queue_backstop_at_the_gateways_cap_binds_under_it_and_is_a_warning(ru
 
     [finding] = of_rule(run_check(compose), "queue-backstop")
 
-    assert "--max-num-queued-reqs 8 of `vllm` is not above MODGATE_MAX_INFLIGHT 8" in finding.message
+    assert "--max-num-queued-reqs 8 of `vllm` is not above MODGATE_ENGINE__MAX_INFLIGHT 8" in finding.message
     assert "about 16" in finding.message
 
 # --- prefix match unit ---------------------------------------------------------------------------------

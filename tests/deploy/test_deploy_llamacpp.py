@@ -58,8 +58,9 @@ def test_a_context_split_too_thin_among_the_slots_is_an_error_at_the_c_flag() ->
 def test_a_gateway_cap_above_the_slots_is_an_error() -> None:
     path = FIXTURES / "compose.pitfalls.yaml"
     [finding] = findings(check(path), "llamacpp-slots")
-    assert (finding.severity, finding.location.line) == ("error", line_of(path, "MODGATE_MAX_INFLIGHT"))
-    assert "MODGATE_MAX_INFLIGHT 16" in finding.message
+    cap_line = line_of(path, "MODGATE_ENGINE__MAX_INFLIGHT")
+    assert (finding.severity, finding.location.line) == ("error", cap_line)
+    assert "MODGATE_ENGINE__MAX_INFLIGHT 16" in finding.message
     assert "8 slots" in finding.message
 
 
@@ -92,7 +93,7 @@ def test_the_servers_defaults_four_unified_slots_auto_layers_no_projector_are_na
     assert report.env_file == FIXTURES / ".env.defaults"
     [slots] = findings(report, "llamacpp-slots")
     assert "the server's auto: 4 slots" in slots.message
-    assert "MODGATE_MAX_INFLIGHT 8" in slots.message  # the gateway's default
+    assert "MODGATE_ENGINE__MAX_INFLIGHT 8" in slots.message  # the gateway's default
     [context] = findings(report, "llamacpp-slot-context")
     assert "-c 1024 is shared by" in context.message  # LLAMA_ARG_CTX_SIZE, unified among auto slots
     [layers] = findings(report, "llamacpp-gpu-layers")

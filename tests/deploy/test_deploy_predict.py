@@ -58,7 +58,7 @@ def figures(document: dict[str, object], key: str) -> dict[str, float]:
 def test_the_tuned_compose_predicts_the_baseline_and_says_which_flags_count() -> None:
     (engine,) = predict_json(str(SPARK_DIR), "--env-file", str(SPARK_DIR / ".env.example"))
     assert engine["service"] == "vllm"
-    assert engine["in_flight"] == 8  # MODGATE_MAX_INFLIGHT in the gateway service
+    assert engine["in_flight"] == 8  # MODGATE_ENGINE__MAX_INFLIGHT in the gateway service
     assert engine["verdict"] == "same"
     assert figures(engine, "predicted") == figures(engine, "baseline")
     assert "--max-num-seqs 8" in engine["modelled"]  # type: ignore[operator]  # a JSON list

@@ -57,7 +57,7 @@ def test_the_command_line_is_where_the_simulator_is_started() -> None:
 
 
 async def test_services_without_an_engine_url_fail_with_a_readable_message() -> None:
-    with pytest.raises(MissingEngine, match="MODGATE_ENGINE_URL"):
+    with pytest.raises(MissingEngine, match="MODGATE_ENGINE__URL"):
         async with open_services(Settings(engine_url=None), KeyRing({}, None)):
             pass
 

@@ -229,7 +229,7 @@ def test_engine_urls_and_caps_are_read_from_comma_separated_settings() -> None:
     assert settings.engine_urls() == [A, B]
     assert [settings.engine_cap(url) for url in settings.engine_urls()] == [2, 4]
     assert Settings(engine_url=B).engine_urls() == [B]
-    assert Settings(engine_url=B).engine_cap(B) == 8  # no caps: MODGATE_MAX_INFLIGHT
+    assert Settings(engine_url=B).engine_cap(B) == 8  # no caps: MODGATE_ENGINE__MAX_INFLIGHT
 
 
 @pytest.mark.parametrize(
@@ -239,7 +239,7 @@ def test_engine_urls_and_caps_are_read_from_comma_separated_settings() -> None:
         ({"engine_url": f"{A},ftp://x"}, "http://"),
         ({"engine_url": A, "engine_caps": f"{A}=zero"}, "must look like"),
         ({"engine_url": A, "engine_caps": f"{A}=0"}, "must look like"),
-        ({"engine_url": A, "engine_caps": f"{B}=2"}, "MODGATE_ENGINE_URL lacks"),
+        ({"engine_url": A, "engine_caps": f"{B}=2"}, "MODGATE_ENGINE__URL lacks"),
         ({"leases": {"ttl_s": 3, "renew_every_s": 3}}, "shorter than"),
     ],
 )

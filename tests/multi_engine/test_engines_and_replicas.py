@@ -46,9 +46,9 @@ def metric(gateway_url: str, line_start: str) -> float | None:
 def replica_env(engine_url: str, redis_url: str) -> dict[str, str]:
     """A gateway process's settings for one engine, with its cap (8) shared through Redis leases."""
     return {
-        "MODGATE_ENGINE_URL": engine_url,
-        "MODGATE_REDIS_URL": redis_url,
-        "MODGATE_MAX_INFLIGHT": "8",
+        "MODGATE_ENGINE__URL": engine_url,
+        "MODGATE_REDIS__URL": redis_url,
+        "MODGATE_ENGINE__MAX_INFLIGHT": "8",
         "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",
         "MODGATE_TELEMETRY__ENGINE_SCRAPE_INTERVAL_S": "0",
         # A lease call slower than its deadline counts as Redis down and the replica serves on its local
@@ -207,8 +207,8 @@ def test_a_killed_replicas_slots_free_themselves_and_the_other_replica_uses_all_
 def test_a_pool_of_both_kinds_caps_each_by_its_own_terms_and_fails_over_across_kinds(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
-    """vLLM's cap is the gateway's (MODGATE_MAX_INFLIGHT), llama.cpp's its --parallel slots; each kind gets
-    its own wire, and a call the stopped one cannot take goes to the other kind."""
+    """vLLM's cap is the gateway's (MODGATE_ENGINE__MAX_INFLIGHT), llama.cpp's its --parallel slots; each kind
+    gets its own wire, and a call the stopped one cannot take goes to the other kind."""
     vllm = start_sim(**SPARK_PACE)
     llamacpp = start_sim(**SPARK_PACE, kind="llamacpp", llamacpp=LlamaCppOptions(n_parallel=2, n_ctx=8192))
     gateway = start_gateway(
@@ -238,7 +238,8 @@ def test_two_replicas_sharing_redis_hold_a_llamacpp_engine_to_its_slots_detected
     kind: EngineKindSetting, start_sim: SimFactory, gateway_processes: GatewayProcessesFactory, redis_url: str
 ) -> None:
     """The leases' cap is llama-server's --parallel slots from /props, also when MODGATE_ENGINE__KIND says
-    llamacpp (nothing to detect, but the slots are still read), however many MODGATE_MAX_INFLIGHT allows."""
+    llamacpp (nothing to detect, but the slots are still read), however many MODGATE_ENGINE__MAX_INFLIGHT
+    allows."""
     engine = start_sim(**SPARK_PACE, kind="llamacpp", llamacpp=llamacpp_options(3))
     replicas = gateway_processes(
         2,

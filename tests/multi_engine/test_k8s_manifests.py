@@ -57,8 +57,9 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def redis_url_source(container: Manifest) -> dict[str, str]:
-    """Where a container's MODGATE_REDIS_URL comes from (a Secret's key)."""
-    (source,) = [v["valueFrom"]["secretKeyRef"] for v in container["env"] if v["name"] == "MODGATE_REDIS_URL"]
+    """Where a container's MODGATE_REDIS__URL comes from (a Secret's key)."""
+    env = container["env"]
+    (source,) = [v["valueFrom"]["secretKeyRef"] for v in env if v["name"] == "MODGATE_REDIS__URL"]
     return dict(source)
 
 
@@ -102,7 +103,7 @@ def test_the_gateway_service_reaches_the_deployments_named_port() -> None:
     (container,) = pod_spec(deployment)["containers"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert service["spec"]["ports"][0]["targetPort"] in ports
-    assert str(ports["http"]) == one("ConfigMap", "modgate-gateway")["data"]["MODGATE_PORT"]
+    assert str(ports["http"]) == one("ConfigMap", "modgate-gateway")["data"]["MODGATE_SERVER__PORT"]
 
 
 def test_the_gateway_probes_readiness_on_readyz_and_liveness_on_healthz() -> None:
@@ -146,7 +147,7 @@ def test_the_gateway_configuration_is_valid_settings(monkeypatch: pytest.MonkeyP
     environment = {
         **one("ConfigMap", "modgate-gateway")["data"],
         **example_secrets()["modgate-gateway"],
-        "MODGATE_REDIS_URL": example_secrets()["modgate-redis"]["url"],
+        "MODGATE_REDIS__URL": example_secrets()["modgate-redis"]["url"],
     }
     for name, value in environment.items():
         monkeypatch.setenv(name, value)

@@ -174,7 +174,7 @@ def test_each_tenants_block_share_and_label_agreement_come_from_the_log(tmp_path
 
     write_day_partitions([*news, *kids, *labels], tmp_path)
     args = ["decisions", "summary", "--since", "2026-12-03", "--archive-dir", str(tmp_path)]
-    shown = CliRunner().invoke(app, args, env={"MODGATE_REDIS_URL": ""})  # the archive alone
+    shown = CliRunner().invoke(app, args, env={"MODGATE_REDIS__URL": ""})  # the archive alone
     assert shown.exit_code == 0, shown.output
     news_line = next(line for line in shown.output.splitlines() if "news" in line)
     assert "50.0 %" in news_line

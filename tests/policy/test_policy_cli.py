@@ -20,7 +20,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 def modgate(gateway: ThreadedServer, *args: str, token: str | None = ADMIN_TOKEN) -> Result:
     """``modgate policy <args> --url <gateway>`` with the admin token in the environment."""
-    env = {"MODGATE_ADMIN_TOKEN": token or "", "USER": "alice"}
+    env = {"MODGATE_AUTH__ADMIN_TOKEN": token or "", "USER": "alice"}
     return CliRunner().invoke(app, ["policy", *args, "--url", gateway.url], env=env)
 
 
@@ -142,7 +142,7 @@ def test_history_audit_and_rollback_read_back_the_flips(gateway: ThreadedServer)
 def test_without_a_token_the_command_says_how_to_give_one(gateway: ThreadedServer) -> None:
     result = modgate(gateway, "show", token=None)
     assert result.exit_code == 2
-    assert "MODGATE_ADMIN_TOKEN" in result.output
+    assert "MODGATE_AUTH__ADMIN_TOKEN" in result.output
 
 
 def test_a_refused_token_prints_the_gateways_reason_and_changes_nothing(gateway: ThreadedServer) -> None:
@@ -169,7 +169,7 @@ def test_a_flip_while_redis_is_unreachable_prints_the_503(
 
 @pytest.mark.parametrize("command", ["show", "history", "audit"])
 def test_an_unreachable_gateway_is_a_readable_error(command: str) -> None:
-    env = {"MODGATE_ADMIN_TOKEN": ADMIN_TOKEN}
+    env = {"MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN}
     result = CliRunner().invoke(app, ["policy", command, "--url", f"http://127.0.0.1:{free_port()}"], env=env)
     assert result.exit_code == 1
     assert "cannot reach the gateway" in result.output

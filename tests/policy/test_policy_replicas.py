@@ -36,10 +36,10 @@ def replicas(
 ) -> list[str]:
     """The URLs of ``count`` gateway processes in front of ``engine_url`` on the shared Redis."""
     env = {
-        "MODGATE_ENGINE_URL": engine_url,
-        "MODGATE_REDIS_URL": redis_url,
-        "MODGATE_ADMIN_TOKEN": ADMIN_TOKEN,
-        "MODGATE_API_KEYS": f"{BUSINESS_KEY}:live",
+        "MODGATE_ENGINE__URL": engine_url,
+        "MODGATE_REDIS__URL": redis_url,
+        "MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN,
+        "MODGATE_AUTH__API_KEYS": f"{BUSINESS_KEY}:live",
         **extra,
     }
     return [gateway.url for gateway in gateway_processes(count, "/healthz", **env)]

@@ -36,7 +36,7 @@ def test_the_kubernetes_cronjob_runs_the_weekly_report(tmp_path: Path) -> None:
     assert job["spec"]["concurrencyPolicy"] == "Forbid"
     container = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     env = {item["name"] for item in container["env"]}
-    assert {"MODGATE_REDIS_URL", "MPLCONFIGDIR"} <= env
+    assert {"MODGATE_REDIS__URL", "MPLCONFIGDIR"} <= env
     output = run_here([*container["command"], *container["args"]], tmp_path)
     assert "No quality records for" in output
     assert len(list((tmp_path / "out").glob("quality-*.html"))) == 1

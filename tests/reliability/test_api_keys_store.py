@@ -24,7 +24,7 @@ BODY = {"input": image_input(make_keyframe("allow", 320, 180))}
 
 def keys(redis_url: str, *args: str) -> str:
     """Run ``modgate keys …`` against ``redis_url``; answers its standard output."""
-    result = CliRunner().invoke(cli, ["keys", *args], env={"MODGATE_REDIS_URL": redis_url})
+    result = CliRunner().invoke(cli, ["keys", *args], env={"MODGATE_REDIS__URL": redis_url})
     assert result.exit_code == 0, result.output
     return result.stdout
 
@@ -53,7 +53,8 @@ def test_a_new_key_is_printed_once_and_only_its_digest_is_stored(redis_url: str)
 
 
 def test_a_tenant_name_must_be_plain(redis_url: str) -> None:
-    result = CliRunner().invoke(cli, ["keys", "add", "--tenant", "a;b"], env={"MODGATE_REDIS_URL": redis_url})
+    env = {"MODGATE_REDIS__URL": redis_url}
+    result = CliRunner().invoke(cli, ["keys", "add", "--tenant", "a;b"], env=env)
     assert result.exit_code == 2
 
 
@@ -84,7 +85,7 @@ def test_a_key_added_with_the_cli_works_at_once_and_stops_working_when_revoked(
 
 
 def test_revoking_an_unknown_key_fails(redis_url: str) -> None:
-    result = CliRunner().invoke(cli, ["keys", "revoke", "deadbeef00"], env={"MODGATE_REDIS_URL": redis_url})
+    result = CliRunner().invoke(cli, ["keys", "revoke", "deadbeef00"], env={"MODGATE_REDIS__URL": redis_url})
     assert result.exit_code == 1
 
 

@@ -1,6 +1,6 @@
 """SIGTERM drains, then stops: ``/readyz`` answers 503 at once while the listener stays open for
-``MODGATE_DRAIN_S``; requests in flight and queued finish; running jobs go back to the stream for another
-gateway (none lost, none completed twice); the process exits 0 (one worker or several)."""
+``MODGATE_SERVER__DRAIN_S``; requests in flight and queued finish; running jobs go back to the stream for
+another gateway (none lost, none completed twice); the process exits 0 (one worker or several)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def test_sigterm_drains_serves_on_and_exits_zero(
     # The Spark's pace sped up: a keyframe holds its slot about a second, so the signal lands mid-work.
     sim = start_sim("spark", time_scale=0.2)
     gateway = gateway_process(
-        MODGATE_ENGINE_URL=sim.url, MODGATE_REDIS_URL=redis_url, MODGATE_MAX_INFLIGHT="2",
-        MODGATE_DRAIN_S="4", MODGATE_WORKERS=str(workers),
+        MODGATE_ENGINE__URL=sim.url, MODGATE_REDIS__URL=redis_url, MODGATE_ENGINE__MAX_INFLIGHT="2",
+        MODGATE_SERVER__DRAIN_S="4", MODGATE_WORKERS=str(workers),
     )
     gateway.wait_ready("/readyz")
     with ThreadPoolExecutor(8) as pool:
@@ -67,13 +67,13 @@ def test_a_draining_gateway_gives_its_running_jobs_back(
 ) -> None:
     sim = start_sim("spark", time_scale=0.3)
     env = {
-        "MODGATE_ENGINE_URL": sim.url,
-        "MODGATE_REDIS_URL": redis_url,
+        "MODGATE_ENGINE__URL": sim.url,
+        "MODGATE_REDIS__URL": redis_url,
         # A takeover by idle time would take ten minutes: only a requeue at stop lets the second finish.
         "MODGATE_JOBS__CLAIM_IDLE_S": "600",
         "MODGATE_JOBS__CONCURRENCY": "2",
         "MODGATE_JOBS__STOP_GRACE_S": "0",  # cut running jobs off at once (the worst case)
-        "MODGATE_DRAIN_S": "0.5",
+        "MODGATE_SERVER__DRAIN_S": "0.5",
     }
     state = redis.Redis.from_url(redis_url)
     first = gateway_process(**env)
@@ -123,7 +123,7 @@ def test_the_kubernetes_deployment_drains_within_its_grace_period() -> None:
     assert "preStop" in container["lifecycle"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     needed = (
-        float(config["MODGATE_DRAIN_S"])
+        float(config["MODGATE_SERVER__DRAIN_S"])
         + float(config.get("MODGATE_ADMISSION__QUEUE_TIMEOUT_S", 30))
         + float(config["MODGATE_JOBS__STOP_GRACE_S"])
     )

@@ -28,8 +28,8 @@ def test_jobs_survive_a_gateway_killed_mid_work(
     # The Spark's pace, sped up: a job's four frames take a few seconds, so the kill lands mid-work.
     sim = start_sim("spark", time_scale=0.3)
     env = {
-        "MODGATE_ENGINE_URL": sim.url,
-        "MODGATE_REDIS_URL": redis_url,
+        "MODGATE_ENGINE__URL": sim.url,
+        "MODGATE_REDIS__URL": redis_url,
         "MODGATE_JOBS__CLAIM_IDLE_S": "2",
         "MODGATE_JOBS__CONCURRENCY": "2",
         "MODGATE_JOBS__WEBHOOK_SECRET": WEBHOOK_SECRET,

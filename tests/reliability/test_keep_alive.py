@@ -55,5 +55,5 @@ def test_a_connection_idle_past_uvicorns_default_is_still_served(
 
 def test_the_keep_alive_setting_reaches_the_server(gateway_process: GatewayProcessFactory) -> None:
     # the same wait, with the setting shorter than it: the server has closed the connection
-    gateway = gateway_process(MODGATE_KEEP_ALIVE_S="2")
+    gateway = gateway_process(MODGATE_SERVER__KEEP_ALIVE_S="2")
     assert not still_served_after(gateway.url, 4)

@@ -22,8 +22,8 @@ async def test_two_hundred_clients_get_a_verdict_or_a_429_and_the_engine_never_s
     # The engine would run 64 at once: only the gateway's cap can hold it to 8.
     sim = start_sim("spark", time_scale=0.01, max_num_seqs=64)
     gateway = gateway_process(
-        MODGATE_ENGINE_URL=sim.url,
-        MODGATE_MAX_INFLIGHT="8",
+        MODGATE_ENGINE__URL=sim.url,
+        MODGATE_ENGINE__MAX_INFLIGHT="8",
         MODGATE_ADMISSION__QUEUE_SIZE="64",
         MODGATE_ADMISSION__QUEUE_TIMEOUT_S="30",
     )

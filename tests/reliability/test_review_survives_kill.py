@@ -20,10 +20,10 @@ def test_review_items_survive_a_gateway_killed_with_claims(
 ) -> None:
     sim = start_sim()
     env = {
-        "MODGATE_ENGINE_URL": sim.url,
-        "MODGATE_REDIS_URL": redis_url,
-        "MODGATE_API_KEYS": f"{API_KEY}:tenant-a",
-        "MODGATE_ADMIN_TOKEN": ADMIN_TOKEN,
+        "MODGATE_ENGINE__URL": sim.url,
+        "MODGATE_REDIS__URL": redis_url,
+        "MODGATE_AUTH__API_KEYS": f"{API_KEY}:tenant-a",
+        "MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN,
         "MODGATE_REVIEW__CLAIM_TIMEOUT_S": "1",
     }
 

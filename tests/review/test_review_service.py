@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.errors import StateUnavailable
+from gateway.errors import Forbidden, NotFound, StateUnavailable
 from gateway.review.metrics import ReviewMetrics
-from gateway.review.models import Label, LabelledItem, ReviewItem, TenantQueue
+from gateway.review.models import Label, LabelledItem, QueuedItem, ReviewConflict, ReviewItem, TenantQueue
 from gateway.review.service import Reviewer, ReviewQueue
 from gateway.review.store_memory import MemoryReviewStore
 from gateway.settings import ReviewSettings
@@ -28,10 +28,13 @@ class RedisDown:
     async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:
         raise StateUnavailable("Redis is unreachable")
 
-    async def label(self, item_id: str, label: Label) -> LabelledItem:
+    async def peek(self, item_id: str) -> QueuedItem | None:
         raise StateUnavailable("Redis is unreachable")
 
-    async def release(self, item_id: str, reviewer: str) -> None:
+    async def label(self, item_id: str, label: Label, tenants: Collection[str] | None = None) -> LabelledItem:
+        raise StateUnavailable("Redis is unreachable")
+
+    async def release(self, item_id: str, reviewer: str, tenants: Collection[str] | None = None) -> None:
         raise StateUnavailable("Redis is unreachable")
 
     async def audit(self, limit: int) -> list[dict[str, Any]]:
@@ -80,3 +83,38 @@ async def test_a_scoped_reviewer_sees_only_their_tenants_queue() -> None:
     assert claimed is not None
     assert claimed.tenant == "a"
     assert await queue.claim(scoped) is None
+
+
+async def test_a_scoped_reviewer_may_look_at_their_tenants_items_only() -> None:
+    """What the console's frame route serves: the frame of an item of a tenant the reviewer reviews."""
+    queue = ReviewQueue(MemoryReviewStore(claim_timeout_s=60, retention_s=3600), ReviewSettings())
+    mine, theirs = [
+        await queue.offer(tenant, f"data:image/png;base64,{tenant.upper()}AAA", KeyframeVerdict("review"),
+                          "off", None, f"r-{tenant}")
+        for tenant in ("a", "b")
+    ]
+    assert mine is not None
+    assert theirs is not None
+    scoped = Reviewer("alice", frozenset({"a"}))
+    seen = await queue.look(mine.id, scoped)
+    assert (seen.item.frame, seen.holder) == ("data:image/png;base64,AAAA", None)
+    with pytest.raises(Forbidden) as refused:
+        await queue.look(theirs.id, scoped)
+    assert (refused.value.status, refused.value.code) == (403, "review_item_other_tenant")
+    assert (await queue.look(theirs.id, Reviewer("root"))).item.tenant == "b"  # every tenant's reviewer
+    with pytest.raises(NotFound):
+        await queue.look("rev-00000000000000000000000000000000", scoped)
+
+
+async def test_a_reviewer_labels_only_items_of_the_tenants_they_review_now() -> None:
+    """Claimed as a reviewer of a; signed in again as a reviewer of b only (same name): not theirs now."""
+    queue = ReviewQueue(MemoryReviewStore(claim_timeout_s=60, retention_s=3600), ReviewSettings())
+    await queue.offer("a", "data:,", KeyframeVerdict("review"), "off", None, "r-a")
+    claimed = await queue.claim(Reviewer("rita", frozenset({"a"})))
+    assert claimed is not None
+    moved = Reviewer("rita", frozenset({"b"}))
+    with pytest.raises(ReviewConflict, match="not in the queue"):
+        await queue.label(claimed.id, moved, "allow", [])
+    with pytest.raises(ReviewConflict, match="not in the queue"):
+        await queue.skip(claimed.id, moved)
+    assert await queue.audit(10) == []

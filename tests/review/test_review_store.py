@@ -84,6 +84,26 @@ async def test_a_reviewer_of_one_tenant_never_gets_anothers_frame(store: tuple[R
     assert got.tenant == "a"
 
 
+async def test_a_reviewer_whose_tenants_changed_cannot_label_or_skip_an_item_they_hold(
+    store: tuple[ReviewStore, Clock],
+) -> None:
+    """Held under tenant a, then the reviewer's tenants became {b} (their roles changed at the provider and
+    they signed in again): the item is gone for them, even though their name still holds it."""
+    queue, _ = store
+    queued = item("a", 1, enqueued_at=Clock().now)
+    await queue.enqueue(queued)
+    assert await queue.claim("rita", {"a"}) is not None
+    with pytest.raises(ReviewConflict) as labelled:
+        await queue.label(queued.id, label("rita"), {"b"})
+    assert labelled.value.kind == "gone"
+    with pytest.raises(ReviewConflict) as skipped:
+        await queue.release(queued.id, "rita", {"b"})
+    assert skipped.value.kind == "gone"
+    assert await queue.audit(10) == []
+    done = await queue.label(queued.id, label("rita"), {"a"})  # under tenant a again: theirs to label
+    assert done.item.tenant == "a"
+
+
 async def test_a_label_is_taken_once_and_drops_the_frame(store: tuple[ReviewStore, Clock]) -> None:
     queue, _ = store
     queued = item("a", 1, action="block", categories=("violence",), enqueued_at=Clock().now)
@@ -198,3 +218,23 @@ def test_memory_keeps_at_most_its_item_cap_dropping_the_oldest() -> None:
         return [c.id if c else None for c in claims]
 
     assert asyncio.run(run()) == [items[1].id, items[2].id, None]
+
+
+async def test_a_peek_shows_the_item_and_its_holder_and_claims_nothing(
+    store: tuple[ReviewStore, Clock],
+) -> None:
+    queue, _ = store
+    queued = item("a", 1, enqueued_at=Clock().now)
+    await queue.enqueue(queued)
+    waiting = await queue.peek(queued.id)
+    assert waiting is not None
+    assert (waiting.item, waiting.holder) == (queued, None)
+    claimed = await queue.claim("alice", None)
+    assert claimed is not None
+    assert claimed.id == queued.id  # the peek did not take it
+    held = await queue.peek(queued.id)
+    assert held is not None
+    assert (held.item.frame, held.holder) == (queued.frame, "alice")
+    await queue.label(queued.id, label("alice"))
+    assert await queue.peek(queued.id) is None  # labelled: the frame is gone
+    assert await queue.peek(new_item_id()) is None

@@ -46,15 +46,16 @@ def test_a_verdict_split_into_short_tokens_is_read_at_its_first_token() -> None:
         entry("bl", {"bl": 0.5, "al": 0.25, "r": 0.25}),
         entry("ock"),
         entry(":"),
-        entry("hate", {"hate": 0.9, "harassme": 0.1}),
+        entry("hate", {"hate": 0.9, "harassment": 0.05, "harassme": 0.05}),
         entry("<|im_end|>"),
     ]
     (verdict,) = read("block:hate", entries)
     assert verdict.confidence == pytest.approx(0.5)
     scores = dict(verdict.category_scores or ())
     assert scores["hate"] == pytest.approx(0.5 * 0.9)
-    assert scores["harassment"] == pytest.approx(0.5 * 0.1)  # only harassment begins "harassme"
-    assert scores["sexual"] == 0.0
+    # "harassment" spells that whole path (no longer category begins with it): its own probability
+    assert scores["harassment"] == pytest.approx(0.5 * 0.05)
+    assert "sexual" not in scores  # no listed token reaches its end: unknown, not 0
 
 
 def test_a_category_that_could_go_on_to_a_longer_one_is_weighed_where_it_ends() -> None:
@@ -67,8 +68,9 @@ def test_a_category_that_could_go_on_to_a_longer_one_is_weighed_where_it_ends() 
     (verdict,) = read("block:sexual", entries)
     scores = dict(verdict.category_scores or ())
     assert scores["sexual"] == pytest.approx(0.8 * 0.6 * 0.75)
-    assert scores["self-harm"] == pytest.approx(0.8 * 0.4)
-    assert scores["sexual/minors"] == 0.0  # "sexual" could begin it, but says nothing about which
+    # "self" and "/" only begin self-harm and sexual/minors: their paths are unknown, not 0 nor 0.8 * 0.4
+    assert "self-harm" not in scores
+    assert "sexual/minors" not in scores
 
 
 def test_with_thinking_the_verdict_is_found_after_the_reasoning() -> None:

@@ -18,7 +18,7 @@ import pytest
 from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, wire_for
 from shaping.bpe import FAMILIES, Family, qwen_bpe
 from shaping.confidence import TokenLogprob, with_confidence
-from shaping.verdict import parse_engine_output
+from shaping.verdict import compact_regex, parse_engine_output
 
 FLT_LOWEST = -3.4028234663852886e38  # llama.cpp's logprob for a probability of 0 (std::numeric_limits)
 
@@ -121,24 +121,25 @@ def test_a_shorter_raw_list_never_raises_the_confidence(vocabulary: Family, answ
         assert shorter <= longer + 1e-4, readings
 
 
-def test_an_unnamed_categorys_score_counts_what_the_list_left_out_too() -> None:
-    # at the first category's place (``viol``): a forbidden blank, violence, self-harm, a forbidden "The"
-    # and hate; the named category scores P(block), an unnamed one its share of what the grammar allows
+def test_a_categorys_path_counts_what_the_list_left_out_as_allowed() -> None:
+    # at the category's place (``viol``): a forbidden blank, violence, self-harm, a forbidden "The" and
+    # hate; each token on the path is its share of 1 minus the listed tokens the grammar surely forbids
     place = {"\n": 0.4, "viol": 0.3, "self": 0.2, "The": 0.05, "hate": 0.05}
     pieces = [*qwen_bpe("qwen2.5").pieces("block:violence"), "<|im_end|>"]
     assert pieces[2] == "viol"
 
-    def self_harm(k: int) -> float:
+    def scores(k: int) -> dict[str, float]:
         entries = [
             TokenLogprob.from_wire(llamacpp_entry(piece, place if piece == "viol" else {piece: 1.0}, k))
             for piece in pieces
         ]
-        return float(dict(read("block:violence", entries, grammar_masked=False).category_scores)["self-harm"])
+        return dict(read("block:violence", entries, grammar_masked=False).category_scores)
 
-    assert self_harm(5) == pytest.approx(0.2 / 0.55, abs=1e-4)  # all listed: 0.2 of the allowed 0.55
-    # three listed: "The" and hate (0.1) left out and counted as allowed: 0.2 / 0.6, not 0.2 / 0.5 above it
-    assert self_harm(3) == pytest.approx(0.2 / 0.6, abs=1e-4)
-    assert self_harm(3) < self_harm(5)
+    assert scores(5)["violence"] == pytest.approx(0.3 / 0.55, abs=1e-4)  # all listed: 0.3 of the allowed 0.55
+    assert scores(5)["hate"] == pytest.approx(0.05 / 0.55, abs=1e-4)  # "hate" spells its whole path
+    # three listed: "The" (0.05) left out and counted as allowed: 0.3 / 0.6, not 0.3 / 0.55 above it
+    assert scores(3)["violence"] == pytest.approx(0.3 / 0.6, abs=1e-4)
+    assert "hate" not in scores(3)  # not listed: unknown
 
 
 def test_every_allowed_token_at_zero_in_float_gives_no_confidence_and_says_why() -> None:
@@ -174,3 +175,53 @@ def test_a_block_is_not_credited_with_blocked(vocabulary: Family) -> None:
     logprobs = answer_logprobs("block:violence", vocabulary, 4, raw)
     verdict = read("block:violence", logprobs, grammar_masked=False)
     assert verdict.confidence == pytest.approx(0.3 / 0.5, abs=1e-4)
+
+
+def compact_body(frames: int, *, thinking: bool = False) -> dict[str, Any]:
+    """The gateway's compact request in vLLM's shape (what the wire turns into llama.cpp's)."""
+    return {
+        "model": "tiny", "messages": [{"role": "user", "content": "frames"}], "temperature": 0,
+        "max_completion_tokens": 16 * frames, "chat_template_kwargs": {"enable_thinking": thinking},
+        "structured_outputs": {"regex": compact_regex(frames)}, "logprobs": True, "top_logprobs": 5,
+        "stream": True, "stream_options": {"include_usage": True},
+    }
+
+
+def test_a_place_probe_asks_llamacpp_for_one_token_read_after_its_sampler_chain() -> None:
+    probe = wire_for("llamacpp").place_probe(compact_body(3), "allow\n", compact_regex(2))
+    assert probe is not None
+    # the model's own probabilities, nothing truncated, read after the chain (the grammar's where it drew
+    # again under it); one token, not streamed; the draw is thrown away, the verdict stays the greedy one
+    assert {k: probe[k] for k in ("temperature", "top_k", "top_p", "min_p", "post_sampling_probs")} == {
+        "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "post_sampling_probs": True}
+    assert probe["max_completion_tokens"] == 1
+    assert "stream" not in probe
+    assert "stream_options" not in probe
+    assert probe["top_logprobs"] == 5 * LLAMACPP_ALTERNATIVES_PER_MASKED
+    # the earlier frame's line is the assistant's start; the grammar holds what is left: two lines
+    assert probe["messages"][-1] == {"role": "assistant", "content": "allow\n"}
+    assert probe["grammar"] == wire_for("llamacpp").chat_body(compact_body(2))["grammar"]
+
+
+def test_no_place_probe_where_the_answer_already_is_the_grammars_or_thinking_runs_first() -> None:
+    assert wire_for("vllm").place_probe(compact_body(1), "", compact_regex(1)) is None
+    assert wire_for("llamacpp").place_probe(compact_body(1, thinking=True), "", compact_regex(1)) is None
+
+
+def test_a_probed_place_gives_the_confidence_the_raw_softmax_could_not() -> None:
+    # the tiny model's raw list (every allowed spelling 0 in float), and what a probe read at the same place
+    degenerate = {" " * 128: 1.0, "review": 0.0, "allow": 0.0, "block": 0.0}
+    logprobs = answer_logprobs("review", "qwen2.5", 4, degenerate)
+    parsed = parse_engine_output("review", None, "stop")
+    place = (("review", 0.99995), ("allow", 2.6e-5), ("block", 2.4e-5), ("rev", 1e-14))
+    (raw,) = with_confidence(parsed.verdicts, logprobs, "review", grammar_masked=False)
+    (probed,) = with_confidence(parsed.verdicts, logprobs, "review", grammar_masked=False, places={0: place})
+    assert raw.confidence is None
+    assert probed.confidence == pytest.approx(0.99995, abs=1e-4)
+    assert probed.confidence_note is None
+    # a probe whose draw passed the grammar lists the raw softmax: read as raw, a lower bound
+    raw_place = (("review", 0.5), ("\n", 0.3), ("Review", 0.1), ("allow", 0.1))
+    (bound,) = with_confidence(
+        parsed.verdicts, logprobs, "review", grammar_masked=False, places={0: raw_place}
+    )
+    assert bound.confidence == pytest.approx(0.5 / 0.6, abs=1e-4)

@@ -114,8 +114,46 @@ def test_a_category_whose_first_token_carries_the_colon_is_scored_there(vocabula
     scores = dict(verdict.category_scores or ())
     assert verdict.confidence == pytest.approx(0.8)
     assert scores["self-harm"] == pytest.approx(0.8 * 0.6)
-    assert scores["illicit"] == pytest.approx(0.8 * 0.1)  # ":i" can only begin illicit
-    assert scores["hate"] == scores["harassment"] == 0.0  # ":h" begins both: it says nothing of which
+    # ":i" and ":h" only begin a path: illicit's, hate's and harassment's probabilities are unknown
+    assert set(scores) == {"self-harm"}
+
+
+# the per-token probability along a category's path: the issue's figures, 0.343 for violence against 0.240
+# for self-harm when the colon was counted only where the BPE merged it with the name
+PER_TOKEN = 0.7
+
+
+def at_per_token(answer: str, vocabulary: Family) -> dict[int, dict[str, float]]:
+    """Every token of ``answer`` drawn at ``PER_TOKEN`` (the rest on a token of no verdict)."""
+    return {i: {t: PER_TOKEN, "<|other|>": 1 - PER_TOKEN} for i, t in enumerate(pieces(answer, vocabulary))}
+
+
+@pytest.mark.parametrize("vocabulary", FAMILIES)
+def test_a_category_scores_its_whole_path_after_block_wherever_the_bpe_puts_the_colon(
+    vocabulary: Family,
+) -> None:
+    assert pieces("block:violence", vocabulary) == ["block", ":", "viol", "ence"]
+    assert pieces("block:self-harm", vocabulary) == ["block", ":self", "-h", "arm"]
+    scores = {}
+    for answer in ("block:violence", "block:self-harm"):
+        verdict = confidence(answer, engine_answer(answer, vocabulary, 2, at_per_token(answer, vocabulary)))
+        scores[answer] = dict(verdict.category_scores or ())[answer.removeprefix("block:")]
+    # block, then three tokens each: the colon counted in both, 0.7 ** 4
+    assert scores == {"block:violence": pytest.approx(0.2401), "block:self-harm": pytest.approx(0.2401)}
+
+
+@pytest.mark.parametrize("vocabulary", FAMILIES)
+def test_a_category_the_verdict_does_not_name_reads_its_path_where_an_alternative_spells_it(
+    vocabulary: Family,
+) -> None:
+    answer = "block:violence"
+    assert pieces(answer, vocabulary)[2] == "viol"
+    at = {0: {"block": 0.8, "allow": 0.2}, 1: {":": 0.9, ":self": 0.1}, 2: {"viol": 0.6, "hate": 0.4}}
+    verdict = confidence(answer, engine_answer(answer, vocabulary, 2, at))
+    scores = dict(verdict.category_scores or ())
+    assert scores["violence"] == pytest.approx(0.8 * 0.9 * 0.6)
+    assert scores["hate"] == pytest.approx(0.8 * 0.9 * 0.4)  # block, ":", "hate": its whole path
+    assert "self-harm" not in scores  # ":self" begins it, nothing listed ends it: unknown, not 0
 
 
 def test_packed_verdicts_cut_by_the_real_bpe_each_read_their_own_line() -> None:

@@ -144,6 +144,27 @@ def test_an_engine_that_counts_other_image_tokens_is_counted_and_logged(
     assert "image tokens predicted" in messages[0]
 
 
+def test_on_llamacpp_images_are_not_predicted_said_once_at_start_and_text_still_is(
+    start_sim: SimFactory, start_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # llama.cpp's /tokenize takes text only: a request with images cannot be predicted there. Said once, when
+    # the gateway starts, not as a failed /tokenize that pauses every prediction (text ones too) for 60 s.
+    engine = start_sim("instant", kind="llamacpp", vision=True)
+    with caplog.at_level(logging.WARNING, logger="modgate.moderation"):
+        gateway = start_gateway(engine_url=engine.url)
+        said_at_start = [r.getMessage() for r in caplog.records if "token prediction" in r.getMessage()]
+        for seed in (1, 2):
+            post(gateway, {"input": image_input(make_keyframe("allow", 640, 360, seed=seed))})
+        post(gateway, {"input": "a text only request"})
+    said = [r.getMessage() for r in caplog.records if "token prediction" in r.getMessage()]
+    assert len(said_at_start) == 1, said_at_start
+    assert "off for requests with images" in said_at_start[0]
+    assert engine.url in said_at_start[0]
+    assert said == said_at_start  # nothing more: no pause, no mismatch
+    assert counter(gateway, "modgate_token_predictions") == 1  # the text request, predicted and compared
+    assert counter(gateway, "modgate_token_prediction_mismatches") == 0
+
+
 @pytest.fixture
 def engine_without_tokenize(start_sim: SimFactory) -> Iterator[ThreadedServer]:
     """A gateway whose engine answers everything but /tokenize (404), as some servers do."""
@@ -179,6 +200,9 @@ class CountingPool:
     def __init__(self) -> None:
         self.models: list[str] = []
 
+    def engines_counting_no_images(self) -> list[str]:
+        return []  # a vLLM-like engine: its /tokenize counts images
+
     async def tokenize(self, body: dict[str, Any], *, models: Mapping[str, str] | None = None) -> int:
         self.models.append(body["model"])
         return 100 if "messages" in body and len(body["messages"][-1]["content"]) > 1 else 40
@@ -210,15 +234,18 @@ def test_an_engine_back_with_another_model_is_measured_afresh_under_its_own_name
 
 
 class RefusingPool:
-    """A /tokenize that refuses every body (llama.cpp's for a prompt with an image), counting the calls."""
+    """A /tokenize that refuses every body (a server without one), counting the calls."""
 
     def __init__(self) -> None:
         self.calls = 0
 
+    def engines_counting_no_images(self) -> list[str]:
+        return []  # it says it counts images; its /tokenize fails
+
     async def tokenize(self, body: dict[str, Any], *, models: Mapping[str, str] | None = None) -> int:
         self.calls += 1
         await asyncio.sleep(0.01)  # the others queue on the lock meanwhile
-        raise UpstreamError("llama.cpp's /tokenize counts text only", code="engine_cannot_count_images")
+        raise UpstreamError("engine /tokenize answered 404: Not Found")
 
 
 def test_requests_waiting_on_a_tokenize_that_fails_do_not_each_ask_again(

@@ -163,3 +163,27 @@ def test_modgate_stats_says_when_the_gateway_cannot_be_reached() -> None:
     result = CliRunner().invoke(app, ["stats", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot read" in result.output
+
+
+def test_image_tokens_an_engine_does_not_count_are_null_with_the_reason_not_0(
+    start_gateway: GatewayFactory, start_sim: SimFactory
+) -> None:
+    # llama.cpp's usage has no image count: the result and the window say "unknown, and why"; 0 would read as
+    # "the frame cost no image tokens". vLLM's count is the engine's own.
+    for kind, counted in (("llamacpp", False), ("vllm", True)):
+        sim = start_sim("instant", kind=kind, **({"vision": True} if kind == "llamacpp" else {}))
+        gateway = start_gateway(engine_url=sim.url)
+        response = moderate(gateway, make_keyframe("allow", seed=40))
+        assert response.status_code == 200, response.text
+        details = response.json()["results"][0]["modgate"]
+        tokens = httpx.get(f"{gateway.url}/stats").json()["tokens"]
+        if counted:
+            assert details["image_tokens"] > 0
+            assert details["image_tokens_reason"] is None
+            assert (tokens["image"], tokens["image_reason"]) == (details["image_tokens"], None)
+        else:
+            assert details["image_tokens"] is None
+            assert "reports no image tokens" in details["image_tokens_reason"]
+            assert tokens["image"] is None
+            assert tokens["image_reason"] == details["image_tokens_reason"]
+        assert details["prompt_tokens"] > 0

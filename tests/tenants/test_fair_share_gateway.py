@@ -120,17 +120,17 @@ async def test_tenants_share_the_engine_by_their_weights(
 
 async def test_the_share_is_engine_work_so_a_thinking_tenant_gets_fewer_turns(start_sim: SimFactory) -> None:
     engine = RecordingEngine(start_sim("spark", time_scale=0.0).url)  # the Spark's output lengths
+    weight = TenantSettings().output_token_weight  # the gateway's own measure: prompt + w × output tokens
     servers: list[ThreadedServer] = []
     try:
-        gateway = gateway_for((engine, servers), api_keys=KEYS)
+        # the Spark's weight, set: a simulator answering at time scale 0 has no times to learn it from
+        gateway = gateway_for((engine, servers), api_keys=KEYS, tenants={"output_token_weight": weight})
         requests = [(t, m) for _ in range(16) for t, m in (("a", "on"), ("b", "off"))]
         calls = (await engine_calls(gateway, engine, requests))[:16]
     finally:
         engine.release()
         for server in servers:
             server.stop()
-
-    weight = TenantSettings().output_token_weight  # the gateway's own measure: prompt + w × output tokens
 
     def work(details: dict[str, Any]) -> float:
         return float(details["prompt_tokens"] + weight * details["completion_tokens"])

@@ -113,10 +113,10 @@ def test_limits_set_in_redis_with_the_cli_reach_a_running_gateway(
     moderate_raw(gateway, "key-b")  # no quota yet
     result = CliRunner().invoke(
         cli, ["tenants", "set", "tenant-b", "--keyframes-per-minute", "1", "--weight", "4"],
-        env={"MODGATE_REDIS_URL": redis_url},
+        env={"MODGATE_REDIS__URL": redis_url},
     )
     assert result.exit_code == 0, result.output
-    listed = CliRunner().invoke(cli, ["tenants", "list"], env={"MODGATE_REDIS_URL": redis_url})
+    listed = CliRunner().invoke(cli, ["tenants", "list"], env={"MODGATE_REDIS__URL": redis_url})
     assert '"keyframes_per_minute": 1' in listed.stdout
     assert '"weight": 4.0' in listed.stdout
 
@@ -130,13 +130,13 @@ def test_limits_set_in_redis_with_the_cli_reach_a_running_gateway(
     assert row()["weight"] == 4.0  # the Redis value overrides the settings'
     moderate_raw(gateway, "key-b")
     assert refused(gateway, "key-b").response.headers["x-ratelimit-limit-requests"] == "1"
-    cleared = CliRunner().invoke(cli, ["tenants", "clear", "tenant-b"], env={"MODGATE_REDIS_URL": redis_url})
+    cleared = CliRunner().invoke(cli, ["tenants", "clear", "tenant-b"], env={"MODGATE_REDIS__URL": redis_url})
     assert cleared.stdout.startswith("cleared")
 
 
 def test_bad_limits_are_refused_by_the_cli(redis_url: str) -> None:
     result = CliRunner().invoke(cli, ["tenants", "set", "tenant-b", "--weight", "-1"],
-                                env={"MODGATE_REDIS_URL": redis_url})
+                                env={"MODGATE_REDIS__URL": redis_url})
     assert result.exit_code == 2
 
 

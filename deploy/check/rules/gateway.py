@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import TypeAdapter, ValidationError
 
 from deploy.check.compose import Deployment
-from deploy.check.model import DEFAULT_MAX_INFLIGHT, EnvEntry, Finding, Service, where
+from deploy.check.model import DEFAULT_MAX_INFLIGHT, EnvEntry, Finding, Service, gateway_setting, where
 
 _SCHEDULING_POLICIES = ("fcfs", "priority")
 # The gateway setting that makes it send priorities (gateway/settings.py EngineSettings.use_priority).
@@ -82,7 +82,7 @@ def _engine_policy(engine: Service, priority_senders: Sequence[EnvEntry]) -> Ite
 
 
 def max_inflight(deployment: Deployment) -> Iterator[Finding]:
-    """max-inflight: the gateway's MODGATE_MAX_INFLIGHT above its engine's --max-num-seqs."""
+    """max-inflight: the gateway's MODGATE_ENGINE__MAX_INFLIGHT above its engine's --max-num-seqs."""
     engines = deployment.engines
     for gateway in deployment.gateways:
         engine = _engine_for(gateway, engines)
@@ -91,7 +91,7 @@ def max_inflight(deployment: Deployment) -> Iterator[Finding]:
         seqs_flag = engine.last_flag("--max-num-seqs")
         if seqs_flag is None or seqs_flag.value is None:
             continue  # vLLM's default (256 or more) is above any sane gateway bound
-        entry = gateway.environment.get("MODGATE_MAX_INFLIGHT")
+        entry = gateway_setting(gateway.environment, "MODGATE_ENGINE__MAX_INFLIGHT")
         raw = entry.value if entry is not None and entry.value else str(DEFAULT_MAX_INFLIGHT)
         at = entry.location if entry is not None else gateway.location
         try:
@@ -100,8 +100,8 @@ def max_inflight(deployment: Deployment) -> Iterator[Finding]:
             yield Finding(
                 "error",
                 "max-inflight",
-                f"cannot compare MODGATE_MAX_INFLIGHT {raw!r} with --max-num-seqs {seqs_flag.value!r}: "
-                "both must be whole numbers",
+                f"cannot compare MODGATE_ENGINE__MAX_INFLIGHT {raw!r} with --max-num-seqs "
+                f"{seqs_flag.value!r}: both must be whole numbers",
                 at,
             )
             continue
@@ -111,17 +111,17 @@ def max_inflight(deployment: Deployment) -> Iterator[Finding]:
             yield Finding(
                 "error",
                 "max-inflight",
-                f"MODGATE_MAX_INFLIGHT {inflight}{default} of `{gateway.name}` is above --max-num-seqs "
-                f"{max_num_seqs} of `{engine.name}` (at {where(seqs_at, at)}): the excess queues inside the "
-                "engine, outside the gateway's priority queue and deadlines",
+                f"MODGATE_ENGINE__MAX_INFLIGHT {inflight}{default} of `{gateway.name}` is above "
+                f"--max-num-seqs {max_num_seqs} of `{engine.name}` (at {where(seqs_at, at)}): the excess "
+                "queues inside the engine, outside the gateway's priority queue and deadlines",
                 at,
                 (seqs_at,),
             )
 
 
 def _engine_for(gateway: Service, engines: list[Service]) -> Service | None:
-    """The engine service the gateway's MODGATE_ENGINE_URL names, or the only engine there is."""
-    entry = gateway.environment.get("MODGATE_ENGINE_URL")
+    """The engine service the gateway's MODGATE_ENGINE__URL names, or the only engine there is."""
+    entry = gateway_setting(gateway.environment, "MODGATE_ENGINE__URL")
     host = urlsplit(entry.value).hostname if entry is not None and entry.value else None
     named = next((engine for engine in engines if engine.name == host), None)
     if named is not None:
@@ -130,9 +130,9 @@ def _engine_for(gateway: Service, engines: list[Service]) -> Service | None:
 
 
 def _engines_for(gateway: Service, engines: list[Service]) -> list[Service]:
-    """Every engine service the gateway's MODGATE_ENGINE_URL names (a comma-separated list); when it names
+    """Every engine service the gateway's MODGATE_ENGINE__URL names (a comma-separated list); when it names
     none of them, the only engine there is, or every engine (which one is meant cannot be told)."""
-    entry = gateway.environment.get("MODGATE_ENGINE_URL")
+    entry = gateway_setting(gateway.environment, "MODGATE_ENGINE__URL")
     urls = entry.value.split(",") if entry is not None and entry.value else []
     hosts = {urlsplit(url.strip()).hostname for url in urls}
     named = [engine for engine in engines if engine.name in hosts]
@@ -148,15 +148,15 @@ def _setting(service: Service, name: str) -> EnvEntry | None:
 def queue_backstop(deployment: Deployment) -> Iterator[Finding]:
     """queue-backstop: a vLLM engine a gateway calls lacks ``--max-num-queued-reqs`` above the gateway's cap.
 
-    While Redis answers, the gateways' shared cap keeps the engine at MODGATE_MAX_INFLIGHT; when it is away
-    each replica caps alone, so N replicas may send N times the cap, and vLLM queues all of it, unbounded,
-    past every caller's deadline. ``--max-num-queued-reqs`` bounds that queue: past it vLLM answers 503
-    "engine busy", which the gateway treats as back-pressure (the frame waits in its queue or moves to
+    While Redis answers, the gateways' shared cap keeps the engine at MODGATE_ENGINE__MAX_INFLIGHT; when it is
+    away each replica caps alone, so N replicas may send N times the cap, and vLLM queues all of it,
+    unbounded, past every caller's deadline. ``--max-num-queued-reqs`` bounds that queue: past it vLLM answers
+    503 "engine busy", which the gateway treats as back-pressure (the frame waits in its queue or moves to
     another engine; the circuit is untouched). Set above the cap, it never binds while the cap holds.
     """
     engines = deployment.engines
     for gateway in deployment.gateways:
-        entry = gateway.environment.get("MODGATE_MAX_INFLIGHT")
+        entry = gateway_setting(gateway.environment, "MODGATE_ENGINE__MAX_INFLIGHT")
         raw = entry.value if entry is not None and entry.value else str(DEFAULT_MAX_INFLIGHT)
         try:
             cap = int(raw)
@@ -179,8 +179,8 @@ def queue_backstop(deployment: Deployment) -> Iterator[Finding]:
                     "warning",
                     "queue-backstop",
                     f"`{engine.name}` has no --max-num-queued-reqs: add `--max-num-queued-reqs "
-                    f"{recommended}` (above MODGATE_MAX_INFLIGHT {cap}, so it never binds while the shared "
-                    f"cap holds): {why}",
+                    f"{recommended}` (above MODGATE_ENGINE__MAX_INFLIGHT {cap}, so it never binds while the "
+                    f"shared cap holds): {why}",
                     engine.command_location or engine.location,
                 )
                 continue
@@ -193,10 +193,10 @@ def queue_backstop(deployment: Deployment) -> Iterator[Finding]:
                 yield Finding(
                     "warning",
                     "queue-backstop",
-                    f"--max-num-queued-reqs {queued} of `{engine.name}` is not above MODGATE_MAX_INFLIGHT "
-                    f"{cap} of `{gateway.name}`: the engine answers busy within the gateway's own cap, and "
-                    f"every such answer is a retry; set it to about {recommended}, a backstop for when "
-                    "Redis is away",
+                    f"--max-num-queued-reqs {queued} of `{engine.name}` is not above "
+                    f"MODGATE_ENGINE__MAX_INFLIGHT {cap} of `{gateway.name}`: the engine answers busy within "
+                    "the gateway's own cap, and every such answer is a retry; set it to about "
+                    f"{recommended}, a backstop for when Redis is away",
                     at,
                     (entry.location,) if entry is not None else (),
                 )

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from deploy.check.compose import Deployment
 from deploy.check.llamacpp import AUTO_SLOTS, ServerSetting, server_settings, slots
-from deploy.check.model import DEFAULT_MAX_INFLIGHT, Finding, Location, Service
+from deploy.check.model import DEFAULT_MAX_INFLIGHT, Finding, Location, Service, gateway_setting
 from deploy.check.rules.gateway import _engine_for, _setting
 
 SEED_PROMPT_TOKENS = 1076  # the seed's request: 416 system + 660 image tokens
@@ -83,14 +83,14 @@ def _gateway_int(gateway: Service | None, name: str, default: int) -> int:
 
 
 def slots_vs_cap(deployment: Deployment) -> Iterator[Finding]:
-    """llamacpp-slots: the gateway's MODGATE_MAX_INFLIGHT above the server's slots (`--parallel`)."""
+    """llamacpp-slots: the gateway's MODGATE_ENGINE__MAX_INFLIGHT above the server's slots (`--parallel`)."""
     for engine in deployment.llamacpp_engines:
         gateway = _gateway_of(deployment, engine)
         if gateway is None:
             continue
         settings = _settings(engine)
         count, _ = slots(settings)
-        entry = gateway.environment.get("MODGATE_MAX_INFLIGHT")
+        entry = gateway_setting(gateway.environment, "MODGATE_ENGINE__MAX_INFLIGHT")
         try:
             cap = int(entry.value or "") if entry is not None else DEFAULT_MAX_INFLIGHT
         except ValueError:
@@ -102,7 +102,7 @@ def slots_vs_cap(deployment: Deployment) -> Iterator[Finding]:
             yield Finding(
                 "error",
                 "llamacpp-slots",
-                f"MODGATE_MAX_INFLIGHT {cap} of `{gateway.name}` is above the {count} slots of "
+                f"MODGATE_ENGINE__MAX_INFLIGHT {cap} of `{gateway.name}` is above the {count} slots of "
                 f"`{engine.name}` ({slots_said}): the excess waits in llama-server's task queue, first "
                 "come first served, outside the gateway's priority queue and deadlines",
                 entry.location if entry is not None else gateway.location,

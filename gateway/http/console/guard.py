@@ -11,7 +11,7 @@
   every session issued at or before it is refused. Rotating the admin token needs neither: a session is
   bound to the token's digest (gateway/http/console/sessions.py).
 
-With Redis (``MODGATE_REDIS_URL``) both are shared by every replica; otherwise they hold for this process.
+With Redis (``MODGATE_REDIS__URL``) both are shared by every replica; otherwise they hold for this process.
 Failing closed where it matters: a session whose revocation cannot be checked (Redis unreachable) is not
 accepted (scripts still get in with the admin token in the ``Authorization`` header); the sign-in limit
 falls back to this process's counts.

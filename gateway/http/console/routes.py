@@ -7,11 +7,11 @@ build step, nothing fetched from elsewhere (the Content-Security-Policy says so 
 
 Who may use it: a browser signs in with the admin token and gets a signed session cookie (HttpOnly,
 SameSite=Strict, Secure unless configured off; see gateway/http/console/sessions.py); scripts may send
-``Authorization: Bearer <MODGATE_ADMIN_TOKEN>`` instead. Forms posted with the cookie carry a per-session
-CSRF token, checked here; a request authorised by the header needs none, because browsers never attach
-that header on their own. A flip goes through the same policy store call as ``PUT /admin/thinking-policy``,
-with the reason and the signed-in operator as the actor, and the version the page showed (409 if another
-flip came first).
+``Authorization: Bearer <MODGATE_AUTH__ADMIN_TOKEN>`` instead. Forms posted with the cookie carry a
+per-session CSRF token, checked here; a request authorised by the header needs none, because browsers never
+attach that header on their own. A flip goes through the same policy store call as
+``PUT /admin/thinking-policy``, with the reason and the signed-in operator as the actor, and the version the
+page showed (409 if another flip came first).
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ from redis.exceptions import RedisError
 
 from gateway.errors import Forbidden, ModgateError, NotFound, StateUnavailable, Unauthorized
 from gateway.http.auth import OPERATOR_NAME, operator_name
+from gateway.http.console.access import SESSION_COOKIE, console_session, require, session_signer
 from gateway.http.console.sessions import (
     ConsoleSession,
     QualityHeadline,
+    Role,
     SessionSigner,
     latest_quality_headline,
 )
@@ -45,7 +47,6 @@ from gateway.telemetry.windows import stats_document
 
 log = logging.getLogger("modgate.console")
 
-SESSION_COOKIE = "modgate_console"
 REASON_MIN, REASON_MAX = 3, 500
 
 # Everything the page loads comes from this gateway; nothing may frame it (the flip is one click).
@@ -66,7 +67,8 @@ _REPORT_HEADERS = {
                                "frame-ancestors 'none'; base-uri 'none'",
 }
 # Litestar adds the charset to text types.
-_ASSET_TYPES = {"console.css": "text/css", "console.js": "text/javascript", "favicon.svg": "image/svg+xml"}
+_ASSET_TYPES = {"console.css": "text/css", "console.js": "text/javascript", "review.js": "text/javascript",
+                "favicon.svg": "image/svg+xml"}
 # Templates and assets ship in the package (package-data), beside this module's package.
 _TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 # Read once at import: small files, never changed while the process runs.
@@ -95,14 +97,20 @@ def _when(moment: datetime | None) -> str:
     return "–" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _age(seconds: float | None) -> str:
+    """``42 s``, ``5 min``, ``3 h``, ``2 d``: the largest whole unit; ``–`` when there is nothing to show."""
+    if seconds is None:
+        return "–"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f} {unit}"
+    return f"{max(0.0, seconds):.0f} s"
+
+
 def _ago(moment: datetime | None) -> str:
     if moment is None:
         return ""
-    seconds = max(0.0, (datetime.now(UTC) - moment).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size:.0f} {unit} ago"
-    return f"{seconds:.0f} s ago"
+    return f"{_age((datetime.now(UTC) - moment).total_seconds())} ago"
 
 
 def _change(values: dict[str, Any]) -> str:
@@ -121,7 +129,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(duration=_duration, percent=_percent, number=_number, when=_when, ago=_ago,
-                       change=_change)
+                       change=_change, age=_age)
     return env
 
 
@@ -135,8 +143,9 @@ def _render(template: str, **context: Any) -> str:
 # --- who is asking -------------------------------------------------------------------------------------
 # Each route names who it lets in by the dependency it takes, resolved before its handler runs (the same
 # header checks as the /admin guard, gateway/http/guards.py, plus signed-in sessions): ``operator`` (None
-# for a stranger, whom the route answers with its sign-in page), ``signed_in`` (a stranger gets 401) or,
-# for the page itself, ``visitor``.
+# for a stranger, whom the route answers with its sign-in page; 403 for a reviewer), ``signed_in`` (a
+# stranger gets 401), ``person`` (anyone signed in, whatever their role: signing out) or, for the page
+# itself, ``visitor``. Which role reaches what: gateway/http/console/access.py.
 
 @dataclass(frozen=True, slots=True)
 class _Operator:
@@ -145,19 +154,19 @@ class _Operator:
     name: str
     actor: str  # the audit trail's name
     session: ConsoleSession | None  # None: the Authorization header (no CSRF token needed or possible)
+    role: Role = "operator"  # the admin token's is an operator; a session says which
 
 
 def _signer(services: Services) -> SessionSigner | None:
-    """The session signer, or None while admin calls are disabled (no MODGATE_ADMIN_TOKEN)."""
-    token = services.settings.admin_token
-    return None if token is None else SessionSigner(token, services.settings.console.session_ttl_s)
+    """The session signer, or None while admin calls are disabled (no MODGATE_AUTH__ADMIN_TOKEN)."""
+    return session_signer(services)
 
 
-async def _operator(
+async def _person(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> _Operator | None:
     """The header's admin token (a wrong one is a 401, a business key a 403, as on /admin), else the signed
-    session still in force (not signed out, on this replica or another), else None."""
+    session still in force (not signed out, on this replica or another), whatever its role, else None."""
     authorization = request.headers.get("authorization")
     if authorization is not None:
         token_id = await services.keys.authorize_admin(authorization)
@@ -165,29 +174,38 @@ async def _operator(
         if name is None:
             return _Operator(token_id, f"{token_id} (console)", None)
         return _Operator(name, f"{name} ({token_id}, console)", None)
-    signer = _signer(services)
-    session = None if signer is None else signer.read(request.cookies.get(SESSION_COOKIE))
-    if session is None or not await services.console.session_in_force(session):
+    session = await console_session(request, services)
+    if session is None:
         return None
-    return _Operator(session.operator, session.actor, session)
+    return _Operator(session.operator, session.actor, session, session.role)
+
+
+def _operator(person: NamedDependency[_Operator | None]) -> _Operator | None:
+    """The person if they may use the console's pages (None: a stranger); 403 for a reviewer."""
+    if person is not None:
+        require(person.role, "console")
+    return person
 
 
 def _signed_in(operator: NamedDependency[_Operator | None]) -> _Operator:
     """The operator, or 401 for a stranger (the routes a script polls: no sign-in page)."""
     if operator is None:
-        raise Unauthorized("sign in to the console (or send 'Authorization: Bearer <MODGATE_ADMIN_TOKEN>')")
+        raise Unauthorized(
+            "sign in to the console (or send 'Authorization: Bearer <MODGATE_AUTH__ADMIN_TOKEN>')"
+        )
     return operator
 
 
 async def _visitor(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> _Operator | None:
-    """The page's operator; None, not a 403, while admin calls are disabled: the page itself says so."""
-    return None if services.settings.admin_token is None else await _operator(request, services)
+    """The page's visitor; None, not a 403, while admin calls are disabled: the page itself says so."""
+    return None if services.settings.admin_token is None else await _person(request, services)
 
 
 OPERATOR = {
-    "operator": Provide(_operator),
+    "person": Provide(_person),
+    "operator": Provide(_operator, sync_to_thread=False),
     "signed_in": Provide(_signed_in, sync_to_thread=False),
     "visitor": Provide(_visitor),
 }
@@ -317,7 +335,8 @@ def _see_other(location: str, cookies: list[Cookie] | None = None) -> Response[s
 
 
 def _session_cookie(services: Services, value: str, max_age: int) -> Cookie:
-    return Cookie(key=SESSION_COOKIE, value=value, path="/console", max_age=max_age, httponly=True,
+    # Path "/": the review queue's API (/admin/review/*) takes the console's session too.
+    return Cookie(key=SESSION_COOKIE, value=value, path="/", max_age=max_age, httponly=True,
                   secure=services.settings.console.cookie_secure, samesite="strict")
 
 
@@ -326,8 +345,23 @@ def _sign_in_page(services: Services, status: int = 200, error: str | None = Non
                   headers: dict[str, str] | None = None) -> Response[str]:
     return _html(_render("sign_in.html", error=error, operator_name=operator, cookie_dropped=cookie_dropped,
                          disabled=services.settings.admin_token is None,
+                         oidc_provider=services.oidc.provider_name if services.oidc is not None else None,
                          cookie_secure=services.settings.console.cookie_secure),
                  status=status, headers=headers)
+
+
+def _csrf(services: Services, operator: _Operator) -> str:
+    """The CSRF token the session's forms carry ("" for a caller with the Authorization header)."""
+    signer = _signer(services)
+    return signer.csrf_token(operator.session) if signer is not None and operator.session is not None else ""
+
+
+def _csrf_refused(services: Services, operator: _Operator, form: FormMultiDict) -> bool:
+    """Whether a form posted with the session cookie lacks its session's CSRF token."""
+    signer = _signer(services)
+    return operator.session is not None and (
+        signer is None or not signer.csrf_valid(operator.session, _field(form, "csrf"))
+    )
 
 
 async def _dashboard(
@@ -335,8 +369,7 @@ async def _dashboard(
     notice: str | None = None, reason: str = "",
 ) -> Response[str]:
     view = await _view(services, operator)
-    signer = _signer(services)
-    csrf = signer.csrf_token(operator.session) if signer is not None and operator.session is not None else ""
+    csrf = _csrf(services, operator)
     return _html(_render("dashboard.html", **view, csrf=csrf, error=error, notice=notice, reason=reason,
                          panels=_PANELS), status=status)
 
@@ -355,6 +388,15 @@ async def console_page(
     if operator is None:
         # Just signed in, yet no session came back: the browser dropped the cookie (Secure over plain HTTP).
         return _sign_in_page(services, cookie_dropped=request.query_params.get("signed_in") == "1")
+    if operator.role != "operator" and operator.session is not None:
+        if request.query_params.get("signed_in") is not None:
+            return _see_other("/console/review")  # a reviewer who just signed in: their page
+        signer = _signer(services)
+        csrf = signer.csrf_token(operator.session) if signer is not None else ""
+        return _html(_render("refused.html", csrf=csrf, message=(
+            f"You are signed in as {operator.name}, a reviewer: the review queue is yours "
+            "(/admin/review/*), the operations console is not."
+        )), status=403)
     notice = None
     flipped = request.query_params.get("flipped")
     policy = services.policies.current()
@@ -407,24 +449,24 @@ async def console_sign_in(
 @post("/console/sign-out", include_in_schema=False)
 async def console_sign_out(
     request: Request[Any, Any, Any], services: NamedDependency[Services],
-    operator: NamedDependency[_Operator | None],
+    person: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """End this session on the server (wherever a copy of its cookie went) and forget the cookie."""
     form = await request.form()
     signer = _signer(services)
-    if operator is not None and operator.session is not None and signer is not None and not signer.csrf_valid(
-        operator.session, _field(form, "csrf")
+    if person is not None and person.session is not None and signer is not None and not signer.csrf_valid(
+        person.session, _field(form, "csrf")
     ):
         refusal = "This sign-out did not come from the console's own page."
         return _html(_render("refused.html", message=refusal), status=403)
-    if operator is not None and operator.session is not None:
+    if person is not None and person.session is not None:
         try:
-            await services.console.revocations.revoke(operator.session)
+            await services.console.revocations.revoke(person.session)
         except RedisError as exc:
             return _html(_render("refused.html", message=(
                 f"Not signed out on the server: the session store (Redis) is unreachable ({exc}). Try again."
             )), status=503)
-        log.info("console: %s signed out", operator.actor)
+        log.info("console: %s signed out", person.actor)
     return _see_other("/console", cookies=[_session_cookie(services, "", 0)])
 
 
@@ -435,14 +477,13 @@ async def console_sign_out_everywhere(
 ) -> Response[Any]:
     """End every console session issued until now, on every replica (a lost laptop, a departing operator).
 
-    From the page (session and CSRF token) or a script (``Authorization: Bearer <MODGATE_ADMIN_TOKEN>``).
+    From the page (session and CSRF token) or a script
+    (``Authorization: Bearer <MODGATE_AUTH__ADMIN_TOKEN>``).
     """
     if operator is None:
         return _sign_in_page(services, 401, "Sign in to sign everyone out.")
     form = await request.form()
-    signer = _signer(services)
-    if operator.session is not None and (signer is None or not signer.csrf_valid(operator.session,
-                                                                                  _field(form, "csrf"))):
+    if _csrf_refused(services, operator, form):
         refusal = "This sign-out did not come from the console's own page."
         return _html(_render("refused.html", message=refusal), status=403)
     now = time.time()
@@ -468,9 +509,7 @@ async def console_flip_thinking(
         return _sign_in_page(services, 401, "Sign in to change the thinking policy.")
     form = await request.form()
     reason = _field(form, "reason")
-    signer = _signer(services)
-    if operator.session is not None and (signer is None or not signer.csrf_valid(operator.session,
-                                                                                  _field(form, "csrf"))):
+    if _csrf_refused(services, operator, form):
         log.warning("console: refused a flip without a valid CSRF token (session of %s)", operator.name)
         return await _dashboard(services, operator, status=403, reason=reason, error=(
             "Refused: this form did not come from this console session. Nothing changed; reload the page."

@@ -2,8 +2,8 @@
 weekly quality report's headline.
 
 Sessions: the cookie holds a signed statement ("alice signed in with admin token 1a2b3c4d at T, valid until
-T+ttl"), never the token. The signing key is derived from ``MODGATE_ADMIN_TOKEN`` (HMAC with a fixed label)
-and the statement names the token's digest, so every replica that shares the token accepts the same
+T+ttl"), never the token. The signing key is derived from ``MODGATE_AUTH__ADMIN_TOKEN`` (HMAC with a fixed
+label) and the statement names the token's digest, so every replica that shares the token accepts the same
 sessions, and rotating the token signs every console user out. Signing out (one session, or everywhere) is
 remembered on the server: gateway/http/console/guard.py. The CSRF token is an HMAC of the session id under a
 second derived key: the server recomputes it, nothing is stored.
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -37,6 +38,11 @@ from quality.summaries import ArmCost, Decision, Recommendation, WeekSummary
 log = logging.getLogger("modgate.console")
 
 _COOKIE_VERSION = "v1"
+FLOW_TTL_S = 600.0  # an OpenID Connect sign-in not finished within this starts again
+
+Role = Literal["operator", "reviewer"]
+"""What a console session may do: an operator everything the admin token's console does; a reviewer only
+the review queue, and only their own tenants' items (gateway/http/console/access.py)."""
 
 
 def _derive(admin_token: str, label: bytes) -> bytes:
@@ -52,6 +58,10 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _mac(key: bytes, payload: str) -> str:
+    return _b64(hmac.new(key, f"{_COOKIE_VERSION}.{payload}".encode(), hashlib.sha256).digest())
+
+
 @dataclass(frozen=True, slots=True)
 class ConsoleSession:
     """One operator signed in to the console."""
@@ -61,11 +71,19 @@ class ConsoleSession:
     token_id: str  # "admin:1a2b3c4d", as the admin API names the token in the audit trail
     issued_at: float  # Unix seconds
     expires_at: float
+    role: Role = "operator"  # an admin-token sign-in is an operator; OpenID Connect says which
+    tenants: frozenset[str] | None = None  # a reviewer's tenants; None: every tenant (an operator)
 
     @property
     def actor(self) -> str:
         """The audit trail's name for this operator (the admin API's format, marked as the console)."""
         return f"{self.operator} ({self.token_id}, console)"
+
+    @property
+    def reviewer_name(self) -> str:
+        """The review queue's name for this person: as the admin API names a reviewer (``alice (admin:…)``),
+        or ``rita@example.com (oidc:<subject>)``."""
+        return f"{self.operator} ({self.token_id})"
 
 
 class SessionSigner:
@@ -74,43 +92,72 @@ class SessionSigner:
     def __init__(self, admin_token: str, ttl_s: float, clock: Callable[[], float] = time.time) -> None:
         self._session_key = _derive(admin_token, b"session v1")
         self._csrf_key = _derive(admin_token, b"csrf v1")
+        self._flow_key = _derive(admin_token, b"oidc flow v1")
         # The session names the token it was signed in with: a rotated token ends it even if a signing key
         # were ever shared between tokens (revocation before that: gateway/http/console/guard.py).
         self._token_digest = hashlib.sha256(admin_token.encode()).hexdigest()[:32]
         self.ttl_s = ttl_s
         self._clock = clock
 
-    def issue(self, operator: str, token_id: str) -> tuple[ConsoleSession, str]:
-        """A new session and its cookie value."""
+    def issue(
+        self, operator: str, token_id: str, role: Role = "operator", tenants: frozenset[str] | None = None
+    ) -> tuple[ConsoleSession, str]:
+        """A new session and its cookie value (a reviewer always with a set of tenants, perhaps empty)."""
         if not OPERATOR_NAME.match(operator):
             raise ValueError(f"not an operator name: {operator!r}")
+        if role == "reviewer" and tenants is None:
+            raise ValueError("a reviewer's session names their tenants")
         now = round(self._clock(), 3)  # milliseconds: what the cookie carries
         expires = round(now + self.ttl_s, 3)
-        session = ConsoleSession(secrets.token_urlsafe(18), operator, token_id, now, expires)
-        claims = {"sid": session.session_id, "op": session.operator, "tid": session.token_id,
-                  "tdg": self._token_digest, "iat": session.issued_at, "exp": session.expires_at}
+        session = ConsoleSession(secrets.token_urlsafe(18), operator, token_id, now, expires, role, tenants)
+        claims: dict[str, Any] = {
+            "sid": session.session_id, "op": session.operator, "tid": session.token_id,
+            "tdg": self._token_digest, "iat": session.issued_at, "exp": session.expires_at, "role": role,
+        }
+        if tenants is not None:
+            claims["ten"] = sorted(tenants)
+        return session, self._seal(claims, self._session_key)
+
+    @staticmethod
+    def _seal(claims: dict[str, Any], key: bytes) -> str:
         payload = _b64(json.dumps(claims, separators=(",", ":")).encode())
-        return session, f"{_COOKIE_VERSION}.{payload}.{self._sign(payload)}"
+        return f"{_COOKIE_VERSION}.{payload}.{_mac(key, payload)}"
 
-    def _sign(self, payload: str) -> str:
-        mac = hmac.new(self._session_key, f"{_COOKIE_VERSION}.{payload}".encode(), hashlib.sha256)
-        return _b64(mac.digest())
-
-    def read(self, cookie: str | None) -> ConsoleSession | None:
-        """The session in a cookie value; None if absent, tampered with, signed by another key or expired."""
-        if not cookie:
+    @staticmethod
+    def _open(value: str | None, key: bytes) -> dict[str, Any] | None:
+        """The claims of a sealed value; None if absent, tampered with or signed by another key."""
+        if not value:
             return None
-        version, _, rest = cookie.partition(".")
+        version, _, rest = value.partition(".")
         payload, _, signature = rest.partition(".")
         if version != _COOKIE_VERSION or not payload or not signature:
             return None
-        if not hmac.compare_digest(self._sign(payload).encode(), signature.encode()):
+        if not hmac.compare_digest(_mac(key, payload).encode(), signature.encode()):
             return None
         try:
             claims = json.loads(_unb64(payload))
+        except (binascii.Error, ValueError):
+            return None
+        return claims if isinstance(claims, dict) else None
+
+    def _sign(self, payload: str) -> str:
+        """A session payload's signature."""
+        return _mac(self._session_key, payload)
+
+    def read(self, cookie: str | None) -> ConsoleSession | None:
+        """The session in a cookie value; None if absent, tampered with, signed by another key or expired."""
+        claims = self._open(cookie, self._session_key)
+        if claims is None:
+            return None
+        role = claims.get("role", "operator")  # sessions issued before roles: the admin token's
+        tenants = claims.get("ten")
+        try:
+            if role not in ("operator", "reviewer") or (role == "reviewer" and not isinstance(tenants, list)):
+                raise ValueError(f"no such role: {role!r}")
             session = ConsoleSession(str(claims["sid"]), str(claims["op"]), str(claims["tid"]),
-                                     float(claims["iat"]), float(claims["exp"]))
-        except (binascii.Error, ValueError, KeyError, TypeError):
+                                     float(claims["iat"]), float(claims["exp"]), role,
+                                     None if tenants is None else frozenset(map(str, tenants)))
+        except (ValueError, KeyError, TypeError):
             return None  # signed by us but unreadable: an older format; sign in again
         if not hmac.compare_digest(str(claims.get("tdg", "")).encode(), self._token_digest.encode()):
             return None  # issued for another admin token
@@ -126,6 +173,18 @@ class SessionSigner:
         """Whether a form's token was issued for this session (compared in constant time)."""
         # As bytes: compare_digest refuses a str with non-ASCII characters (a forged form may send one).
         return hmac.compare_digest(self.csrf_token(session).encode(), token.encode())
+
+    def seal_flow(self, claims: dict[str, Any]) -> str:
+        """A sign-in in progress (OpenID Connect's state, nonce and PKCE verifier) as a signed cookie value,
+        valid for ``FLOW_TTL_S``."""
+        return self._seal({**claims, "exp": self._clock() + FLOW_TTL_S}, self._flow_key)
+
+    def open_flow(self, value: str | None) -> dict[str, Any] | None:
+        """The claims :meth:`seal_flow` sealed; None if absent, tampered with or expired."""
+        claims = self._open(value, self._flow_key)
+        if claims is None or not isinstance(claims.get("exp"), float) or claims["exp"] <= self._clock():
+            return None
+        return claims
 
 
 # --- the weekly quality report, as the console shows it -------------------------------------------------

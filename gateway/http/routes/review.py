@@ -1,9 +1,10 @@
 """The review queue's calls, ``/admin/review/*``: claim the next item, label it (or skip it), see the queue.
 
-Who may call them: the admin token (automation: every tenant), or a signed-in reviewer (their tenants
-only), checked by the router's guard (:func:`review_access`); a reviewer reaches these and nothing else
-under ``/admin``. A label is refused with 409 when the item is already labelled, has expired, or is held
-by someone else (or by no one: claim it first).
+Who may call them: the admin token (automation: every tenant), or the console's session cookie of an
+operator (every tenant) or a reviewer (their tenants only; a change also needs the session's CSRF token in
+``X-Modgate-CSRF``), checked by the router's guard (:func:`review_access`); a reviewer reaches these and
+nothing else under ``/admin`` (gateway/http/console/access.py). A label is refused with 409 when the item
+is already labelled, has expired, or is held by someone else (or by no one: claim it first).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import UnprocessableRequest
 from gateway.http.auth import operator_name
+from gateway.http.console.access import console_session, csrf_checked, require
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
 from gateway.review.models import LabelledItem, ReviewItem
@@ -38,9 +40,18 @@ Category = Literal[MODEL_CATEGORIES]  # type: ignore[valid-type]  # the tuple is
 
 
 async def review_access(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """The admin token (a reviewer of every tenant, named as the audit trail names admin calls)."""
+    """The admin token (a reviewer of every tenant, named as the audit trail names admin calls), else the
+    console's session: its person, with their tenants (an operator's: every tenant)."""
     services: Services = connection.app.state.services
-    token_id = await services.keys.authorize_admin(connection.headers.get("authorization"))
+    authorization = connection.headers.get("authorization")
+    if authorization is None:
+        session = await console_session(connection, services)
+        if session is not None:
+            require(session.role, "review")
+            csrf_checked(connection, services, session)
+            connection.state[_REVIEWER] = Reviewer(name=session.reviewer_name, tenants=session.tenants)
+            return
+    token_id = await services.keys.authorize_admin(authorization)
     operator = operator_name(connection.headers.get("x-modgate-operator"))
     name = token_id if operator is None else f"{operator} ({token_id})"
     connection.state[_REVIEWER] = Reviewer(name=name, tenants=None)
