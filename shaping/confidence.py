@@ -429,10 +429,12 @@ def _category_scores(
     else:
         separator, named = (',"categories":["' if paths.json_form else ":"), {}
     scores = {
-        category: round(paths.probability(named.get(category, separator + category)), 4)
+        category: paths.probability(named.get(category, separator + category))
         for category in MODEL_CATEGORIES
     }
-    return tuple((category, score) for category, score in scores.items() if score > 0)
+    # four significant digits, not four decimals: a path reached with a tiny probability keeps its (small)
+    # lower bound, and only a path the logprobs do not reach (exactly 0.0) is left out as unknown
+    return tuple((category, float(f"{score:.4g}")) for category, score in scores.items() if score > 0)
 
 
 def unread_in_raw_softmax(verdict: KeyframeVerdict) -> bool:
