@@ -268,6 +268,13 @@ def _place_probabilities(place: Sequence[tuple[str, float]]) -> dict[Action, flo
     return _admitted_action_probabilities(_Spans((entry,), [0], entry.token, 0), 0, json_form=False)
 
 
+def place_read(place: Sequence[tuple[str, float]] | None) -> bool:
+    """Whether a probe's list gives the grammar's actions any mass (else a draw the grammar allowed left the
+    raw softmax there, which may list none of them: another draw may be read)."""
+    probabilities = _place_probabilities(place) if place else None
+    return probabilities is not None and sum(probabilities.values()) > 0
+
+
 def _unlisted(spans: _Spans, offset: int) -> float:
     """The raw softmax's mass outside the list at the token holding ``offset`` (1 minus what is listed).
 

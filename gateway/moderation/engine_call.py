@@ -3,7 +3,6 @@ confidence."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +22,7 @@ from gateway.policy.rules import QueueLoad, RequestContext, ThinkingDecision
 from gateway.settings import EngineSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import engine_span_attributes
-from shaping.confidence import answer_before_each, unread_in_raw_softmax, with_confidence
+from shaping.confidence import answer_before_each, place_read, unread_in_raw_softmax, with_confidence
 from shaping.image import ShapedImage
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request
 from shaping.verdict import VerdictFormat, compact_regex, parse_engine_output
@@ -31,6 +30,7 @@ from shaping.verdict import VerdictFormat, compact_regex, parse_engine_output
 log = logging.getLogger("modgate.moderation")
 
 REASK_PRIORITY = -100
+PLACE_PROBE_TRIES = 3  # a probe whose draw the grammar allowed reads nothing: at most two more draws
 """Added to a request's priority for its escalation re-ask: below every request priority (-10..10), so a
 frame already half answered goes ahead of new asks at admission (and in the engine, with ``use_priority``),
 and re-asks keep their requests' order among themselves."""
@@ -74,10 +74,16 @@ async def verdict_places(
     read = with_confidence(parsed.verdicts, answer.logprobs, answer.content, grammar_masked=False)
     before = answer_before_each(answer.content)
     wanted = [i for i, v in enumerate(read) if unread_in_raw_softmax(v) and i < len(before)]
-    found = await asyncio.gather(
-        *(client.verdict_place(body, before[i], compact_regex(frames - i)) for i in wanted)
-    )
-    return {i: place for i, place in zip(wanted, found, strict=True) if place}
+    places: dict[int, tuple[tuple[str, float], ...]] = {}
+    for i in wanted:  # one at a time: the probes share the call's one engine slot
+        # llama.cpp draws first without the grammar: a draw the grammar allows leaves the raw softmax in the
+        # list (nothing to read for the tiny model); another draw is another chance of the grammar's list
+        for _ in range(PLACE_PROBE_TRIES):
+            place = await client.verdict_place(body, before[i], compact_regex(frames - i))
+            if place is not None and place_read(place):
+                places[i] = place
+                break
+    return places
 
 
 class FrameJudge:

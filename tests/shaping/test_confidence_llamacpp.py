@@ -17,7 +17,7 @@ import pytest
 
 from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, wire_for
 from shaping.bpe import FAMILIES, Family, qwen_bpe
-from shaping.confidence import TokenLogprob, with_confidence
+from shaping.confidence import TokenLogprob, place_read, with_confidence
 from shaping.verdict import compact_regex, parse_engine_output
 
 FLT_LOWEST = -3.4028234663852886e38  # llama.cpp's logprob for a probability of 0 (std::numeric_limits)
@@ -225,3 +225,12 @@ def test_a_probed_place_gives_the_confidence_the_raw_softmax_could_not() -> None
         parsed.verdicts, logprobs, "review", grammar_masked=False, places={0: raw_place}
     )
     assert bound.confidence == pytest.approx(0.5 / 0.6, abs=1e-4)
+
+
+def test_a_probe_whose_draw_the_grammar_allowed_reads_nothing_and_is_drawn_again() -> None:
+    # After llama.cpp's chain: a redraw under the grammar lists the allowed actions (read); a first draw the
+    # grammar allowed leaves the raw softmax, which for the tiny model lists none of them (drawn again)
+    assert place_read((("review", 0.99996), ("allow", 2.1e-5), ("block", 2.0e-5)))
+    assert not place_read(((" the", 0.4), ("\n", 0.3), ("Allow", 0.2)))
+    assert not place_read(())
+    assert not place_read(None)
