@@ -30,7 +30,7 @@ from shaping.verdict import VerdictFormat, compact_regex, parse_engine_output
 log = logging.getLogger("modgate.moderation")
 
 REASK_PRIORITY = -100
-PLACE_PROBE_TRIES = 3  # a probe whose draw the grammar allowed reads nothing: at most two more draws
+PLACE_PROBE_TRIES = 5  # a probe whose draw the grammar allowed reads nothing: at most four more draws
 """Added to a request's priority for its escalation re-ask: below every request priority (-10..10), so a
 frame already half answered goes ahead of new asks at admission (and in the engine, with ``use_priority``),
 and re-asks keep their requests' order among themselves."""
