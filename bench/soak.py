@@ -258,7 +258,7 @@ def soak_stack(args: argparse.Namespace, log_dir: Path, webhook_url: str) -> Ite
         ], log_dir)
         sim_url = f"http://127.0.0.1:{sim_port}"
         processes["simulator"] = spawn("simulator", [
-            sys.executable, "-m", "gateway.cli.main", "engine-sim", "--port", str(sim_port),
+            sys.executable, "-m", "cli.main", "engine-sim", "--port", str(sim_port),
             "--preset", "spark",
             "--time-scale", str(args.time_scale), "--error-rate", str(args.error_rate),
             "--slow-rate", str(args.slow_rate), "--slow-s", str(args.slow_s),
@@ -295,7 +295,7 @@ def soak_stack(args: argparse.Namespace, log_dir: Path, webhook_url: str) -> Ite
         }
 
         def start_gateway() -> Process:
-            command = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(gateway_port)]
+            command = [sys.executable, "-m", "cli.main", "serve", "--port", str(gateway_port)]
             gateway = spawn(f"gateway-{len(gateways)}", command, log_dir, gateway_env)
             gateways.append(gateway)
             wait_until_ready(f"{gateway_url}/readyz", gateway.popen)
