@@ -234,6 +234,15 @@ class EngineClient:
         self._wire, self._props_read_at = wire, time.monotonic()
         return wire
 
+    async def read_slots(self) -> bool:
+        """Read ``/props`` now, whatever its age, before a slot of the cap is taken (gateway/engine/pool.py):
+        whether it answered, so that ``slots`` is the engine's word of now (None: it names none, as vLLM)."""
+        if self._kind == "vllm":
+            return True  # it serves no /props: its cap is the setting
+        self._props_read_at = None
+        await self.wire()
+        return self._props_read_at is not None
+
     @property
     def kind(self) -> str:
         """The engine kind, or "unknown" before it was detected."""

@@ -31,8 +31,13 @@
   only when a slot is free now, and withheld, with nothing of the slot left taken, when the rider found
   something: :class:`SlotWithheld`) and with its release (:meth:`HeldEngine.part_with`), so the verdict
   cache's lookup and store cost no round trip of their own (gateway/engine/leases.py).
-- llama.cpp: an engine's cap (so its leases' cap) is its ``--parallel`` slots as its ``/props`` last said
-  (EngineClient re-reads it after a failed call and every ``props_recheck_s``), unless configured.
+- llama.cpp: an engine's cap (so its leases' cap) is its ``--parallel`` slots as its ``/props`` said, unless
+  configured, and they are read before a slot of that cap is taken: an engine whose slots may have changed
+  unseen (never read, or since then it failed a call, answered busy, went idle on this replica or its health
+  flipped: a llama-server restarted with fewer slots under the same URL looks like one of those) takes one
+  call while its ``/props`` is read again, one reading at a time (:meth:`EnginePool.read_unknown_slots`).
+  Across replicas each reading is recorded in Redis and the newest-begun one caps every replica's leases
+  (gateway/engine/leases.py), so a replica that has not read the restarted engine yet never grants more.
 - The gateway's own calls (the start-up check's probes, the first-request probe, the prefix primer) name
   their engine: :meth:`EnginePool.slot_on` holds a slot of that engine's cap (and its lease) for them,
   outside the tenants' queue, so the cap is a promise to the engine whatever asks it.
@@ -130,6 +135,7 @@ class HeldEngine:
             except EngineBusy as exc:  # back-pressure: its circuit never heard of it (engine_failed is False)
                 engine.busy_answers += 1
                 engine.record(False)
+                engine.slots_may_have_changed()  # busy below its cap: it may have fewer slots than it said
                 tried.append(engine)
                 if await self.pool.move(self, tried):
                     log.info("engine %s is busy: %s moved to %s", engine.url, request_id, self.engine.url)
@@ -150,6 +156,7 @@ class HeldEngine:
                 continue
             except EngineUnavailable as exc:  # refused, 503 or circuit open: the engine did no work on it
                 engine.record(engine_failed(exc))
+                engine.slots_may_have_changed()
                 tried.append(engine)
                 self.pool.refresh()
                 if not await self.pool.move(self, tried):
@@ -160,6 +167,8 @@ class HeldEngine:
                 continue
             except Exception as exc:
                 engine.record(engine_failed(exc))
+                if engine_failed(exc):
+                    engine.slots_may_have_changed()
                 self.pool.refresh()
                 raise
             engine.record(False)
@@ -261,6 +270,11 @@ class EnginePool:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
+        for engine in self.engines:
+            if engine.reading is not None:
+                engine.reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await engine.reading
         if self.leases is not None:
             await self.leases.aclose()
         for engine in self.engines:
@@ -272,7 +286,7 @@ class EnginePool:
         """Ask each engine what it is (kind, slots) now rather than on its first call; never fails."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(engine.client.wire() for engine in self.engines))
+                await asyncio.gather(*(self._read_slots(engine) for engine in self.engines))
         self.refresh()
 
     def kind_of(self, url: str, default: str) -> str:
@@ -322,6 +336,9 @@ class EnginePool:
     async def readiness(self) -> list[dict[str, Any]]:
         """Each engine: answers ``/health``, its circuit, in flight and cap (``up``: it would take calls)."""
         healthy = await asyncio.gather(*(engine.client.healthy() for engine in self.engines))
+        for engine, ok in zip(self.engines, healthy, strict=True):
+            if not ok:
+                engine.slots_may_have_changed()  # down or loading now: it may come back with other slots
         return [
             {"url": engine.url, "up": ok and engine.state != "open", "health": ok, "circuit": engine.state,
              "inflight": engine.inflight, "cap": engine.cap, "kind": engine.client.kind}
@@ -343,6 +360,33 @@ class EnginePool:
         self.queue.resize(sum(engine.inflight + engine.room() for engine in self.engines))
         if self.queue.queued and not self._any_engine_accepts():
             self.queue.fail_waiters(self._refusal)
+
+    def read_unknown_slots(self) -> None:
+        """Start reading the slots of each engine whose slots are unknown, unless a reading of them runs.
+
+        Only when a call asks for a slot, never in the background: a reading taken while the engine is idle
+        here would be trusted after a restart that came later in the same idle spell."""
+        for engine in self.engines:
+            if engine.slots_unknown and (engine.reading is None or engine.reading.done()):
+                engine.reading = asyncio.create_task(self._read_slots(engine), name=f"slots of {engine.url}")
+
+    async def _read_slots(self, engine: EngineSlot) -> None:
+        """Read ``engine``'s slots (``/props``) and trust its cap again if it answered and nothing has marked
+        it unknown since the reading began; across replicas, record the reading in Redis first."""
+        marks = engine.slots_marks
+        ticket = None
+        if self.leases is not None and time.monotonic() >= self._leases_down_until:
+            with contextlib.suppress(*LEASE_STORE_DOWN):
+                ticket = await self.leases.slots_ticket(engine.url)
+        if not await engine.client.read_slots():
+            return  # still unknown: the next call asks again
+        slots = engine.client.slots
+        if ticket is not None and slots is not None and self.leases is not None:
+            with contextlib.suppress(*LEASE_STORE_DOWN):
+                await self.leases.record_slots(engine.url, ticket, slots)
+        if engine.slots_marks == marks:
+            engine.slots_unknown = False
+        self.refresh()
 
     def _any_engine_accepts(self) -> bool:
         """Whether some engine is up, or has a probe slot free: else waiting is pointless."""
@@ -393,9 +437,13 @@ class EnginePool:
             if self.fair_leases:
                 tenant = "" if work is None else work.tenant
                 share = 0.0 if work is None else work.cost / max(1e-6, self.weight(work.tenant))
-                lease = await self.leases.try_acquire_fair(engine.url, engine.cap, tenant, share, rider)
+                lease = await self.leases.try_acquire_fair(
+                    engine.url, engine.slot_cap(), tenant, share, rider, follows_slots=engine.follows_slots
+                )
             else:
-                lease = await self.leases.try_acquire(engine.url, engine.cap, rider)
+                lease = await self.leases.try_acquire(
+                    engine.url, engine.slot_cap(), rider, follows_slots=engine.follows_slots
+                )
         except LEASE_STORE_DOWN as exc:
             self._leases_failed(exc)
             return LOCAL_ONLY
@@ -408,6 +456,7 @@ class EnginePool:
     ) -> tuple[EngineSlot, str] | None:
         """One pass over the engines with room: the first whose lease is granted, or None. ``rider`` rides
         with the first lease asked (:class:`SlotWithheld` if it withholds it)."""
+        self.read_unknown_slots()
         for engine in self._candidates(exclude):
             if engine.room() <= 0:  # taken by another request while we asked Redis about an earlier one
                 continue
@@ -460,6 +509,8 @@ class EnginePool:
                     await self.leases.release(engine.url, lease, rider)
         finally:
             engine.inflight -= 1
+            if engine.inflight == 0:  # idle here: a restart now would fail no call of ours, so go unseen
+                engine.slots_may_have_changed()
 
     async def move(self, held: HeldEngine, tried: list[EngineSlot]) -> bool:
         """Move ``held`` to an engine not yet tried that has room now (never waits); False if none has."""
@@ -484,6 +535,7 @@ class EnginePool:
         the rider rode with its lease, else :class:`SlotWithheld` leaves everything as it was.
         """
         started = time.monotonic()
+        self.read_unknown_slots()
         self.refresh()
         if not self._any_engine_accepts():
             raise self._refusal()
@@ -527,7 +579,8 @@ class EnginePool:
         pause, longest = self.lease_poll_s
         while True:
             lease = None
-            if engine.inflight < engine.cap:
+            self.read_unknown_slots()
+            if engine.inflight < engine.slot_cap():
                 self._reserve(engine)
                 try:
                     lease = await self._lease(engine)
@@ -541,7 +594,7 @@ class EnginePool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Overloaded(
-                    f"the engine at {url} stayed at its cap of {engine.cap} for {timeout_s:g} s",
+                    f"the engine at {url} stayed at its cap of {engine.slot_cap()} for {timeout_s:g} s",
                     retry_after=self.queue.retry_after_s(), code="queue_timeout",
                 )
             await asyncio.sleep(min(pause, remaining))
