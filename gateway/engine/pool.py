@@ -81,6 +81,13 @@ class SlotWithheld(Exception):
         self.rider = rider
 
 
+def _log_failed_reading(reading: asyncio.Task[None]) -> None:
+    """Say why a reading of an engine's slots broke (it stays at one call; the next call reads again)."""
+    if not reading.cancelled() and (exc := reading.exception()) is not None:
+        log.error("%s: the reading broke (%r); the engine takes one call until its slots are read",
+                  reading.get_name(), exc)
+
+
 def naming_own_model(body: dict[str, Any], models: Mapping[str, str] | None, url: str) -> dict[str, Any]:
     """``body`` naming the model the engine at ``url`` serves (``models`` by URL); as it is when unknown."""
     model = (models or {}).get(url)
@@ -369,6 +376,7 @@ class EnginePool:
         for engine in self.engines:
             if engine.slots_unknown and (engine.reading is None or engine.reading.done()):
                 engine.reading = asyncio.create_task(self._read_slots(engine), name=f"slots of {engine.url}")
+                engine.reading.add_done_callback(_log_failed_reading)
 
     async def _read_slots(self, engine: EngineSlot) -> None:
         """Read ``engine``'s slots (``/props``) and trust its cap again if it answered and nothing has marked
