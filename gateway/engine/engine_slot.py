@@ -61,9 +61,9 @@ class EngineSlot:
         return not self.cap_configured and self.client.slots is not None
 
     def slots_may_have_changed(self) -> None:
-        """Distrust its cap until its slots are read again: it failed a call, answered busy, went idle or its
-        health flipped, any of which a llama-server restarted with fewer slots under the same URL looks like
-        (while a call of ours is in flight at it, a restart fails that call)."""
+        """Distrust its cap until its slots are read again: it failed a call, answered busy or went idle here,
+        one of which a llama-server restarted under the same URL with fewer slots looks like (while a call of
+        ours is in flight at it, a restart fails that call; while none is, it is idle here)."""
         if self.follows_slots:
             self.slots_unknown = True
             self.slots_marks += 1
@@ -86,6 +86,15 @@ class EngineSlot:
         """Engine failures among its last 20 calls (what breaks ties between equally loaded engines)."""
         return sum(self._outcomes)
 
+    def call_ended(self) -> None:
+        """One call of this replica's ended; if it was the last, a restart from now on would fail no call of
+        ours, so would go unseen: its slots are read again before the next call."""
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.slots_may_have_changed()
+
     def record(self, failed: bool) -> None:
-        """One call's outcome."""
+        """One call's outcome (a failure may be a restart: its slots are read again before the next call)."""
         self._outcomes.append(failed)
+        if failed:
+            self.slots_may_have_changed()

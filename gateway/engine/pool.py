@@ -31,13 +31,8 @@
   only when a slot is free now, and withheld, with nothing of the slot left taken, when the rider found
   something: :class:`SlotWithheld`) and with its release (:meth:`HeldEngine.part_with`), so the verdict
   cache's lookup and store cost no round trip of their own (gateway/engine/leases.py).
-- llama.cpp: an engine's cap (so its leases' cap) is its ``--parallel`` slots as its ``/props`` said, unless
-  configured, and they are read before a slot of that cap is taken: an engine whose slots may have changed
-  unseen (never read, or since then it failed a call, answered busy, went idle on this replica or its health
-  flipped: a llama-server restarted with fewer slots under the same URL looks like one of those) takes one
-  call while its ``/props`` is read again, one reading at a time (:meth:`EnginePool.read_unknown_slots`).
-  Across replicas each reading is recorded in Redis and the newest-begun one caps every replica's leases
-  (gateway/engine/leases.py), so a replica that has not read the restarted engine yet never grants more.
+- llama.cpp: an engine's cap (and its leases') is its ``--parallel`` slots from ``/props`` unless configured,
+  read before a slot of it is taken; the newest reading caps every replica (gateway/engine/slot_readings.py).
 - The gateway's own calls (the start-up check's probes, the first-request probe, the prefix primer) name
   their engine: :meth:`EnginePool.slot_on` holds a slot of that engine's cap (and its lease) for them,
   outside the tenants' queue, so the cap is a promise to the engine whatever asks it.
@@ -59,6 +54,7 @@ from gateway.engine.client import EngineAnswer, EngineClient, engine_failed
 from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.fairness import Work
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
+from gateway.engine.slot_readings import SlotReadings
 from gateway.errors import EngineBusy, EngineUnavailable, Overloaded, ServerSideError
 
 log = logging.getLogger("modgate.engine_pool")
@@ -79,13 +75,6 @@ class SlotWithheld(Exception):
     def __init__(self, rider: LeaseRider) -> None:
         super().__init__("the slot was withheld")
         self.rider = rider
-
-
-def _log_failed_reading(reading: asyncio.Task[None]) -> None:
-    """Say why a reading of an engine's slots broke (it stays at one call; the next call reads again)."""
-    if not reading.cancelled() and (exc := reading.exception()) is not None:
-        log.error("%s: the reading broke (%r); the engine takes one call until its slots are read",
-                  reading.get_name(), exc)
 
 
 def naming_own_model(body: dict[str, Any], models: Mapping[str, str] | None, url: str) -> dict[str, Any]:
@@ -163,7 +152,6 @@ class HeldEngine:
                 continue
             except EngineUnavailable as exc:  # refused, 503 or circuit open: the engine did no work on it
                 engine.record(engine_failed(exc))
-                engine.slots_may_have_changed()
                 tried.append(engine)
                 self.pool.refresh()
                 if not await self.pool.move(self, tried):
@@ -174,8 +162,6 @@ class HeldEngine:
                 continue
             except Exception as exc:
                 engine.record(engine_failed(exc))
-                if engine_failed(exc):
-                    engine.slots_may_have_changed()
                 self.pool.refresh()
                 raise
             engine.record(False)
@@ -215,6 +201,8 @@ class EnginePool:
         self.leases_local_only = False
         self.calls_on_local_caps = 0  # with Redis leases: running calls the shared cap never saw
         self._watch: asyncio.Task[None] | None = None
+        self.slot_readings = SlotReadings(
+            engines, leases, lambda: time.monotonic() >= self._leases_down_until, self.refresh)
         self.refresh()
 
     @classmethod
@@ -277,11 +265,7 @@ class EnginePool:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
-        for engine in self.engines:
-            if engine.reading is not None:
-                engine.reading.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await engine.reading
+        await self.slot_readings.aclose()
         if self.leases is not None:
             await self.leases.aclose()
         for engine in self.engines:
@@ -293,7 +277,7 @@ class EnginePool:
         """Ask each engine what it is (kind, slots) now rather than on its first call; never fails."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(self._read_slots(engine) for engine in self.engines))
+                await asyncio.gather(*(self.slot_readings.read(engine) for engine in self.engines))
         self.refresh()
 
     def kind_of(self, url: str, default: str) -> str:
@@ -343,9 +327,6 @@ class EnginePool:
     async def readiness(self) -> list[dict[str, Any]]:
         """Each engine: answers ``/health``, its circuit, in flight and cap (``up``: it would take calls)."""
         healthy = await asyncio.gather(*(engine.client.healthy() for engine in self.engines))
-        for engine, ok in zip(self.engines, healthy, strict=True):
-            if not ok:
-                engine.slots_may_have_changed()  # down or loading now: it may come back with other slots
         return [
             {"url": engine.url, "up": ok and engine.state != "open", "health": ok, "circuit": engine.state,
              "inflight": engine.inflight, "cap": engine.cap, "kind": engine.client.kind}
@@ -367,34 +348,6 @@ class EnginePool:
         self.queue.resize(sum(engine.inflight + engine.room() for engine in self.engines))
         if self.queue.queued and not self._any_engine_accepts():
             self.queue.fail_waiters(self._refusal)
-
-    def read_unknown_slots(self) -> None:
-        """Start reading the slots of each engine whose slots are unknown, unless a reading of them runs.
-
-        Only when a call asks for a slot, never in the background: a reading taken while the engine is idle
-        here would be trusted after a restart that came later in the same idle spell."""
-        for engine in self.engines:
-            if engine.slots_unknown and (engine.reading is None or engine.reading.done()):
-                engine.reading = asyncio.create_task(self._read_slots(engine), name=f"slots of {engine.url}")
-                engine.reading.add_done_callback(_log_failed_reading)
-
-    async def _read_slots(self, engine: EngineSlot) -> None:
-        """Read ``engine``'s slots (``/props``) and trust its cap again if it answered and nothing has marked
-        it unknown since the reading began; across replicas, record the reading in Redis first."""
-        marks = engine.slots_marks
-        ticket = None
-        if self.leases is not None and time.monotonic() >= self._leases_down_until:
-            with contextlib.suppress(*LEASE_STORE_DOWN):
-                ticket = await self.leases.slots_ticket(engine.url)
-        if not await engine.client.read_slots():
-            return  # still unknown: the next call asks again
-        slots = engine.client.slots
-        if ticket is not None and slots is not None and self.leases is not None:
-            with contextlib.suppress(*LEASE_STORE_DOWN):
-                await self.leases.record_slots(engine.url, ticket, slots)
-        if engine.slots_marks == marks:
-            engine.slots_unknown = False
-        self.refresh()
 
     def _any_engine_accepts(self) -> bool:
         """Whether some engine is up, or has a probe slot free: else waiting is pointless."""
@@ -442,16 +395,14 @@ class EnginePool:
         if time.monotonic() < self._leases_down_until:
             return LOCAL_ONLY
         try:
+            cap, follows = engine.slot_cap(), engine.follows_slots
             if self.fair_leases:
                 tenant = "" if work is None else work.tenant
                 share = 0.0 if work is None else work.cost / max(1e-6, self.weight(work.tenant))
-                lease = await self.leases.try_acquire_fair(
-                    engine.url, engine.slot_cap(), tenant, share, rider, follows_slots=engine.follows_slots
-                )
+                lease = await self.leases.try_acquire_fair(engine.url, cap, tenant, share, rider,
+                                                           follows_slots=follows)
             else:
-                lease = await self.leases.try_acquire(
-                    engine.url, engine.slot_cap(), rider, follows_slots=engine.follows_slots
-                )
+                lease = await self.leases.try_acquire(engine.url, cap, rider, follows_slots=follows)
         except LEASE_STORE_DOWN as exc:
             self._leases_failed(exc)
             return LOCAL_ONLY
@@ -464,7 +415,7 @@ class EnginePool:
     ) -> tuple[EngineSlot, str] | None:
         """One pass over the engines with room: the first whose lease is granted, or None. ``rider`` rides
         with the first lease asked (:class:`SlotWithheld` if it withholds it)."""
-        self.read_unknown_slots()
+        self.slot_readings.start()
         for engine in self._candidates(exclude):
             if engine.room() <= 0:  # taken by another request while we asked Redis about an earlier one
                 continue
@@ -516,9 +467,7 @@ class EnginePool:
                 with contextlib.suppress(*LEASE_STORE_DOWN):
                     await self.leases.release(engine.url, lease, rider)
         finally:
-            engine.inflight -= 1
-            if engine.inflight == 0:  # idle here: a restart now would fail no call of ours, so go unseen
-                engine.slots_may_have_changed()
+            engine.call_ended()
 
     async def move(self, held: HeldEngine, tried: list[EngineSlot]) -> bool:
         """Move ``held`` to an engine not yet tried that has room now (never waits); False if none has."""
@@ -543,7 +492,7 @@ class EnginePool:
         the rider rode with its lease, else :class:`SlotWithheld` leaves everything as it was.
         """
         started = time.monotonic()
-        self.read_unknown_slots()
+        self.slot_readings.start()
         self.refresh()
         if not self._any_engine_accepts():
             raise self._refusal()
@@ -587,7 +536,7 @@ class EnginePool:
         pause, longest = self.lease_poll_s
         while True:
             lease = None
-            self.read_unknown_slots()
+            self.slot_readings.start()
             if engine.inflight < engine.slot_cap():
                 self._reserve(engine)
                 try:
