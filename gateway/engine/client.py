@@ -235,7 +235,7 @@ class EngineClient:
         return wire
 
     async def read_slots(self) -> bool:
-        """Read ``/props`` now, whatever its age, before a slot of the cap is taken (gateway/engine/pool.py):
+        """Read ``/props`` now, whatever its age, before a slot of the cap is taken (engine/slot_readings.py):
         whether it answered, so that ``slots`` is the engine's word of now (None: it names none, as vLLM)."""
         if self._kind == "vllm":
             return True  # it serves no /props: its cap is the setting

@@ -35,7 +35,7 @@ class EngineSlot:
     busy_answers: int = 0  # calls it answered "busy" (its own queue full, no slot free): back-pressure
     cap_configured: bool = False  # set in MODGATE_ENGINE__CAPS: its own slot count does not replace it
     # Its slots may differ from ``cap`` now (not read yet, or it may have restarted unseen since): it takes
-    # one call until they are read again (EnginePool reads them, one reading at a time).
+    # one call until they are read again (gateway/engine/slot_readings.py, one reading at a time).
     slots_unknown: bool = False
     slots_marks: int = 0  # times marked unknown: a reading begun before the latest mark does not clear it
     reading: asyncio.Task[None] | None = field(default=None, repr=False)  # the reading of its slots under way

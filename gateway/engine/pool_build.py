@@ -106,7 +106,7 @@ def build_engine_pool(
             props_recheck_s=settings.engine.model_recheck_s,  # /props re-read as often as /v1/models
         )
         configured = url in settings.engine_cap_map()
-        # an engine that may name its slots takes one call until they are read (EnginePool.read_unknown_slots)
+        # an engine that may name its slots takes one call until they are read (engine/slot_readings.py)
         engines.append(EngineSlot(client, cap, circuit, cap_configured=configured,
                                   slots_unknown=not configured and client.kind != "vllm"))
     admission = settings.admission
