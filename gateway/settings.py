@@ -451,6 +451,7 @@ class ReviewSettings(BaseModel):
 class SimulatorSettings(BaseModel):
     """The built-in simulated engine that `modgate serve` starts when no engine URL is set."""
 
+    # spark: the Spark's hybrid model, started with --prefix-match-unit 16 (the gateway primes it)
     preset: Literal["spark", "vllm-cpu", "instant"] = "spark"
     time_scale: float = Field(default=0.02, ge=0)
     tokenizer: Family | None = None  # whose BPE the simulator counts with; None: the preset's (qwen3.6)

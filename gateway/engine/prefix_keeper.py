@@ -220,9 +220,10 @@ class PrefixKeeper:
         if decision.action == "uncacheable":
             log.error("prefix cache (%s) on %s: %s; fix: %s", reason, state.url, decision.reason,
                       decision.fix)
-        else:
-            log.warning("prefix cache (%s) on %s: %s: %s", reason, state.url, decision.action,
-                        decision.reason)
+        else:  # a strategy that works, chosen at start, is news; a change later or an unread engine is not
+            level = logging.INFO if reason == "start" and not state.unread else logging.WARNING
+            log.log(level, "prefix cache (%s) on %s: %s: %s", reason, state.url, decision.action,
+                    decision.reason)
 
     async def start(self, system_prompts: Mapping[VerdictFormat, SystemPrompt]) -> None:
         """Choose every engine's strategy (kept where already chosen) and prime where it is needed."""
