@@ -494,6 +494,7 @@ class AuthSettings(BaseModel):
 
     api_keys: str | None = None  # "key1:tenant1,key2:tenant2"; unset: no key required (said loudly)
     api_keys_from_redis: bool = False  # also accept keys added with `modgate keys add`; keys always required
+    # the bearer token of /admin and the console: at least 16 characters, else the gateway does not start
     admin_token: str | None = None
 
     @field_validator("api_keys")
