@@ -278,6 +278,16 @@ class EngineClient:
         """The engine's Prometheus ``/metrics`` text."""
         return (await self._get("/metrics")).text
 
+    async def server_info(self) -> dict[str, Any] | None:
+        """vLLM's ``GET /server_info?config_format=json`` (served with ``VLLM_SERVER_DEV_MODE=1``): its whole
+        config; None where the engine serves no such route or its body is not a JSON object."""
+        try:
+            response = await self._http.get("/server_info", params={"config_format": "json"})
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
+
     async def tokenize(self, body: dict[str, Any]) -> int:
         """Token count of a prompt or messages (``POST /tokenize``, in the engine's own terms)."""
         wire = await self.wire()

@@ -55,7 +55,7 @@ from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.fairness import Work
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
 from gateway.engine.slot_readings import SlotReadings
-from gateway.errors import EngineBusy, EngineUnavailable, Overloaded, ServerSideError
+from gateway.errors import EngineBusy, EnginesBusy, EngineUnavailable, Overloaded, ServerSideError
 
 log = logging.getLogger("modgate.engine_pool")
 
@@ -142,9 +142,9 @@ class HeldEngine:
                 busy_since = now if busy_since is None else busy_since
                 remaining = busy_since + self.pool.queue.queue_timeout_s - now
                 if remaining <= 0:
-                    raise Overloaded(
+                    raise EnginesBusy(
                         f"every engine answered busy until the queue's deadline ({exc.message})",
-                        retry_after=self.pool.queue.retry_after_s(), code="engine_busy",
+                        retry_after=self.pool.queue.retry_after_s(),
                     ) from exc
                 await asyncio.sleep(min(pause, remaining))
                 pause = min(pause * 2, BUSY_PAUSE_S[1])
