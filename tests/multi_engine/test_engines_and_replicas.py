@@ -271,8 +271,10 @@ def test_a_llamacpp_engine_restarted_with_fewer_slots_gets_no_more_even_from_a_b
 
     engine = llamacpp(8)
     replicas = [
+        # a loaded machine's slow lease call (0.5 s by default) would leave each replica on its local cap,
+        # which is a Redis outage's rule, not the one this test holds
         start_gateway(engine_url=engine.url, redis_url=redis_url, max_inflight=16,
-                      shaping={"verdict_cache_ttl_s": 0})
+                      shaping={"verdict_cache_ttl_s": 0}, leases={"redis_timeout_s": 5.0})
         for _ in range(replica_count)
     ]
     targets = [replica.url for replica in replicas]
