@@ -158,7 +158,7 @@ def test_a_refused_token_prints_the_gateways_reason_and_changes_nothing(gateway:
 def test_a_flip_while_redis_is_unreachable_prints_the_503(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    gateway = start_gateway(engine={"url": sim.url}, redis={"url": f"redis://127.0.0.1:{free_port()}/0"})
     shown = modgate(gateway, "show")
     assert "UNAVAILABLE" in shown.output
     result = modgate(gateway, "set", "--default-mode", "off", "--reason", "during the outage")

@@ -39,7 +39,7 @@ def histogram_counts(metrics: GatewayMetrics) -> dict[str, float]:
 
 async def test_a_streamed_engine_call_records_ttft_decode_and_end_to_end(start_sim: SimFactory) -> None:
     sim = start_sim("spark", time_scale=TIME_SCALE)
-    settings = Settings(engine_url=sim.url, telemetry={"engine_scrape_interval_s": 0})
+    settings = Settings(engine={"url": sim.url}, telemetry={"engine_scrape_interval_s": 0})
     async with open_services(settings, KeyRing({}, None)) as services:
         request = ModerationRequest.model_validate({"input": image_input(make_keyframe("allow", seed=11))})
         response = await services.moderation.moderate(request, Caller(tenant="t", key_id="k"), None)

@@ -40,7 +40,7 @@ def request_for(*frames: bytes) -> ModerationRequest:
 
 @asynccontextmanager
 async def services_for(sim: ThreadedServer, **telemetry: Any) -> AsyncIterator[Services]:
-    settings = Settings(engine_url=sim.url, telemetry={"engine_scrape_interval_s": 0, **telemetry})
+    settings = Settings(engine={"url": sim.url}, telemetry={"engine_scrape_interval_s": 0, **telemetry})
     async with open_services(settings, KeyRing({}, None)) as services:
         yield services
 
