@@ -1,10 +1,10 @@
-"""Old flat setting names (``settings.engine_url``, ``Settings(engine_url=...)``) are read only in the renaming
-layer (gateway/renamed_settings.py) and its own tests: everywhere else the grouped names
+"""Old flat setting names (``settings.engine_url``, ``Settings(engine_url=...)``) are read only in the
+renaming layer (gateway/renamed_settings.py) and its own tests: everywhere else the grouped names
 (``settings.engine.url``) are used, so the old ones can be dropped by deleting one module.
 
 Found from the syntax tree: an attribute read on a settings object (a name ending in ``settings``, or
-``served``), a keyword of ``Settings(...)`` or of the test factories that hand their keywords to it, and a key of
-a settings object's ``model_copy(update={...})``.
+``served``), a keyword of ``Settings(...)`` or of the test factories that hand their keywords to it, and a
+key of a settings object's ``model_copy(update={...})``.
 """
 
 from __future__ import annotations

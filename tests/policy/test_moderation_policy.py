@@ -284,7 +284,7 @@ def test_stats_show_each_tenant_the_verdicts_its_policy_gave(
     assert rows["other"]["actions"] == {"allow": 1, "review": 0, "block": 1}
     assert rows["other"]["block_share"] == 0.5
     assert rows["kids"]["block_share"] is None  # nothing in the window
-    shown = CliRunner().invoke(app, ["stats", "--url", gateway.url])
+    shown = CliRunner().invoke(app, ["stats", "--gateway-url", gateway.url])
     assert shown.exit_code == 0, shown.output
     news_line = next(line for line in shown.output.splitlines() if "news" in line)
     assert "0.0 %" in news_line

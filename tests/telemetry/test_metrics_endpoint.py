@@ -128,7 +128,7 @@ def test_stats_read_llamacpps_cache_counters_into_the_same_window(
     assert cache["engine_window_hits"] == document["tokens"]["cached"]
     assert cache["engine_window_hit_rate"] == cache["gateway_cached_share"]
     assert 0 < cache["engine_window_hit_rate"] < 0.5
-    result = CliRunner().invoke(app, ["stats", "--url", gateway.url])
+    result = CliRunner().invoke(app, ["stats", "--gateway-url", gateway.url])
     assert result.exit_code == 0, result.output
     assert "none: llama.cpp, token by token" in result.output  # not "unknown": there is no block
 
@@ -143,7 +143,7 @@ def test_the_thinking_gauge_follows_the_policy(gateway: ThreadedServer) -> None:
 
 def test_modgate_stats_prints_the_window_as_a_table(gateway: ThreadedServer) -> None:
     assert moderate(gateway, make_keyframe("allow", seed=9)).status_code == 200
-    result = CliRunner().invoke(app, ["stats", "--url", gateway.url])
+    result = CliRunner().invoke(app, ["stats", "--gateway-url", gateway.url])
     assert result.exit_code == 0, result.output
     for label in (
         "end to end",
@@ -160,7 +160,7 @@ def test_modgate_stats_prints_the_window_as_a_table(gateway: ThreadedServer) -> 
 
 
 def test_modgate_stats_says_when_the_gateway_cannot_be_reached() -> None:
-    result = CliRunner().invoke(app, ["stats", "--url", "http://127.0.0.1:9"])
+    result = CliRunner().invoke(app, ["stats", "--gateway-url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot read" in result.output
 
