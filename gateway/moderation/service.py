@@ -352,7 +352,8 @@ class ModerationService:
             latency_s = time.monotonic() - started
             provenance = self._provenance(outcome, policy)
             results.append(
-                moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0, provenance)
+                moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0, provenance,
+                                  captioned=bool(extra_text))
             )
             record.results.append(results[-1].modgate)
         decided_at = datetime.now(UTC)
