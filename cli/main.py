@@ -76,7 +76,7 @@ def engine_settings(settings: Settings) -> Iterator[Settings]:
 
     The service never starts an engine itself: this is where the command line composes the two.
     """
-    if settings.engine_url:
+    if settings.engine.url:
         yield settings
         return
     from cli.embedded import ThreadedServer
@@ -99,7 +99,8 @@ def engine_settings(settings: Settings) -> Iterator[Settings]:
             settings.simulator.time_scale,
         )
         tenants = work_weighed(settings, preset)
-        yield settings.model_copy(update={"engine_url": server.url, "tenants": tenants})
+        engine = settings.engine.model_copy(update={"url": server.url})
+        yield settings.model_copy(update={"engine": engine, "tenants": tenants})
 
 
 def work_weighed(settings: Settings, preset: SimPreset) -> TenantSettings:
@@ -119,8 +120,8 @@ def served_app() -> Litestar:
     from gateway.telemetry.tracing import configure_logging
 
     settings = Settings()
-    configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
-    PROCESS_DRAIN.period_s = settings.drain_s  # the drain this worker's server begins on SIGTERM
+    configure_logging(settings.server.log_level, json_logs=settings.telemetry.json_logs)
+    PROCESS_DRAIN.period_s = settings.server.drain_s  # the drain this worker's server begins on SIGTERM
     return create_app(settings, drain=PROCESS_DRAIN)
 
 
@@ -154,7 +155,7 @@ def serve(
     except ValueError as exc:
         typer.secho(f"invalid settings: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
-    if workers > 1 and not settings.redis_url:
+    if workers > 1 and not settings.redis.url:
         typer.secho(
             "--workers above 1 needs MODGATE_REDIS__URL: without it every worker process would keep "
             "its own thinking policy, keys, jobs and verdict cache, and a policy flip would reach "
@@ -163,21 +164,23 @@ def serve(
             err=True,
         )
         raise typer.Exit(2)
-    settings = settings.model_copy(update={"host": host or settings.host, "port": port or settings.port})
-    configure_logging(settings.log_level, json_logs=settings.telemetry.json_logs)
-    url = f"http://{settings.host}:{settings.port}"
+    listen = {"host": host or settings.server.host, "port": port or settings.server.port}
+    settings = settings.model_copy(update={"server": settings.server.model_copy(update=listen)})
+    configure_logging(settings.server.log_level, json_logs=settings.telemetry.json_logs)
+    url = f"http://{settings.server.host}:{settings.server.port}"
     sample = _sample_body_file(url)
-    auth = "" if not settings.api_keys else " -H 'Authorization: Bearer <key>'"
+    auth = "" if not settings.auth.api_keys else " -H 'Authorization: Bearer <key>'"
     typer.echo(f"modgate listening on {url}")
     typer.echo(
-        f"engine: {settings.engine_url or 'built-in simulator (spark preset)'}; "
-        f"state: {settings.redis_url or 'in memory'}"
+        f"engine: {settings.engine.url or 'built-in simulator (spark preset)'}; "
+        f"state: {settings.redis.url or 'in memory'}"
     )
     typer.echo(f"try: curl -s {url}/v1/moderations -H 'Content-Type: application/json'{auth} -d @{sample}")
     if workers > 1:
+        cap = settings.engine.max_inflight
         typer.secho(
-            f"{workers} workers: each admits up to MODGATE_ENGINE__MAX_INFLIGHT={settings.max_inflight} "
-            f"engine requests, {workers * settings.max_inflight} in all; lower it to keep the "
+            f"{workers} workers: each admits up to MODGATE_ENGINE__MAX_INFLIGHT={cap} "
+            f"engine requests, {workers * cap} in all; lower it to keep the "
             "engine's cap.",
             fg="yellow",
             err=True,
@@ -187,24 +190,24 @@ def serve(
     if workers > 1:
         _spawn_without_main_module()
     with engine_settings(settings) as served:
-        if workers > 1 and served.engine_url:
-            os.environ["MODGATE_ENGINE__URL"] = served.engine_url  # worker processes read the environment
-        drain = Drain(served.drain_s)
+        if workers > 1 and served.engine.url:
+            os.environ["MODGATE_ENGINE__URL"] = served.engine.url  # worker processes read the environment
+        drain = Drain(served.server.drain_s)
         target: Litestar | str = (
             create_app(served, drain=drain) if workers == 1 else "cli.main:served_app"
         )
         config = uvicorn.Config(
             target,
-            host=served.host,
-            port=served.port,
-            log_level=served.log_level,
+            host=served.server.host,
+            port=served.server.port,
+            log_level=served.server.log_level,
             workers=workers,
             factory=workers > 1,
             # A worker must answer uvicorn's health check within this while it starts: importing the
             # gateway (OpenCV, scipy, OpenTelemetry, ...) takes 2 s on an idle core and over 10 s on a busy
             # one, and the default 5 s had workers killed and restarted in a loop.
             timeout_worker_healthcheck=60,
-            timeout_keep_alive=served.keep_alive_s,  # longer than clients' pools: see Settings
+            timeout_keep_alive=served.server.keep_alive_s,  # longer than clients' pools: see Settings
             access_log=False,
             loop="uvloop",
             http="httptools",

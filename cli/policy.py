@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from cli.gateway_url import DEFAULT_GATEWAY_URL, GatewayUrl, OldUrl, gateway_url
 from gateway.policy.rules import MODES, AuditEntry, ThinkingPolicy, policy_changes
 from gateway.renamed_settings import env_name, option_envvars, warn_if_read_by_old_name
 
@@ -31,7 +32,6 @@ policy_app = typer.Typer(help="Show and flip the thinking policy of a running ga
 
 _SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed", "reason", "version")
 
-Url = Annotated[str, typer.Option("--url", envvar="MODGATE_URL", help="The gateway's base URL.")]
 ADMIN = env_name("auth", "admin_token")  # MODGATE_AUTH__ADMIN_TOKEN
 Token = Annotated[str | None, typer.Option("--token", envvar=option_envvars(ADMIN), show_default=False,
                                            callback=warn_if_read_by_old_name(ADMIN),
@@ -40,9 +40,6 @@ Operator = Annotated[str | None, typer.Option("--as", show_default=False,
                                               help="Your name in the audit trail (default: your login).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the gateway's JSON instead of tables.")]
 Reason = Annotated[str, typer.Option("--reason", help="Why: kept in the audit trail (required).")]
-
-DEFAULT_URL = "http://127.0.0.1:8080"
-
 
 class _Yaml12Loader(yaml.SafeLoader):
     """YAML with 1.2 booleans (true/false only): ``default_mode: off`` stays the string "off"."""
@@ -230,8 +227,12 @@ def _parse(fields: dict[str, Any], what: str) -> ThinkingPolicy:
 
 
 @policy_app.command()
-def show(url: Url = DEFAULT_URL, token: Token = None, as_json: AsJson = False) -> None:
+def show(
+    url: GatewayUrl = DEFAULT_GATEWAY_URL, token: Token = None, as_json: AsJson = False,
+    old_url: OldUrl = None,
+) -> None:
     """The policy in force on the gateway, its hash and whether flips can be made now."""
+    url = gateway_url(url, old_url)
     doc = AdminClient(url, token).call("GET", "/admin/thinking-policy")
     if as_json:
         typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
@@ -262,11 +263,13 @@ def set_policy(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change; change nothing.")
                        ] = False,
-    url: Url = DEFAULT_URL,
+    url: GatewayUrl = DEFAULT_GATEWAY_URL,
+    old_url: OldUrl = None,
     token: Token = None,
     operator: Operator = None,
 ) -> None:
     """Change the policy: the options and/or a file, applied over the policy in force, with a reason."""
+    url = gateway_url(url, old_url)
     if default_mode is not None and default_mode not in MODES:
         _fail("--default-mode must be on, off or escalate", code=2)
     client = AdminClient(url, token, operator)
@@ -315,11 +318,13 @@ def rollback(
     reason: Reason,
     to: Annotated[int | None, typer.Option(
         "--to", help="Version whose content to restore (default: the previous).")] = None,
-    url: Url = DEFAULT_URL,
+    url: GatewayUrl = DEFAULT_GATEWAY_URL,
+    old_url: OldUrl = None,
     token: Token = None,
     operator: Operator = None,
 ) -> None:
     """Restore an earlier version's content, as a new version (versions only go up)."""
+    url = gateway_url(url, old_url)
     client = AdminClient(url, token, operator)
     before = client.call("GET", "/admin/thinking-policy")
     answer = client.call("POST", "/admin/thinking-policy/rollback", {"to_version": to, "reason": reason})
@@ -336,11 +341,13 @@ def rollback(
 @policy_app.command()
 def history(
     limit: Annotated[int, typer.Option(help="How many versions.")] = 20,
-    url: Url = DEFAULT_URL,
+    url: GatewayUrl = DEFAULT_GATEWAY_URL,
+    old_url: OldUrl = None,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
     """Earlier versions of the policy, newest first."""
+    url = gateway_url(url, old_url)
     answer = AdminClient(url, token).call("GET", "/admin/thinking-policy/history", params={"limit": limit})
     if as_json:
         typer.echo(json.dumps(answer["data"], indent=2, ensure_ascii=False))
@@ -363,11 +370,13 @@ def history(
 @policy_app.command()
 def audit(
     limit: Annotated[int, typer.Option(help="How many entries.")] = 20,
-    url: Url = DEFAULT_URL,
+    url: GatewayUrl = DEFAULT_GATEWAY_URL,
+    old_url: OldUrl = None,
     token: Token = None,
     as_json: AsJson = False,
 ) -> None:
     """Who changed the policy, when, why, and what changed; newest first."""
+    url = gateway_url(url, old_url)
     answer = AdminClient(url, token).call("GET", "/admin/audit", params={"limit": limit})
     if as_json:
         typer.echo(json.dumps(answer["data"], indent=2, ensure_ascii=False))

@@ -26,6 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from cli.gateway_url import DEFAULT_GATEWAY_URL, GatewayUrl
 from contracts.records import (
     JsonlRecordStore,
     MirroredRecordStore,
@@ -154,9 +155,7 @@ def run(
     arms: Annotated[
         str, typer.Option(help="Comma-separated arms: thinking_on, thinking_off, thinking_on_rerun.")
     ] = "thinking_on,thinking_off",
-    gateway_url: Annotated[
-        str, typer.Option(envvar="MODGATE_GATEWAY_URL", help="Base URL of the gateway.")
-    ] = "http://127.0.0.1:8080",
+    gateway_url: GatewayUrl = DEFAULT_GATEWAY_URL,
     api_key: Annotated[
         str | None, typer.Option(envvar="MODGATE_QUALITY_API_KEY", help="Bearer key the gateway expects.")
     ] = None,

@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from gateway import settings as settings_module
-from gateway.renamed_settings import NESTED, PREFIX, deprecated_env_names
+from gateway.renamed_settings import NESTED, PREFIX, RENAMED_COMMAND_ENVVARS, deprecated_env_names
 from gateway.settings import Settings
 
 SOURCE = Path(settings_module.__file__)
@@ -117,6 +117,17 @@ def settings_markdown() -> str:
         "| deprecated | use instead |",
         "| --- | --- |",
         *(f"| `{old}` | `{new}` |" for old, new in deprecated_env_names().items()),
+        "",
+        "## The command line",
+        "",
+        "Every command that talks to a running gateway (`modgate policy`, `modgate stats`, `modgate",
+        "quality run`) finds it with `--gateway-url`, else `MODGATE_GATEWAY_URL`, else",
+        "`http://127.0.0.1:8080`. The older names still work, each with a deprecation warning:",
+        "",
+        "| deprecated | use instead |",
+        "| --- | --- |",
+        *(f"| `{old}` | `{new}` |" for old, new in RENAMED_COMMAND_ENVVARS.items()),
+        "| `--url` (`modgate policy`, `modgate stats`) | `--gateway-url` |",
     ]
     return "\n".join(out) + "\n"
 

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli.gateway_url import DEFAULT_GATEWAY_URL, GatewayUrl, OldUrl, gateway_url
 from gateway.telemetry.windows import LATENCIES
 
 _LATENCY_NAMES = {
@@ -86,12 +87,12 @@ def render_tenants(rows: list[dict[str, Any]], console: Console) -> None:
 
 
 def stats(
-    url: Annotated[
-        str, typer.Option(envvar="MODGATE_GATEWAY_URL", help="The gateway, e.g. http://127.0.0.1:8080.")
-    ] = "http://127.0.0.1:8080",
+    url: GatewayUrl = DEFAULT_GATEWAY_URL,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw GET /stats document.")] = False,
+    old_url: OldUrl = None,
 ) -> None:
     """Latency percentiles, keyframes per minute, thinking share and cache hit rates over recent minutes."""
+    url = gateway_url(url, old_url)
     try:
         response = httpx.get(f"{url.rstrip('/')}/stats", timeout=10.0)
         response.raise_for_status()

@@ -41,6 +41,11 @@ RENAMED: dict[str, tuple[str, str]] = {
     "admin_token": ("auth", "admin_token"),
 }
 
+RENAMED_COMMAND_ENVVARS: dict[str, str] = {
+    # an environment name only a command-line tool read: the name every command reads now
+    "MODGATE_URL": "MODGATE_GATEWAY_URL",  # `modgate policy`'s; `stats` and `quality run` read the new one
+}
+
 log = logging.getLogger(__name__)
 
 
@@ -64,7 +69,13 @@ def _say_deprecated(old_name: str, new_name: str, *, superseded: bool) -> None:
 
 def option_envvars(new_name: str) -> list[str]:
     """A command-line option's environment names: the setting's, then the deprecated one it replaced."""
-    return [new_name, *(old for old, new in deprecated_env_names().items() if new == new_name)]
+    renamed = {**deprecated_env_names(), **RENAMED_COMMAND_ENVVARS}
+    return [new_name, *(old for old, new in renamed.items() if new == new_name)]
+
+
+def warn_old_option(old_flag: str, new_flag: str) -> None:
+    """One deprecation warning for a command-line flag given by its old name (``--url``)."""
+    _say_deprecated(old_flag, new_flag, superseded=False)
 
 
 def warn_if_read_by_old_name(new_name: str) -> Callable[[str | None], str | None]:

@@ -557,7 +557,7 @@ class Settings(RenamedAttributes, BaseSettings):
 
     @model_validator(mode="after")
     def _sign_in_sessions_need_the_admin_token(self) -> Settings:
-        if self.oidc.issuer is not None and self.admin_token is None:
+        if self.oidc.issuer is not None and self.auth.admin_token is None:
             raise ValueError(
                 "MODGATE_OIDC__ISSUER needs MODGATE_AUTH__ADMIN_TOKEN (it signs console sessions)")
         return self

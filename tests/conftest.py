@@ -18,7 +18,7 @@ from gateway.engine.kinds import EngineKind
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.processes import GatewayProcess, GatewayProcessesFactory, RedisServer
-from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, SwappableEngine
+from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, SwappableEngine, merged_settings
 
 # The engine start-up check (gateway/engine/startup_check.py) asks each engine a few chat completions at
 # start: tests that count an engine's calls or script its faults would see them, so the suite turns it off
@@ -75,11 +75,12 @@ def sim(start_sim: SimFactory) -> ThreadedServer:
 
 @pytest.fixture
 def start_gateway() -> Iterator[GatewayFactory]:
-    """Start gateways on loopback (``start_gateway(engine_url=..., **settings)``), stopped after the test."""
+    """Start gateways on loopback (``start_gateway(engine={"url": ...}, **settings)``), stopped after the
+    test."""
     servers: list[ThreadedServer] = []
 
     def start(**overrides: Any) -> ThreadedServer:
-        fields: dict[str, Any] = {"admin_token": ADMIN_TOKEN, **overrides}
+        fields = merged_settings({"auth": {"admin_token": ADMIN_TOKEN}}, overrides)
         server = ThreadedServer(create_app(Settings(**fields))).start()
         servers.append(server)
         return server
@@ -92,7 +93,7 @@ def start_gateway() -> Iterator[GatewayFactory]:
 @pytest.fixture
 def gateway(start_gateway: GatewayFactory, sim: ThreadedServer) -> ThreadedServer:
     """A gateway in front of the instant simulator."""
-    return start_gateway(engine_url=sim.url)
+    return start_gateway(engine={"url": sim.url})
 
 
 @pytest.fixture

@@ -31,6 +31,17 @@ class FakeClock:
         self.now += seconds
 
 
+def merged_settings(defaults: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Settings keywords: ``overrides`` over ``defaults``, a group's fields merged (``engine={"url": u}`` over
+    ``engine={"max_inflight": 1}`` keeps both)."""
+    merged = dict(defaults)
+    for name, value in overrides.items():
+        current = merged.get(name)
+        both_groups = isinstance(current, dict) and isinstance(value, dict)
+        merged[name] = {**current, **value} if both_groups else value
+    return merged
+
+
 def data_url(image: bytes, mime: str = "image/jpeg") -> str:
     """A ``data:`` URL for image bytes."""
     return f"data:{mime};base64,{base64.b64encode(image).decode()}"

@@ -44,8 +44,9 @@ def create_app(
     ``drain``: the process's, which its server begins on SIGTERM (cli/serving.py).
     """
     settings = settings or Settings()
-    drain = drain or Drain(settings.drain_s)
-    keys = KeyRing(settings.tenant_keys(), settings.admin_token, keys_in_store=settings.api_keys_from_redis)
+    drain = drain or Drain(settings.server.drain_s)
+    auth = settings.auth
+    keys = KeyRing(settings.tenant_keys(), auth.admin_token, keys_in_store=auth.api_keys_from_redis)
     if keys.open:
         log.warning(
             "MODGATE_AUTH__API_KEYS is unset: business calls need NO API key. Set it before exposing the "

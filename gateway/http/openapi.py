@@ -142,7 +142,7 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
     ]
     escalation = schemas["EscalationPolicy"]["properties"]["always_categories"]
     escalation["items"] = {"enum": list(MODEL_CATEGORIES)}  # the server refuses any other name (422)
-    bearer_security(document, keys_required=bool(settings.api_keys or settings.api_keys_from_redis))
+    bearer_security(document, keys_required=bool(settings.auth.api_keys or settings.auth.api_keys_from_redis))
     for parameter in paths["/v1/videos/{video_id}/keyframes"]["post"].get("parameters", []):
         if parameter["name"] == "video_id" and parameter["in"] == "path":
             parameter["schema"] = {"type": "string", "pattern": VIDEO_ID_PATTERN}

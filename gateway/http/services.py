@@ -69,7 +69,8 @@ from gateway.review.store_memory import MemoryReviewStore
 from gateway.review.store_redis import RedisReviewStore
 from gateway.settings import Settings
 from gateway.state import open_redis
-from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.recorder import RequestRecorder
 from gateway.telemetry.tenants import TenantFigures
 from gateway.telemetry.tracing import Telemetry, build_telemetry
 from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
@@ -247,7 +248,8 @@ def _second_engine(settings: Settings, state: aioredis.Redis | None) -> SecondEn
     shadow = settings.shadow
     if shadow.engine_url is None:
         return None
-    own = settings.model_copy(update={"max_inflight": shadow.max_inflight, "engine_caps": None})
+    engine = settings.engine.model_copy(update={"max_inflight": shadow.max_inflight, "caps": None})
+    own = settings.model_copy(update={"engine": engine})
     pool = build_engine_pool(own, [shadow.engine_url], state=state)
     identity = EngineIdentity(settings.engine.model_copy(update={"model": "auto"}), pool)
 
@@ -314,12 +316,12 @@ async def open_services(
 ) -> AsyncIterator[Services]:
     """Build every client the handlers need; close them all on the way out (``clock``: the stats windows').
 
-    The engine is given, never started here: ``settings.engine_url``, or ``engine_transport`` in tests. The
+    The engine is given, never started here: ``settings.engine.url``, or ``engine_transport`` in tests. The
     command line (``modgate serve``) starts the built-in simulator and passes its URL when none is set.
     """
     if engine_transport is not None:
         engine_urls = ["http://engine.test"]
-    elif settings.engine_url:
+    elif settings.engine.url:
         engine_urls = settings.engine_urls()
     else:
         raise MissingEngine(
@@ -333,17 +335,17 @@ async def open_services(
     async with AsyncExitStack() as stack:
         telemetry = build_telemetry(settings.telemetry)
         stack.push_async_callback(asyncio.to_thread, telemetry.shutdown)  # flushes to the OTLP endpoint
-        state = None if not settings.redis_url else redis_client(settings.redis_url)  # every store's client
+        state = None if not settings.redis.url else redis_client(settings.redis.url)  # every store's client
         if state is not None:
             stack.push_async_callback(state.aclose)
-            if settings.api_keys_from_redis:
+            if settings.auth.api_keys_from_redis:
                 keys.store = RedisKeyStore(state)
         # Tenants: named by the keys; weights and quotas from the settings and Redis (docs/tenants.md).
         directory = TenantDirectory(
             settings.tenants,
             set(settings.tenant_keys().values()) or ({ANONYMOUS_TENANT} if keys.open else set()),
             state,
-            read_key_store=settings.api_keys_from_redis,
+            read_key_store=settings.auth.api_keys_from_redis,
         )
         await directory.reload()  # the Redis-held weights and quotas before the first request
         stack.push_async_callback(directory.stop)
@@ -449,7 +451,7 @@ async def open_services(
             stack.push_async_callback(moderation.decisions.close, 5.0)
         archiver = DecisionArchiver(moderation.decisions, settings.decisions.archive_interval_s)
         stack.push_async_callback(archiver.stop)
-        drain = drain or Drain(settings.drain_s)
+        drain = drain or Drain(settings.server.drain_s)
         jobs = _job_service(settings, state, moderation, executor, remote_images, drain)
         stack.push_async_callback(jobs.stop)
         moderation.review.on_label = partial(_label_to_job, jobs, moderation.decisions)

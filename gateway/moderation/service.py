@@ -90,7 +90,8 @@ from gateway.policy.rules import (
 )
 from gateway.review.service import ReviewQueue
 from gateway.settings import Settings
-from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.recorder import OK, FinishedRequest, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
 from shaping.errors import ImageRejected
 from shaping.image import ImageLimits, ShapedImage, data_url_payload, decode_data_url, shape_image
@@ -235,38 +236,40 @@ class ModerationService:
         """
         request_id = f"modr-{uuid.uuid4().hex}"
         started = time.monotonic()
-        frames = len(self._split_input(request)[0])
+        record = FinishedRequest(request_id, caller.tenant, frames=len(self._split_input(request)[0]))
 
-        def failed(outcome: str, message: str) -> None:
-            self.recorder.failed(
-                request_id, outcome, message, latency_s=time.monotonic() - started, frames=frames
-            )
+        def finished(outcome: str, message: str | None = None) -> None:
+            self.recorder.finished(record, outcome, latency_s=time.monotonic() - started, error=message)
 
         with self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id}):
             try:
-                return await self._moderate(request, caller, requested, request_id, packing, fresh=fresh)
+                answer = await self._moderate(request, caller, requested, record, packing, fresh=fresh)
             except ModgateError as exc:
-                failed(exc.default_code, exc.message)
+                finished(exc.default_code, exc.message)
                 raise
             except asyncio.CancelledError:
-                failed("cancelled", "the caller went away")
+                finished("cancelled", "the caller went away")
                 raise
             except Exception as exc:
-                failed("internal_error", type(exc).__name__)
+                finished("internal_error", type(exc).__name__)
                 raise
+            finished(OK)
+            return answer
 
     async def _moderate(
         self,
         request: ModerationRequest,
         caller: Caller,
         requested: Mode | None,
-        request_id: str,
+        record: FinishedRequest,
         packing: int | None = None,
         *,
         fresh: bool = False,
     ) -> ModerationResponse:
-        """One result per image; text only: one per string of a list of strings, else one for the text."""
+        """One result per image; text only: one per string of a list of strings, else one for the text.
+        ``record`` is filled in for the request's telemetry (recorded by the caller, once)."""
         started = time.monotonic()
+        request_id = record.request_id
         options = request.modgate
         images, texts = self._split_input(request)
         context = RequestContext(
@@ -288,8 +291,7 @@ class ModerationService:
             # all bad input fails before any engine call
             shaped = await asyncio.gather(*(self.shape(url, caller.tenant) for url in images))
         shaping_s = (time.monotonic() - shaping_started) / max(1, len(shaped))
-        for _ in shaped:
-            self.metrics.shaping.observe(shaping_s)
+        record.shaping_s, record.shaped = shaping_s, len(shaped)
         extra_text = "\n".join(texts)
         if shaped:
             k = packing or self.settings.shaping.packing_k
@@ -348,22 +350,20 @@ class ModerationService:
         for index, outcome in enumerate(outcomes):
             frame = shaped[index] if shaped else None
             latency_s = time.monotonic() - started
-            self.metrics.e2e.labels("ok").observe(latency_s)
             provenance = self._provenance(outcome, policy)
             results.append(
                 moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0, provenance,
                                   captioned=bool(extra_text))
             )
-            self.recorder.record(results[-1].modgate, request_id, caller.tenant)
+            record.results.append(results[-1].modgate)
         decided_at = datetime.now(UTC)
         await self.decisions.append(
             decision_row(result.modgate, request_id, caller.tenant, decided_at) for result in results
         )
         if self.review is not None and shaped:
             await self.review.offer_judged(caller, list(shaped), outcomes, results, moderation)
-        self.metrics.requests.labels("moderations", "ok").inc()
         return ModerationResponse(
-            id=request_id, model=request.model or self.settings.model_name, results=results
+            id=request_id, model=request.model or self.settings.server.model_name, results=results
         )
 
     def _provenance(self, outcome: FrameOutcome, policy: ThinkingPolicy) -> Provenance:
@@ -546,7 +546,6 @@ class ModerationService:
                     reused_outcome(stored.verdict(), hit.reused, reuse_decision, stored.request_id),
                     thinking_mode=decision.mode,
                 )
-                self.metrics.reused.labels(hit.reused).inc()
         plan = plan_frames(identities, hits, rule)
         leaders = plan.leaders
         chunks = [leaders[start : start + packing] for start in range(0, len(leaders), packing)]
@@ -583,7 +582,6 @@ class ModerationService:
                 reused_outcome(made.verdict, how, made.decision, made.answer.request_id),
                 thinking_mode=made.thinking_mode,
             )
-            self.metrics.reused.labels(how).inc()
         if storing:
             for rider in {id(rider): rider for rider in kept_by.values()}.values():
                 if rider.error is not None:

@@ -1,4 +1,4 @@
-"""Gateway metrics in Prometheus form (``GET /metrics``), and where each moderated keyframe's figures go.
+"""Gateway metrics in Prometheus form (``GET /metrics``); gateway/telemetry/recorder.py writes a request's.
 
 Rates of the engine's prefix cache are exposed only over a recent window (gateway/telemetry/windows.py): the
 since-start ratio of the engine's counters is the number that misleads, so it is not a metric here.
@@ -6,7 +6,6 @@ since-start ratio of the engine's counters is the number that misleads, so it is
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Iterator
 
@@ -14,11 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.moderation.wire import ModerationDetails
-from gateway.telemetry.tracing import RequestInstruments
-from gateway.telemetry.windows import EngineCacheWindow, RecentRequests, RequestSample
-
-request_log = logging.getLogger("modgate.requests")
+from gateway.telemetry.windows import EngineCacheWindow, RecentRequests
 
 LATENCY_BUCKETS = (
     0.005,
@@ -276,103 +271,3 @@ class _Scraped(Collector):
     def collect(self) -> Iterator[Metric]:
         """Read the source now."""
         yield from self.source()
-
-
-def _seconds(ms: float | None) -> float | None:
-    return None if ms is None else ms / 1000
-
-
-class RequestRecorder:
-    """Where each keyframe's figures go: the recent window, Prometheus, OpenTelemetry and one log line."""
-
-    def __init__(
-        self, metrics: GatewayMetrics, recent: RecentRequests, instruments: RequestInstruments | None = None
-    ) -> None:
-        self.metrics = metrics
-        self.recent = recent
-        self.instruments = instruments
-
-    def record(self, details: ModerationDetails, request_id: str, tenant: str = "default") -> RequestSample:
-        """Record one result of request ``request_id``: the timings and tokens of its ``modgate`` field."""
-        sample = RequestSample(
-            tenant=tenant,
-            request_id=request_id,
-            action=details.action,
-            thinking=details.thinking,
-            reused=details.reused,
-            end_to_end_s=details.latency_ms / 1000,
-            queue_wait_s=details.queue_ms / 1000,
-            shaping_s=details.shaping_ms / 1000,
-            ttft_s=_seconds(details.ttft_ms),
-            decode_s=_seconds(details.decode_ms),
-            prompt_tokens=details.prompt_tokens,
-            cached_tokens=details.cached_tokens,
-            image_tokens=details.image_tokens,
-            completion_tokens=details.completion_tokens,
-            reasoning_tokens=details.reasoning_tokens,
-            thinking_mode=details.thinking_mode,
-            escalated=details.escalated_from is not None,
-            escalation_skipped=details.escalation_skipped,
-        )
-        self.recent.add(sample)
-        if sample.decode_s is not None:
-            self.metrics.decode.observe(sample.decode_s)
-        self.metrics.tenant_e2e.labels(tenant).observe(sample.end_to_end_s)
-        if sample.reused is None:
-            self.metrics.tenant_queue_wait.labels(tenant).observe(sample.queue_wait_s)
-        mode = details.thinking if sample.reused is None else "reused"
-        self.metrics.tenant_frames.labels(tenant, mode).inc()
-        if self.instruments is not None:
-            self.instruments.record(sample)
-        request_log.info(
-            "%s %s thinking=%s e2e_ms=%.1f ttft_ms=%s prompt=%d cached=%d completion=%d",
-            details.request_id,
-            details.action,
-            details.thinking,
-            details.latency_ms,
-            details.ttft_ms,
-            details.prompt_tokens,
-            details.cached_tokens,
-            details.completion_tokens,
-            extra={
-                "request_id": request_id,
-                "tenant": tenant,
-                "engine_request_id": details.request_id,  # for a reused verdict: the call that made it
-                "outcome": "ok",
-                "action": details.action,
-                "thinking": details.thinking,
-                "thinking_rule": details.thinking_rule,
-                "escalated_from": None if details.escalated_from is None else details.escalated_from.why,
-                "escalation_skipped": details.escalation_skipped,
-                "policy_version": details.policy_version,
-                "reused": details.reused,
-                "latency_ms": details.latency_ms,
-                "queue_ms": details.queue_ms,
-                "shaping_ms": details.shaping_ms,
-                "ttft_ms": details.ttft_ms,
-                "decode_ms": details.decode_ms,
-                "prompt_tokens": details.prompt_tokens,
-                "cached_tokens": details.cached_tokens,
-                "image_tokens": details.image_tokens,
-                "completion_tokens": details.completion_tokens,
-                "reasoning_tokens": details.reasoning_tokens,
-                "frame_sha256": details.frame_sha256,
-            },
-        )
-        return sample
-
-    def failed(
-        self, request_id: str, outcome: str, message: str, *, latency_s: float | None = None, frames: int = 1
-    ) -> None:
-        """A request that got no answer: counted by outcome, its ``frames`` keyframes observed in the latency
-        histogram under that outcome, and logged."""
-        self.metrics.requests.labels("moderations", outcome).inc()
-        if latency_s is not None:
-            for _ in range(max(1, frames)):
-                self.metrics.e2e.labels(outcome).observe(latency_s)
-        request_log.info(
-            "%s failed: %s",
-            request_id,
-            outcome,
-            extra={"request_id": request_id, "outcome": outcome, "error": message},
-        )

@@ -22,7 +22,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 @pytest.fixture
 def console(start_gateway: GatewayFactory, sim: ThreadedServer, tmp_path: Path) -> ThreadedServer:
     """A gateway in front of the instant simulator, reading quality reports from an empty directory."""
-    return start_gateway(engine_url=sim.url, console={"reports_dir": str(tmp_path / "reports")})
+    return start_gateway(engine={"url": sim.url}, console={"reports_dir": str(tmp_path / "reports")})
 
 
 def sign_in(gateway: ThreadedServer, operator: str = "alice", token: str = ADMIN_TOKEN) -> httpx.Response:
@@ -236,7 +236,7 @@ def test_the_panels_name_a_llamacpp_engine_and_its_token_by_token_cache(
 ) -> None:
     sim = start_sim("instant", kind="llamacpp")
     gateway = start_gateway(
-        engine_url=sim.url,
+        engine={"url": sim.url},
         console={"reports_dir": str(tmp_path)},
         telemetry={"engine_scrape_interval_s": 0.05},
     )
@@ -262,7 +262,7 @@ def test_signing_out_clears_the_cookie(console: ThreadedServer) -> None:
 def test_the_console_is_off_without_an_admin_token(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, admin_token=None)
+    gateway = start_gateway(engine={"url": sim.url}, auth={"admin_token": None})
     page = httpx.get(f"{gateway.url}/console")
     assert page.status_code == 403
     assert "MODGATE_AUTH__ADMIN_TOKEN" in page.text
@@ -284,7 +284,8 @@ def test_a_console_flip_reaches_another_replica_through_redis(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str, tmp_path: Path
 ) -> None:
     replicas = [
-        start_gateway(engine_url=sim.url, redis_url=redis_url, console={"reports_dir": str(tmp_path)})
+        start_gateway(engine={"url": sim.url}, redis={"url": redis_url},
+                      console={"reports_dir": str(tmp_path)})
         for _ in range(2)
     ]
     cookie, csrf = signed_in(replicas[0])
@@ -301,7 +302,7 @@ def test_a_console_flip_reaches_another_replica_through_redis(
 
 def test_the_panels_say_when_the_engine_is_down(start_gateway: GatewayFactory, tmp_path: Path) -> None:
     # The discard port: nothing listens there.
-    gateway = start_gateway(engine_url="http://127.0.0.1:9", console={"reports_dir": str(tmp_path)})
+    gateway = start_gateway(engine={"url": "http://127.0.0.1:9"}, console={"reports_dir": str(tmp_path)})
     panels = httpx.get(f"{gateway.url}/console/panels", headers=ADMIN).json()["panels"]
     assert re.search(r'id="health-ready">no', panels["health"]), panels["health"]
     assert "no answer" in panels["health"]

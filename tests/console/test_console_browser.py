@@ -108,7 +108,7 @@ def test_an_operator_flips_thinking_off_in_chromium_and_the_next_engine_request_
     recommendation = weekly_report(reports)
     sim, engine = recording_engine
     gateway = start_gateway(
-        engine_url=sim.url,
+        engine={"url": sim.url},
         console={"reports_dir": str(reports), "poll_interval_s": 1},
         telemetry={"engine_scrape_interval_s": 1},
     )

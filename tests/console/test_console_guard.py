@@ -43,7 +43,7 @@ def limited(start_gateway: GatewayFactory, sim: ThreadedServer, tmp_path: Path) 
             "sign_in_max_failures": everyone,
             "sign_in_window_s": 600,
         }
-        return start_gateway(engine_url=sim.url, console=console, **settings)
+        return start_gateway(engine={"url": sim.url}, console=console, **settings)
 
     return start
 
@@ -72,8 +72,8 @@ def test_failures_from_many_addresses_together_hit_the_limit_for_everyone(limite
 
 
 def test_the_sign_in_limit_holds_across_replicas_sharing_redis(limited: Any, redis_url: str) -> None:
-    first = limited(per_client=2, everyone=100, redis_url=redis_url)
-    second = limited(per_client=2, everyone=100, redis_url=redis_url)
+    first = limited(per_client=2, everyone=100, redis={"url": redis_url})
+    second = limited(per_client=2, everyone=100, redis={"url": redis_url})
     for _ in range(2):
         assert sign_in_from(first, "127.0.0.2", "wrong-token-0123456789").status_code == 401
     assert sign_in_from(second, "127.0.0.2", ADMIN_TOKEN).status_code == 429
@@ -85,7 +85,7 @@ def replicas(request: pytest.FixtureRequest, limited: Any) -> list[ThreadedServe
     if request.param == "memory":
         return [limited(per_client=5, everyone=50)]
     redis_url = request.getfixturevalue("redis_url")
-    return [limited(per_client=5, everyone=50, redis_url=redis_url) for _ in range(2)]
+    return [limited(per_client=5, everyone=50, redis={"url": redis_url}) for _ in range(2)]
 
 
 def test_signing_out_ends_the_session_on_the_server_not_just_the_cookie(
@@ -134,10 +134,11 @@ def test_a_rotated_admin_token_ends_every_session(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str, tmp_path: Path
 ) -> None:
     console = {"reports_dir": str(tmp_path / "reports")}
-    before = start_gateway(engine_url=sim.url, redis_url=redis_url, console=console)
+    before = start_gateway(engine={"url": sim.url}, redis={"url": redis_url}, console=console)
     cookie = session_cookie(sign_in(before))
     assert opens_console(before, cookie)
-    rotated = start_gateway(engine_url=sim.url, redis_url=redis_url, console=console, admin_token=OTHER_TOKEN)
+    rotated = start_gateway(engine={"url": sim.url}, redis={"url": redis_url}, console=console,
+                            auth={"admin_token": OTHER_TOKEN})
     assert not opens_console(rotated, cookie)
     page = httpx.get(f"{rotated.url}/console", headers={"Cookie": cookie})
     assert 'id="sign-in-form"' in page.text
@@ -151,7 +152,7 @@ def test_a_business_key_held_in_redis_gets_403_on_admin_routes_and_the_console(
     client.hset(API_KEYS_HASH, key_digest(key), "acme")
     client.close()
     gateway = start_gateway(
-        engine_url=sim.url, redis_url=redis_url, api_keys_from_redis=True,
+        engine={"url": sim.url}, redis={"url": redis_url}, auth={"api_keys_from_redis": True},
         console={"reports_dir": str(tmp_path / "reports")},
     )
     business = {"Authorization": f"Bearer {key}"}

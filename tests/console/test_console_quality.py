@@ -86,7 +86,7 @@ def test_a_report_written_by_the_quality_module_gives_its_recommendation_and_fig
 def test_the_console_says_no_report_yet(
     start_gateway: GatewayFactory, sim: ThreadedServer, tmp_path: Path
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, console={"reports_dir": str(tmp_path / "reports")})
+    gateway = start_gateway(engine={"url": sim.url}, console={"reports_dir": str(tmp_path / "reports")})
     panel = httpx.get(f"{gateway.url}/console/panels", headers=ADMIN).json()["panels"]["quality"]
     assert "No report yet" in panel
     assert httpx.get(f"{gateway.url}/console/quality/latest", headers=ADMIN).status_code == 404
@@ -98,7 +98,7 @@ def test_the_console_shows_the_newest_report_and_serves_its_html(
     minimal_report(tmp_path, "2026-W48", "Not enough evidence yet")
     html = "<html><body>the full report</body></html>"
     (tmp_path / "quality-2026-W48.html").write_text(html, encoding="utf-8")
-    gateway = start_gateway(engine_url=sim.url, console={"reports_dir": str(tmp_path)})
+    gateway = start_gateway(engine={"url": sim.url}, console={"reports_dir": str(tmp_path)})
     panel = httpx.get(f"{gateway.url}/console/panels", headers=ADMIN).json()["panels"]["quality"]
     assert re.search(r'id="quality-decision">Not enough evidence yet<', panel), panel
     assert "98.0 %" in panel

@@ -78,7 +78,8 @@ def start_reviewed(start_gateway: GatewayFactory, sim: ThreadedServer, redis_url
     """Gateways with their review queue in Redis (``review={...}`` settings)."""
 
     def start(**review: Any) -> ThreadedServer:
-        return start_gateway(engine_url=sim.url, api_keys=f"{API_KEY}:tenant-a", redis_url=redis_url,
+        return start_gateway(engine={"url": sim.url}, auth={"api_keys": f"{API_KEY}:tenant-a"},
+                             redis={"url": redis_url},
                              review=review)
 
     return start

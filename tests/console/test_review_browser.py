@@ -81,7 +81,8 @@ def test_a_reviewer_labels_queued_frames_with_the_keys_in_chromium(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str
 ) -> None:
     gateway = start_gateway(
-        engine_url=sim.url, redis_url=redis_url, api_keys=",".join(f"{k}:{t}" for k, t in KEYS.items()),
+        engine={"url": sim.url}, redis={"url": redis_url}, auth={"api_keys": ",".join(f"{k}:{t}" for k,
+                                                                                      t in KEYS.items())},
         review={"audit_sample_rate": 1.0},  # every verdict goes to people, the sure ones as audit samples
     )
     a_key, b_key = KEYS

@@ -67,7 +67,7 @@ def test_a_lone_frame_s_re_ask_reuses_what_any_request_does(
 ) -> None:
     records = tmp_path / "records"
     gateway = start_gateway(
-        engine_url=real_engine_url,
+        engine={"url": real_engine_url},
         quality={"records_dir": records},
         shaping={"verdict_cache_ttl_s": 0, "block_filling_prefix": block_filling_prefix},
     )
@@ -110,7 +110,7 @@ def test_a_lone_frame_s_re_ask_reuses_what_any_request_does(
 def test_a_re_ask_reuses_the_image_s_blocks_once_they_are_full(
     real_engine_url: str, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=real_engine_url, shaping={"verdict_cache_ttl_s": 0})
+    gateway = start_gateway(engine={"url": real_engine_url}, shaping={"verdict_cache_ttl_s": 0})
     escalate_everything(gateway.url)
     block = block_size(real_engine_url)
     frame, other = (make_keyframe("allow", 1280, 720, seed=seed) for seed in (7100, 7101))

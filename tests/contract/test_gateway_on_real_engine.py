@@ -15,7 +15,7 @@ pytestmark = pytest.mark.vllm
 def test_a_keyframe_through_the_gateway_to_real_vllm_gets_a_well_formed_result(
     real_engine_url: str, start_gateway: GatewayFactory, thinking: str
 ) -> None:
-    gateway = start_gateway(engine_url=real_engine_url)
+    gateway = start_gateway(engine={"url": real_engine_url})
     with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
         response = client.moderations.create(
             model="modgate-moderation",
@@ -46,7 +46,7 @@ def test_a_keyframe_through_the_gateway_to_real_vllm_gets_a_well_formed_result(
 def test_a_text_only_input_is_accepted_and_judged_by_real_vllm(
     real_engine_url: str, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=real_engine_url)
+    gateway = start_gateway(engine={"url": real_engine_url})
     with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
         response = client.moderations.create(
             input=["a calm street at noon", "another line"], extra_headers={"X-Modgate-Thinking": "off"}

@@ -25,7 +25,7 @@ def client_for(url: str) -> openai.OpenAI:
 def test_the_readmes_first_request_through_the_gateway_to_llamacpp_gets_a_verdict(
     real_llamacpp_url: str, start_gateway: GatewayFactory, thinking: str
 ) -> None:
-    gateway = start_gateway(engine_url=real_llamacpp_url)
+    gateway = start_gateway(engine={"url": real_llamacpp_url})
     with client_for(gateway.url) as client:
         response = client.moderations.create(
             model="modgate-moderation",
@@ -75,7 +75,7 @@ def thinking_off_batch(gateway: str, clip: str, seed: int, *, packing: int) -> A
 def test_a_keyframe_batch_through_the_gateway_to_llamacpp_gets_a_verdict_per_frame(
     real_llamacpp_url: str, start_gateway: GatewayFactory
 ) -> None:
-    answer = thinking_off_batch(start_gateway(engine_url=real_llamacpp_url).url, "clip-1", 3, packing=1)
+    answer = thinking_off_batch(start_gateway(engine={"url": real_llamacpp_url}).url, "clip-1", 3, packing=1)
     assert answer["object"] == "video.keyframes.moderation"
     assert [frame["index"] for frame in answer["frames"]] == [0, 1, 2]
     for frame in answer["frames"]:
@@ -90,7 +90,7 @@ def test_thinking_off_verdicts_through_llamacpp_come_back_with_the_grammars_conf
     """The tiny model's raw softmax gives every allowed spelling 0 in float; the grammar's distribution at
     each verdict's first token (a probe read after llama.cpp's sampler chain) still has mass on the allowed
     actions, so every verdict, the packed ones after the first line too, comes back with a confidence."""
-    gateway = start_gateway(engine_url=real_llamacpp_url)
+    gateway = start_gateway(engine={"url": real_llamacpp_url})
     answer = thinking_off_batch(gateway.url, "clip-2", 13, packing=packing)
     read = [(f["modgate"]["action"], f["modgate"]["confidence"], f["modgate"]["confidence_reason"])
             for f in answer["frames"]]
@@ -105,7 +105,7 @@ def test_the_gateway_caps_llamacpp_at_its_slots_and_names_its_kind(
     real_llamacpp_url: str, start_gateway: GatewayFactory
 ) -> None:
     slots = httpx.get(f"{real_llamacpp_url}/props", timeout=30).json()["total_slots"]
-    gateway = start_gateway(engine_url=real_llamacpp_url, max_inflight=32)
+    gateway = start_gateway(engine={"url": real_llamacpp_url, "max_inflight": 32})
     ready = httpx.get(f"{gateway.url}/readyz", timeout=30).json()
     (engine,) = ready["engines"]
     assert engine["cap"] == slots < 32
@@ -120,7 +120,7 @@ def test_an_image_sent_to_a_llamacpp_without_a_vision_projector_gets_a_clear_err
 
     engine, _timings = boot_llamacpp(slots=1, vision=False)
     with engine:
-        gateway = start_gateway(engine_url=engine.url)
+        gateway = start_gateway(engine={"url": engine.url})
         with client_for(gateway.url) as client, pytest.raises(openai.APIStatusError) as caught:
             client.moderations.create(input=image_input(make_keyframe("allow", 320, 180, seed=2)))
     error = caught.value
@@ -137,7 +137,7 @@ def test_a_thinking_on_request_closed_by_its_reasoning_budget_gets_a_finished_ve
     """llama.cpp writes ``</think>`` at the budget and the grammar's thought rule lets at most two line
     breaks follow: the verdict comes next, not line breaks until max_completion_tokens (the tiny model's
     best token is one)."""
-    gateway = start_gateway(engine_url=real_llamacpp_url)
+    gateway = start_gateway(engine={"url": real_llamacpp_url})
     flip(gateway, default_mode="on", thinking_token_budget=16)
     with client_for(gateway.url) as client:
         response = client.moderations.create(
@@ -157,7 +157,7 @@ def test_token_prediction_on_llamacpp_counts_text_through_its_own_endpoints(
     # llama-server's /apply-template and /tokenize predict a text-only request's prompt tokens to the token;
     # a request with images is not predicted (its /tokenize takes text), said once at start.
     with caplog.at_level(logging.WARNING, logger="modgate.moderation"):
-        gateway = start_gateway(engine_url=real_llamacpp_url)
+        gateway = start_gateway(engine={"url": real_llamacpp_url})
         for body in ({"input": "a text only request"},
                      {"input": image_input(make_keyframe("allow", 640, 360, seed=11))}):
             response = httpx.post(f"{gateway.url}/v1/moderations", json=body, timeout=300,
@@ -176,7 +176,7 @@ def test_a_text_verdict_through_the_hybrid_on_llamacpp_comes_back_with_the_gramm
 ) -> None:
     """The tiny hybrid (a recurrent model, text only) through llama-server: thinking off, its verdict's
     confidence is read from the grammar's distribution at the verdict's first token, never null."""
-    gateway = start_gateway(engine_url=real_hybrid_llamacpp_url)
+    gateway = start_gateway(engine={"url": real_hybrid_llamacpp_url})
     with client_for(gateway.url) as client:
         response = client.moderations.create(
             model="modgate-moderation", input="a quiet street at night",

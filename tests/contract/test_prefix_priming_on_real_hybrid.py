@@ -48,7 +48,7 @@ async def test_default_settings_make_every_text_moderation_hit_the_shared_prefix
 ) -> None:
     shared = await _shared_prefix_tokens(real_hybrid_url)
     assert shared > 300  # the canonical system turn and the user header
-    gateway = start_gateway(engine_url=real_hybrid_url)  # no prefix setting: the strategy is auto
+    gateway = start_gateway(engine={"url": real_hybrid_url})  # no prefix setting: the strategy is auto
     ready = httpx.get(f"{gateway.url}/readyz", timeout=60).json()
     assert ready["prefix_cache"][real_hybrid_url]["strategy"] == "prime", ready["prefix_cache"]
     moved = []

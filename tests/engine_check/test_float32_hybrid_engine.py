@@ -45,7 +45,7 @@ def test_a_float32_hybrid_engine_is_caught_at_start_and_readyz_keeps_saying_why_
 ) -> None:
     engine = start_sim("hybrid-cpu", dtype="float32", prefix_match_unit=16)
     with caplog.at_level(logging.ERROR, logger="modgate.engine"):
-        gateway = start_gateway(engine_url=engine.url, engine={"startup_check": True})
+        gateway = start_gateway(engine={"startup_check": True, "url": engine.url})
     # said once in the log at start, before any keyframe, with the fix
     said = [r.message for r in caplog.records if HYBRID_ON_CPU_NEEDS_BF16 in r.message]
     assert len(said) == 1
@@ -69,7 +69,7 @@ def test_an_engine_that_comes_up_after_the_gateway_gets_the_probe_before_the_pri
     engine = SwappableEngine()
     engine.stop()
     try:
-        gateway = start_gateway(engine_url=engine.url, engine={"model_recheck_s": 0.2, "startup_check": True})
+        gateway = start_gateway(engine={"model_recheck_s": 0.2, "startup_check": True, "url": engine.url})
         engine.start(mamba_cache_mode="align", block_size=1024, prefix_match_unit=16, dtype="float32")
         for _ in range(300):  # the gateway notices it and sends it its first request
             if httpx.get(f"{engine.url}/health", timeout=10).status_code == 503:

@@ -38,8 +38,8 @@ def test_probes_and_primings_beside_keyframes_never_take_the_engine_past_its_cap
     # the gateway primes it at start and again once its cache is emptied, all while keyframes fill the cap.
     engine = start_sim("hybrid-cpu", time_scale=10.0, prefix_match_unit=16)
     gateway = start_gateway(
-        engine_url=engine.url, max_inflight=CAP, queue_size=64, queue_timeout_s=120,
-        engine={"startup_check": True},
+        queue_size=64, queue_timeout_s=120,
+        engine={"url": engine.url, "max_inflight": CAP, "startup_check": True},
         shaping={"prefix_reprime_interval_s": 0.0, "verdict_cache_ttl_s": 0.0},
     )
     with ThreadPoolExecutor(max_workers=12) as pool:

@@ -62,7 +62,7 @@ def test_a_flip_to_escalate_through_one_gateway_is_in_force_on_the_other_within_
 def test_a_bad_escalation_field_is_refused_with_a_clear_422(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     refused = put_policy(gateway.url, default_mode="escalate", escalation={"always_categories": ["gore"]})
     # 422, as every policy the schema admits but a rule between its values refuses (docs/api.md)
     assert refused.status_code == 422, refused.text
@@ -75,7 +75,8 @@ def test_the_console_flips_to_escalate_on_every_replica(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str, tmp_path: Path
 ) -> None:
     first, second = (
-        start_gateway(engine_url=sim.url, redis_url=redis_url, console={"reports_dir": str(tmp_path)})
+        start_gateway(engine={"url": sim.url}, redis={"url": redis_url},
+                      console={"reports_dir": str(tmp_path)})
         for _ in range(2)
     )
     cookie, csrf = signed_in(first)

@@ -58,7 +58,7 @@ def metric(gateway: ThreadedServer, name: str, **labels: str) -> float:
 
 @pytest.fixture
 def gateway(start_gateway: GatewayFactory, sim: ThreadedServer, tmp_path: Path) -> ThreadedServer:
-    return start_gateway(engine_url=sim.url, quality={"records_dir": tmp_path / "records"})
+    return start_gateway(engine={"url": sim.url}, quality={"records_dir": tmp_path / "records"})
 
 
 def test_a_sure_fast_verdict_answers_thinking_off_and_says_the_mode(gateway: ThreadedServer) -> None:
@@ -112,7 +112,7 @@ def test_review_and_always_escalated_categories_escalate_whatever_the_confidence
 def test_the_cap_answers_the_rest_fast_and_says_so(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     set_policy(gateway, **escalating(1.0, max_share=0.25, cap_applies="always"))
     frames = [make_keyframe("allow", 320, 180, seed=100 + i) for i in range(40)]
     results = asyncio.run(moderate_all(gateway, frames))
@@ -131,7 +131,7 @@ def test_under_load_the_cap_holds_and_the_in_flight_cap_is_never_passed(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim("spark", time_scale=0.002, max_num_seqs=64)
-    gateway = start_gateway(engine_url=sim.url, max_inflight=4)
+    gateway = start_gateway(engine={"url": sim.url, "max_inflight": 4})
     set_policy(gateway, **escalating(1.0, max_share=0.3, cap_applies="under_load"))
     frames = [make_keyframe("allow", 320, 180, seed=200 + i) for i in range(48)]
     results = asyncio.run(moderate_all(gateway, frames))
@@ -176,7 +176,7 @@ def test_every_escalation_is_recorded_as_an_escalation_pair(
     start_gateway: GatewayFactory, sim: ThreadedServer, tmp_path: Path
 ) -> None:
     records_dir = tmp_path / "records"
-    gateway = start_gateway(engine_url=sim.url, quality={"records_dir": records_dir})
+    gateway = start_gateway(engine={"url": sim.url}, quality={"records_dir": records_dir})
     set_policy(gateway, **escalating(1.0))
     frames = [make_keyframe("allow", 320, 180, seed=300 + i) for i in range(3)]
     results = asyncio.run(moderate_all(gateway, frames))
@@ -220,7 +220,7 @@ def test_a_re_ask_goes_ahead_of_fast_asks_already_waiting(start_sim: SimFactory)
                 await asyncio.sleep(0.1)
         return await forward(request, sim.url)
 
-    settings = Settings(admin_token=ADMIN_TOKEN, max_inflight=1)
+    settings = Settings(auth={"admin_token": ADMIN_TOKEN}, engine={"max_inflight": 1})
     with ThreadedServer(create_app(settings, engine_transport=httpx.MockTransport(handler))) as gateway:
         set_policy(gateway, **escalating(1.0, max_share=None))
         frames = [make_keyframe("allow", 320, 180, seed=400 + i) for i in range(6)]
@@ -240,7 +240,7 @@ def test_on_known_ground_truth_exactly_the_unsure_frames_escalate_and_their_disa
 ) -> None:
     disagreement, separation, threshold = 0.3, 0.85, 0.9
     sim = start_sim(thinking_off_disagreement=disagreement, separation_auroc=separation)
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     set_policy(gateway, **escalating(threshold, always_categories=[], max_share=None))
     labels = ["allow", "block:violence"] * 24
     frames = [make_keyframe(label, 320, 180, seed=500 + i) for i, label in enumerate(labels)]

@@ -32,7 +32,7 @@ def outcomes_at(
 ) -> list[FrameOutcome]:
     """``frames`` labelled keyframes through a gateway escalating below ``threshold`` on the Spark preset."""
     sim = start_sim("spark", time_scale=0.0)  # agreement does not depend on time
-    gateway = start_gateway(engine_url=sim.url, shaping={"verdict_cache_ttl_s": 0})  # every answer asked
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"verdict_cache_ttl_s": 0})  # every answer asked
 
     async def go() -> list[FrameOutcome]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:

@@ -15,7 +15,7 @@ async def test_fifty_clients_at_once_never_put_more_than_eight_in_the_engine(
 ) -> None:
     # The engine itself would run 64 at once, so only the gateway's cap can hold it to 8.
     sim = start_sim("spark", time_scale=0.002, max_num_seqs=64)
-    gateway = start_gateway(engine_url=sim.url)  # MODGATE_ENGINE__MAX_INFLIGHT defaults to 8
+    gateway = start_gateway(engine={"url": sim.url})  # MODGATE_ENGINE__MAX_INFLIGHT defaults to 8
     frames = [make_keyframe("allow", 320, 180, seed=i) for i in range(50)]
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
         responses = await asyncio.gather(
@@ -33,7 +33,7 @@ async def test_a_full_queue_answers_429_with_retry_after(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim("spark", time_scale=0.05)
-    gateway = start_gateway(engine_url=sim.url, max_inflight=1, admission={"queue_size": 1})
+    gateway = start_gateway(engine={"url": sim.url, "max_inflight": 1}, admission={"queue_size": 1})
     frame = make_keyframe("allow", 320, 180)
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
         responses = await asyncio.gather(

@@ -73,7 +73,7 @@ def test_a_text_only_input_gets_one_text_result(gateway: ThreadedServer) -> None
 
 
 def test_listed_keys_are_required_when_configured(start_gateway: GatewayFactory, sim: ThreadedServer) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys="k-alpha:tenant-a,k-beta:tenant-b")
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": "k-alpha:tenant-a,k-beta:tenant-b"})
     body = image_input(make_keyframe("allow", 320, 180))
     with pytest.raises(openai.AuthenticationError) as missing:
         moderate(gateway, api_key="wrong", model="m", input=body)
@@ -96,7 +96,7 @@ def test_listed_keys_are_required_when_configured(start_gateway: GatewayFactory,
 def test_a_caller_without_a_key_gets_401_before_its_body_is_read(
     start_gateway: GatewayFactory, sim: ThreadedServer, method: str, path: str, body: bytes
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys="k-alpha:tenant-a")
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": "k-alpha:tenant-a"})
     response = httpx.request(method, f"{gateway.url}{path}", content=body,
                              headers={"Content-Type": "application/json"})
     assert response.status_code == 401, response.text  # not the 400 the body would get
@@ -139,7 +139,7 @@ def test_unparsable_engine_output_becomes_review_and_is_counted(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim(faults=Faults(malformed_rate=1.0))
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     response = moderate(gateway, model="m", input=image_input(make_keyframe("block:hate", 320, 180)))
     details = response.results[0].model_extra["modgate"]
     assert details["action"] == "review"
@@ -160,7 +160,7 @@ def test_the_confidence_is_the_engines_probability_of_the_action(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim()
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     frame = make_keyframe("block:hate", 320, 180, seed=5)
     response = moderate(
         gateway, model="m", input=image_input(frame), extra_headers={"X-Modgate-Thinking": "off"}
@@ -205,7 +205,7 @@ def test_a_caller_may_ask_for_the_json_verdict_and_it_costs_more_tokens(gateway:
 def test_without_logprobs_the_confidence_is_null_and_the_answer_says_why(
     sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, engine={"top_logprobs": 0})
+    gateway = start_gateway(engine={"top_logprobs": 0, "url": sim.url})
     response = moderate(gateway, model="m", input=image_input(make_keyframe("allow", 320, 180, seed=7)))
     details = response.results[0].model_extra["modgate"]
     assert details["confidence"] is None
@@ -220,7 +220,7 @@ def test_healthz_and_readyz(gateway: ThreadedServer) -> None:
 
 
 def test_readyz_is_503_while_the_engine_is_down(start_gateway: GatewayFactory) -> None:
-    gateway = start_gateway(engine_url="http://127.0.0.1:9")  # the discard port: nothing listens
+    gateway = start_gateway(engine={"url": "http://127.0.0.1:9"})  # the discard port: nothing listens
     assert httpx.get(f"{gateway.url}/readyz").status_code == 503
     assert httpx.get(f"{gateway.url}/healthz").status_code == 200
 

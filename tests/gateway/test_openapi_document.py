@@ -88,16 +88,17 @@ def test_each_status_moderations_answers_is_documented_with_the_body_it_sends(
     sim = start_sim()
     slow = start_sim(faults=Faults(slow_rate=1.0, slow_s=3.0))
     failing = start_sim(faults=Faults(error_rate=1.0))
-    keys = {"api_keys": "key-1:tenant-a"}
+    keys = {"auth": {"api_keys": "key-1:tenant-a"}}
     auth = {"Authorization": "Bearer key-1"}
-    gateway = start_gateway(engine_url=sim.url, shaping={"max_body_bytes": 256 * 1024}, **keys)
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"max_body_bytes": 256 * 1024}, **keys)
     one_slot = start_gateway(  # nothing reused: every call needs the one engine slot
-        engine_url=slow.url, max_inflight=1, admission={"queue_size": 0}, shaping={"verdict_cache_ttl_s": 0},
+        engine={"url": slow.url, "max_inflight": 1}, admission={"queue_size": 0},
+        shaping={"verdict_cache_ttl_s": 0},
         **keys,
     )
-    impatient = start_gateway(engine_url=slow.url, engine={"first_token_timeout_s": 0.5}, **keys)
-    no_engine = start_gateway(engine_url="http://127.0.0.1:9", engine={"connect_retries": 0}, **keys)
-    broken_engine = start_gateway(engine_url=failing.url, engine={"connect_retries": 0}, **keys)
+    impatient = start_gateway(engine={"first_token_timeout_s": 0.5, "url": slow.url}, **keys)
+    no_engine = start_gateway(engine={"connect_retries": 0, "url": "http://127.0.0.1:9"}, **keys)
+    broken_engine = start_gateway(engine={"connect_retries": 0, "url": failing.url}, **keys)
 
     def post(server: ThreadedServer, body: Any, headers: dict[str, str] | None = None) -> httpx.Response:
         sent = auth if headers is None else headers
@@ -172,9 +173,9 @@ def test_the_image_url_pattern_is_what_the_server_takes(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim()
-    data_only = openapi(start_gateway(engine_url=sim.url))["components"]["schemas"]["ImageURL"]
+    data_only = openapi(start_gateway(engine={"url": sim.url}))["components"]["schemas"]["ImageURL"]
     remote_images = {"enabled": True, "allowlist": ["cdn.example.com"]}
-    remote = openapi(start_gateway(engine_url=sim.url, remote_images=remote_images))
+    remote = openapi(start_gateway(engine={"url": sim.url}, remote_images=remote_images))
     pattern = re.compile(data_only["properties"]["url"]["pattern"])
     remote_pattern = re.compile(remote["components"]["schemas"]["ImageURL"]["properties"]["url"]["pattern"])
     keyframe = data_url(make_keyframe("allow", 320, 180, seed=1))
@@ -222,8 +223,8 @@ def test_the_document_says_which_bearer_each_route_takes_and_which_categories_es
     start_gateway: GatewayFactory, start_sim: SimFactory
 ) -> None:
     sim = start_sim("instant")
-    keyed = openapi(start_gateway(engine_url=sim.url, api_keys="key-a-0123456789:tenant-a"))
-    open_ = openapi(start_gateway(engine_url=sim.url))
+    keyed = openapi(start_gateway(engine={"url": sim.url}, auth={"api_keys": "key-a-0123456789:tenant-a"}))
+    open_ = openapi(start_gateway(engine={"url": sim.url}))
     validate(keyed)
     schemes = keyed["components"]["securitySchemes"]
     assert {name: (s["type"], s["scheme"]) for name, s in schemes.items()} == {

@@ -37,22 +37,22 @@ def test_the_command_line_is_where_the_simulator_is_started() -> None:
 
 async def test_services_without_an_engine_url_fail_with_a_readable_message() -> None:
     with pytest.raises(MissingEngine, match="MODGATE_ENGINE__URL"):
-        async with open_services(Settings(engine_url=None), KeyRing({}, None)):
+        async with open_services(Settings(engine={"url": None}), KeyRing({}, None)):
             pass
 
 
 def test_the_command_line_starts_the_simulator_when_no_engine_is_set_and_stops_it_after() -> None:
-    settings = Settings(engine_url=None, simulator={"preset": "instant", "time_scale": 0})
+    settings = Settings(engine={"url": None}, simulator={"preset": "instant", "time_scale": 0})
     with engine_settings(settings) as served:
-        assert served.engine_url is not None
-        models = httpx.get(f"{served.engine_url}/v1/models", timeout=10).json()
+        assert served.engine.url is not None
+        models = httpx.get(f"{served.engine.url}/v1/models", timeout=10).json()
         assert models["data"][0]["id"]
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{served.engine_url}/v1/models", timeout=2)
+        httpx.get(f"{served.engine.url}/v1/models", timeout=2)
 
 
 def test_a_configured_engine_is_passed_through_unchanged() -> None:
-    settings = Settings(engine_url="http://engine.example:8000")
+    settings = Settings(engine={"url": "http://engine.example:8000"})
     with engine_settings(settings) as served:
         assert served is settings
 

@@ -35,10 +35,9 @@ def scraped(start_sim: SimFactory, start_gateway: GatewayFactory, redis_url: str
     """``/metrics`` of a gateway (with Redis) after ok answers, a 400, quota 429s and overload 429s."""
     slow = start_sim(faults=Faults(slow_rate=1.0, slow_s=1.0))
     gateway = start_gateway(
-        engine_url=slow.url,
-        redis_url=redis_url,
-        api_keys=KEYS,
-        max_inflight=1,
+        engine={"url": slow.url, "max_inflight": 1},
+        redis={"url": redis_url},
+        auth={"api_keys": KEYS},
         admission={"queue_size": 0},
         shaping={"verdict_cache_ttl_s": 0},
         tenants={"keyframes_per_minute": {"globex": 1}},

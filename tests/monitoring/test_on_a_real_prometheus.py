@@ -25,7 +25,7 @@ from tests.support import GatewayFactory, SimFactory, image_input
 @pytest.fixture
 def prom(start_sim: SimFactory, start_gateway: GatewayFactory, tmp_path: Path) -> Iterator[str]:
     """A Prometheus that has scraped a gateway with traffic and evaluated the rules at least twice."""
-    gateway = start_gateway(engine_url=start_sim().url)
+    gateway = start_gateway(engine={"url": start_sim().url})
     for seed in range(3):
         body = {"input": image_input(make_keyframe("allow", 320, 180, seed=seed))}
         assert httpx.post(f"{gateway.url}/v1/moderations", json=body, timeout=30).status_code == 200

@@ -225,21 +225,21 @@ async def test_an_engine_reads_down_from_its_failure_until_a_probe_succeeds_cool
 
 
 def test_engine_urls_and_caps_are_read_from_comma_separated_settings() -> None:
-    settings = Settings(engine_url=f" {A}/, {B} ", engine_caps=f"{A}=2, {B}/=4", max_inflight=8)
+    settings = Settings(engine={"url": f" {A}/, {B} ", "caps": f"{A}=2, {B}/=4", "max_inflight": 8})
     assert settings.engine_urls() == [A, B]
     assert [settings.engine_cap(url) for url in settings.engine_urls()] == [2, 4]
-    assert Settings(engine_url=B).engine_urls() == [B]
-    assert Settings(engine_url=B).engine_cap(B) == 8  # no caps: MODGATE_ENGINE__MAX_INFLIGHT
+    assert Settings(engine={"url": B}).engine_urls() == [B]
+    assert Settings(engine={"url": B}).engine_cap(B) == 8  # no caps: MODGATE_ENGINE__MAX_INFLIGHT
 
 
 @pytest.mark.parametrize(
     ("changes", "complaint"),
     [
-        ({"engine_url": f"{A},{A}"}, "twice"),
-        ({"engine_url": f"{A},ftp://x"}, "http://"),
-        ({"engine_url": A, "engine_caps": f"{A}=zero"}, "must look like"),
-        ({"engine_url": A, "engine_caps": f"{A}=0"}, "must look like"),
-        ({"engine_url": A, "engine_caps": f"{B}=2"}, "MODGATE_ENGINE__URL lacks"),
+        ({"engine": {"url": f"{A},{A}"}}, "twice"),
+        ({"engine": {"url": f"{A},ftp://x"}}, "http://"),
+        ({"engine": {"url": A, "caps": f"{A}=zero"}}, "must look like"),
+        ({"engine": {"url": A, "caps": f"{A}=0"}}, "must look like"),
+        ({"engine": {"url": A, "caps": f"{B}=2"}}, "MODGATE_ENGINE__URL lacks"),
         ({"leases": {"ttl_s": 3, "renew_every_s": 3}}, "shorter than"),
     ],
 )

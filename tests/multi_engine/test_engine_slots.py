@@ -57,8 +57,7 @@ class FakeEngine:
 def pool_for(engine: FakeEngine, redis: aioredis.Redis | None = None, **engine_settings: str) -> EnginePool:
     """A gateway's pool in front of ``engine`` (cap 8 unless it names its slots), leases in ``redis``."""
     settings = Settings(
-        engine_url=ENGINE, max_inflight=8,
-        engine=engine_settings,  # type: ignore[arg-type]  # a dict, as pydantic-settings takes the group
+        engine={"url": ENGINE, "max_inflight": 8, **engine_settings},
         leases={"key_prefix": PREFIX, "redis_timeout_s": 5},  # type: ignore[arg-type]  # the same
     )
     return build_engine_pool(settings, [ENGINE], transport=httpx.MockTransport(engine.handle), state=redis)

@@ -79,8 +79,7 @@ def test_two_engines_each_get_no_more_than_their_own_cap_and_both_are_used(
 ) -> None:
     small, large = start_sim(**SPARK_PACE), start_sim(**SPARK_PACE)
     gateway = start_gateway(
-        engine_url=f"{small.url},{large.url}",
-        engine_caps=f"{small.url}=2,{large.url}=3",
+        engine={"url": f"{small.url},{large.url}", "caps": f"{small.url}=2,{large.url}=3"},
         shaping={"verdict_cache_ttl_s": 0},
     )
     with burst([gateway.url], 20) as calls:
@@ -102,7 +101,7 @@ def test_a_stopped_engine_is_marked_down_its_calls_go_to_the_other_and_it_is_use
     # One failure opens the circuit here: calls one at a time always find the other engine idle, and the
     # tie-break steers them away from the engine that failed, so a second failure would never come.
     gateway = start_gateway(
-        engine_url=f"{flaky.url},{steady.url}",
+        engine={"url": f"{flaky.url},{steady.url}"},
         shaping={"verdict_cache_ttl_s": 0},
         # the engine reads down from the failure until a probe succeeds, whatever the cool-down
         circuit={"consecutive_failures": 1, "cooldown_s": 3.0},
@@ -143,7 +142,7 @@ def test_a_gateway_whose_first_engine_is_dead_at_start_is_ready_and_serves_on_th
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     alive = start_sim()
-    gateway = start_gateway(engine_url=f"{dead},{alive.url}")
+    gateway = start_gateway(engine={"url": f"{dead},{alive.url}"})
     ready = httpx.get(f"{gateway.url}/readyz", timeout=30)
     assert ready.status_code == 200
     assert [engine["up"] for engine in ready.json()["engines"]] == [False, True]
@@ -212,7 +211,7 @@ def test_a_pool_of_both_kinds_caps_each_by_its_own_terms_and_fails_over_across_k
     vllm = start_sim(**SPARK_PACE)
     llamacpp = start_sim(**SPARK_PACE, kind="llamacpp", llamacpp=LlamaCppOptions(n_parallel=2, n_ctx=8192))
     gateway = start_gateway(
-        engine_url=f"{vllm.url},{llamacpp.url}", max_inflight=3, shaping={"verdict_cache_ttl_s": 0}
+        engine={"url": f"{vllm.url},{llamacpp.url}", "max_inflight": 3}, shaping={"verdict_cache_ttl_s": 0}
     )
     with burst([gateway.url], 16) as calls:
         statuses = [call.result() for call in calls]
@@ -273,7 +272,7 @@ def test_a_llamacpp_engine_restarted_with_fewer_slots_gets_no_more_even_from_a_b
     replicas = [
         # a loaded machine's slow lease call (0.5 s by default) would leave each replica on its local cap,
         # which is a Redis outage's rule, not the one this test holds
-        start_gateway(engine_url=engine.url, redis_url=redis_url, max_inflight=16,
+        start_gateway(engine={"url": engine.url, "max_inflight": 16}, redis={"url": redis_url},
                       shaping={"verdict_cache_ttl_s": 0}, leases={"redis_timeout_s": 5.0})
         for _ in range(replica_count)
     ]

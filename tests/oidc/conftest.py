@@ -16,7 +16,7 @@ from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.oidc.support import CONSOLE_CLIENT, HERE, KEYS, SCOPES, OidcProvider
 from tests.processes import poll
-from tests.support import ADMIN_TOKEN, GatewayFactory
+from tests.support import ADMIN_TOKEN, GatewayFactory, merged_settings
 
 
 @pytest.fixture(scope="session")
@@ -63,11 +63,10 @@ def oidc_gateway(oidc_provider: OidcProvider, sim: ThreadedServer) -> Iterator[G
         oidc = {"issuer": oidc_provider.issuer, "client_id": client_id, "client_secret": secret,
                 "redirect_base_url": f"http://127.0.0.1:{port}", "scopes": SCOPES,
                 "provider_name": "Test IdP", **overrides.pop("oidc", {})}
-        settings = Settings(
-            admin_token=ADMIN_TOKEN, engine_url=sim.url, oidc=oidc,
-            api_keys=",".join(f"{key}:{tenant}" for tenant, key in KEYS.items()),
-            console={"cookie_secure": False, **overrides.pop("console", {})}, **overrides,
-        )
+        api_keys = ",".join(f"{key}:{tenant}" for tenant, key in KEYS.items())
+        defaults = {"auth": {"admin_token": ADMIN_TOKEN, "api_keys": api_keys}, "engine": {"url": sim.url},
+                    "oidc": oidc, "console": {"cookie_secure": False}}
+        settings = Settings(**merged_settings(defaults, overrides))
         server = ThreadedServer(create_app(settings), port=port).start()
         servers.append(server)
         return server

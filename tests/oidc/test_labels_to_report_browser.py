@@ -41,7 +41,7 @@ def test_a_reviewer_signed_in_through_the_provider_labels_in_chromium_and_the_re
 ) -> None:
     stream = f"test:oidc-labels:{tmp_path.name}"
     gateway = oidc_gateway(
-        redis_url=redis_url, oidc={"client_id": PUBLIC_CLIENT, "client_secret": None},
+        redis={"url": redis_url}, oidc={"client_id": PUBLIC_CLIENT, "client_secret": None},
         review={"audit_sample_rate": 1.0},  # every confident verdict audited: each label weighs 1
         decisions={"stream": stream, "archive_dir": str(tmp_path / "decisions")},
     )

@@ -35,7 +35,7 @@ CLAIM_AND_LABEL = """async () => {
 @pytest.fixture
 def gateway(oidc_gateway: GatewayFactory, redis_url: str) -> ThreadedServer:
     """Signing in with the provider's public client (PKCE alone), sessions and the queue in Redis."""
-    return oidc_gateway(redis_url=redis_url, oidc={"client_id": PUBLIC_CLIENT, "client_secret": None})
+    return oidc_gateway(redis={"url": redis_url}, oidc={"client_id": PUBLIC_CLIENT, "client_secret": None})
 
 
 def sign_in(watched: WatchedPage, gateway: ThreadedServer, login: str, home: str = "/console") -> Page:

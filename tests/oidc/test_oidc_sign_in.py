@@ -62,7 +62,7 @@ class Console:
 @pytest.fixture
 def console(oidc_gateway: GatewayFactory, redis_url: str) -> Iterator[Console]:
     """The gateway with its review queue and console sessions in a real Redis, and the test's browsers."""
-    opened = Console(oidc_gateway(redis_url=redis_url))
+    opened = Console(oidc_gateway(redis={"url": redis_url}))
     yield opened
     for browser in opened.opened:
         browser.close()
@@ -198,7 +198,7 @@ def test_a_callback_without_the_flow_cookie_is_refused(console: Console) -> None
 def test_failed_callbacks_count_toward_the_sign_in_limit_and_then_even_a_good_one_waits(
     oidc_gateway: GatewayFactory, redis_url: str
 ) -> None:
-    gateway = oidc_gateway(redis_url=redis_url, console={"sign_in_max_failures_per_client": 2})
+    gateway = oidc_gateway(redis={"url": redis_url}, console={"sign_in_max_failures_per_client": 2})
     with httpx.Client(timeout=15) as guesser:
         for guess in ("a", "b"):  # codes guessed without this browser's flow
             refused = guesser.get(f"{gateway.url}/console/oidc/callback",
@@ -214,14 +214,14 @@ def test_failed_callbacks_count_toward_the_sign_in_limit_and_then_even_a_good_on
 
 def test_oidc_needs_its_client_its_redirect_base_and_the_admin_token() -> None:
     with pytest.raises(ValidationError, match="CLIENT_ID"):
-        Settings(admin_token=ADMIN_TOKEN, oidc={"issuer": "https://id.example.com"})
+        Settings(auth={"admin_token": ADMIN_TOKEN}, oidc={"issuer": "https://id.example.com"})
     with pytest.raises(ValidationError, match="ADMIN_TOKEN"):
         Settings(oidc={"issuer": "https://id.example.com", "client_id": "c",
                        "redirect_base_url": "https://modgate.example.com"})
     with pytest.raises(ValidationError, match="http"):
-        Settings(admin_token=ADMIN_TOKEN, oidc={"issuer": "id.example.com", "client_id": "c",
+        Settings(auth={"admin_token": ADMIN_TOKEN}, oidc={"issuer": "id.example.com", "client_id": "c",
                                                 "redirect_base_url": "https://modgate.example.com"})
-    assert Settings(admin_token=ADMIN_TOKEN).oidc.issuer is None  # off by default
+    assert Settings(auth={"admin_token": ADMIN_TOKEN}).oidc.issuer is None  # off by default
 
 
 def test_a_provider_that_does_not_answer_is_said_on_the_sign_in_page(oidc_gateway: GatewayFactory) -> None:

@@ -59,7 +59,7 @@ def moderated(
 @pytest.fixture
 def keyed_gateway(start_gateway: GatewayFactory, sim: ThreadedServer) -> ThreadedServer:
     """A gateway with two tenants' keys, in memory."""
-    return start_gateway(engine_url=sim.url, api_keys=KEYS)
+    return start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS})
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def keyed_gateway(start_gateway: GatewayFactory, sim: ThreadedServer) -> Threade
 def test_a_flip_without_the_admin_token_is_refused_and_changes_nothing(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str, authorization: str | None, status: int
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS, redis_url=redis_url)
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS}, redis={"url": redis_url})
     headers = {"Authorization": authorization} if authorization else {}
     body = {"default_mode": "off", "reason": "not allowed to"}
     refused = admin(gateway, "PUT", "/admin/thinking-policy", body, headers=headers)
@@ -236,7 +236,7 @@ def test_the_load_rule_turns_thinking_off_while_the_queue_is_long_and_back_on_af
     # Every engine call held 5 s first: the queue stays put until the shed request has been decided, however
     # slow the machine (with 0.4 s a keyframe it drained before a loaded machine sent the fourth request).
     sim = start_sim(preset="spark", time_scale=0.05, faults=Faults(slow_rate=1.0, slow_s=5.0))
-    gateway = start_gateway(engine_url=sim.url, max_inflight=1)
+    gateway = start_gateway(engine={"url": sim.url, "max_inflight": 1})
     flip(gateway, load={"enabled": True, "queue_depth_high": 1, "queue_depth_low": 0})
     with ThreadPoolExecutor(max_workers=4) as pool:
         backlog = [pool.submit(moderated, gateway, None, seed) for seed in (11, 12, 13)]

@@ -81,7 +81,8 @@ def test_a_day_of_decisions_is_exported_field_by_field(
 ) -> None:
     archive = tmp_path / "decisions"
     settings = {"archive_dir": str(archive), "stream": "test:decisions"}
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS, redis_url=redis_url, decisions=settings)
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS}, redis={"url": redis_url},
+                            decisions=settings)
     started = datetime.now(UTC) - timedelta(seconds=1)
     policy = {"tenants": {"news": {"categories": ["sexual"]}}, "reason": "news clips show violence"}
     put = httpx.put(f"{gateway.url}/admin/moderation-policy", json=policy, headers=ADMIN, timeout=10)

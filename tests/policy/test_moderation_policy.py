@@ -123,7 +123,7 @@ def test_a_block_of_unenforced_categories_only_is_an_allow_and_a_confident_allow
 def test_a_bad_policy_is_refused_naming_the_field_and_changes_nothing(
     start_gateway: GatewayFactory, sim: ThreadedServer, document: dict[str, Any], status: int, field: str
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     refused = put_moderation(gateway.url, document)
     assert refused.status_code == status, refused.text
     error = refused.json()["error"]
@@ -138,7 +138,7 @@ def test_a_bad_policy_is_refused_naming_the_field_and_changes_nothing(
 def test_a_flip_is_a_new_version_of_the_one_document_in_its_audit(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     shown = moderation_policy(gateway.url)
     assert (shown["version"], shown["tenants"]) == (1, {})
     assert shown["default"]["on_engine_failure"] == "fail_closed"
@@ -171,7 +171,7 @@ def test_a_flip_is_a_new_version_of_the_one_document_in_its_audit(
 def test_two_tenants_posting_the_same_frames_get_what_their_policies_say(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS)
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS})
     document = {"tenants": {
         "news": {"categories": ["sexual", "sexual/minors"]},  # violence in news clips is allowed
         "kids": {"thresholds": {"violence": {"block": 1.0, "review_from": 0.0}}},  # a human on every one
@@ -197,7 +197,7 @@ def test_two_tenants_posting_the_same_frames_get_what_their_policies_say(
 def test_review_below_escalates_first_under_escalate(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS)
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS})
     thinking = httpx.get(f"{gateway.url}/admin/thinking-policy", headers=ADMIN, timeout=10).json()
     thinking["escalation"]["threshold"] = 0.0  # escalate re-asks nothing on its own
     httpx.put(f"{gateway.url}/admin/thinking-policy", headers=ADMIN, timeout=10,
@@ -213,7 +213,8 @@ def test_review_below_escalates_first_under_escalate(
 def test_an_engine_failure_answers_as_the_tenant_says(
     start_gateway: GatewayFactory, tenant_rule: str
 ) -> None:
-    gateway = start_gateway(engine_url="http://127.0.0.1:9", api_keys=KEYS)  # nothing listens on port 9
+    gateway = start_gateway(engine={"url": "http://127.0.0.1:9"},
+                            auth={"api_keys": KEYS})  # nothing listens on port 9
     document = {"tenants": {"news": {"on_engine_failure": tenant_rule}}}
     assert put_moderation(gateway.url, document).status_code == 200
     body = {"model": "m", "input": image_input(*FRAMES)}
@@ -247,7 +248,7 @@ def test_a_flip_reaches_the_other_replica_and_its_audit_and_a_dead_redis_refuses
 ) -> None:
     own_redis.start()
     first, second = (
-        start_gateway(engine_url=sim.url, api_keys=KEYS, redis_url=own_redis.url,
+        start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS}, redis={"url": own_redis.url},
                       policy={"reload_interval_s": 600})
         for _ in range(2)
     )
@@ -273,7 +274,7 @@ def test_a_flip_reaches_the_other_replica_and_its_audit_and_a_dead_redis_refuses
 def test_stats_show_each_tenant_the_verdicts_its_policy_gave(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS)
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS})
     assert put_moderation(gateway.url, {"tenants": {"news": {"categories": ["sexual"]}}}).status_code == 200
     for key in ("k-news-0123", "k-other-0123"):
         results(gateway.url, key)
@@ -283,7 +284,7 @@ def test_stats_show_each_tenant_the_verdicts_its_policy_gave(
     assert rows["other"]["actions"] == {"allow": 1, "review": 0, "block": 1}
     assert rows["other"]["block_share"] == 0.5
     assert rows["kids"]["block_share"] is None  # nothing in the window
-    shown = CliRunner().invoke(app, ["stats", "--url", gateway.url])
+    shown = CliRunner().invoke(app, ["stats", "--gateway-url", gateway.url])
     assert shown.exit_code == 0, shown.output
     news_line = next(line for line in shown.output.splitlines() if "news" in line)
     assert "0.0 %" in news_line

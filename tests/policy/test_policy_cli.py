@@ -19,9 +19,9 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def modgate(gateway: ThreadedServer, *args: str, token: str | None = ADMIN_TOKEN) -> Result:
-    """``modgate policy <args> --url <gateway>`` with the admin token in the environment."""
+    """``modgate policy <args> --gateway-url <gateway>`` with the admin token in the environment."""
     env = {"MODGATE_AUTH__ADMIN_TOKEN": token or "", "USER": "alice"}
-    return CliRunner().invoke(app, ["policy", *args, "--url", gateway.url], env=env)
+    return CliRunner().invoke(app, ["policy", *args, "--gateway-url", gateway.url], env=env)
 
 
 def served_policy(gateway: ThreadedServer) -> dict[str, object]:
@@ -158,7 +158,7 @@ def test_a_refused_token_prints_the_gateways_reason_and_changes_nothing(gateway:
 def test_a_flip_while_redis_is_unreachable_prints_the_503(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    gateway = start_gateway(engine={"url": sim.url}, redis={"url": f"redis://127.0.0.1:{free_port()}/0"})
     shown = modgate(gateway, "show")
     assert "UNAVAILABLE" in shown.output
     result = modgate(gateway, "set", "--default-mode", "off", "--reason", "during the outage")
@@ -170,7 +170,8 @@ def test_a_flip_while_redis_is_unreachable_prints_the_503(
 @pytest.mark.parametrize("command", ["show", "history", "audit"])
 def test_an_unreachable_gateway_is_a_readable_error(command: str) -> None:
     env = {"MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN}
-    result = CliRunner().invoke(app, ["policy", command, "--url", f"http://127.0.0.1:{free_port()}"], env=env)
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(app, ["policy", command, "--gateway-url", unreachable], env=env)
     assert result.exit_code == 1
     assert "cannot reach the gateway" in result.output
 
@@ -181,3 +182,38 @@ def test_reasons_are_printed_as_written_brackets_and_all(gateway: ThreadedServer
     shown = modgate(gateway, "show")
     assert shown.exit_code == 0, shown.output
     assert reason in shown.output
+
+
+@pytest.mark.parametrize("command", [["policy", "show"], ["stats"]])
+def test_the_gateway_url_is_read_from_modgate_gateway_url_without_a_warning(
+    gateway: ThreadedServer, command: list[str]
+) -> None:
+    env = {"MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN, "MODGATE_GATEWAY_URL": gateway.url, "MODGATE_URL": None}
+    result = CliRunner().invoke(app, command, env=env)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("command", [["policy", "show"], ["stats"]])
+def test_the_old_modgate_url_still_names_the_gateway_with_a_deprecation_warning(
+    gateway: ThreadedServer, command: list[str]
+) -> None:
+    env = {"MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN, "MODGATE_URL": gateway.url, "MODGATE_GATEWAY_URL": None}
+    with pytest.warns(DeprecationWarning, match="MODGATE_URL is deprecated: use MODGATE_GATEWAY_URL"):
+        result = CliRunner().invoke(app, command, env=env)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("command", [["policy", "show"], ["stats"]])
+def test_the_old_url_flag_still_names_the_gateway_with_a_deprecation_warning(
+    gateway: ThreadedServer, command: list[str]
+) -> None:
+    env = {"MODGATE_AUTH__ADMIN_TOKEN": ADMIN_TOKEN, "MODGATE_URL": None, "MODGATE_GATEWAY_URL": None}
+    with pytest.warns(DeprecationWarning, match="--url is deprecated: use --gateway-url"):
+        result = CliRunner().invoke(app, [*command, "--url", gateway.url], env=env)
+    assert result.exit_code == 0, result.output
+
+
+def test_the_old_url_flag_is_not_shown_in_the_help() -> None:
+    shown = CliRunner().invoke(app, ["policy", "show", "--help"], env={"COLUMNS": "200"})
+    assert "--gateway-url" in shown.output
+    assert "--url" not in shown.output.replace("--gateway-url", "")

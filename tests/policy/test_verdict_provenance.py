@@ -33,7 +33,7 @@ def provenance(details: dict[str, Any]) -> tuple[Any, ...]:
 def test_fresh_reused_and_text_verdicts_name_model_prompt_and_policy_versions(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, engine={"model_revision": "rev-7"})
+    gateway = start_gateway(engine={"model_revision": "rev-7", "url": sim.url})
     model = served_model(sim)
     with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0) as client:
         first = client.moderations.create(model="m", input=image_input(*FRAMES))  # type: ignore[arg-type]  # the client types input as its own parts; image parts are dicts
@@ -56,7 +56,7 @@ def test_fresh_reused_and_text_verdicts_name_model_prompt_and_policy_versions(
 def test_a_job_result_names_model_prompt_and_policy_versions(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     accepted = httpx.post(f"{gateway.url}/v1/jobs", json={"video_id": "v-1", "frames": image_input(*FRAMES)},
                           timeout=30)
     assert accepted.status_code == 202, accepted.text

@@ -28,9 +28,9 @@ def test_on_the_spark_preset_only_the_filled_prefix_is_reused(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     engine = start_sim("spark")
-    plain = start_gateway(engine_url=engine.url)
+    plain = start_gateway(engine={"url": engine.url})
     assert [moderate(plain, seed)["cached_tokens"] for seed in (1, 2, 3)] == [0, 0, 0]
-    filled = start_gateway(engine_url=engine.url, shaping={"block_filling_prefix": True})
+    filled = start_gateway(engine={"url": engine.url}, shaping={"block_filling_prefix": True})
     calls = [moderate(filled, seed) for seed in (4, 5, 6)]
     assert [call["cached_tokens"] for call in calls] == [0, 2960, 2960]
     plain_prompt = moderate(plain, 7)["prompt_tokens"]
@@ -43,7 +43,7 @@ def test_a_configured_block_size_wins_over_the_engines(
 ) -> None:
     engine = start_sim("instant", block_size=64)
     shaping = {"block_filling_prefix": True, "prefix_block_size": 256}
-    gateway = start_gateway(engine_url=engine.url, shaping=shaping)
+    gateway = start_gateway(engine={"url": engine.url}, shaping=shaping)
     calls = [moderate(gateway, seed) for seed in (11, 12, 13)]
     cached = calls[-1]["cached_tokens"]
     assert cached > 0
@@ -54,7 +54,7 @@ def test_an_engine_that_cannot_be_measured_leaves_the_plain_prompt(
     start_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="modgate.gateway"):
-        start_gateway(engine_url="http://127.0.0.1:9", shaping={"block_filling_prefix": True})
+        start_gateway(engine={"url": "http://127.0.0.1:9"}, shaping={"block_filling_prefix": True})
     assert any("block-filling prefix OFF" in record.getMessage() for record in caplog.records)
 
 
@@ -63,7 +63,7 @@ def test_llamacpp_has_no_block_to_fill_and_says_so(
 ) -> None:
     engine = start_sim("instant", kind="llamacpp")
     with caplog.at_level(logging.ERROR, logger="modgate.gateway"):
-        gateway = start_gateway(engine_url=engine.url, shaping={"block_filling_prefix": True})
+        gateway = start_gateway(engine={"url": engine.url}, shaping={"block_filling_prefix": True})
     refusals = [r.getMessage() for r in caplog.records if "block-filling prefix OFF" in r.getMessage()]
     assert refusals, [r.getMessage() for r in caplog.records]
     assert all("token by token" in message for message in refusals)

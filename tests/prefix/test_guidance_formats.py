@@ -66,7 +66,8 @@ async def test_the_gateway_fills_each_formats_prompt_with_the_guidance_that_agre
 ) -> None:
     sim = start_sim("spark")
     settings = Settings(
-        engine_url=sim.url, shaping={"block_filling_prefix": True}, telemetry={"engine_scrape_interval_s": 0}
+        engine={"url": sim.url}, shaping={"block_filling_prefix": True},
+        telemetry={"engine_scrape_interval_s": 0},
     )
     async with open_services(settings, KeyRing({}, None)) as services:
         sent = services.moderation.system_prompts

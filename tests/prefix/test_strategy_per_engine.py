@@ -56,7 +56,7 @@ def test_each_engine_gets_its_own_strategy_and_a_new_one_after_a_swap_or_restart
 ) -> None:
     hybrid, plain = engines
     gateway = start_gateway(
-        engine_url=f"{hybrid.url},{plain.url}", engine={"model_recheck_s": WATCH_S},
+        engine={"model_recheck_s": WATCH_S, "url": f"{hybrid.url},{plain.url}"},
         shaping={"prefix_reprime_interval_s": 0.0, "verdict_cache_ttl_s": 0.0},
     ).url
     start = _prefix(gateway)

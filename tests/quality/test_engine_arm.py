@@ -89,9 +89,9 @@ async def test_the_runner_judges_every_frame_on_two_engines_and_the_report_compa
     start_sim: SimFactory, start_gateway: GatewayFactory, tmp_path: Path
 ) -> None:
     """Two simulators behind two gateways: the second's thinking off differs on more frames."""
-    first = start_gateway(engine_url=start_sim().url, shaping={"verdict_cache_ttl_s": 0})
+    first = start_gateway(engine={"url": start_sim().url}, shaping={"verdict_cache_ttl_s": 0})
     second = start_gateway(
-        engine_url=start_sim(thinking_off_disagreement=0.4).url, shaping={"verdict_cache_ttl_s": 0}
+        engine={"url": start_sim(thinking_off_disagreement=0.4).url}, shaping={"verdict_cache_ttl_s": 0}
     )
     frames = tmp_path / "frames"
     for index in range(24):

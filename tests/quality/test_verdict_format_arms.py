@@ -20,7 +20,7 @@ async def test_compact_and_json_arms_are_run_recorded_and_compared(
     start_sim: SimFactory, start_gateway: GatewayFactory, tmp_path: Path
 ) -> None:
     sim = start_sim(thinking_off_disagreement=0.3)
-    gateway = start_gateway(engine_url=sim.url, shaping={"verdict_cache_ttl_s": 0})
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"verdict_cache_ttl_s": 0})
     frames = tmp_path / "frames"
     for index in range(24):
         video = frames / f"video-{index % 4}"

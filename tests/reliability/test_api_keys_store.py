@@ -62,10 +62,9 @@ def test_a_key_added_with_the_cli_works_at_once_and_stops_working_when_revoked(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     gateway = start_gateway(
-        engine_url=sim.url,
-        redis_url=redis_url,
-        api_keys_from_redis=True,
-        api_keys="settings-key-123:tenant-s",
+        engine={"url": sim.url},
+        redis={"url": redis_url},
+        auth={"api_keys_from_redis": True, "api_keys": "settings-key-123:tenant-s"},
     )
     caplog.set_level(logging.DEBUG)
     key = keys(redis_url, "add", "--tenant", "acme").strip()
@@ -90,7 +89,7 @@ def test_revoking_an_unknown_key_fails(redis_url: str) -> None:
 
 
 def test_a_business_key_on_an_admin_call_gets_403(start_gateway: GatewayFactory, sim: ThreadedServer) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys="business-key-1:tenant-a")
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": "business-key-1:tenant-a"})
     policy = f"{gateway.url}/admin/thinking-policy"
     answer = httpx.get(policy, headers={"Authorization": "Bearer business-key-1"})
     assert (answer.status_code, error_body(answer)["type"]) == (403, "permission_error")
@@ -103,10 +102,9 @@ def test_with_redis_down_a_redis_key_gets_503_and_a_settings_key_still_works(
 ) -> None:
     key = keys(own_redis.url, "add", "--tenant", "acme").strip()
     gateway = start_gateway(
-        engine_url=sim.url,
-        redis_url=own_redis.url,
-        api_keys_from_redis=True,
-        api_keys="settings-key-123:tenant-s",
+        engine={"url": sim.url},
+        redis={"url": own_redis.url},
+        auth={"api_keys_from_redis": True, "api_keys": "settings-key-123:tenant-s"},
     )
     own_redis.stop()
     unverifiable = moderate(gateway, key)

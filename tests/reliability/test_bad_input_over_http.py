@@ -34,7 +34,7 @@ def gateway() -> Iterator[httpx.Client]:
 
     with (
         ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)) as sim,
-        ThreadedServer(create_app(Settings(engine_url=sim.url, **LIMITS))) as server,
+        ThreadedServer(create_app(Settings(engine={"url": sim.url}, **LIMITS))) as server,
         httpx.Client(base_url=server.url, timeout=60) as client,
     ):
         yield client

@@ -154,7 +154,7 @@ def test_the_circuit_closes_again_once_the_engine_recovers(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim(faults=Faults(error_rate=1.0))
-    gateway = start_gateway(engine_url=sim.url, circuit={"consecutive_failures": 2, "cooldown_s": 0.5})
+    gateway = start_gateway(engine={"url": sim.url}, circuit={"consecutive_failures": 2, "cooldown_s": 0.5})
     body = {"input": image_input(make_keyframe("allow", 320, 180))}
     with httpx.Client(base_url=gateway.url, timeout=30) as client:
         statuses = [client.post("/v1/moderations", json=body).status_code for _ in range(3)]

@@ -76,7 +76,7 @@ async def call_gateway_on_sim(
 ) -> httpx.Response:
     """One moderation over HTTP through a gateway (``settings``) in front of a simulator with ``faults``."""
     sim = start_sim(faults=faults)
-    gateway = start_gateway(engine_url=sim.url, **settings)
+    gateway = start_gateway(engine={"url": sim.url}, **settings)
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         return await client.post("/v1/moderations", json=BODY)
 
@@ -249,8 +249,8 @@ async def test_the_engine_killed_mid_stream_fails_those_requests_cleanly_and_the
     port = free_port()
     engine_url = f"http://127.0.0.1:{port}"
     gateway = start_gateway(
-        engine_url=engine_url,
-        engine={"connect_retries": 1, "model": "qwen3-vl-moe-sim"},
+
+        engine={"connect_retries": 1, "model": "qwen3-vl-moe-sim", "url": engine_url},
         circuit={"cooldown_s": 0.5},
     )
     frames = [make_keyframe("allow", 320, 180, seed=i) for i in range(4)]
@@ -289,7 +289,7 @@ async def test_a_client_that_disconnects_cancels_its_engine_request(
     # 512 reasoning tokens at the Spark's own pace (time scale 1): the answer would take about 50 s, so a
     # loaded machine has 45 s to see the disconnect and drop the request before it would end by itself.
     sim = start_sim("spark", time_scale=1.0, reasoning_tokens=2000, reasoning_jitter=0)
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     async with httpx.AsyncClient(timeout=60) as watcher:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
             call = asyncio.create_task(client.post("/v1/moderations", json=BODY))

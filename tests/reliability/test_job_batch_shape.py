@@ -40,7 +40,7 @@ async def test_the_same_frames_sync_and_as_a_job_give_the_same_document(
 ) -> None:
     sim = start_sim()
     # No reuse across the two runs (each must ask the engine), so both see the same engine work.
-    gateway = start_gateway(engine_url=sim.url, shaping={"verdict_cache_ttl_s": 0})
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"verdict_cache_ttl_s": 0})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
         sync = await client.post("/v1/videos/video-7/keyframes", json=BATCH)
         assert sync.status_code == 200, sync.text
@@ -60,7 +60,7 @@ async def test_the_same_frames_sync_and_as_a_job_give_the_same_document(
 async def test_the_earlier_content_part_job_body_is_still_accepted(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=start_sim().url)
+    gateway = start_gateway(engine={"url": start_sim().url})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
         old_body = {"video_id": "v1", "frames": image_input(ALLOW, VIOLENT)}  # OpenAI content parts
         accepted = await client.post("/v1/jobs", json=old_body)
@@ -75,7 +75,7 @@ async def test_the_earlier_content_part_job_body_is_still_accepted(
 async def test_a_job_follows_the_sync_calls_rules_for_its_body(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=start_sim().url)
+    gateway = start_gateway(engine={"url": start_sim().url})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
         bad_id = await client.post("/v1/jobs", json={**BATCH, "video_id": "a video/with spaces"})
         sync_bad_id = await client.post("/v1/videos/a%20video/keyframes", json=BATCH)

@@ -58,7 +58,7 @@ async def test_the_same_idempotency_key_answers_the_same_job_and_runs_it_once(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim()
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         answers = [
             await client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "batch-42"}) for _ in range(3)
@@ -86,7 +86,7 @@ async def test_an_idempotency_key_reused_for_another_request_gets_409(gateway: T
 async def test_another_tenants_job_reads_as_not_found(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys="key-a:tenant-a,key-b:tenant-b")
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": "key-a:tenant-a,key-b:tenant-b"})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         job = (await client.post("/v1/jobs", json=JOB, headers={"Authorization": "Bearer key-a"})).json()
         mine = await client.get(f"/v1/jobs/{job['id']}", headers={"Authorization": "Bearer key-a"})
@@ -100,7 +100,7 @@ async def test_another_tenants_job_reads_as_not_found(
 async def test_the_webhook_is_signed_and_carries_the_finished_job(
     start_gateway: GatewayFactory, sim: ThreadedServer, webhook_receiver: WebhookReceiver
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, jobs=WEBHOOKS)
+    gateway = start_gateway(engine={"url": sim.url}, jobs=WEBHOOKS)
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         job = (await client.post("/v1/jobs", json={**JOB, "webhook_url": webhook_receiver.url})).json()
         await finished(client, job["id"])
@@ -133,7 +133,7 @@ async def test_a_refusing_receiver_gets_the_webhook_again(
     start_gateway: GatewayFactory, sim: ThreadedServer, webhook_receiver: WebhookReceiver
 ) -> None:
     webhook_receiver.fail_first[0] = 2
-    gateway = start_gateway(engine_url=sim.url, jobs=WEBHOOKS)
+    gateway = start_gateway(engine={"url": sim.url}, jobs=WEBHOOKS)
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         job = (await client.post("/v1/jobs", json={**JOB, "webhook_url": webhook_receiver.url})).json()
 
@@ -158,7 +158,7 @@ async def test_a_refusing_receiver_gets_the_webhook_again(
 async def test_a_webhook_url_the_gateway_will_not_call_gets_400(
     start_gateway: GatewayFactory, sim: ThreadedServer, jobs: dict[str, Any], url: str, code: str
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, jobs=jobs)
+    gateway = start_gateway(engine={"url": sim.url}, jobs=jobs)
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         response = await client.post("/v1/jobs", json={**JOB, "webhook_url": url})
     assert response.status_code == 400
@@ -174,7 +174,7 @@ async def test_a_frame_with_bad_base64_is_refused_at_submission(gateway: Threade
 
 
 async def test_too_many_frames_are_refused(start_gateway: GatewayFactory, sim: ThreadedServer) -> None:
-    gateway = start_gateway(engine_url=sim.url, jobs={"max_frames": 1})
+    gateway = start_gateway(engine={"url": sim.url}, jobs={"max_frames": 1})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         response = await client.post("/v1/jobs", json=JOB)
     assert (response.status_code, error_body(response)["param"]) == (400, "frames")
@@ -195,7 +195,7 @@ async def test_engine_failures_are_retried_until_the_job_succeeds(
 ) -> None:
     sim = start_sim(faults=Faults(error_rate=1.0))
     gateway = start_gateway(
-        engine_url=sim.url, jobs={"retry_wait_s": 0.2, "max_attempts": 20}, circuit={"cooldown_s": 0.2}
+        engine={"url": sim.url}, jobs={"retry_wait_s": 0.2, "max_attempts": 20}, circuit={"cooldown_s": 0.2}
     )
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         job = (await client.post("/v1/jobs", json=JOB)).json()
@@ -214,7 +214,7 @@ async def test_a_job_whose_engine_never_recovers_fails_after_its_attempts(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim(faults=Faults(error_rate=1.0))
-    gateway = start_gateway(engine_url=sim.url, jobs={"retry_wait_s": 0.05, "max_attempts": 3})
+    gateway = start_gateway(engine={"url": sim.url}, jobs={"retry_wait_s": 0.05, "max_attempts": 3})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         job = (await client.post("/v1/jobs", json=JOB)).json()
         done = await finished(client, job["id"])
@@ -229,7 +229,7 @@ async def test_a_job_whose_engine_never_recovers_fails_after_its_attempts(
 async def test_with_redis_a_job_is_durable_and_leaves_nothing_queued(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, redis_url=redis_url)
+    gateway = start_gateway(engine={"url": sim.url}, redis={"url": redis_url})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         accepted = (await client.post("/v1/jobs", json=JOB)).json()
         done = await finished(client, accepted["id"])
@@ -249,8 +249,8 @@ async def test_with_redis_a_job_is_durable_and_leaves_nothing_queued(
 async def test_two_gateways_on_one_redis_share_idempotency_keys(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str
 ) -> None:
-    first = start_gateway(engine_url=sim.url, redis_url=redis_url)
-    second = start_gateway(engine_url=sim.url, redis_url=redis_url)
+    first = start_gateway(engine={"url": sim.url}, redis={"url": redis_url})
+    second = start_gateway(engine={"url": sim.url}, redis={"url": redis_url})
     async with httpx.AsyncClient(timeout=30) as client:
         answers = await asyncio.gather(
             *(
@@ -283,7 +283,7 @@ async def test_a_job_left_pending_by_a_dead_gateway_is_taken_over(
         (taken,) = await store.take("dead-gateway", block_s=1.0)  # read, then the gateway "dies"
         assert taken.job_id == job_id
         assert (await client.xpending(STREAM, GROUP))["consumers"][0]["name"] == b"dead-gateway"
-        gateway = start_gateway(engine_url=sim.url, redis_url=redis_url, jobs={"claim_idle_s": 0.3})
+        gateway = start_gateway(engine={"url": sim.url}, redis={"url": redis_url}, jobs={"claim_idle_s": 0.3})
         async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
             done = await finished(http, job_id)
         assert done["status"] == "succeeded"

@@ -39,7 +39,8 @@ def gateway_url(request: pytest.FixtureRequest) -> Iterator[str]:
     keys = {"api_keys": f"{API_KEY}:fuzz-tenant"} if request.param == "keys set" else {}
     with (
         ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)) as sim,
-        ThreadedServer(create_app(Settings(engine_url=sim.url, admin_token=ADMIN_TOKEN, **keys))) as gateway,
+        ThreadedServer(create_app(Settings(engine={"url": sim.url},
+                                           auth={"admin_token": ADMIN_TOKEN, **keys}))) as gateway,
     ):
         yield gateway.url
 
@@ -110,7 +111,8 @@ def test_schemathesis_finds_a_document_that_promises_too_much(tmp_path: Path) ->
     # server refuses with a 400, and says so (the check above can fail).
     with (
         ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)) as sim,
-        ThreadedServer(create_app(Settings(engine_url=sim.url, admin_token=ADMIN_TOKEN))) as gateway,
+        ThreadedServer(create_app(Settings(engine={"url": sim.url},
+                                           auth={"admin_token": ADMIN_TOKEN}))) as gateway,
     ):
         document = httpx.get(f"{gateway.url}/schema/openapi.json", timeout=30).json()
         del document["components"]["schemas"]["ImageURL"]["properties"]["url"]["pattern"]

@@ -24,7 +24,7 @@ def test_jobs_finish_exactly_once_across_a_redis_restart(
     start_sim: SimFactory, start_gateway: GatewayFactory, own_redis: RedisServer
 ) -> None:
     sim = start_sim("spark", time_scale=0.2)
-    gateway = start_gateway(engine_url=sim.url, redis_url=own_redis.url, jobs={"claim_idle_s": 2})
+    gateway = start_gateway(engine={"url": sim.url}, redis={"url": own_redis.url}, jobs={"claim_idle_s": 2})
     with httpx.Client(base_url=gateway.url, timeout=30) as client:
         ids = [
             client.post("/v1/jobs", json=job_body(n), headers={"Idempotency-Key": f"k{n}"}).json()["id"]

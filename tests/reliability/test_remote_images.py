@@ -346,7 +346,8 @@ def image_url_body(url: str) -> dict[str, Any]:
 async def test_the_gateway_refuses_an_allowlisted_name_that_resolves_to_loopback(
     start_gateway: GatewayFactory, sim: ThreadedServer, local_origin: LocalOrigin
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, remote_images={"enabled": True, "allowlist": ["localhost"]})
+    gateway = start_gateway(engine={"url": sim.url}, remote_images={"enabled": True,
+                                                                    "allowlist": ["localhost"]})
     url = f"http://localhost:{local_origin.port}/frame.jpg"
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         response = await client.post("/v1/moderations", json=image_url_body(url))
@@ -357,7 +358,8 @@ async def test_the_gateway_refuses_an_allowlisted_name_that_resolves_to_loopback
 
 
 async def test_the_gateway_moderates_a_fetched_image(sim: ThreadedServer) -> None:
-    settings = Settings(engine_url=sim.url, remote_images={"enabled": True, "allowlist": ["cdn.example.com"]})
+    settings = Settings(engine={"url": sim.url}, remote_images={"enabled": True,
+                                                                "allowlist": ["cdn.example.com"]})
     app = create_app(settings)
     async with AsyncTestClient(app, timeout=30) as client:
         # The network is faked (a public address, an origin in memory); the gateway path is real.

@@ -36,7 +36,7 @@ def test_a_label_reaches_the_job_its_webhook_and_the_audit(
     start_gateway: GatewayFactory, sim: ThreadedServer, webhook_receiver: WebhookReceiver
 ) -> None:
     gateway = start_gateway(
-        engine_url=sim.url, api_keys=f"{API_KEY}:tenant-a",
+        engine={"url": sim.url}, auth={"api_keys": f"{API_KEY}:tenant-a"},
         jobs={"webhook_secret": WEBHOOK_SECRET, "webhook_allowlist": ["127.0.0.1"]},
     )
     business = {"Authorization": f"Bearer {API_KEY}"}
@@ -86,7 +86,7 @@ def test_a_label_reaches_the_job_its_webhook_and_the_audit(
 
 
 def test_the_queue_gauges_show_depth_and_age(start_gateway: GatewayFactory, sim: ThreadedServer) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=f"{API_KEY}:tenant-a",
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": f"{API_KEY}:tenant-a"},
                             review={"oldest_alert_s": 900})
     frames = image_input(*(make_keyframe("review", 320, 180, seed=20 + n) for n in range(3)))
     answer = httpx.post(f"{gateway.url}/v1/moderations", json={"input": frames}, timeout=30,

@@ -51,7 +51,7 @@ def test_a_malformed_redis_url_is_refused_at_start(url: str) -> None:
     with pytest.raises(RedisUrlError):
         check_redis_url(url)
     with pytest.raises(ValueError, match="redis"):
-        Settings(redis_url=url)
+        Settings(redis={"url": url})
 
 
 def test_the_sentinel_overlay_points_the_gateways_at_three_sentinels_and_waits_for_a_replica() -> None:

@@ -66,9 +66,9 @@ def test_labels_go_into_the_decision_log_and_the_weekly_report_scores_each_arm_w
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str, tmp_path: Path
 ) -> None:
     gateway = start_gateway(
-        engine_url=sim.url,
-        api_keys=KEYS,
-        redis_url=redis_url,
+        engine={"url": sim.url},
+        auth={"api_keys": KEYS},
+        redis={"url": redis_url},
         review={"audit_sample_rate": 1.0},  # every confident verdict is audited: a rate of 1 weighs 1
         decisions={"stream": STREAM, "archive_dir": str(tmp_path / "decisions")},
     )

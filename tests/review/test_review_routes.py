@@ -37,7 +37,7 @@ def post(gateway: ThreadedServer, path: str, who: str | None = "alice", **kwargs
 
 @pytest.fixture
 def reviewed(start_gateway: GatewayFactory, sim: ThreadedServer) -> ThreadedServer:
-    return start_gateway(engine_url=sim.url, api_keys=f"{API_KEY}:tenant-a")
+    return start_gateway(engine={"url": sim.url}, auth={"api_keys": f"{API_KEY}:tenant-a"})
 
 
 def test_a_review_verdict_is_queued_with_its_shaped_frame(reviewed: ThreadedServer) -> None:
@@ -103,7 +103,7 @@ def test_a_skip_gives_the_item_to_the_next_reviewer(reviewed: ThreadedServer) ->
 
 
 def test_confident_verdicts_are_sampled_for_audit(start_gateway: GatewayFactory, sim: ThreadedServer) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=f"{API_KEY}:tenant-a",
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": f"{API_KEY}:tenant-a"},
                             review={"audit_sample_rate": 1.0})
     moderate(gateway, "allow", "block:violence", seed=40)
     reasons = []
@@ -123,7 +123,8 @@ def test_only_the_admin_token_reaches_the_queue(reviewed: ThreadedServer) -> Non
 def test_a_tenants_moderation_policy_raises_its_own_audit_rate_and_no_one_elses(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=f"{API_KEY}:tenant-a,key-b-0123456789:tenant-b")
+    gateway = start_gateway(engine={"url": sim.url},
+                            auth={"api_keys": f"{API_KEY}:tenant-a,key-b-0123456789:tenant-b"})
     flip = httpx.put(f"{gateway.url}/admin/moderation-policy", headers=admin(), timeout=10, json={
         "default": {}, "tenants": {"tenant-a": {"audit_sample_rate": 1.0}}, "reason": "audit tenant a",
     })

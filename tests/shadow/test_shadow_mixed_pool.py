@@ -21,7 +21,7 @@ async def test_shadow_pairs_on_a_mixed_pool_name_each_engine_and_its_own_model(
     vllm, llamacpp = mixed
     llamacpp.swap(model="qwen3-vl-gguf-alias")  # llama.cpp listed first, under its own alias
     gateway = start_gateway(
-        engine_url=f"{llamacpp.url},{vllm.url}", engine={"model_recheck_s": 3600},
+        engine={"model_recheck_s": 3600, "url": f"{llamacpp.url},{vllm.url}"},
         quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0},
     )
     set_shadow_share(gateway, 1.0)

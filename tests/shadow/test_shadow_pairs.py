@@ -71,7 +71,7 @@ async def test_the_simulators_disagreement_rate_is_recovered_from_live_shadow_pa
 ) -> None:
     sim = start_sim(thinking_off_disagreement=0.06)
     gateway = start_gateway(
-        engine_url=sim.url, quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0}
+        engine={"url": sim.url}, quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0}
     )
     set_shadow_share(gateway, 1.0)
     labels = ["allow"] * 7 + ["block:violence", "review", "block:sexual"]
@@ -94,7 +94,7 @@ async def test_shadow_work_never_delays_live_requests_or_passes_the_cap(
 ) -> None:
     sim = start_sim("spark", time_scale=0.002, max_num_seqs=64)
     gateway = start_gateway(
-        engine_url=sim.url, quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0}
+        engine={"url": sim.url}, quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0}
     )
     set_shadow_share(gateway, 1.0)
     frames = [make_keyframe("allow", 256, 144, seed=i) for i in range(48)]
@@ -110,7 +110,7 @@ async def test_shadow_work_never_delays_live_requests_or_passes_the_cap(
 async def test_no_shadow_pairs_while_the_share_is_zero(
     start_sim: SimFactory, start_gateway: GatewayFactory, tmp_path: Path
 ) -> None:
-    gateway = start_gateway(engine_url=start_sim().url, quality={"records_dir": str(tmp_path)})
+    gateway = start_gateway(engine={"url": start_sim().url}, quality={"records_dir": str(tmp_path)})
     await post_frames(gateway, [make_keyframe("allow", 256, 144, seed=i) for i in range(5)], concurrency=1)
     assert shadow_counts(gateway) == {}
     assert not list(tmp_path.glob("*.jsonl"))

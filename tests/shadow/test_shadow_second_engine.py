@@ -42,7 +42,7 @@ async def test_the_shadow_share_is_judged_on_the_second_engine_in_the_live_mode_
     live = start_sim()
     second = start_sim(kind="llamacpp", llamacpp=LlamaCppOptions(n_parallel=4), model="moderation-vlm-gguf")
     gateway = start_gateway(
-        engine_url=live.url, quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0},
+        engine={"url": live.url}, quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0},
         shadow={"engine_url": second.url},
     )
     set_shadow_share(gateway, 1.0)
@@ -76,7 +76,7 @@ async def test_a_busy_second_engine_is_skipped_and_counted_while_the_live_pair_s
     live = start_sim()
     second = start_sim("spark", time_scale=0.05)  # slow: its one slot stays taken
     gateway = start_gateway(
-        engine_url=live.url, quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0},
+        engine={"url": live.url}, quality={"records_dir": str(tmp_path)}, shaping={"verdict_cache_ttl_s": 0},
         shadow={"engine_url": second.url, "max_inflight": 1},
     )
     set_shadow_share(gateway, 1.0)

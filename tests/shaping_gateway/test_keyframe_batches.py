@@ -111,7 +111,7 @@ def test_the_video_is_reviewed_or_allowed_by_its_frames(
 def test_packed_frames_take_fewer_engine_requests_with_the_same_verdicts(
     sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     before = engine_counter(sim, "vllm:request_success")
     answer = post_batch(gateway, frames_body(*FRAMES, packing=2)).json()
     assert engine_counter(sim, "vllm:request_success") - before == 3  # 2 + 2 + 1
@@ -125,7 +125,7 @@ def test_packed_frames_take_fewer_engine_requests_with_the_same_verdicts(
 def test_packed_frames_share_the_engines_tokens_without_losing_any(
     sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     before = engine_counter(sim, "vllm:prompt_tokens")
     answer = post_batch(gateway, frames_body(*FRAMES[:3], packing=3)).json()
     engine_tokens = engine_counter(sim, "vllm:prompt_tokens") - before
@@ -137,7 +137,7 @@ def test_packed_frames_share_the_engines_tokens_without_losing_any(
 def test_the_packing_setting_applies_to_moderations_too(
     sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, shaping={"packing_k": 4})
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"packing_k": 4})
     before = engine_counter(sim, "vllm:request_success")
     response = httpx.post(
         f"{gateway.url}/v1/moderations",
@@ -154,7 +154,7 @@ def test_the_packing_setting_applies_to_moderations_too(
 def test_repeated_frames_of_a_video_are_judged_once(
     sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     scene = make_keyframe("allow", 1280, 720, seed=70)
     reencoded = make_keyframe("allow", 1280, 720, seed=70, quality=70)
     answer = post_batch(gateway, frames_body(scene, scene, reencoded, FRAMES[2])).json()
@@ -168,7 +168,7 @@ def test_an_unusable_packed_answer_sends_every_frame_of_it_to_review(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     engine = start_sim("instant", faults=Faults(malformed_rate=1.0))
-    gateway = start_gateway(engine_url=engine.url)
+    gateway = start_gateway(engine={"url": engine.url})
     answer = post_batch(gateway, frames_body(*FRAMES[:4], packing=2)).json()
     assert [f["modgate"]["action"] for f in answer["frames"]] == ["review"] * 4
     assert all(f["modgate"]["reason"] for f in answer["frames"])
@@ -203,7 +203,7 @@ def test_a_bad_batch_gets_a_4xx_in_the_openai_error_shape(
 
 
 def test_a_batch_over_the_frame_limit_is_refused(sim: ThreadedServer, start_gateway: GatewayFactory) -> None:
-    gateway = start_gateway(engine_url=sim.url, shaping={"max_frames_per_batch": 2})
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"max_frames_per_batch": 2})
     response = post_batch(gateway, frames_body(*FRAMES[:3]))
     assert response.status_code == 400
     assert "at most 2 frames" in response.json()["error"]["message"]
@@ -222,7 +222,7 @@ def recorded_engine(sim: ThreadedServer) -> Iterator[tuple[ThreadedServer, list[
         return await forward(request, sim.url)
 
     settings = Settings(
-        api_keys="k-a:tenant-a,k-b:tenant-b",
+        auth={"api_keys": "k-a:tenant-a,k-b:tenant-b"},
         shaping={"packing_k": 4},  # type: ignore[arg-type]  # pydantic builds the group from a dict
     )
     with ThreadedServer(create_app(settings, engine_transport=httpx.MockTransport(handler))) as gateway:

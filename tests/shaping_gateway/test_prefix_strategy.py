@@ -114,7 +114,7 @@ def test_the_gateway_primes_a_match_unit_engine_at_start_and_every_request_hits(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     engine = start_sim("hybrid-cpu", prefix_match_unit=16)
-    gateway = start_gateway(engine_url=engine.url, **SETTINGS)
+    gateway = start_gateway(engine={"url": engine.url}, **SETTINGS)
     state = _readyz(gateway, engine.url)
     assert (state["strategy"], state["primed"], state["primings"]) == ("prime", True, 1)
     expected = min(state["expected_cached_tokens"].values())
@@ -130,9 +130,9 @@ def test_an_engine_that_lost_the_state_is_primed_again_without_a_failed_call_or_
     preset = PRESETS["hybrid-cpu"].scaled(prefix_match_unit=16)
     engine = ThreadedServer(create_sim_app(preset, 0.0)).start()
     try:
-        gateway = start_gateway(engine_url=engine.url, **SETTINGS)
+        gateway = start_gateway(engine={"url": engine.url}, **SETTINGS)
         reference_engine = start_sim("hybrid-cpu", prefix_match_unit=16)
-        reference = start_gateway(engine_url=reference_engine.url,
+        reference = start_gateway(engine={"url": reference_engine.url},
                                   shaping={"prefix_strategy": "off", "verdict_cache_ttl_s": 0.0})
         expected = min(_readyz(gateway, engine.url)["expected_cached_tokens"].values())
         before = _texts(0, 2)
@@ -163,7 +163,7 @@ def test_an_engine_that_cannot_cache_the_prefix_says_so_and_names_the_flag(
 ) -> None:
     engine = start_sim("hybrid-cpu")
     with caplog.at_level("ERROR", logger="modgate.prefix"):
-        gateway = start_gateway(engine_url=engine.url, shaping={"prefix_fill_max_tokens": 1024})
+        gateway = start_gateway(engine={"url": engine.url}, shaping={"prefix_fill_max_tokens": 1024})
     state = _readyz(gateway, engine.url)
     assert state["strategy"] == "uncacheable"
     assert state["fix"] == "start vLLM with --prefix-match-unit 16"
@@ -177,7 +177,7 @@ def test_an_engine_that_cannot_cache_the_prefix_says_so_and_names_the_flag(
 
 def test_llamacpp_is_left_as_it_is(start_sim: SimFactory, start_gateway: GatewayFactory) -> None:
     engine = start_sim("instant", kind="llamacpp")
-    gateway = start_gateway(engine_url=engine.url)
+    gateway = start_gateway(engine={"url": engine.url})
     state = _readyz(gateway, engine.url)
     assert (state["strategy"], state["primings"]) == ("none", 0)
     assert _primings(gateway, engine.url, "start") == 0

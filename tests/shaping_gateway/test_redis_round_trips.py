@@ -113,7 +113,7 @@ FRAMES = [make_keyframe("allow", 1280, 720, seed=1000 + index) for index in rang
 def test_a_judged_keyframe_costs_two_redis_commands(
     redis_url: str, sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, redis_url=redis_url, leases=LEASES)
+    gateway = start_gateway(engine={"url": sim.url}, redis={"url": redis_url}, leases=LEASES)
     moderate(gateway, FRAMES[0])  # scripts loaded, the policy seeded, the engine's model read
     with monitored(redis_url) as lines:
         judged = [moderate(gateway, frame) for frame in FRAMES[1:]]
@@ -128,7 +128,7 @@ def test_a_judged_keyframe_costs_two_redis_commands(
 def test_a_reused_keyframe_costs_one_redis_command_and_no_lease(
     redis_url: str, sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, redis_url=redis_url, leases=LEASES)
+    gateway = start_gateway(engine={"url": sim.url}, redis={"url": redis_url}, leases=LEASES)
     first = moderate(gateway, FRAMES[0])
     near = make_keyframe("allow", 1280, 720, seed=1000, quality=70)  # other bytes, the same picture
     with monitored(redis_url) as lines:
@@ -145,7 +145,8 @@ def test_a_reused_keyframe_costs_one_redis_command_and_no_lease(
 def test_without_engine_leases_the_lookup_and_the_store_are_one_command_each(
     redis_url: str, sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, redis_url=redis_url, leases={**LEASES, "enabled": False})
+    gateway = start_gateway(engine={"url": sim.url}, redis={"url": redis_url}, leases={**LEASES,
+                                                                                       "enabled": False})
     moderate(gateway, FRAMES[0])
     with monitored(redis_url) as lines:
         judged = moderate(gateway, FRAMES[1])
@@ -159,7 +160,7 @@ def test_a_keyframe_another_replica_judged_costs_this_replica_no_engine_call_not
 ) -> None:
     # The engine request is prepared before the lease is asked, its prompt measured with /tokenize the
     # first time; a fresh replica whose measurement is still to be made looks the frame up first instead.
-    judged_by = start_gateway(engine_url=sim.url, redis_url=redis_url, leases=LEASES)
+    judged_by = start_gateway(engine={"url": sim.url}, redis={"url": redis_url}, leases=LEASES)
     first = moderate(judged_by, FRAMES[0])
     asked: list[str] = []
 
@@ -167,7 +168,8 @@ def test_a_keyframe_another_replica_judged_costs_this_replica_no_engine_call_not
         asked.append(request.url.path)
         return await forward(request, sim.url)
 
-    settings = Settings(admin_token=ADMIN_TOKEN, engine_url=sim.url, redis_url=redis_url, leases=LEASES)
+    settings = Settings(auth={"admin_token": ADMIN_TOKEN}, engine={"url": sim.url},
+                        redis={"url": redis_url}, leases=LEASES)
     with ThreadedServer(create_app(settings, engine_transport=httpx.MockTransport(engine))) as fresh:
         asked.clear()  # what the replica asked while starting (its model, its slots)
         again = moderate(fresh, FRAMES[0])

@@ -115,7 +115,7 @@ def test_predictions_match_the_simulator_for_every_request_shape(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     engine = start_sim("instant")
-    gateway = start_gateway(engine_url=engine.url, shaping={"packing_k": 2})
+    gateway = start_gateway(engine={"url": engine.url}, shaping={"packing_k": 2})
     frames = [make_keyframe("allow", 640, 360, seed=seed) for seed in range(1, 4)]
     post(gateway, {"input": image_input(frames[0])}, thinking="on")
     post(gateway, {"input": image_input(frames[1])}, thinking="off")
@@ -133,7 +133,7 @@ def test_an_engine_that_counts_other_image_tokens_is_counted_and_logged(
     start_sim: SimFactory, start_gateway: GatewayFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = start_sim("instant")  # 32×32 pixels per token
-    gateway = start_gateway(engine_url=engine.url, shaping={"pixels_per_token": 28})  # shapes for 28×28
+    gateway = start_gateway(engine={"url": engine.url}, shaping={"pixels_per_token": 28})  # shapes for 28×28
     with caplog.at_level(logging.WARNING, logger="modgate.moderation"):
         post(gateway, {"input": image_input(make_keyframe("allow", 1280, 720, seed=5))})
         post(gateway, {"input": image_input(make_keyframe("allow", 1280, 720, seed=6))})
@@ -151,7 +151,7 @@ def test_on_llamacpp_images_are_not_predicted_said_once_at_start_and_text_still_
     # the gateway starts, not as a failed /tokenize that pauses every prediction (text ones too) for 60 s.
     engine = start_sim("instant", kind="llamacpp", vision=True)
     with caplog.at_level(logging.WARNING, logger="modgate.moderation"):
-        gateway = start_gateway(engine_url=engine.url)
+        gateway = start_gateway(engine={"url": engine.url})
         said_at_start = [r.getMessage() for r in caplog.records if "token prediction" in r.getMessage()]
         for seed in (1, 2):
             post(gateway, {"input": image_input(make_keyframe("allow", 640, 360, seed=seed))})

@@ -24,7 +24,7 @@ def store(request: pytest.FixtureRequest) -> dict[str, Any]:
     """Gateway settings for each verdict store: this process's memory, or a real Redis."""
     if request.param == "memory":
         return {}
-    return {"redis_url": request.getfixturevalue("redis_url")}
+    return {"redis": {"url": request.getfixturevalue("redis_url")}}
 
 
 def engine_requests(engine: ThreadedServer) -> float:
@@ -55,7 +55,7 @@ def moderate(
 def test_the_same_frame_again_reuses_the_verdict_without_the_engine(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, **store)
+    gateway = start_gateway(engine={"url": sim.url}, **store)
     first = moderate(gateway, make_keyframe("block:hate", 640, 360, seed=3))
     calls = engine_requests(sim)
     again = moderate(gateway, make_keyframe("block:hate", 640, 360, seed=3))
@@ -70,7 +70,7 @@ def test_the_same_frame_again_reuses_the_verdict_without_the_engine(
 def test_a_re_encoded_frame_reuses_the_verdict_as_a_near_duplicate(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, **store)
+    gateway = start_gateway(engine={"url": sim.url}, **store)
     moderate(gateway, SCENE)
     near = moderate(gateway, SCENE_REENCODED)
     assert near["reused"] == "near"
@@ -80,7 +80,7 @@ def test_a_re_encoded_frame_reuses_the_verdict_as_a_near_duplicate(
 def test_the_same_scene_with_a_violation_added_is_judged_afresh(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, **store)
+    gateway = start_gateway(engine={"url": sim.url}, **store)
     assert moderate(gateway, SCENE)["action"] == "allow"
     violent = moderate(gateway, SCENE_WITH_VIOLENCE)  # close in pHash, far apart in colour
     assert violent["reused"] is None
@@ -90,7 +90,7 @@ def test_the_same_scene_with_a_violation_added_is_judged_afresh(
 def test_near_duplicates_can_be_switched_off(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, shaping={"near_duplicate_distance": -1}, **store)
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"near_duplicate_distance": -1}, **store)
     moderate(gateway, SCENE)
     assert moderate(gateway, SCENE_REENCODED)["reused"] is None
     assert moderate(gateway, SCENE)["reused"] == "exact"
@@ -99,7 +99,7 @@ def test_near_duplicates_can_be_switched_off(
 def test_a_verdict_is_not_reused_under_the_other_thinking_mode(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, **store)
+    gateway = start_gateway(engine={"url": sim.url}, **store)
     moderate(gateway, SCENE, thinking="off")
     on = moderate(gateway, SCENE, thinking="on")
     assert on["reused"] is None
@@ -110,7 +110,7 @@ def test_a_verdict_is_not_reused_under_the_other_thinking_mode(
 def test_a_tenant_never_reuses_another_tenants_verdict(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys="k-a:tenant-a,k-b:tenant-b", **store)
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": "k-a:tenant-a,k-b:tenant-b"}, **store)
     moderate(gateway, SCENE, key="k-a")
     assert moderate(gateway, SCENE, key="k-b")["reused"] is None
     assert moderate(gateway, SCENE, key="k-a")["reused"] == "exact"
@@ -119,7 +119,7 @@ def test_a_tenant_never_reuses_another_tenants_verdict(
 def test_a_verdict_expires_after_its_ttl(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, shaping={"verdict_cache_ttl_s": 0.5}, **store)
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"verdict_cache_ttl_s": 0.5}, **store)
     moderate(gateway, SCENE)
     deadline = time.monotonic() + 10
     while moderate(gateway, SCENE)["reused"] is not None:  # each miss stores it again: one is enough
@@ -130,7 +130,7 @@ def test_a_verdict_expires_after_its_ttl(
 def test_a_zero_ttl_reuses_nothing(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, shaping={"verdict_cache_ttl_s": 0}, **store)
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"verdict_cache_ttl_s": 0}, **store)
     moderate(gateway, SCENE)
     assert moderate(gateway, SCENE)["reused"] is None
 
@@ -141,7 +141,7 @@ def test_an_unusable_answer_is_not_stored_for_reuse(
     from deploy.simulator import Faults
 
     engine = start_sim("instant", faults=Faults(malformed_rate=1.0))
-    gateway = start_gateway(engine_url=engine.url, **store)
+    gateway = start_gateway(engine={"url": engine.url}, **store)
     first = moderate(gateway, SCENE)
     assert first["action"] == "review"
     assert first["reason"]
@@ -151,8 +151,8 @@ def test_an_unusable_answer_is_not_stored_for_reuse(
 def test_gateways_sharing_a_redis_reuse_each_others_verdicts(
     redis_url: str, sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    one = start_gateway(engine_url=sim.url, redis_url=redis_url)
-    two = start_gateway(engine_url=sim.url, redis_url=redis_url)
+    one = start_gateway(engine={"url": sim.url}, redis={"url": redis_url})
+    two = start_gateway(engine={"url": sim.url}, redis={"url": redis_url})
     made = moderate(one, SCENE)
     reused = moderate(two, SCENE_REENCODED)
     assert reused["reused"] == "near"
@@ -160,7 +160,8 @@ def test_gateways_sharing_a_redis_reuse_each_others_verdicts(
 
 
 def test_redis_keys_carry_the_ttl(redis_url: str, sim: ThreadedServer, start_gateway: GatewayFactory) -> None:
-    gateway = start_gateway(engine_url=sim.url, redis_url=redis_url, shaping={"verdict_cache_ttl_s": 120})
+    gateway = start_gateway(engine={"url": sim.url}, redis={"url": redis_url},
+                            shaping={"verdict_cache_ttl_s": 120})
     moderate(gateway, SCENE)
     client = redis.Redis.from_url(redis_url)
     keys = [key.decode() for key in client.scan_iter("modgate:verdict*")]
@@ -188,7 +189,7 @@ def flip(gateway: ThreadedServer, **fields: Any) -> int:
 def test_a_policy_change_the_verdict_does_not_depend_on_keeps_it(
     store: dict[str, Any], sim: ThreadedServer, start_gateway: GatewayFactory
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, **store)
+    gateway = start_gateway(engine={"url": sim.url}, **store)
     made = moderate(gateway, SCENE, thinking="off")
     # thinking-on limits and the default mode do not reach a thinking-off engine request
     assert flip(gateway, default_mode="on", max_completion_tokens_on=600, thinking_token_budget=200) == 2
@@ -207,7 +208,7 @@ def test_a_lost_policy_key_never_hands_out_verdicts_made_under_other_content(
 ) -> None:
     """Redis loses the policy while the verdicts survive: numbering restarts at 1, and "version 2" comes
     back with other content. Its verdicts must be judged afresh; the old content's come back with it."""
-    first = start_gateway(engine_url=sim.url, redis_url=redis_url)
+    first = start_gateway(engine={"url": sim.url}, redis={"url": redis_url})
     assert flip(first, max_completion_tokens_off=24) == 2
     made = moderate(first, SCENE)
     assert (made["policy_version"], made["reused"]) == (2, None)
@@ -219,7 +220,7 @@ def test_a_lost_policy_key_never_hands_out_verdicts_made_under_other_content(
     assert list(client.scan_iter("modgate:verdict:*"))  # the verdicts survived
     client.close()
 
-    second = start_gateway(engine_url=sim.url, redis_url=redis_url)
+    second = start_gateway(engine={"url": sim.url}, redis={"url": redis_url})
     assert moderate(second, SCENE_WITH_VIOLENCE)["policy_version"] == 1  # numbering started again
     assert flip(second, max_completion_tokens_off=48) == 2  # "version 2" again, other limits
     calls = engine_requests(sim)

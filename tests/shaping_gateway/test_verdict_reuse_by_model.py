@@ -22,7 +22,7 @@ def store(request: pytest.FixtureRequest) -> dict[str, Any]:
     """Gateway settings for each verdict store: this process's memory, or a real Redis."""
     if request.param == "memory":
         return {}
-    return {"redis_url": request.getfixturevalue("redis_url")}
+    return {"redis": {"url": request.getfixturevalue("redis_url")}}
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def wait_for_model(gateway: ThreadedServer, wanted: dict[str, str]) -> None:
 def test_new_weights_behind_the_same_url_judge_afresh(
     store: dict[str, Any], engine: SwappableEngine, start_gateway: GatewayFactory, new_weights: dict[str, str]
 ) -> None:
-    gateway = start_gateway(engine_url=engine.url, engine={"model_recheck_s": 0.2}, **store)
+    gateway = start_gateway(engine={"model_recheck_s": 0.2, "url": engine.url}, **store)
     assert moderate(gateway, FRAME)["reused"] is None
     assert moderate(gateway, FRAME)["reused"] == "exact"  # same model: reused
     engine.swap(**new_weights)
@@ -67,9 +67,9 @@ def test_new_weights_behind_the_same_url_judge_afresh(
 def test_a_configured_model_revision_scopes_reuse_across_replicas(
     redis_url: str, engine: SwappableEngine, start_gateway: GatewayFactory
 ) -> None:
-    old = start_gateway(engine_url=engine.url, redis_url=redis_url, engine={"model_revision": "r1"})
-    new = start_gateway(engine_url=engine.url, redis_url=redis_url, engine={"model_revision": "r2"})
-    same = start_gateway(engine_url=engine.url, redis_url=redis_url, engine={"model_revision": "r1"})
+    old = start_gateway(redis={"url": redis_url}, engine={"model_revision": "r1", "url": engine.url})
+    new = start_gateway(redis={"url": redis_url}, engine={"model_revision": "r2", "url": engine.url})
+    same = start_gateway(redis={"url": redis_url}, engine={"model_revision": "r1", "url": engine.url})
     assert moderate(old, FRAME)["reused"] is None
     assert moderate(new, FRAME)["reused"] is None  # another revision: not reused through the shared Redis
     assert moderate(same, FRAME)["reused"] == "exact"  # the same revision: reused
@@ -81,7 +81,7 @@ def test_an_engine_failure_makes_the_gateway_read_the_model_again(
 ) -> None:
     # Re-read only after an hour, or after a failed engine call: the swapped engine refuses the old model's
     # name (404), and the gateway reads /v1/models again before its next request.
-    gateway = start_gateway(engine_url=engine.url, engine={"model_recheck_s": 3600})
+    gateway = start_gateway(engine={"model_recheck_s": 3600, "url": engine.url})
     assert moderate(gateway, FRAME)["reused"] is None
     engine.swap(model="qwen3-vl-moe-sim-v2")
     other = make_keyframe("allow", 640, 360, seed=32)  # not cached: this one reaches the engine
@@ -99,9 +99,9 @@ def test_a_verdict_llamacpp_made_in_a_mixed_pool_is_never_reused_by_a_pool_witho
     vllm, llamacpp = mixed
     # models read once, with both engines up (no re-read while the test runs)
     both = start_gateway(
-        engine_url=f"{vllm.url},{llamacpp.url}", redis_url=redis_url, engine={"model_recheck_s": 3600}
+        redis={"url": redis_url}, engine={"model_recheck_s": 3600, "url": f"{vllm.url},{llamacpp.url}"}
     )
-    alone = start_gateway(engine_url=vllm.url, redis_url=redis_url)
+    alone = start_gateway(engine={"url": vllm.url}, redis={"url": redis_url})
     assert moderate(both, make_keyframe("allow", 640, 360, seed=33))["reused"] is None
     vllm.stop()  # the pool's first engine: this frame can only be judged by llama.cpp
     assert moderate(both, FRAME)["reused"] is None
@@ -116,7 +116,7 @@ def test_a_mixed_pool_reuses_each_engines_verdicts_until_that_engine_serves_othe
     mixed: tuple[SwappableEngine, SwappableEngine], start_gateway: GatewayFactory
 ) -> None:
     vllm, llamacpp = mixed
-    gateway = start_gateway(engine_url=f"{vllm.url},{llamacpp.url}", engine={"model_recheck_s": 0.2})
+    gateway = start_gateway(engine={"model_recheck_s": 0.2, "url": f"{vllm.url},{llamacpp.url}"})
     by_vllm = make_keyframe("allow", 640, 360, seed=33)
     assert moderate(gateway, by_vllm)["reused"] is None  # both idle: the engine listed first takes it
     assert vllm.used()
@@ -147,7 +147,7 @@ def test_each_engine_of_a_mixed_pool_is_asked_for_its_own_model_id(
     model, not the first engine's (vLLM answers 404 to a name it does not serve)."""
     vllm, llamacpp = mixed
     llamacpp.swap(model="qwen3-vl-gguf-alias")
-    gateway = start_gateway(engine_url=f"{llamacpp.url},{vllm.url}", engine={"model_recheck_s": 3600})
+    gateway = start_gateway(engine={"model_recheck_s": 3600, "url": f"{llamacpp.url},{vllm.url}"})
     assert moderate(gateway, make_keyframe("allow", 640, 360, seed=34))["reused"] is None
     assert llamacpp.used()  # both idle: the engine listed first took it
     served = [e["model"]["id"] for e in httpx.get(f"{gateway.url}/readyz", timeout=10).json()["engines"]]

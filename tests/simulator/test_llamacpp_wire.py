@@ -131,7 +131,7 @@ def test_the_gateway_detects_the_simulated_llamacpp_and_caps_it_at_its_slots(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     url = llamacpp_sim(start_sim, n_parallel=3, n_ctx=3 * 4096)
-    gateway = start_gateway(engine_url=url, max_inflight=32)
+    gateway = start_gateway(engine={"url": url, "max_inflight": 32})
     ready = httpx.get(f"{gateway.url}/readyz", timeout=30).json()
     (engine,) = ready["engines"]
     assert (engine["kind"], engine["cap"]) == ("llamacpp", 3)
@@ -162,7 +162,7 @@ def test_the_gateway_reads_the_same_confidence_from_either_wire(
     reader cannot tell admitted from forbidden and so counts in the denominator, never as the action's."""
     readings = []
     for url in (start_sim().url, llamacpp_sim(start_sim)):
-        gateway = start_gateway(engine_url=url)
+        gateway = start_gateway(engine={"url": url})
         response = moderate_keyframe(gateway.url, "allow", 640, 360, 5, **THINKING_OFF)
         assert response.status_code == 200, response.text
         details = response.json()["results"][0]["modgate"]
@@ -185,7 +185,7 @@ def test_an_image_to_a_simulated_llamacpp_without_a_vision_projector_says_mmproj
     assert refused.status_code == 500  # a runtime_error in llama-server's parser: its server_error
     assert refused.json()["error"]["type"] == "server_error"
     assert httpx.get(f"{url}/props", timeout=30).json()["modalities"]["vision"] is False
-    gateway = start_gateway(engine_url=url)
+    gateway = start_gateway(engine={"url": url})
     response = moderate_keyframe(gateway.url, "allow", 320, 180, 2)
     assert 400 <= response.status_code < 600
     assert response.status_code != 500
@@ -196,7 +196,7 @@ def test_a_keyframe_over_one_slots_context_comes_back_through_the_gateway_saying
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     url = llamacpp_sim(start_sim, n_parallel=4, n_ctx=2048)  # 512 tokens a slot: a keyframe needs ~1,000
-    gateway = start_gateway(engine_url=url)
+    gateway = start_gateway(engine={"url": url})
     response = moderate_keyframe(gateway.url, "allow", 640, 360, 4, **THINKING_OFF)
     assert 400 <= response.status_code < 600, response.text
     assert response.status_code != 500

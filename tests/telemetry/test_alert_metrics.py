@@ -42,7 +42,7 @@ def moderate(gateway: ThreadedServer, seed: int, **headers: str) -> httpx.Respon
 
 
 def test_the_queue_size_is_the_admission_setting(start_gateway: GatewayFactory, sim: ThreadedServer) -> None:
-    gateway = start_gateway(engine_url=sim.url, admission={"queue_size": 17})
+    gateway = start_gateway(engine={"url": sim.url}, admission={"queue_size": 17})
 
     assert gauge(gateway, "modgate_engine_queue_size") == 17
 
@@ -50,7 +50,7 @@ def test_the_queue_size_is_the_admission_setting(start_gateway: GatewayFactory, 
 def test_the_shadow_share_follows_the_policy_in_force(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     assert gauge(gateway, "modgate_policy_shadow_share") == 0
 
     flip(gateway, shadow_share=0.25)
@@ -62,7 +62,7 @@ def test_load_shedding_reads_1_while_the_load_rule_holds_thinking_off_and_0_afte
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     slow = start_sim(faults=Faults(slow_rate=1.0, slow_s=2.0))
-    gateway = start_gateway(engine_url=slow.url, max_inflight=1, shaping={"verdict_cache_ttl_s": 0})
+    gateway = start_gateway(engine={"url": slow.url, "max_inflight": 1}, shaping={"verdict_cache_ttl_s": 0})
     flip(gateway, load={"enabled": True, "queue_depth_high": 1, "queue_depth_low": 0})
     assert gauge(gateway, "modgate_thinking_load_shedding") == 0
 
@@ -83,8 +83,8 @@ def test_the_cacheable_prefix_is_what_each_call_then_takes_from_the_cache(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     engine = start_sim("spark")
-    plain = start_gateway(engine_url=engine.url)
-    filled = start_gateway(engine_url=engine.url, shaping={"block_filling_prefix": True})
+    plain = start_gateway(engine={"url": engine.url})
+    filled = start_gateway(engine={"url": engine.url}, shaping={"block_filling_prefix": True})
     answers = [moderate(filled, seed, **{"X-Modgate-Thinking": "off"}).json() for seed in (1, 2)]
     cached = [answer["results"][0]["modgate"]["cached_tokens"] for answer in answers]
 
@@ -95,7 +95,7 @@ def test_the_cacheable_prefix_is_what_each_call_then_takes_from_the_cache(
 def test_the_default_mode_gauge_marks_the_policys_mode_and_only_it(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)
+    gateway = start_gateway(engine={"url": sim.url})
     flip(gateway, default_mode="escalate")
 
     modes = {mode: gauge(gateway, "modgate_thinking_default_mode", mode=mode) for mode in MODES}

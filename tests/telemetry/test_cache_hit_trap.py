@@ -61,7 +61,7 @@ async def test_windowed_hit_rate_is_zero_for_production_while_the_since_start_ra
     clock = FakeClock()
     # the plain prompt, as before the prefix strategy: auto would fill the 500-token block and hit
     settings = Settings(
-        engine_url=sim.url,
+        engine={"url": sim.url},
         telemetry={"window_s": WINDOW_S, "engine_scrape_interval_s": 0},
         shaping={"prefix_strategy": "off"},
     )
@@ -121,7 +121,8 @@ async def test_the_windowed_rate_is_nan_not_zero_when_the_engine_served_nothing(
     # can never hit, while a repeated 1,004-token probe reuses two whole blocks, all but its last 4 tokens.
     sim = start_sim("instant", block_size=500)
     clock = FakeClock()
-    settings = Settings(engine_url=sim.url, telemetry={"window_s": WINDOW_S, "engine_scrape_interval_s": 0})
+    settings = Settings(engine={"url": sim.url}, telemetry={"window_s": WINDOW_S,
+                                                            "engine_scrape_interval_s": 0})
     async with open_services(settings, KeyRing({}, None), clock=clock) as services:
         await services.engine_cache.scrape_once()
         clock.advance(30)

@@ -21,7 +21,7 @@ async def test_a_match_unit_engine_is_said_unprimed_then_primed_once_a_gateway_p
     unprimed = await probe_engine(sim.url, seed=1)
     said = unprimed.diagnosis
     assert any(line.startswith("match unit 16, but not primed") for line in said), said
-    start_gateway(engine_url=sim.url)  # default settings: it primes at start
+    start_gateway(engine={"url": sim.url})  # default settings: it primes at start
     primed = await probe_engine(sim.url, seed=2)
     assert primed.production.cached_tokens > 0
     assert any(line.startswith("match unit 16: primed") for line in primed.diagnosis), primed.diagnosis

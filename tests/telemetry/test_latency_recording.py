@@ -16,7 +16,8 @@ from gateway.http.auth import KeyRing
 from gateway.http.services import open_services
 from gateway.moderation.wire import ModerationDetails, ModerationRequest
 from gateway.settings import Settings
-from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.recorder import FinishedRequest, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
@@ -38,7 +39,7 @@ def histogram_counts(metrics: GatewayMetrics) -> dict[str, float]:
 
 async def test_a_streamed_engine_call_records_ttft_decode_and_end_to_end(start_sim: SimFactory) -> None:
     sim = start_sim("spark", time_scale=TIME_SCALE)
-    settings = Settings(engine_url=sim.url, telemetry={"engine_scrape_interval_s": 0})
+    settings = Settings(engine={"url": sim.url}, telemetry={"engine_scrape_interval_s": 0})
     async with open_services(settings, KeyRing({}, None)) as services:
         request = ModerationRequest.model_validate({"input": image_input(make_keyframe("allow", seed=11))})
         response = await services.moderation.moderate(request, Caller(tenant="t", key_id="k"), None)
@@ -109,7 +110,9 @@ async def test_streamed_and_non_streamed_engine_calls_both_give_a_first_token_ti
             )
             body = build_chat_request(load_system_prompt(), [frame], shaping.user_text, options)
             answers[stream] = await engine.chat(body, f"latency-{stream}")
-            recorder.record(details_from(answers[stream]), f"modr-{stream}")
+            answered = details_from(answers[stream])
+            finished = FinishedRequest(f"modr-{stream}", "default", frames=1, results=[answered])
+            recorder.finished(finished, latency_s=answered.latency_ms / 1000)
     finally:
         await engine.aclose()
     streamed, whole = answers[True], answers[False]

@@ -59,7 +59,7 @@ def test_metrics_parse_and_carry_histograms_counters_and_gauges(
     start_gateway: GatewayFactory, start_sim: SimFactory
 ) -> None:
     sim = start_sim("instant", block_size=128)
-    gateway = start_gateway(engine_url=sim.url, telemetry={"engine_scrape_interval_s": 0.05})
+    gateway = start_gateway(engine={"url": sim.url}, telemetry={"engine_scrape_interval_s": 0.05})
     for seed in range(3):
         assert moderate(gateway, make_keyframe("allow", seed=seed)).status_code == 200
     families = samples(gateway)
@@ -91,7 +91,7 @@ def test_stats_give_percentiles_throughput_thinking_share_and_windowed_cache_rat
     start_gateway: GatewayFactory, start_sim: SimFactory
 ) -> None:
     sim = start_sim("instant")  # 16-token blocks: the ~390-token prefix before each keyframe is reused
-    gateway = start_gateway(engine_url=sim.url, telemetry={"engine_scrape_interval_s": 0.05})
+    gateway = start_gateway(engine={"url": sim.url}, telemetry={"engine_scrape_interval_s": 0.05})
     for seed in range(4):
         assert moderate(gateway, make_keyframe("review", seed=20 + seed)).status_code == 200
     document = stats_when(gateway, lambda d: (d["cache"]["engine_window_queries"] or 0) >= 4 * 1000)
@@ -117,7 +117,7 @@ def test_stats_read_llamacpps_cache_counters_into_the_same_window(
     """In front of llama-server the window reads ``llamacpp:prompt_tokens_total`` (processed) and
     ``prompt_tokens_cached_total``: looked up = both, found = cached; no block size (token by token)."""
     sim = start_sim("instant", kind="llamacpp")
-    gateway = start_gateway(engine_url=sim.url, telemetry={"engine_scrape_interval_s": 0.05})
+    gateway = start_gateway(engine={"url": sim.url}, telemetry={"engine_scrape_interval_s": 0.05})
     for seed in range(4):
         assert moderate(gateway, make_keyframe("review", seed=30 + seed)).status_code == 200
     document = stats_when(gateway, lambda d: (d["cache"]["engine_window_queries"] or 0) >= 4 * 1000)
@@ -128,7 +128,7 @@ def test_stats_read_llamacpps_cache_counters_into_the_same_window(
     assert cache["engine_window_hits"] == document["tokens"]["cached"]
     assert cache["engine_window_hit_rate"] == cache["gateway_cached_share"]
     assert 0 < cache["engine_window_hit_rate"] < 0.5
-    result = CliRunner().invoke(app, ["stats", "--url", gateway.url])
+    result = CliRunner().invoke(app, ["stats", "--gateway-url", gateway.url])
     assert result.exit_code == 0, result.output
     assert "none: llama.cpp, token by token" in result.output  # not "unknown": there is no block
 
@@ -143,7 +143,7 @@ def test_the_thinking_gauge_follows_the_policy(gateway: ThreadedServer) -> None:
 
 def test_modgate_stats_prints_the_window_as_a_table(gateway: ThreadedServer) -> None:
     assert moderate(gateway, make_keyframe("allow", seed=9)).status_code == 200
-    result = CliRunner().invoke(app, ["stats", "--url", gateway.url])
+    result = CliRunner().invoke(app, ["stats", "--gateway-url", gateway.url])
     assert result.exit_code == 0, result.output
     for label in (
         "end to end",
@@ -160,7 +160,7 @@ def test_modgate_stats_prints_the_window_as_a_table(gateway: ThreadedServer) -> 
 
 
 def test_modgate_stats_says_when_the_gateway_cannot_be_reached() -> None:
-    result = CliRunner().invoke(app, ["stats", "--url", "http://127.0.0.1:9"])
+    result = CliRunner().invoke(app, ["stats", "--gateway-url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot read" in result.output
 
@@ -172,7 +172,7 @@ def test_image_tokens_an_engine_does_not_count_are_null_with_the_reason_not_0(
     # "the frame cost no image tokens". vLLM's count is the engine's own.
     for kind, counted in (("llamacpp", False), ("vllm", True)):
         sim = start_sim("instant", kind=kind, **({"vision": True} if kind == "llamacpp" else {}))
-        gateway = start_gateway(engine_url=sim.url)
+        gateway = start_gateway(engine={"url": sim.url})
         response = moderate(gateway, make_keyframe("allow", seed=40))
         assert response.status_code == 200, response.text
         details = response.json()["results"][0]["modgate"]

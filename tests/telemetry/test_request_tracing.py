@@ -25,7 +25,8 @@ from gateway.http.auth import KeyRing
 from gateway.http.services import Services, open_services
 from gateway.moderation.wire import ModerationDetails, ModerationRequest
 from gateway.settings import Settings, TelemetrySettings
-from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.recorder import FinishedRequest, RequestRecorder
 from gateway.telemetry.tracing import JsonLogFormatter, build_telemetry
 from gateway.telemetry.windows import RecentRequests
 from tests.support import SimFactory, data_url, image_input
@@ -39,7 +40,7 @@ def request_for(*frames: bytes) -> ModerationRequest:
 
 @asynccontextmanager
 async def services_for(sim: ThreadedServer, **telemetry: Any) -> AsyncIterator[Services]:
-    settings = Settings(engine_url=sim.url, telemetry={"engine_scrape_interval_s": 0, **telemetry})
+    settings = Settings(engine={"url": sim.url}, telemetry={"engine_scrape_interval_s": 0, **telemetry})
     async with open_services(settings, KeyRing({}, None)) as services:
         yield services
 
@@ -183,8 +184,9 @@ def test_each_keyframe_is_recorded_as_opentelemetry_metrics() -> None:
     telemetry = build_telemetry(TelemetrySettings(), metric_readers=[reader])
     try:
         recorder = RequestRecorder(GatewayMetrics(), RecentRequests(60), telemetry.instruments)
-        recorder.record(details(), "modr-1")
-        recorder.record(details(request_id="modr-2-0"), "modr-2")
+        for request_id, answered in (("modr-1", details()), ("modr-2", details(request_id="modr-2-0"))):
+            finished = FinishedRequest(request_id, "default", frames=1, results=[answered])
+            recorder.finished(finished, latency_s=answered.latency_ms / 1000)
         data = reader.get_metrics_data()
     finally:
         telemetry.shutdown()

@@ -16,7 +16,7 @@ from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from gateway.http.app import create_app
 from gateway.settings import Settings, TenantSettings
-from tests.support import ADMIN_TOKEN, SimFactory, forward, image_input
+from tests.support import ADMIN_TOKEN, SimFactory, forward, image_input, merged_settings
 
 
 class RecordingEngine:
@@ -51,9 +51,8 @@ def recorded(start_sim: SimFactory) -> Iterator[tuple[RecordingEngine, list[Thre
 
 def gateway_for(recorded: tuple[RecordingEngine, list[ThreadedServer]], **settings: Any) -> ThreadedServer:
     engine, servers = recorded
-    fields: dict[str, Any] = {
-        "admin_token": ADMIN_TOKEN, "max_inflight": 1, "shaping": {"verdict_cache_ttl_s": 0}, **settings
-    }
+    fields = merged_settings({"auth": {"admin_token": ADMIN_TOKEN}, "engine": {"max_inflight": 1}}, settings)
+    fields.setdefault("shaping", {"verdict_cache_ttl_s": 0})
     server = ThreadedServer(create_app(Settings(**fields), httpx.MockTransport(engine.handle))).start()
     servers.append(server)
     return server
@@ -111,7 +110,7 @@ async def test_tenants_share_the_engine_by_their_weights(
     recorded: tuple[RecordingEngine, list[ThreadedServer]], weights: dict[str, float], first: int,
     expected: dict[str, int],
 ) -> None:
-    gateway = gateway_for(recorded, api_keys=KEYS, tenants={"weights": weights})
+    gateway = gateway_for(recorded, auth={"api_keys": KEYS}, tenants={"weights": weights})
     order = await engine_order(gateway, recorded[0], [(t, "off") for _ in range(12) for t in weights])
     share = Counter(order[:first])
     for tenant, count in expected.items():
@@ -124,7 +123,8 @@ async def test_the_share_is_engine_work_so_a_thinking_tenant_gets_fewer_turns(st
     servers: list[ThreadedServer] = []
     try:
         # the Spark's weight, set: a simulator answering at time scale 0 has no times to learn it from
-        gateway = gateway_for((engine, servers), api_keys=KEYS, tenants={"output_token_weight": weight})
+        gateway = gateway_for((engine, servers), auth={"api_keys": KEYS},
+                              tenants={"output_token_weight": weight})
         requests = [(t, m) for _ in range(16) for t, m in (("a", "on"), ("b", "off"))]
         calls = (await engine_calls(gateway, engine, requests))[:16]
     finally:
@@ -145,6 +145,6 @@ async def test_the_share_is_engine_work_so_a_thinking_tenant_gets_fewer_turns(st
 async def test_fifo_serves_tenants_in_arrival_order(
     recorded: tuple[RecordingEngine, list[ThreadedServer]],
 ) -> None:
-    gateway = gateway_for(recorded, api_keys=KEYS, admission={"fairness": "fifo"})
+    gateway = gateway_for(recorded, auth={"api_keys": KEYS}, admission={"fairness": "fifo"})
     calls = await engine_calls(gateway, recorded[0], [("a", "off")] * 10, later=(("b", "off"),))
     assert [tenant for tenant, _ in calls] == ["a"] * 10 + ["b"]  # b waited for a's whole backlog

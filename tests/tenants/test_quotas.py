@@ -47,7 +47,7 @@ def test_over_the_keyframe_quota_the_openai_client_gets_a_429_with_the_rate_head
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
     gateway = start_gateway(
-        engine_url=sim.url, api_keys=KEYS, tenants={"keyframes_per_minute": {"tenant-a": 3}}
+        engine={"url": sim.url}, auth={"api_keys": KEYS}, tenants={"keyframes_per_minute": {"tenant-a": 3}}
     )
     first = moderate_raw(gateway, "key-a", frames=2)
     assert first.headers["x-ratelimit-limit-requests"] == "3"
@@ -77,7 +77,8 @@ def test_over_the_keyframe_quota_the_openai_client_gets_a_429_with_the_rate_head
 def test_a_request_larger_than_the_whole_quota_is_a_400_not_a_429(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS, tenants={"default_keyframes_per_minute": 2})
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS},
+                            tenants={"default_keyframes_per_minute": 2})
     with pytest.raises(openai.BadRequestError) as error, client(gateway, "key-b") as openai_client:
         openai_client.moderations.create(model="m", input=image_input(*[FRAME] * 3))  # type: ignore[arg-type]  # image parts
     body = error.value.body
@@ -91,8 +92,10 @@ def test_the_keyframe_quota_holds_across_replicas_through_redis(
     # One keyframe a minute, the slowest refill a quota has: the shared quota is earned back only a full
     # minute after the first keyframe, so the refusals below do not hang on how fast this machine answers
     # (at 3 a minute a keyframe came back every 20 s, and a loaded machine's four requests took longer).
-    settings: dict[str, Any] = {"engine_url": sim.url, "api_keys": KEYS, "redis_url": redis_url,
-                                "tenants": {"keyframes_per_minute": {"tenant-a": 1}}}
+    settings: dict[str, Any] = {
+        "engine": {"url": sim.url}, "auth": {"api_keys": KEYS}, "redis": {"url": redis_url},
+        "tenants": {"keyframes_per_minute": {"tenant-a": 1}},
+    }
     one, two = start_gateway(**settings), start_gateway(**settings)
     assert moderate_raw(one, "key-a").headers["x-ratelimit-remaining-requests"] == "0"
     over = refused(two, "key-a").response  # the keyframe taken through the first replica counts here too
@@ -107,7 +110,7 @@ def test_the_keyframe_quota_holds_across_replicas_through_redis(
 def test_limits_set_in_redis_with_the_cli_reach_a_running_gateway(
     start_gateway: GatewayFactory, sim: ThreadedServer, redis_url: str
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS, redis_url=redis_url,
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS}, redis={"url": redis_url},
                             tenants={"reload_interval_s": 0.1, "weights": {"tenant-b": 1.0}})
     moderate_raw(gateway, "key-b")
     moderate_raw(gateway, "key-b")  # no quota yet
@@ -144,7 +147,8 @@ async def test_over_the_concurrent_requests_quota_a_429_says_so(
     start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:
     sim = start_sim("spark", time_scale=0.02)  # ~0.2 s a call: the requests overlap
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS, tenants={"max_concurrent": {"tenant-a": 1}})
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS},
+                            tenants={"max_concurrent": {"tenant-a": 1}})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=60,
                                  headers={"Authorization": "Bearer key-a"}) as http:
         responses = await asyncio.gather(*(

@@ -38,7 +38,7 @@ def traffic(gateway: ThreadedServer) -> None:
 
 
 def test_metrics_break_figures_down_by_tenant(start_gateway: GatewayFactory, sim: ThreadedServer) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS,
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS},
                             tenants={"weights": {"tenant-a": 2}, "keyframes_per_minute": {"tenant-b": 1}})
     traffic(gateway)
     metrics = samples(gateway)
@@ -66,7 +66,7 @@ def test_metrics_break_figures_down_by_tenant(start_gateway: GatewayFactory, sim
 def test_a_tenant_named_in_a_request_is_not_a_label(
     start_gateway: GatewayFactory, sim: ThreadedServer
 ) -> None:
-    gateway = start_gateway(engine_url=sim.url)  # no keys: one tenant
+    gateway = start_gateway(engine={"url": sim.url})  # no keys: one tenant
     body = {"input": image_input(make_keyframe("allow", 192, 108)), "modgate": {"tags": ["mallory"]}}
     assert httpx.post(f"{gateway.url}/v1/moderations", json=body, timeout=30,
                       headers={"X-Tenant": "mallory"}).status_code == 200
@@ -78,7 +78,7 @@ def test_a_tenant_named_in_a_request_is_not_a_label(
 
 
 def test_stats_and_the_console_show_each_tenant(start_gateway: GatewayFactory, sim: ThreadedServer) -> None:
-    gateway = start_gateway(engine_url=sim.url, api_keys=KEYS,
+    gateway = start_gateway(engine={"url": sim.url}, auth={"api_keys": KEYS},
                             tenants={"weights": {"tenant-a": 2}, "keyframes_per_minute": {"tenant-b": 1}})
     traffic(gateway)
     stats = httpx.get(f"{gateway.url}/stats", timeout=10).json()

@@ -30,7 +30,7 @@ def test_the_default_weight_is_the_spark_presets_prefill_over_decode() -> None:
 def test_the_built_in_simulator_weighs_output_by_its_own_preset() -> None:
     slower_decode = PRESETS["spark"].scaled(decode_tokens_per_s=50.0)
     assert work_weighed(Settings(), slower_decode).output_token_weight == pytest.approx(66.5)
-    settings = Settings(engine_url=None, simulator=SimulatorSettings(preset="spark", time_scale=0))
+    settings = Settings(engine={"url": None}, simulator=SimulatorSettings(preset="spark", time_scale=0))
     with engine_settings(settings) as served:
         assert served.tenants.output_token_weight == pytest.approx(34.0)
 
@@ -53,7 +53,7 @@ def learned_weight(decode_tokens_per_s: float, **settings: Any) -> float:
     preset = PRESETS["spark"].scaled(decode_tokens_per_s=decode_tokens_per_s)
     with (
         ThreadedServer(create_sim_app(preset, 1.0)) as sim,
-        ThreadedServer(create_app(Settings(engine_url=sim.url, **settings))) as gateway,
+        ThreadedServer(create_app(Settings(engine={"url": sim.url}, **settings))) as gateway,
     ):
         for seed in range(3):
             frame = image_input(make_keyframe("allow", seed=seed))

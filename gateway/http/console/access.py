@@ -50,7 +50,7 @@ def require(role: Role, area: Area) -> None:
 
 def session_signer(services: Services) -> SessionSigner | None:
     """The session signer, or None while admin calls are disabled (no MODGATE_AUTH__ADMIN_TOKEN)."""
-    token = services.settings.admin_token
+    token = services.settings.auth.admin_token
     return None if token is None else SessionSigner(token, services.settings.console.session_ttl_s)
 
 

@@ -138,7 +138,7 @@ async def review_page(
     visitor: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """The page, with the item the user holds (``?item=``), or a prompt to claim the next."""
-    if services.settings.admin_token is None:
+    if services.settings.auth.admin_token is None:
         return _sign_in_page(services, status=403)
     if visitor is None:
         return _sign_in_page(services)

@@ -200,7 +200,7 @@ async def _visitor(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> _Operator | None:
     """The page's visitor; None, not a 403, while admin calls are disabled: the page itself says so."""
-    return None if services.settings.admin_token is None else await _person(request, services)
+    return None if services.settings.auth.admin_token is None else await _person(request, services)
 
 
 OPERATOR = {
@@ -344,7 +344,7 @@ def _sign_in_page(services: Services, status: int = 200, error: str | None = Non
                   operator: str = "", cookie_dropped: bool = False,
                   headers: dict[str, str] | None = None) -> Response[str]:
     return _html(_render("sign_in.html", error=error, operator_name=operator, cookie_dropped=cookie_dropped,
-                         disabled=services.settings.admin_token is None,
+                         disabled=services.settings.auth.admin_token is None,
                          oidc_provider=services.oidc.provider_name if services.oidc is not None else None,
                          cookie_secure=services.settings.console.cookie_secure),
                  status=status, headers=headers)
@@ -382,7 +382,7 @@ async def console_page(
     visitor: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """The console, or its sign-in form."""
-    if services.settings.admin_token is None:
+    if services.settings.auth.admin_token is None:
         return _sign_in_page(services, status=403)
     operator = visitor
     if operator is None:

@@ -1,0 +1,155 @@
+"""One recorder for a finished moderation request: every sink hears of it once, from here.
+
+The moderation path fills one :class:`FinishedRequest` as it goes (who asked, how long shaping took, the
+result of each frame) and hands it to :meth:`RequestRecorder.finished` once, whatever the outcome. The
+recorder fans it out: Prometheus (``modgate_requests_total{route,outcome}``, ``modgate_request_seconds``,
+the per-tenant and per-frame series), the recent window (``RecentRequests``), the OpenTelemetry request
+instruments, the request span's outcome and one log line per frame (or one for a request that failed).
+What each engine call costs (time to first token, prompt and cached tokens, unusable outputs, engine
+errors) is counted where the call is made (gateway/moderation/engine_call.py): a call is not a request.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from gateway.moderation.wire import ModerationDetails
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.tracing import RequestInstruments
+from gateway.telemetry.windows import RecentRequests, RequestSample
+
+request_log = logging.getLogger("modgate.requests")
+
+OK = "ok"
+
+
+@dataclass
+class FinishedRequest:
+    """One moderation request as its telemetry sees it, filled in while it runs and recorded once."""
+
+    request_id: str
+    tenant: str
+    frames: int  # keyframes or text pieces asked about (a failed request's latency is observed once each)
+    route: str = "moderations"
+    shaping_s: float | None = None  # per shaped image; None: nothing was shaped (text only, or bad input)
+    shaped: int = 0
+    results: list[ModerationDetails] = field(default_factory=list)  # one per frame answered
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+def sample_of(details: ModerationDetails, request_id: str, tenant: str) -> RequestSample:
+    """A frame's result as the recent window keeps it."""
+    return RequestSample(
+        tenant=tenant,
+        request_id=request_id,
+        action=details.action,
+        thinking=details.thinking,
+        reused=details.reused,
+        end_to_end_s=details.latency_ms / 1000,
+        queue_wait_s=details.queue_ms / 1000,
+        shaping_s=details.shaping_ms / 1000,
+        ttft_s=_seconds(details.ttft_ms),
+        decode_s=_seconds(details.decode_ms),
+        prompt_tokens=details.prompt_tokens,
+        cached_tokens=details.cached_tokens,
+        image_tokens=details.image_tokens,
+        completion_tokens=details.completion_tokens,
+        reasoning_tokens=details.reasoning_tokens,
+        thinking_mode=details.thinking_mode,
+        escalated=details.escalated_from is not None,
+        escalation_skipped=details.escalation_skipped,
+    )
+
+
+class RequestRecorder:
+    """Where a finished request's figures go: Prometheus, the recent window, OpenTelemetry and the log."""
+
+    def __init__(
+        self, metrics: GatewayMetrics, recent: RecentRequests, instruments: RequestInstruments | None = None
+    ) -> None:
+        self.metrics = metrics
+        self.recent = recent
+        self.instruments = instruments
+
+    def finished(
+        self, request: FinishedRequest, outcome: str = OK, *, latency_s: float, error: str | None = None
+    ) -> None:
+        """Record ``request`` once: ``outcome`` "ok" (each frame's result) or how it failed (``error``)."""
+        metrics = self.metrics
+        for _ in range(request.shaped):
+            if request.shaping_s is not None:
+                metrics.shaping.observe(request.shaping_s)
+        metrics.requests.labels(request.route, outcome).inc()
+        trace.get_current_span().set_attribute("modgate.outcome", outcome)
+        if outcome != OK:
+            for _ in range(max(1, request.frames)):
+                metrics.e2e.labels(outcome).observe(latency_s)
+            request_log.info(
+                "%s failed: %s",
+                request.request_id,
+                outcome,
+                extra={"request_id": request.request_id, "outcome": outcome, "error": error},
+            )
+            return
+        for details in request.results:
+            self._frame(details, request.request_id, request.tenant)
+
+    def _frame(self, details: ModerationDetails, request_id: str, tenant: str) -> RequestSample:
+        """One answered frame: its latency, reuse, escalation, tenant figures, window sample and log line."""
+        metrics = self.metrics
+        sample = sample_of(details, request_id, tenant)
+        self.recent.add(sample)
+        metrics.e2e.labels(OK).observe(sample.end_to_end_s)
+        if sample.decode_s is not None:
+            metrics.decode.observe(sample.decode_s)
+        metrics.tenant_e2e.labels(tenant).observe(sample.end_to_end_s)
+        if sample.reused is None:
+            metrics.tenant_queue_wait.labels(tenant).observe(sample.queue_wait_s)
+        else:
+            metrics.reused.labels(sample.reused).inc()
+        mode = details.thinking if sample.reused is None else "reused"
+        metrics.tenant_frames.labels(tenant, mode).inc()
+        if self.instruments is not None:
+            self.instruments.record(sample)
+        request_log.info(
+            "%s %s thinking=%s e2e_ms=%.1f ttft_ms=%s prompt=%d cached=%d completion=%d",
+            details.request_id,
+            details.action,
+            details.thinking,
+            details.latency_ms,
+            details.ttft_ms,
+            details.prompt_tokens,
+            details.cached_tokens,
+            details.completion_tokens,
+            extra={
+                "request_id": request_id,
+                "tenant": tenant,
+                "engine_request_id": details.request_id,  # for a reused verdict: the call that made it
+                "outcome": OK,
+                "action": details.action,
+                "thinking": details.thinking,
+                "thinking_rule": details.thinking_rule,
+                "escalated_from": None if details.escalated_from is None else details.escalated_from.why,
+                "escalation_skipped": details.escalation_skipped,
+                "policy_version": details.policy_version,
+                "reused": details.reused,
+                "latency_ms": details.latency_ms,
+                "queue_ms": details.queue_ms,
+                "shaping_ms": details.shaping_ms,
+                "ttft_ms": details.ttft_ms,
+                "decode_ms": details.decode_ms,
+                "prompt_tokens": details.prompt_tokens,
+                "cached_tokens": details.cached_tokens,
+                "image_tokens": details.image_tokens,
+                "completion_tokens": details.completion_tokens,
+                "reasoning_tokens": details.reasoning_tokens,
+                "frame_sha256": details.frame_sha256,
+            },
+        )
+        return sample
