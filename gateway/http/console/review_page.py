@@ -3,7 +3,7 @@
 A signed-in console user claims the next item of the tenants they may review (``n``), sees its frame, the
 model's verdict, categories, confidence and reasoning (when thinking was on) and why it is queued, and
 decides by keys: ``a`` allow, ``s`` skip (the item goes back to the end of its tenant's queue), or
-``1``..``8`` to toggle the categories a block names (the model's are ticked to start with) and ``b`` to
+``1``..``8`` to toggle the categories a block names (a block verdict's are ticked to start with) and ``b`` to
 block with them. Each decision is a form post carrying the session's CSRF token; the page answers with a
 redirect to the next item (post/redirect/get: a reload never decides twice).
 The frame is served by its own route, which checks the session and the item's tenant and is never cached.
