@@ -7,7 +7,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import CollectorRegistry
@@ -105,13 +105,16 @@ class ReviewQueue:
             decision_id=decision_id,
             moderation_request_id=moderation_request_id,
         )
+        twice = reason == "audit" and self.rng.random() < settings.double_label_share
         try:
             await self.store.enqueue(item)
+            if twice:  # a second item of the same decision, for a second reviewer's label
+                await self.store.enqueue(replace(item, id=new_item_id()))
         except StateUnavailable as exc:
             self.metrics.enqueue_failures.inc()
             log.error("frame of %s not queued for review: %s", request_id, exc)
             return None
-        self.metrics.enqueued.labels(tenant, reason).inc()
+        self.metrics.enqueued.labels(tenant, reason).inc(2 if twice else 1)
         return item
 
     async def claim(self, reviewer: Reviewer) -> ReviewItem | None:
