@@ -47,6 +47,7 @@ from contracts.summaries import (
     ThresholdSection,
 )
 from quality.escalation import default_thresholds, same_verdict
+from shaping.verdict import ACTIONS
 
 __all__ = [
     "LabelledDecision",
@@ -186,7 +187,7 @@ def labelled_from_log(rows: Iterable[DecisionRow]) -> list[LabelledDecision]:
     return found
 
 
-_ACTIONS = ("allow", "review", "block")
+_ACTIONS = ACTIONS  # the kappa table's rows and columns
 
 
 def reviewer_agreement(rows: Iterable[DecisionRow], confidence: float = 0.95) -> ReviewerAgreement | None:
