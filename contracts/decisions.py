@@ -9,7 +9,9 @@ fields onto the statement of reasons of the EU Digital Services Act (Art. 17).
 
 from __future__ import annotations
 
+import secrets
 import shutil
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
@@ -31,6 +33,7 @@ __all__ = [
     "day_partitions",
     "drop_days_before",
     "labelled_decisions",
+    "new_decision_id",
     "read_decisions",
     "stream_id_order",
     "tenant_decisions",
@@ -41,6 +44,13 @@ __all__ = [
 # answered; engine_failure: the engine could not answer and the tenant's policy said ``review``; label: a
 # person's label of an earlier decision (``automated`` false), appended by the review queue
 DecisionKind = Literal["judged", "reused", "escalated", "engine_failure", "label"]
+
+
+def new_decision_id() -> str:
+    """A fresh decision id, one per verdict answered (``dec-`` + 12 hex digits of unix milliseconds + 20
+    random ones, so ids sort by time like a UUIDv7): the frames of one packed engine request, a reused
+    verdict and the verdict it reuses, an escalated verdict and its fast one each have their own."""
+    return f"dec-{time.time_ns() // 1_000_000:012x}{secrets.token_hex(10)}"
 
 
 class DecisionRow(BaseModel):
@@ -70,8 +80,12 @@ class DecisionRow(BaseModel):
     engine_request_id: str | None = None
     latency_ms: float | None = None
     labelled_by: str | None = None  # a label's reviewer, as the review audit names them
-    review_reason: str | None = None  # a label: why its item was queued (review, unsure, audit)
-    audit_sample_rate: float | None = None  # a label: the audit rate its item was offered at (audit: 1/rate)
+    # why the verdict was queued for review (review, unsure, audit): on the decision when it was queued (the
+    # weekly report counts each stratum's queued items from it), and on the label of its item
+    review_reason: str | None = None
+    audit_sample_rate: float | None = None  # the audit rate its item was offered at (audit: 1/rate)
+    # the verdict's own id (the result's ``modgate.decision_id``); a label: the id of the decision it labels
+    decision_id: str | None = None
 
 
 DECISION_SCHEMA = pa.schema(
@@ -100,6 +114,7 @@ DECISION_SCHEMA = pa.schema(
         ("labelled_by", pa.string()),
         ("review_reason", pa.string()),
         ("audit_sample_rate", pa.float64()),
+        ("decision_id", pa.string()),
     ]
 )
 
@@ -211,18 +226,22 @@ class TenantDecisions(BaseModel):
     changed_by_policy: int  # the tenant's policy answered other than the model
     engine_failures: int
     labelled: int  # decisions a person labelled afterwards
-    label_agreement: float | None  # of those, the share whose label's action is the decision's
+    label_agreement: float | None  # of their labels (all of a decision labelled twice), the share whose
+    # action is the decision's
 
 
 def labelled_decisions(
     rows: Iterable[DecisionRow],
 ) -> tuple[list[DecisionRow], list[tuple[DecisionRow, DecisionRow]]]:
-    """The gateway's decisions, and each label beside the decision it labels.
+    """The gateway's decisions, and each label beside the decision it labels (every label: a decision two
+    reviewers labelled is in two pairs).
 
-    A label names its decision by the engine request that made it (``engine_request_id``: the review
-    queue's labels) or else by its request and frame; the latest decision before it of that name wins.
+    A label names its decision by ``decision_id``. A row written before decisions had ids names it by the
+    engine request that made it (``engine_request_id``) or else by its request and frame; the latest
+    decision before it of that name wins.
     """
     decided: list[DecisionRow] = []
+    by_id: dict[tuple[str, str], DecisionRow] = {}
     by_engine: dict[tuple[str, str], DecisionRow] = {}
     by_request: dict[tuple[str, str, str | None], DecisionRow] = {}
     labels: list[DecisionRow] = []
@@ -231,18 +250,22 @@ def labelled_decisions(
             labels.append(row)
             continue
         decided.append(row)
+        if row.decision_id is not None:
+            by_id[(row.tenant, row.decision_id)] = row
         by_request[(row.tenant, row.request_id, row.frame_sha256)] = row
         if row.engine_request_id is not None:
             by_engine[(row.tenant, row.engine_request_id)] = row
-    matched: dict[int, tuple[DecisionRow, DecisionRow]] = {}  # one label per decision: the last one
+    pairs: list[tuple[DecisionRow, DecisionRow]] = []
     for label in labels:
-        decision = (
-            by_engine.get((label.tenant, label.engine_request_id)) if label.engine_request_id is not None
-            else by_request.get((label.tenant, label.request_id, label.frame_sha256))
-        )
+        if label.decision_id is not None:
+            decision = by_id.get((label.tenant, label.decision_id))
+        elif label.engine_request_id is not None:
+            decision = by_engine.get((label.tenant, label.engine_request_id))
+        else:
+            decision = by_request.get((label.tenant, label.request_id, label.frame_sha256))
         if decision is not None:
-            matched[id(decision)] = (decision, label)
-    return decided, list(matched.values())
+            pairs.append((decision, label))
+    return decided, pairs
 
 
 def tenant_decisions(rows: Iterable[DecisionRow]) -> list[TenantDecisions]:
@@ -264,7 +287,7 @@ def tenant_decisions(rows: Iterable[DecisionRow]) -> list[TenantDecisions]:
             review_share=sum(row.action == "review" for row in mine) / total if total else None,
             changed_by_policy=sum(row.model_action is not None for row in mine),
             engine_failures=sum(row.kind == "engine_failure" for row in mine),
-            labelled=len(matched),
+            labelled=len({id(row) for row, _ in matched}),
             label_agreement=(sum(row.action == label.action for row, label in matched) / len(matched)
                              if matched else None),
         ))

@@ -33,11 +33,13 @@ __all__ = [
     "HumanScore",
     "LabelAccuracy",
     "LabelSection",
+    "LabelStratum",
     "LabelThreshold",
     "McNemar",
     "Rate",
     "Recommendation",
     "ReportPolicy",
+    "ReviewerAgreement",
     "SampleSizeNeeded",
     "TenantDecisionRow",
     "TenantRow",
@@ -329,8 +331,7 @@ class EngineSection(BaseModel):
 class LabelAccuracy(BaseModel):
     """One arm's (and engine's) decisions against people's labels: the weighted share a person agreed with.
 
-    Each label weighs what it stands for: an audit sample at rate r, 1/r confident decisions; an item queued
-    for a ``review`` verdict or a low confidence, itself (all of those are queued). The interval is Wilson's
+    Each label weighs what its sampling stratum stands for (:class:`LabelStratum`). The interval is Wilson's
     on the weighted share with Kish's effective number of labels, (sum w)^2 / sum w^2."""
 
     arm: str  # off, on, escalate: the thinking mode the policy chose for the frame
@@ -338,7 +339,35 @@ class LabelAccuracy(BaseModel):
     category: str | None = None  # None: every label; else the labels where the model or the person named it
     labels: int
     effective_labels: float
-    accuracy: Estimate
+    accuracy: Estimate  # the whole verdict: the action, and for a block the category set too
+    action_accuracy: Estimate | None = None  # the action alone
+    # the category set alone, over the labels where both the model and the person blocked (None: none did)
+    category_set_accuracy: Estimate | None = None
+    category_set_labels: int = 0
+
+
+class LabelStratum(BaseModel):
+    """One sampling stratum of a week's review queue: why its items were queued (and the audit rate), how
+    many were queued (expired, skipped and never claimed ones included) and labelled, and what each label
+    weighs: the decisions the stratum stands for (queued; an audit at rate r: queued / r) over the
+    labelled."""
+
+    week: str  # ISO week of the decisions, 2026-W49
+    reason: str  # review, unsure, audit
+    audit_sample_rate: float | None  # the audit stratum's rate (None for review and unsure)
+    queued: int
+    labelled: int
+    weight: float | None  # None: nothing labelled
+
+
+class ReviewerAgreement(BaseModel):
+    """How often two reviewers of one frame agree on the action: Cohen's kappa with its interval."""
+
+    frames: int  # frames labelled by two reviewers (the first two labels of each)
+    observed: float  # share of those where both gave the same action
+    kappa: float
+    low: float
+    high: float
 
 
 class LabelThreshold(BaseModel):
@@ -360,6 +389,8 @@ class LabelSection(BaseModel):
     arms: list[LabelAccuracy]
     categories: list[LabelAccuracy]
     threshold: LabelThreshold
+    strata: list[LabelStratum] = Field(default_factory=list)  # empty: labels of rows without a stratum
+    reviewers: ReviewerAgreement | None = None  # None: no frame labelled twice
 
 
 class TenantDecisionRow(BaseModel):

@@ -438,6 +438,9 @@ class ReviewSettings(BaseModel):
     review_below: float = Field(default=0.0, ge=0, le=1)
     # The share of confident verdicts sampled for audit, so accuracy is measured where the model is sure.
     audit_sample_rate: float = Field(default=0.0, ge=0, le=1)
+    # The share of audit samples queued twice (two items, one decision), so two reviewers label the same
+    # frame and the weekly report gives their agreement (Cohen's kappa) beside the model's accuracy.
+    double_label_share: float = Field(default=0.0, ge=0, le=1)
     # A claim not labelled this long returns to the queue: the next reviewer who asks takes it over.
     claim_timeout_s: float = Field(default=300.0, gt=0, le=86400)
     # How long an item (and its frame) is kept unlabelled; a labelled item's frame is deleted at once.

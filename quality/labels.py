@@ -1,12 +1,16 @@
 """The week's decisions against people's labels (the decision log), and the escalation threshold they choose.
 
 A label in the review queue is not a random draw: every ``review`` verdict and every verdict under the
-review threshold is queued (``unsure``), and of the rest only an audit sample at rate r. So each label
-weighs what it stands for (Horvitz-Thompson): an audit label 1/r decisions, an ``unsure`` or ``review``
-one itself. Accuracy is the weighted share of labels the decision agreed with (the Hajek ratio
-sum(w * correct) / sum(w)); its interval is Wilson's on that share with Kish's effective number of labels
-n_eff = (sum w)^2 / sum w^2, the rule the escalation section already uses for its weighted sample. A week
-of audit labels only, at one rate, has n_eff = n: the plain Wilson interval.
+review threshold is queued (``unsure``), and of the rest only an audit sample at rate r; and of the queued
+items only some are labelled (others expire, are skipped, or are never claimed). So each label weighs what
+its stratum stands for (Horvitz-Thompson within strata): per stratum (why it was queued, the audit rate)
+and ISO week, the decisions it stands for (queued; an audit stratum: queued / r) over the labels it got.
+The decision log says which stratum each decision was queued in (its ``review_reason``); a label of a
+decision logged without one weighs 1/r for an audit, else 1. Accuracy is the weighted share of labels the
+decision agreed with (the Hajek ratio sum(w * correct) / sum(w)); its interval is Wilson's on that share
+with Kish's effective number of labels n_eff = (sum w)^2 / sum w^2, the rule the escalation section
+already uses for its weighted sample. A decision two reviewers labelled has both labels, each at half its
+weight; their agreement is Cohen's kappa beside the model's accuracy.
 
 Where enough labelled frames also have a thinking-on and a thinking-off verdict (the week's shadow or
 offline pairs), the escalation threshold is chosen from labels: the accuracy of the escalated answer
@@ -17,12 +21,15 @@ escalates no more than the agreement-chosen threshold does. Plain CPU work: no I
 from __future__ import annotations
 
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+from scipy.stats import norm
+from statsmodels.stats.inter_rater import cohens_kappa
 from statsmodels.stats.proportion import proportion_confint
 
 from contracts.decisions import DecisionRow, labelled_decisions
@@ -30,22 +37,27 @@ from contracts.summaries import (
     Estimate,
     LabelAccuracy,
     LabelSection,
+    LabelStratum,
     LabelThreshold,
     Rate,
     ReportPolicy,
+    ReviewerAgreement,
     TenantDecisionRow,
     ThresholdRow,
     ThresholdSection,
 )
 from quality.escalation import default_thresholds, same_verdict
+from shaping.verdict import ACTIONS
 
 __all__ = [
     "LabelledDecision",
     "LabelledPair",
     "label_headline",
     "label_section",
+    "label_strata",
     "label_weight",
     "labelled_from_log",
+    "reviewer_agreement",
     "tenant_decision_rows",
     "threshold_from_labels",
     "weighted_accuracy",
@@ -82,17 +94,20 @@ def weighted_accuracy(
 
 @dataclass(frozen=True, slots=True)
 class LabelledDecision:
-    """One decision a person labelled: its arm and engine, what each named, and what the label weighs."""
+    """One label of a decision: its arm and engine, what each named, and what the label weighs."""
 
     arm: str
     engine: str
     tenant: str
     frame_sha256: str | None
     categories: frozenset[str]  # named by the model or the person
-    correct: bool
+    correct: bool  # the whole verdict: the action, and for a block the category set
     weight: float
     label_action: str
     label_categories: tuple[str, ...]
+    action_correct: bool = True
+    both_blocked: bool = False  # the model and the person both blocked: the category sets compare
+    categories_correct: bool = True  # the category sets are equal
 
 
 def _arm(row: DecisionRow) -> str:
@@ -102,23 +117,108 @@ def _arm(row: DecisionRow) -> str:
     return "escalate" if row.kind == "escalated" else (row.thinking or "unknown")
 
 
+StratumKey = tuple[str, str, float | None]  # ISO week, reason, audit rate (audit only)
+
+
+def _stratum(row: DecisionRow) -> StratumKey | None:
+    """The sampling stratum a decision was queued in (None: not queued, or logged without it)."""
+    if row.review_reason is None:
+        return None
+    year, week, _ = row.decided_at.isocalendar()
+    rate = row.audit_sample_rate if row.review_reason == "audit" else None
+    return f"{year}-W{week:02d}", row.review_reason, rate
+
+
+def label_strata(rows: Iterable[DecisionRow]) -> list[LabelStratum]:
+    """Each stratum's queued decisions, labelled decisions and the weight of a label in it."""
+    decided, pairs = labelled_decisions(rows)
+    queued: dict[StratumKey, int] = defaultdict(int)
+    for row in decided:
+        if (key := _stratum(row)) is not None:
+            queued[key] += 1
+    labelled: dict[StratumKey, set[int]] = defaultdict(set)
+    for decision, _ in pairs:
+        if (key := _stratum(decision)) is not None:
+            labelled[key].add(id(decision))
+    strata = []
+    for key in sorted(queued, key=lambda k: (k[0], k[1], k[2] or 0.0)):
+        week, reason, rate = key
+        n, done = queued[key], len(labelled[key])
+        stands_for = n / rate if reason == "audit" and rate else float(n)
+        strata.append(LabelStratum(
+            week=week, reason=reason, audit_sample_rate=rate, queued=n, labelled=done,
+            weight=stands_for / done if done else None,
+        ))
+    return strata
+
+
 def labelled_from_log(rows: Iterable[DecisionRow]) -> list[LabelledDecision]:
-    """Each labelled decision of the log (a label beside the decision it names), weighted."""
+    """Each label of the log beside the decision it names, weighted by its stratum (:func:`label_strata`)."""
+    rows = list(rows)
     _, pairs = labelled_decisions(rows)
-    return [
-        LabelledDecision(
+    weights = {
+        (stratum.week, stratum.reason, stratum.audit_sample_rate): stratum.weight
+        for stratum in label_strata(rows)
+    }
+    labels_of: dict[int, int] = defaultdict(int)
+    for decision, _ in pairs:
+        labels_of[id(decision)] += 1
+    found = []
+    for decision, label in pairs:
+        key = _stratum(decision)
+        weight = weights.get(key) if key is not None else None
+        if weight is None:
+            weight = label_weight(label.review_reason, label.audit_sample_rate)
+        both_blocked = decision.action == label.action == "block"
+        found.append(LabelledDecision(
             arm=_arm(decision),
             engine=decision.model or "unknown",
             tenant=decision.tenant,
             frame_sha256=decision.frame_sha256,
             categories=frozenset(decision.categories) | frozenset(label.categories),
             correct=same_verdict(label.action, label.categories, decision.action, decision.categories),
-            weight=label_weight(label.review_reason, label.audit_sample_rate),
+            weight=weight / labels_of[id(decision)],
             label_action=label.action,
             label_categories=tuple(label.categories),
-        )
-        for decision, label in pairs
-    ]
+            action_correct=decision.action == label.action,
+            both_blocked=both_blocked,
+            categories_correct=set(decision.categories) == set(label.categories),
+        ))
+    return found
+
+
+_ACTIONS = ACTIONS  # the kappa table's rows and columns
+
+
+def reviewer_agreement(rows: Iterable[DecisionRow], confidence: float = 0.95) -> ReviewerAgreement | None:
+    """Cohen's kappa on the action between the first two reviewers of each decision labelled twice (by two
+    people), with its interval (statsmodels); None when no decision was."""
+    _, pairs = labelled_decisions(rows)
+    by_decision: dict[int, list[DecisionRow]] = defaultdict(list)
+    for decision, label in pairs:
+        by_decision[id(decision)].append(label)
+    table = np.zeros((len(_ACTIONS), len(_ACTIONS)))
+    for labels in by_decision.values():
+        first = labels[0]
+        second = next((other for other in labels[1:] if other.labelled_by != first.labelled_by), None)
+        if second is not None:
+            table[_ACTIONS.index(first.action), _ACTIONS.index(second.action)] += 1
+    frames = int(table.sum())
+    if frames == 0:
+        return None
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)  # a table of one action: its z-value divides by 0
+        result = cohens_kappa(table)
+    kappa = float(result["kappa"])
+    # statsmodels' own interval is at 95 %: the policy's confidence here, on the same standard error
+    half = float(norm.ppf(0.5 + confidence / 2)) * float(result["std_kappa"])
+    low, high = kappa - half, kappa + half
+    if math.isnan(kappa) or math.isnan(half):  # one action only on both sides: kappa is undefined
+        kappa = low = high = 1.0
+    return ReviewerAgreement(
+        frames=frames, observed=float(np.trace(table)) / frames, kappa=kappa,
+        low=max(-1.0, low), high=min(1.0, high),
+    )
 
 
 def _accuracy_rows(
@@ -135,7 +235,15 @@ def _accuracy_rows(
     for (arm, engine, category), items in sorted(
         groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or "")
     ):
-        estimate, n_eff = weighted_accuracy([i.correct for i in items], [i.weight for i in items], confidence)
+        weights = [i.weight for i in items]
+        estimate, n_eff = weighted_accuracy([i.correct for i in items], weights, confidence)
+        action, _ = weighted_accuracy([i.action_correct for i in items], weights, confidence)
+        blocked = [i for i in items if i.both_blocked]
+        category_set = None
+        if blocked:
+            category_set, _ = weighted_accuracy(
+                [i.categories_correct for i in blocked], [i.weight for i in blocked], confidence
+            )
         rows.append(
             LabelAccuracy(
                 arm=arm,
@@ -144,6 +252,9 @@ def _accuracy_rows(
                 labels=len(items),
                 effective_labels=n_eff,
                 accuracy=estimate,
+                action_accuracy=action,
+                category_set_accuracy=category_set,
+                category_set_labels=len(blocked),
             )
         )
     return rows
@@ -238,9 +349,11 @@ def label_section(
     pairs: Sequence[LabelledPair],
     escalation: ThresholdSection | None,
     policy: ReportPolicy,
+    strata: Sequence[LabelStratum] = (),
+    reviewers: ReviewerAgreement | None = None,
 ) -> LabelSection | None:
-    """Accuracy per arm and engine, overall and per category, and the threshold's source; None without
-    labels."""
+    """Accuracy per arm and engine, overall and per category, the threshold's source, the sampling strata
+    and the reviewers' agreement; None without labels."""
     if not labelled:
         return None
     return LabelSection(
@@ -248,6 +361,8 @@ def label_section(
         arms=_accuracy_rows(labelled, policy.confidence, by_category=False),
         categories=_accuracy_rows(labelled, policy.confidence, by_category=True),
         threshold=_threshold_choice(pairs, escalation, policy),
+        strata=list(strata),
+        reviewers=reviewers,
     )
 
 
@@ -261,8 +376,12 @@ def label_headline(section: LabelSection) -> str:
         f"[{row.accuracy.low * 100:.1f}, {row.accuracy.high * 100:.1f}] over {row.labels}"
         for row in section.arms
     )
-    weighted = f"Against {section.labels} human labels (weighted for the audit rate)"
-    return f"{weighted}: {arms}. {section.threshold.note}"
+    weighted = f"Against {section.labels} human labels (weighted by what each sampling stratum stands for)"
+    agreement = ""
+    if (two := section.reviewers) is not None:
+        agreement = (f" Reviewers agree on {two.frames} frames labelled twice: kappa {two.kappa:.2f} "
+                     f"[{two.low:.2f}, {two.high:.2f}].")
+    return f"{weighted}: {arms}.{agreement} {section.threshold.note}"
 
 
 def labelled_pairs(

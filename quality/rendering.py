@@ -281,18 +281,35 @@ def _md_estimate(estimate: Estimate) -> str:
     return f"{pct(estimate.value)} [{pct(estimate.low)}, {pct(estimate.high)}]"
 
 
+def _md_maybe(estimate: Estimate | None) -> str:
+    return "–" if estimate is None else _md_estimate(estimate)
+
+
 def _md_labels(report: WeeklyReport) -> list[str]:
     """Accuracy against the decision log's labels, the threshold's source, and each tenant's decisions."""
     lines: list[str] = []
     section = report.labels
     if section is not None:
         lines += ["", "## Against people's labels (decision log)", "",
-                  "Each label weighs what it stands for: an audit sample at rate r, 1/r decisions; an item "
-                  "queued for a review verdict or a low confidence, 1. Interval: Wilson on Kish's effective "
-                  "number of labels.", "",
-                  "| arm | engine | labels | effective | accuracy |", "| --- | --- | --- | --- | --- |"]
+                  "Each label weighs what its sampling stratum stands for: the decisions queued in it (an "
+                  "audit at rate r: queued / r) over the labels it got. Interval: Wilson on Kish's effective "
+                  "number of labels. The action and the category set (where both blocked) are scored apart.",
+                  "", "| arm | engine | labels | effective | accuracy | action | category set |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         lines += [f"| {row.arm} | {row.engine} | {row.labels:,} | {row.effective_labels:.1f} | "
-                  f"{_md_estimate(row.accuracy)} |" for row in section.arms]
+                  f"{_md_estimate(row.accuracy)} | {_md_maybe(row.action_accuracy)} | "
+                  f"{_md_maybe(row.category_set_accuracy)} ({row.category_set_labels:,}) |"
+                  for row in section.arms]
+        if section.strata:
+            lines += ["", "| week | stratum | audit rate | queued | labelled | weight |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            lines += [f"| {s.week} | {s.reason} | {s.audit_sample_rate or '–'}"
+                      f" | {s.queued:,} | {s.labelled:,} | {'–' if s.weight is None else f'{s.weight:.3g}'} |"
+                      for s in section.strata]
+        if (two := section.reviewers) is not None:
+            lines += ["", f"Two reviewers labelled {two.frames:,} frames: the same action on "
+                          f"{pct(two.observed)}, Cohen's kappa {two.kappa:.2f} [{two.low:.2f}, "
+                          f"{two.high:.2f}]."]
         if section.categories:
             lines += ["", "| arm | engine | category | labels | accuracy |",
                       "| --- | --- | --- | --- | --- |"]

@@ -124,12 +124,20 @@ def build_weekly_report_from(
 def _add_decisions(report: WeeklyReport, source: Path | pa.Table, rows: list[DecisionRow],
                    policy: ReportPolicy) -> None:
     """The decision log's part: accuracy against labels per arm, the threshold's source, tenants' blocks."""
-    from quality.labels import label_section, labelled_from_log, labelled_pairs, tenant_decision_rows
+    from quality.labels import (
+        label_section,
+        label_strata,
+        labelled_from_log,
+        labelled_pairs,
+        reviewer_agreement,
+        tenant_decision_rows,
+    )
 
     labelled = labelled_from_log(rows)
     frames = {item.frame_sha256 for item in labelled if item.frame_sha256}
     pairs = labelled_pairs(labelled, _verdicts_of(source, frames), policy.always_escalate)
-    report.labels = label_section(labelled, pairs, report.escalation, policy)
+    report.labels = label_section(labelled, pairs, report.escalation, policy, label_strata(rows),
+                                  reviewer_agreement(rows, policy.confidence))
     report.tenant_decisions = tenant_decision_rows(rows, policy.confidence)
 
 

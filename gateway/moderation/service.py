@@ -88,6 +88,7 @@ from gateway.policy.rules import (
     ThinkingPolicy,
     decide,
 )
+from gateway.review.models import ReviewItem
 from gateway.review.service import ReviewQueue
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
@@ -357,11 +358,15 @@ class ModerationService:
             )
             record.results.append(results[-1].modgate)
         decided_at = datetime.now(UTC)
+        queued: list[ReviewItem | None] = [None] * len(results)
+        if self.review is not None and shaped:  # first: each decision's row names the stratum it went to
+            queued = await self.review.offer_judged(
+                caller, list(shaped), outcomes, results, moderation, moderation_request_id=request_id
+            )
         await self.decisions.append(
-            decision_row(result.modgate, request_id, caller.tenant, decided_at) for result in results
+            decision_row(result.modgate, request_id, caller.tenant, decided_at, item)
+            for result, item in zip(results, queued, strict=True)
         )
-        if self.review is not None and shaped:
-            await self.review.offer_judged(caller, list(shaped), outcomes, results, moderation)
         return ModerationResponse(
             id=request_id, model=request.model or self.settings.server.model_name, results=results
         )

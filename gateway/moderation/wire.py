@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.decisions import new_decision_id
 from contracts.escalation_rule import EscalationReason
 from gateway.policy.moderation import PolicyRule
 from gateway.policy.rules import EngineMode, Mode
@@ -104,7 +105,9 @@ class ModerationDetails(BaseModel):
     reasoning_tokens: int
     frame_sha256: str | None
     reused: Literal["exact", "near", None] = None
-    request_id: str
+    request_id: str  # the engine request that made the verdict (shared by a packed request's frames)
+    # this verdict's own id, in the decision log, on its review item and on a label of it (docs/decisions.md)
+    decision_id: str = Field(default_factory=new_decision_id)
     # escalate mode: the fast verdict a thinking-on answer replaced, or why an unsure one was not re-asked
     thinking_mode: Mode | None = None  # the mode the policy chose for the frame
     escalated_from: EscalatedFrom | None = None

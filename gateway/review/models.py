@@ -53,6 +53,8 @@ class ReviewItem:
     model: str = ""
     job_id: str | None = None  # the async job whose result the label is written beside
     frame_sha256: str | None = None  # the frame's hash as the decision log names it (the label's row too)
+    decision_id: str | None = None  # the verdict's own id (``modgate.decision_id``): its label joins by it
+    moderation_request_id: str | None = None  # the moderation request (``modr-…``) that answered it
 
     def to_hash(self) -> dict[str, str]:
         """Flat string fields (a Redis hash)."""
@@ -107,6 +109,7 @@ def audit_entry(item: ReviewItem, label: Label) -> dict[str, Any]:
         "item_id": item.id,
         "tenant": item.tenant,
         "request_id": item.request_id,
+        "decision_id": item.decision_id,
         "job_id": item.job_id,
         "reason": item.reason,
         "audit_sample_rate": item.audit_sample_rate,

@@ -7,7 +7,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client import CollectorRegistry
@@ -70,6 +70,8 @@ class ReviewQueue:
         model: str = "",
         job_id: str | None = None,
         frame_sha256: str | None = None,
+        decision_id: str | None = None,
+        moderation_request_id: str | None = None,
         tenant_review_below: float = 0.0,
         tenant_audit_sample_rate: float = 0.0,
     ) -> ReviewItem | None:
@@ -100,14 +102,19 @@ class ReviewQueue:
             model=model,
             job_id=job_id,
             frame_sha256=frame_sha256,
+            decision_id=decision_id,
+            moderation_request_id=moderation_request_id,
         )
+        twice = reason == "audit" and self.rng.random() < settings.double_label_share
         try:
             await self.store.enqueue(item)
+            if twice:  # a second item of the same decision, for a second reviewer's label
+                await self.store.enqueue(replace(item, id=new_item_id()))
         except StateUnavailable as exc:
             self.metrics.enqueue_failures.inc()
             log.error("frame of %s not queued for review: %s", request_id, exc)
             return None
-        self.metrics.enqueued.labels(tenant, reason).inc()
+        self.metrics.enqueued.labels(tenant, reason).inc(2 if twice else 1)
         return item
 
     async def claim(self, reviewer: Reviewer) -> ReviewItem | None:
@@ -167,17 +174,19 @@ class ReviewQueue:
         outcomes: list[FrameOutcome],
         results: list[ModerationResult],
         tenant: TenantModeration | None = None,
-    ) -> None:
-        """Offer each frame the engine judged (a reused verdict's frame was offered when it was judged);
-        :func:`review_reason` decides which go, with the tenant's policy's threshold and audit rate."""
-        await asyncio.gather(*(
+        moderation_request_id: str | None = None,
+    ) -> list[ReviewItem | None]:
+        """Offer each answered frame, reused verdicts too (a reused verdict is a decision of its own, and
+        the audit sample stands for every confident decision); :func:`review_reason` decides which go, with
+        the tenant's policy's threshold and audit rate. Returns each frame's item (None: not queued)."""
+        return list(await asyncio.gather(*(
             self.offer(
                 caller.tenant, frame.data_url, outcome.verdict, result.modgate.thinking,
                 outcome.answer.reasoning, result.modgate.request_id, job_id=caller.job_id,
-                frame_sha256=result.modgate.frame_sha256,
+                frame_sha256=result.modgate.frame_sha256, decision_id=result.modgate.decision_id,
+                moderation_request_id=moderation_request_id,
                 tenant_review_below=tenant.review_below if tenant else 0.0,
                 tenant_audit_sample_rate=tenant.audit_sample_rate if tenant else 0.0,
             )
             for frame, outcome, result in zip(frames, outcomes, results, strict=True)
-            if outcome.reused is None
-        ))
+        )))

@@ -187,3 +187,21 @@ def error_banner(page: httpx.Response) -> str:
     match = re.search(r'<p class="banner error" role="alert" id="error">([^<]*)</p>', page.text)
     return match.group(1).replace("&#39;", "'") if match else ""
 
+
+
+def test_a_block_on_the_page_keeps_every_category_ticked(reviewed: ThreadedServer) -> None:
+    queue_review_frames(reviewed, 1, seed=20)
+    alice = Reviewer(reviewed, "alice")
+    item_id = alice.claim()
+    page = alice.get(f"/console/review?item={item_id}").text
+    assert 'data-toggle="3"' in page
+    assert 'data-key="b"' in page
+    decide = f"/console/review/{item_id}/decide"
+    none_ticked = alice.post(decide, decision="block")
+    assert none_ticked.status_code == 400
+    assert "at least one category" in none_ticked.text
+    data = {"csrf": alice.csrf, "decision": "block", "category": ["violence/graphic", "violence"]}
+    done = httpx.post(f"{reviewed.url}{decide}", data=data, headers=alice.cookie, timeout=10)
+    assert done.status_code == 303, done.text
+    (entry,) = audit_trail(reviewed)
+    assert entry["label"] == {"action": "block", "categories": ["violence", "violence/graphic"]}

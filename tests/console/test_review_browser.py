@@ -67,12 +67,13 @@ def screenshot(page: Page) -> None:
         shutil.copyfile(ARTIFACTS / "review.png", DOCS_SCREENSHOT)
 
 
-def human_decision(model_action: str) -> tuple[str, str, list[str]]:
-    """What the reviewer decides, by what the model said: a key and the label it records (each case shows
-    up in the job's reviews: an allow agreed with, a block overturned, a review made a block)."""
+def human_decision(model_action: str) -> tuple[list[str], str, list[str]]:
+    """What the reviewer decides, by what the model said: the keys and the label they record (each case
+    shows up in the job's reviews: an allow agreed with, a block overturned, a review made a block naming
+    two categories, ticked with 3 and 4 and confirmed with b)."""
     if model_action == "review":
-        return "3", "block", ["violence"]
-    return "a", "allow", []
+        return ["3", "4", "b"], "block", ["violence", "violence/graphic"]
+    return ["a"], "allow", []
 
 
 @pytest.mark.browser
@@ -108,7 +109,7 @@ def test_a_reviewer_labels_queued_frames_with_the_keys_in_chromium(
         expect(page.locator("#queue-tenant-a .depth")).to_have_text("3")
         expect(page.locator("#queue-tenant-b .depth")).to_have_text("1")
         expect(page.locator("#item-heading")).to_have_text("No item in hand")
-        expect(page.locator("#keys")).to_contain_text("Block: violence")
+        expect(page.locator("#keys")).to_contain_text("Block with the categories ticked")
         expect(page.locator("#next-button")).to_be_focused()
 
         press(page, "n")
@@ -130,8 +131,12 @@ def test_a_reviewer_labels_queued_frames_with_the_keys_in_chromium(
                 press(page, "s")  # skipped: back to the end of its tenant's queue
                 expect(page.locator("#notice")).to_contain_text("Skipped")
                 continue
-            key, action, categories = human_decision(model_action)
-            press(page, key)
+            keys, action, categories = human_decision(model_action)
+            for toggle in keys[:-1]:  # ticks a category: no post
+                page.keyboard.press(toggle)
+            if len(keys) > 1:
+                expect(page.locator("#block-categories input:checked")).to_have_count(len(keys) - 1)
+            press(page, keys[-1])
             decided[shown] = (model_action, action, categories)
             assert len(seen) <= 6, seen  # four items and the skipped one once more
         expect(page.locator("#item-heading")).to_have_text("The queue is empty")

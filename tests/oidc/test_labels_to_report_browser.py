@@ -25,7 +25,7 @@ from tests.support import GatewayFactory, image_input
 pytestmark = [pytest.mark.browser, pytest.mark.redis]
 
 # Each frame's expected verdict on the simulator, and what the reviewer decides on the page: a block of a
-# frame they find harmless, agreement otherwise (the keys: a allow, 3 block with violence).
+# frame they find harmless, agreement otherwise (the keys: a allow; 3 ticks violence, b blocks with it).
 FRAMES = {"allow": "a", "block:violence": "a", "review": "3"}
 
 
@@ -58,9 +58,10 @@ def test_a_reviewer_signed_in_through_the_provider_labels_in_chromium_and_the_re
         while page.locator("#item-frame").count():
             assert page.locator("#item-tenant").inner_text() == "tenant-a"
             model = page.locator("#model-action").inner_text()
-            key = "3" if model == "review" else "a"
+            if model == "review":
+                page.keyboard.press("3")  # ticks violence: no post
             with page.expect_navigation():
-                page.keyboard.press(key)
+                page.keyboard.press("b" if model == "review" else "a")
             labelled += 1
             assert labelled <= 6
         expect(page.locator("#item-heading")).to_have_text("The queue is empty")
@@ -86,11 +87,11 @@ def test_a_reviewer_signed_in_through_the_provider_labels_in_chromium_and_the_re
     report = json.loads(next(out.glob("quality-*.json")).read_text())
     arms = {row["arm"]: row for row in report["labels"]["arms"]}
     assert {arm: row["labels"] for arm, row in arms.items()} == {"off": 3, "on": 3}
-    judged = {row.engine_request_id: row for row in rows if row.kind != "label"}
+    judged = {row.decision_id: row for row in rows if row.kind != "label"}
     for arm, row in arms.items():
         agreed = sum(
-            label.action == judged[label.engine_request_id].action for label in labels
-            if judged[label.engine_request_id].thinking_mode == arm
+            label.action == judged[label.decision_id].action for label in labels
+            if judged[label.decision_id].thinking_mode == arm
         )
         assert row["accuracy"]["value"] == agreed / 3, (arm, row)
         assert row["accuracy"]["low"] <= row["accuracy"]["value"] <= row["accuracy"]["high"]

@@ -118,3 +118,27 @@ async def test_a_reviewer_labels_only_items_of_the_tenants_they_review_now() -> 
     with pytest.raises(ReviewConflict, match="not in the queue"):
         await queue.skip(claimed.id, moved)
     assert await queue.audit(10) == []
+
+
+async def test_a_double_labelled_audit_sample_is_queued_twice_for_two_reviewers_of_one_decision() -> None:
+    store = MemoryReviewStore(claim_timeout_s=60, retention_s=3600)
+    settings = ReviewSettings(audit_sample_rate=1.0, double_label_share=1.0)
+    queue = ReviewQueue(store, settings, metrics=ReviewMetrics(CollectorRegistry(), 3600))
+    sure = KeyframeVerdict("allow", confidence=0.99)
+    offered = await queue.offer("a", "data:,", sure, "off", None, "r-0", decision_id="dec-1")
+    unqueued_twice = await queue.offer("a", "data:,", KeyframeVerdict("review"), "off", None, "r-1",
+                                       decision_id="dec-2")
+    assert offered is not None
+    assert unqueued_twice is not None
+    first = await queue.claim(Reviewer("alice"))
+    second = await queue.claim(Reviewer("bob"))
+    third = await queue.claim(Reviewer("carol"))
+    assert first is not None
+    assert second is not None
+    assert third is not None
+    assert (first.decision_id, second.decision_id, third.decision_id) == ("dec-1", "dec-1", "dec-2")
+    assert first.id != second.id
+    assert await queue.claim(Reviewer("dave")) is None  # a review verdict is queued once
+    await queue.label(first.id, Reviewer("alice"), "allow", [])
+    done = await queue.label(second.id, Reviewer("bob"), "block", ["violence"])
+    assert done.item.decision_id == "dec-1"

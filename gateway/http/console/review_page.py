@@ -2,9 +2,10 @@
 
 A signed-in console user claims the next item of the tenants they may review (``n``), sees its frame, the
 model's verdict, categories, confidence and reasoning (when thinking was on) and why it is queued, and
-decides with one key: ``a`` allow, ``1``..``8`` block with one of the model's categories, ``s`` skip (the
-item goes back to the end of its tenant's queue). Each decision is a form post carrying the session's CSRF
-token; the page answers with a redirect to the next item (post/redirect/get: a reload never decides twice).
+decides by keys: ``a`` allow, ``s`` skip (the item goes back to the end of its tenant's queue), or
+``1``..``8`` to toggle the categories a block names (a block verdict's are ticked to start with) and ``b`` to
+block with them. Each decision is a form post carrying the session's CSRF token; the page answers with a
+redirect to the next item (post/redirect/get: a reload never decides twice).
 The frame is served by its own route, which checks the session and the item's tenant and is never cached.
 The queue's depth and oldest age per tenant sit beside the item. Everything goes through the review queue's
 own calls (:class:`gateway.review.service.ReviewQueue`), as ``/admin/review/*`` does.
@@ -79,12 +80,29 @@ DECISIONS: Final = {
     decision.value: decision
     for decision in (
         Decision("allow", "a", "Allow", "allow"),
-        *(Decision(f"block:{category}", str(n), f"Block: {category}", "block", (category,))
-          for n, category in enumerate(MODEL_CATEGORIES, start=1)),
+        Decision("block", "b", "Block with the categories ticked", "block"),
+        *(Decision(f"block:{category}", "", f"Block: {category}", "block", (category,))
+          for category in MODEL_CATEGORIES),
         Decision("skip", "s", "Skip", None),
     )
 }
-"""Every decision by its form value: allow, block with each category the model may name, skip."""
+"""Every decision by its form value: allow, block (with the ticked ``category`` fields), block with one
+category (``block:<category>``, a form without the page's script), skip."""
+
+CATEGORY_KEYS: Final = {str(n): category for n, category in enumerate(MODEL_CATEGORIES, start=1)}
+"""The key that toggles each category a block names."""
+
+
+def _chosen(decision: Decision, form: Any) -> Decision | None:
+    """The decision with the categories ticked on the form (a ``block``); None: a block naming none or one
+    the model does not know."""
+    if decision.value != "block":
+        return decision
+    ticked = [value for value in form.getall("category", []) if isinstance(value, str)]
+    if not ticked or any(name not in MODEL_CATEGORIES for name in ticked):
+        return None
+    categories = tuple(sorted(set(ticked)))
+    return Decision(decision.value, decision.key, f"Block: {', '.join(categories)}", "block", categories)
 
 _REASONS: Final = {
     "review": "the model said review",
@@ -112,7 +130,8 @@ async def _page(
         queue_error = exc.message
     return _html(_render(
         "review.html", operator=operator, csrf=_csrf(services, operator), item=item.item if item else None,
-        decisions=list(DECISIONS.values()), reasons=_REASONS, queues=queues, queue_error=queue_error,
+        decisions=[d for d in DECISIONS.values() if d.key], categories=CATEGORY_KEYS, reasons=_REASONS,
+        queues=queues, queue_error=queue_error,
         notice=notice, error=error, page="review", now=time.time(),
     ), status=status)
 
@@ -124,6 +143,8 @@ def _next(item_id: str | None, **query: str) -> Response[str]:
 
 
 def _done_notice(done: str | None) -> str | None:
+    if done and done.startswith("block:") and all(c in MODEL_CATEGORIES for c in done[6:].split(",")):
+        return f"Recorded: block: {done[6:].replace(',', ', ')}."
     decision = DECISIONS.get(done or "")
     if decision is None:
         return None
@@ -197,8 +218,12 @@ async def review_decide(
             "Refused: this form did not come from this console session. Nothing recorded; reload the page."
         ))
     decision = DECISIONS.get(_field(form, "decision"))
+    if decision is not None:
+        decision = _chosen(decision, form)
     if decision is None:
-        return await _page(services, operator, status=400, error="Choose a decision: allow, block or skip.")
+        return await _page(services, operator, status=400, error=(
+            "Choose a decision: allow, block (with at least one category ticked) or skip."
+        ))
     reviewer = console_reviewer(operator)
     try:
         if decision.action is None:
@@ -212,7 +237,8 @@ async def review_decide(
         return await _page(services, operator, status=409, error=f"{_CONFLICTS[exc.kind]} ({exc.message})")
     except ModgateError as exc:  # Redis down
         return await _page(services, operator, status=exc.status, error=f"Not recorded: {exc.message}")
-    return _next(item.id if item else None, done=decision.value)
+    done_value = f"block:{','.join(decision.categories)}" if decision.action == "block" else decision.value
+    return _next(item.id if item else None, done=done_value)
 
 
 @get(f"{PAGE}/{{item_id:str}}/frame", include_in_schema=False)

@@ -89,6 +89,7 @@ def item_view(item: ReviewItem) -> dict[str, Any]:
         "thinking": item.thinking,
         "reasoning": item.reasoning,
         "request_id": item.request_id,
+        "decision_id": item.decision_id,
         "enqueued_at": item.enqueued_at,
     }
 
@@ -99,6 +100,7 @@ def labelled_view(done: LabelledItem) -> dict[str, Any]:
     return {
         "id": item.id,
         "tenant": item.tenant,
+        "decision_id": item.decision_id,
         "label": {"action": label.action, "categories": list(label.categories), "reviewer": label.reviewer,
                   "labelled_at": label.labelled_at},
         "model": {"action": item.action, "categories": list(item.categories), "confidence": item.confidence},
