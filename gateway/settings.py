@@ -53,6 +53,10 @@ class EngineSettings(BaseModel):
     # the verdict's confidence is read from them (shaping.confidence). 0: none asked, confidence is null;
     # fewer than the actions cannot show each action's first token and is refused (_sees_every_action).
     top_logprobs: int = Field(default=10, ge=0, le=20)
+    # llama.cpp only (logprobs not grammar-masked): the most probe calls a verdict may cost where the
+    # answer's own list cannot give its exact confidence (shaping.confidence, moderation/engine_call.py);
+    # each is one more prefill of the request, images included. 0: no probe, that confidence stays null.
+    place_probes: int = Field(default=2, ge=0, le=10)
     use_priority: bool = False  # needs the engine started with --scheduling-policy priority
     # What served the verdicts, part of the verdict-reuse scope with the model's id and root (/v1/models):
     # set it when new weights go live under the same name and path (e.g. the weights' commit).

@@ -18,20 +18,19 @@ only leave a spelling out, which makes the confidence lower, never higher: with 
 
 An engine whose log-probabilities are not grammar-masked (llama.cpp's ``llama-server``: a softmax over the
 raw logits, ``grammar_masked=False``) lists tokens the grammar forbids and gives the allowed ones less than
-all the mass. There a listed alternative is credited to an action only where the grammar the gateway sent
-admits it at that place (``action_probabilities``); what it surely forbids (``Allow``, ``allowed``,
-``blocked``) is left out; what it may or may not admit (`` allow`` where the chosen token has no leading
-space) is credited to no action; both that and what the list left out count in the denominator:
+all the mass. There the confidence is one thing: the model's probability of the verdict's first token among
+what the grammar admits (what constrained decoding samples from), exact or null with the reason:
 
-    confidence = P(chosen action's admitted spellings)
-                 / (P(admitted spellings of any action) + P(maybe admitted) + P(not listed))
+    confidence = P(admitted tokens that begin the chosen action) / P(admitted tokens)
 
-``P(not listed)`` is 1 minus the listed alternatives' mass (the softmax is over the whole vocabulary). The
-figure is a lower bound of the grammar-renormalised probability (the model's softmax over what the grammar
-admits: what constrained decoding samples from); nothing a list can hold or leave out raises it above that.
-Where the raw list gives every allowed spelling 0 in float, ``places`` may bring the distribution at a
-verdict's first token as a probe read it after the engine's sampler chain (``EngineWire.place_probe``): the
-grammar-renormalised one where the engine drew again under the grammar, read the same way (then exact).
+Which tokens the grammar admits comes from the grammar itself: the regex the engine's grammar was made from
+(``grammar``), partially matched (the ``regex`` package's ``partial=True``) against the text generated so
+far and the candidate. What the list leaves out (1 minus what it lists: the probabilities are over the whole
+vocabulary, the raw softmax's or, after llama.cpp redrew under the grammar, the grammar's) may be admitted,
+so the reading is exact only where that mass cannot move it past the field's last digit
+(``EXACT_WITHIN``); else the confidence is null and ``confidence_note`` starts with a code
+(``UNLISTED_MASS``, ``NOTHING_ADMITTED``, ...) a probe may fix (``EngineWire.place_probe``: the grammar's
+distribution at the verdict's first token, read the same way from ``places``).
 
 Category scores, for a block: a lower bound of P(the engine writes ``block`` and then the category's whole
 path): every token after ``block`` through the end of the name and the chance that the name stops there
@@ -40,22 +39,35 @@ own (``:`` ``viol``) or merges it with the name (``:self``). At each token on th
 that spells the rest of the path to its stop adds its probability. A category the verdict does not name
 scores its path where a listed alternative spells it to the end; where none does its probability is
 unknown and it is left out of ``category_scores`` (never 0). On a not-masked engine each token on the path
-is its share of 1 minus the listed tokens the compact grammar surely forbids there.
+is its share of 1 minus the listed tokens the grammar forbids there (a lower bound: the unlisted mass counts
+as admitted).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
+
+import regex
 
 from shaping.verdict import ACTIONS, MODEL_CATEGORIES, Action, KeyframeVerdict
 
 THINK_END = "</think>"
-RAW_ZERO = " has a probability above 0 in the engine's raw softmax"
-"""How a not-masked verdict's note ends where nothing allowed had mass in float (a probe may read it)."""
+EXACT_WITHIN: Final = 5e-5
+"""The most the unlisted (or uncommitted) mass may move a not-masked reading for it to be exact: half the
+last of the four decimals the field carries."""
+
+# Why a not-masked verdict's confidence is null: the note's first word (the rest says it for a reader)
+NOTHING_ADMITTED: Final = "nothing_admitted"  # no listed token the grammar admits has mass in float
+UNLISTED_MASS: Final = "unlisted_mass"  # what the list leaves out could move the reading past EXACT_WITHIN
+UNCOMMITTED: Final = "uncommitted"  # admitted tokens that name no action yet (a line break) carry mass
+NO_GRAMMAR: Final = "no_grammar"  # no regex to tell what the engine's grammar admits (a JSON schema)
+PROBE_MAY_READ: Final = frozenset({NOTHING_ADMITTED, UNLISTED_MASS, UNCOMMITTED})
+"""The notes a probe at the verdict's first token (the grammar's distribution, a list of its own) may fix."""
 _JSON_ACTION = re.compile(r'"verdict"\s*:\s*"')
 _JSON_CATEGORIES = re.compile(r'"categories"\s*:\s*\[([^\]]*)\]')
 _JSON_ITEM = re.compile(r'"([^"]*)"')
@@ -174,38 +186,11 @@ def _continuations(spans: _Spans, offset: int, *, spaced: bool = False) -> list[
     return cut
 
 
-def _admitted_after(action: Action, tail: str, json_form: bool) -> bool | None:
-    """Whether the grammar admits ``tail`` right after ``action`` at a verdict's place: True, False, or
-    None where it depends on more than the action's own grammar (a second frame's line)."""
-    if not tail:
-        return True
-    if json_form:
-        return tail[0] == '"' or None
-    if action == "block":
-        if tail[0] != ":":
-            return False
-        name = tail[1:]
-        return any(c.startswith(name) or name.startswith(c) for c in MODEL_CATEGORIES) or None
-    return tail[0] == "\n" or False
-
-
-def action_probabilities(
-    spans: _Spans, offset: int, *, grammar_masked: bool = True, json_form: bool = False
-) -> dict[Action, float] | None:
-    """P(action) as the engine gives it at the verdict's first character: each action's listed spellings.
-
-    Grammar-masked (vLLM): not normalised over the three: an action the list leaves out is unknown, not
+def action_probabilities(spans: _Spans, offset: int) -> dict[Action, float] | None:
+    """P(action) as a grammar-masked engine (vLLM) gives it at the verdict's first character: each action's
+    listed spellings, not normalised over the three: an action the list leaves out is unknown, not
     impossible, so the chosen action keeps its own probability (a lower bound where a spelling of it was cut
-    off the list). Not masked (llama.cpp): an alternative is credited to an action only where the grammar
-    admits it at that place: the same head as the chosen token (its leading whitespace included), then a
-    piece of the action's word or the word and what the grammar lets follow it (``:`` and a category
-    after ``block``, a line break after ``allow``). What the grammar surely forbids there (``Allow``,
-    ``allowed``, ``blocked``) is left out; what it may or may not admit (`` allow`` where the chosen token
-    has no leading space) is mass no action is credited with; both that and what the list left out count
-    as admitted in the denominator, so the reading is a lower bound whatever is listed.
-    """
-    if not grammar_masked:
-        return _admitted_action_probabilities(spans, offset, json_form)
+    off the list)."""
     continuations = _continuations(spans, offset, spaced=True)
     if continuations is None:
         return None
@@ -221,71 +206,87 @@ def action_probabilities(
     return {action: min(1.0, value) for action, value in mass.items()}
 
 
-def _admitted_action_probabilities(spans: _Spans, offset: int, json_form: bool) -> dict[Action, float] | None:
-    """The not-masked reading of ``action_probabilities``: credited spellings over what may be admitted."""
+@functools.lru_cache(maxsize=64)
+def _compiled(pattern: str) -> regex.Pattern[str]:
+    return regex.compile(pattern)
+
+
+def grammar_admits(pattern: str, text: str) -> bool:
+    """Whether the grammar made from ``pattern`` lets the output begin with ``text`` (partial matching)."""
+    return _compiled(pattern).fullmatch(text, partial=True) is not None
+
+
+def _grammar_ends(pattern: str, text: str) -> bool:
+    """Whether the grammar lets the output end after ``text`` (the end-of-output token is admitted there)."""
+    return _compiled(pattern).fullmatch(text) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceReading:
+    """A not-masked reading at a verdict's first token: each action's exact probability, or why none."""
+
+    probabilities: dict[Action, float] | None
+    note: str | None = None
+
+
+def read_place(
+    alternatives: Iterable[tuple[str, float]], prefix: str, head: str, pattern: str
+) -> PlaceReading:
+    """P(action) among what the grammar admits after ``prefix``, from (token, probability) pairs over the
+    whole vocabulary (the raw softmax's best, or llama.cpp's list after it redrew under the grammar).
+
+    ``head``: what the chosen token writes before the verdict's first character (a blank, a line break): an
+    admitted token that writes it and then a letter begins that letter's action; one that writes no letter
+    names no action yet (``UNCOMMITTED``). Exact where the unlisted and uncommitted mass together are at most
+    ``EXACT_WITHIN`` of what may be admitted: then the tokens it could hold cannot move the fourth decimal.
+    """
+    listed = admitted = uncommitted = 0.0
+    mass = dict.fromkeys(ACTIONS, 0.0)
+    for text, probability in alternatives:
+        listed += probability
+        if probability <= 0:
+            continue
+        if _is_special(text):  # the end of output where the grammar may end there; other specials never
+            if text or not _grammar_ends(pattern, prefix):
+                continue
+        elif not grammar_admits(pattern, prefix + text):
+            continue
+        admitted += probability
+        rest = text[len(head) :] if text.startswith(head) else ""
+        action = next((a for a in ACTIONS if rest[:1] == a[0]), None)
+        if action is None:
+            uncommitted += probability
+        else:
+            mass[action] += probability
+    unlisted = max(0.0, 1.0 - listed)
+    if admitted <= 0:
+        return PlaceReading(None, f"{NOTHING_ADMITTED}: no token the grammar admits at the verdict's first "
+                                  f"place has a probability above 0 in the engine's list")
+    if (unlisted + uncommitted) / (admitted + unlisted) > EXACT_WITHIN:
+        if unlisted >= uncommitted:
+            return PlaceReading(None, f"{UNLISTED_MASS}: the engine's list leaves {unlisted:.3g} of the mass "
+                                      f"out beside {admitted:.3g} the grammar admits, which could move it")
+        return PlaceReading(
+            None, f"{UNCOMMITTED}: {uncommitted:.3g} of the admitted mass names no action yet"
+        )
+    return PlaceReading({action: value / admitted for action, value in mass.items()})
+
+
+def _place_reading(spans: _Spans, offset: int, blanks: str, pattern: str) -> PlaceReading:
+    """:func:`read_place` on the answer's own list at the token holding the verdict's first character
+    (``blanks``: what was generated after the thought and before the answer's tokens)."""
     index = spans.at(offset)
     if index is None:
-        return None
+        return PlaceReading(None, "the engine's logprob tokens do not reach the verdict")
+    prefix = blanks + spans.text[: spans.starts[index]]
     head = spans.text[spans.starts[index] : spans.lead + offset]
-    mass, uncertain = dict.fromkeys(ACTIONS, 0.0), 0.0
-    for text, logprob in spans.tokens[index].alternatives():
-        probability = _probability(logprob)
-        rest = text[len(head) :] if text.startswith(head) else text
-        if not text.startswith(head) or rest != rest.lstrip():
-            # other whitespace before the word: the grammar may admit it at this place (line breaks after
-            # ``</think>``) or not
-            word = rest.lstrip()
-            if word and any(word.startswith(a) or a.startswith(word) for a in ACTIONS):
-                uncertain += probability
-            continue
-        if not rest:
-            continue
-        for action in ACTIONS:
-            if action.startswith(rest):
-                mass[action] += probability
-            elif rest.startswith(action):
-                admitted = _admitted_after(action, rest[len(action) :], json_form)
-                if admitted:
-                    mass[action] += probability
-                elif admitted is None:
-                    uncertain += probability
-    credited = sum(mass.values())
-    if credited <= 0:
-        return None
-    allowed = credited + uncertain + _unlisted(spans, offset)
-    return {action: value / allowed for action, value in mass.items()}
+    alternatives = ((text, _probability(logprob)) for text, logprob in spans.tokens[index].alternatives())
+    return read_place(alternatives, prefix, head, pattern)
 
 
-def _place_probabilities(place: Sequence[tuple[str, float]]) -> dict[Action, float] | None:
-    """P(action) from the probabilities at a verdict's first place as a probe read them (llama.cpp's
-    ``post_sampling_probs``): renormalised over what the grammar admits where the engine drew again under
-    it, else its raw softmax; either way read as not masked (credited spellings over what may be admitted
-    and what is not listed), exact in the first case and a lower bound in the second."""
-    if not place:
-        return None
-    top = tuple((token, math.log(p) if p > 0 else float("-inf")) for token, p in place)
-    entry = TokenLogprob(top[0][0], top[0][1], top)
-    return _admitted_action_probabilities(_Spans((entry,), [0], entry.token, 0), 0, json_form=False)
-
-
-def place_read(place: Sequence[tuple[str, float]] | None) -> bool:
-    """Whether a probe's list gives the grammar's actions any mass (else a draw the grammar allowed left the
-    raw softmax there, which may list none of them: another draw may be read)."""
-    probabilities = _place_probabilities(place) if place else None
-    return probabilities is not None and sum(probabilities.values()) > 0
-
-
-def _unlisted(spans: _Spans, offset: int) -> float:
-    """The raw softmax's mass outside the list at the token holding ``offset`` (1 minus what is listed).
-
-    On an engine whose probabilities are over the whole vocabulary (llama.cpp), a token the list left out
-    may be one the grammar allows: counting all of it as allowed makes the renormalised reading a lower
-    bound, as a top-k cut is on vLLM (it can read lower, never higher)."""
-    index = spans.at(offset)
-    if index is None:
-        return 0.0
-    listed = sum(_probability(logprob) for _text, logprob in spans.tokens[index].alternatives())
-    return max(0.0, 1.0 - listed)
+def place_exact(place: Sequence[tuple[str, float]] | None, before: str, pattern: str) -> bool:
+    """Whether a probe's list gives the verdict after ``before`` an exact confidence."""
+    return bool(place) and read_place(place or (), before, "", pattern).probabilities is not None
 
 
 def _category_slots(answer: str, action_offset: int, json_form: bool) -> list[tuple[int, str]]:
@@ -306,22 +307,6 @@ def _category_slots(answer: str, action_offset: int, json_form: bool) -> list[tu
     return slots
 
 
-def _line_admits(written: str) -> bool:
-    """Whether the compact line grammar may admit ``written`` (a verdict from its ``block`` on) at this
-    place: False only where it surely does not (no colon, a name no category has, a blank in a name)."""
-    if not written.startswith("block") or len(written) == len("block"):
-        return True
-    if written[len("block")] != ":":
-        return False
-    line, newline, _rest = written[len("block:") :].partition("\n")
-    *done, last = line.split(",")
-    if any(name not in MODEL_CATEGORIES for name in done):
-        return False
-    if newline:  # the line ended: what follows is the next frame's or the end, not judged here
-        return last in MODEL_CATEGORIES
-    return any(c.startswith(last) for c in MODEL_CATEGORIES)
-
-
 def _complete(target: str) -> bool:
     """Whether the grammar must end the category ``target`` ends with (no longer category begins with it)."""
     name = re.split(r'[:,"]', target)[-1]
@@ -336,23 +321,21 @@ class _BlockPaths:
     action: int  # offset of the verdict's ``block`` in the answer proper
     p_block: float
     terminators: str
-    grammar_masked: bool
     json_form: bool
+    grammar: str | None  # not masked: the regex the engine's grammar holds the answer to (None: masked)
+    pre: str = ""  # what the grammar saw before the answer's tokens (blanks after the thought)
 
     def share(self, index: int, probability: float) -> float:
         """The engine's ``probability`` at token ``index`` as a lower bound of the grammar's there: as given
-        where the engine masked its logits; else over 1 minus the listed tokens the grammar surely forbids
-        there (the line form's; in JSON nothing is surely forbidden, so the raw figure is the bound)."""
-        if self.grammar_masked:
+        where the engine masked its logits (or no grammar is known); else over 1 minus the listed tokens the
+        grammar forbids there."""
+        if self.grammar is None:
             return probability
-        origin = self.spans.lead + self.action
-        if self.json_form or self.spans.starts[index] < origin:
-            return probability
-        written = self.spans.text[origin : self.spans.starts[index]]
+        written = self.pre + self.spans.text[: self.spans.starts[index]]
         forbidden = sum(
             _probability(logprob)
             for text, logprob in self.spans.tokens[index].alternatives()
-            if not _is_special(text) and not _line_admits(written + text)
+            if not _is_special(text) and not grammar_admits(self.grammar, written + text)
         )
         return min(1.0, probability / (1.0 - forbidden)) if forbidden < 1.0 else 0.0
 
@@ -444,9 +427,19 @@ def _category_scores(
     return tuple((category, float(f"{score:.4g}")) for category, score in scores.items() if score > 0)
 
 
-def unread_in_raw_softmax(verdict: KeyframeVerdict) -> bool:
-    """Whether a verdict has no confidence only because the raw softmax gave its place nothing in float."""
-    return verdict.confidence is None and (verdict.confidence_note or "").endswith(RAW_ZERO)
+def probe_may_read(verdict: KeyframeVerdict) -> bool:
+    """Whether a verdict has no confidence for a reason the grammar's own list at its place may fix."""
+    code = (verdict.confidence_note or "").partition(":")[0]
+    return verdict.confidence is None and code in PROBE_MAY_READ
+
+
+def _grammar_seen_before(logprobs: Sequence[TokenLogprob], start: int) -> str:
+    """The blanks generated between the thought's end (or the output's start) and the answer's tokens."""
+    blanks = ""
+    while start > 0 and not logprobs[start - 1].token.strip() and logprobs[start - 1].token:
+        start -= 1
+        blanks = logprobs[start].token + blanks
+    return blanks
 
 
 def answer_before_each(content: str | None) -> list[str]:
@@ -473,15 +466,16 @@ def with_confidence(
     missing: str = "the engine returned no logprobs",
     *,
     grammar_masked: bool = True,
+    grammar: str | None = None,
     places: Mapping[int, Sequence[tuple[str, float]]] | None = None,
 ) -> tuple[KeyframeVerdict, ...]:
     """The verdicts with ``confidence`` and ``category_scores`` read from the engine's logprobs.
 
     ``grammar_masked``: whether the engine's logprobs are taken over what the grammar allows (vLLM) or
-    over the raw logits (llama.cpp), which are renormalised over the allowed alternatives and the mass the
-    list left out. ``places``: for a verdict (by index), the (token, probability) list at its first token
-    that a probe read after the engine's sampler chain (``EngineWire.place_probe``); its action is read
-    from there instead of the answer's own list.
+    over the raw logits (llama.cpp), read exactly over what ``grammar`` (the regex the engine's grammar
+    holds the answer to) admits, or null with the reason. ``places``: for a verdict (by index), the
+    (token, probability) list at its first token that a probe read after the engine's sampler chain
+    (``EngineWire.place_probe``); its action is read from there where the answer's own list cannot say.
 
     Verdicts that could not be parsed, or whose tokens the logprobs do not cover, keep ``confidence``
     None with a note that says why (``missing`` when there are no logprobs at all).
@@ -509,26 +503,32 @@ def with_confidence(
     if len(offsets) != len(verdicts):
         return unread(f"found {len(offsets)} verdicts in the logprobs for {len(verdicts)} frames")
     terminators = '"' if json_form else ",\n"
+    blanks = _grammar_seen_before(logprobs, len(logprobs) - len(spans.tokens))
     read: list[KeyframeVerdict] = []
     for index, (verdict, offset) in enumerate(zip(verdicts, offsets, strict=True)):
         if verdict.problem is not None:
             read.append(replace(verdict, confidence=None, confidence_note="the verdict could not be parsed"))
             continue
-        if places and index in places:
-            probabilities = _place_probabilities(places[index])
+        note = "no alternative at the verdict's first token"
+        if grammar_masked:
+            probabilities = action_probabilities(spans, offset)
+        elif grammar is None:
+            probabilities, note = None, f"{NO_GRAMMAR}: no regex tells what the engine's grammar admits"
         else:
-            probabilities = action_probabilities(
-                spans, offset, grammar_masked=grammar_masked, json_form=json_form
-            )
+            reading = _place_reading(spans, offset, blanks, grammar)
+            if reading.probabilities is None and places and index in places:
+                before = blanks + spans.text[: spans.lead] + answer[:offset]
+                reading = read_place(places[index], before, "", grammar)
+            probabilities, note = reading.probabilities, reading.note or note
         if probabilities is None:
-            note = "no alternative at the verdict's first token" + (
-                "" if grammar_masked else RAW_ZERO
-            )
             read.append(replace(verdict, confidence=None, confidence_note=note))
             continue
         scores: tuple[tuple[str, float], ...] = ()  # another action: no category's path is reached
         if verdict.action == "block":
-            paths = _BlockPaths(spans, offset, probabilities["block"], terminators, grammar_masked, json_form)
+            paths = _BlockPaths(
+                spans, offset, probabilities["block"], terminators, json_form,
+                None if grammar_masked else grammar, blanks,
+            )
             scores = _category_scores(paths, answer, _category_slots(answer, offset, json_form))
         read.append(
             replace(

@@ -8,10 +8,10 @@ takes and reads what its engine serves. The moderation path never asks which kin
   ``chat_template_kwargs``; logprobs already grammar-masked; ``vllm:prefix_cache_*`` counters.
 - llama.cpp's ``llama-server`` (``LlamaCppWire``, read from its tools/server sources): the regex becomes a
   GBNF ``grammar``; ``thinking_token_budget`` becomes ``reasoning_budget_tokens``; no ``priority``;
-  logprobs are softmax over the raw logits (not grammar-masked: shaping.confidence credits only what the
-  grammar admits and counts the mass the list left out, and four times vLLM's alternatives are asked);
-  where that raw list gives a thinking-off verdict nothing, a one-token probe at temperature 1 reads the
-  grammar's distribution after the sampler chain (``place_probe``); ``/tokenize`` takes text
+  logprobs are softmax over the raw logits (not grammar-masked: shaping.confidence reads the verdict's
+  probability among what the grammar's regex admits, exact or null, and four times vLLM's alternatives are
+  asked); where that raw list cannot give a thinking-off verdict's exact confidence, a one-token probe at
+  temperature 1 reads the distribution after the sampler chain (``place_probe``); ``/tokenize`` takes text
   (``/apply-template`` renders the messages first) and counts no image tokens; its cache counters are
   ``llamacpp:prompt_tokens_total`` (processed, cached excluded) and
   ``llamacpp:prompt_tokens_cached_total``; ``/props`` names its ``--parallel`` slots (``total_slots``) and
@@ -83,6 +83,12 @@ class EngineWire:
         """The (token, probability) list a :meth:`place_probe` answered, or None."""
         return None
 
+    def answer_grammar(self, body: dict[str, Any]) -> str | None:
+        """The regex this engine holds the answer (after any thought) to, or None where it is not a regex
+        (a JSON schema): what tells a not-masked reading which tokens were admitted."""
+        constraint = body.get("structured_outputs")
+        return str(constraint["regex"]) if isinstance(constraint, dict) and "regex" in constraint else None
+
     def tokenize_steps(self, body: dict[str, Any]) -> list[TokenizeStep]:
         """The calls that count a prompt's tokens (vLLM: one ``/tokenize``, which takes messages)."""
         return [("/tokenize", lambda _previous: body)]
@@ -138,17 +144,31 @@ class LlamaCppWire(EngineWire):
             out["messages"] = [_without_uuids(message) for message in messages]
         return out
 
+    def answer_grammar(self, body: dict[str, Any]) -> str | None:
+        """The regex, after the line breaks :data:`THOUGHT_RULES` lets follow a thought when thinking is on
+        (the answer's tokens may start with them)."""
+        regex = super().answer_grammar(body)
+        return None if regex is None else ("\\n{0,2}(?:" + regex + ")" if thinking_on(body) else regex)
+
     def place_probe(self, body: dict[str, Any], before: str, regex: str) -> dict[str, Any] | None:
         """The gateway's thinking-off request cut to the verdict's first token, sampled at temperature 1
-        with nothing truncated and read after llama.cpp's sampler chain (``post_sampling_probs``).
+        with nothing truncated and read after llama.cpp's sampler chain (``post_sampling_probs``), drawn
+        with ``body``'s ``seed`` (0 if none: a caller that asks again gives another).
 
-        ``common_sampler_sample`` (common/sampling.cpp) draws first without the grammar and, where the draw
-        is a token the grammar forbids, draws again over the candidates the grammar left, so the chain's
-        candidates are then the model's probabilities renormalised over what the grammar admits: what
-        constrained decoding samples from. At temperature 0 they read 1.0 for the greedy token (the
-        ``temp`` sampler keeps one logit), so the answer itself cannot carry them. The probe's draw is
-        thrown away: the verdict stays the greedy one. ``before``: the answer up to the verdict (earlier
-        frames' lines), sent as the assistant's start, which llama-server continues.
+        ``common_sampler_sample`` (common/sampling.cpp, ``grammar_first`` false in the server) draws first
+        from the chain without the grammar. Where that draw is a token the grammar admits it is kept, and
+        the candidates the server lists (``populate_token_probs``: the chain's, sorted, zeros dropped) are
+        the raw softmax over the whole vocabulary: tokens the grammar forbids listed among them. Where it is
+        forbidden, the logits are set again, the grammar sets every forbidden one to -inf and the chain
+        draws again: the list is then the model's probabilities renormalised over what the grammar admits
+        (what constrained decoding samples from), forbidden tokens at 0 and dropped. Either way the list is
+        a distribution over the whole vocabulary, so shaping.confidence reads both alike: exact where the
+        unlisted mass cannot move the reading, null otherwise. A first draw is admitted with the raw
+        softmax's admitted mass, so another seed is another chance of the renormalised list. At temperature
+        0 the list reads 1.0 for the greedy token (the ``temp`` sampler keeps one logit), so the answer
+        itself cannot carry it. The probe's draw is thrown away: the verdict stays the greedy one.
+        ``before``: the answer up to the verdict (earlier frames' lines), sent as the assistant's start,
+        which llama-server continues.
         """
         if thinking_on(body) or not isinstance(body.get("structured_outputs"), dict):
             return None
@@ -160,7 +180,7 @@ class LlamaCppWire(EngineWire):
             messages=messages, structured_outputs={"regex": regex}, max_completion_tokens=1,
             logprobs=True, top_logprobs=body.get("top_logprobs") or 1,
         )
-        return {**self.chat_body(probe), **PLACE_SAMPLING}
+        return {**self.chat_body(probe), **PLACE_SAMPLING, "seed": int(body.get("seed") or 0)}
 
     def read_place(self, payload: dict[str, Any]) -> tuple[tuple[str, float], ...] | None:
         """``choices[0].logprobs.content[0].top_probs``: probabilities, not logprobs, after the chain."""
@@ -236,7 +256,7 @@ sort over the vocabulary's logits picks them)."""
 PLACE_SAMPLING: Final[dict[str, Any]] = {
     "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
     "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
-    "xtc_probability": 0.0, "seed": 0, "post_sampling_probs": True,
+    "xtc_probability": 0.0, "post_sampling_probs": True,
 }
 """A verdict-place probe's sampler settings: the model's own probabilities (temperature 1, no truncation,
 no penalty), read after the chain (llama-server's ``params_from_json_cmpl`` names, server-schema.cpp)."""

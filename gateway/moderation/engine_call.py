@@ -22,7 +22,7 @@ from gateway.policy.rules import QueueLoad, RequestContext, ThinkingDecision
 from gateway.settings import EngineSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import engine_span_attributes
-from shaping.confidence import answer_before_each, place_read, unread_in_raw_softmax, with_confidence
+from shaping.confidence import answer_before_each, place_exact, probe_may_read, with_confidence
 from shaping.image import ShapedImage
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request
 from shaping.verdict import VerdictFormat, compact_regex, parse_engine_output
@@ -30,7 +30,6 @@ from shaping.verdict import VerdictFormat, compact_regex, parse_engine_output
 log = logging.getLogger("modgate.moderation")
 
 REASK_PRIORITY = -100
-PLACE_PROBE_TRIES = 5  # a probe whose draw the grammar allowed reads nothing: at most four more draws
 """Added to a request's priority for its escalation re-ask: below every request priority (-10..10), so a
 frame already half answered goes ahead of new asks at admission (and in the engine, with ``use_priority``),
 and re-asks keep their requests' order among themselves."""
@@ -60,27 +59,30 @@ def engine_options(
 
 
 async def verdict_places(
-    client: EngineClient, body: dict[str, Any], answer: EngineAnswer, decision: ThinkingDecision, frames: int
+    client: EngineClient, body: dict[str, Any], answer: EngineAnswer, decision: ThinkingDecision, frames: int,
+    *, grammar: str | None, probes: int,
 ) -> dict[int, tuple[tuple[str, float], ...]]:
-    """For each compact thinking-off verdict the raw softmax left with no confidence (every allowed token 0
-    in float: llama.cpp, not masked), the grammar's distribution at its first token, from a probe held in
-    the call's engine slot. Only then: elsewhere the answer's own list is read (a lower bound) at no cost."""
-    if answer.logprobs_grammar_masked or answer.logprobs is None or decision.mode == "on":
+    """For each compact thinking-off verdict the answer's own (not masked) list cannot give an exact
+    confidence, the distribution at its first token from a probe held in the call's engine slot: at most
+    ``probes`` calls a verdict (``MODGATE_ENGINE__PLACE_PROBES``), each drawn with another seed (a list is
+    the grammar's only where the probe's first draw was one the grammar forbids: another seed, another
+    draw), until one list reads exact."""
+    if answer.logprobs_grammar_masked or answer.logprobs is None or decision.mode == "on" or probes <= 0:
         return {}
-    if decision.verdict_format != "compact":
+    if decision.verdict_format != "compact" or grammar is None:
         return {}
     frames = max(1, frames)
     parsed = parse_engine_output(answer.content, answer.reasoning, answer.finish_reason, frames=frames)
-    read = with_confidence(parsed.verdicts, answer.logprobs, answer.content, grammar_masked=False)
+    read = with_confidence(
+        parsed.verdicts, answer.logprobs, answer.content, grammar_masked=False, grammar=grammar
+    )
     before = answer_before_each(answer.content)
-    wanted = [i for i, v in enumerate(read) if unread_in_raw_softmax(v) and i < len(before)]
+    wanted = [i for i, v in enumerate(read) if probe_may_read(v) and i < len(before)]
     places: dict[int, tuple[tuple[str, float], ...]] = {}
     for i in wanted:  # one at a time: the probes share the call's one engine slot
-        # llama.cpp draws first without the grammar: a draw the grammar allows leaves the raw softmax in the
-        # list (nothing to read for the tiny model); another draw is another chance of the grammar's list
-        for _ in range(PLACE_PROBE_TRIES):
-            place = await client.verdict_place(body, before[i], compact_regex(frames - i))
-            if place is not None and place_read(place):
+        for seed in range(probes):
+            place = await client.verdict_place({**body, "seed": seed}, before[i], compact_regex(frames - i))
+            if place is not None and place_exact(place, before[i], grammar):
                 places[i] = place
                 break
     return places
@@ -182,8 +184,14 @@ class FrameJudge:
                             answer.streamed,
                         )
                     )
-                places = await verdict_places(admission.engine.client, body, answer, decision, len(frames))
-                outcome = self._read(answer, frames, decision, admission.queue_seconds, request_id, places)
+                grammar = (await admission.engine.client.wire()).answer_grammar(body)
+                places = await verdict_places(
+                    admission.engine.client, body, answer, decision, len(frames),
+                    grammar=grammar, probes=self.settings.place_probes,
+                )
+                outcome = self._read(
+                    answer, frames, decision, admission.queue_seconds, request_id, places, grammar
+                )
                 if keep is not None:
                     admission.part_with(keep(outcome))
         except ModgateError as exc:
@@ -200,6 +208,7 @@ class FrameJudge:
     def _read(
         self, answer: EngineAnswer, frames: list[ShapedImage], decision: ThinkingDecision, queue_s: float,
         request_id: str, places: Mapping[int, Sequence[tuple[str, float]]] | None = None,
+        grammar: str | None = None,
     ) -> FrameOutcome:
         """The call's outcome: a verdict per frame parsed from the answer, each with its confidence."""
         top_logprobs = self.settings.top_logprobs
@@ -217,6 +226,7 @@ class FrameJudge:
                     else "logprobs are not asked of the engine (MODGATE_ENGINE__TOP_LOGPROBS=0)"
                 ),
                 grammar_masked=answer.logprobs_grammar_masked,
+                grammar=grammar,
                 places=places,
             )
         for problem in parsed.problems:

@@ -26,7 +26,7 @@ from deploy.engine_llamacpp import CONTEXT_PER_SLOT, DEFAULT_SLOTS
 from deploy.keyframes import make_keyframe
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, EngineKind, wire_for
-from shaping.confidence import TokenLogprob, with_confidence
+from shaping.confidence import PROBE_MAY_READ, TokenLogprob, place_exact, with_confidence
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt, prompt_version_for
 from shaping.tokens import TokenGrid
@@ -498,29 +498,62 @@ def test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask(llamacpp_
     best = max(listed, key=lambda pair: pair[1])[0]
     spells_an_action = any(a.startswith(best.strip()) or best.strip().startswith(a) for a in ACTIONS)
     assert not (best.strip() and spells_an_action), listed
-    # the gateway renormalises over the listed spellings and the unlisted mass; where the raw softmax gave
-    # all of them 0 in float (the tiny model: one blank token holds all the mass), it says so, reads nothing
+    # the gateway's reading is the one definition, computed here without the regex engine: exact where the
+    # list leaves nothing out that could move it, else null with a code a probe may fix
     content = choice["message"]["content"]
     parsed = parse_engine_output(content, None, choice["finish_reason"])
     (verdict,) = with_confidence(
         parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content,
-        grammar_masked=wire_for("llamacpp").logprobs_grammar_masked,
+        grammar_masked=wire_for("llamacpp").logprobs_grammar_masked, grammar=compact_regex(1),
     )
-    allowed = [lp for t, lp in [(first["token"], first["logprob"]), *listed]
-               if t.strip() and any(a.startswith(t.strip()) or t.strip().startswith(a) for a in ACTIONS)]
-    print("\nllama.cpp first-token alternatives:", [(t[:12], lp) for t, lp in listed], "->", verdict)
-    if any(lp > LLAMACPP_ZERO_LOGPROB for lp in allowed):
-        assert verdict.confidence is not None
-        assert 0 < verdict.confidence <= 1
+    place = first_place_list(first)
+    print("\nllama.cpp first-token alternatives:", [(t[:12], p) for t, p in place[:8]], "->", verdict)
+    assert_the_one_definition(verdict, place)
+
+
+def first_place_list(entry: dict[str, Any]) -> list[tuple[str, float]]:
+    """A llama-server logprobs entry as (token, probability): the chosen token and its listed alternatives,
+    once each (0 in float where llama.cpp wrote -FLT_MAX)."""
+    pairs = [(entry["token"], entry["logprob"]), *((a["token"], a["logprob"]) for a in entry["top_logprobs"])]
+    listed: dict[str, float] = {}
+    for token, logprob in pairs:
+        listed.setdefault(token, math.exp(logprob) if logprob > LLAMACPP_ZERO_LOGPROB else 0.0)
+    return list(listed.items())
+
+
+# every single-frame compact answer with at most two categories: a token at the verdict's first place that
+# is a prefix of one of them is one the grammar admits (none of the model's tokens is longer than these)
+SINGLE_ANSWERS = ("allow", "review", *(
+    "block:" + ",".join(names)
+    for n in (1, 2) for names in itertools.product(MODEL_CATEGORIES, repeat=n)
+))
+
+
+def expected_confidence(place: list[tuple[str, float]], action: str) -> float | None:
+    """The one definition, read without the regex engine: P(admitted tokens that begin ``action``) over
+    P(admitted tokens), or None where the unlisted mass could move the fourth decimal."""
+    admitted = {t: p for t, p in place if t and any(answer.startswith(t) for answer in SINGLE_ANSWERS)}
+    unlisted = max(0.0, 1.0 - sum(p for _, p in place))
+    total = sum(admitted.values())
+    if total <= 0 or unlisted / (total + unlisted) > 5e-5:
+        return None
+    return sum(p for t, p in admitted.items() if t[0] == action[0]) / total
+
+
+def assert_the_one_definition(verdict: Any, place: list[tuple[str, float]]) -> None:
+    """The gateway's confidence is the exact one computed from ``place``, or null with a probe's code."""
+    expected = expected_confidence(place, verdict.action)
+    if expected is None:
+        assert verdict.confidence is None, (verdict, place[:8])
+        assert str(verdict.confidence_note).partition(":")[0] in PROBE_MAY_READ, verdict
     else:
-        assert verdict.confidence is None
-        assert "raw softmax" in (verdict.confidence_note or "")
+        assert verdict.confidence == pytest.approx(expected, abs=1e-4), (verdict, place[:8])
+        assert verdict.confidence_note is None
 
 
-def test_llamacpp_a_shorter_raw_list_never_raises_the_confidence(llamacpp_url: str) -> None:
-    """Forbidden tokens take slots of llama.cpp's raw list; what the list leaves out counts as allowed, so a
-    shorter list reads lower or the same, never higher (renormalised over the listed spellings alone, a list
-    whose only allowed entry was the chosen token read 1.0)."""
+def test_llamacpp_reads_the_exact_confidence_or_none_whatever_the_list_length(llamacpp_url: str) -> None:
+    """Forbidden tokens take slots of llama.cpp's raw list; what the list leaves out may be admitted, so a
+    list that leaves mass out reads null (never a lower bound), and every list that reads reads the same."""
     engine = Engine("llamacpp", llamacpp_url, "")
     wire = wire_for("llamacpp")
     readings: dict[int, tuple[str, float | None, str | None]] = {}
@@ -533,32 +566,18 @@ def test_llamacpp_a_shorter_raw_list_never_raises_the_confidence(llamacpp_url: s
         parsed = parse_engine_output(content, None, choice["finish_reason"])
         (verdict,) = with_confidence(
             parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content,
-            grammar_masked=wire.logprobs_grammar_masked,
+            grammar_masked=wire.logprobs_grammar_masked, grammar=compact_regex(1),
         )
+        assert_the_one_definition(verdict, first_place_list(entries[0]))
         readings[n_probs] = (content, verdict.confidence, verdict.confidence_note)
     print("\nllama.cpp confidence by n_probs (answer, confidence, note):", readings)
     assert len({content for content, _, _ in readings.values()}) == 1  # greedy: the same answer each time
-    confidence = [reading[1] for reading in readings.values()]
-    if all(c is None for c in confidence):  # the tiny real model: every allowed spelling 0 in float
-        assert all("raw softmax" in (note or "") for _, _, note in readings.values()), readings
-        return
-    assert all(c is not None and 0 < c <= 1 for c in confidence), readings
-    for longer, shorter in itertools.pairwise(confidence):
-        assert shorter <= longer + 1e-4, readings  # type: ignore[operator]  # not None, asserted above
-
-
-def admitted_at_the_start(token: str, action: str) -> bool:
-    """Whether the single-frame compact grammar (thinking off) admits ``token`` as the first piece of
-    ``action``: a piece of the word, or for a block the word, its colon and a piece of a category."""
-    if action.startswith(token) and token:
-        return True
-    rest = token.removeprefix("block:")
-    return action == "block" and rest != token and any(c.startswith(rest) for c in MODEL_CATEGORIES)
+    assert len({round(c, 4) for _, c, _ in readings.values() if c is not None}) <= 1, readings
 
 
 def first_place(url: str) -> tuple[list[tuple[str, float]], Any]:
-    """The raw list at the verdict's first token of a thinking-off compact answer, and the gateway's
-    reading of the answer's confidence."""
+    """The list at the verdict's first token of a thinking-off compact answer, and the gateway's reading of
+    the answer's confidence."""
     engine = Engine("llamacpp", url, "")
     body = engine.post(compact_request(engine, thinking=False, top=10)).json()
     choice = body["choices"][0]
@@ -566,11 +585,15 @@ def first_place(url: str) -> tuple[list[tuple[str, float]], Any]:
     parsed = parse_engine_output(content, None, choice["finish_reason"])
     (verdict,) = with_confidence(
         parsed.verdicts, [TokenLogprob.from_wire(e) for e in entries], content,
-        grammar_masked=wire_for("llamacpp").logprobs_grammar_masked,
+        grammar_masked=wire_for("llamacpp").logprobs_grammar_masked, grammar=compact_regex(1),
     )
-    listed = {a["token"]: math.exp(a["logprob"]) if a["logprob"] > LLAMACPP_ZERO_LOGPROB else 0.0
-              for a in entries[0]["top_logprobs"]}
-    return list(listed.items()), verdict
+    return first_place_list(entries[0]), verdict
+
+
+def admitted_at_the_start(token: str, action: str) -> bool:
+    """Whether the single-frame compact grammar (thinking off) admits ``token`` as the first piece of
+    ``action``."""
+    return bool(token) and token[0] == action[0] and any(a.startswith(token) for a in SINGLE_ANSWERS)
 
 
 def truth_at_most(listed: list[tuple[str, float]], action: str) -> float:
@@ -582,17 +605,14 @@ def truth_at_most(listed: list[tuple[str, float]], action: str) -> float:
     return own / (own + others) if own + others > 0 else 1.0
 
 
-def test_llamacpp_twins_the_grammar_forbids_never_raise_the_confidence_above_the_truth(
-    llamacpp_url: str,
-) -> None:
-    """A raw list holds the verdict's near twins (``Allow``, `` allow``, ``allowed``); the reading counts
-    only what the grammar admits, so it is never above the most the grammar's probability can be."""
+def test_llamacpp_twins_the_grammar_forbids_are_left_out_of_the_exact_confidence(llamacpp_url: str) -> None:
+    """A raw list holds the verdict's near twins (``Allow``, `` allow``, ``allowed``); the reading counts only
+    what the grammar admits: the exact share computed from the list, or null with the reason."""
     listed, verdict = first_place(llamacpp_url)
     print("\nllama.cpp first place:", [(t[:12], round(p, 4)) for t, p in listed], "->", verdict.confidence)
-    if verdict.confidence is None:  # the tiny real model: every allowed spelling 0 in float
-        assert "raw softmax" in (verdict.confidence_note or "")
-        return
-    assert verdict.confidence <= truth_at_most(listed, verdict.action) + 1e-4
+    assert_the_one_definition(verdict, listed)
+    if verdict.confidence is not None:
+        assert verdict.confidence <= truth_at_most(listed, verdict.action) + 1e-4
 
 
 @pytest.mark.llamacpp
@@ -611,16 +631,38 @@ def test_llamacpp_reads_the_grammars_distribution_after_its_sampler_chain_only_a
     first = httpx.post(f"{real_llamacpp_url}/v1/chat/completions", json=greedy, timeout=300).json()
     entry = first["choices"][0]["logprobs"]["content"][0]
     assert [(a["token"], a["prob"]) for a in entry["top_probs"]] == [(entry["token"], 1.0)]
-    probe = wire.place_probe(body, "", compact_regex(1))
-    assert probe is not None
-    answer = httpx.post(f"{real_llamacpp_url}/v1/chat/completions", json=probe, timeout=300).json()
-    place = wire.read_place(answer)
-    assert place is not None
-    print("\nllama.cpp verdict place after the chain at temperature 1:", place[:6])
-    assert sum(p for _, p in place) == pytest.approx(1.0, abs=1e-3)
-    assert all(any(admitted_at_the_start(t, a) for a in ACTIONS) for t, _ in place), place
-    with_mass = {a for a in ACTIONS if any(admitted_at_the_start(t, a) and p > 0 for t, p in place)}
+    places = []
+    for seed in (0, 1, 2):  # the model's logits do not depend on the seed: neither does the grammar's list
+        probe = wire.place_probe({**body, "seed": seed}, "", compact_regex(1))
+        assert probe is not None
+        answer = httpx.post(f"{real_llamacpp_url}/v1/chat/completions", json=probe, timeout=300).json()
+        place = wire.read_place(answer)
+        assert place is not None
+        places.append(place)
+    print("\nllama.cpp verdict place after the chain at temperature 1:", [p[:6] for p in places])
+    for place in places:
+        # the first draw without the grammar was forbidden (the raw softmax gives the admitted tokens 0 in
+        # float), so it drew again under it: only admitted tokens listed, summing to 1, the same each seed
+        assert sum(p for _, p in place) == pytest.approx(1.0, abs=1e-3)
+        assert all(any(admitted_at_the_start(t, a) for a in ACTIONS) for t, _ in place), place
+        assert place_exact(place, "", compact_regex(1))
+        assert dict(place) == pytest.approx(dict(places[0]), rel=1e-4)
+    with_mass = {a for a in ACTIONS if any(admitted_at_the_start(t, a) and p > 0 for t, p in places[0])}
     assert with_mass == set(ACTIONS)
+    # greedy decoding under the grammar takes the token the grammar's distribution ranks first: the answer's
+    # own first token is the probe list's best, and the gateway's confidence is exactly its action's share
+    (best, _), *_ = sorted(places[0], key=lambda pair: -pair[1])
+    greedy_body = engine.post(compact_request(engine, thinking=False)).json()
+    choice = greedy_body["choices"][0]
+    entries = choice["logprobs"]["content"]
+    assert entries[0]["token"] == best
+    content = choice["message"]["content"]
+    (verdict,) = with_confidence(
+        parse_engine_output(content, None, choice["finish_reason"]).verdicts,
+        [TokenLogprob.from_wire(e) for e in entries], content, grammar_masked=False,
+        grammar=compact_regex(1), places={0: places[0]},
+    )
+    assert verdict.confidence == pytest.approx(expected_confidence(list(places[0]), verdict.action), abs=1e-4)
 
 
 def test_the_simulated_llamacpp_lists_twins_that_a_reader_crediting_them_would_read_above_the_truth(

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from deploy.keyframes import make_keyframe
+from shaping.confidence import NOTHING_ADMITTED
 from tests.shaping_gateway.test_verdict_reuse import flip
 from tests.support import GatewayFactory, data_url, image_input
 
@@ -52,8 +53,10 @@ def test_the_readmes_first_request_through_the_gateway_to_llamacpp_gets_a_verdic
         # (pinned on the engine by test_llamacpp_logprobs_are_a_raw_softmax_the_grammar_does_not_mask);
         # thinking off, a probe reads the grammar's distribution instead (the test below): thinking on only
         assert thinking == "on"
-        assert "raw softmax" in details["confidence_reason"]
-    else:  # a finished verdict: its confidence renormalised over what can begin one
+        assert details["confidence_reason"].partition(":")[0] == NOTHING_ADMITTED
+    else:  # a finished verdict: its confidence exact over what the grammar admits (a probe read it)
+        assert thinking == "off"
+        assert details["confidence_reason"] is None
         assert 0 < details["confidence"] <= 1
 
 
@@ -98,7 +101,10 @@ def test_thinking_off_verdicts_through_llamacpp_come_back_with_the_grammars_conf
     for action, confidence, reason in read:
         assert action in ("allow", "review", "block")
         assert confidence is not None, reason
-        assert 0 < confidence <= 1
+        assert reason is None
+        # the greedy token is the grammar's distribution's best (test_llamacpp_reads_the_grammars_...), so
+        # the exact share of the action it begins is at least the best of the admitted tokens' shares
+        assert 1 / 3 < confidence <= 1
 
 
 def test_the_gateway_caps_llamacpp_at_its_slots_and_names_its_kind(

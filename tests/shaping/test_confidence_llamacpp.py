@@ -9,7 +9,6 @@ Qwen's real BPE (shaping.bpe).
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
@@ -17,7 +16,15 @@ import pytest
 
 from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, wire_for
 from shaping.bpe import FAMILIES, Family, qwen_bpe
-from shaping.confidence import TokenLogprob, place_read, with_confidence
+from shaping.confidence import (
+    NO_GRAMMAR,
+    NOTHING_ADMITTED,
+    UNLISTED_MASS,
+    TokenLogprob,
+    grammar_admits,
+    place_exact,
+    with_confidence,
+)
 from shaping.verdict import compact_regex, parse_engine_output
 
 FLT_LOWEST = -3.4028234663852886e38  # llama.cpp's logprob for a probability of 0 (std::numeric_limits)
@@ -52,14 +59,21 @@ def answer_logprobs(answer: str, vocabulary: Family, k: int, first: dict[str, fl
 
 
 def read(answer: str, logprobs: list[TokenLogprob], *, grammar_masked: bool) -> Any:
+    frames = len(answer.splitlines())
     (verdict,) = with_confidence(
-        parse_engine_output(answer, None, "stop").verdicts, logprobs, answer, grammar_masked=grammar_masked
+        parse_engine_output(answer, None, "stop", frames=frames).verdicts, logprobs, answer,
+        grammar_masked=grammar_masked, grammar=compact_regex(frames),
     )
     return verdict
 
 
+def note_code(verdict: Any) -> str:
+    return str(verdict.confidence_note or "").partition(":")[0]
+
+
 # the raw softmax at the verdict's first token: most of the mass on tokens the grammar forbids
 RAW = {"\n": 0.4, "The": 0.2, "allow": 0.2, "block": 0.1, " block": 0.05, "review": 0.05}
+ADMITTED = 0.2 + 0.1 + 0.05  # allow, block, review: no blank before a verdict in the compact grammar
 
 
 def test_the_protocol_says_whose_logprobs_are_grammar_masked() -> None:
@@ -75,9 +89,10 @@ def test_llamacpp_is_asked_for_more_alternatives_than_vllm() -> None:
 
 
 @pytest.mark.parametrize("vocabulary", FAMILIES)
-def test_llamacpp_logprobs_are_renormalised_over_what_can_begin_a_verdict(vocabulary: Family) -> None:
+def test_llamacpp_logprobs_are_renormalised_over_what_the_grammar_admits(vocabulary: Family) -> None:
     verdict = read("allow", answer_logprobs("allow", vocabulary, 10, RAW), grammar_masked=False)
-    assert verdict.confidence == pytest.approx(0.2 / 0.4)  # allow's 0.2 of the 0.4 the grammar allows
+    assert verdict.confidence == pytest.approx(0.2 / ADMITTED, abs=1e-4)
+    assert verdict.confidence_note is None
     # read as vLLM's (already masked), the same numbers would give the raw 0.2: the flag is what differs
     assert read("allow", answer_logprobs("allow", vocabulary, 10, RAW), grammar_masked=True).confidence == (
         pytest.approx(0.2)
@@ -85,45 +100,64 @@ def test_llamacpp_logprobs_are_renormalised_over_what_can_begin_a_verdict(vocabu
 
 
 @pytest.mark.parametrize("vocabulary", FAMILIES)
-def test_a_spelling_with_other_leading_whitespace_is_not_credited(vocabulary: Family) -> None:
+def test_a_spelling_with_a_blank_the_grammar_forbids_is_left_out(vocabulary: Family) -> None:
     logprobs = answer_logprobs("block:violence", vocabulary, 10, RAW)
     verdict = read("block:violence", logprobs, grammar_masked=False)
     assert verdict.action == "block"
-    # `` block`` (0.05) is another head than the chosen ``block``'s: the grammar may forbid the space there,
-    # so it is not credited, but it stays in what may be admitted (a lower bound either way)
-    assert verdict.confidence == pytest.approx(0.1 / 0.4)
+    assert verdict.confidence == pytest.approx(0.1 / ADMITTED, abs=1e-4)  # `` block``: no blank there
     scores = dict(verdict.category_scores)
-    # the path inside the name is not read on raw probabilities: the named category scores P(block)
+    # every later token at 1.0: the named category's path is P(block)
     assert scores["violence"] == pytest.approx(verdict.confidence, abs=1e-4)
 
 
-def test_a_forbidden_token_listed_first_is_left_out_and_what_is_not_listed_counts_as_allowed() -> None:
-    # top_logprobs 1: the forbidden best token and the chosen one are listed; the 0.55 left out may be
-    # allowed spellings, so it is counted as another action's: 0.05 / (0.05 + 0.55), not 0.05 / 0.05 = 1.0
-    verdict = read("review", answer_logprobs("review", "qwen2.5", 1, RAW), grammar_masked=False)
-    assert verdict.confidence == pytest.approx(0.05 / 0.6, abs=1e-4)
-    assert verdict.confidence < 0.05 / 0.4  # below review's true share of what the grammar allows
+def test_the_last_frames_allow_is_not_credited_with_a_line_break_after_it() -> None:
+    # the compact grammar ends after the last frame's verdict: ``allow\n`` is forbidden there (the
+    # hand-written rule admitted it: 0.7 / 0.9 read where the grammar's share is 0.3 / 0.5)
+    raw = {"allow": 0.3, "allow\n": 0.4, "block": 0.2, "\n": 0.1}
+    verdict = read("allow", answer_logprobs("allow", "qwen2.5", 10, raw), grammar_masked=False)
+    assert verdict.confidence == pytest.approx(0.3 / 0.5, abs=1e-4)
+
+
+def test_an_earlier_frames_allow_is_credited_with_the_line_break_the_next_frame_needs() -> None:
+    raw = {"allow": 0.3, "allow\n": 0.4, "block": 0.2, "\n": 0.1}
+    pieces = [*qwen_bpe("qwen2.5").pieces("allow\nallow"), "<|im_end|>"]
+    logprobs = [TokenLogprob.from_wire(llamacpp_entry(t, raw if i == 0 else {t: 1.0}, 10))
+                for i, t in enumerate(pieces)]
+    first, _second = with_confidence(
+        parse_engine_output("allow\nallow", None, "stop", frames=2).verdicts, logprobs, "allow\nallow",
+        grammar_masked=False, grammar=compact_regex(2),
+    )
+    assert first.confidence == pytest.approx(0.7 / 0.9, abs=1e-4)
+
+
+def test_a_block_is_not_credited_with_a_name_no_category_has() -> None:
+    # ``block:sexualx``: no category is ``sexualx`` nor begins with it (the hand-written rule admitted it)
+    raw = {"block": 0.2, "block:sexualx": 0.3, "allow": 0.5}
+    logprobs = answer_logprobs("block:violence", "qwen2.5", 10, raw)
+    verdict = read("block:violence", logprobs, grammar_masked=False)
+    assert verdict.confidence == pytest.approx(0.2 / 0.7, abs=1e-4)
 
 
 @pytest.mark.parametrize("vocabulary", FAMILIES)
 @pytest.mark.parametrize("answer", ["allow", "block:violence", "review"])
-def test_a_shorter_raw_list_never_raises_the_confidence(vocabulary: Family, answer: str) -> None:
-    # the true reading, every alternative listed: the action's share of the 0.4 the grammar allows
-    # (`` block`` counted as admitted but credited to no action: the grammar may forbid the space)
-    truth = {"allow": 0.2 / 0.4, "block:violence": 0.1 / 0.4, "review": 0.05 / 0.4}[answer]
-    readings = [
-        read(answer, answer_logprobs(answer, vocabulary, k, RAW), grammar_masked=False).confidence
-        for k in (10, 6, 5, 4, 3, 2, 1)
-    ]
-    assert readings[0] == pytest.approx(truth, abs=1e-4)
-    assert None not in readings
-    for longer, shorter in itertools.pairwise(readings):
-        assert shorter <= longer + 1e-4, readings
+def test_a_raw_list_that_leaves_mass_out_gives_no_confidence_never_a_bound(
+    vocabulary: Family, answer: str
+) -> None:
+    truth = {"allow": 0.2, "block:violence": 0.1, "review": 0.05}[answer] / ADMITTED
+    chosen = answer_logprobs(answer, vocabulary, 1, RAW)[0].token
+    for k in (10, 6, 5, 4, 3, 2, 1):
+        verdict = read(answer, answer_logprobs(answer, vocabulary, k, RAW), grammar_masked=False)
+        best = sorted(RAW, key=lambda t: -RAW[t])[:k]
+        if set(RAW) <= {*best, chosen}:  # everything listed (the chosen token is always): exact
+            assert verdict.confidence == pytest.approx(truth, abs=1e-4)
+        else:  # the unlisted mass may be admitted: the field says nothing rather than something lower
+            assert verdict.confidence is None, (k, verdict)
+            assert note_code(verdict) == UNLISTED_MASS
 
 
 def test_a_categorys_path_counts_what_the_list_left_out_as_allowed() -> None:
-    # at the category's place (``viol``): a forbidden blank, violence, self-harm, a forbidden "The" and
-    # hate; each token on the path is its share of 1 minus the listed tokens the grammar surely forbids
+    # at the category's place (``viol``): a forbidden line break, violence, self-harm, a forbidden "The"
+    # and hate; each token on the path is its share of 1 minus the listed tokens the grammar forbids there
     place = {"\n": 0.4, "viol": 0.3, "self": 0.2, "The": 0.05, "hate": 0.05}
     pieces = [*qwen_bpe("qwen2.5").pieces("block:violence"), "<|im_end|>"]
     assert pieces[2] == "viol"
@@ -142,12 +176,21 @@ def test_a_categorys_path_counts_what_the_list_left_out_as_allowed() -> None:
     assert "hate" not in scores(3)  # not listed: unknown
 
 
-def test_every_allowed_token_at_zero_in_float_gives_no_confidence_and_says_why() -> None:
+def test_every_admitted_token_at_zero_in_float_gives_no_confidence_and_says_why() -> None:
     # what the tiny model's llama-server does: one forbidden token holds all the float mass
     degenerate = {" " * 128: 1.0, "//---": 0.0, "review": 0.0, "allow": 0.0}
     verdict = read("review", answer_logprobs("review", "qwen2.5", 5, degenerate), grammar_masked=False)
     assert verdict.confidence is None
-    assert "raw softmax" in (verdict.confidence_note or "")
+    assert note_code(verdict) == NOTHING_ADMITTED
+
+
+def test_no_regex_for_the_grammar_gives_no_confidence_on_a_not_masked_engine() -> None:
+    (verdict,) = with_confidence(
+        parse_engine_output("allow", None, "stop").verdicts,
+        answer_logprobs("allow", "qwen2.5", 10, RAW), "allow", grammar_masked=False,
+    )
+    assert verdict.confidence is None
+    assert note_code(verdict) == NO_GRAMMAR
 
 
 # the raw softmax at the verdict's first token with the twins a model ranks beside the allowed spellings:
@@ -157,16 +200,15 @@ TWINS = {"allow": 0.5, " allow": 0.1, "allowed": 0.1, "Allow": 0.1, "block": 0.1
 
 @pytest.mark.parametrize("vocabulary", FAMILIES)
 @pytest.mark.parametrize("k", [6, 5, 4, 3, 2, 1])
-def test_twins_the_grammar_forbids_never_raise_the_confidence_above_the_truth(
+def test_twins_the_grammar_forbids_are_left_out_and_a_cut_list_reads_nothing(
     vocabulary: Family, k: int
 ) -> None:
-    truth = 0.5 / (0.5 + 0.15)  # 0.769, allow's share of what the grammar admits at the verdict's first place
     verdict = read("allow", answer_logprobs("allow", vocabulary, k, TWINS), grammar_masked=False)
-    assert verdict.confidence is not None
-    assert verdict.confidence <= truth + 1e-4
-    if k == 6:  # every alternative listed: the leading-space twin may or may not be admitted, so it is
-        # mass the reading cannot credit; the capitalised and longer twins are forbidden and left out
-        assert verdict.confidence == pytest.approx(0.5 / (0.5 + 0.15 + 0.1), abs=1e-4)
+    if k == 6:  # every alternative listed: allow's share of what the grammar admits, the twins left out
+        assert verdict.confidence == pytest.approx(0.5 / (0.5 + 0.15), abs=1e-4)
+    else:
+        assert verdict.confidence is None
+        assert note_code(verdict) == UNLISTED_MASS
 
 
 @pytest.mark.parametrize("vocabulary", FAMILIES)
@@ -203,34 +245,59 @@ def test_a_place_probe_asks_llamacpp_for_one_token_read_after_its_sampler_chain(
     assert probe["grammar"] == wire_for("llamacpp").chat_body(compact_body(2))["grammar"]
 
 
+def test_a_place_probe_draws_with_the_seed_it_is_given() -> None:
+    wire = wire_for("llamacpp")
+    seeds = [wire.place_probe({**compact_body(1), "seed": seed}, "", compact_regex(1)) for seed in (0, 1, 2)]
+    assert [probe["seed"] for probe in seeds if probe] == [0, 1, 2]
+    assert (wire.place_probe(compact_body(1), "", compact_regex(1)) or {})["seed"] == 0
+
+
 def test_no_place_probe_where_the_answer_already_is_the_grammars_or_thinking_runs_first() -> None:
     assert wire_for("vllm").place_probe(compact_body(1), "", compact_regex(1)) is None
     assert wire_for("llamacpp").place_probe(compact_body(1, thinking=True), "", compact_regex(1)) is None
 
 
+def test_the_answers_grammar_is_the_regex_after_the_line_breaks_a_thought_may_leave() -> None:
+    assert wire_for("vllm").answer_grammar(compact_body(2)) == compact_regex(2)
+    assert wire_for("llamacpp").answer_grammar(compact_body(2)) == compact_regex(2)
+    thought = wire_for("llamacpp").answer_grammar(compact_body(1, thinking=True)) or ""
+    assert grammar_admits(thought, "\n\nallow")
+    assert not grammar_admits(thought, "\n\n\nallow")
+    assert wire_for("llamacpp").answer_grammar({"response_format": {"type": "json_schema"}}) is None
+
+
 def test_a_probed_place_gives_the_confidence_the_raw_softmax_could_not() -> None:
     # the tiny model's raw list (every allowed spelling 0 in float), and what a probe read at the same place
+    # after llama.cpp drew again under the grammar: only admitted tokens, summing to 1
     degenerate = {" " * 128: 1.0, "review": 0.0, "allow": 0.0, "block": 0.0}
     logprobs = answer_logprobs("review", "qwen2.5", 4, degenerate)
     parsed = parse_engine_output("review", None, "stop")
     place = (("review", 0.99995), ("allow", 2.6e-5), ("block", 2.4e-5), ("rev", 1e-14))
-    (raw,) = with_confidence(parsed.verdicts, logprobs, "review", grammar_masked=False)
-    (probed,) = with_confidence(parsed.verdicts, logprobs, "review", grammar_masked=False, places={0: place})
-    assert raw.confidence is None
-    assert probed.confidence == pytest.approx(0.99995, abs=1e-4)
-    assert probed.confidence_note is None
-    # a probe whose draw passed the grammar lists the raw softmax: read as raw, a lower bound
+
+    def probed(place: tuple[tuple[str, float], ...]) -> Any:
+        (verdict,) = with_confidence(parsed.verdicts, logprobs, "review", grammar_masked=False,
+                                     grammar=compact_regex(1), places={0: place})
+        return verdict
+
+    assert note_code(probed(())) == NOTHING_ADMITTED  # no list: the answer's own reading stands
+    assert probed(place).confidence == pytest.approx(0.99995, abs=1e-4)
+    assert probed(place).confidence_note is None
+    # a probe whose first draw the grammar admitted lists the raw softmax: exact where it lists it all
     raw_place = (("review", 0.5), ("\n", 0.3), ("Review", 0.1), ("allow", 0.1))
-    (bound,) = with_confidence(
-        parsed.verdicts, logprobs, "review", grammar_masked=False, places={0: raw_place}
-    )
-    assert bound.confidence == pytest.approx(0.5 / 0.6, abs=1e-4)
+    assert probed(raw_place).confidence == pytest.approx(0.5 / 0.6, abs=1e-4)
+    # and null where what it leaves out could be admitted (never the lower bound 0.5 / 0.7)
+    cut = (("review", 0.5), ("\n", 0.2), ("allow", 0.1))
+    assert probed(cut).confidence is None
+    assert note_code(probed(cut)) == UNLISTED_MASS
 
 
-def test_a_probe_whose_draw_the_grammar_allowed_reads_nothing_and_is_drawn_again() -> None:
-    # After llama.cpp's chain: a redraw under the grammar lists the allowed actions (read); a first draw the
-    # grammar allowed leaves the raw softmax, which for the tiny model lists none of them (drawn again)
-    assert place_read((("review", 0.99996), ("allow", 2.1e-5), ("block", 2.0e-5)))
-    assert not place_read(((" the", 0.4), ("\n", 0.3), ("Allow", 0.2)))
-    assert not place_read(())
-    assert not place_read(None)
+def test_a_probes_list_reads_exact_only_where_nothing_left_out_could_move_it() -> None:
+    regex = compact_regex(1)
+    assert place_exact((("review", 0.99996), ("allow", 2.1e-5), ("block", 1.9e-5)), "", regex)
+    assert not place_exact(((" the", 0.4), ("\n", 0.3), ("Allow", 0.2)), "", regex)  # nothing admitted
+    assert not place_exact((("review", 0.6), ("allow", 0.3)), "", regex)  # 0.1 unlisted
+    assert not place_exact((), "", regex)
+    assert not place_exact(None, "", regex)
+    # the second of two frames: read after the first line, under the two-line grammar
+    assert place_exact((("allow", 0.7), ("block", 0.3)), "review\n", compact_regex(2))
+    assert not place_exact((("allow", 0.7), ("block", 0.3)), "review", compact_regex(2))
