@@ -38,8 +38,10 @@ def make_video(
     fps: int = 4,
     keyframe_every_s: float = 1.0,
     codec: str | None = None,
+    keyframes_at_cuts: bool = True,
 ) -> bytes:
-    """MP4 bytes of ``scenes`` one after another, a keyframe every ``keyframe_every_s`` seconds."""
+    """MP4 bytes of ``scenes`` one after another, a keyframe every ``keyframe_every_s`` seconds (and, unless
+    ``keyframes_at_cuts`` is False, where the encoder sees a scene change)."""
     import av
 
     codec = codec or video_codec()
@@ -50,7 +52,12 @@ def make_video(
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.gop_size = max(1, round(fps * keyframe_every_s))
         # High quality: lossy coding must not blur the marker squares the simulator reads.
-        stream.options = {"crf": "12", "preset": "veryfast"} if codec == "libx264" else {"qscale": "2"}
+        options: dict[str, object] = {"crf": "12", "preset": "veryfast"} if codec == "libx264" else {}
+        if not keyframes_at_cuts:  # x264 reads its own scenecut; other encoders FFmpeg's sc_threshold
+            options["x264-params" if codec == "libx264" else "sc_threshold"] = (
+                "scenecut=0" if codec == "libx264" else "0"
+            )
+        stream.options = options
         for scene in scenes:
             still = render_keyframe(scene.label, width, height, scene.seed)
             picture = av.VideoFrame.from_image(still)  # type: ignore[no-untyped-call]  # PyAV's stub leaves it untyped

@@ -120,8 +120,9 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
     job["frames"]["anyOf"][0]["maxItems"] = settings.jobs.max_frames
     # Exactly one of frames and a video (a null is as good as absent); sampling only with a video.
     schemas["JobRequest"]["oneOf"] = [
-        {"properties": {"frames": {"type": "array"}, "sampling": {"type": "null"}}, "required": ["frames"]},
-        {"properties": {"video": {"type": "object"}}, "required": ["video"]},
+        {"properties": {"frames": {"type": "array"}, "video": {"type": "null"}, "sampling": {"type": "null"}},
+         "required": ["frames"]},
+        {"properties": {"video": {"type": "object"}, "frames": {"type": "null"}}, "required": ["video"]},
     ]
     schemas["VideoSource"]["properties"]["url"]["pattern"] = video_url_pattern(settings)
     job["video_id"]["pattern"] = VIDEO_ID_PATTERN
