@@ -134,3 +134,22 @@ async def test_a_video_cut_past_its_budget_fails_the_job_saying_so(
     assert job["status"] == "failed"
     assert job["error"]["code"] == "video_decode_failed"
     assert "not cut within" in job["error"]["message"]
+
+
+async def test_a_multipart_video_job_is_cut_and_judged(gateway: ThreadedServer, violent_video: bytes) -> None:
+    files = {"video": ("clip.mp4", violent_video, "video/mp4"),
+             "job": (None, '{"video_id": "clip-8", "sampling": {"max_fps": 1.0}}', "application/json")}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        accepted = await client.post("/v1/jobs", files=files)
+        assert accepted.status_code == 202, accepted.text
+        job = await finished(client, accepted.json()["id"])
+    assert job["status"] == "succeeded", job
+    assert [s["action"] for s in job["result"]["segments"]] == ["allow", "block", "allow"]
+
+
+async def test_a_multipart_job_without_its_video_part_gets_a_400(gateway: ThreadedServer) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        files = {"job": (None, '{"video_id": "clip-9"}', "application/json")}
+        answer = await client.post("/v1/jobs", files=files)
+    assert answer.status_code == 400
+    assert error_body(answer)["param"] == "video"
