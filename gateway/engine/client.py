@@ -234,6 +234,15 @@ class EngineClient:
         self._wire, self._props_read_at = wire, time.monotonic()
         return wire
 
+    async def read_slots(self) -> bool:
+        """Read ``/props`` now, whatever its age, before a slot of the cap is taken (engine/slot_readings.py):
+        whether it answered, so that ``slots`` is the engine's word of now (None: it names none, as vLLM)."""
+        if self._kind == "vllm":
+            return True  # it serves no /props: its cap is the setting
+        self._props_read_at = None
+        await self.wire()
+        return self._props_read_at is not None
+
     @property
     def kind(self) -> str:
         """The engine kind, or "unknown" before it was detected."""
@@ -268,6 +277,16 @@ class EngineClient:
     async def metrics_text(self) -> str:
         """The engine's Prometheus ``/metrics`` text."""
         return (await self._get("/metrics")).text
+
+    async def server_info(self) -> dict[str, Any] | None:
+        """vLLM's ``GET /server_info?config_format=json`` (served with ``VLLM_SERVER_DEV_MODE=1``): its whole
+        config; None where the engine serves no such route or its body is not a JSON object."""
+        try:
+            response = await self._http.get("/server_info", params={"config_format": "json"})
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
 
     async def tokenize(self, body: dict[str, Any]) -> int:
         """Token count of a prompt or messages (``POST /tokenize``, in the engine's own terms)."""
