@@ -21,6 +21,7 @@ from cli.policy import policy_app
 from cli.prefix import plan as cache_plan
 from cli.quality import quality_app
 from cli.stats import stats
+from cli.video import video_app
 from deploy.cli import deploy_app
 from deploy.engine_cpu import engine_cpu as engine_cpu_command
 from deploy.engine_llamacpp import engine_llamacpp as engine_llamacpp_command
@@ -55,6 +56,7 @@ app.add_typer(tenants_app, name="tenants")
 app.command("stats")(stats)
 app.add_typer(quality_app, name="quality")
 app.add_typer(decisions_app, name="decisions")
+app.add_typer(video_app, name="video")
 
 
 def _sample_body_file(url: str) -> Path:

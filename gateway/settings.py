@@ -339,6 +339,21 @@ class JobSettings(BaseModel):
         return value
 
 
+class VideoSettings(BaseModel):
+    """Videos posted as jobs (gateway/jobs/video.py, cut by shaping/video/): their limits and the cut."""
+
+    # A JSON body carries the video base64-encoded (4/3 of its size) within MODGATE_SHAPING__MAX_BODY_BYTES.
+    max_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    max_duration_s: float = Field(default=600.0, gt=0)
+    max_pixels: int = Field(default=3840 * 2160, ge=1)  # per frame: 4K
+    max_fps: float = Field(default=1.0, gt=0, le=60)  # frames cut per second of video at most (the default)
+    # Mean grey-level change (0..1) that counts as a shot change; 0: the stream's own keyframes only.
+    scene_threshold: float = Field(default=0.3, ge=0, le=1)
+    cut_budget_s: float = Field(default=120.0, gt=0)  # the cut of one video, after which the job fails
+    cut_workers: int = Field(default=1, ge=1, le=16)  # videos cut at once (threads of their own)
+    fetch_timeout_s: float = Field(default=60.0, gt=0, le=600)  # a video URL's whole download
+
+
 class TelemetrySettings(BaseModel):
     """Traces, metrics, logs and the recent-window figures (gateway/telemetry/: tracing.py, windows.py)."""
 
@@ -542,6 +557,7 @@ class Settings(RenamedAttributes, BaseSettings):
     limits: LimitsSettings = LimitsSettings()
     remote_images: RemoteImageSettings = RemoteImageSettings()
     jobs: JobSettings = JobSettings()
+    videos: VideoSettings = VideoSettings()
     policy: PolicySettings = PolicySettings()
     console: ConsoleSettings = ConsoleSettings()
     oidc: OidcSettings = OidcSettings()

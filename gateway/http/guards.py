@@ -64,6 +64,11 @@ def _caller(request: Request[Any, Any, Any]) -> Caller:
     return caller
 
 
+def caller_of(request: Request[Any, Any, Any]) -> Caller:
+    """The caller the business-key guard found (for a hook that answers before the handler's providers)."""
+    return _caller(request)
+
+
 def _actor(request: Request[Any, Any, Any]) -> str:
     actor: str = request.state[_ACTOR]
     return actor

@@ -94,6 +94,12 @@ def image_url_pattern(settings: Settings) -> str:
     return f"(?:{DATA_URL_PATTERN})|(?:{REMOTE_URL_PATTERN})"
 
 
+def video_url_pattern(settings: Settings) -> str:
+    """A video's URL: a strict base64 ``data:video/…`` URL, or an http(s) URL where remote fetching is on."""
+    data = DATA_URL_PATTERN.replace("^data:image/", "^data:video/", 1)
+    return data if not settings.remote_images.enabled else f"(?:{data})|(?:{REMOTE_URL_PATTERN})"
+
+
 def exact_openapi(app: Litestar, settings: Settings) -> None:
     """Complete the document ``app`` serves with what its routes and settings really accept."""
     document: dict[str, Any] = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
@@ -116,7 +122,14 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
     batch = schemas["KeyframeBatchRequest"]["properties"]
     batch["frames"]["maxItems"] = settings.shaping.max_frames_per_batch
     job = schemas["JobRequest"]["properties"]
-    job["frames"]["maxItems"] = settings.jobs.max_frames
+    job["frames"]["anyOf"][0]["maxItems"] = settings.jobs.max_frames
+    # Exactly one of frames and a video (a null is as good as absent); sampling only with a video.
+    schemas["JobRequest"]["oneOf"] = [
+        {"properties": {"frames": {"type": "array"}, "video": {"type": "null"}, "sampling": {"type": "null"}},
+         "required": ["frames"]},
+        {"properties": {"video": {"type": "object"}, "frames": {"type": "null"}}, "required": ["video"]},
+    ]
+    schemas["VideoSource"]["properties"]["url"]["pattern"] = video_url_pattern(settings)
     job["video_id"]["pattern"] = VIDEO_ID_PATTERN
     if settings.jobs.webhook_secret is None:  # webhooks are off: only no webhook is accepted
         job["webhook_url"] = {"type": "null", "default": None,

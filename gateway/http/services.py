@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -47,6 +47,7 @@ from gateway.jobs.service import JobService
 from gateway.jobs.store import JobStore
 from gateway.jobs.store_memory import MemoryJobStore
 from gateway.jobs.store_redis import RedisJobStore
+from gateway.jobs.video import VideoJobs
 from gateway.jobs.webhooks import WebhookSender
 from gateway.moderation.engine_identity import EngineIdentity
 from gateway.moderation.remote_images import RemoteImageFetcher
@@ -130,6 +131,19 @@ def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
     )
 
 
+def _video_fetcher(settings: Settings) -> RemoteImageFetcher | None:
+    """Video URLs are fetched as image URLs are (the same allowlist), with the video limits."""
+    group = settings.remote_images
+    if not group.enabled:
+        return None
+    return RemoteImageFetcher(
+        group.allowlist,
+        max_bytes=settings.videos.max_bytes,
+        timeout_s=settings.videos.fetch_timeout_s,
+        max_redirects=group.max_redirects,
+    )
+
+
 def _job_service(
     settings: Settings,
     state: aioredis.Redis | None,
@@ -137,6 +151,7 @@ def _job_service(
     executor: Executor,
     remote_images: RemoteImageFetcher | None,
     drain: Drain,
+    videos: VideoJobs,
 ) -> JobService:
     group = settings.jobs
     store: JobStore = (
@@ -154,7 +169,7 @@ def _job_service(
         )
     )
     return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks,
-                      accepting=lambda: not drain.active)
+                      accepting=lambda: not drain.active, videos=videos)
 
 
 def _review_queue(
@@ -452,7 +467,13 @@ async def open_services(
         archiver = DecisionArchiver(moderation.decisions, settings.decisions.archive_interval_s)
         stack.push_async_callback(archiver.stop)
         drain = drain or Drain(settings.server.drain_s)
-        jobs = _job_service(settings, state, moderation, executor, remote_images, drain)
+        video_threads = ThreadPoolExecutor(settings.videos.cut_workers, thread_name_prefix="video-cut")
+        stack.callback(video_threads.shutdown, wait=False, cancel_futures=True)
+        video_fetcher = _video_fetcher(settings)
+        if video_fetcher is not None:
+            stack.push_async_callback(video_fetcher.aclose)
+        videos = VideoJobs(settings.videos, settings.jobs, video_threads, video_fetcher)
+        jobs = _job_service(settings, state, moderation, executor, remote_images, drain, videos)
         stack.push_async_callback(jobs.stop)
         moderation.review.on_label = partial(_label_to_job, jobs, moderation.decisions)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gateway.moderation.keyframe_batch import KeyframeBatchRequest, KeyframeBatchResponse
+from gateway.moderation.keyframe_batch import Keyframe, KeyframeBatchRequest, KeyframeBatchResponse
 from gateway.moderation.wire import ModerationResponse
 from shaping.verdict import Action
 
@@ -21,12 +21,44 @@ REVIEW_FIELD: Final = "review:"  # a job hash field per labelled frame: ``review
 # --- wire ----------------------------------------------------------------------------------------------
 
 
+class VideoSource(BaseModel):
+    """The video itself: an ``https://`` URL (fetched as image URLs are) or a ``data:video/…;base64,`` URL."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    url: str = Field(min_length=1)
+
+
+class VideoSampling(BaseModel):
+    """How densely a video is cut; each unset field takes its setting (``MODGATE_VIDEOS__…``, ``max_frames``
+    ``MODGATE_JOBS__MAX_FRAMES``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_fps: float | None = Field(default=None, gt=0, le=60)
+    scene_threshold: float | None = Field(default=None, ge=0, le=1)  # 0: the stream's own keyframes only
+    max_frames: int | None = Field(default=None, ge=1, le=1024)
+
+
 class JobRequest(KeyframeBatchRequest):
     """``POST /v1/jobs``: the body of ``POST /v1/videos/{video_id}/keyframes``, plus the video's id and an
-    optional webhook; moderated in the background, its result the document the sync call answers."""
+    optional webhook; moderated in the background, its result the document the sync call answers. A video
+    (``video``, optionally ``sampling``) may come in place of ``frames``: the gateway cuts its keyframes."""
 
+    # Optional here, unlike the sync route's body: a video job sends ``video`` instead (exactly one of them).
+    frames: list[Keyframe] | None = Field(default=None, min_length=1)  # type: ignore[assignment]  # None only with a video (checked below); the worker sends only frame jobs down the frames path
     video_id: str = Field(min_length=1, max_length=200)
     webhook_url: str | None = Field(default=None, min_length=1, max_length=2048)
+    video: VideoSource | None = None
+    sampling: VideoSampling | None = None
+
+    @model_validator(mode="after")
+    def _frames_or_a_video(self) -> JobRequest:
+        if (self.frames is None) == (self.video is None):
+            raise ValueError("send either frames or a video, not both and not neither")
+        if self.sampling is not None and self.video is None:
+            raise ValueError("sampling applies to a video only")
+        return self
 
     @field_validator("frames", mode="before")
     @classmethod
@@ -48,6 +80,32 @@ class JobError(BaseModel):
     message: str
     type: str
     code: str
+
+
+class JobProgress(BaseModel):
+    """How far a video job is: frames judged of the frames cut."""
+
+    frames_done: int
+    frames_total: int
+
+
+class VideoSegment(BaseModel):
+    """A time range of one verdict: consecutive frames of one action and one category set."""
+
+    start_ms: int
+    end_ms: int  # where the next segment starts; the last one's, the video's duration
+    action: Action
+    categories: list[str]
+    frames: list[int]  # indices into ``frames``
+    confidence: float | None  # the lowest of its frames' confidences (null when none has one)
+
+
+class VideoModerationResponse(KeyframeBatchResponse):
+    """A video job's result: the keyframes document of the frames cut, with the video's duration and its
+    segments."""
+
+    duration_ms: int
+    segments: list[VideoSegment]
 
 
 class WebhookState(BaseModel):
@@ -77,7 +135,7 @@ class Job(BaseModel):
     object: Literal["moderation.job"] = "moderation.job"
     status: JobStatus
     video_id: str
-    frames: int
+    frames: int  # a video job's: 0 until it is cut
     durable: bool  # false: kept in this gateway's memory only, lost on restart
     created_at: int
     updated_at: int
@@ -85,8 +143,9 @@ class Job(BaseModel):
     attempts: int = 0
     # The document POST /v1/videos/{video_id}/keyframes answers; a job finished before that change kept
     # the moderation response it was given then.
-    result: KeyframeBatchResponse | ModerationResponse | None = None
+    result: VideoModerationResponse | KeyframeBatchResponse | ModerationResponse | None = None
     error: JobError | None = None
+    progress: JobProgress | None = None  # a video job's, once it is cut
     webhook: WebhookState | None = None
     reviews: list[JobReview] = Field(default_factory=list)  # people's labels of its frames, as they come
 
@@ -104,6 +163,7 @@ class JobRecord:
     video_id: str
     frames: int
     status: JobStatus = "queued"
+    frames_done: int | None = None  # a video job's progress, once it is cut
     request: str | None = None  # the JobRequest JSON; dropped once the job has finished
     created_at: int = 0
     updated_at: int = 0
@@ -132,6 +192,7 @@ class JobRecord:
         values = {as_text(k): as_text(v) for k, v in raw.items()}
         numbers = {
             "frames",
+            "frames_done",
             "created_at",
             "updated_at",
             "completed_at",
@@ -164,6 +225,8 @@ class JobRecord:
             attempts=self.attempts,
             result=None if self.result is None else _job_result(self.result),
             error=None if self.error is None else JobError.model_validate_json(self.error),
+            progress=None if self.frames_done is None
+            else JobProgress(frames_done=self.frames_done, frames_total=self.frames),
             webhook=None
             if self.webhook_url is None
             else WebhookState(
@@ -174,7 +237,9 @@ class JobRecord:
         )
 
 
-def _job_result(stored: str) -> KeyframeBatchResponse | ModerationResponse:
+def _job_result(stored: str) -> VideoModerationResponse | KeyframeBatchResponse | ModerationResponse:
+    if '"segments":' in stored:
+        return VideoModerationResponse.model_validate_json(stored)
     try:
         return KeyframeBatchResponse.model_validate_json(stored)
     except ValidationError:

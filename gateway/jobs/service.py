@@ -20,9 +20,10 @@ from gateway.caller import Caller
 from gateway.errors import Conflict, InvalidRequest, NotFound, Overloaded
 from gateway.jobs.models import Job, JobRecord, JobRequest, JobReview, unix_now
 from gateway.jobs.store import JobStore
+from gateway.jobs.video import VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
 from gateway.jobs.worker import JobWorker
-from gateway.moderation.keyframe_batch import check_video_id
+from gateway.moderation.keyframe_batch import Keyframe, check_video_id
 from gateway.moderation.remote_images import RemoteImageFetcher, host_allowed, is_remote_url
 from gateway.moderation.service import ModerationService, image_rejection
 from gateway.settings import JobSettings
@@ -45,6 +46,7 @@ class JobService:
     executor: Executor
     remote_images: RemoteImageFetcher | None = None
     webhooks: WebhookSender | None = None
+    videos: VideoJobs | None = None  # None: video jobs are refused
     consumer: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
@@ -54,7 +56,8 @@ class JobService:
 
     def __post_init__(self) -> None:
         self.worker = JobWorker(
-            self.store, self.moderation, self.settings, self.webhooks, self.consumer, self.accepting
+            self.store, self.moderation, self.settings, self.webhooks, self.consumer, self.accepting,
+            self.videos,
         )
         if not self.store.durable:
             log.warning(
@@ -67,14 +70,21 @@ class JobService:
     ) -> tuple[Job, bool]:
         """Check and store a job; answers it and whether it is new (False: an idempotent replay)."""
         check_video_id(request.video_id)
-        if len(request.frames) > self.settings.max_frames:
+        frames = request.frames or []
+        if len(frames) > self.settings.max_frames:
             raise InvalidRequest(
-                f"at most {self.settings.max_frames} frames per job, got {len(request.frames)}",
+                f"at most {self.settings.max_frames} frames per job, got {len(frames)}",
                 param="frames",
             )
         if request.webhook_url is not None:
             self._check_webhook_url(request.webhook_url)
-        await self._check_frames(request)
+        if request.video is not None:
+            if self.videos is None:
+                raise InvalidRequest(
+                    "this gateway takes no video jobs", param="video", code="video_unsupported"
+                )
+            await self.videos.check(request)
+        await self._check_frames(frames)
         idempotency = None
         if idempotency_key is not None:
             if not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
@@ -96,7 +106,7 @@ class JobService:
             tenant=caller.tenant,
             fingerprint=hashlib.sha256(body.encode()).hexdigest(),
             video_id=request.video_id,
-            frames=len(request.frames),
+            frames=len(frames),  # a video's: 0 until it is cut
             request=body,
             created_at=now,
             updated_at=now,
@@ -142,10 +152,10 @@ class JobService:
                 code="webhook_refused",
             )
 
-    async def _check_frames(self, request: JobRequest) -> None:
+    async def _check_frames(self, frames: list[Keyframe]) -> None:
         """The cheap checks now (a clear 4xx at once); decoding waits for the worker."""
         max_bytes = self.moderation.settings.shaping.max_image_bytes
-        for index, frame in enumerate(request.frames):
+        for index, frame in enumerate(frames):
             url = frame.image_url.url  # a keyframe's image, as in POST /v1/videos/{video_id}/keyframes
             if is_remote_url(url):
                 if self.remote_images is None:

@@ -42,6 +42,10 @@ class JobStore(Protocol):
         """Finish the job, unless it already is; True only for the call that finished it."""
         ...
 
+    async def set_progress(self, job_id: str, frames_done: int, frames_total: int) -> None:
+        """How far a running job is: frames judged of the frames it has (a video's once it is cut)."""
+        ...
+
     async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:
         """Whether this gateway may deliver the job's webhook now (no one else is)."""
         ...

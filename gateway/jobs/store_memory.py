@@ -92,6 +92,11 @@ class MemoryJobStore:
         """Always: one worker pool, one delivery at a time per job."""
         return True
 
+    async def set_progress(self, job_id: str, frames_done: int, frames_total: int) -> None:
+        """How far a running job is."""
+        if (record := self._records.get(job_id)) is not None:
+            record.frames, record.frames_done = frames_total, frames_done
+
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome."""
         if (record := self._records.get(job_id)) is not None:

@@ -240,6 +240,13 @@ class RedisJobStore:
             )
         return bool(leased)
 
+    async def set_progress(self, job_id: str, frames_done: int, frames_total: int) -> None:
+        """How far a running job is (two hash fields; nothing else reads them)."""
+        async with self._state("record the job's progress"):
+            await self._redis.hset(
+                self.job_key(job_id), mapping={"frames": frames_total, "frames_done": frames_done}
+            )
+
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome with the job."""
         async with self._state("record the webhook"):

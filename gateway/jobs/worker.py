@@ -11,11 +11,20 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import stamina
+from pydantic import BaseModel
 
 from gateway.caller import Caller
-from gateway.errors import ClientError, ModgateError, Overloaded, ServerSideError, StateUnavailable
+from gateway.errors import (
+    ClientError,
+    InvalidRequest,
+    ModgateError,
+    Overloaded,
+    ServerSideError,
+    StateUnavailable,
+)
 from gateway.jobs.models import Delivery, JobError, JobRecord, JobRequest, JobStatus
 from gateway.jobs.store import JobStore
+from gateway.jobs.video import VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
 from gateway.moderation.keyframe_batch import moderate_keyframes
 from gateway.moderation.service import ModerationService
@@ -35,8 +44,10 @@ class JobWorker:
         webhooks: WebhookSender | None,
         consumer: str,
         accepting: Callable[[], bool] = lambda: True,
+        videos: VideoJobs | None = None,
     ) -> None:
         self.store = store
+        self.videos = videos
         self.accepting = accepting  # False while the gateway drains: no new job is taken
         self.moderation = moderation
         self.settings = settings
@@ -163,13 +174,22 @@ class JobWorker:
                 )
                 return record
             request = JobRequest.model_validate_json(record.request)
+            caller = Caller(tenant=record.tenant, key_id="job", job_id=job_id)
+            # Behind live calls: the setting's priority, or the body's if it asks for even later.
+            priority = max(request.priority, self.settings.priority)
             try:
-                # Behind live calls: the setting's priority, or the body's if it asks for even later.
-                response = await moderate_keyframes(
-                    self.moderation, request.video_id, request,
-                    Caller(tenant=record.tenant, key_id="job", job_id=job_id),
-                    None, priority=max(request.priority, self.settings.priority),
-                )
+                response: BaseModel
+                if request.video is not None:
+                    if self.videos is None:
+                        raise InvalidRequest("this gateway takes no video jobs", param="video")
+                    response = await self.videos.moderate(
+                        self.moderation, request, caller, priority,
+                        lambda done, total: self._progress(job_id, done, total),
+                    )
+                else:
+                    response = await moderate_keyframes(
+                        self.moderation, request.video_id, request, caller, None, priority=priority
+                    )
             except (ServerSideError, Overloaded) as exc:
                 if attempt >= self.settings.max_attempts:
                     await self._fail(job_id, exc)
@@ -190,6 +210,10 @@ class JobWorker:
             done = await self._complete(job_id, "succeeded", result=response.model_dump_json())
             log.info("job %s %s", job_id, "succeeded" if done else "was already finished elsewhere")
             return record
+
+    async def _progress(self, job_id: str, done: int, total: int) -> None:
+        with contextlib.suppress(StateUnavailable):  # progress is a courtesy: never fail a job for it
+            await self.store.set_progress(job_id, done, total)
 
     async def _fail(self, job_id: str, exc: ModgateError) -> None:
         error = JobError(message=exc.message, type=exc.type, code=exc.code).model_dump_json()

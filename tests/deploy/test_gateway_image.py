@@ -122,7 +122,7 @@ def test_a_clean_runtime_install_serves_on_the_simulator_and_names_the_quality_e
     wheels = tmp_path / "wheels"
     for pip_command in (wheel, install):
         words = [str(wheels) if word == "/wheels" else word for word in shlex.split(pip_command)]
-        words = [str(context) if word == "." else word for word in words]
+        words = [str(context) + word[1:] if word == "." or word.startswith(".[") else word for word in words]
         subprocess.run([str(python), "-m", *words], cwd=tmp_path, env=env, check=True, capture_output=True)
 
     which = f"import importlib.util as u; print([m for m in {QUALITY_MODULES!r} if u.find_spec(m)])"

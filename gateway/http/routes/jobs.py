@@ -5,13 +5,20 @@ Behind the business-key guard (gateway/http/guards.py).
 
 from __future__ import annotations
 
-from typing import Annotated
+import base64
+import json
+from typing import Annotated, Any
 
-from litestar import Response, get, post
+from litestar import Request, Response, get, post
+from litestar.datastructures import UploadFile
 from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter, JSONBody
+from pydantic import ValidationError
 
 from gateway.caller import Caller
+from gateway.errors import InvalidRequest
+from gateway.http import guards
+from gateway.http.json_body import validate_json_body
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json
 from gateway.http.routes.responses import error_responses
@@ -19,8 +26,40 @@ from gateway.http.services import Services
 from gateway.jobs.models import Job, JobRequest
 
 
+async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None:
+    """A video job as ``multipart/form-data`` (a ``video`` file part, a ``job`` JSON part of the other
+    fields), answered here; any other body goes on to the JSON handler, its depth checked first."""
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        await refuse_deep_json(request)
+        return None
+    services: Services = request.app.state.services
+    form = await request.form()
+    video, fields = form.get("video"), form.get("job", "{}")
+    if not isinstance(video, UploadFile):
+        raise InvalidRequest("a multipart job needs a 'video' file part", param="video")
+    try:
+        job_fields = json.loads(fields) if isinstance(fields, str) else None
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest("the 'job' part is not JSON", param="job") from exc
+    if not isinstance(job_fields, dict) or "video" in job_fields or "frames" in job_fields:
+        raise InvalidRequest("the 'job' part must be a JSON object of the job's fields besides its video",
+                             param="job")
+    mime = video.content_type if video.content_type.startswith("video/") else "video/mp4"
+    url = f"data:{mime};base64,{base64.b64encode(await video.read()).decode()}"
+    try:
+        body = validate_json_body(JobRequest, {**job_fields, "video": {"url": url}})
+    except ValidationError as exc:
+        first = exc.errors(include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise InvalidRequest(f"invalid job part: {where}: {first['msg']}", param="job") from exc
+    job, created = await services.jobs.submit(
+        body, guards.caller_of(request), request.headers.get("idempotency-key")
+    )
+    return Response(job, status_code=202, headers={} if created else {"Idempotent-Replayed": "true"})
+
+
 @post(
-    "/v1/jobs", status_code=202, before_request=refuse_deep_json,
+    "/v1/jobs", status_code=202, before_request=multipart_job,
     responses=error_responses(responses.JOB_SUBMIT),
 )
 async def create_job(

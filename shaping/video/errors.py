@@ -1,0 +1,59 @@
+"""Why a video was refused: one tree, each class with a machine code and an HTTP status (as shaping.errors).
+
+VideoRejected                      the client sent a video the gateway will not cut
+├── VideoTooLarge                  413 video_too_large: more bytes or more pixels per frame than the limits
+├── VideoTooLong                   413 video_too_long: longer than the duration limit
+├── UnsupportedVideoCodec          415 unsupported_video_codec: no video stream, or none FFmpeg decodes
+├── InvalidVideoDataUrl            400 invalid_data_url: not a strict base64 ``data:video/…`` URL
+└── VideoDecodeFailed              422 video_decode_failed: not a container, truncated, corrupt, or too slow
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class VideoRejected(Exception):
+    """The client sent a video the gateway will not cut; ``code`` and ``status`` say how to answer."""
+
+    code: ClassVar[str] = "invalid_video"
+    status: ClassVar[int] = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class VideoTooLarge(VideoRejected):
+    """More bytes, or more pixels per frame, than the limits."""
+
+    code = "video_too_large"
+    status = 413
+
+
+class VideoTooLong(VideoRejected):
+    """Longer than the duration limit."""
+
+    code = "video_too_long"
+    status = 413
+
+
+class UnsupportedVideoCodec(VideoRejected):
+    """No video stream, or a codec this build of FFmpeg does not decode."""
+
+    code = "unsupported_video_codec"
+    status = 415
+
+
+class VideoDecodeFailed(VideoRejected):
+    """Not a media container at all, truncated or corrupt, or not cut within the time budget."""
+
+    code = "video_decode_failed"
+    status = 422
+
+
+class InvalidVideoDataUrl(VideoRejected):
+    """Not a strict base64 ``data:video/…`` URL."""
+
+    code = "invalid_data_url"
+    status = 400

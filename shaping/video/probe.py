@@ -1,0 +1,142 @@
+"""Open a container from bytes and check it against the limits before any frame is decoded."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from shaping.video.errors import (
+    InvalidVideoDataUrl,
+    UnsupportedVideoCodec,
+    VideoDecodeFailed,
+    VideoTooLarge,
+    VideoTooLong,
+)
+
+if TYPE_CHECKING:
+    import av.container
+    import av.video.stream
+
+
+@dataclass(frozen=True, slots=True)
+class VideoLimits:
+    """What a video may be: bytes, seconds and pixels per frame."""
+
+    max_bytes: int
+    max_duration_s: float
+    max_pixels: int
+
+
+@dataclass(frozen=True, slots=True)
+class VideoInfo:
+    """What the container says of its first video stream."""
+
+    container: str
+    codec: str
+    width: int
+    height: int
+    duration_ms: int
+    frames: int  # as the container counts them (0: it does not say)
+
+
+def open_container(data: bytes) -> av.container.InputContainer:
+    """The container in ``data``; :class:`VideoDecodeFailed` when FFmpeg finds no media in it."""
+    import av  # an extra: modgate[video]
+
+    try:
+        return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
+        raise VideoDecodeFailed(
+            f"the video could not be opened: not a media container, or corrupt ({exc})"[:300]
+        ) from exc
+
+
+def is_still_image(container: av.container.InputContainer) -> bool:
+    """FFmpeg opens a JPEG or PNG as a one-frame "video" (its image demuxers): a still is not a video."""
+    name = container.format.name
+    return name.endswith("_pipe") or name.startswith("image2")
+
+
+def video_stream(container: av.container.InputContainer) -> av.video.stream.VideoStream:
+    """The first video stream with a decoder; :class:`UnsupportedVideoCodec` when there is none."""
+    if not container.streams.video:
+        raise UnsupportedVideoCodec(f"the {container.format.name} file has no video stream")
+    stream = container.streams.video[0]
+    codec = stream.codec_context
+    if codec is None or not codec.name:
+        raise UnsupportedVideoCodec("the video stream's codec is not one this gateway decodes")
+    return stream
+
+
+def stream_duration_ms(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> int:
+    """The stream's duration from its own time base, else the container's (0 when neither says)."""
+    if stream.duration is not None and stream.time_base is not None:
+        return int(stream.duration * Fraction(stream.time_base) * 1000)
+    if container.duration is not None:
+        return int(container.duration / 1000)  # microseconds (AV_TIME_BASE)
+    return 0
+
+
+def check_limits(info: VideoInfo, limits: VideoLimits) -> None:
+    """Refuse a video over the limits, saying which."""
+    if info.width <= 0 or info.height <= 0:
+        raise VideoDecodeFailed("the video stream declares no frame size")
+    if info.width * info.height > limits.max_pixels:
+        raise VideoTooLarge(
+            f"the video's frames are {info.width}x{info.height}, over the {limits.max_pixels:,}-pixel limit"
+        )
+    if info.duration_ms > limits.max_duration_s * 1000:
+        raise VideoTooLong(
+            f"the video lasts {info.duration_ms / 1000:.1f} s, over the {limits.max_duration_s:g} s limit"
+        )
+
+
+def probe_video(data: bytes, limits: VideoLimits) -> VideoInfo:
+    """The video's container, codec, size and duration, checked against ``limits`` (no frame decoded)."""
+    if not data:
+        raise VideoDecodeFailed("the video is empty")
+    if len(data) > limits.max_bytes:
+        raise VideoTooLarge(f"the video is {len(data):,} bytes, over the {limits.max_bytes:,}-byte limit")
+    with open_container(data) as container:
+        if is_still_image(container):
+            raise UnsupportedVideoCodec(
+                f"the file is a still image ({container.format.name}), not a video: send stills as frames"
+            )
+        stream = video_stream(container)
+        info = VideoInfo(
+            container=container.format.name,
+            codec=stream.codec_context.name,
+            width=stream.codec_context.width,
+            height=stream.codec_context.height,
+            duration_ms=stream_duration_ms(container, stream),
+            frames=stream.frames,
+        )
+    check_limits(info, limits)
+    return info
+
+
+VIDEO_DATA_URL_PREFIX = re.compile(
+    r"^data:video/[A-Za-z0-9.+-]{1,64}(?:;[^;,]{0,32}){0,4};base64,", re.IGNORECASE
+)
+
+
+def decode_video_data_url(url: str, max_bytes: int) -> bytes:
+    """The bytes of a strict base64 ``data:video/…;base64,`` URL of at most ``max_bytes`` bytes."""
+    header = VIDEO_DATA_URL_PREFIX.match(url)
+    if header is None:
+        raise InvalidVideoDataUrl("a video must be an https:// URL or a data:video/…;base64, URL")
+    payload = url[header.end():]
+    if len(payload) // 4 * 3 > max_bytes + 3:
+        raise VideoTooLarge(f"the video is over the {max_bytes:,}-byte limit")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except binascii.Error as exc:
+        raise InvalidVideoDataUrl("the video's data URL is not valid base64") from exc
+    if len(data) > max_bytes:
+        raise VideoTooLarge(f"the video is {len(data):,} bytes, over the {max_bytes:,}-byte limit")
+    return data
