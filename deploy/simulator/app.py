@@ -52,6 +52,7 @@ class FaultsUpdate(BaseModel):
     slow_s: float = Field(default=5.0, ge=0)
     cut_stream_rate: float = Field(default=0.0, ge=0, le=1)
     malformed_rate: float = Field(default=0.0, ge=0, le=1)
+    busy_rate: float = Field(default=0.0, ge=0, le=1)
     seed: int = 0
 
 
@@ -63,6 +64,16 @@ def _error_response(_: Request[Any, Any, Any], exc: EngineError) -> Response[dic
         {"error": {"message": exc.detail, "type": kind, "param": exc.param, "code": exc.status_code}},
         status_code=exc.status_code,
     )
+
+
+QUEUE_FULL: Final = {
+    "error": {
+        "message": "The engine is currently busy and cannot accept new requests. "
+                   "Please try again later or on a different instance.",
+        "type": "Service Unavailable", "param": None, "code": 503,
+    }
+}  # fmt: skip
+"""vLLM's ``QueueOverflowError`` answer past ``--max-num-queued-reqs`` (the ``busy_rate`` fault)."""
 
 
 ENGINE_CORE_FAILED: Final = {
@@ -90,6 +101,8 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     if sim.engine_core_dies():
         return _engine_core_failed(state)
     faults = sim.faults
+    if sim.chance(faults.busy_rate):
+        return Response(QUEUE_FULL, status_code=503)
     if sim.chance(faults.error_rate):
         raise EngineError(500, "simulated engine failure")
     tokens, images, enable_thinking = sim.prompt_tokens(body)
