@@ -291,6 +291,17 @@ async def info(state: State) -> dict[str, Any]:
     }
 
 
+@post("/sim/peaks", status_code=200)
+async def peaks(state: State) -> dict[str, int]:
+    """The most requests (running and waiting) and the most running since the last call, each then reset to
+    the count now: a caller polling it reads the peak of every interval (a soak judges a cap per window)."""
+    engine = state.sim.engine
+    seen = {"peak_requests": engine.peak_requests, "peak_running": engine.peak_running}
+    engine.peak_running = engine.num_running
+    engine.peak_requests = engine.num_running + engine.num_waiting
+    return seen
+
+
 def create_sim_app(
     preset: SimPreset,
     time_scale: float,
@@ -330,7 +341,7 @@ def create_sim_app(
     )
 
 
-SIM_ROUTES: Final = [get_faults, set_faults, truth, reset_prefix_cache, info]
+SIM_ROUTES: Final = [get_faults, set_faults, truth, reset_prefix_cache, info, peaks]
 """The simulator's own routes, the same in either wire."""
 
 
