@@ -155,6 +155,7 @@ class Soak:
             answer.request_id = body["id"]
             answer.actions = tuple(r["modgate"]["action"] for r in body["results"])
             answer.engine_requests = tuple(r["modgate"]["request_id"] for r in body["results"])
+            answer.reused = tuple(bool(r["modgate"].get("reused")) for r in body["results"])
         self.seen.answers.append(answer)
         return response
 

@@ -31,6 +31,7 @@ class Answer:
     request_id: str = ""  # a live answer's id (``modr-…``)
     actions: tuple[str, ...] = ()  # a live answer's verdicts
     engine_requests: tuple[str, ...] = ()  # and each one's ``modgate.request_id``
+    reused: tuple[bool, ...] = ()  # and whether it was another call's verdict (offered for review with it)
 
 
 @dataclass
@@ -197,8 +198,9 @@ def _review_verdicts_queued(seen: Observations) -> dict[str, Any]:
     reviews = [a for a in seen.answers if a.what == "live" and a.status == 200 and "review" in a.actions
                and not in_window(a.at, seen, REDIS_FAULTS)]
     # An item names the engine request of its frame, the result's ``modgate.request_id``.
-    wanted = [request for a in reviews for action, request in zip(a.actions, a.engine_requests, strict=True)
-              if action == "review"]
+    wanted = [request for a in reviews
+              for action, request, reused in zip(a.actions, a.engine_requests, a.reused, strict=True)
+              if action == "review" and not reused]
     missing = [request for request in wanted if request not in seen.queued_request_ids]
     return row("every review verdict (outside Redis faults) reached the review queue", len(wanted),
                len(missing), f"{len(missing)} never seen queued")
@@ -211,10 +213,12 @@ def _caps(seen: Observations) -> list[dict[str, Any]]:
         within = [(in_window(at, seen, REDIS_FAULTS), peak) for at, peak in samples]
         outside = [peak for fault, peak in within if not fault]
         inside = [peak for fault, peak in within if fault]
-        over = sum(peak > cap for peak in outside) + sum(peak > cap * seen.replicas for peak in inside)
+        over = [round(at) for (at, peak), (fault, _) in zip(samples, within, strict=True)
+                if peak > (cap * seen.replicas if fault else cap)]
         rows.append(row(f"{engine} never saw more in flight than its cap {cap} (outside Redis faults; "
-                        f"{seen.replicas}x on local caps within)", len(samples), over,
-                        f"peak {max(outside, default=0)} outside, {max(inside, default=0)} within"))
+                        f"{seen.replicas}x on local caps within)", len(samples), len(over),
+                        f"peak {max(outside, default=0)} outside, {max(inside, default=0)} within"
+                        + (f"; over at {over} s" if over else "")))
     return rows
 
 
