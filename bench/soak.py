@@ -112,6 +112,16 @@ def bad_images() -> list[tuple[str, bytes]]:
     return [("image/jpeg", frame[: len(frame) // 2]), ("image/gif", gif.getvalue())]
 
 
+def local_caps(replica_url: str) -> bool:
+    """Whether the replica serves on its local caps alone now (an unanswered replica: no)."""
+    try:
+        text = httpx.get(f"{replica_url}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return False
+    return any(line.startswith("modgate_engine_leases_local_only") and float(line.split()[-1]) > 0
+               for line in text.splitlines())
+
+
 class Soak:
     """The load, the faults and what they saw."""
 
@@ -236,12 +246,18 @@ class Soak:
                             json={**document, "reason": f"soak flip {number}"}, headers=headers)
 
     async def sampler(self) -> None:
-        """Every 0.5 s, each engine's in-flight peak since the last read."""
+        """Every 0.5 s, each engine's in-flight peak since the last read, and whether a replica holds the
+        engines' caps on its own (``modgate_engine_leases_local_only``: Redis did not answer a lease in
+        time, faulted or only slow on a busy machine)."""
         while time.monotonic() < self.stop_at:
             for engine in self.fleet.engines:
                 peak = await asyncio.to_thread(engine.peaks)
                 if peak is not None:
                     self.seen.engine_peaks.append((self.now(), engine.name, peak))
+            for replica in self.fleet.replicas:
+                if await asyncio.to_thread(local_caps, replica.url):
+                    spell = Window("local_caps", self.now() - 0.5, self.now(), replica.name)
+                    self.seen.local_caps.append(spell)
             await asyncio.sleep(0.5)
 
     async def injector(self, faults: list[Fault]) -> None:

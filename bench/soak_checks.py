@@ -51,6 +51,7 @@ class Observations:
 
     answers: list[Answer] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
+    local_caps: list[Window] = field(default_factory=list)  # a replica on its local caps (Redis too slow)
     jobs: dict[str, str] = field(default_factory=dict)  # job id -> tenant, every submission answered 202
     job_states: dict[str, tuple[str, int]] = field(default_factory=dict)  # job id -> (status, completions)
     deliveries: Counter[str] = field(default_factory=Counter)  # X-Modgate-Delivery -> deliveries
@@ -82,13 +83,17 @@ def rows_from_stream(entries: list[tuple[Any, dict[Any, Any]]]) -> list[dict[str
     return rows
 
 
-REDIS_FAULTS = ("redis_primary_kill", "redis_stall")
+REDIS_FAULTS = ("redis_primary_kill", "redis_stall", "local_caps")
+REPLICATION_LAG_S = 1.0  # what a killed primary took this long before may not have reached its replica
 
 
-def in_window(at: float, seen: Observations, kinds: tuple[str, ...] = ()) -> bool:
-    """Whether ``at`` falls in a fault's window or its settling after; only ``kinds`` if given."""
-    return any(w.start <= at <= w.end + (seen.redis_settle_s if w.kind in REDIS_FAULTS else seen.settle_s)
-               for w in seen.windows if not kinds or w.kind in kinds)
+def in_window(at: float, seen: Observations, kinds: tuple[str, ...] = (), before_s: float = 0.0) -> bool:
+    """Whether ``at`` falls in a fault's window (from ``before_s`` ahead of it) or its settling after; only
+    ``kinds`` if given (the local-caps spells count only when named)."""
+    windows = [*seen.windows, *(seen.local_caps if "local_caps" in kinds else [])]
+    return any(w.start - before_s <= at <= w.end + (seen.redis_settle_s if w.kind in REDIS_FAULTS
+                                                     else seen.settle_s)
+               for w in windows if not kinds or w.kind in kinds)
 
 
 def documented(answer: Answer) -> bool:
@@ -195,21 +200,25 @@ def _review(seen: Observations) -> dict[str, Any]:
 
 
 def _review_verdicts_queued(seen: Observations) -> dict[str, Any]:
+    # Redis replicates asynchronously: what a killed primary took in its last moment is lost with it (a
+    # job waits for a replica, MODGATE_JOBS__WAIT_REPLICAS; a review item does not).
     reviews = [a for a in seen.answers if a.what == "live" and a.status == 200 and "review" in a.actions
-               and not in_window(a.at, seen, REDIS_FAULTS)]
+               and not in_window(a.at, seen, REDIS_FAULTS, before_s=REPLICATION_LAG_S)]
     # An item names the engine request of its frame, the result's ``modgate.request_id``.
     wanted = [request for a in reviews
               for action, request, reused in zip(a.actions, a.engine_requests, a.reused, strict=True)
               if action == "review" and not reused]
     missing = [request for request in wanted if request not in seen.queued_request_ids]
+    at = sorted(round(a.at, 1) for a in reviews if any(r in missing for r in a.engine_requests))
     return row("every review verdict (outside Redis faults) reached the review queue", len(wanted),
-               len(missing), f"{len(missing)} never seen queued")
+               len(missing), f"{len(missing)} never seen queued" + (f", answered at {at} s" if at else ""))
 
 
 def _caps(seen: Observations) -> list[dict[str, Any]]:
     rows = []
     for engine, cap in seen.caps.items():
         samples = [(at, peak) for at, name, peak in seen.engine_peaks if name == engine]
+        spells = sum(w.end - w.start for w in seen.local_caps)
         within = [(in_window(at, seen, REDIS_FAULTS), peak) for at, peak in samples]
         outside = [peak for fault, peak in within if not fault]
         inside = [peak for fault, peak in within if fault]
@@ -217,7 +226,8 @@ def _caps(seen: Observations) -> list[dict[str, Any]]:
                 if peak > (cap * seen.replicas if fault else cap)]
         rows.append(row(f"{engine} never saw more in flight than its cap {cap} (outside Redis faults; "
                         f"{seen.replicas}x on local caps within)", len(samples), len(over),
-                        f"peak {max(outside, default=0)} outside, {max(inside, default=0)} within"
+                        f"peak {max(outside, default=0)} outside, {max(inside, default=0)} within; "
+                        f"{spells:.1f} s of local caps besides the faults"
                         + (f"; over at {over} s" if over else "")))
     return rows
 
