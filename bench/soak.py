@@ -377,8 +377,8 @@ class Soak:
                 for _, fields in state.xrange(RedisReviewStore.stream_key(tenant)):
                     seen.still_queued.add(fields["item"])
                     request = state.hget(RedisReviewStore.item_key(fields["item"]), "request_id")
-                    if request:
-                        seen.queued_request_ids.add(request)
+                    if request:  # each field of the item's hash is JSON
+                        seen.queued_request_ids.add(json.loads(request))
         finally:
             state.close()
 
