@@ -115,7 +115,7 @@ class Replica:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with (self.log_dir / f"{self.name}.log").open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli.main", "serve", "--host", "127.0.0.1",
+                [sys.executable, "-m", "cli.main", "serve", "--host", "127.0.0.1",
                  "--port", str(self.port)],
                 env={**os.environ, "MODGATE_SERVER__LOG_LEVEL": "warning", **self.env},
                 stdout=log, stderr=subprocess.STDOUT,

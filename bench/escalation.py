@@ -21,11 +21,11 @@ import random
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
+from contracts.records import PairedRecord, VerdictRecord
 from deploy.keyframes import Label, make_keyframe
 from deploy.simulator.presets import PRESETS
 from deploy.simulator.truth import frame_truth
 from quality.escalation import ThresholdSection, same_verdict, threshold_section
-from quality.records import PairedRecord, VerdictRecord
 
 # The labels of the benchmark's keyframes: mostly allowed, some blocked, a few for review (those always
 # escalate). A guess at a moderation stream, stated so the escalated share can be read against it.

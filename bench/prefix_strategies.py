@@ -32,9 +32,9 @@ from typing import Any
 import httpx
 
 from bench.servers import free_port, process
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import EngineSettings, Settings, ShapingSettings
 from shaping.prefix_strategy import PrefixStrategySetting
@@ -151,7 +151,7 @@ def simulated_rows(preset_name: str, count: int) -> Iterator[Row]:
 @contextlib.contextmanager
 def _real_engine(command: str, extra: list[str]) -> Iterator[str]:
     port = free_port()
-    args = [sys.executable, "-m", "gateway.cli.main", command, "--model", "hybrid", "--port", str(port),
+    args = [sys.executable, "-m", "cli.main", command, "--model", "hybrid", "--port", str(port),
             *extra]
     with process(args, f"http://127.0.0.1:{port}/health", ready_timeout_s=900):
         yield f"http://127.0.0.1:{port}"

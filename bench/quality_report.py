@@ -54,7 +54,7 @@ _CHILD = (
     "        if line.startswith('VmHWM:'):\n"
     "            print('child-peak-kb', line.split()[1], file=sys.stderr)\n"
     "atexit.register(peak)\n"
-    "from gateway.cli.main import main\n"
+    "from cli.main import main\n"
     "main()\n"
 )
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from contracts.records import VerdictRecord, week_bounds
 from quality.columnar import RECORD_SCHEMA, write_week_partition
-from quality.records import VerdictRecord, week_bounds
 
 CATEGORIES = ("sexual", "violence", "self-harm", "hate", "illicit", "sexual/minors")
 TENANTS = ("acme", "globex", "initech", "umbrella")

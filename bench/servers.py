@@ -74,7 +74,7 @@ def simulator(preset: str = "instant", time_scale: float = 0.0, *extra: str) -> 
     args = [
         sys.executable,
         "-m",
-        "gateway.cli.main",
+        "cli.main",
         "engine-sim",
         "--port",
         str(port),
@@ -100,7 +100,7 @@ def gateway_process(engine_url: str, **env: str) -> Iterator[tuple[str, int]]:
     """``modgate serve`` in a process of its own, in front of ``engine_url``; yields its URL and pid."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port)]
+    args = [sys.executable, "-m", "cli.main", "serve", "--port", str(port)]
     # Worker processes each import the gateway (seconds apiece; over a minute at load 27) before it is ready.
     with process(
         args,

@@ -54,7 +54,7 @@ class Engine:
 
     def start(self) -> None:
         """Start it and wait for ``/health``."""
-        args = [sys.executable, "-m", "gateway.cli.main", "engine-sim", "--port", str(self.port),
+        args = [sys.executable, "-m", "cli.main", "engine-sim", "--port", str(self.port),
                 "--preset", "spark", "--kind", self.kind, "--time-scale", str(self.time_scale)]
         args += ["--slots", str(self.cap)] if self.kind == "llamacpp" else ["--max-num-seqs", "16"]
         if self.model is not None:

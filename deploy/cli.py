@@ -1,4 +1,4 @@
-"""`modgate deploy …`: the deploy commands, registered in gateway/cli/main.py (`app.add_typer`)."""
+"""`modgate deploy …`: the deploy commands, registered in cli/main.py (`app.add_typer`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """This process's stop, in two steps: drain (still serving, ``/readyz`` 503), then shut down.
 
-SIGTERM begins the drain (gateway/cli/serving.py). For ``period_s`` seconds (``MODGATE_SERVER__DRAIN_S``) the
+SIGTERM begins the drain (cli/serving.py). For ``period_s`` seconds (``MODGATE_SERVER__DRAIN_S``) the
 listener stays open and every request is served as before, while ``/readyz`` answers 503 so a load
 balancer or a Kubernetes Service stops sending new ones; responses say ``Connection: close`` so keep-alive
 callers reconnect to another replica; the job worker takes no new job. Then the server stops accepting,

@@ -19,7 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from quality.summaries import ArmCost, CategoryRow, Comparison, LabelSection, ReportPolicy, WeekSummary
+from contracts.summaries import ArmCost, CategoryRow, Comparison, LabelSection, ReportPolicy, WeekSummary
 from shaping.verdict import ACTIONS
 
 __all__ = ["category_chart", "confusion_chart", "cost_chart", "label_chart", "png_data_uri", "trend_chart"]

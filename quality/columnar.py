@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from quality.records import VerdictRecord, format_iso_week, parse_iso_week
+from contracts.records import VerdictRecord, format_iso_week, parse_iso_week
 
 __all__ = [
     "RECORD_SCHEMA",
@@ -191,7 +191,7 @@ def write_week_partition(
 
 
 def jsonl_path(directory: Path, year: int, week: int) -> Path:
-    """Where `quality.records.JsonlRecordStore` keeps a week."""
+    """Where `contracts.records.JsonlRecordStore` keeps a week."""
     return directory / f"records-{format_iso_week(year, week)}.jsonl"
 
 

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 from threadpoolctl import threadpool_limits
 
-from quality.records import PairedRecord
+from contracts.records import PairedRecord
 from shaping.verdict import ACTIONS
 
 __all__ = [

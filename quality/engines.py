@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from quality.notation import count, interval, pct
-from quality.recommendation import failing_categories_text, unsettled_categories_text
-from quality.sections import CategoryPlan, ComparisonPlan, Group
-from quality.summaries import (
+from contracts.summaries import (
     ENGINE_NAMES,
     EngineComparison,
     EngineDecision,
@@ -21,6 +18,9 @@ from quality.summaries import (
     Rate,
     ReportPolicy,
 )
+from quality.notation import count, interval, pct
+from quality.recommendation import failing_categories_text, unsettled_categories_text
+from quality.sections import CategoryPlan, ComparisonPlan, Group
 from quality.week_stage import EngineCounts, primary_engine
 
 __all__ = ["engine_comparison_plans", "engine_section", "primary_engine"]

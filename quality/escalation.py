@@ -27,11 +27,11 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import sparse
 
+from contracts.escalation_rule import ESCALATION_REASONS, EscalationReason, escalation_reason
+from contracts.records import PairedRecord
+from contracts.summaries import EscalationSample, Estimate, ThresholdRow, ThresholdSection
 from quality.columns import IntArray, PairColumns, ThresholdFrames, run_bootstrap
-from quality.escalation_rule import ESCALATION_REASONS, EscalationReason, escalation_reason
-from quality.records import PairedRecord
 from quality.stats import wilson_interval
-from quality.summaries import EscalationSample, Estimate, ThresholdRow, ThresholdSection
 
 Ranks = NDArray[np.signedinteger[Any]]  # a level per frame (int32 or int64)
 

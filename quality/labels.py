@@ -25,9 +25,8 @@ import numpy as np
 from numpy.typing import NDArray
 from statsmodels.stats.proportion import proportion_confint
 
-from quality.decisions import DecisionRow, labelled_decisions
-from quality.escalation import default_thresholds, same_verdict
-from quality.summaries import (
+from contracts.decisions import DecisionRow, labelled_decisions
+from contracts.summaries import (
     Estimate,
     LabelAccuracy,
     LabelSection,
@@ -38,6 +37,7 @@ from quality.summaries import (
     ThresholdRow,
     ThresholdSection,
 )
+from quality.escalation import default_thresholds, same_verdict
 
 __all__ = [
     "LabelledDecision",
@@ -293,7 +293,7 @@ def labelled_pairs(
 
 def tenant_decision_rows(rows: Iterable[DecisionRow], confidence: float = 0.95) -> list[TenantDecisionRow]:
     """Per tenant: its decisions, the share blocked (Wilson), the share answered review, labels' agreement."""
-    from quality.decisions import tenant_decisions
+    from contracts.decisions import tenant_decisions
     from quality.stats import wilson_interval
 
     figures = []

@@ -7,8 +7,8 @@ sentences only, no statistics computed here.
 
 from __future__ import annotations
 
+from contracts.summaries import CategoryRow, Decision, Rate, Recommendation, WeeklyReport
 from quality.notation import count, interval, pct, points, points_interval
-from quality.summaries import CategoryRow, Decision, Rate, Recommendation, WeeklyReport
 
 __all__ = ["failing_categories_text", "recommend", "unsettled_categories_text"]
 

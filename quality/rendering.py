@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from jinja2 import Environment, PackageLoader
 
-from quality import charts
-from quality.notation import count, interval, pct, points, points_interval
-from quality.summaries import (
+from contracts.summaries import (
     ENGINE_NAMES,
     Coefficient,
     Estimate,
@@ -15,6 +13,8 @@ from quality.summaries import (
     ThresholdSection,
     WeeklyReport,
 )
+from quality import charts
+from quality.notation import count, interval, pct, points, points_interval
 
 __all__ = ["SHOWN_THRESHOLDS", "render_html", "render_json", "render_markdown", "shown_rows"]
 

@@ -4,7 +4,7 @@
 `render_html`, `render_markdown` and `render_json` turn the result into files an operator reads.
 
 This module assembles the report and is its public surface. The parts, each one job: the models in
-:mod:`quality.summaries` (light: the console reads reports through them), the sections computed in
+:mod:`contracts.summaries` (light: the console reads reports through them), the sections computed in
 :mod:`quality.sections` and :mod:`quality.escalation`, the recommendation in :mod:`quality.recommendation`,
 the rendering in :mod:`quality.rendering` (charts from :mod:`quality.charts`).
 """
@@ -20,12 +20,9 @@ from pathlib import Path
 import pyarrow as pa
 from pydantic import ValidationError
 
-from quality.columnar import records_table
-from quality.columns import run_bootstrap
-from quality.decisions import DecisionRow
-from quality.recommendation import recommend
-from quality.records import ARMS, VerdictRecord, format_iso_week, parse_iso_week, week_bounds
-from quality.summaries import (
+from contracts.decisions import DecisionRow
+from contracts.records import ARMS, VerdictRecord, format_iso_week, parse_iso_week, week_bounds
+from contracts.summaries import (
     ArmCost,
     CategoryRow,
     Coefficient,
@@ -39,6 +36,9 @@ from quality.summaries import (
     WeeklyReport,
     WeekSummary,
 )
+from quality.columnar import records_table
+from quality.columns import run_bootstrap
+from quality.recommendation import recommend
 from quality.week_stage import FORMAT_COMPARISONS, WeekTables, limit_malloc_arenas, week_tables
 
 __all__ = [

@@ -25,7 +25,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from quality.records import ARM_SETTINGS, ARMS, Arm, HumanLabel, RecordStore, VerdictRecord
+from contracts.records import ARM_SETTINGS, ARMS, Arm, HumanLabel, RecordStore, VerdictRecord
 from shaping.verdict import ACTIONS, Action
 
 __all__ = [

@@ -14,6 +14,17 @@ from typing import ClassVar
 import numpy as np
 from sklearn.metrics import cohen_kappa_score
 
+from contracts.summaries import (
+    CategoryRow,
+    Coefficient,
+    Comparison,
+    HumanScore,
+    McNemar,
+    Rate,
+    ReportPolicy,
+    SampleSizeNeeded,
+    TenantRow,
+)
 from quality.columns import IntArray, PairColumns, PairCounts, ResampleConsumer, run_bootstrap
 from quality.stats import (
     BootstrapInterval,
@@ -32,17 +43,6 @@ from quality.stats import (
     safe_agreement_from_table,
     sample_size_for_drop,
     wilson_interval,
-)
-from quality.summaries import (
-    CategoryRow,
-    Coefficient,
-    Comparison,
-    HumanScore,
-    McNemar,
-    Rate,
-    ReportPolicy,
-    SampleSizeNeeded,
-    TenantRow,
 )
 from quality.week_stage import arm_cost
 from shaping.verdict import ACTIONS

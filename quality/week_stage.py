@@ -33,9 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import quality
+from contracts.records import ARMS, Arm
+from contracts.summaries import ArmCost, ReportPolicy
 from quality.columns import PairCounts, ThresholdFrames
-from quality.records import ARMS, Arm
-from quality.summaries import ArmCost, ReportPolicy
 from quality.weekly_sql import PairQuery, WeekCounts, WeekQueries
 
 __all__ = [

@@ -277,7 +277,7 @@ class WeekQueries:
         No window over all pairs: a single ordered partition is what DuckDB cannot spill.
 
         The first record of each side per frame and policy version wins (by time, then store order), as
-        `quality.records.pair_records` does. Each side is ranked once per week: the report's pairings
+        `contracts.records.pair_records` does. Each side is ranked once per week: the report's pairings
         share their thinking-on and thinking-off sides.
         """
         if query in self._pair_tables:

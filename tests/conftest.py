@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import redis
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, Faults, SimPreset, create_sim_app
 from deploy.simulator.llamacpp_law import LlamaCppOptions
-from gateway.cli.embedded import ThreadedServer
 from gateway.engine.kinds import EngineKind
 from gateway.http.app import create_app
 from gateway.settings import Settings
@@ -97,7 +97,7 @@ def gateway(start_gateway: GatewayFactory, sim: ThreadedServer) -> ThreadedServe
 
 @pytest.fixture
 def gateway_processes(tmp_path: Path) -> Iterator[GatewayProcessesFactory]:
-    """``gateway_processes(count, ready_path="/readyz", **MODGATE_env)``: ``python -m gateway.cli.main serve``
+    """``gateway_processes(count, ready_path="/readyz", **MODGATE_env)``: ``python -m cli.main serve``
     processes started side by side (their imports overlap), each waited for until ``ready_path`` answers 200
     (``/healthz`` where Redis or the engine may be away); all stopped after the test."""
     started: list[GatewayProcess] = []

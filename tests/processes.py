@@ -50,7 +50,7 @@ async def poll_async(condition: Callable[[], Any], timeout_s: float, what: str, 
 
 @dataclass
 class GatewayProcess:
-    """``python -m gateway.cli.main serve`` in a process of its own, to be killed like a real replica."""
+    """``python -m cli.main serve`` in a process of its own, to be killed like a real replica."""
 
     url: str
     process: subprocess.Popen[bytes]
@@ -65,7 +65,7 @@ class GatewayProcess:
         log_path = log_dir / f"gateway-{port}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port)],
+                [sys.executable, "-m", "cli.main", "serve", "--port", str(port)],
                 env={**os.environ, "MODGATE_SERVER__LOG_LEVEL": "warning", **env},
                 stdout=log,
                 stderr=subprocess.STDOUT,

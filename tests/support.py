@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
+from cli.embedded import ThreadedServer
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.cli.embedded import ThreadedServer
 from gateway.engine.kinds import EngineKind
 
 ADMIN_TOKEN = "test-admin-token-0123456789"

@@ -30,8 +30,8 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from contracts.decisions import DecisionRow, drop_days_before, read_decisions, write_day_partitions
 from gateway.settings import DecisionSettings
-from quality.decisions import DecisionRow, drop_days_before, read_decisions, write_day_partitions
 
 log = logging.getLogger("modgate.decisions")
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from contracts.decisions import DecisionKind, DecisionRow
 from gateway.moderation.wire import ModerationDetails
-from quality.decisions import DecisionKind, DecisionRow
 from shaping.verdict import Action
 
 if TYPE_CHECKING:

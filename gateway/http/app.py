@@ -41,7 +41,7 @@ def create_app(
     """The gateway app; settings are passed in (tests) or read from ``MODGATE_*``.
 
     ``engine_transport`` replaces the network under the engine client (tests use ``httpx.MockTransport``).
-    ``drain``: the process's, which its server begins on SIGTERM (gateway/cli/serving.py).
+    ``drain``: the process's, which its server begins on SIGTERM (cli/serving.py).
     """
     settings = settings or Settings()
     drain = drain or Drain(settings.drain_s)

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from contracts.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from gateway.decisions.log import (
     DecisionArchiver,
     DecisionLog,
@@ -72,7 +73,6 @@ from gateway.telemetry.metrics import GatewayMetrics, RequestRecorder
 from gateway.telemetry.tenants import TenantFigures
 from gateway.telemetry.tracing import Telemetry, build_telemetry
 from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
-from quality.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from shaping.prefix import GuidanceTooShort
 from shaping.prefix_strategy import PrefixStrategySetting
 from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from contracts.escalation_rule import escalation_reason
 from gateway.errors import ModgateError
 from gateway.moderation.engine_call import FrameJudge
 from gateway.moderation.outcome import FrameOutcome
 from gateway.moderation.wire import EscalatedFrom
 from gateway.policy.rules import EscalationBudget, RequestContext, ThinkingDecision
 from gateway.telemetry.metrics import GatewayMetrics
-from quality.escalation_rule import escalation_reason
 from shaping.image import ShapedImage
 
 log = logging.getLogger("modgate.moderation")

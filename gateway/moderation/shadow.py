@@ -3,7 +3,7 @@
 For the policy's ``shadow_share`` of live frames, the gateway asks the engine once more with the opposite
 thinking mode, at the lowest priority and only on spare capacity: a free slot with nobody waiting. It never
 delays a live request and never passes the in-flight cap; when there is no spare slot the pair is skipped
-(and counted), not queued. Both verdicts are written as :class:`quality.records.VerdictRecord`s, so a
+(and counted), not queued. Both verdicts are written as :class:`contracts.records.VerdictRecord`s, so a
 weekly report covers live traffic across restarts.
 
 With a second engine (``MODGATE_SHADOW__ENGINE_URL``, a :class:`SecondEngine`), the same drawn frames are
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
+from contracts.records import Arm, RecordStore, Selection, VerdictRecord, arm_for
 from gateway.engine.client import EngineAnswer
 from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError
 from gateway.policy.rules import EngineMode, ThinkingPolicy
-from quality.records import Arm, RecordStore, Selection, VerdictRecord, arm_for
 from shaping.confidence import with_confidence
 from shaping.image import ShapedImage
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request

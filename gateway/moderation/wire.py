@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.escalation_rule import EscalationReason
 from gateway.policy.moderation import PolicyRule
 from gateway.policy.rules import EngineMode, Mode
-from quality.escalation_rule import EscalationReason
 from shaping.verdict import Action, VerdictFormat
 
 

@@ -11,8 +11,8 @@ import httpx
 
 from bench.engine_stub import create_stub_app
 from bench.keepalive import KeepAliveConnection, encode_request
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 
 StreamHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -6,8 +6,8 @@ import pytest
 
 from bench.quality_report import main
 from bench.quality_week import week_table
+from contracts.records import VerdictRecord
 from quality.columnar import RECORD_SCHEMA
-from quality.records import VerdictRecord
 
 
 def test_the_generated_week_is_records_the_stores_accept() -> None:

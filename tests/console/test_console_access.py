@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -16,9 +16,9 @@ import openai
 import pytest
 from playwright.sync_api import expect
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.cli.embedded import ThreadedServer
 from quality.report import ReportPolicy, build_weekly_report, write_report
 from tests.browser import ARTIFACTS, chromium_page
 from tests.quality.fakes import synthesize_week

@@ -10,7 +10,7 @@ import httpx
 import pytest
 import redis
 
-from gateway.cli.embedded import ThreadedServer
+from cli.embedded import ThreadedServer
 from gateway.http.keys_store import API_KEYS_HASH, key_digest
 from tests.console.test_console_access import session_cookie, sign_in, signed_in
 from tests.support import ADMIN_TOKEN, GatewayFactory

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.cli.embedded import ThreadedServer
+from cli.embedded import ThreadedServer
 from gateway.http.console.sessions import latest_quality_headline
 from quality.report import ReportPolicy, build_weekly_report, write_report
 from tests.quality.fakes import synthesize_week

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from tests.processes import poll
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
 

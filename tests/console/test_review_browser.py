@@ -18,8 +18,8 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from tests.browser import ARTIFACTS, chromium_page
 from tests.processes import poll
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input

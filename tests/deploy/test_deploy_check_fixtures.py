@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli.main import app as modgate_app
 from deploy.check import CheckReport, check_deploy
-from gateway.cli.main import app as modgate_app
 from gateway.settings import Settings
 
 SEED = Path(__file__).resolve().parent / "fixtures" / "seed"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
+from cli.main import app as modgate_app
 from deploy.cli import deploy_app
-from gateway.cli.main import app as modgate_app
 
 SPARK_DIR = Path(__file__).resolve().parents[2] / "deploy" / "spark"
 ANCHOR = '      - "--enable-prefix-caching"\n'

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.cli.embedded import ThreadedServer
+from cli.embedded import ThreadedServer
 from tests.console.test_console_access import flip, signed_in
 from tests.policy.test_policy_replicas import (
     ADMIN,

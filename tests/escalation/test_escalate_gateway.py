@@ -12,9 +12,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import Label, make_keyframe
 from deploy.simulator.truth import frame_truth
-from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, forward, image_input

@@ -10,9 +10,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.cli.embedded import ThreadedServer
 from shaping.verdict import compact_regex
 from tests.support import GatewayFactory, SimFactory, image_input
 

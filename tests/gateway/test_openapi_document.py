@@ -16,9 +16,9 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 from PIL import Image
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.cli.embedded import ThreadedServer
 from shaping.verdict import MODEL_CATEGORIES
 from tests.support import GatewayFactory, SimFactory, data_url, image_input
 

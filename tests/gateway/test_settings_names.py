@@ -15,8 +15,8 @@ from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from bench.servers import free_port, wait_until_ready
+from cli.main import app as cli
 from deploy.check.model import gateway_setting
-from gateway.cli.main import app as cli
 from gateway.renamed_settings import RENAMED, deprecated_env_names
 from gateway.settings import Settings
 
@@ -141,7 +141,7 @@ def test_modgate_serve_still_starts_on_old_names(tmp_path: Path) -> None:
            "MODGATE_PORT": str(port), "MODGATE_LOG_LEVEL": "warning", "MODGATE_DRAIN_S": "0"}
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "gateway.cli.main", "serve"], env=env,
+        process = subprocess.Popen([sys.executable, "-m", "cli.main", "serve"], env=env,
                                    stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         wait_until_ready(f"http://127.0.0.1:{port}/readyz", process, timeout_s=180)

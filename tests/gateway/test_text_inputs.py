@@ -7,8 +7,8 @@ from typing import Any
 import httpx
 import openai
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from shaping.prompt import PROMPT_VERSIONS, RequestOptions, build_chat_request, load_system_prompt

@@ -53,7 +53,7 @@ def test_modgate_serve_refuses_to_start_with_a_budget_the_engine_would_not_honou
     env = {**os.environ, "MODGATE_SHAPING__IMAGE_TOKEN_BUDGET": "100"}
 
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli.main", "serve", "--port", "0"],
+        [sys.executable, "-m", "cli.main", "serve", "--port", "0"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "shaping", "quality", "deploy")
+PACKAGES = ("shaping", "contracts", "gateway", "quality", "deploy", "cli")
 MAX_LINES = 600
 
 

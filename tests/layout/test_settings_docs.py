@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from gateway.cli.settings_docs import PAGE, settings_markdown
+from cli.settings_docs import PAGE, settings_markdown
 from gateway.settings import Settings
 
 
 def test_the_settings_page_is_current() -> None:
-    assert PAGE.read_text() == settings_markdown(), "run: python -m gateway.cli.settings_docs"
+    assert PAGE.read_text() == settings_markdown(), "run: python -m cli.settings_docs"
 
 
 def test_every_setting_has_its_row() -> None:

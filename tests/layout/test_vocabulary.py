@@ -14,7 +14,7 @@ import pytest
 from shaping.verdict import ACTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "shaping", "quality", "deploy")
+PACKAGES = ("shaping", "contracts", "gateway", "quality", "deploy", "cli")
 HOME = "shaping/verdict.py"  # ``Action`` and ``ACTIONS``
 
 

@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from bench.servers import free_port
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from deploy.simulator.llamacpp_law import LlamaCppOptions
-from gateway.cli.embedded import ThreadedServer
 from gateway.engine.kinds import EngineKindSetting
 from tests.processes import GatewayProcessesFactory, poll
 from tests.support import GatewayFactory, SimFactory, image_input

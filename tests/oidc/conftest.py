@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from bench.servers import free_port
-from gateway.cli.embedded import ThreadedServer
+from cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.oidc.support import CONSOLE_CLIENT, HERE, KEYS, SCOPES, OidcProvider

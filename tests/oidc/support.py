@@ -12,8 +12,8 @@ from urllib.parse import urljoin
 import httpx
 import pytest
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from tests.support import image_input
 
 HERE = Path(__file__).resolve().parent

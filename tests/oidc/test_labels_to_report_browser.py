@@ -13,10 +13,10 @@ import redis
 from playwright.sync_api import expect
 from typer.testing import CliRunner
 
+from cli.embedded import ThreadedServer
+from cli.main import app
+from contracts.decisions import DecisionRow
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import app
-from quality.decisions import DecisionRow
 from tests.browser import chromium_page
 from tests.oidc.support import KEYS, PUBLIC_CLIENT
 from tests.oidc.test_oidc_browser import sign_in

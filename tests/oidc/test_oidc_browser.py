@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from gateway.cli.embedded import ThreadedServer
+from cli.embedded import ThreadedServer
 from tests.browser import ARTIFACTS, WatchedPage, chromium_page
 from tests.oidc.support import PUBLIC_CLIENT, queue_frames
 from tests.support import ADMIN_TOKEN, GatewayFactory

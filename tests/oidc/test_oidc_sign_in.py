@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from bench.servers import free_port
-from gateway.cli.embedded import ThreadedServer
+from cli.embedded import ThreadedServer
 from gateway.settings import Settings
 from tests.oidc.support import REVIEWERS, queue_frames, through_provider
 from tests.support import ADMIN_TOKEN, GatewayFactory

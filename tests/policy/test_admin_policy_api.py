@@ -10,9 +10,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.cli.embedded import ThreadedServer
 from tests.processes import poll
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
 

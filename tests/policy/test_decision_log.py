@@ -13,14 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import app
-from gateway.decisions.log import RedisDecisionLog
-from gateway.decisions.rows import label_row
-from gateway.http.services import redis_client
-from gateway.settings import DecisionSettings
-from quality.decisions import (
+from cli.embedded import ThreadedServer
+from cli.main import app
+from contracts.decisions import (
     DecisionRow,
     day_partitions,
     drop_days_before,
@@ -28,6 +23,11 @@ from quality.decisions import (
     tenant_decisions,
     write_day_partitions,
 )
+from deploy.keyframes import make_keyframe
+from gateway.decisions.log import RedisDecisionLog
+from gateway.decisions.rows import label_row
+from gateway.http.services import redis_client
+from gateway.settings import DecisionSettings
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -11,9 +11,9 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
+from cli.embedded import ThreadedServer
+from cli.main import app
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import app
 from gateway.policy.moderation import ModerationPolicy, apply_moderation_policy
 from shaping.verdict import KeyframeVerdict
 from tests.processes import RedisServer, poll

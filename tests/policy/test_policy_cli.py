@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from bench.servers import free_port
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import app
+from cli.embedded import ThreadedServer
+from cli.main import app
 from tests.support import ADMIN_TOKEN, GatewayFactory
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

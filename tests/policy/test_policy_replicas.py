@@ -1,6 +1,6 @@
 """Gateway processes on one real Redis: flips spread within a second; a dead Redis stops flips, not serving.
 
-Each gateway is a real ``python -m gateway.cli.main serve`` process, ready once it answers /healthz
+Each gateway is a real ``python -m cli.main serve`` process, ready once it answers /healthz
 (readiness may be degraded while Redis is away). Tests that stop Redis run their own ``redis-server`` on a
 free port, so the machine's Redis is never touched.
 """
@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from gateway.policy.rules import ThinkingPolicy
 from tests.processes import GatewayProcessesFactory, RedisServer, poll
 from tests.support import ADMIN_TOKEN, image_input

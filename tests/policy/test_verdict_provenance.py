@@ -7,8 +7,8 @@ from typing import Any
 import httpx
 import openai
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from shaping.prompt import PROMPT_VERSIONS
 from tests.processes import poll
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input

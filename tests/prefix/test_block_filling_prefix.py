@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from tests.support import GatewayFactory, SimFactory, image_input
 
 

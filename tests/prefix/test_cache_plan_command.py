@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from gateway.cli.main import app
+from cli.main import app
 from shaping.prefix import guidance_version_for, load_guidance
 from shaping.prompt import load_system_prompt, prompt_version_for
 from tests.support import SimFactory

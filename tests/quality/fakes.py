@@ -12,7 +12,7 @@ from datetime import timedelta
 import httpx
 import numpy as np
 
-from quality.records import HumanLabel, VerdictRecord, week_bounds
+from contracts.records import HumanLabel, VerdictRecord, week_bounds
 
 CATEGORIES = ("sexual", "violence", "self-harm", "hate", "illicit")
 

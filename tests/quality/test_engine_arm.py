@@ -8,11 +8,11 @@ from pathlib import Path
 
 import httpx
 
+from contracts.records import JsonlRecordStore, VerdictRecord, format_iso_week
+from contracts.summaries import ENGINE_NAMES, EngineKind
 from deploy.keyframes import make_keyframe
-from quality.records import JsonlRecordStore, VerdictRecord, format_iso_week
 from quality.report import ReportPolicy, build_weekly_report, render_html, render_markdown
 from quality.runner import load_dataset, run_offline
-from quality.summaries import ENGINE_NAMES, EngineKind
 from tests.quality.fakes import synthesize_week
 from tests.quality.test_report_headline import CATEGORIES, crafted_week
 from tests.support import GatewayFactory, SimFactory

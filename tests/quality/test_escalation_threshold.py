@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from contracts.records import PairedRecord, VerdictRecord, pair_records
 from quality.escalation import escalation_reason, same_verdict, threshold_section, weighted_auroc
-from quality.records import PairedRecord, VerdictRecord, pair_records
 from quality.report import ReportPolicy, build_weekly_report, render_html, render_markdown
 
 WEEK_START = datetime(2026, 11, 23, tzinfo=UTC)

@@ -15,9 +15,11 @@ from scipy.stats import norm
 from statsmodels.stats.proportion import proportion_confint
 from statsmodels.stats.weightstats import DescrStatsW
 
+from contracts.decisions import DecisionRow
+from contracts.records import Arm, VerdictRecord
+from contracts.summaries import Estimate, ThresholdRow, ThresholdSection
 from gateway.decisions.rows import label_row
 from quality.columnar import records_table, write_week_partition
-from quality.decisions import DecisionRow
 from quality.labels import (
     LabelledPair,
     label_section,
@@ -26,9 +28,7 @@ from quality.labels import (
     threshold_from_labels,
     weighted_accuracy,
 )
-from quality.records import Arm, VerdictRecord
 from quality.report import ReportPolicy, build_weekly_report_from
-from quality.summaries import Estimate, ThresholdRow, ThresholdSection
 from shaping.verdict import Action
 
 AT = datetime(2026, 11, 25, 12, tzinfo=UTC)  # in 2026-W48

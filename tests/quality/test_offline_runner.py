@@ -13,7 +13,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from quality.records import JsonlRecordStore, pair_records
+from contracts.records import JsonlRecordStore, pair_records
 from quality.runner import (
     DatasetError,
     ProgressEvent,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from cli.embedded import ThreadedServer
+from cli.quality import previous_week, quality_app, resolve_week
+from contracts.records import JsonlRecordStore, pair_records
 from deploy.keyframes import LABELS, make_keyframe
-from gateway.cli.embedded import ThreadedServer
-from quality.cli import previous_week, quality_app, resolve_week
-from quality.records import JsonlRecordStore, pair_records
 from quality.report import WeeklyReport
 from tests.quality.fakes import synthesize_week
 

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.cluster import SentinelFleet, running
+from cli.quality import quality_app
+from contracts.records import RedisRecordStore
 from gateway.state import open_redis
-from quality.cli import quality_app
-from quality.records import RedisRecordStore
 from quality.report import WeeklyReport
 from tests.quality.fakes import synthesize_week
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quality.records import JsonlRecordStore, pair_records
+from contracts.records import JsonlRecordStore, pair_records
 from quality.report import ReportPolicy, build_weekly_report
 from quality.stats import PairedFlags, agreement_from_table, flagged_agreement_from_table, video_bootstrap_cis
 from tests.quality.fakes import synthesize_week

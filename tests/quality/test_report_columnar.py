@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from contracts.records import JsonlRecordStore, VerdictRecord, pair_records, week_bounds
 from quality.columnar import RECORD_SCHEMA, convert_jsonl_weeks, partition_dir, records_table, week_source
 from quality.columns import (
     PairColumns,
@@ -23,7 +24,6 @@ from quality.columns import (
     run_bootstrap,
     unit_weights,
 )
-from quality.records import JsonlRecordStore, VerdictRecord, pair_records, week_bounds
 from quality.report import ReportPolicy, WeeklyReport, build_weekly_report, build_weekly_report_from
 from quality.week_stage import week_tables
 from quality.weekly_sql import PairQuery, WeekQueries

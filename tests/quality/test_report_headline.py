@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
+from contracts.records import VerdictRecord, week_bounds
 from quality.charts import agreement_axis_floor, category_chart
-from quality.records import VerdictRecord, week_bounds
 from quality.report import ReportPolicy, WeeklyReport, build_weekly_report
 
 CATEGORIES = ("sexual", "violence", "self-harm", "hate", "illicit", "weapons")

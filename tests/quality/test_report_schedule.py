@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from quality.cli import quality_app
+from cli.quality import quality_app
 
 SCHEDULE = Path(__file__).resolve().parents[2] / "deploy" / "schedule"
 runner = CliRunner()

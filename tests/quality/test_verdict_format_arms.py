@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 
+from contracts.records import JsonlRecordStore, format_iso_week
 from deploy.keyframes import make_keyframe
-from quality.records import JsonlRecordStore, format_iso_week
 from quality.report import ReportPolicy, build_weekly_report, render_html, render_markdown
 from quality.runner import load_dataset, run_offline
 from tests.support import GatewayFactory, SimFactory

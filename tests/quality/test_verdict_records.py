@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from quality.records import (
+from contracts.records import (
     JsonlRecordStore,
     MirroredRecordStore,
     RedisRecordStore,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quality.records import VerdictRecord
+from contracts.records import VerdictRecord
 from quality.report import (
     ReportPolicy,
     WeeklyReport,

@@ -11,9 +11,9 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
+from cli.embedded import ThreadedServer
+from cli.main import app as cli
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import app as cli
 from gateway.http.keys_store import API_KEYS_HASH
 from tests.processes import RedisServer
 from tests.reliability.conftest import error_body

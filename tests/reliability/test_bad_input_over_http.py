@@ -13,8 +13,8 @@ import httpx
 import pytest
 from PIL import Image
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.http.routes.moderations import json_depth, openers_at_most
 from gateway.settings import Settings

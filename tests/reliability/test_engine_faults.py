@@ -240,7 +240,7 @@ async def test_an_answer_cut_after_it_started_is_never_retried() -> None:
 def simulator_process(port: int, *args: str) -> Iterator[subprocess.Popen[bytes]]:
     """``modgate engine-sim`` in a process of its own (so it can be killed)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli.main", "engine-sim", "--port", str(port), *args],
+        [sys.executable, "-m", "cli.main", "engine-sim", "--port", str(port), *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

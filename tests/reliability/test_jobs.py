@@ -11,10 +11,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
 from gateway.caller import Caller
-from gateway.cli.embedded import ThreadedServer
 from gateway.jobs.models import JobRecord
 from gateway.jobs.store_memory import MemoryJobStore
 from gateway.jobs.store_redis import GROUP, STREAM, RedisJobStore

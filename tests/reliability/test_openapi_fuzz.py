@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.embedded import ThreadedServer
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.support import ADMIN_TOKEN

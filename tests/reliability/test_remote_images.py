@@ -15,8 +15,8 @@ import httpx
 import pytest
 from litestar.testing import AsyncTestClient
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from gateway.errors import ModgateError
 from gateway.http.app import create_app
 from gateway.moderation import remote_images

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from gateway.jobs.webhooks import verify_webhook
 from tests.processes import poll
 from tests.reliability.conftest import WEBHOOK_SECRET, WebhookReceiver

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from contracts.decisions import DecisionRow
 from gateway.decisions.log import RedisDecisionLog, unlogged_counter
 from gateway.decisions.rows import review_label_row
 from gateway.http.services import redis_client
 from gateway.review.models import Label, LabelledItem, ReviewItem
 from gateway.settings import DecisionSettings
-from quality.decisions import DecisionRow
 from tests.processes import RedisServer
 
 STREAM = "test:retry:decisions"

@@ -12,10 +12,10 @@ import httpx
 import redis
 from typer.testing import CliRunner
 
+from cli.embedded import ThreadedServer
+from cli.main import app
+from contracts.decisions import DecisionRow
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import app
-from quality.decisions import DecisionRow
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
 
 KEYS = "k-news-0123:news,k-kids-0123:kids,k-arch-0123:archive"

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
+from cli.embedded import ThreadedServer
+from contracts.records import JsonlRecordStore, VerdictRecord, iso_week_of, pair_records
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
-from quality.records import JsonlRecordStore, VerdictRecord, iso_week_of, pair_records
 from quality.stats import wilson_interval
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
 

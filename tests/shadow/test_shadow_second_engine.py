@@ -10,10 +10,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
+from contracts.records import VerdictRecord
 from deploy.keyframes import make_keyframe
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from gateway.settings import Settings
-from quality.records import VerdictRecord
 from tests.shadow.test_shadow_pairs import post_frames, read_records, set_shadow_share, shadow_counts
 from tests.support import GatewayFactory, SimFactory
 

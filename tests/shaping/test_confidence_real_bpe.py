@@ -179,7 +179,7 @@ def test_none_or_enough_alternatives_are_accepted(top: int) -> None:
 def test_modgate_serve_exits_with_a_message_when_top_logprobs_is_too_small() -> None:
     env = {**os.environ, "MODGATE_ENGINE__TOP_LOGPROBS": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli.main", "serve", "--port", "0"],
+        [sys.executable, "-m", "cli.main", "serve", "--port", "0"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.returncode == 2, result.stdout + result.stderr

@@ -11,9 +11,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.support import GatewayFactory, SimFactory, data_url, forward, image_input

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from tests.support import image_input
 
 

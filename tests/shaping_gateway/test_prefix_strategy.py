@@ -9,8 +9,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.cli.embedded import ThreadedServer
 from shaping.prefix_strategy import (
     EngineCacheConfig,
     PrefixStrategySetting,

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 import httpx
 import redis
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.support import ADMIN_TOKEN, GatewayFactory, forward, image_input

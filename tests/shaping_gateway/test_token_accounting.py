@@ -12,8 +12,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from gateway.errors import UpstreamError
 from gateway.http.app import create_app
 from gateway.moderation.token_prediction import PromptTokenCheck

@@ -10,8 +10,8 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
 
 SCENE = make_keyframe("allow", 1280, 720, seed=21)

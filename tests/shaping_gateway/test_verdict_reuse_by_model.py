@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from tests.shaping_gateway.test_verdict_reuse import engine_requests, moderate
 from tests.support import GatewayFactory, SwappableEngine, image_input
 

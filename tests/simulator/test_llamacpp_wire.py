@@ -16,13 +16,13 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from cli.embedded import ThreadedServer
+from cli.main import app as modgate_app
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from deploy.simulator.grammar import grammar_regex
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from deploy.simulator.llamacpp_responses import forbidden_beside
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import app as modgate_app
 from gateway.engine.gbnf import regex_to_gbnf
 from gateway.engine.kinds import THOUGHT_RULES
 from shaping.verdict import compact_regex, verdict_regex

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
-from gateway.cli.embedded import ThreadedServer
 from gateway.policy.rules import MODES
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
 

@@ -9,10 +9,10 @@ import re
 
 from typer.testing import CliRunner
 
+from cli.cache_probe import max_reusable_tokens, probe_engine
+from cli.main import app
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from deploy.simulator.tokenizer import render_chat
-from gateway.cli.cache_probe import max_reusable_tokens, probe_engine
-from gateway.cli.main import app
 from shaping.prompt import load_system_prompt, prompt_version_for
 from shaping.verdict import VerdictFormat
 from tests.support import SimFactory

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.cli.cache_probe import probe_engine
+from cli.cache_probe import probe_engine
 from tests.support import GatewayFactory, SimFactory
 
 

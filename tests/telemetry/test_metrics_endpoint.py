@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from typer.testing import CliRunner
 
+from cli.embedded import ThreadedServer
+from cli.main import app
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import app
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, data_url, image_input
 
 HISTOGRAMS = (

@@ -17,9 +17,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from gateway.caller import Caller
-from gateway.cli.embedded import ThreadedServer
 from gateway.errors import UpstreamError
 from gateway.http.auth import KeyRing
 from gateway.http.services import Services, open_services

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from gateway.http.app import create_app
 from gateway.settings import Settings, TenantSettings
 from tests.support import ADMIN_TOKEN, SimFactory, forward, image_input

@@ -15,9 +15,9 @@ import pytest
 import redis.asyncio as redis_asyncio
 from typer.testing import CliRunner
 
+from cli.embedded import ThreadedServer
+from cli.main import app as cli
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import app as cli
 from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, reset_header
 from tests.support import GatewayFactory, SimFactory, image_input
 

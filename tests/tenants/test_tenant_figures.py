@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
-from gateway.cli.embedded import ThreadedServer
 from tests.support import ADMIN_TOKEN, GatewayFactory, image_input
 
 KEYS = "key-a:tenant-a,key-b:tenant-b"

@@ -9,10 +9,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import ThreadedServer
+from cli.main import engine_settings, work_weighed
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.cli.embedded import ThreadedServer
-from gateway.cli.main import engine_settings, work_weighed
 from gateway.http.app import create_app
 from gateway.settings import Settings, SimulatorSettings, TenantSettings
 from tests.support import image_input

@@ -9,7 +9,7 @@ remembered on the server: gateway/http/console/guard.py. The CSRF token is an HM
 second derived key: the server recomputes it, nothing is stored.
 
 The quality headline is read from the ``quality-YYYY-Www.json`` files ``modgate quality report`` writes,
-through the report's own models (:mod:`quality.summaries`, light: no numpy, scikit-learn or matplotlib)
+through the report's own models (:mod:`contracts.summaries`, light: no numpy, scikit-learn or matplotlib)
 for the parts the console shows (recommendation, trend, costs); the rest of the file is not read.
 """
 
@@ -32,8 +32,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from contracts.summaries import ArmCost, Decision, Recommendation, WeekSummary
 from gateway.http.auth import OPERATOR_NAME
-from quality.summaries import ArmCost, Decision, Recommendation, WeekSummary
 
 log = logging.getLogger("modgate.console")
 

@@ -26,9 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
-from gateway.state import RedisUrlError, check_redis_url, open_redis
-from quality.records import (
+from contracts.records import (
     JsonlRecordStore,
     MirroredRecordStore,
     RecordStore,
@@ -38,6 +36,9 @@ from quality.records import (
     parse_iso_week,
     week_bounds,
 )
+from contracts.summaries import EngineKind
+from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
+from gateway.state import RedisUrlError, check_redis_url, open_redis
 from quality.runner import (
     DatasetError,
     ProgressEvent,
@@ -47,12 +48,11 @@ from quality.runner import (
     parse_arms,
     run_offline,
 )
-from quality.summaries import EngineKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from quality.decisions import DecisionRow
+    from contracts.decisions import DecisionRow
     from quality.report import ReportPolicy, WeekSummary
 
 __all__ = ["quality_app"]
@@ -320,7 +320,7 @@ async def _decision_rows(
     archive_dir: Path | None, redis_url: str | None, stream: str, week: str
 ) -> list[DecisionRow]:
     """The decision log's rows of a week: the archive's days, then the stream's (as the export reads them)."""
-    from gateway.cli.decisions import decision_rows  # the service's modules: imported late
+    from cli.decisions import decision_rows  # the service's modules: imported late
 
     year, number = parse_iso_week(week)
     start, end = week_bounds(year, number)

@@ -14,8 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from contracts.decisions import DECISION_SCHEMA, DecisionRow, tenant_decisions
 from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
-from quality.decisions import DECISION_SCHEMA, DecisionRow, tenant_decisions
 
 REDIS_URL = "MODGATE_REDIS__URL"
 

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cli.cache_probe import cache_app
+from cli.decisions import decisions_app
+from cli.policy import policy_app
+from cli.prefix import plan as cache_plan
+from cli.quality import quality_app
+from cli.stats import stats
 from deploy.cli import deploy_app
 from deploy.engine_cpu import engine_cpu as engine_cpu_command
 from deploy.engine_llamacpp import engine_llamacpp as engine_llamacpp_command
-from gateway.cli.cache_probe import cache_app
-from gateway.cli.decisions import decisions_app
-from gateway.cli.policy import policy_app
-from gateway.cli.prefix import plan as cache_plan
-from gateway.cli.stats import stats
 from gateway.http.keys_store import keys_app
 from gateway.http.tenants import tenants_app
-from quality.cli import quality_app
 
 if TYPE_CHECKING:
     from litestar import Litestar
@@ -79,8 +79,8 @@ def engine_settings(settings: Settings) -> Iterator[Settings]:
     if settings.engine_url:
         yield settings
         return
+    from cli.embedded import ThreadedServer
     from deploy.simulator import PRESETS, create_sim_app
-    from gateway.cli.embedded import ThreadedServer
 
     preset = PRESETS[settings.simulator.preset]
     if settings.simulator.tokenizer is not None:
@@ -108,7 +108,7 @@ def work_weighed(settings: Settings, preset: SimPreset) -> TenantSettings:
 
 def served_app() -> Litestar:
     """The app as each worker process builds it (``--workers`` above 1): settings from the environment."""
-    from gateway.cli.serving import PROCESS_DRAIN
+    from cli.serving import PROCESS_DRAIN
     from gateway.http.app import create_app
     from gateway.settings import Settings
     from gateway.telemetry.tracing import configure_logging
@@ -138,7 +138,7 @@ def serve(
     """Serve the gateway; with MODGATE_ENGINE__URL unset it starts the simulated engine itself."""
     import uvicorn
 
-    from gateway.cli.serving import run as run_server
+    from cli.serving import run as run_server
     from gateway.drain import Drain
     from gateway.http.app import create_app
     from gateway.settings import Settings
@@ -186,7 +186,7 @@ def serve(
             os.environ["MODGATE_ENGINE__URL"] = served.engine_url  # worker processes read the environment
         drain = Drain(served.drain_s)
         target: Litestar | str = (
-            create_app(served, drain=drain) if workers == 1 else "gateway.cli.main:served_app"
+            create_app(served, drain=drain) if workers == 1 else "cli.main:served_app"
         )
         config = uvicorn.Config(
             target,

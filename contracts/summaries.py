@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quality.records import Arm
+from contracts.records import Arm
 
 __all__ = [
     "ENGINE_NAMES",

@@ -16,7 +16,7 @@ from typing import Annotated
 import httpx
 import typer
 
-from gateway.cli.cache_probe import VerdictFormatOption
+from cli.cache_probe import VerdictFormatOption
 from gateway.engine.prefix import (
     CachedCall,
     EngineTokens,
@@ -64,8 +64,8 @@ def _engine_url(engine_url: str | None, preset: str) -> Iterator[str]:
     if engine_url:
         yield engine_url.rstrip("/")
         return
+    from cli.embedded import ThreadedServer
     from deploy.simulator import PRESETS, create_sim_app
-    from gateway.cli.embedded import ThreadedServer
 
     with ThreadedServer(create_sim_app(PRESETS[preset], 0.0)) as server:
         yield server.url

@@ -1,4 +1,4 @@
-"""docs/settings.md, written from the settings model: ``python -m gateway.cli.settings_docs``.
+"""docs/settings.md, written from the settings model: ``python -m cli.settings_docs``.
 
 Each variable's name comes from the model (``MODGATE_<GROUP>__<NAME>``), its default from
 the field, and its meaning from the comments beside the field in gateway/settings.py, so a setting added
@@ -23,7 +23,7 @@ from gateway.renamed_settings import NESTED, PREFIX, deprecated_env_names
 from gateway.settings import Settings
 
 SOURCE = Path(settings_module.__file__)
-PAGE = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 
 
 def field_comments(source: str) -> dict[tuple[str, str], str]:
@@ -85,7 +85,7 @@ def settings_markdown() -> str:
         "# Settings",
         "",
         "Use this page to configure the gateway: every environment variable it reads, its default and what",
-        "it changes. Written from gateway/settings.py by `python -m gateway.cli.settings_docs`; do not edit.",
+        "it changes. Written from gateway/settings.py by `python -m cli.settings_docs`; do not edit.",
         "",
         f"Every setting is `{PREFIX}<GROUP>{NESTED}<NAME>`, its group and its name joined by `{NESTED}`",
         "(`MODGATE_ENGINE__URL`, `MODGATE_SERVER__PORT`). A group can also be set whole, as JSON",
