@@ -183,6 +183,10 @@ defaults
     retries 3
     retry-on conn-failure empty-response
     option redispatch 1
+    # The whole body is read before a replica is picked, so it is still there to send again: without it,
+    # HAProxy 2.6 has streamed the body on and cannot retry a request whose replica died (kill -9) before
+    # answering (the caller got a 502 or a dropped connection; bench.soak found it).
+    option http-buffer-request
     option httpchk
     http-check send meth GET uri /readyz
     http-check expect status 200

@@ -296,6 +296,12 @@ def engine_sim(
     slow_s: Annotated[float, typer.Option(help="Fault: delay of a slow request.")] = 5.0,
     cut_stream_rate: Annotated[float, typer.Option(help="Fault: share of streams cut mid-answer.")] = 0.0,
     malformed_rate: Annotated[float, typer.Option(help="Fault: share of answers that are not JSON.")] = 0.0,
+    busy_rate: Annotated[
+        float, typer.Option(help="Fault: share of requests answered 503 busy (queue full, no free slot).")
+    ] = 0.0,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="vLLM's --served-model-name: the id /v1/models lists.")
+    ] = None,
 ) -> None:
     """Serve the engine simulator, in vLLM's wire or (``--kind llamacpp``) llama-server's."""
     from dataclasses import replace
@@ -322,6 +328,7 @@ def engine_sim(
         ("thinking_off_disagreement", disagreement),
         ("separation_auroc", separation),
         ("scheduling_policy", scheduling_policy),
+        ("model", served_model_name),
     ):
         if value is not None:
             changes[name] = value
@@ -362,6 +369,7 @@ def engine_sim(
         slow_s=slow_s,
         cut_stream_rate=cut_stream_rate,
         malformed_rate=malformed_rate,
+        busy_rate=busy_rate,
     )
     wire = "llama-server's wire" if kind == "llamacpp" else "vLLM's wire"
     typer.echo(

@@ -7,9 +7,9 @@ ModgateError
 │   └── Overloaded 429 (with Retry-After)
 └── ServerSideError (5xx: the caller should retry later)
     ├── UpstreamError 502 (the engine answered badly: 5xx, malformed body, stream cut)
-    ├── EngineUnavailable 503 (cannot connect, circuit open, not ready)
+    ├── EngineUnavailable 503 with Retry-After (cannot connect, circuit open, not ready)
     ├── UpstreamTimeout 504 (connect, first token or total deadline passed)
-    └── StateUnavailable 503 (Redis unreachable for an operation that needs it)
+    └── StateUnavailable 503 with Retry-After (Redis unreachable for an operation that needs it)
 """
 
 from __future__ import annotations
@@ -145,10 +145,17 @@ class UpstreamError(ServerSideError):
 
 
 class EngineUnavailable(ServerSideError):
-    """The engine cannot be reached (or is held off by its circuit breaker)."""
+    """The engine cannot be reached (or is held off by its circuit breaker): come back after ``retry_after``
+    seconds (RFC 9110's ``Retry-After`` on a 503; a restarting engine is back within seconds or its circuit
+    opens, whose own cooldown then says when)."""
 
     status = 503
     default_code = "engine_unavailable"
+    retry_after: int = 1
+
+    def headers(self) -> dict[str, str]:
+        """Tell the caller when to come back."""
+        return {"Retry-After": str(self.retry_after)}
 
 
 class EngineBusy(EngineUnavailable):
@@ -169,7 +176,13 @@ class UpstreamTimeout(ServerSideError):
 
 
 class StateUnavailable(ServerSideError):
-    """The shared state store (Redis) cannot be reached for an operation that needs it."""
+    """The shared state store (Redis) cannot be reached for an operation that needs it: come back after
+    ``retry_after`` seconds (a Sentinel failover names a new primary within a few)."""
 
     status = 503
     default_code = "state_unavailable"
+    retry_after: int = 2
+
+    def headers(self) -> dict[str, str]:
+        """Tell the caller when to come back."""
+        return {"Retry-After": str(self.retry_after)}

@@ -52,6 +52,7 @@ class FaultsUpdate(BaseModel):
     slow_s: float = Field(default=5.0, ge=0)
     cut_stream_rate: float = Field(default=0.0, ge=0, le=1)
     malformed_rate: float = Field(default=0.0, ge=0, le=1)
+    busy_rate: float = Field(default=0.0, ge=0, le=1)
     seed: int = 0
 
 
@@ -63,6 +64,16 @@ def _error_response(_: Request[Any, Any, Any], exc: EngineError) -> Response[dic
         {"error": {"message": exc.detail, "type": kind, "param": exc.param, "code": exc.status_code}},
         status_code=exc.status_code,
     )
+
+
+QUEUE_FULL: Final = {
+    "error": {
+        "message": "The engine is currently busy and cannot accept new requests. "
+                   "Please try again later or on a different instance.",
+        "type": "Service Unavailable", "param": None, "code": 503,
+    }
+}  # fmt: skip
+"""vLLM's ``QueueOverflowError`` answer past ``--max-num-queued-reqs`` (the ``busy_rate`` fault)."""
 
 
 ENGINE_CORE_FAILED: Final = {
@@ -90,6 +101,8 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     if sim.engine_core_dies():
         return _engine_core_failed(state)
     faults = sim.faults
+    if sim.chance(faults.busy_rate):
+        return Response(QUEUE_FULL, status_code=503)
     if sim.chance(faults.error_rate):
         raise EngineError(500, "simulated engine failure")
     tokens, images, enable_thinking = sim.prompt_tokens(body)
@@ -287,6 +300,17 @@ async def info(state: State) -> dict[str, Any]:
     }
 
 
+@post("/sim/peaks", status_code=200)
+async def peaks(state: State) -> dict[str, int]:
+    """The most requests (running and waiting) and the most running since the last call, each then reset to
+    the count now: a caller polling it reads the peak of every interval (a soak judges a cap per window)."""
+    engine = state.sim.engine
+    seen = {"peak_requests": engine.peak_requests, "peak_running": engine.peak_running}
+    engine.peak_running = engine.num_running
+    engine.peak_requests = engine.num_running + engine.num_waiting
+    return seen
+
+
 def create_sim_app(
     preset: SimPreset,
     time_scale: float,
@@ -327,7 +351,7 @@ def create_sim_app(
     )
 
 
-SIM_ROUTES: Final = [get_faults, set_faults, truth, reset_prefix_cache, info]
+SIM_ROUTES: Final = [get_faults, set_faults, truth, reset_prefix_cache, info, peaks]
 """The simulator's own routes, the same in either wire."""
 
 

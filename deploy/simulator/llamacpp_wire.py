@@ -218,6 +218,8 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
         forced = forced_text(grammar_text) if grammar_text else None
     except ValueError as exc:
         raise EngineError(400, f"failed to parse grammar: {exc}") from exc
+    if sim.chance(sim.faults.busy_rate):
+        raise EngineError(503, "no slot available")
     if sim.chance(sim.faults.error_rate):
         raise EngineError(500, "simulated engine failure")
     tokens, images, enable_thinking = sim.prompt_tokens(chat)

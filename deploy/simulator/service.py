@@ -31,6 +31,7 @@ class Faults:
     slow_s: float = 5.0
     cut_stream_rate: float = 0.0
     malformed_rate: float = 0.0
+    busy_rate: float = 0.0  # answered 503 "busy" (vLLM's queue full, llama-server's no free slot)
     seed: int = 0
 
 

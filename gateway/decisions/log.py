@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 import stamina
 from prometheus_client import CollectorRegistry, Counter
@@ -113,6 +114,15 @@ class MemoryDecisionLog:
         return len(moving)
 
 
+# KEYS: the stream, the batch's key. ARGV: the key's ttl (seconds), then each row's JSON. A batch is added
+# once: its key, set in the same run, refuses a second run of it (a retry of a try that did land).
+_APPEND_ONCE: Final = """
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[1]) then return 0 end
+for i = 2, #ARGV do redis.call('XADD', KEYS[1], '*', 'row', ARGV[i]) end
+return #ARGV - 1
+"""
+
+
 class RedisDecisionLog:
     """Decisions on a Redis stream shared by every replica."""
 
@@ -124,13 +134,16 @@ class RedisDecisionLog:
         self._unlogged = unlogged
         self._retrying: set[asyncio.Task[None]] = set()
 
-    async def _add(self, batch: list[DecisionRow]) -> None:
-        """XADD each row in one round trip, waiting no longer than ``redis_timeout_s``."""
-        async with asyncio.timeout(self.settings.redis_timeout_s):
-            pipe = self._redis.pipeline(transaction=False)
-            for row in batch:
-                pipe.xadd(self._stream, {"row": row.model_dump_json()})
-            await pipe.execute()
+    async def _add(self, batch: list[DecisionRow], token: str) -> None:
+        """XADD each row in one script run, once per ``token`` (a try that timed out may have landed: a
+        stalled Redis runs it when it wakes, and the retry then adds nothing), waiting no longer than
+        ``redis_timeout_s``."""
+        settings = self.settings
+        async with asyncio.timeout(settings.redis_timeout_s):
+            await self._redis.eval(
+                _APPEND_ONCE, 2, self._stream, f"{self._stream}:batch:{token}",
+                int(settings.retry_timeout_s * 2 + 60), *(row.model_dump_json() for row in batch),
+            )
 
     async def append(self, rows: Iterable[DecisionRow]) -> None:
         """XADD each row (one round trip); a failing or hanging Redis costs the answer at most the timeout,
@@ -138,16 +151,17 @@ class RedisDecisionLog:
         batch = list(rows)
         if not batch:
             return
+        token = secrets.token_hex(12)
         try:
-            await self._add(batch)
+            await self._add(batch, token)
         except _REDIS_DOWN as exc:
             log.warning("the decision log did not take %d decision(s), trying again: %s", len(batch), exc,
                         extra={"request_id": batch[0].request_id})
-            task = asyncio.create_task(self._retry(batch), name="decision-log-retry")
+            task = asyncio.create_task(self._retry(batch, token), name="decision-log-retry")
             self._retrying.add(task)
             task.add_done_callback(self._retrying.discard)
 
-    async def _retry(self, batch: list[DecisionRow]) -> None:
+    async def _retry(self, batch: list[DecisionRow], token: str) -> None:
         """Try ``batch`` again with back-off; when every try failed, log it and count it as unlogged."""
         settings = self.settings
         try:
@@ -158,7 +172,7 @@ class RedisDecisionLog:
                 timeout=settings.retry_timeout_s, wait_initial=0.1, wait_max=5.0,
             ):
                 with attempt:
-                    await self._add(batch)
+                    await self._add(batch, token)
         except (*_REDIS_DOWN, asyncio.CancelledError) as exc:
             if self._unlogged is not None:
                 self._unlogged.inc(len(batch))

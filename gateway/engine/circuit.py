@@ -37,11 +37,7 @@ class CircuitOpen(EngineUnavailable):
 
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message)
-        self.retry_after = retry_after
-
-    def headers(self) -> dict[str, str]:
-        """Tell the caller when the engine will next be tried."""
-        return {"Retry-After": str(self.retry_after)}
+        self.retry_after = retry_after  # when the engine will next be tried
 
 
 class CircuitBreaker:

@@ -212,6 +212,16 @@ async def test_refused_connections_give_503_once_the_retries_are_spent() -> None
     assert engine.chat_calls == 3
 
 
+async def test_an_unreachable_engines_503_says_when_to_come_back() -> None:
+    async def refuses(request: httpx.Request, call: int) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    response = await call_gateway(ScriptedEngine(refuses), connect_retries=0)
+    assert response.status_code == 503
+    assert error_body(response)["code"] == "engine_unavailable"
+    assert int(response.headers["retry-after"]) >= 1
+
+
 async def test_an_answer_cut_after_it_started_is_never_retried() -> None:
     async def cut(request: httpx.Request, call: int) -> httpx.Response:
         return httpx.Response(

@@ -36,6 +36,7 @@ def test_jobs_finish_exactly_once_across_a_redis_restart(
         refused = client.post("/v1/jobs", json=job_body(9))
         assert refused.status_code == 503
         assert error_body(refused)["code"] == "state_unavailable"
+        assert int(refused.headers["retry-after"]) >= 1  # a 503 says when to come back
         assert client.get(f"/v1/jobs/{ids[0]}").status_code == 503
         frame = make_keyframe("block:violence", 320, 180)
         live = client.post("/v1/moderations", json={"input": image_input(frame)})

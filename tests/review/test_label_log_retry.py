@@ -4,6 +4,8 @@ is back; one it never takes is counted in ``modgate_decisions_unlogged_total``, 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +119,27 @@ def test_a_gateway_stopping_while_a_label_is_retried_counts_it_as_unlogged(
 
     asyncio.run(scenario())
     assert unlogged_total(registry) == 1
+
+
+def test_a_row_whose_append_timed_out_after_redis_took_it_is_stored_once(private_redis: RedisServer) -> None:
+    settings = DecisionSettings(stream=STREAM, redis_timeout_s=0.2, retry_attempts=50, retry_timeout_s=60)
+    assert private_redis.process is not None
+    pid = private_redis.process.pid
+
+    async def scenario() -> int:
+        client = redis_client(private_redis.url)
+        log = RedisDecisionLog(client, settings)
+        try:
+            await client.ping()  # connected: the append's bytes reach the stalled server's socket
+            os.kill(pid, signal.SIGSTOP)  # a stall: the XADD waits in its socket past the timeout
+            try:
+                await log.append([review_label_row(labelled())])
+                await asyncio.sleep(0.5)  # the retries meet the stall too
+            finally:
+                os.kill(pid, signal.SIGCONT)  # it wakes and runs the first try: the retry must add nothing
+            await log.flush()
+            return len(await client.xrange(STREAM))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == 1

@@ -1,0 +1,294 @@
+"""What the soak saw, and the invariants it checks at the end (``bench.soak``).
+
+Each invariant is a row: what it says, how many things it was checked on (0 means it was not exercised, and
+then it does not hold), how many broke it, and whether it holds. Values in, values out: no processes here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+DOCUMENTED_CLIENT_ERRORS = frozenset({400, 413, 415, 422})  # bad input (docs/api.md)
+SHARE_TOLERANCE = 0.1  # a backlogged tenant's share of engine verdicts may stray this far from its weight's
+
+
+@dataclass
+class Answer:
+    """One HTTP exchange with the gateways (through HAProxy), as the caller saw it."""
+
+    at: float  # seconds into the soak, when it was sent
+    what: str  # "live", "bad-input", "job", "flip", "review"
+    tenant: str
+    status: int  # 0: no answer (a transport error)
+    latency_s: float
+    code: str = ""  # the error's code, or the transport error's name
+    openai_shape: bool = True
+    retry_after: bool = False
+    request_id: str = ""  # a live answer's id (``modr-…``)
+    actions: tuple[str, ...] = ()  # a live answer's verdicts
+    engine_requests: tuple[str, ...] = ()  # and each one's ``modgate.request_id``
+    reused: tuple[bool, ...] = ()  # and whether it was another call's verdict (offered for review with it)
+
+
+@dataclass
+class Window:
+    """A fault, as it ran: when it began and ended (seconds into the soak), and how it went."""
+
+    kind: str
+    start: float
+    end: float
+    target: str = ""
+    note: str = ""
+
+
+@dataclass
+class Observations:
+    """Everything the soak records while it runs, and what it reads at the end."""
+
+    answers: list[Answer] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+    local_caps: list[Window] = field(default_factory=list)  # a replica on its local caps (Redis too slow)
+    jobs: dict[str, str] = field(default_factory=dict)  # job id -> tenant, every submission answered 202
+    job_states: dict[str, tuple[str, int]] = field(default_factory=dict)  # job id -> (status, completions)
+    deliveries: Counter[str] = field(default_factory=Counter)  # X-Modgate-Delivery -> deliveries
+    bad_signatures: int = 0
+    claimed: dict[str, str] = field(default_factory=dict)  # review item id -> its request id
+    labelled: set[str] = field(default_factory=set)
+    skipped: set[str] = field(default_factory=set)
+    still_queued: set[str] = field(default_factory=set)  # item ids in the queue at the end
+    queued_request_ids: set[str] = field(default_factory=set)  # request ids of every item seen queued
+    decision_rows: list[dict[str, Any]] = field(default_factory=list)
+    engine_peaks: list[tuple[float, str, int]] = field(default_factory=list)  # (at, engine, peak since last)
+    caps: dict[str, int] = field(default_factory=dict)
+    replicas: int = 2
+    policy_versions: list[int | None] = field(default_factory=list)  # each replica's, at the end
+    model_swaps_seen: list[bool] = field(default_factory=list)
+    deadline_s: float = 0.0
+    started_wall: float = 0.0  # time.time() at the soak's second 0
+    settle_s: float = 3.0  # after a fault ends, still counted as its window (circuits, HAProxy's checks)
+    redis_settle_s: float = 12.0  # after a Redis fault: local caps, and the calls admitted on them
+
+
+def rows_from_stream(entries: list[tuple[Any, dict[Any, Any]]]) -> list[dict[str, Any]]:
+    """Decision-log rows from ``XRANGE`` entries (each ``{"row": <JSON>}``)."""
+    rows = []
+    for _, fields in entries:
+        value = fields.get(b"row", fields.get("row"))
+        if value is not None:
+            rows.append(json.loads(value))
+    return rows
+
+
+REDIS_FAULTS = ("redis_primary_kill", "redis_stall", "local_caps")
+# What a killed primary took this long before may not have reached its replica (asynchronous replication; a
+# loaded machine's replica lags by seconds): review items written then are lost with it, a known gap (jobs
+# WAIT for a replica, review items do not), so the check looks for them only outside it.
+REPLICATION_LAG_S = 3.0
+
+
+def in_window(at: float, seen: Observations, kinds: tuple[str, ...] = (), before_s: float = 0.0) -> bool:
+    """Whether ``at`` falls in a fault's window (from ``before_s`` ahead of it) or its settling after; only
+    ``kinds`` if given (the local-caps spells count only when named)."""
+    windows = [*seen.windows, *(seen.local_caps if "local_caps" in kinds else [])]
+    return any(w.start - before_s <= at <= w.end + (seen.redis_settle_s if w.kind in REDIS_FAULTS
+                                                     else seen.settle_s)
+               for w in windows if not kinds or w.kind in kinds)
+
+
+def documented(answer: Answer) -> bool:
+    """An error answer the API documents: OpenAI's shape, 429/503 with Retry-After, 502/504, or a 4xx for
+    bad input (docs/api.md); never a 500, never another 4xx for good input."""
+    if not answer.openai_shape:
+        return False
+    if answer.status in (429, 503):
+        return answer.retry_after
+    if answer.status in (502, 504):
+        return True
+    if answer.what == "bad-input":
+        return answer.status in DOCUMENTED_CLIENT_ERRORS
+    if answer.what == "review":  # another reviewer holds or labelled it (docs/review.md)
+        return answer.status in (404, 409)
+    return answer.what == "flip" and answer.status == 409  # a flip raced by another: a stale version
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p95, p99 (None for none)."""
+    if len(values) < 2:
+        return {"n": len(values), "p50": values[0] if values else None, "p95": None, "p99": None}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"n": len(values), "p50": round(cuts[49], 3), "p95": round(cuts[94], 3), "p99": round(cuts[98], 3)}
+
+
+def row(invariant: str, count: int, broken: int, detail: str = "") -> dict[str, Any]:
+    """One line of the table: checked on ``count`` things, ``broken`` of them broke it."""
+    return {"invariant": invariant, "count": count, "broken": broken, "holds": count > 0 and broken == 0,
+            "detail": detail}
+
+
+def check(seen: Observations) -> list[dict[str, Any]]:
+    """Every invariant, in the table's order."""
+    return [_jobs_once(seen), _webhooks(seen), _deadlines(seen), _answered(seen), _errors(seen),
+            _decisions(seen), _review(seen), _review_verdicts_queued(seen), *_caps(seen), _policy(seen),
+            _model_swap(seen), _fair_share(seen)]
+
+
+def _jobs_once(seen: Observations) -> dict[str, Any]:
+    states = [seen.job_states.get(job, ("missing", 0)) for job in seen.jobs]
+    broken = [s for s in states if s[0] not in ("succeeded", "failed") or s[1] != 1]
+    ends = Counter(f"{status} x{completions}" for status, completions in states)
+    return row("every accepted job finished exactly once", len(states), len(broken),
+               ", ".join(f"{n} {end}" for end, n in ends.most_common()))
+
+
+def _webhooks(seen: Observations) -> dict[str, Any]:
+    missing = [job for job in seen.jobs if seen.deliveries.get(job, 0) < 1]
+    repeats = sum(n - 1 for job, n in seen.deliveries.items() if job in seen.jobs)
+    return row("every accepted job's webhook delivered at least once", len(seen.jobs), len(missing),
+               f"{repeats} repeated deliveries (deduplicated), {seen.bad_signatures} bad signatures")
+
+
+def _live(seen: Observations) -> list[Answer]:
+    return [a for a in seen.answers if a.what in ("live", "bad-input")]
+
+
+def _deadlines(seen: Observations) -> dict[str, Any]:
+    live = _live(seen)
+    late = [a for a in live if a.latency_s > seen.deadline_s]
+    slowest = max((a.latency_s for a in live), default=0.0)
+    return row(f"no live call hung past its deadline ({seen.deadline_s:g} s)", len(live), len(late),
+               f"slowest {slowest:.2f} s")
+
+
+def _answered(seen: Observations) -> dict[str, Any]:
+    live = _live(seen)
+    dropped = [a for a in live if a.status == 0]
+    kinds = Counter(a.code for a in dropped)
+    return row("every live call got an answer (no dropped connection)", len(live), len(dropped),
+               ", ".join(f"{n} {code}" for code, n in kinds.items())
+               + (f" at {sorted(round(a.at) for a in dropped)} s" if dropped else ""))
+
+
+def _errors(seen: Observations) -> dict[str, Any]:
+    errors = [a for a in seen.answers if a.status >= 400]
+    wrong = Counter(f"{a.what} {a.status} {a.code}" for a in errors if not documented(a))
+    wrong.update(f"{a.what} {a.status} accepted" for a in seen.answers
+                 if a.what == "bad-input" and 0 < a.status < 400)
+    kinds = Counter(f"{a.status} {a.code}" for a in errors)
+    detail = "bad: " + ", ".join(f"{n} {k}" for k, n in wrong.items()) if wrong else ", ".join(
+        f"{n} {k}" for k, n in kinds.most_common(6))
+    return row("every error answer is documented (429/503 with Retry-After, no 500)", len(errors),
+               sum(wrong.values()), detail)
+
+
+def _decisions(seen: Observations) -> dict[str, Any]:
+    logged = Counter(r["request_id"] for r in seen.decision_rows if r.get("kind") != "label")
+    answered = [a for a in seen.answers if a.what == "live" and a.status == 200]
+    lost = sum(max(0, len(a.actions) - logged.get(a.request_id, 0)) for a in answered)
+    doubled = sum(max(0, logged.get(a.request_id, 0) - len(a.actions)) for a in answered)
+    verdicts = sum(len(a.actions) for a in answered)
+    return row("every verdict answered is one row in the decision log", verdicts, lost + doubled,
+               f"{lost} lost, {doubled} doubled; {len(seen.decision_rows)} rows in all")
+
+
+def _review(seen: Observations) -> dict[str, Any]:
+    items = set(seen.claimed) | seen.still_queued
+    lost = [i for i in items if i not in seen.labelled and i not in seen.still_queued]
+    return row("every item queued for review is labelled, skipped or still queued", len(items), len(lost),
+               f"{len(seen.labelled)} labelled, {len(seen.skipped)} skipped, {len(seen.still_queued)} still "
+               "queued")
+
+
+def _review_verdicts_queued(seen: Observations) -> dict[str, Any]:
+    # Redis replicates asynchronously: what a killed primary took in its last moment is lost with it (a
+    # job waits for a replica, MODGATE_JOBS__WAIT_REPLICAS; a review item does not).
+    reviews = [a for a in seen.answers if a.what == "live" and a.status == 200 and "review" in a.actions
+               and not in_window(a.at, seen, REDIS_FAULTS, before_s=REPLICATION_LAG_S)]
+    # An item names the engine request of its frame, the result's ``modgate.request_id``.
+    wanted = [request for a in reviews
+              for action, request, reused in zip(a.actions, a.engine_requests, a.reused, strict=True)
+              if action == "review" and not reused]
+    missing = [request for request in wanted if request not in seen.queued_request_ids]
+    at = sorted(round(a.at, 1) for a in reviews if any(r in missing for r in a.engine_requests))
+    return row("every review verdict (outside Redis faults) reached the review queue", len(wanted),
+               len(missing), f"{len(missing)} never seen queued" + (f", answered at {at} s" if at else ""))
+
+
+def _caps(seen: Observations) -> list[dict[str, Any]]:
+    rows = []
+    for engine, cap in seen.caps.items():
+        samples = [(at, peak) for at, name, peak in seen.engine_peaks if name == engine]
+        spells = sum(w.end - w.start for w in seen.local_caps)
+        within = [(in_window(at, seen, REDIS_FAULTS), peak) for at, peak in samples]
+        outside = [peak for fault, peak in within if not fault]
+        inside = [peak for fault, peak in within if fault]
+        over = [round(at) for (at, peak), (fault, _) in zip(samples, within, strict=True)
+                if peak > (cap * seen.replicas if fault else cap)]
+        rows.append(row(f"{engine} never saw more in flight than its cap {cap} (outside Redis faults; "
+                        f"{seen.replicas}x on local caps within)", len(samples), len(over),
+                        f"peak {max(outside, default=0)} outside, {max(inside, default=0)} within; "
+                        f"{spells:.1f} s of local caps besides the faults"
+                        + (f"; over at {over} s" if over else "")))
+    return rows
+
+
+def _policy(seen: Observations) -> dict[str, Any]:
+    versions = seen.policy_versions
+    agree = len(versions) == seen.replicas and None not in versions and len(set(versions)) == 1
+    flips = [a for a in seen.answers if a.what == "flip"]
+    done = sum(a.status == 200 for a in flips)
+    return row("both replicas end on the same policy version", len(versions), 0 if agree else 1,
+               f"versions {versions}; {done} of {len(flips)} flips applied")
+
+
+def _model_swap(seen: Observations) -> dict[str, Any]:
+    swaps = seen.model_swaps_seen
+    return row("every replica serves the swapped model's id", len(swaps), sum(not s for s in swaps))
+
+
+def _fair_share(seen: Observations) -> dict[str, Any]:
+    """Both tenants keep calls waiting (more callers than the engines' slots), with equal weights: outside the
+    fault windows each gets half the engine's verdicts (docs/tenants.md), within ``SHARE_TOLERANCE``."""
+    judged: Counter[str] = Counter()
+    for decision in seen.decision_rows:
+        if decision.get("kind") not in ("judged", "escalated"):
+            continue
+        at = _seconds(decision["decided_at"]) - seen.started_wall
+        if at >= 0 and not in_window(at, seen):
+            judged[decision["tenant"]] += 1
+    total = sum(judged.values())
+    shares = {tenant: round(n / total, 3) for tenant, n in sorted(judged.items())} if total else {}
+    # A short run has few verdicts outside the faults: there the bound is two standard errors of an even
+    # share over that many verdicts, when wider than the tolerance.
+    bound = max(SHARE_TOLERANCE, 1 / math.sqrt(total)) if total else SHARE_TOLERANCE
+    off = [t for t, s in shares.items() if abs(s - 1 / max(1, len(shares))) > bound]
+    return row(f"fair shares within {SHARE_TOLERANCE:g} of equal outside fault windows", total,
+               len(off) if len(shares) > 1 else 1, f"shares {shares}, bound ±{bound:.3f}")
+
+
+def _seconds(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def latencies(seen: Observations) -> dict[str, Any]:
+    """p50/p95/p99 of answered live calls, outside and inside the fault windows."""
+    live = [a for a in seen.answers if a.what == "live" and a.status != 0]
+    inside = [a.latency_s for a in live if in_window(a.at, seen)]
+    outside = [a.latency_s for a in live if not in_window(a.at, seen)]
+    return {"outside_faults": percentiles(outside), "within_faults": percentiles(inside)}
+
+
+def table_text(table: list[dict[str, Any]]) -> str:
+    """The table, as text."""
+    width = max(len(r["invariant"]) for r in table)
+    lines = [f"{'invariant':<{width}} | {'count':>7} | holds", "-" * (width + 20)]
+    for r in table:
+        lines.append(f"{r['invariant']:<{width}} | {r['count']:>7} | {'yes' if r['holds'] else 'NO'}"
+                     + (f"  ({r['detail']})" if r["detail"] else ""))
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""What the soak asks of the simulator: a busy fault answering each engine's own busy 503 (which the gateway
+reads as back-pressure), and the in-flight peaks of each interval between reads."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from deploy.simulator import Faults
+from gateway.engine.kinds import EngineKind, wire_for
+from tests.support import SimFactory
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("kind", ["vllm", "llamacpp"])
+def test_a_busy_simulator_answers_the_503_its_engine_kind_means_busy_by(
+    start_sim: SimFactory, kind: EngineKind
+) -> None:
+    sim = start_sim(kind=kind, faults=Faults(busy_rate=1.0))
+    answer = httpx.post(f"{sim.url}/v1/chat/completions", json={"messages": HI, "max_tokens": 4}, timeout=30)
+
+    assert answer.status_code == 503
+    assert wire_for(kind).says_busy(answer.status_code, answer.json()["error"]["message"])
+
+
+def test_the_busy_fault_is_switched_on_and_off_at_runtime(start_sim: SimFactory) -> None:
+    sim = start_sim()
+    ask = {"messages": HI, "max_tokens": 4}
+    httpx.post(f"{sim.url}/sim/faults", json={"busy_rate": 1.0}, timeout=10).raise_for_status()
+    assert httpx.post(f"{sim.url}/v1/chat/completions", json=ask, timeout=30).status_code == 503
+    httpx.post(f"{sim.url}/sim/faults", json={}, timeout=10).raise_for_status()
+    assert httpx.post(f"{sim.url}/v1/chat/completions", json=ask, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["vllm", "llamacpp"])
+def test_the_peaks_read_are_those_since_the_last_read(start_sim: SimFactory, kind: EngineKind) -> None:
+    sim = start_sim(kind=kind)
+    httpx.post(f"{sim.url}/v1/chat/completions", json={"messages": HI, "max_tokens": 4}, timeout=30)
+
+    first = httpx.post(f"{sim.url}/sim/peaks", timeout=10).json()
+    again = httpx.post(f"{sim.url}/sim/peaks", timeout=10).json()
+
+    assert first == {"peak_requests": 1, "peak_running": 1}
+    assert again == {"peak_requests": 0, "peak_running": 0}  # nothing ran since the first read
