@@ -15,8 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import EngineClient
-from gateway.engine.gbnf import regex_to_gbnf
-from gateway.engine.kinds import THOUGHT_RULES, LlamaCppWire, kind_from_props, wire_for
+from gateway.engine.wires import LlamaCppWire, kind_from_props, wire_for
+from gateway.engine.wires.gbnf import regex_to_gbnf
+from gateway.engine.wires.llamacpp import THOUGHT_RULES
 from gateway.errors import EngineUnavailable, UpstreamError
 from gateway.settings import EngineSettings
 from gateway.telemetry.windows import read_engine_cache_counters

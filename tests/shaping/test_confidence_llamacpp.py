@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, wire_for
+from gateway.engine.wires import wire_for
+from gateway.engine.wires.llamacpp import LLAMACPP_ALTERNATIVES_PER_MASKED
 from shaping.bpe import FAMILIES, Family, qwen_bpe
 from shaping.confidence import TokenLogprob, place_read, with_confidence
 from shaping.verdict import compact_regex, parse_engine_output
