@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
@@ -24,6 +24,7 @@ import stamina
 
 from gateway.engine.calls import PURPOSE_KEY, CallObserver, CountedTransport, Purpose
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen
+from gateway.engine.stream_lines import _json, _lines
 from gateway.engine.transport import AiohttpTransport
 from gateway.engine.wires import DEFAULT_KIND, EngineKindSetting, EngineWire, kind_from_props, wire_for
 from gateway.errors import EngineBusy, EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
@@ -92,42 +93,6 @@ def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
     if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
         return None
     return [TokenLogprob.from_wire(entry) for entry in logprobs["content"] if isinstance(entry, dict)]
-
-
-def _json(data: bytes) -> Any:
-    """A JSON text from the engine: msgspec (several times ``json.loads``'s speed on a stream chunk), or
-    ``json.loads`` for what msgspec refuses and the standard parser took (``NaN``, ``-Infinity``, integers
-    past 64 bits, invalid UTF-8 read with replacement): it reads all that it did before."""
-    try:
-        return msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return json.loads(data.decode(errors="replace"))
-
-
-async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The non-blank lines of a streamed body, without their ends (``\\n``, ``\\r\\n`` or ``\\r``).
-
-    Of any length: a real vLLM SSE line (a chunk with its logprobs) can exceed 512 KiB, so a line is kept
-    in parts until its end comes, never cut at a buffer size. Blank lines (SSE's event ends) are dropped.
-    """
-    parts: list[bytes] = []
-    async for chunk in chunks:
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            line = b"".join((*parts, chunk[start:end])) if parts else chunk[start:end]
-            parts.clear()
-            start = end + 1
-            if b"\r" in line:  # a "\r\n" end, or lines ended by a lone "\r" (as httpx splits them)
-                for part in line.splitlines():
-                    if part:
-                        yield part
-            elif line:
-                yield line
-        if start < len(chunk):
-            parts.append(chunk[start:])
-    for part in b"".join(parts).splitlines():
-        if part:
-            yield part
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Final
 
 from prometheus_client.samples import Sample
 
-from gateway.engine.wires import CacheProbeText, EngineWire, StartupHints, TokenizeStep
+from gateway.engine.wires.base import CacheProbeText, EngineWire, StartupHints, TokenizeStep
 from gateway.engine.wires.gbnf import regex_to_gbnf
 from gateway.errors import UpstreamError
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from prometheus_client.samples import Sample
 
-from gateway.engine.wires import CacheProbeText, EngineWire, StartupHints
+from gateway.engine.wires.base import CacheProbeText, EngineWire, StartupHints
 
 
 class VllmWire(EngineWire):
