@@ -82,12 +82,17 @@ def engine_settings(settings: Settings) -> Iterator[Settings]:
         return
     from cli.embedded import ThreadedServer
     from deploy.simulator import PRESETS, create_sim_app
+    from shaping.prefix_strategy import RECOMMENDED_MATCH_UNIT
 
-    preset = PRESETS[settings.simulator.preset]
+    # Started as docs/engines.md tells a real engine to start: the Spark's model is hybrid (its 2,960-token
+    # block is its linear-attention state's), so it runs that cache law with --prefix-match-unit 16, which the
+    # gateway primes; without the unit no request could take the shared prefix from its cache.
+    preset = (PRESETS["spark-hybrid"].scaled(prefix_match_unit=RECOMMENDED_MATCH_UNIT)
+              if settings.simulator.preset == "spark" else PRESETS[settings.simulator.preset])
     if settings.simulator.tokenizer is not None:
         preset = preset.scaled(tokenizer=settings.simulator.tokenizer)
     with ThreadedServer(create_sim_app(preset, settings.simulator.time_scale)) as server:
-        log.warning(
+        log.info(  # the engine it asked for: `modgate serve` prints it too
             "MODGATE_ENGINE__URL is unset: using the built-in simulated engine at %s "
             "(%s preset, time scale %g)",
             server.url,

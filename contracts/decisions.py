@@ -32,6 +32,7 @@ __all__ = [
     "drop_days_before",
     "labelled_decisions",
     "read_decisions",
+    "stream_id_order",
     "tenant_decisions",
     "write_day_partitions",
 ]
@@ -123,10 +124,25 @@ def day_partitions(directory: Path) -> dict[date, Path]:
     return dict(sorted(found.items()))
 
 
-def write_day_partitions(rows: Iterable[DecisionRow], directory: Path) -> list[Path]:
+# a part file's metadata: the first stream entry of the archive run that wrote it (see read_decisions)
+FIRST_STREAM_ID = b"modgate.first_stream_id"
+
+
+def stream_id_order(entry_id: str) -> tuple[int, int]:
+    """A Redis stream entry id (``1733212800000-3``) as a value that sorts as the stream does."""
+    millis, _, sequence = entry_id.partition("-")
+    return int(millis), int(sequence or 0)
+
+
+def write_day_partitions(
+    rows: Iterable[DecisionRow], directory: Path, first_stream_id: str | None = None
+) -> list[Path]:
     """Append rows to the Parquet folders of their UTC days (new part files only, written under a temporary
-    name and renamed, so a reader never sees half a file); returns the files written."""
+    name and renamed, so a reader never sees half a file); returns the files written. ``first_stream_id``:
+    the first stream entry the rows were moved from, kept in each file's metadata."""
     table = _table(rows)
+    if first_stream_id is not None:
+        table = table.replace_schema_metadata({FIRST_STREAM_ID: first_stream_id.encode()})
     written: list[Path] = []
     if table.num_rows == 0:
         return written
@@ -144,12 +160,27 @@ def write_day_partitions(rows: Iterable[DecisionRow], directory: Path) -> list[P
     return written
 
 
-def read_decisions(directory: Path, since: datetime, tenant: str | None = None) -> Iterator[DecisionRow]:
-    """Rows decided at or after ``since`` (of ``tenant`` only, if given), day by day, each day in order."""
+def _moved_before(path: Path, live_from: str) -> bool:
+    """Whether ``path`` holds entries moved off the stream before its first entry was ``live_from``."""
+    first = (pq.read_schema(path).metadata or {}).get(FIRST_STREAM_ID)
+    return first is None or stream_id_order(first.decode()) < stream_id_order(live_from)
+
+
+def read_decisions(
+    directory: Path, since: datetime, tenant: str | None = None, live_from: str | None = None
+) -> Iterator[DecisionRow]:
+    """Rows decided at or after ``since`` (of ``tenant`` only, if given), day by day, each day in order.
+
+    ``live_from``: the first entry the stream held when its rows were read (an export reads the stream
+    first). Files an archive run wrote from that entry on are skipped: their rows were on the stream then.
+    An archive run moves a prefix of the stream, so a run's files are either all before the live read
+    (moved, trimmed) or all from it on (read live): no row is missed or read twice.
+    """
     for day, folder in day_partitions(directory).items():
         if day < since.astimezone(UTC).date():
             continue
-        files = sorted(folder.glob("part-*.parquet"))
+        files = sorted(path for path in folder.glob("part-*.parquet")
+                       if live_from is None or _moved_before(path, live_from))
         if not files:
             continue
         table = pa.concat_tables([pq.read_table(path, schema=DECISION_SCHEMA) for path in files])

@@ -126,6 +126,13 @@ class Overloaded(ClientError):
         return {"Retry-After": str(self.retry_after)}
 
 
+class EnginesBusy(Overloaded):
+    """Every engine answered busy until the queue's deadline: a 429 like a full queue, counted (and alerted
+    on) under its own outcome, ``engine_busy``: the engines, not the gateway's queue, are out of room."""
+
+    default_code = "engine_busy"
+
+
 class ServerSideError(ModgateError):
     """Something behind the gateway failed."""
 

@@ -454,6 +454,7 @@ class ReviewSettings(BaseModel):
 class SimulatorSettings(BaseModel):
     """The built-in simulated engine that `modgate serve` starts when no engine URL is set."""
 
+    # spark: the Spark's hybrid model, started with --prefix-match-unit 16 (the gateway primes it)
     preset: Literal["spark", "vllm-cpu", "instant"] = "spark"
     time_scale: float = Field(default=0.02, ge=0)
     tokenizer: Family | None = None  # whose BPE the simulator counts with; None: the preset's (qwen3.6)
@@ -496,6 +497,7 @@ class AuthSettings(BaseModel):
 
     api_keys: str | None = None  # "key1:tenant1,key2:tenant2"; unset: no key required (said loudly)
     api_keys_from_redis: bool = False  # also accept keys added with `modgate keys add`; keys always required
+    # the bearer token of /admin and the console: at least 16 characters, else the gateway does not start
     admin_token: str | None = None
 
     @field_validator("api_keys")

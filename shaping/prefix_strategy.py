@@ -147,8 +147,8 @@ def choose_prefix_strategy(
             "cache",
             expected_cached_tokens=expected,
         )
-    fix = (MATCH_UNIT_FIX if config.hybrid
-           else f"start vLLM with a --block-size of at most {shared_prefix_tokens}")
+    # a plain model's block is free to choose: the same 16 as the hybrid's unit (vLLM takes no unit there)
+    fix = MATCH_UNIT_FIX if config.hybrid else f"start vLLM with --block-size {RECOMMENDED_MATCH_UNIT}"
     if setting == "match-unit":
         return PrefixDecision(
             "uncacheable", "MODGATE_SHAPING__PREFIX_STRATEGY=match-unit, but the engine has no match unit "

@@ -43,6 +43,27 @@ OPENAI_CATEGORIES: tuple[str, ...] = (
     "violence/graphic",
 )
 
+# The categories OpenAI judges an image for (its ``category_applied_input_types``); the rest are judged on
+# text alone, so an image without a caption applies them to nothing.
+IMAGE_CATEGORIES: frozenset[str] = frozenset(
+    {"self-harm", "self-harm/intent", "self-harm/instructions", "sexual", "violence", "violence/graphic"}
+)
+
+InputType = Literal["text", "image"]
+
+
+def applied_input_types(image: bool, text: bool) -> dict[str, list[InputType]]:
+    """Per OpenAI category, the input types it was applied to: the text (a text input or an image's caption)
+    for every category, the image for :data:`IMAGE_CATEGORIES` only."""
+    applied: dict[str, list[InputType]] = {}
+    for category in OPENAI_CATEGORIES:
+        kinds: list[InputType] = ["text"] if text else []
+        if image and category in IMAGE_CATEGORIES:
+            kinds.append("image")
+        applied[category] = kinds
+    return applied
+
+
 VerdictProblem = Literal[
     "empty_output", "truncated_output", "invalid_json", "schema_mismatch", "invalid_compact"
 ]

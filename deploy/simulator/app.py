@@ -180,6 +180,15 @@ async def models(state: State) -> dict[str, Any]:
     }
 
 
+@get("/server_info")
+async def server_info(state: State) -> dict[str, Any]:
+    """vLLM's config as ``/server_info?config_format=json`` gives it (the real server serves the route with
+    ``VLLM_SERVER_DEV_MODE=1``; the simulator always): here only what a gateway reads, the weights' dtype."""
+    sim: SimulatedEngine = state.sim
+    model_config = {"model": sim.preset.model_root or sim.preset.model, "dtype": f"torch.{sim.preset.dtype}"}
+    return {"vllm_config": {"model_config": model_config}, "vllm_env": {}, "system_env": {}}
+
+
 @get("/health")
 async def health(state: State) -> Response[None]:
     """200 while the engine runs; 503 once its engine core died (and the server stayed up)."""
@@ -321,7 +330,8 @@ def create_sim_app(
         await sim.engine.stop()
 
     return Litestar(
-        route_handlers=[chat_completions, completions, models, health, metrics, tokenize, *SIM_ROUTES],
+        route_handlers=[chat_completions, completions, models, server_info, health, metrics, tokenize,
+                        *SIM_ROUTES],
         state=State({"sim": sim, "on_exit": on_exit}),
         on_startup=[start],
         on_shutdown=[stop],

@@ -3,7 +3,11 @@ age into daily Parquet files, which are deleted after the retention period.
 
 Redis layout (``<stream>`` is ``MODGATE_DECISIONS__STREAM``):
 - ``<stream>``: one entry per decision, field ``row`` (the row's JSON); the entry id's time is the append's.
-- ``<stream>:archiver``: a lock (SET NX PX) so one replica at a time moves entries to Parquet.
+- ``<stream>:archiver``: a lock (redis-py's ``Lock``: a token of its owner, released only by it) so one
+  replica at a time moves entries to Parquet; a replica whose lease ran out leaves the next owner's alone.
+
+An export reads the stream first, then the Parquet files an archive run wrote before that read (each file
+names the first stream entry its run moved): one consistent cut, whatever archive runs in between.
 
 The answer never waits on a failing Redis longer than ``redis_timeout_s``: an append that fails is tried
 again in the background (``retry_attempts`` times in all, for at most ``retry_timeout_s``, with stamina's
@@ -19,6 +23,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -27,7 +32,7 @@ import stamina
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import LockError, RedisError
 
 from contracts.decisions import DecisionRow, drop_days_before, read_decisions, write_day_partitions
 from gateway.settings import DecisionSettings
@@ -35,16 +40,26 @@ from gateway.settings import DecisionSettings
 log = logging.getLogger("modgate.decisions")
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
 _BATCH = 10_000  # stream entries moved to Parquet per read
+_CUT_TRIES = 5  # live reads started again when an archive trimmed the stream under a paged read
+
+
+@dataclass(frozen=True)
+class LiveRows:
+    """Rows not yet archived, and the first stream entry when they were read (None: an empty stream or
+    memory), which tells an export which archive files hold rows it has already read."""
+
+    rows: list[DecisionRow] = field(default_factory=list)
+    first_stream_id: str | None = None
 
 
 class DecisionLog(Protocol):
-    """Appends decisions and reads them back (the archive's days first, then what is still live)."""
+    """Appends decisions and reads them back (what is still live, then the archive's days before it)."""
 
     async def append(self, rows: Iterable[DecisionRow]) -> None:
         """Keep ``rows`` (never raises: a failure is logged and counted)."""
         ...
 
-    async def live(self, since: datetime, tenant: str | None = None) -> list[DecisionRow]:
+    async def live(self, since: datetime, tenant: str | None = None) -> LiveRows:
         """Rows not yet moved to Parquet, decided at or after ``since``."""
         ...
 
@@ -57,10 +72,12 @@ class DecisionLog(Protocol):
         ...
 
 
-def _archive_files(settings: DecisionSettings, rows: list[DecisionRow], now: float) -> None:
+def _archive_files(
+    settings: DecisionSettings, rows: list[DecisionRow], now: float, first_stream_id: str | None = None
+) -> None:
     """Write rows to their day folders and drop expired days (on a worker thread: Parquet is CPU)."""
     if rows:
-        write_day_partitions(rows, settings.archive_dir)
+        write_day_partitions(rows, settings.archive_dir, first_stream_id)
     drop_days_before(settings.archive_dir, settings.retention_days, datetime.fromtimestamp(now, UTC))
 
 
@@ -80,10 +97,10 @@ class MemoryDecisionLog:
     async def flush(self) -> None:
         """Nothing to wait for: memory takes every row."""
 
-    async def live(self, since: datetime, tenant: str | None = None) -> list[DecisionRow]:
-        """Rows not yet archived."""
-        return [row for _, row in self._rows
-                if row.decided_at >= since and (tenant is None or row.tenant == tenant)]
+    async def live(self, since: datetime, tenant: str | None = None) -> LiveRows:
+        """Rows not yet archived (this process's own: nothing archives between its reads)."""
+        return LiveRows([row for _, row in self._rows
+                         if row.decided_at >= since and (tenant is None or row.tenant == tenant)])
 
     async def archive(self, now: float | None = None) -> int:
         """Move rows past their age to the day files."""
@@ -179,39 +196,61 @@ class RedisDecisionLog:
                 entries.append((ident, None))
         return entries
 
-    async def live(self, since: datetime, tenant: str | None = None) -> list[DecisionRow]:
-        """Every entry from ``since`` on (the stream id's time is at or after the decision's)."""
-        start = f"{int(since.timestamp() * 1000)}-0"
-        rows: list[DecisionRow] = []
-        while True:
-            entries = self._entries(await self._redis.xrange(self._stream, min=start, max="+", count=_BATCH))
-            rows.extend(row for _, row in entries if row is not None)
-            if len(entries) < _BATCH:
-                break
-            start = f"({entries[-1][0]}"
-        return [row for row in rows if row.decided_at >= since and (tenant is None or row.tenant == tenant)]
+    async def _first_id(self) -> str | None:
+        first = self._entries(await self._redis.xrange(self._stream, min="-", max="+", count=1))
+        return first[0][0] if first else None
+
+    async def live(self, since: datetime, tenant: str | None = None) -> LiveRows:
+        """Every entry from ``since`` on (the stream id's time is at or after the decision's), with the
+        stream's first entry read in the same transaction; a read of several pages that an archive run
+        trimmed meanwhile is started again."""
+        for _ in range(_CUT_TRIES):
+            start = f"{int(since.timestamp() * 1000)}-0"
+            pipe = self._redis.pipeline(transaction=True)
+            pipe.xrange(self._stream, min="-", max="+", count=1)
+            pipe.xrange(self._stream, min=start, max="+", count=_BATCH)
+            head, page = await pipe.execute()
+            first = self._entries(head)
+            first_id = first[0][0] if first else None
+            entries = self._entries(page)
+            rows = [row for _, row in entries if row is not None]
+            paged = len(entries) == _BATCH
+            while len(entries) == _BATCH:
+                start = f"({entries[-1][0]}"
+                entries = self._entries(
+                    await self._redis.xrange(self._stream, min=start, max="+", count=_BATCH))
+                rows.extend(row for _, row in entries if row is not None)
+            if not paged or await self._first_id() == first_id:
+                return LiveRows([row for row in rows
+                                 if row.decided_at >= since and (tenant is None or row.tenant == tenant)],
+                                first_id)
+        raise RedisError(f"the stream {self._stream} was trimmed under each of {_CUT_TRIES} reads")
 
     async def archive(self, now: float | None = None) -> int:
         """Move entries older than ``archive_after_s`` to the day files, then XTRIM them (MINID), under a
         lock so two replicas never write the same entries twice."""
         now = time.time() if now is None else now
         horizon_ms = int((now - self.settings.archive_after_s) * 1000)
-        lease_ms = int(max(60.0, self.settings.archive_interval_s) * 1000)
-        if not await self._redis.set(self._lock, "1", nx=True, px=lease_ms):
+        lock = self._redis.lock(self._lock, timeout=max(60.0, self.settings.archive_interval_s))
+        if not await lock.acquire(blocking=False):
             return 0
         try:
             entries = self._entries(
                 await self._redis.xrange(self._stream, min="-", max=f"{horizon_ms}", count=_BATCH * 10)
             )
             rows = [row for _, row in entries if row is not None]
-            await asyncio.to_thread(_archive_files, self.settings, rows, now)
+            first_id = entries[0][0] if entries else None
+            await asyncio.to_thread(_archive_files, self.settings, rows, now, first_id)
             if entries:  # written first, trimmed after: a crash in between repeats rows, never loses one
                 last_id = entries[-1][0]
                 await self._redis.xtrim(self._stream, minid=last_id, approximate=False)
                 await self._redis.xdel(self._stream, last_id)
             return len(rows)
         finally:
-            await self._redis.delete(self._lock)
+            try:
+                await lock.release()
+            except LockError:  # the lease ran out and another replica may hold the lock now: it is theirs
+                log.warning("the archive lock's lease ran out before the run ended (%s)", self._lock)
 
 
 class DecisionArchiver:
@@ -255,7 +294,9 @@ def unlogged_counter(registry: CollectorRegistry) -> Counter:
 async def export_rows(
     decisions: DecisionLog | None, archive_dir: Path, since: datetime, tenant: str | None = None
 ) -> list[DecisionRow]:
-    """The archive's rows from ``since`` on, then the live ones not archived yet, in decision order."""
-    archived = await asyncio.to_thread(lambda: list(read_decisions(archive_dir, since, tenant)))
-    live = [] if decisions is None else await decisions.live(since, tenant)
-    return sorted([*archived, *live], key=lambda row: row.decided_at)
+    """The rows from ``since`` on, in decision order: the live ones, then the archive's written before that
+    read (:func:`read_decisions`), so an archive run in between neither loses nor repeats a row."""
+    live = LiveRows() if decisions is None else await decisions.live(since, tenant)
+    archived = await asyncio.to_thread(
+        lambda: list(read_decisions(archive_dir, since, tenant, live.first_stream_id)))
+    return sorted([*archived, *live.rows], key=lambda row: row.decided_at)

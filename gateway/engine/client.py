@@ -26,6 +26,7 @@ from gateway.engine.calls import PURPOSE_KEY, CallObserver, CountedTransport, Pu
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen
 from gateway.engine.stream_lines import _json, _lines
 from gateway.engine.transport import AiohttpTransport
+from gateway.engine.usage import Usage
 from gateway.engine.wires import DEFAULT_KIND, EngineKindSetting, EngineWire, kind_from_props, wire_for
 from gateway.errors import EngineBusy, EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
 from shaping.confidence import TokenLogprob
@@ -38,34 +39,6 @@ def engine_failed(exc: BaseException) -> bool:
     own 4xx, and not its busy answer (back-pressure from a healthy engine)."""
     busy = isinstance(exc, EngineBusy)
     return isinstance(exc, ServerSideError) and exc.code != ENGINE_REJECTED and not busy
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token counts of one engine call (missing details read as 0, as older servers omit them)."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    created_cache_tokens: int = 0
-    image_tokens: int | None = 0  # None: the engine counts none (llama.cpp), which is not "no image tokens"
-    reasoning_tokens: int = 0
-
-    @classmethod
-    def from_wire(cls, usage: dict[str, Any] | None, counts_images: bool = True) -> Usage:
-        """Read vLLM's ``usage`` object (``counts_images`` False: an engine that gives no image count)."""
-        usage = usage or {}
-        prompt_details = usage.get("prompt_tokens_details") or {}
-        completion_details = usage.get("completion_tokens_details") or {}
-        multimodal = prompt_details.get("multimodal_tokens") or {}
-        return cls(
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            cached_tokens=int(prompt_details.get("cached_tokens") or 0),
-            created_cache_tokens=int(prompt_details.get("created_cache_tokens") or 0),
-            image_tokens=int(multimodal.get("image") or 0) if counts_images else None,
-            reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +260,15 @@ class EngineClient:
         self._wire, self._props_read_at = wire, time.monotonic()
         return wire
 
+    async def read_slots(self) -> bool:
+        """Read ``/props`` now, whatever its age, before a slot of the cap is taken (engine/slot_readings.py):
+        whether it answered, so that ``slots`` is the engine's word of now (None: it names none, as vLLM)."""
+        if self._kind == "vllm":
+            return True  # it serves no /props: its cap is the setting
+        self._props_read_at = None
+        await self.wire()
+        return self._props_read_at is not None
+
     @property
     def kind(self) -> str:
         """The engine kind, or "unknown" before it was detected."""
@@ -323,6 +305,18 @@ class EngineClient:
     async def metrics_text(self) -> str:
         """The engine's Prometheus ``/metrics`` text."""
         return (await self._get("/metrics", "metrics")).text
+
+    async def server_info(self) -> dict[str, Any] | None:
+        """vLLM's ``GET /server_info?config_format=json`` (served with ``VLLM_SERVER_DEV_MODE=1``): its whole
+        config; None where the engine serves no such route or its body is not a JSON object."""
+        try:
+            response = await self._http.get(
+                "/server_info", params={"config_format": "json"}, extensions={PURPOSE_KEY: "props"}
+            )
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
 
     async def tokenize(self, body: dict[str, Any], request_id: str | None = None) -> int:
         """Token count of a prompt or messages (``POST /tokenize``, in the engine's own terms)."""

@@ -9,15 +9,19 @@ after it), and ``/readyz`` sends it to each vLLM engine that answers ``/health``
 came up, when it reports a linear-attention (mamba) cache in ``vllm:cache_config_info`` (again after the
 engine was seen down: a restart may change its flags). So that failure is reported at start, with what to
 change, in ``/readyz`` and the log, not by the first keyframe's 500; and it stays in ``/readyz`` while the
-engine is down, since it says why. Other engines are not sent it: no other start-up fault of this kind is
-known, and an extra request at every start would be counted by whoever watches the engine's request
-counters. The probe takes a slot of the engine's in-flight cap (``hold``), as a keyframe does.
+engine is down, since it says why. The fix (bfloat16) is named only when the engine says its weights are
+float32: vLLM says its dtype at ``/server_info`` (served with ``VLLM_SERVER_DEV_MODE=1``); where it does not,
+the message says the dtype could not be read, and the engine's log has the cause. Other engines are not
+sent it: no other start-up fault of this kind is known, and an extra request at every start would be counted
+by whoever watches the engine's request counters. The probe takes a slot of the engine's in-flight cap
+(``hold``), as a keyframe does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -61,9 +65,29 @@ def serves_linear_attention(metrics_text: str) -> bool | None:
     return None
 
 
-def failure_message(error: str) -> str:
-    """What ``/readyz`` and the log say of a hybrid engine whose first request failed, with the likely fix."""
-    return f"the engine failed its first request ({error}): {HYBRID_ON_CPU_NEEDS_BF16}"
+def served_dtype(server_info: dict[str, Any] | None) -> str | None:
+    """The weights' dtype in vLLM's ``/server_info`` (``float32``, ``bfloat16`` …): its JSON form's
+    ``vllm_config.model_config.dtype`` (``torch.float32``) or its text form's ``dtype=torch.float32``."""
+    config = None if server_info is None else server_info.get("vllm_config")
+    if isinstance(config, dict):
+        model_config = config.get("model_config")
+        said = model_config.get("dtype") if isinstance(model_config, dict) else None
+    else:
+        found = re.search(r"\bdtype=([\w.]+)", config) if isinstance(config, str) else None
+        said = found.group(1) if found else None
+    return str(said).removeprefix("torch.") if said else None
+
+
+def failure_message(error: str, dtype: str | None) -> str:
+    """What ``/readyz`` and the log say of a hybrid engine whose first request failed: the fix where the
+    engine's dtype is float32, else what it serves and where the cause is."""
+    failed = f"the engine failed its first request ({error})"
+    if dtype == "float32":
+        return f"{failed}: {HYBRID_ON_CPU_NEEDS_BF16}"
+    if dtype is not None:
+        return f"{failed}: it serves {dtype} weights; the engine's log says why"
+    return (f"{failed}: the engine's log says why (its dtype could not be read: vLLM says it at /server_info "
+            "when started with VLLM_SERVER_DEV_MODE=1)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +151,7 @@ class FirstRequestProbe:
             return None  # its /metrics could not be read: ask again
         if not linear_attention:
             return FirstRequest("ok", "not probed: no linear-attention layers")
+        dtype = served_dtype(await client.server_info())  # read first: the real engine exits after that 500
         try:
             models = await client.model_ids()
             async with hold(client.base_url):
@@ -134,7 +159,7 @@ class FirstRequestProbe:
         except UpstreamError as exc:
             if exc.code == ENGINE_REJECTED:  # a 4xx: it answered, and refusals are a request's business
                 return FirstRequest("ok", exc.message)
-            message = failure_message(exc.message)
+            message = failure_message(exc.message, dtype)
             log.error("engine %s: %s", client.base_url, message)
             return FirstRequest("failed", message)
         except ModgateError:

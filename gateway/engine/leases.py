@@ -15,6 +15,12 @@ by when their lease expires (Redis server time, in milliseconds, so replicas' cl
   every ``renew_every_s`` seconds. A replica that dies (``kill -9``, a lost node) stops renewing, and its
   slots free themselves within ``ttl_s``: nobody has to clean up after it.
 
+- the engine's own slot count (llama.cpp's ``--parallel``, read from ``/props``): each replica that reads it
+  records it in ``<prefix>:<engine url>:slots`` under a ticket taken from Redis before the read, kept only
+  if no later-begun reading is there; an acquire for an engine that follows its slots caps at the smaller of
+  the asker's cap and that reading. So the newest reading holds on every replica, never a stale larger cap
+  from a replica that has not read the restarted engine yet.
+
 A lease found gone at renewal (this replica stalled for longer than ``ttl_s``, or Redis lost its data) is
 logged and dropped, not re-added: re-adding could push the engine past its cap.
 
@@ -47,13 +53,27 @@ log = logging.getLogger("modgate.leases")
 LEASE_STORE_DOWN = (RedisError, OSError, TimeoutError)
 """What a call to an unreachable or failing Redis raises."""
 
-# KEYS[1] the engine's set; ARGV: cap, ttl in ms, our member. Returns 1 when the slot is ours.
-_ACQUIRE = """
+# The cap an acquire holds to: the asker's (ARGV[1]), or the engine's newest recorded slot count if smaller
+# and the asker follows the engine's slots (``follows`` "1"; ``said`` the key of the engine's reading).
+_CAP = """
+local function cap_of(follows, said)
+  local cap = tonumber(ARGV[1])
+  if follows == '1' then
+    local slots = tonumber(redis.call('HGET', said, 'slots') or '')
+    if slots and slots < cap then cap = slots end
+  end
+  return cap
+end
+"""
+
+# KEYS[1] the engine's set, KEYS[2] its slot reading; ARGV: cap, ttl in ms, our member, follows its slots.
+# Returns 1 when the slot is ours.
+_ACQUIRE = _CAP + """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+if redis.call('ZCARD', KEYS[1]) >= cap_of(ARGV[4], KEYS[2]) then
   return 0
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
@@ -68,8 +88,10 @@ return 1
 # A tenant waiting for the first time is lifted to the lowest waiting counter (no credit banked while
 # idle); a free slot goes only to a waiting tenant whose counter is the lowest of all waiting tenants, on
 # whichever replica it waits (ties: to the one holding fewer slots); background work only when no tenant
-# waits anywhere. Slot members begin with their tenant and a \x1f. Returns 1 when granted.
-_ACQUIRE_FAIR = """
+# waits anywhere. Slot members begin with their tenant and a \x1f. KEYS[4] and ARGV[7]: the engine's slot
+# reading and whether the asker follows it (as _ACQUIRE). Returns 1 when granted.
+_ACQUIRE_FAIR = _CAP + """
+local cap = cap_of(ARGV[7], KEYS[4])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local ttl = tonumber(ARGV[2])
@@ -92,7 +114,7 @@ for _, other in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
   end
 end
 if tenant == '' then
-  if lowest ~= nil or redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+  if lowest ~= nil or redis.call('ZCARD', KEYS[1]) >= cap then return 0 end
 else
   local mine = tonumber(redis.call('ZSCORE', KEYS[2], tenant) or '0')
   if redis.call('ZSCORE', KEYS[3], tenant) == false and lowest ~= nil and mine < lowest then
@@ -101,7 +123,7 @@ else
   end
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[6]), tenant)
   redis.call('PEXPIRE', KEYS[3], ttl)
-  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+  if redis.call('ZCARD', KEYS[1]) >= cap then return 0 end
   -- ties go to the tenant holding fewer slots now: a quiet tenant lifted to a busy one's level goes first
   if lowest ~= nil and (mine > lowest or (mine == lowest and (held[tenant] or 0) > lowest_held)) then
     return 0
@@ -132,6 +154,16 @@ for i = 2, #ARGV do
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return lost
+"""
+
+# KEYS[1] the engine's slot reading; ARGV: the reading's ticket, the slots it read. Kept unless a reading
+# begun later (a higher ticket) is there already; returns the slots now recorded.
+_RECORD_SLOTS = """
+if tonumber(ARGV[1]) > tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') then
+  redis.call('HSET', KEYS[1], 'epoch', ARGV[1], 'slots', ARGV[2])
+end
+redis.call('PEXPIRE', KEYS[1], 86400000)
+return tonumber(redis.call('HGET', KEYS[1], 'slots'))
 """
 
 # KEYS[1] the engine's set. Live members only.
@@ -222,6 +254,7 @@ class EngineLeases:
         self.wait_registration_ms = 500  # a waiting tenant's registration lapses this long after its last ask
         self._renew = redis.register_script(_RENEW)
         self._count = redis.register_script(_COUNT)
+        self._record_slots = redis.register_script(_RECORD_SLOTS)
         self._scripts: dict[tuple[str, str], AsyncScript] = {}  # a lease script with a rider, by the two
         self._ids = itertools.count(1)
         self._held: dict[str, set[str]] = {}  # engine key -> our members
@@ -242,6 +275,21 @@ class EngineLeases:
     def key(self, engine: str) -> str:
         """The sorted set of ``engine``'s slots (every replica must name the engine by the same URL)."""
         return f"{self.key_prefix}:{engine}"
+
+    def slots_key(self, engine: str) -> str:
+        """The hash of ``engine``'s newest slot reading (``slots``, ``epoch``; ``tickets`` handed out)."""
+        return f"{self.key(engine)}:slots"
+
+    async def slots_ticket(self, engine: str) -> int:
+        """A ticket for a reading of ``engine``'s slots about to begin: later-begun ones get higher ones."""
+        async with self._deadline():
+            return int(await self._redis.hincrby(self.slots_key(engine), "tickets", 1))
+
+    async def record_slots(self, engine: str, ticket: int, slots: int) -> int:
+        """Record the slots a reading with ``ticket`` found, unless a later-begun reading is recorded; the
+        slots recorded now."""
+        async with self._deadline():
+            return int(await self._record_slots(keys=[self.slots_key(engine)], args=[ticket, slots]))
 
     def held(self, engine: str) -> int:
         """Leases this replica holds on ``engine``."""
@@ -281,32 +329,40 @@ class EngineLeases:
             return False
         return bool(answer)
 
-    async def try_acquire(self, engine: str, cap: int, rider: LeaseRider | None = None) -> str | None:
+    async def try_acquire(
+        self, engine: str, cap: int, rider: LeaseRider | None = None, *, follows_slots: bool = False
+    ) -> str | None:
         """A slot of ``engine`` if fewer than ``cap`` are held across replicas: its lease id, else None.
 
         ``rider``: run first in the same script; a value from it withholds the slot (see :class:`LeaseRider`).
+        ``follows_slots``: the cap is also the engine's newest recorded slot count (:meth:`record_slots`).
         """
         member = f"{self.replica}/{next(self._ids)}"
-        args: list[str | int | float] = [cap, round(self.ttl_s * 1000), member]
-        if not await self._acquire_with(_ACQUIRE, self._acquire, [self.key(engine)], args, rider):
+        keys = [self.key(engine), self.slots_key(engine)]
+        args: list[str | int | float] = [cap, round(self.ttl_s * 1000), member, int(follows_slots)]
+        if not await self._acquire_with(_ACQUIRE, self._acquire, keys, args, rider):
             return None
         self._held.setdefault(engine, set()).add(member)
         return member
 
     async def try_acquire_fair(
-        self, engine: str, cap: int, tenant: str, work_per_weight: float, rider: LeaseRider | None = None
+        self, engine: str, cap: int, tenant: str, work_per_weight: float, rider: LeaseRider | None = None,
+        *, follows_slots: bool = False,
     ) -> str | None:
         """A slot of ``engine`` for ``tenant`` if one is free and no tenant waiting on any replica has been
         served less (per weight); ``tenant`` "" is background work, served only when no tenant waits.
 
         Asking registers ``tenant`` as waiting (until ``wait_registration_ms`` after its last ask), which is
         how the other replicas learn of it: ask again (the pool polls) while the call waits. ``rider``: as
-        :meth:`try_acquire` (a rider that withholds the slot leaves ``tenant`` unregistered too).
+        :meth:`try_acquire` (a rider that withholds the slot leaves ``tenant`` unregistered too), and so is
+        ``follows_slots``.
         """
         member = f"{tenant}\x1f{self.replica}/{next(self._ids)}"
-        keys = [self.key(engine), f"{self.key(engine)}:served", f"{self.key(engine)}:waiting"]
+        keys = [self.key(engine), f"{self.key(engine)}:served", f"{self.key(engine)}:waiting",
+                self.slots_key(engine)]
         args: list[str | int | float] = [
-            cap, round(self.ttl_s * 1000), member, tenant, work_per_weight, self.wait_registration_ms
+            cap, round(self.ttl_s * 1000), member, tenant, work_per_weight, self.wait_registration_ms,
+            int(follows_slots),
         ]
         if not await self._acquire_with(_ACQUIRE_FAIR, self._acquire_fair, keys, args, rider):
             return None

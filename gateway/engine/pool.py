@@ -31,8 +31,8 @@
   only when a slot is free now, and withheld, with nothing of the slot left taken, when the rider found
   something: :class:`SlotWithheld`) and with its release (:meth:`HeldEngine.part_with`), so the verdict
   cache's lookup and store cost no round trip of their own (gateway/engine/leases.py).
-- llama.cpp: an engine's cap (so its leases' cap) is its ``--parallel`` slots as its ``/props`` last said
-  (EngineClient re-reads it after a failed call and every ``props_recheck_s``), unless configured.
+- llama.cpp: an engine's cap (and its leases') is its ``--parallel`` slots from ``/props`` unless configured,
+  read before a slot of it is taken; the newest reading caps every replica (gateway/engine/slot_readings.py).
 - The gateway's own calls (the start-up check's probes, the first-request probe, the prefix primer) name
   their engine: :meth:`EnginePool.slot_on` holds a slot of that engine's cap (and its lease) for them,
   outside the tenants' queue, so the cap is a promise to the engine whatever asks it.
@@ -54,7 +54,8 @@ from gateway.engine.client import EngineAnswer, EngineClient, engine_failed
 from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.fairness import Work
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
-from gateway.errors import EngineBusy, EngineUnavailable, Overloaded, ServerSideError
+from gateway.engine.slot_readings import SlotReadings
+from gateway.errors import EngineBusy, EnginesBusy, EngineUnavailable, Overloaded, ServerSideError
 
 log = logging.getLogger("modgate.engine_pool")
 
@@ -130,6 +131,7 @@ class HeldEngine:
             except EngineBusy as exc:  # back-pressure: its circuit never heard of it (engine_failed is False)
                 engine.busy_answers += 1
                 engine.record(False)
+                engine.slots_may_have_changed()  # busy below its cap: it may have fewer slots than it said
                 tried.append(engine)
                 if await self.pool.move(self, tried):
                     log.info("engine %s is busy: %s moved to %s", engine.url, request_id, self.engine.url)
@@ -140,9 +142,9 @@ class HeldEngine:
                 busy_since = now if busy_since is None else busy_since
                 remaining = busy_since + self.pool.queue.queue_timeout_s - now
                 if remaining <= 0:
-                    raise Overloaded(
+                    raise EnginesBusy(
                         f"every engine answered busy until the queue's deadline ({exc.message})",
-                        retry_after=self.pool.queue.retry_after_s(), code="engine_busy",
+                        retry_after=self.pool.queue.retry_after_s(),
                     ) from exc
                 await asyncio.sleep(min(pause, remaining))
                 pause = min(pause * 2, BUSY_PAUSE_S[1])
@@ -199,6 +201,8 @@ class EnginePool:
         self.leases_local_only = False
         self.calls_on_local_caps = 0  # with Redis leases: running calls the shared cap never saw
         self._watch: asyncio.Task[None] | None = None
+        self.slot_readings = SlotReadings(
+            engines, leases, lambda: time.monotonic() >= self._leases_down_until, self.refresh)
         self.refresh()
 
     @classmethod
@@ -261,6 +265,7 @@ class EnginePool:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
+        await self.slot_readings.aclose()
         if self.leases is not None:
             await self.leases.aclose()
         for engine in self.engines:
@@ -272,7 +277,7 @@ class EnginePool:
         """Ask each engine what it is (kind, slots) now rather than on its first call; never fails."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(engine.client.wire() for engine in self.engines))
+                await asyncio.gather(*(self.slot_readings.read(engine) for engine in self.engines))
         self.refresh()
 
     def kind_of(self, url: str, default: str) -> str:
@@ -390,12 +395,14 @@ class EnginePool:
         if time.monotonic() < self._leases_down_until:
             return LOCAL_ONLY
         try:
+            cap, follows = engine.slot_cap(), engine.follows_slots
             if self.fair_leases:
                 tenant = "" if work is None else work.tenant
                 share = 0.0 if work is None else work.cost / max(1e-6, self.weight(work.tenant))
-                lease = await self.leases.try_acquire_fair(engine.url, engine.cap, tenant, share, rider)
+                lease = await self.leases.try_acquire_fair(engine.url, cap, tenant, share, rider,
+                                                           follows_slots=follows)
             else:
-                lease = await self.leases.try_acquire(engine.url, engine.cap, rider)
+                lease = await self.leases.try_acquire(engine.url, cap, rider, follows_slots=follows)
         except LEASE_STORE_DOWN as exc:
             self._leases_failed(exc)
             return LOCAL_ONLY
@@ -408,6 +415,7 @@ class EnginePool:
     ) -> tuple[EngineSlot, str] | None:
         """One pass over the engines with room: the first whose lease is granted, or None. ``rider`` rides
         with the first lease asked (:class:`SlotWithheld` if it withholds it)."""
+        self.slot_readings.start()
         for engine in self._candidates(exclude):
             if engine.room() <= 0:  # taken by another request while we asked Redis about an earlier one
                 continue
@@ -459,7 +467,7 @@ class EnginePool:
                 with contextlib.suppress(*LEASE_STORE_DOWN):
                     await self.leases.release(engine.url, lease, rider)
         finally:
-            engine.inflight -= 1
+            engine.call_ended()
 
     async def move(self, held: HeldEngine, tried: list[EngineSlot]) -> bool:
         """Move ``held`` to an engine not yet tried that has room now (never waits); False if none has."""
@@ -484,6 +492,7 @@ class EnginePool:
         the rider rode with its lease, else :class:`SlotWithheld` leaves everything as it was.
         """
         started = time.monotonic()
+        self.slot_readings.start()
         self.refresh()
         if not self._any_engine_accepts():
             raise self._refusal()
@@ -527,7 +536,8 @@ class EnginePool:
         pause, longest = self.lease_poll_s
         while True:
             lease = None
-            if engine.inflight < engine.cap:
+            self.slot_readings.start()
+            if engine.inflight < engine.slot_cap():
                 self._reserve(engine)
                 try:
                     lease = await self._lease(engine)
@@ -541,7 +551,7 @@ class EnginePool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise Overloaded(
-                    f"the engine at {url} stayed at its cap of {engine.cap} for {timeout_s:g} s",
+                    f"the engine at {url} stayed at its cap of {engine.slot_cap()} for {timeout_s:g} s",
                     retry_after=self.queue.retry_after_s(), code="queue_timeout",
                 )
             await asyncio.sleep(min(pause, remaining))

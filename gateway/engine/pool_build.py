@@ -105,7 +105,10 @@ def build_engine_pool(
             kind=settings.engine.kind_of(url),
             props_recheck_s=settings.engine.model_recheck_s,  # /props re-read as often as /v1/models
         )
-        engines.append(EngineSlot(client, cap, circuit, cap_configured=url in settings.engine_cap_map()))
+        configured = url in settings.engine_cap_map()
+        # an engine that may name its slots takes one call until they are read (engine/slot_readings.py)
+        engines.append(EngineSlot(client, cap, circuit, cap_configured=configured,
+                                  slots_unknown=not configured and client.kind != "vllm"))
     admission = settings.admission
     total_cap = sum(engine.cap for engine in engines)
     queue = AdmissionQueue(total_cap, admission.queue_size, admission.queue_timeout_s,

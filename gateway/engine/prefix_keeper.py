@@ -69,6 +69,7 @@ class EnginePrefixState:
     expected: dict[VerdictFormat, int] = field(default_factory=dict)  # cached tokens a request should get
     primings: int = 0
     primed_at: float | None = None  # monotonic time the last priming finished (None: not primed)
+    reread_at: float | None = None  # monotonic time an unread engine was last asked again
     last_error: str | None = None
     unread: bool = False  # the engine could not be read when last asked: ask again on its next answer
     seen: tuple[str, EngineCacheConfig | None] | None = None  # its kind and cache config when decided
@@ -203,9 +204,10 @@ class PrefixKeeper:
         if decision.action == "uncacheable":
             log.error("prefix cache (%s) on %s: %s; fix: %s", reason, state.url, decision.reason,
                       decision.fix)
-        else:
-            log.warning("prefix cache (%s) on %s: %s: %s", reason, state.url, decision.action,
-                        decision.reason)
+        else:  # a strategy that works, chosen at start, is news; a change later or an unread engine is not
+            level = logging.INFO if reason == "start" and not state.unread else logging.WARNING
+            log.log(level, "prefix cache (%s) on %s: %s: %s", reason, state.url, decision.action,
+                    decision.reason)
 
     async def start(self, system_prompts: Mapping[VerdictFormat, SystemPrompt]) -> None:
         """Choose every engine's strategy (kept where already chosen) and prime where it is needed."""
@@ -254,8 +256,8 @@ class PrefixKeeper:
         if state is None or (state.task is not None and not state.task.done()):
             return  # not an engine of the pool, or a priming is on its way
         now = time.monotonic()
-        if state.unread and now - (state.primed_at or 0.0) >= self.reprime_interval_s:
-            state.primed_at = now  # the engine answers again: read it (at most once an interval)
+        if state.unread and now - (state.reread_at or 0.0) >= self.reprime_interval_s:
+            state.reread_at = now  # the engine answers again: read it (at most once an interval)
             state.task = asyncio.create_task(self._reprime(url), name=f"prefix-reread-{url}")
             return
         if state.decision is None or not state.decision.primes:

@@ -7,8 +7,10 @@ webhooks off without a secret) or the body ``PUT /admin/thinking-policy`` reads 
 body's schema is pydantic's own validation schema, completed here with what this app's settings enforce,
 in the one document Litestar serves (JSON, YAML and the browsable page alike).
 
-What a schema cannot state (a low mark below its high mark, unique rule names, an image that decodes) is
-refused with a 422 or an image's own 413/415/422, never with the 400 that means "not what the document says".
+What a schema cannot state (a low mark below its high mark, a review mark above its block mark, unique rule
+names, an image's bytes) is refused with a 422 or an image's own 413/415/422, never with the 400 that means
+"not what the document says"; the schemas' descriptions say so, and tests/reliability/schemathesis.toml allows
+exactly those, operation by operation.
 """
 
 from __future__ import annotations
@@ -107,7 +109,10 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
     for form in entry["thresholds"].get("anyOf", [entry["thresholds"]]):
         if form.get("type") == "object":
             form["propertyNames"] = {"enum": list(MODEL_CATEGORIES)}
-    schemas["ImageURL"]["properties"]["url"]["pattern"] = image_url_pattern(settings)
+    image_url = schemas["ImageURL"]["properties"]["url"]
+    image_url["pattern"] = image_url_pattern(settings)
+    image_url["description"] = ("its bytes must be a still JPEG, PNG or WebP (else 415) that decodes within "
+                                "the size and pixel limits (else 413 or 422)")
     batch = schemas["KeyframeBatchRequest"]["properties"]
     batch["frames"]["maxItems"] = settings.shaping.max_frames_per_batch
     job = schemas["JobRequest"]["properties"]
@@ -127,6 +132,14 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
             "required": True,
             "content": {"application/json": {"schema": {"$ref": REF.format(model=change)}}},
         }
+    threshold = schemas["CategoryThreshold"]["properties"]["review_from"]  # a rule between fields: 422
+    threshold["description"] = "at most `block` (a policy whose review mark is above its block mark is 422)"
+    # a block names at least one category; allow and review name none (the route's rule, stated here)
+    schemas["ReviewLabelRequest"]["anyOf"] = [
+        {"properties": {"action": {"const": "block"}, "categories": {"minItems": 1}},
+         "required": ["action", "categories"]},
+        {"properties": {"action": {"enum": ["allow", "review"]}, "categories": {"maxItems": 0}}},
+    ]
     escalation = schemas["EscalationPolicy"]["properties"]["always_categories"]
     escalation["items"] = {"enum": list(MODEL_CATEGORIES)}  # the server refuses any other name (422)
     bearer_security(document, keys_required=bool(settings.api_keys or settings.api_keys_from_redis))

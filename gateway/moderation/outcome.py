@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gateway.engine.client import EngineAnswer, Usage
+from gateway.engine.client import EngineAnswer
+from gateway.engine.usage import Usage
 from gateway.engine.wires import IMAGE_TOKENS_UNCOUNTED
 from gateway.errors import ModgateError
 from gateway.moderation.verdict_cache import Reuse
@@ -13,7 +14,7 @@ from gateway.moderation.wire import EscalatedFrom, ModerationDetails, Moderation
 from gateway.policy.moderation import PolicyRule, TenantModeration, apply_moderation_policy
 from gateway.policy.rules import Mode, ThinkingDecision
 from shaping.image import ShapedImage
-from shaping.verdict import OPENAI_CATEGORIES, Action, KeyframeVerdict
+from shaping.verdict import OPENAI_CATEGORIES, Action, KeyframeVerdict, applied_input_types
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +115,11 @@ def reused_outcome(
 
 def moderation_result(
     outcome: FrameOutcome, frame: ShapedImage | None, latency_s: float, shaping_s: float,
-    provenance: Provenance | None = None,
+    provenance: Provenance | None = None, *, captioned: bool = False,
 ) -> ModerationResult:
-    """The frame's (or the text's) result as the wire has it: OpenAI's fields, then how it was made."""
+    """The frame's (or the text's) result as the wire has it: OpenAI's fields, then how it was made.
+    ``captioned``: the frame was judged with text parts beside it."""
     verdict, answer, decision = outcome.verdict, outcome.answer, outcome.decision
-    input_type: list[Literal["text", "image"]] = ["image"] if frame else ["text"]
     named = set(verdict.categories)
     usage = answer.usage
     if verdict.category_scores is not None:  # read from the engine's logprobs (shaping.confidence)
@@ -131,7 +132,8 @@ def moderation_result(
         flagged=verdict.flagged,
         categories={c: c in named and verdict.action == "block" for c in OPENAI_CATEGORIES},
         category_scores=category_scores,
-        category_applied_input_types=dict.fromkeys(OPENAI_CATEGORIES, input_type),
+        category_applied_input_types=applied_input_types(image=frame is not None,
+                                                         text=frame is None or captioned),
         modgate=ModerationDetails(
             action=verdict.action,
             reason=verdict.detail or None,

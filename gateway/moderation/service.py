@@ -351,7 +351,8 @@ class ModerationService:
             self.metrics.e2e.labels("ok").observe(latency_s)
             provenance = self._provenance(outcome, policy)
             results.append(
-                moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0, provenance)
+                moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0, provenance,
+                                  captioned=bool(extra_text))
             )
             self.recorder.record(results[-1].modgate, request_id, caller.tenant)
         decided_at = datetime.now(UTC)

@@ -50,7 +50,8 @@ def test_a_list_with_an_image_and_text_keeps_one_result_per_image(gateway: Threa
     caption = {"type": "text", "text": "a caption"}
     response = moderate(gateway, input=[*image_input(make_keyframe("allow", 320, 180, seed=2)), caption])
     (result,) = response.results
-    assert result.category_applied_input_types.violence == ["image"]
+    assert result.category_applied_input_types.violence == ["text", "image"]  # the caption was judged too
+    assert result.category_applied_input_types.hate == ["text"]
 
 
 def test_the_text_goes_to_the_engine_as_the_user_turn_under_the_canonical_system_prompt(

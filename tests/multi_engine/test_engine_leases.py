@@ -275,14 +275,16 @@ async def test_a_grant_after_a_timeout_ends_the_local_caps_for_every_call(
     acquire, asked = leases.try_acquire, asyncio.Event()
     timed_out = asyncio.Event()
 
-    async def one_times_out(engine: str, cap: int, rider: LeaseRider | None = None) -> str | None:
+    async def one_times_out(
+        engine: str, cap: int, rider: LeaseRider | None = None, *, follows_slots: bool = False
+    ) -> str | None:
         if not asked.is_set():  # the first call: waits until the second is on its way too, then fails
             asked.set()
             await asyncio.sleep(0.05)
             timed_out.set()
             raise TimeoutError("Redis did not answer within 0.5 s")
         await timed_out.wait()  # the second: its answer comes after the first one's failure
-        return await acquire(engine, cap, rider)
+        return await acquire(engine, cap, rider, follows_slots=follows_slots)
 
     leases.try_acquire = one_times_out  # type: ignore[method-assign]  # a Redis that times out once
     try:

@@ -66,7 +66,7 @@ def oidc_gateway(oidc_provider: OidcProvider, sim: ThreadedServer) -> Iterator[G
         settings = Settings(
             admin_token=ADMIN_TOKEN, engine_url=sim.url, oidc=oidc,
             api_keys=",".join(f"{key}:{tenant}" for tenant, key in KEYS.items()),
-            console={"cookie_secure": False}, **overrides,
+            console={"cookie_secure": False, **overrides.pop("console", {})}, **overrides,
         )
         server = ThreadedServer(create_app(settings), port=port).start()
         servers.append(server)

@@ -23,7 +23,18 @@ async def oidc() -> AsyncIterator[OidcSignIn]:
 
 
 def claims(**extra: Any) -> dict[str, Any]:
-    return {"sub": "f81d4fae-7dec", "email": "rita@example.com", **extra}
+    return {"sub": "f81d4fae-7dec", "email": "rita@example.com", "email_verified": True, **extra}
+
+
+@pytest.mark.parametrize("verified", [False, "false", None])
+def test_an_email_the_provider_did_not_verify_does_not_name_the_person(
+    oidc: OidcSignIn, verified: object
+) -> None:
+    said = claims(realm_access={"roles": ["modgate-reviewer"]}, preferred_username="rita.r")
+    said = {**said, "email_verified": verified} if verified is not None else {
+        key: value for key, value in said.items() if key != "email_verified"}
+    person = oidc.person({**said, "email": "ceo@example.com"})  # anyone may type an address at sign-up
+    assert person.name == "rita.r"
 
 
 def test_a_reviewers_roles_and_tenants_come_from_nested_and_spaced_claims(oidc: OidcSignIn) -> None:

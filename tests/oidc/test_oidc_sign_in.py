@@ -195,6 +195,23 @@ def test_a_callback_without_the_flow_cookie_is_refused(console: Console) -> None
     assert browser.get(back.headers["location"]).status_code == 400
 
 
+def test_failed_callbacks_count_toward_the_sign_in_limit_and_then_even_a_good_one_waits(
+    oidc_gateway: GatewayFactory, redis_url: str
+) -> None:
+    gateway = oidc_gateway(redis_url=redis_url, console={"sign_in_max_failures_per_client": 2})
+    with httpx.Client(timeout=15) as guesser:
+        for guess in ("a", "b"):  # codes guessed without this browser's flow
+            refused = guesser.get(f"{gateway.url}/console/oidc/callback",
+                                  params={"code": guess, "state": "s"})
+            assert refused.status_code == 400
+        back = through_provider(guesser, f"{gateway.url}/console/oidc/start", "olivia",
+                                stop_at=f"{gateway.url}/console/oidc/callback")
+        held = guesser.get(back.headers["location"])  # the provider's real answer, while the limit holds
+    assert held.status_code == 429
+    assert int(held.headers["retry-after"]) > 0
+    assert "modgate_console" not in guesser.cookies
+
+
 def test_oidc_needs_its_client_its_redirect_base_and_the_admin_token() -> None:
     with pytest.raises(ValidationError, match="CLIENT_ID"):
         Settings(admin_token=ADMIN_TOKEN, oidc={"issuer": "https://id.example.com"})

@@ -40,11 +40,15 @@ VERDICT = {
 
 
 class FakeVllm:
-    """A vLLM-shaped engine: healthy, its metrics as given, and its chat answers from ``chat``."""
+    """A vLLM-shaped engine: healthy, its metrics as given, and its chat answers from ``chat``; ``dtype``: the
+    weights' dtype its ``/server_info`` says (vLLM with VLLM_SERVER_DEV_MODE=1), None: no such route."""
 
-    def __init__(self, metrics: str, chat: Callable[[], httpx.Response]) -> None:
+    def __init__(
+        self, metrics: str, chat: Callable[[], httpx.Response], dtype: str | None = "float32"
+    ) -> None:
         self.metrics = metrics
         self.chat = chat
+        self.dtype = dtype
         self.chats: list[dict[str, Any]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -57,6 +61,9 @@ class FakeVllm:
             return httpx.Response(200, json={"data": [{"id": "tiny", "root": "/models/tiny"}]})
         if path == "/metrics":
             return httpx.Response(200, text=self.metrics)
+        if path == "/server_info" and self.dtype is not None:  # vLLM's JSON form: torch dtypes as str()
+            config = {"model_config": {"model": "/models/tiny", "dtype": f"torch.{self.dtype}"}}
+            return httpx.Response(200, json={"vllm_config": config, "vllm_env": {}, "system_env": {}})
         if path == "/tokenize":
             return httpx.Response(200, json={"count": 400, "max_model_len": 8192, "tokens": []})
         if path == "/v1/chat/completions":
@@ -90,6 +97,32 @@ async def test_a_hybrid_engine_that_fails_its_first_request_is_not_ready_and_nam
     assert probe["model"] == "tiny"
     assert probe["max_tokens"] == 1
     assert probe["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+async def failure_detail(engine: FakeVllm) -> str:
+    async with gateway(engine) as client:
+        ready = await client.get("/readyz")
+    assert ready.status_code == 503
+    (entry,) = ready.json()["engines"]
+    assert entry["first_request"]["status"] == "failed"
+    detail: str = entry["first_request"]["detail"]
+    assert detail.startswith("the engine failed its first request (engine answered 500: EngineCore")
+    return detail
+
+
+async def test_a_bfloat16_hybrid_engine_that_fails_its_first_request_is_not_told_to_leave_float32() -> None:
+    engine = FakeVllm(HYBRID_CACHE_INFO, lambda: httpx.Response(500, json=VLLM_ENGINE_CORE_500),
+                      dtype="bfloat16")
+    detail = await failure_detail(engine)
+    assert "float32" not in detail
+    assert "bfloat16" in detail  # the dtype it reported, so the reader looks elsewhere (the engine's log)
+
+
+async def test_a_hybrid_engine_whose_dtype_cannot_be_read_is_not_said_to_be_float32() -> None:
+    engine = FakeVllm(HYBRID_CACHE_INFO, lambda: httpx.Response(500, json=VLLM_ENGINE_CORE_500), dtype=None)
+    detail = await failure_detail(engine)
+    assert "float32" not in detail
+    assert "VLLM_SERVER_DEV_MODE=1" in detail  # how to let the gateway read it
 
 
 async def test_the_probe_is_sent_once_and_its_failure_is_remembered() -> None:

@@ -150,7 +150,8 @@ def test_an_engine_that_lost_the_state_is_primed_again_without_a_failed_call_or_
                 time.sleep(0.01)
         assert results[0]["cached_tokens"] == 0  # the first request after the restart found nothing
         assert _primings(gateway, engine.url, "cache_fell") == 1
-        assert all(result["cached_tokens"] >= expected for result in results[2:]), results
+        # from the first request after the priming answered on (the loop above waited for it)
+        assert all(result["cached_tokens"] >= expected for result in results[1:]), results
         assert _readyz(gateway, engine.url)["primings"] == 2
         # the same verdicts a gateway that never primes gets from the same engine law
         assert [r["action"] for r in results] == [_moderate(reference, t)["action"] for t in after]

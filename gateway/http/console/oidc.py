@@ -88,7 +88,7 @@ class SignInStart:
 class Person:
     """Who signed in: their name for the audit trail, the provider's subject, their role and tenants."""
 
-    name: str  # the e-mail address (or user name) when it fits the audit trail's names, else "user"
+    name: str  # the verified e-mail address (or user name) when it fits the audit trail's names, else "user"
     token_id: str  # "oidc:<subject>" (a digest of a subject the audit trail cannot show as it is)
     role: Role
     tenants: frozenset[str] | None  # a reviewer's; None for an operator (every tenant)
@@ -291,8 +291,12 @@ class OidcSignIn:
         """The role and tenants in a person's claims (403 when they hold no modgate role)."""
         subject = str(claims.get("sub", ""))
         roles = set(_names(claim_at(claims, self.settings.roles_claim)))
+        # an address names someone only when the provider verified it (OpenID Connect Core 5.1): anyone may
+        # type another's address at sign-up
+        verified = claims.get("email_verified") in (True, "true")
         name = next((str(claims[key]) for key in ("email", "preferred_username")
-                     if isinstance(claims.get(key), str) and OPERATOR_NAME.match(claims[key])), "user")
+                     if (key != "email" or verified)
+                     and isinstance(claims.get(key), str) and OPERATOR_NAME.match(claims[key])), "user")
         token_id = "oidc:" + (subject if _SUBJECT.match(subject)
                               else hashlib.sha256(subject.encode()).hexdigest()[:16])
         if self.settings.operator_role in roles:

@@ -53,17 +53,30 @@ async def oidc_start(services: NamedDependency[Services]) -> Response[str]:
 async def oidc_callback(
     request: Request[Any, Any, Any], services: NamedDependency[Services]
 ) -> Response[str]:
-    """The provider's answer: check it, and sign the person in with their role and tenants."""
+    """The provider's answer: check it, and sign the person in with their role and tenants. Refusals count
+    toward the sign-in limit as the token form's do (a provider that failed, 502, does not)."""
     signer = _signer(services)
     if services.oidc is None or signer is None:
         raise NotFound("OpenID Connect sign-in is off: set MODGATE_OIDC__ISSUER", code="oidc_off")
+    where = request.client.host if request.client else "unknown"
+    limiter = services.console.limiter
+    wait_s = await limiter.retry_after(where)
+    if wait_s is not None:  # even the provider's real answer: guessing codes must gain nothing meanwhile
+        log.warning("console: OpenID sign-in refused for %d s after repeated failures (from %s)", wait_s,
+                    where)
+        return _sign_in_page(services, 429, f"Too many failed sign-ins: try again in {wait_s} s.",
+                             headers={"Retry-After": str(wait_s)})
     flow = signer.open_flow(request.cookies.get(FLOW_COOKIE))
     if flow is None:
+        await limiter.failed(where)
         return _sign_in_page(services, 400, "This sign-in expired or began in another browser: start again.")
     try:
         person = await services.oidc.finish(dict(request.query_params), flow)
     except SignInFailed as exc:
+        if exc.status < 500:
+            await limiter.failed(where)
         return _sign_in_page(services, exc.status, exc.message)
+    await limiter.succeeded(where)
     _, value = signer.issue(person.name, person.token_id, person.role, person.tenants)
     log.info("console: %s (%s) signed in with OpenID Connect as %s%s", person.name, person.token_id,
              person.role, "" if person.tenants is None else f" of {sorted(person.tenants)}")
