@@ -60,7 +60,8 @@ def engine_options(
 
 
 async def verdict_places(
-    client: EngineClient, body: dict[str, Any], answer: EngineAnswer, decision: ThinkingDecision, frames: int
+    client: EngineClient, body: dict[str, Any], answer: EngineAnswer, decision: ThinkingDecision, frames: int,
+    request_id: str | None = None,
 ) -> dict[int, tuple[tuple[str, float], ...]]:
     """For each compact thinking-off verdict the raw softmax left with no confidence (every allowed token 0
     in float: llama.cpp, not masked), the grammar's distribution at its first token, from a probe held in
@@ -79,7 +80,7 @@ async def verdict_places(
         # llama.cpp draws first without the grammar: a draw the grammar allows leaves the raw softmax in the
         # list (nothing to read for the tiny model); another draw is another chance of the grammar's list
         for _ in range(PLACE_PROBE_TRIES):
-            place = await client.verdict_place(body, before[i], compact_regex(frames - i))
+            place = await client.verdict_place(body, before[i], compact_regex(frames - i), request_id)
             if place is not None and place_read(place):
                 places[i] = place
                 break
@@ -182,7 +183,9 @@ class FrameJudge:
                             answer.streamed,
                         )
                     )
-                places = await verdict_places(admission.engine.client, body, answer, decision, len(frames))
+                places = await verdict_places(
+                    admission.engine.client, body, answer, decision, len(frames), request_id
+                )
                 outcome = self._read(answer, frames, decision, admission.queue_seconds, request_id, places)
                 if keep is not None:
                     admission.part_with(keep(outcome))
