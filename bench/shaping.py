@@ -54,9 +54,10 @@ from PIL import Image
 
 from bench.servers import simulator
 from deploy.keyframes import LABELS, make_keyframe
+from gateway.engine.pool_build import tool_client
 from gateway.engine.prefix import EngineTokens, fill_for_format
 from gateway.policy.rules import ThinkingPolicy
-from gateway.settings import ShapingSettings
+from gateway.settings import EngineSettings, ShapingSettings
 from shaping.image import IDENTITY_SCALE, ImageLimits, ShapedImage, frame_identity, shape_image
 from shaping.prompt import (
     RequestOptions,
@@ -219,8 +220,9 @@ async def measure(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
             preset = (await http.get("/sim/info")).json()["preset"]
             verdict_format: VerdictFormat = args.verdict_format
             plain = load_system_prompt(prompt_version_for(verdict_format))
-            engine_tokens = await EngineTokens.connect(http)
-            filled, _ = await fill_for_format(engine_tokens, preset["block_size"], verdict_format)
+            async with tool_client(url, EngineSettings()) as counted:
+                engine_tokens = await EngineTokens.connect(counted)
+                filled, _ = await fill_for_format(engine_tokens, preset["block_size"], verdict_format)
             for option in OPTIONS:
                 await http.post("/sim/reset_prefix_cache")  # every option starts cold and warms up
                 rng = random.Random(0)

@@ -26,9 +26,11 @@ import httpx
 import typer
 
 from gateway.engine.client import EngineClient
+from gateway.engine.pool_build import tool_client
 from gateway.engine.prefix_keeper import cache_config_from_metrics
+from gateway.engine.wires import DEFAULT_KIND, WIRES, EngineWire, wire_for
 from gateway.errors import ModgateError, UpstreamError
-from gateway.settings import ShapingSettings
+from gateway.settings import Settings, ShapingSettings
 from gateway.telemetry.windows import EngineCacheCounters, read_engine_cache_counters
 from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prefix_strategy import MATCH_UNIT_FIX, EngineCacheConfig, primed_cached_tokens
@@ -74,7 +76,7 @@ class CacheProbeReport:
     production: ProbeCall
     counters_before: EngineCacheCounters | None
     counters_after: EngineCacheCounters | None
-    engine_kind: str = "vllm"  # the engine's wire: "vllm" or "llamacpp" (token by token, no block)
+    engine_kind: str = DEFAULT_KIND  # the engine's wire (gateway/engine/wires/): a label, read through it
     cache_config: EngineCacheConfig | None = None  # vllm:cache_config_info: match unit, hybrid mode
     diagnosis: list[str] = field(default_factory=list)
 
@@ -106,6 +108,11 @@ def _share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if whole else "n/a"
 
 
+def _wire_of(report: CacheProbeReport) -> EngineWire:
+    """The wire of the probed engine (its kind as the client detected it; before that the default's)."""
+    return WIRES.get(report.engine_kind) or wire_for(DEFAULT_KIND)
+
+
 def diagnose(report: CacheProbeReport) -> list[str]:
     """Plain sentences: why the cache hits, or why it cannot."""
     lines: list[str] = []
@@ -114,20 +121,16 @@ def diagnose(report: CacheProbeReport) -> list[str]:
     repeated = report.repeated[-1]
     shared = report.shared_prefix_tokens
     hits = report.counter_hits
-    llamacpp = report.engine_kind == "llamacpp"
-    if block is None and not llamacpp:
+    said = _wire_of(report).cache_probe
+    if block is None and said.no_block is None:
         lines.append("block size unknown: the engine exposes no vllm:cache_config_info; pass --block-size")
     if repeated.cached_tokens > 0:
         lines.append(
             f"the repeated probe reused {repeated.cached_tokens:,} of {repeated.prompt_tokens:,} tokens: "
             "prefix caching works for identical requests"
         )
-    elif llamacpp:
-        lines.append(
-            "the repeated probe got no cached tokens: llama-server reuses a slot's prompt token by token "
-            "unless --cache-prompt is off (--no-cache-prompt, LLAMA_ARG_CACHE_PROMPT=false); a hybrid model "
-            "reuses only back to a context checkpoint, and --ctx-checkpoints 0 keeps none"
-        )
+    elif said.repeat_missed:
+        lines.append(said.repeat_missed)
     elif block is not None and max_reusable_tokens(repeated.prompt_tokens, block) == 0:
         relation = ">" if block > repeated.prompt_tokens else "≥"
         lines.append(
@@ -152,13 +155,8 @@ def diagnose(report: CacheProbeReport) -> list[str]:
             f"production-shaped requests reuse {production.cached_tokens:,} of {n:,} prompt tokens "
             f"({_share(production.cached_tokens, n)}): the shared prefix hits"
         )
-    elif llamacpp:
-        lines.append(
-            f"the production-shaped request got 0 of {n:,} tokens from the cache: llama-server reuses only "
-            "what the slot it lands on holds (the most similar idle slot above --slot-prompt-similarity, "
-            "else the least recently used one), and a hybrid model only back to a checkpoint, which it saves "
-            "before the last user message (--ctx-checkpoints)"
-        )
+    elif said.production_missed:
+        lines.append(said.production_missed.format(n=n))
     elif block is not None and shared is not None and max_reusable_tokens(n, block, shared) == 0:
         lines.append(
             f"block {block:,} > shared prefix {shared:,} tokens: requests with different keyframes share no "
@@ -268,10 +266,7 @@ async def probe_engine(
     rng = random.Random(seed)
     system = load_system_prompt(prompt_version_for(verdict_format))
     probe_frame, production_frame = (_keyframe(rng.randrange(1 << 30), shaping) for _ in range(2))
-    engine = EngineClient(
-        engine_url.rstrip("/"), connect_timeout_s=5.0, first_token_timeout_s=120.0, total_timeout_s=300.0,
-        connect_retries=1, max_connections=2, transport=transport,
-    )
+    engine = tool_client(engine_url, Settings().engine, transport)  # counted, as the gateway's calls
     try:
         served = model or next(iter(await engine.model_ids()), None)
         if served is None:
@@ -313,9 +308,9 @@ def render_report(report: CacheProbeReport) -> str:
     sources = {"engine": " (vllm:cache_config_info)", "flag": " (--block-size)", None: ""}
     source = sources[report.block_size_from]
     block = f"{report.block_size:,} tokens{source}" if report.block_size else "unknown"
-    llamacpp = report.engine_kind == "llamacpp"
-    if llamacpp and not report.block_size:
-        block = "none: llama.cpp reuses a slot's common prefix token by token"
+    said = _wire_of(report).cache_probe
+    if said.no_block and not report.block_size:
+        block = said.no_block
     shared = report.shared_prefix_tokens
     lines = [
         f"engine {report.engine_url}, model {report.model}, {report.verdict_format} verdict",
@@ -330,11 +325,7 @@ def render_report(report: CacheProbeReport) -> str:
     lines.append("")
     hits, queries = report.counter_hits, report.counter_queries
     if hits is None or queries is None:
-        names = (
-            "llamacpp:prompt_tokens_cached_total / prompt_tokens_total" if llamacpp
-            else "vllm:prefix_cache_hits_total / queries_total"
-        )
-        lines.append(f"engine counters: {names} not readable")
+        lines.append(f"engine counters: {said.counter_names} not readable")
     else:
         lines.append(
             f"engine counters across the probe: {hits:,.0f} hits / {queries:,.0f} queried tokens "

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from litestar import Litestar
 
     from deploy.simulator.presets import SimPreset
+    from gateway.engine.wires import EngineKind
     from gateway.settings import Settings, TenantSettings
 
 log = logging.getLogger("modgate.gateway")
@@ -309,14 +310,14 @@ def engine_sim(
     import uvicorn
 
     from deploy.simulator import PRESETS, Faults, create_sim_app
+    from deploy.simulator.app import SIM_WIRES, sim_options_refused
     from deploy.simulator.llamacpp_law import LlamaCppOptions
 
     if preset not in PRESETS:
         raise typer.BadParameter(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    if kind not in ("vllm", "llamacpp"):
-        raise typer.BadParameter(f"unknown kind {kind!r}; choose vllm or llamacpp")
-    if kind == "vllm" and (slots is not None or ctx_size is not None or loading_s):
-        raise typer.BadParameter("--slots, --ctx-size and --loading-s are llama-server's (--kind llamacpp)")
+    refused = sim_options_refused(kind, slots=slots, ctx_size=ctx_size, loading_s=loading_s)
+    if refused is not None:
+        raise typer.BadParameter(refused)
     options = LlamaCppOptions()
     options = replace(options, n_parallel=slots or options.n_parallel, n_ctx=ctx_size or options.n_ctx)
     changes: dict[str, object] = {}
@@ -371,7 +372,7 @@ def engine_sim(
         malformed_rate=malformed_rate,
         busy_rate=busy_rate,
     )
-    wire = "llama-server's wire" if kind == "llamacpp" else "vLLM's wire"
+    wire = SIM_WIRES[kind]
     typer.echo(
         f"engine simulator ({chosen.name} preset, {wire}, time scale {time_scale:g}) on http://{host}:{port}"
     )
@@ -382,7 +383,7 @@ def engine_sim(
         servers[0].should_exit = True
 
     app_ = create_sim_app(
-        chosen, time_scale, faults, kind="llamacpp" if kind == "llamacpp" else "vllm",
+        chosen, time_scale, faults, kind=cast("EngineKind", kind),
         llamacpp=options, loading_s=loading_s, on_exit=engine_core_died,
     )
     servers.append(uvicorn.Server(uvicorn.Config(

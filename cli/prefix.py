@@ -13,18 +13,18 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Annotated
 
-import httpx
 import typer
 
 from cli.cache_probe import VerdictFormatOption
+from gateway.engine.client import EngineClient
+from gateway.engine.pool_build import tool_client
 from gateway.engine.prefix import (
     CachedCall,
     EngineTokens,
     PrefixPlanError,
     fill_for_format,
-    serves_llamacpp,
 )
-from gateway.settings import ShapingSettings
+from gateway.settings import Settings, ShapingSettings
 from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prefix import FilledPrefix, GuidanceTooShort, PrefixPlan, RequestShape, plan_prefix
 from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
@@ -72,9 +72,10 @@ def _engine_url(engine_url: str | None, preset: str) -> Iterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def _client(url: str) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=url, timeout=300.0) as http:
-        yield http
+async def _client(url: str) -> AsyncIterator[EngineClient]:
+    """The engine's client, as the gateway's (its settings' timeouts and kind): every request counted."""
+    async with tool_client(url, Settings().engine) as client:
+        yield client
 
 
 async def make_plan(
@@ -101,11 +102,9 @@ async def make_plan(
     user_text = shaping.user_text if k == 1 else shaping.packed_user_text.format(frames=k)
     async with _client(url) as http:
         engine = await EngineTokens.connect(http)
-        if await serves_llamacpp(http):
-            raise PrefixPlanError(
-                "llama.cpp's server reuses a slot's prompt token by token, with no block to plan for: "
-                "`modgate cache probe` shows what it reuses"
-            )
+        prefix_reuse = (await http.wire()).prefix_reuse
+        if prefix_reuse is not None:
+            raise PrefixPlanError(f"{prefix_reuse}, with no block to plan for: `modgate cache probe` shows")
         size = block_size or await engine.block_size()
         if size is None:
             raise PrefixPlanError("the engine exposes no vllm:cache_config_info: pass --block-size")

@@ -57,8 +57,8 @@ def render_stats(document: dict[str, Any], console: Console) -> None:
     facts.add_row("engine prefix-cache hit rate, window", _percent(cache["engine_window_hit_rate"]))
     if block is not None:
         facts.add_row("engine KV block", f"{block:,} tokens")
-    elif cache.get("engine_kind") == "llamacpp":
-        facts.add_row("engine KV block", "none: llama.cpp, token by token")
+    elif cache.get("engine_block_note"):
+        facts.add_row("engine KV block", f"none: {cache['engine_block_note']}")
     else:
         facts.add_row("engine KV block", "unknown")
     if "inflight" in document:

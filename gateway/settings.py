@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -15,6 +15,10 @@ from gateway.renamed_settings import RenamedAttributes, nest_renamed_update
 from shaping.bpe import Family
 from shaping.tokens import TokenGrid, smallest_honoured_budget
 from shaping.verdict import ACTIONS
+
+KindSetting = Literal["auto", "vllm", "llamacpp"]
+KIND_SETTINGS: Final[dict[str, KindSetting]] = {"auto": "auto", "vllm": "vllm", "llamacpp": "llamacpp"}
+"""MODGATE_ENGINE__KIND's values (gateway/engine/wires/ has a wire per kind): a name, never a branch."""
 
 
 def _comma_separated(value: object) -> object:
@@ -62,9 +66,9 @@ class EngineSettings(BaseModel):
     # set it when new weights go live under the same name and path (e.g. the weights' commit).
     model_revision: str = Field(default="", max_length=200)
     model_recheck_s: float = Field(default=5.0, ge=0)  # /v1/models re-read this often (0: every request)
-    # Which server each engine is (gateway/engine/kinds.py): "auto" detects it from GET /props; `kinds`
+    # Which server each engine is (gateway/engine/wires/): "auto" detects it from GET /props; `kinds`
     # sets it per engine URL ("http://a:8000=vllm,http://b:8080=llamacpp"), over `kind`.
-    kind: Literal["auto", "vllm", "llamacpp"] = "auto"
+    kind: KindSetting = "auto"
     kinds: str | None = None
     # At start, ask each engine two small chat completions and read its /v1/models and /metrics, and say
     # once what it lacks with the flag that fixes it (gateway/engine/startup_check.py). Off: nothing asked.
@@ -119,20 +123,19 @@ class EngineSettings(BaseModel):
             return None
         for item in value.split(","):
             url, sep, kind = item.strip().rpartition("=")
-            if not sep or not url or kind.strip() not in {"auto", "vllm", "llamacpp"}:
+            if not sep or not url or kind.strip() not in KIND_SETTINGS:
                 raise ValueError(
                     "MODGATE_ENGINE__KINDS must look like 'http://a:8000=vllm,http://b:8080=llamacpp' "
                     f"(each kind auto, vllm or llamacpp), got {item.strip()!r}"
                 )
         return value
 
-    def kind_of(self, url: str) -> Literal["auto", "vllm", "llamacpp"]:
+    def kind_of(self, url: str) -> KindSetting:
         """An engine's kind: its MODGATE_ENGINE__KINDS entry, else MODGATE_ENGINE__KIND."""
         for item in (self.kinds or "").split(","):
             listed, _, kind = item.strip().rpartition("=")
             if listed.strip().rstrip("/") == url.rstrip("/"):
-                stripped = kind.strip()
-                return "vllm" if stripped == "vllm" else "llamacpp" if stripped == "llamacpp" else "auto"
+                return KIND_SETTINGS.get(kind.strip(), "auto")
         return self.kind
 
     @field_validator("top_logprobs")

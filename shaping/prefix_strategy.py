@@ -13,7 +13,8 @@ Three engines, three laws (docs/prefix-strategy.md):
   prefix, and the fix is the engine's flag.
 - llama.cpp: token-level reuse of a slot's prompt and context checkpoints: nothing to do.
 
-Pure: the caller reads the engine (its kind, ``vllm:cache_config_info``, the shared prefix's tokens).
+Pure: the caller reads the engine (its wire's token reuse, ``vllm:cache_config_info``, the shared prefix's
+tokens).
 """
 
 from __future__ import annotations
@@ -109,22 +110,18 @@ def priming_prompt(shared_prefix_ids: Sequence[int]) -> list[int]:
 
 def choose_prefix_strategy(
     setting: PrefixStrategySetting,
-    kind: str,
+    prefix_reuse: str | None,
     config: EngineCacheConfig | None,
     shared_prefix_tokens: int,
     fill_max_tokens: int,
 ) -> PrefixDecision:
-    """The strategy for one engine: its kind (``vllm`` or ``llamacpp``), its cache config (None: it shows
+    """The strategy for one engine: why it needs no block planning where it reuses its prompt token by
+    token (its wire's ``prefix_reuse``; None: it caches whole KV blocks), its cache config (None: it shows
     none), the shared prefix in its tokens and the most tokens block filling may grow the prefix to."""
     if setting == "off":
         return PrefixDecision("none", "MODGATE_SHAPING__PREFIX_STRATEGY=off: the plain system prompt")
-    if kind == "llamacpp":
-        return PrefixDecision(
-            "none",
-            "llama.cpp reuses a slot's prompt token by token (and its context checkpoints): the shared "
-            "prefix hits as it is",
-            expected_cached_tokens=shared_prefix_tokens,
-        )
+    if prefix_reuse is not None:
+        return PrefixDecision("none", prefix_reuse, expected_cached_tokens=shared_prefix_tokens)
     if config is None or config.block_size is None:
         return PrefixDecision(
             "none", "the engine shows no vllm:cache_config_info: its block is unknown, nothing is changed"

@@ -14,7 +14,7 @@ from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, Faults, SimPreset, create_sim_app
 from deploy.simulator.llamacpp_law import LlamaCppOptions
-from gateway.engine.kinds import EngineKind
+from gateway.engine.wires import EngineKind
 from gateway.http.app import create_app
 from gateway.settings import Settings
 from tests.processes import GatewayProcess, GatewayProcessesFactory, RedisServer

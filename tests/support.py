@@ -10,7 +10,7 @@ import httpx
 
 from cli.embedded import ThreadedServer
 from deploy.simulator import PRESETS, create_sim_app
-from gateway.engine.kinds import EngineKind
+from gateway.engine.wires import EngineKind
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 

@@ -39,7 +39,7 @@ from deploy.simulator.protocol import EngineError, decode_image, parse_chat
 from deploy.simulator.responses import streamed, usage, whole
 from deploy.simulator.service import Faults, SimulatedEngine
 from deploy.simulator.tokenizer import Token, token_id
-from gateway.engine.kinds import EngineKind
+from gateway.engine.wires import EngineKind
 
 
 class FaultsUpdate(BaseModel):
@@ -309,6 +309,21 @@ async def peaks(state: State) -> dict[str, int]:
     engine.peak_running = engine.num_running
     engine.peak_requests = engine.num_running + engine.num_waiting
     return seen
+
+
+SIM_WIRES: dict[str, str] = {"vllm": "vLLM's wire", "llamacpp": "llama-server's wire"}
+"""The simulator's engine kinds, each with the name ``modgate engine-sim`` prints."""
+
+
+def sim_options_refused(
+    kind: str, *, slots: int | None, ctx_size: int | None, loading_s: float
+) -> str | None:
+    """Why ``modgate engine-sim`` refuses these options for ``kind`` (llama-server's flags on vLLM)."""
+    if kind not in SIM_WIRES:
+        return f"unknown kind {kind!r}; choose {' or '.join(SIM_WIRES)}"
+    if kind == "vllm" and (slots is not None or ctx_size is not None or loading_s):
+        return "--slots, --ctx-size and --loading-s are llama-server's (--kind llamacpp)"
+    return None
 
 
 def create_sim_app(

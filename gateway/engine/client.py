@@ -1,6 +1,6 @@
 """The engine client: one OpenAI-compatible engine server, streamed so the first token is seen when it comes.
 
-Which server (vLLM or llama.cpp's) is its :class:`~gateway.engine.kinds.EngineWire`: set, or detected from
+Which server (vLLM or llama.cpp's) is its :class:`~gateway.engine.wires.EngineWire`: set, or detected from
 ``GET /props`` on first use; the wire reshapes the request body and reads what differs.
 
 Connect errors are retried (the engine never saw the request); nothing is retried once the engine has
@@ -14,17 +14,20 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Self
 
 import httpx
 import msgspec
 import stamina
 
-from gateway.engine.circuit import CircuitBreaker
-from gateway.engine.kinds import EngineKindSetting, EngineWire, kind_from_props, wire_for
+from gateway.engine.calls import PURPOSE_KEY, CallObserver, CountedTransport, Purpose
+from gateway.engine.circuit import CircuitBreaker, CircuitOpen
+from gateway.engine.stream_lines import _json, _lines
 from gateway.engine.transport import AiohttpTransport
+from gateway.engine.usage import Usage
+from gateway.engine.wires import DEFAULT_KIND, EngineKindSetting, EngineWire, kind_from_props, wire_for
 from gateway.errors import EngineBusy, EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
 from shaping.confidence import TokenLogprob
 
@@ -36,34 +39,6 @@ def engine_failed(exc: BaseException) -> bool:
     own 4xx, and not its busy answer (back-pressure from a healthy engine)."""
     busy = isinstance(exc, EngineBusy)
     return isinstance(exc, ServerSideError) and exc.code != ENGINE_REJECTED and not busy
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token counts of one engine call (missing details read as 0, as older servers omit them)."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    created_cache_tokens: int = 0
-    image_tokens: int | None = 0  # None: the engine counts none (llama.cpp), which is not "no image tokens"
-    reasoning_tokens: int = 0
-
-    @classmethod
-    def from_wire(cls, usage: dict[str, Any] | None, counts_images: bool = True) -> Usage:
-        """Read vLLM's ``usage`` object (``counts_images`` False: an engine that gives no image count)."""
-        usage = usage or {}
-        prompt_details = usage.get("prompt_tokens_details") or {}
-        completion_details = usage.get("completion_tokens_details") or {}
-        multimodal = prompt_details.get("multimodal_tokens") or {}
-        return cls(
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            cached_tokens=int(prompt_details.get("cached_tokens") or 0),
-            created_cache_tokens=int(prompt_details.get("created_cache_tokens") or 0),
-            image_tokens=int(multimodal.get("image") or 0) if counts_images else None,
-            reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,42 +68,6 @@ def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
     return [TokenLogprob.from_wire(entry) for entry in logprobs["content"] if isinstance(entry, dict)]
 
 
-def _json(data: bytes) -> Any:
-    """A JSON text from the engine: msgspec (several times ``json.loads``'s speed on a stream chunk), or
-    ``json.loads`` for what msgspec refuses and the standard parser took (``NaN``, ``-Infinity``, integers
-    past 64 bits, invalid UTF-8 read with replacement): it reads all that it did before."""
-    try:
-        return msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return json.loads(data.decode(errors="replace"))
-
-
-async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """The non-blank lines of a streamed body, without their ends (``\\n``, ``\\r\\n`` or ``\\r``).
-
-    Of any length: a real vLLM SSE line (a chunk with its logprobs) can exceed 512 KiB, so a line is kept
-    in parts until its end comes, never cut at a buffer size. Blank lines (SSE's event ends) are dropped.
-    """
-    parts: list[bytes] = []
-    async for chunk in chunks:
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            line = b"".join((*parts, chunk[start:end])) if parts else chunk[start:end]
-            parts.clear()
-            start = end + 1
-            if b"\r" in line:  # a "\r\n" end, or lines ended by a lone "\r" (as httpx splits them)
-                for part in line.splitlines():
-                    if part:
-                        yield part
-            elif line:
-                yield line
-        if start < len(chunk):
-            parts.append(chunk[start:])
-    for part in b"".join(parts).splitlines():
-        if part:
-            yield part
-
-
 @dataclass
 class _StreamState:
     content: list[str] = field(default_factory=list)
@@ -146,6 +85,9 @@ def _error_message(response: httpx.Response) -> str:
     except (ValueError, KeyError, TypeError):
         return response.text[:200]
 
+
+_READS: Final = frozenset({"props", "metrics", "health", "models", "tokenize"})
+"""Purposes that read the engine without running the model: outside the circuit (how it is found back)."""
 
 ENGINE_KEEPALIVE_S = 2.0
 """How long an idle engine connection is kept: under the engine servers' own keep-alive (vLLM's uvicorn
@@ -174,6 +116,7 @@ class EngineClient:
     ) -> None:
         self.base_url = base_url
         self.circuit = circuit
+        self.connect_timeout_s = connect_timeout_s
         self._kind = kind
         self._wire: EngineWire | None = None if kind == "auto" else wire_for(kind)
         # llama.cpp's /props is read again this often (its --parallel slots are the engine's cap, across
@@ -190,26 +133,107 @@ class EngineClient:
         # call sent on a connection the engine is closing fails mid-answer (502) and is not retried
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                               keepalive_expiry=ENGINE_KEEPALIVE_S)
+        # every request counted once and timed, with the request id it serves (gateway/engine/calls.py)
+        self._counted = CountedTransport(transport or AiohttpTransport(limits), base_url)
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=httpx.Timeout(total_timeout_s, connect=connect_timeout_s),
             limits=limits,
-            transport=transport or AiohttpTransport(limits),
+            transport=self._counted,
         )
+
+    def count_calls(self, observe: CallObserver) -> None:
+        """Report every call to this engine to ``observe`` (``modgate_engine_calls_total``)."""
+        self._counted.observe = observe
+
+    def _refused(self, purpose: Purpose) -> None:
+        """A call the circuit refused before sending: counted, though nothing reached the engine."""
+        if self._counted.observe is not None:
+            self._counted.observe(self.base_url, purpose, "circuit_open", 0.0)
+
+    def _short_timeout(self) -> httpx.Timeout:
+        """For a read that says whether the engine is there (``/health``, ``/props``): the connect timeout."""
+        return httpx.Timeout(self.connect_timeout_s)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        purpose: Purpose,
+        json: Any = None,
+        request_id: str | None = None,
+    ) -> httpx.Response:
+        """One request to the engine for ``purpose``, answered as it came (the caller reads the status).
+
+        Those that run the model (``probe``, ``primer``, ``check``) go through the circuit breaker: refused
+        while it is open, and the engine's failures count. A request the engine never answered makes the
+        next call read ``/props`` again (a restart or a swap may have changed the engine behind the URL)."""
+        headers = {"X-Request-Id": request_id} if request_id else None
+        circuit = None if purpose in _READS else self.circuit
+        try:
+            probe = False if circuit is None else circuit.before_call()
+        except CircuitOpen:
+            self._refused(purpose)
+            raise
+        try:
+            response = await self._translated(
+                self._http.request(
+                    method, path, json=json, headers=headers, extensions={PURPOSE_KEY: purpose}
+                ),
+                path,
+            )
+        except ServerSideError:
+            if circuit is not None:
+                circuit.record_failure(probe)
+            raise
+        except BaseException:
+            if circuit is not None:
+                circuit.record_abandoned(probe)
+            raise
+        if circuit is not None:
+            failed = response.status_code >= 500 and not self._says_busy(response)
+            if failed:
+                circuit.record_failure(probe)
+            else:
+                circuit.record_success(probe)
+        return response
+
+    def _says_busy(self, response: httpx.Response) -> bool:
+        """Whether an error answer is the engine's back-pressure (its wire's busy answers)."""
+        wire = self._wire or wire_for(DEFAULT_KIND)
+        return wire.says_busy(response.status_code, _error_message(response))
+
+    async def _translated(self, send: Awaitable[httpx.Response], path: str) -> httpx.Response:
+        try:
+            response: httpx.Response = await send
+        except httpx.TimeoutException as exc:
+            self._props_read_at = None
+            raise UpstreamTimeout(f"engine {path} timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            self._props_read_at = None
+            raise EngineUnavailable(f"engine {path} failed: {exc!r}") from exc
+        return response
 
     async def aclose(self) -> None:
         """Close the connection pool."""
         await self._http.aclose()
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
     def _props_due(self) -> bool:
         """Whether ``/props`` should be read before this call: never for a told vLLM (it serves none); for
         an engine not read yet or since a failed call; for llama.cpp every ``props_recheck_s``."""
-        if self._kind == "vllm":
-            return False
+        if self._kind != "auto" and not wire_for(self._kind).props_recheck:
+            return False  # told a kind whose /props says nothing (vLLM serves none)
         if self._wire is None or self._props_read_at is None:
             return True
         since = time.monotonic() - self._props_read_at
-        return self._wire.kind == "llamacpp" and since >= self.props_recheck_s
+        return self._wire.props_recheck and since >= self.props_recheck_s
 
     async def wire(self) -> EngineWire:
         """This engine's protocol, from its kind as set or detected from ``GET /props``, with what llama.cpp's
@@ -218,13 +242,15 @@ class EngineClient:
             assert self._wire is not None
             return self._wire
         try:
-            response = await self._http.get("/props", timeout=5.0)
+            response = await self._http.get(
+                "/props", timeout=self._short_timeout(), extensions={PURPOSE_KEY: "props"}
+            )
             payload = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
-            return self._wire or wire_for("vllm")  # not known yet: as last known, and ask again next time
+            return self._wire or wire_for(DEFAULT_KIND)  # not known yet: as last known, ask again next time
         if response.status_code == 503:
             # llama-server answers 503 while loading (vLLM serves no /props): its slots are read once loaded
-            return self._wire or wire_for("llamacpp")
+            return self._wire or wire_for(kind_from_props(503, None))
         told = None if self._kind == "auto" else wire_for(self._kind)
         wire = told or wire_for(kind_from_props(response.status_code, payload))
         total = payload.get("total_slots") if isinstance(payload, dict) else None
@@ -259,7 +285,7 @@ class EngineClient:
 
     async def model_cards(self) -> list[tuple[str, str]]:
         """The served models as ``(id, root)``: vLLM's ``root`` is the weights' path or repository."""
-        response = await self._get("/v1/models")
+        response = await self._get("/v1/models", "models")
         wire = await self.wire()
         try:
             return [(str(item["id"]), wire.model_root(item)) for item in response.json()["data"]]
@@ -269,35 +295,38 @@ class EngineClient:
     async def healthy(self) -> bool:
         """``GET /health`` answers 200."""
         try:
-            response = await self._http.get("/health", timeout=2.0)
+            response = await self._http.get(
+                "/health", timeout=self._short_timeout(), extensions={PURPOSE_KEY: "health"}
+            )
         except httpx.HTTPError:
             return False
         return response.status_code == 200
 
     async def metrics_text(self) -> str:
         """The engine's Prometheus ``/metrics`` text."""
-        return (await self._get("/metrics")).text
+        return (await self._get("/metrics", "metrics")).text
 
     async def server_info(self) -> dict[str, Any] | None:
         """vLLM's ``GET /server_info?config_format=json`` (served with ``VLLM_SERVER_DEV_MODE=1``): its whole
         config; None where the engine serves no such route or its body is not a JSON object."""
         try:
-            response = await self._http.get("/server_info", params={"config_format": "json"})
+            response = await self._http.get(
+                "/server_info", params={"config_format": "json"}, extensions={PURPOSE_KEY: "props"}
+            )
             body = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None
         return body if isinstance(body, dict) else None
 
-    async def tokenize(self, body: dict[str, Any]) -> int:
+    async def tokenize(self, body: dict[str, Any], request_id: str | None = None) -> int:
         """Token count of a prompt or messages (``POST /tokenize``, in the engine's own terms)."""
         wire = await self.wire()
         steps = wire.tokenize_steps(body)
         payload: dict[str, Any] = {}
         for path, make_body in steps:
-            try:
-                response = await self._http.post(path, json=make_body(payload))
-            except httpx.HTTPError as exc:
-                raise EngineUnavailable(f"engine {path} failed: {exc!r}") from exc
+            response = await self.request(
+                "POST", path, purpose="tokenize", json=make_body(payload), request_id=request_id
+            )
             if response.status_code != 200:
                 raise UpstreamError(
                     f"engine {path} answered {response.status_code}: {_error_message(response)}"
@@ -309,10 +338,7 @@ class EngineClient:
         """One small chat completion outside admission and the circuit, answered as (status, JSON body):
         the start-up checks (gateway/engine/startup_check.py) read fields the moderation path does not."""
         body = (await self.wire()).chat_body(body)
-        try:
-            response = await self._http.post("/v1/chat/completions", json=body, timeout=60.0)
-        except httpx.HTTPError as exc:
-            raise EngineUnavailable(f"engine /v1/chat/completions failed: {exc!r}") from exc
+        response = await self.request("POST", "/v1/chat/completions", purpose="check", json=body)
         try:
             payload = response.json()
         except ValueError:
@@ -320,7 +346,7 @@ class EngineClient:
         return response.status_code, payload if isinstance(payload, dict) else {}
 
     async def verdict_place(
-        self, body: dict[str, Any], before: str, regex: str
+        self, body: dict[str, Any], before: str, regex: str, request_id: str | None = None
     ) -> tuple[tuple[str, float], ...] | None:
         """The grammar's distribution at a verdict's first token where the wire can ask for it (its
         ``place_probe``); None where it cannot or the engine did not answer (the verdict then keeps no
@@ -330,9 +356,11 @@ class EngineClient:
         if probe is None:
             return None
         try:
-            response = await self._http.post("/v1/chat/completions", json=probe, timeout=60.0)
+            response = await self.request(
+                "POST", "/v1/chat/completions", purpose="probe", json=probe, request_id=request_id
+            )
             payload = response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+        except (ServerSideError, ValueError):
             return None
         return wire.read_place(payload) if isinstance(payload, dict) else None
 
@@ -342,7 +370,9 @@ class EngineClient:
         body = (await self.wire()).chat_body({**body, "stream": True})
         chunks: list[dict[str, Any]] = []
         try:
-            async with self._http.stream("POST", "/v1/chat/completions", json=body, timeout=60.0) as response:
+            async with self._http.stream(
+                "POST", "/v1/chat/completions", json=body, extensions={PURPOSE_KEY: "check"}
+            ) as response:
                 if response.status_code != 200:
                     await response.aread()
                     return response.status_code, []
@@ -357,11 +387,8 @@ class EngineClient:
             raise EngineUnavailable(f"engine /v1/chat/completions failed: {exc!r}") from exc
         return 200, chunks
 
-    async def _get(self, path: str) -> httpx.Response:
-        try:
-            response = await self._http.get(path)
-        except httpx.HTTPError as exc:
-            raise EngineUnavailable(f"engine {path} failed: {exc!r}") from exc
+    async def _get(self, path: str, purpose: Purpose) -> httpx.Response:
+        response = await self.request("GET", path, purpose=purpose)
         if response.status_code != 200:
             raise UpstreamError(f"engine {path} answered {response.status_code}")
         return response
@@ -408,6 +435,9 @@ class EngineClient:
                 return await self._chat(body, request_id)
             async with self.circuit.call(engine_failed):
                 return await self._chat(body, request_id)
+        except CircuitOpen:
+            self._refused("verdict")
+            raise
         except ServerSideError as exc:
             if engine_failed(exc):
                 self._props_read_at = None  # it may be restarting, with other slots: read /props next call
@@ -436,7 +466,7 @@ class EngineClient:
                     if response.status_code != 200:
                         await response.aread()
                         status = response.status_code
-                        wire = self._wire or wire_for("vllm")
+                        wire = self._wire or wire_for(DEFAULT_KIND)
                         said = _error_message(response)
                         message = f"engine answered {status}: {wire.explain(said)}"
                         if wire.says_busy(status, said):
@@ -462,13 +492,13 @@ class EngineClient:
             content="".join(state.content) if state.content else None,
             reasoning="".join(state.reasoning) if state.reasoning else None,
             finish_reason=state.finish_reason,
-            usage=Usage.from_wire(state.usage, (self._wire or wire_for("vllm")).counts_image_tokens),
+            usage=Usage.from_wire(state.usage, (self._wire or wire_for(DEFAULT_KIND)).counts_image_tokens),
             ttft_s=None if state.first_token_at is None else state.first_token_at - started,
             total_s=total,
             request_id=request_id,
             streamed=bool(body.get("stream")),
             logprobs=None if state.logprobs is None else tuple(state.logprobs),
-            logprobs_grammar_masked=(self._wire or wire_for("vllm")).logprobs_grammar_masked,
+            logprobs_grammar_masked=(self._wire or wire_for(DEFAULT_KIND)).logprobs_grammar_masked,
             engine=self.base_url,
         )
 
@@ -493,7 +523,7 @@ class EngineClient:
 
     async def _read_stream(self, response: httpx.Response, state: _StreamState, started: float) -> None:
         lines = _lines(response.aiter_bytes())
-        first_chunk_is_a_token = (self._wire or wire_for("vllm")).first_chunk_is_a_token
+        first_chunk_is_a_token = (self._wire or wire_for(DEFAULT_KIND)).first_chunk_is_a_token
         # one deadline over the lines before the first token, lifted once it came (not a timer per line)
         first_token = asyncio.timeout_at(self._loop_time(started + self.first_token_timeout_s))
         try:

@@ -143,7 +143,7 @@ class FirstRequestProbe:
 
     @staticmethod
     async def _probe(client: EngineClient, hold: EngineHold) -> FirstRequest | None:
-        if (await client.wire()).kind != "vllm":
+        if not (await client.wire()).probes_first_request:
             return FirstRequest("ok", "not probed: not vLLM")
         try:
             linear_attention = serves_linear_attention(await client.metrics_text())

@@ -16,7 +16,7 @@ from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.leases import EngineLeases
 from gateway.engine.pool import EnginePool
-from gateway.settings import Settings
+from gateway.settings import EngineSettings, Settings
 
 
 def register_pool_metrics(pool: EnginePool, registry: CollectorRegistry) -> None:
@@ -126,4 +126,21 @@ def build_engine_pool(
         # Fair leases poll sooner: a freed slot waits for the poll of the one tenant it may go to.
         lease_poll_s=(0.01, 0.05) if fair else (0.01, 0.1),
         fair_leases=fair, weight=weight or (lambda _tenant: 1.0),
+    )
+
+
+def tool_client(
+    url: str, engine: EngineSettings, transport: httpx.AsyncBaseTransport | None = None
+) -> EngineClient:
+    """An engine client for a command-line tool (a cache probe, a cache plan): the engine settings'
+    timeouts and kind, two connections, no circuit (a tool's calls are few and its operator is watching)."""
+    return EngineClient(
+        url.rstrip("/"),
+        connect_timeout_s=engine.connect_timeout_s,
+        first_token_timeout_s=engine.first_token_timeout_s,
+        total_timeout_s=engine.total_timeout_s,
+        connect_retries=engine.connect_retries,
+        max_connections=2,
+        transport=transport,
+        kind=engine.kind_of(url),
     )

@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.engine.kinds import kind_from_props
+from gateway.engine.calls import Purpose
+from gateway.engine.client import EngineClient
+from gateway.errors import ModgateError
 from shaping.image import ShapedImage
 from shaping.prefix import (
     DEFAULT_GUIDANCE_VERSION,
@@ -51,16 +53,16 @@ class CachedCall:
 
 
 class EngineTokens:
-    """Token counts and the block size, asked of one engine over HTTP."""
+    """Token counts and the block size, asked of one engine through its :class:`EngineClient`."""
 
-    def __init__(self, http: httpx.AsyncClient, model: str) -> None:
+    def __init__(self, http: EngineClient, model: str) -> None:
         self.http = http
         self.model = model
 
     @classmethod
-    async def connect(cls, http: httpx.AsyncClient) -> EngineTokens:
+    async def connect(cls, http: EngineClient) -> EngineTokens:
         """Ask the engine for its model id."""
-        response = await _request(http, "GET", "/v1/models")
+        response = await _request(http, "GET", "/v1/models", "models")
         try:
             return cls(http, str(response.json()["data"][0]["id"]))
         except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -72,7 +74,7 @@ class EngineTokens:
             "model": self.model, "messages": messages, "add_generation_prompt": True,
             "chat_template_kwargs": {"enable_thinking": enable_thinking},
         }
-        response = await _request(self.http, "POST", "/tokenize", json=body)
+        response = await _request(self.http, "POST", "/tokenize", "tokenize", json=body)
         try:
             tokens = response.json()["tokens"]
             return [int(token) for token in tokens]
@@ -109,7 +111,7 @@ class EngineTokens:
 
     async def block_size(self) -> int | None:
         """The prefix-cache block size in ``vllm:cache_config_info``, if the engine exposes it."""
-        response = await _request(self.http, "GET", "/metrics")
+        response = await _request(self.http, "GET", "/metrics", "metrics")
         for family in text_string_to_metric_families(response.text):
             if family.name == "vllm:cache_config_info" and family.samples:
                 with contextlib.suppress(KeyError, ValueError):
@@ -128,7 +130,7 @@ class EngineTokens:
         calls = []
         for frames in frame_sets:
             body = self.chat_body(system, frames, user_text, enable_thinking, verdict_format)
-            response = await _request(self.http, "POST", "/v1/chat/completions", json=body)
+            response = await _request(self.http, "POST", "/v1/chat/completions", "probe", json=body)
             try:
                 usage = response.json()["usage"]
                 details = usage.get("prompt_tokens_details") or {}
@@ -138,21 +140,13 @@ class EngineTokens:
         return calls
 
 
-async def serves_llamacpp(http: httpx.AsyncClient) -> bool:
-    """Whether the engine is llama-server (its ``GET /props``; vLLM serves none), as the gateway tells."""
+async def _request(
+    engine: EngineClient, method: str, path: str, purpose: Purpose, json: Any = None
+) -> httpx.Response:
     try:
-        response = await http.get("/props")
-        payload = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return False
-    return kind_from_props(response.status_code, payload) == "llamacpp"
-
-
-async def _request(http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> httpx.Response:
-    try:
-        response = await http.request(method, path, **kwargs)
-    except httpx.HTTPError as exc:
-        raise PrefixPlanError(f"engine {path} failed: {exc!r}") from exc
+        response = await engine.request(method, path, purpose=purpose, json=json)
+    except ModgateError as exc:
+        raise PrefixPlanError(f"engine {path} failed: {exc.message}") from exc
     if response.status_code != 200:
         raise PrefixPlanError(f"engine {path} answered {response.status_code}: {response.text[:200]}")
     return response
@@ -182,16 +176,17 @@ async def fill_for_format(
 
 
 async def block_filled_prompt(
-    http: httpx.AsyncClient,
+    http: EngineClient,
     block_size: int | None,
     verdict_format: VerdictFormat = DEFAULT_VERDICT_FORMAT,
 ) -> tuple[SystemPrompt, FilledPrefix]:
     """The canonical system prompt filled to the engine's next whole block (the gateway's, at start)."""
     engine = await EngineTokens.connect(http)
-    if await serves_llamacpp(http):
+    prefix_reuse = (await http.wire()).prefix_reuse
+    if prefix_reuse is not None:
         raise PrefixPlanError(
-            "llama.cpp's server reuses a slot's prompt token by token: there is no block to fill, the plain "
-            "prompt's shared prefix is reused as it is (leave MODGATE_SHAPING__BLOCK_FILLING_PREFIX off)"
+            f"{prefix_reuse}: there is no block to fill, the plain prompt's shared prefix is reused as it is "
+            "(leave MODGATE_SHAPING__BLOCK_FILLING_PREFIX off)"
         )
     size = block_size or await engine.block_size()
     if size is None:

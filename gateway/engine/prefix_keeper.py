@@ -19,16 +19,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineHold, unheld
-from gateway.engine.prefix import EngineTokens, PrefixPlanError, serves_llamacpp
+from gateway.engine.prefix import EngineTokens, PrefixPlanError
 from gateway.errors import ModgateError
 from shaping.prefix import shared_prefix_length
 from shaping.prefix_strategy import (
@@ -48,19 +48,6 @@ ENGINE_CHECKPOINT_GRACE = 3
 """Short answers tolerated before priming an engine that checkpoints the shared prefix itself."""
 
 ACTIONS = ("prime", "engine-checkpoint", "fill", "none", "uncacheable")
-
-
-class _Borrowed(httpx.AsyncBaseTransport):
-    """A transport lent by the engine pool (tests): used for the keeper's calls, closed only by its owner."""
-
-    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
-        self._transport = transport
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self._transport.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        """Leave the lent transport open."""
 
 
 def cache_config_from_metrics(text: str) -> EngineCacheConfig | None:
@@ -110,14 +97,12 @@ class PrefixKeeper:
     def __init__(
         self,
         setting: PrefixStrategySetting,
-        urls: list[str],
+        clients: Sequence[EngineClient],
         registry: CollectorRegistry,
         *,
         fill_max_tokens: int,
         reprime_interval_s: float,
         block_size: int | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        timeout_s: float = 30.0,
         hold: EngineHold = unheld,
         passed_first_request: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
@@ -129,9 +114,9 @@ class PrefixKeeper:
         self.block_size = block_size
         self.fill_max_tokens = fill_max_tokens
         self.reprime_interval_s = reprime_interval_s
-        self.transport = transport
-        self.timeout_s = timeout_s
-        self.engines = {url: EnginePrefixState(url) for url in urls}
+        # every request through the engine's own client: counted, timed, under its circuit and timeouts
+        self.clients = {client.base_url: client for client in clients}
+        self.engines = {client.base_url: EnginePrefixState(client.base_url) for client in clients}
         self._watch: asyncio.Task[None] | None = None
         self.system_prompts: Mapping[VerdictFormat, SystemPrompt] = {}
         self.primings = Counter(
@@ -159,30 +144,27 @@ class PrefixKeeper:
 
     # --- choosing ---------------------------------------------------------------------------------------
 
-    def _client(self, url: str) -> httpx.AsyncClient:
-        transport = None if self.transport is None else _Borrowed(self.transport)
-        return httpx.AsyncClient(base_url=url, transport=transport, timeout=self.timeout_s)
-
     async def decide(
         self, url: str, system_prompts: Mapping[VerdictFormat, SystemPrompt], *, reason: str = "start"
     ) -> PrefixDecision:
         """Read the engine and choose its strategy; on an engine that cannot be read, nothing changes."""
         state = self.engines[url]
+        http = self.clients[url]
         try:
-            async with self._client(url) as http:
-                kind, config = await self._read(http)
-                state.seen = (kind, config)
-                if kind == "llamacpp":
-                    decision = choose_prefix_strategy(self.setting, "llamacpp", None, 0, self.fill_max_tokens)
-                    state.unread, state.expected = False, {}
-                    self._set(state, decision, reason)
-                    return decision
-                engine = await EngineTokens.connect(http)
-                state.model = engine.model
-                shared: dict[VerdictFormat, list[int]] = {}
-                for verdict_format, prompt in system_prompts.items():
-                    shared[verdict_format] = await _shared_ids(engine, prompt.text)
-        except (PrefixPlanError, httpx.HTTPError, ValueError) as exc:  # ValueError: /metrics unparsable
+            kind, config = await self._read(http)
+            state.seen = (kind, config)
+            prefix_reuse = (await http.wire()).prefix_reuse
+            if prefix_reuse is not None:
+                decision = choose_prefix_strategy(self.setting, prefix_reuse, None, 0, self.fill_max_tokens)
+                state.unread, state.expected = False, {}
+                self._set(state, decision, reason)
+                return decision
+            engine = await EngineTokens.connect(http)
+            state.model = engine.model
+            shared: dict[VerdictFormat, list[int]] = {}
+            for verdict_format, prompt in system_prompts.items():
+                shared[verdict_format] = await _shared_ids(engine, prompt.text)
+        except (PrefixPlanError, ModgateError, ValueError) as exc:  # ValueError: /metrics unparsable
             state.last_error, state.unread = f"{exc}", True
             decision = PrefixDecision("none", f"the engine could not be read ({exc}): nothing is changed")
             self._set(state, decision, reason)
@@ -190,7 +172,7 @@ class PrefixKeeper:
         state.unread, state.last_error = False, None
         state.shared_ids = shared
         shortest = min((len(ids) for ids in shared.values()), default=0)
-        decision = choose_prefix_strategy(self.setting, "vllm", config, shortest, self.fill_max_tokens)
+        decision = choose_prefix_strategy(self.setting, None, config, shortest, self.fill_max_tokens)
         unit = None if config is None else config.match_unit
         state.expected = {
             verdict_format: primed_cached_tokens(len(ids), unit) if decision.primes and unit else 0
@@ -199,15 +181,17 @@ class PrefixKeeper:
         self._set(state, decision, reason)
         return decision
 
-    async def _read(self, http: httpx.AsyncClient) -> tuple[str, EngineCacheConfig | None]:
-        """The engine's kind (``/props``) and cache config (``/metrics``): what the strategy follows."""
-        if await serves_llamacpp(http):
-            return "llamacpp", None
-        response = await http.get("/metrics")
+    async def _read(self, http: EngineClient) -> tuple[str, EngineCacheConfig | None]:
+        """The engine's kind (its wire, as its client detects it) and cache config (``/metrics``): what the
+        strategy follows. Raises ``ModgateError`` where the engine cannot be reached."""
+        wire = await http.wire()
+        response = await http.request("GET", "/metrics", purpose="metrics")
+        if wire.prefix_reuse is not None:
+            return wire.kind, None  # no block to plan for: its cache config does not matter
         config = cache_config_from_metrics(response.text) if response.status_code == 200 else None
         if self.block_size is not None:  # MODGATE_SHAPING__PREFIX_BLOCK_SIZE: the operator's word
             config = replace(config or EngineCacheConfig(), block_size=self.block_size)
-        return "vllm", config
+        return wire.kind, config
 
     def _set(self, state: EnginePrefixState, decision: PrefixDecision, reason: str) -> None:
         changed = state.decision != decision
@@ -242,16 +226,17 @@ class PrefixKeeper:
         if self.passed_first_request is not None and not await self.passed_first_request(url):
             state.last_error = "not primed: the engine has not passed its first request (see /readyz engines)"
             return False
+        http = self.clients[url]
         try:
-            async with self._client(url) as http, self.hold(url):
+            async with self.hold(url):
                 for ids in state.shared_ids.values():
                     body = {"model": state.model, "prompt": priming_prompt(ids), "max_tokens": 1}
-                    response = await http.post("/v1/completions", json=body)
+                    response = await http.request("POST", "/v1/completions", purpose="primer", json=body)
                     if response.status_code != 200:
                         raise PrefixPlanError(
                             f"/v1/completions answered {response.status_code}: {response.text[:200]}"
                         )
-        except (PrefixPlanError, ModgateError, httpx.HTTPError, ValueError) as exc:  # Modgate: no slot
+        except (PrefixPlanError, ModgateError, ValueError) as exc:  # Modgate: no slot, engine unreachable
             state.last_error = f"priming failed: {exc!r}"
             self.primings.labels(url, "failed").inc()
             log.warning("prefix cache: priming %s failed (%s): requests go on uncached", url, exc)
@@ -314,9 +299,8 @@ class PrefixKeeper:
                 if state.decision is None or (state.task is not None and not state.task.done()):
                     continue
                 try:
-                    async with self._client(state.url) as http:
-                        seen = await self._read(http)
-                except (httpx.HTTPError, ValueError):  # ValueError: /metrics unparsable
+                    seen = await self._read(self.clients[state.url])
+                except (ModgateError, ValueError):  # ValueError: /metrics unparsable
                     state.down = True
                     continue
                 if state.down or seen != state.seen:

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.engine.first_request import FirstRequestProbe
+from gateway.engine.wires import StartupHints
 from gateway.errors import ModgateError
 
 log = logging.getLogger("modgate.engine")
@@ -75,7 +76,7 @@ async def check_engine(client: EngineClient, cap: int, targets: CheckTargets) ->
     """Every check against one engine; raises ``ModgateError`` when the engine does not answer at all."""
     url = client.base_url
     wire = await client.wire()
-    llamacpp = wire.kind == "llamacpp"
+    hints = wire.hints
     found: list[EngineCheck] = []
 
     served = await client.model_ids()
@@ -85,7 +86,7 @@ async def check_engine(client: EngineClient, cap: int, targets: CheckTargets) ->
                                  "start the engine with the model", "no verdict can be asked"))
         return found
     if model not in served:
-        flag = "--alias" if llamacpp else "--served-model-name"
+        flag = hints.served_name_flag
         found.append(EngineCheck(
             "served_model", url, False, f"MODGATE_ENGINE__MODEL is {model!r}, the engine serves {served}",
             f"{flag} {model} (or MODGATE_ENGINE__MODEL={served[0]})", "every verdict request is refused",
@@ -126,23 +127,22 @@ async def check_engine(client: EngineClient, cap: int, targets: CheckTargets) ->
     else:
         found.append(EngineCheck(
             "structured_outputs", url, False, f"a constrained answer came back as {content[:60]!r}",
-            "llama.cpp's server built with grammar support" if llamacpp
-            else "a vLLM with structured outputs (structured_outputs in the request body)",
+            hints.grammar_fix,
             "verdicts outside the format read as review",
         ))
     if logprobs_check is None:
-        logprobs_check = _logprobs_check(url, choice, targets.top_logprobs, llamacpp)
+        logprobs_check = _logprobs_check(url, choice, targets.top_logprobs, hints)
     found.append(logprobs_check)
-    found.append(_cached_tokens_check(url, answer, llamacpp))
+    found.append(_cached_tokens_check(url, answer, hints))
 
     # The gateway's own thinking-on request: the verdict's constraint (after the thought), streamed.
     status, chunks = await client.probe_stream({**fast, "chat_template_kwargs": {"enable_thinking": True}})
     if status != 200:
         raise _ProbeFailed(f"the thinking probe answered {status}")
-    found.append(_reasoning_check(url, chunks, llamacpp))
+    found.append(_reasoning_check(url, chunks, hints))
 
-    found.append(await _prefix_caching_check(client, llamacpp))
-    found.append(_max_num_seqs_check(client, cap, llamacpp))
+    found.append(await _prefix_caching_check(client, hints))
+    found.append(_max_num_seqs_check(client, cap, hints))
     return found
 
 
@@ -162,7 +162,7 @@ def _error_text(answer: dict[str, Any]) -> str:
     return str(error or answer.get("detail") or "")
 
 
-def _reasoning_check(url: str, chunks: list[dict[str, Any]], llamacpp: bool) -> EngineCheck:
+def _reasoning_check(url: str, chunks: list[dict[str, Any]], hints: StartupHints) -> EngineCheck:
     reasoning = content = ""
     for chunk in chunks:
         delta = _first_choice(chunk).get("delta") or {}
@@ -174,47 +174,46 @@ def _reasoning_check(url: str, chunks: list[dict[str, Any]], llamacpp: bool) -> 
         return EngineCheck("reasoning_split", url, None, "the thinking-on answer held no text to judge")
     return EngineCheck(
         "reasoning_split", url, False, "a thinking-on answer came back with no reasoning field",
-        "--jinja --reasoning-format deepseek" if llamacpp else "--reasoning-parser qwen3",
+        hints.reasoning_fix,
         "thinking-on verdicts are read from text that still holds the thought (more read as review)",
     )
 
 
-def _logprobs_check(url: str, choice: dict[str, Any], wanted: int, llamacpp: bool) -> EngineCheck:
+def _logprobs_check(url: str, choice: dict[str, Any], wanted: int, hints: StartupHints) -> EngineCheck:
     logprobs = choice.get("logprobs")
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     if not isinstance(content, list) or not content or not isinstance(content[0], dict):
         return EngineCheck(
             "logprobs", url, False, "an answer asked with logprobs came back without them",
-            "llama.cpp's server with n_probs support" if llamacpp else f"--max-logprobs {wanted}",
+            hints.logprobs_fix.format(wanted=wanted),
             "verdicts carry no confidence, so escalate re-asks every frame with thinking on",
         )
     alternatives = len(content[0].get("top_logprobs") or [])
     if alternatives < wanted:
         return EngineCheck(
             "logprobs", url, False, f"{alternatives} alternatives per token, {wanted} asked",
-            f"--max-logprobs {wanted}" if not llamacpp else "a llama.cpp server that returns top_logprobs",
+            hints.logprobs_short_fix.format(wanted=wanted),
             "confidence counts fewer alternatives and reads lower, so escalate re-asks more frames",
         )
     return EngineCheck("logprobs", url, True, f"{alternatives} alternatives per token")
 
 
-def _cached_tokens_check(url: str, answer: dict[str, Any], llamacpp: bool) -> EngineCheck:
+def _cached_tokens_check(url: str, answer: dict[str, Any], hints: StartupHints) -> EngineCheck:
     usage = answer.get("usage")
     details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
     if isinstance(details, dict) and "cached_tokens" in details:
         return EngineCheck("cached_tokens", url, True, "usage.prompt_tokens_details.cached_tokens is there")
     return EngineCheck(
         "cached_tokens", url, False, "usage.prompt_tokens_details is missing",
-        "a llama.cpp server that reports prompt_tokens_details" if llamacpp
-        else "--enable-prompt-tokens-details",
+        hints.cached_tokens_fix,
         "per-request cached tokens read 0; the prefix-cache rate comes from the engine's /metrics alone",
     )
 
 
-async def _prefix_caching_check(client: EngineClient, llamacpp: bool) -> EngineCheck:
+async def _prefix_caching_check(client: EngineClient, hints: StartupHints) -> EngineCheck:
     url = client.base_url
-    if llamacpp:  # llama-server keeps each slot's prompt (cache_prompt) unless a request says otherwise
-        return EngineCheck("prefix_caching", url, True, "llama-server reuses each slot's prompt")
+    if hints.prefix_cache_kept:  # llama-server keeps each slot's prompt unless a request says otherwise
+        return EngineCheck("prefix_caching", url, True, hints.prefix_cache_kept)
     try:
         text = await client.metrics_text()
     except ModgateError as exc:
@@ -233,9 +232,9 @@ async def _prefix_caching_check(client: EngineClient, llamacpp: bool) -> EngineC
     return EngineCheck("prefix_caching", url, None, "/metrics has no vllm:cache_config_info")
 
 
-def _max_num_seqs_check(client: EngineClient, cap: int, llamacpp: bool) -> EngineCheck:
+def _max_num_seqs_check(client: EngineClient, cap: int, hints: StartupHints) -> EngineCheck:
     url = client.base_url
-    if llamacpp:
+    if hints.publishes_slots:
         if client.slots is None:
             return EngineCheck("max_num_seqs", url, None, "/props names no slots")
         if client.slots < cap:

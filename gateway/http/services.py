@@ -219,8 +219,7 @@ def prefix_strategy_setting(settings: Settings) -> PrefixStrategySetting:
 
 async def _system_prompt(
     settings: Settings,
-    engine_url: str,
-    transport: httpx.AsyncBaseTransport | None,
+    engine: EngineClient,
     verdict_format: VerdictFormat,
     metrics: GatewayMetrics,
     fill: bool,
@@ -236,10 +235,7 @@ async def _system_prompt(
     if not fill:
         return load_system_prompt(version)
     try:
-        async with httpx.AsyncClient(base_url=engine_url, transport=transport, timeout=30.0) as http:
-            prompt, filled = await block_filled_prompt(
-                http, settings.shaping.prefix_block_size, verdict_format
-            )
+        prompt, filled = await block_filled_prompt(engine, settings.shaping.prefix_block_size, verdict_format)
     except (PrefixPlanError, GuidanceTooShort) as exc:
         log.error(
             "block-filling prefix OFF (%s verdict): %s; serving the plain system prompt", verdict_format, exc
@@ -379,6 +375,8 @@ async def open_services(
         policies = _policy_store(settings, state)
         stack.push_async_callback(policies.stop)
         metrics = GatewayMetrics()
+        for slot in engines.engines:
+            slot.client.count_calls(metrics.engine_call)
         recent = RecentRequests(settings.telemetry.window_s, clock=clock)
         engine_cache = EngineCacheScraper(
             engine.metrics_text,
@@ -399,12 +397,11 @@ async def open_services(
         # prompt (block filling changes it), on every engine at start, and again after a restart.
         prefix = PrefixKeeper(
             prefix_strategy_setting(settings),
-            engine_urls,
+            [slot.client for slot in engines.engines],
             metrics.registry,
             fill_max_tokens=settings.shaping.prefix_fill_max_tokens,
             reprime_interval_s=settings.shaping.prefix_reprime_interval_s,
             block_size=settings.shaping.prefix_block_size,
-            transport=engine_transport,
             hold=engines.slot_on,  # the gateway's own calls take a slot of the engine's cap, as keyframes do
         )
         stack.push_async_callback(prefix.stop)
@@ -420,7 +417,7 @@ async def open_services(
             metrics=metrics,
             system_prompts={
                 verdict_format: await _system_prompt(
-                    settings, engine_url, engine_transport, verdict_format, metrics, first.action == "fill"
+                    settings, engine, verdict_format, metrics, first.action == "fill"
                 )
                 for verdict_format in VERDICT_FORMATS
             },
@@ -436,6 +433,8 @@ async def open_services(
         second = _second_engine(settings, state)
         if second is not None:
             stack.push_async_callback(second.engines.aclose)
+            for slot in second.engines.engines:
+                slot.client.count_calls(metrics.engine_call)
             second.engines.start()
         moderation.review = _review_queue(settings, state, metrics)
         moderation.shadow = ShadowSampler(

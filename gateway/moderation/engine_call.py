@@ -60,7 +60,7 @@ def engine_options(
 
 async def verdict_places(
     client: EngineClient, body: dict[str, Any], answer: EngineAnswer, decision: ThinkingDecision, frames: int,
-    *, grammar: str | None, probes: int,
+    *, grammar: str | None, probes: int, request_id: str | None = None,
 ) -> dict[int, tuple[tuple[str, float], ...]]:
     """For each compact thinking-off verdict the answer's own (not masked) list cannot give an exact
     confidence, the distribution at its first token from a probe held in the call's engine slot: at most
@@ -81,7 +81,9 @@ async def verdict_places(
     places: dict[int, tuple[tuple[str, float], ...]] = {}
     for i in wanted:  # one at a time: the probes share the call's one engine slot
         for seed in range(probes):
-            place = await client.verdict_place({**body, "seed": seed}, before[i], compact_regex(frames - i))
+            place = await client.verdict_place(
+                {**body, "seed": seed}, before[i], compact_regex(frames - i), request_id
+            )
             if place is not None and place_exact(place, before[i], grammar):
                 places[i] = place
                 break
@@ -187,7 +189,7 @@ class FrameJudge:
                 grammar = (await admission.engine.client.wire()).answer_grammar(body)
                 places = await verdict_places(
                     admission.engine.client, body, answer, decision, len(frames),
-                    grammar=grammar, probes=self.settings.place_probes,
+                    grammar=grammar, probes=self.settings.place_probes, request_id=request_id,
                 )
                 outcome = self._read(
                     answer, frames, decision, admission.queue_seconds, request_id, places, grammar

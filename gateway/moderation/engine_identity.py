@@ -30,7 +30,7 @@ class EngineModel:
 
     The root is vLLM's ``root`` (the weights' path or repository); llama.cpp lists none, and its wire makes
     one of its kind and the model's size and type (``llamacpp:<n_params>:<size>:<ftype>``,
-    gateway/engine/kinds.py), so the kind is part of the identity.
+    gateway/engine/wires/), so the kind is part of the identity.
     """
 
     id: str

@@ -4,7 +4,7 @@ A frame reuses a verdict made in the same scope (tenant, the policy's terms of t
 mode, prompt, caller text, the engine's model) for the same shaped bytes ("exact") or a near duplicate
 ("near"): from the verdict cache, or from an earlier frame of the same request.
 
-The model is that of the engine that made the verdict (its kind is part of it: gateway/engine/kinds.py).
+The model is that of the engine that made the verdict (its kind is part of it: gateway/engine/wires/).
 The engine is chosen after the lookup, so a frame is looked up under the model of every engine in the
 pool, since any of them could have taken the request, and nothing else: a verdict made by an engine the
 pool does not have, or by weights an engine no longer serves, is never reused (docs/engines.md).

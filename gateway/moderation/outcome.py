@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gateway.engine.client import EngineAnswer, Usage
-from gateway.engine.kinds import IMAGE_TOKENS_UNCOUNTED
+from gateway.engine.client import EngineAnswer
+from gateway.engine.usage import Usage
+from gateway.engine.wires import IMAGE_TOKENS_UNCOUNTED
 from gateway.errors import ModgateError
 from gateway.moderation.verdict_cache import Reuse
 from gateway.moderation.wire import EscalatedFrom, ModerationDetails, ModerationResult

@@ -178,6 +178,29 @@ class GatewayMetrics:
             ["check", "engine"],
             registry=registry,
         )
+        # Every request the gateway sends to an engine, through its EngineClient (gateway/engine/calls.py).
+        self.engine_calls = Counter(
+            "modgate_engine_calls",
+            "Requests sent to each engine, by purpose (verdict, probe, primer, check, tokenize, props, "
+            "metrics, health, models) and outcome (ok, busy, rejected, error, timeout; circuit_open: refused "
+            "by the circuit breaker before sending).",
+            ["engine", "purpose", "outcome"],
+            registry=registry,
+        )
+        self.engine_call_seconds = Histogram(
+            "modgate_engine_call_seconds",
+            "Time of each engine request, from sending to the end of its answer (a streamed verdict: its "
+            "last chunk).",
+            ["engine", "purpose"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    def engine_call(self, engine: str, purpose: str, outcome: str, seconds: float) -> None:
+        """One engine request, reported by its client (``EngineClient.count_calls``)."""
+        self.engine_calls.labels(engine, purpose, outcome).inc()
+        if outcome != "circuit_open":
+            self.engine_call_seconds.labels(engine, purpose).observe(seconds)
 
     def shadow(self, outcome: str) -> None:
         """Count one shadow judgement's outcome."""

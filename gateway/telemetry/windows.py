@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.engine.kinds import IMAGE_TOKENS_UNCOUNTED, WIRES, EngineKind
+from gateway.engine.wires import DEFAULT_KIND, IMAGE_TOKENS_UNCOUNTED, WIRES, wire_for
 from shaping.verdict import ACTIONS
 
 log = logging.getLogger("modgate.stats")
@@ -205,7 +205,7 @@ class EngineCacheCounters:
     queries: float
     hits: float
     block_size: int | None  # from vllm:cache_config_info where the engine exposes it
-    kind: EngineKind = "vllm"  # whose counter names the text carries (llama.cpp: token by token, no block)
+    kind: str = DEFAULT_KIND  # whose counter names the text carries (a label: the wire says what it means)
 
     @property
     def since_start_ratio(self) -> float | None:
@@ -225,7 +225,7 @@ def read_engine_cache_counters(text: str) -> EngineCacheCounters:
     for sample in samples:
         if sample.name == "vllm:cache_config_info" and sample.labels.get("block_size", "").isdigit():
             block_size = int(sample.labels["block_size"])
-    # Each engine kind names its counters (gateway/engine/kinds.py): the names in the text say which it is.
+    # Each engine kind names its counters (gateway/engine/wires/): the names in the text say which it is.
     counted = next(
         ((wire.kind, found) for wire in WIRES.values() if (found := wire.cache_counters(samples))), None
     )
@@ -275,7 +275,7 @@ class EngineCacheWindow:
         self.clock = clock
         self._points: deque[tuple[float, EngineCacheCounters]] = deque()
         self.block_size: int | None = None
-        self.kind: EngineKind | None = None  # None before the first scrape
+        self.kind: str | None = None  # None before the first scrape
 
     def observe(self, counters: EngineCacheCounters) -> None:
         """One scrape, now."""
@@ -451,7 +451,9 @@ def stats_document(recent: RecentRequests, engine_cache: EngineCacheScraper) -> 
             "engine_window_span_s": round(engine_rate.span_s, 3),
             "engine_scrapes_in_window": engine_rate.scrapes,
             "engine_block_size": window.block_size,
-            "engine_kind": window.kind,  # "llamacpp": its cache is token by token, so no block size
+            "engine_kind": window.kind,  # a label; what it means for the block is the next field
+            # what stands for the block where the engine has none (it reuses token by token), or None
+            "engine_block_note": None if window.kind is None else wire_for(window.kind).block_note,
             "engine_scrape_error": engine_cache.last_error,
         },
     }

@@ -5,7 +5,7 @@ simulator speaking llama-server's wire, run by llama.cpp's law with the flags ``
 starts the real one with) and ``[llamacpp]``. Where a simulator and its real engine differ, the simulator
 is fixed, never the assertion. Where llama.cpp differs from vLLM, the test pins what it does instead
 (``engine.llamacpp``) on both llama.cpp columns, and docs/engines.md says it. Requests go through the
-engine's :class:`~gateway.engine.kinds.EngineWire`, as the gateway sends them.
+engine's :class:`~gateway.engine.wires.EngineWire`, as the gateway sends them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from deploy.engine_llamacpp import CONTEXT_PER_SLOT, DEFAULT_SLOTS
 from deploy.keyframes import make_keyframe
 from deploy.simulator.llamacpp_law import LlamaCppOptions
-from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, EngineKind, wire_for
+from gateway.engine.wires import EngineKind, wire_for
+from gateway.engine.wires.llamacpp import LLAMACPP_ALTERNATIVES_PER_MASKED
 from shaping.confidence import PROBE_MAY_READ, TokenLogprob, place_exact, with_confidence
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt, prompt_version_for

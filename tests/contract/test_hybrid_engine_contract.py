@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.simulator.llamacpp_law import LlamaCppOptions
-from gateway.engine.kinds import EngineKind, wire_for
+from gateway.engine.wires import EngineKind, wire_for
 from gateway.settings import ShapingSettings
 from shaping.prompt import RequestOptions, SystemPrompt, build_chat_request, load_system_prompt
 from shaping.verdict import verdict_regex

@@ -11,7 +11,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.engine.pool_build import tool_client
 from gateway.engine.prefix import EngineTokens
+from gateway.settings import EngineSettings
 from shaping.prefix_strategy import priming_prompt
 from shaping.prompt import load_system_prompt, prompt_version_for
 from shaping.verdict import DEFAULT_VERDICT_FORMAT
@@ -36,7 +38,7 @@ def _hits(engine_url: str) -> float:
 
 
 async def _shared_prefix_tokens(engine_url: str) -> int:
-    async with httpx.AsyncClient(base_url=engine_url, timeout=60) as http:
+    async with tool_client(engine_url, EngineSettings()) as http:
         engine = await EngineTokens.connect(http)
         system = load_system_prompt(prompt_version_for(DEFAULT_VERDICT_FORMAT))  # what text requests carry
         return await engine.shared_prefix_tokens(system.text)

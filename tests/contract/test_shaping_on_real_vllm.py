@@ -11,12 +11,12 @@ import asyncio
 import random
 from typing import Any
 
-import httpx
 import pytest
 
 from deploy.keyframes import make_keyframe
+from gateway.engine.pool_build import tool_client
 from gateway.engine.prefix import CachedCall, EngineTokens, fill_prefix
-from gateway.settings import ShapingSettings
+from gateway.settings import EngineSettings, ShapingSettings
 from shaping.accounting import TokenAccountant, compare_usage
 from shaping.image import ImageLimits, ShapedImage, shape_image
 from shaping.prefix import cacheable_tokens
@@ -39,7 +39,7 @@ async def sent(
     url: str, system: SystemPrompt, seeds: list[int]
 ) -> tuple[EngineTokens, list[CachedCall], int]:
     """One request per seed, each with its own keyframe; the engine's shared prefix for this prompt."""
-    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+    async with tool_client(url, EngineSettings()) as http:
         engine = await EngineTokens.connect(http)
         calls = await engine.cached_calls(system, [frames(seed) for seed in seeds], USER_TEXT, False)
         shared = await engine.shared_prefix_tokens(system.text)
@@ -48,7 +48,7 @@ async def sent(
 
 def test_the_filled_prefix_is_reused_whole_by_requests_with_their_own_keyframes(real_engine_url: str) -> None:
     async def run() -> dict[str, Any]:
-        async with httpx.AsyncClient(base_url=real_engine_url, timeout=300) as http:
+        async with tool_client(real_engine_url, EngineSettings()) as http:
             engine = await EngineTokens.connect(http)
             block = await engine.block_size()
             assert block is not None
@@ -77,18 +77,21 @@ def test_the_prediction_matches_the_engines_prompt_tokens(real_engine_url: str) 
     system = load_system_prompt()
 
     async def run() -> list[tuple[Any, Any]]:
-        async with httpx.AsyncClient(base_url=real_engine_url, timeout=300) as http:
+        async with tool_client(real_engine_url, EngineSettings()) as http:
             engine = await EngineTokens.connect(http)
             accountant = TokenAccountant(system.text, engine.model)
             pairs = []
             for shaped in ([], frames(301), frames(302, 2)):
                 for _ in range(3):
                     for measurement in accountant.pending(False, USER_TEXT, shaped):
-                        response = await http.post("/tokenize", json=measurement.body)
+                        response = await http.request(
+                            "POST", "/tokenize", purpose="tokenize", json=measurement.body
+                        )
                         accountant.record(measurement, int(response.json()["count"]))
                 prediction = accountant.predict(False, USER_TEXT, shaped)
                 body = engine.chat_body(system, shaped, USER_TEXT, False)
-                usage = (await http.post("/v1/chat/completions", json=body)).json()["usage"]
+                answer = await http.request("POST", "/v1/chat/completions", purpose="probe", json=body)
+                usage = answer.json()["usage"]
                 pairs.append((prediction, usage))
             return pairs
 

@@ -6,17 +6,19 @@ fakes (``httpx.MockTransport``) where an engine must answer.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import EngineClient
-from gateway.engine.gbnf import regex_to_gbnf
-from gateway.engine.kinds import THOUGHT_RULES, LlamaCppWire, kind_from_props, wire_for
+from gateway.engine.wires import WIRES, EngineWire, LlamaCppWire, kind_from_props, register, wire_for
+from gateway.engine.wires.gbnf import regex_to_gbnf
+from gateway.engine.wires.llamacpp import THOUGHT_RULES
 from gateway.errors import EngineUnavailable, UpstreamError
 from gateway.settings import EngineSettings
 from gateway.telemetry.windows import read_engine_cache_counters
@@ -267,3 +269,34 @@ async def test_a_client_told_llamacpp_reads_its_slots_and_reads_them_again_after
     await client.chat(gateway_body(), "req-7")
     assert (client.slots, paths.count("/props")) == (2, 2)  # read again on the call after the failure
     await client.aclose()
+
+
+def test_a_third_engine_kind_is_one_registered_wire_that_the_client_detects_from_its_props() -> None:
+    class ToyWire(EngineWire):
+        kind: ClassVar[str] = "toy"
+        busy_answers: ClassVar[tuple[str, ...]] = ("toy is full",)
+
+        @classmethod
+        def claims_props(cls, status: int, payload: object) -> bool:
+            return status == 200 and isinstance(payload, dict) and payload.get("engine") == "toy"
+
+    def toy_engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/props":
+            return httpx.Response(200, json={"engine": "toy"})
+        return httpx.Response(404)
+
+    async def detected() -> str:
+        async with EngineClient(
+            "http://toy.test", connect_timeout_s=1.0, first_token_timeout_s=1.0, total_timeout_s=1.0,
+            connect_retries=0, max_connections=1, transport=httpx.MockTransport(toy_engine),
+        ) as client:
+            return (await client.wire()).kind
+
+    register(ToyWire())
+    try:
+        assert kind_from_props(200, {"engine": "toy"}) == "toy"
+        assert asyncio.run(detected()) == "toy"
+        assert wire_for("vllm").says_busy(503, "toy is full")  # every kind's busy answers, as for a pool
+    finally:
+        del WIRES["toy"]
+    assert kind_from_props(200, {"engine": "toy"}) == "vllm"

@@ -16,7 +16,7 @@ from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import PRESETS, create_sim_app
 from deploy.simulator.llamacpp_law import LlamaCppOptions
-from gateway.engine.kinds import EngineKindSetting
+from gateway.engine.wires import EngineKindSetting
 from tests.processes import GatewayProcessesFactory, poll
 from tests.support import GatewayFactory, SimFactory, image_input
 

@@ -8,6 +8,7 @@ import time
 import httpx
 from prometheus_client import CollectorRegistry
 
+from gateway.engine.client import EngineClient
 from gateway.engine.prefix_keeper import PrefixKeeper
 
 ENGINE = "http://engine:8000"
@@ -25,8 +26,10 @@ def test_an_engine_read_again_after_it_came_back_is_not_said_primed_when_no_prim
 
     async def scenario() -> dict[str, object]:
         nonlocal up
-        keeper = PrefixKeeper("auto", [ENGINE], CollectorRegistry(), fill_max_tokens=4096,
-                              reprime_interval_s=0.0, transport=httpx.MockTransport(engine))
+        client = EngineClient(ENGINE, connect_timeout_s=1.0, first_token_timeout_s=1.0, total_timeout_s=1.0,
+                              connect_retries=0, max_connections=1, transport=httpx.MockTransport(engine))
+        keeper = PrefixKeeper("auto", [client], CollectorRegistry(), fill_max_tokens=4096,
+                              reprime_interval_s=0.0)
         await keeper.start({})
         state = keeper.engines[ENGINE]
         assert state.unread
@@ -34,6 +37,7 @@ def test_an_engine_read_again_after_it_came_back_is_not_said_primed_when_no_prim
         keeper.observe(ENGINE, "json", 500, 0, time.monotonic())  # its first answer: read it again
         assert state.task is not None
         await state.task
+        await client.aclose()
         return state.document()
 
     document = asyncio.run(scenario())

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from gateway.engine.kinds import LLAMACPP_ALTERNATIVES_PER_MASKED, wire_for
+from gateway.engine.wires import wire_for
+from gateway.engine.wires.llamacpp import LLAMACPP_ALTERNATIVES_PER_MASKED
 from shaping.bpe import FAMILIES, Family, qwen_bpe
 from shaping.confidence import (
     NO_GRAMMAR,

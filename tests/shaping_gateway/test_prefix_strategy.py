@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cli.embedded import ThreadedServer
 from deploy.simulator import PRESETS, create_sim_app
+from gateway.engine.wires import wire_for
 from shaping.prefix_strategy import (
     EngineCacheConfig,
     PrefixStrategySetting,
@@ -42,15 +43,15 @@ HYBRID = EngineCacheConfig(block_size=2176, prefix_match_unit=None, mamba_cache_
 def test_the_strategy_follows_the_engine_kind_and_cache_config(
     setting: PrefixStrategySetting, kind: str, config: EngineCacheConfig | None, action: str, expected: int
 ) -> None:
-    decision = choose_prefix_strategy(setting, kind, config, 419, 4096)
+    decision = choose_prefix_strategy(setting, wire_for(kind).prefix_reuse, config, 419, 4096)
     assert (decision.action, decision.expected_cached_tokens) == (action, expected)
 
 
 def test_a_block_beyond_the_budget_is_said_uncacheable_naming_the_flag() -> None:
-    decision = choose_prefix_strategy("auto", "vllm", EngineCacheConfig(2960, None, "align"), 419, 2048)
+    decision = choose_prefix_strategy("auto", None, EngineCacheConfig(2960, None, "align"), 419, 2048)
     assert decision.action == "uncacheable"
     assert decision.fix == "start vLLM with --prefix-match-unit 16"
-    forced = choose_prefix_strategy("match-unit", "vllm", HYBRID, 419, 4096)
+    forced = choose_prefix_strategy("match-unit", None, HYBRID, 419, 4096)
     assert (forced.action, forced.fix) == ("uncacheable", "start vLLM with --prefix-match-unit 16")
 
 

@@ -23,8 +23,8 @@ from deploy.simulator import PRESETS, create_sim_app
 from deploy.simulator.grammar import grammar_regex
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from deploy.simulator.llamacpp_responses import forbidden_beside
-from gateway.engine.gbnf import regex_to_gbnf
-from gateway.engine.kinds import THOUGHT_RULES
+from gateway.engine.wires.gbnf import regex_to_gbnf
+from gateway.engine.wires.llamacpp import THOUGHT_RULES
 from shaping.verdict import compact_regex, verdict_regex
 from tests.support import GatewayFactory, SimFactory, data_url, image_input
 

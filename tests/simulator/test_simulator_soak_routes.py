@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from deploy.simulator import Faults
-from gateway.engine.kinds import EngineKind, wire_for
+from gateway.engine.wires import EngineKind, wire_for
 from tests.support import SimFactory
 
 HI = [{"role": "user", "content": "hi"}]

@@ -241,6 +241,7 @@ def _figures(services: Services) -> dict[str, Any]:
         "engine_queries": cache.get("engine_window_queries"),
         "engine_block_size": cache.get("engine_block_size"),
         "engine_kind": cache.get("engine_kind"),
+        "engine_block_note": cache.get("engine_block_note"),
         "engine_scrape_error": cache.get("engine_scrape_error"),
         "gateway_cached_share": cache.get("gateway_cached_share"),
         "inflight": services.admission.inflight,

@@ -1,128 +1,76 @@
-"""One small protocol per engine kind: what the request body looks like and where things come back.
+"""llama.cpp's ``llama-server`` (read from its tools/server sources).
 
-The moderation path builds one request (vLLM's OpenAI-compatible shape, shaping/prompt.py) and reads one
-answer shape (gateway/engine/client.py); an :class:`EngineWire` turns the first into what its engine
-takes and reads what its engine serves. The moderation path never asks which kind it talks to.
-
-- vLLM (``VllmWire``): the body as built; ``structured_outputs.regex``; thinking via
-  ``chat_template_kwargs``; logprobs already grammar-masked; ``vllm:prefix_cache_*`` counters.
-- llama.cpp's ``llama-server`` (``LlamaCppWire``, read from its tools/server sources): the regex becomes a
-  GBNF ``grammar``; ``thinking_token_budget`` becomes ``reasoning_budget_tokens``; no ``priority``;
-  logprobs are softmax over the raw logits (not grammar-masked: shaping.confidence reads the verdict's
-  probability among what the grammar's regex admits, exact or null, and four times vLLM's alternatives are
-  asked); where that raw list cannot give a thinking-off verdict's exact confidence, a one-token probe at
-  temperature 1 reads the distribution after the sampler chain (``place_probe``); ``/tokenize`` takes text
-  (``/apply-template`` renders the messages first) and counts no image tokens; its cache counters are
-  ``llamacpp:prompt_tokens_total`` (processed, cached excluded) and
-  ``llamacpp:prompt_tokens_cached_total``; ``/props`` names its ``--parallel`` slots (``total_slots``) and
-  whether it has a vision projector.
-
-The kind is detected per engine from ``GET /props`` (only llama-server serves it) unless set with
-``MODGATE_ENGINE__KIND`` or per engine URL with ``MODGATE_ENGINE__KINDS``.
+The regex becomes a GBNF ``grammar`` (:mod:`gateway.engine.wires.gbnf`); ``thinking_token_budget`` becomes
+``reasoning_budget_tokens``; no ``priority``; logprobs are softmax over the raw logits (not grammar-masked:
+shaping.confidence reads the verdict's probability among what the grammar's regex admits, exact or null, and
+four times vLLM's alternatives are asked); where that raw list cannot give a thinking-off verdict's exact
+confidence, a one-token probe at temperature 1 reads the distribution after the sampler chain
+(``place_probe``);
+``/tokenize`` takes text (``/apply-template`` renders the messages first) and counts no image tokens; its
+cache counters are ``llamacpp:prompt_tokens_total`` (processed, cached excluded) and
+``llamacpp:prompt_tokens_cached_total``; ``/props`` names its ``--parallel`` slots (``total_slots``) and
+whether it has a vision projector, which is how it is told from vLLM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Final, Literal
+from collections.abc import Iterable
+from typing import Any, ClassVar, Final
 
 from prometheus_client.samples import Sample
 
-from gateway.engine.gbnf import regex_to_gbnf
+from gateway.engine.wires.base import CacheProbeText, EngineWire, StartupHints, TokenizeStep
+from gateway.engine.wires.gbnf import regex_to_gbnf
 from gateway.errors import UpstreamError
-
-TokenizeStep = tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]
-"""One POST of a token count: its path and its body, made from the previous step's answer."""
-
-BUSY_ANSWERS: Final[tuple[str, ...]] = (
-    # vLLM past --max-num-queued-reqs (QueueOverflowError) and --max-num-queued-tokens
-    # (MaxQueuedTokensError): vllm/exceptions.py, a 503 in the OpenAI error shape.
-    "The engine is currently busy and cannot accept new requests",
-    "The engine has reached its prefill token backlog limit",
-    # llama-server with no idle slot where it is asked to refuse (ERROR_TYPE_UNAVAILABLE: 503,
-    # type unavailable_error); it otherwise holds a request until a slot frees.
-    "no slot available",
-)
-"""The 503 messages that mean "busy, come back": every kind's, since a pool's kinds may be undetected yet."""
-
-IMAGE_TOKENS_UNCOUNTED: Final = (
-    "the engine reports no image tokens (llama.cpp's usage counts the prompt as a whole)"
-)
-"""Why a result's (or a window's) image tokens are null: unknown, which 0 would misstate."""
-
-EngineKind = Literal["vllm", "llamacpp"]
-ENGINE_KINDS: Final[tuple[EngineKind, ...]] = ("vllm", "llamacpp")
-EngineKindSetting = Literal["auto", "vllm", "llamacpp"]
-
-
-class EngineWire:
-    """vLLM's OpenAI-compatible server: the shape the gateway builds, taken as it is."""
-
-    kind: ClassVar[EngineKind] = "vllm"
-    # Under a grammar vLLM returns the probabilities the grammar left (masked logits), llama.cpp does not.
-    logprobs_grammar_masked: ClassVar[bool] = True
-    counts_image_tokens: ClassVar[bool] = True  # usage.prompt_tokens_details.multimodal_tokens
-    # Whether the stream's first chunk (the role's) comes with the first generated token: vLLM sends it
-    # before any; llama-server with its first token, which may change no field (a blank of the thought).
-    first_chunk_is_a_token: ClassVar[bool] = False
-
-    def chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The body this engine takes for the gateway's chat request."""
-        return body
-
-    def model_root(self, card: dict[str, Any]) -> str:
-        """The weights' identity in a ``/v1/models`` entry (part of the verdict-reuse scope)."""
-        return str(card.get("root") or "")
-
-    def place_probe(self, body: dict[str, Any], before: str, regex: str) -> dict[str, Any] | None:
-        """A one-token request for the grammar's distribution where a verdict starts (after ``before``,
-        held to ``regex`` from there), or None where the answer's own logprobs already are it (vLLM)."""
-        return None
-
-    def read_place(self, payload: dict[str, Any]) -> tuple[tuple[str, float], ...] | None:
-        """The (token, probability) list a :meth:`place_probe` answered, or None."""
-        return None
-
-    def answer_grammar(self, body: dict[str, Any]) -> str | None:
-        """The regex this engine holds the answer (after any thought) to, or None where it is not a regex
-        (a JSON schema): what tells a not-masked reading which tokens were admitted."""
-        constraint = body.get("structured_outputs")
-        return str(constraint["regex"]) if isinstance(constraint, dict) and "regex" in constraint else None
-
-    def tokenize_steps(self, body: dict[str, Any]) -> list[TokenizeStep]:
-        """The calls that count a prompt's tokens (vLLM: one ``/tokenize``, which takes messages)."""
-        return [("/tokenize", lambda _previous: body)]
-
-    def token_count(self, payload: dict[str, Any]) -> int:
-        """The count in the last step's answer."""
-        return int(payload["count"])
-
-    def explain(self, message: str) -> str:
-        """The engine's refusal with what to change, where the gateway knows it."""
-        return message
-
-    def says_busy(self, status: int, message: str) -> bool:
-        """Whether an error answer is the engine's back-pressure (busy now), not a failure of the engine."""
-        return status == 503 and any(clue in message for clue in BUSY_ANSWERS)
-
-    def cache_counters(self, samples: Iterable[Sample]) -> tuple[float, float] | None:
-        """``(prompt tokens looked up in the prefix cache, of which found)`` from ``/metrics``, or None."""
-        queries = hits = None
-        for sample in samples:
-            if sample.name in {"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"}:
-                queries = (queries or 0.0) + sample.value
-            elif sample.name in {"vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"}:
-                hits = (hits or 0.0) + sample.value
-        return None if queries is None or hits is None else (queries, hits)
 
 
 class LlamaCppWire(EngineWire):
     """llama.cpp's ``llama-server`` (started with ``--jinja``, ``--metrics``; vision with ``--mmproj``)."""
 
-    kind: ClassVar[EngineKind] = "llamacpp"
+    kind: ClassVar[str] = "llamacpp"
     logprobs_grammar_masked: ClassVar[bool] = False
     counts_image_tokens: ClassVar[bool] = False
     first_chunk_is_a_token: ClassVar[bool] = True  # server-task.cpp: the role delta when n_decoded == 1
+    # with no idle slot where it is asked to refuse (ERROR_TYPE_UNAVAILABLE: 503, type unavailable_error);
+    # it otherwise holds a request until a slot frees.
+    busy_answers: ClassVar[tuple[str, ...]] = ("no slot available",)
+    prefix_reuse: ClassVar[str | None] = (
+        "llama.cpp reuses a slot's prompt token by token (and its context checkpoints): the shared prefix "
+        "hits as it is"
+    )
+    block_note: ClassVar[str | None] = "llama.cpp, token by token"
+    cache_probe: ClassVar[CacheProbeText] = CacheProbeText(
+        counter_names="llamacpp:prompt_tokens_cached_total / prompt_tokens_total",
+        no_block="none: llama.cpp reuses a slot's common prefix token by token",
+        repeat_missed=(
+            "the repeated probe got no cached tokens: llama-server reuses a slot's prompt token by token "
+            "unless --cache-prompt is off (--no-cache-prompt, LLAMA_ARG_CACHE_PROMPT=false); a hybrid model "
+            "reuses only back to a context checkpoint, and --ctx-checkpoints 0 keeps none"
+        ),
+        production_missed=(
+            "the production-shaped request got 0 of {n:,} tokens from the cache: llama-server reuses only "
+            "what the slot it lands on holds (the most similar idle slot above --slot-prompt-similarity, "
+            "else the least recently used one), and a hybrid model only back to a checkpoint, which it saves "
+            "before the last user message (--ctx-checkpoints)"
+        ),
+    )
+    props_recheck: ClassVar[bool] = True  # a restart with another --parallel changes total_slots
+    hints: ClassVar[StartupHints] = StartupHints(
+        served_name_flag="--alias",
+        grammar_fix="llama.cpp's server built with grammar support",
+        logprobs_fix="llama.cpp's server with n_probs support",
+        logprobs_short_fix="a llama.cpp server that returns top_logprobs",
+        cached_tokens_fix="a llama.cpp server that reports prompt_tokens_details",
+        reasoning_fix="--jinja --reasoning-format deepseek",
+        prefix_cache_kept="llama-server reuses each slot's prompt",
+        publishes_slots=True,
+    )
+
+    @classmethod
+    def claims_props(cls, status: int, payload: object) -> bool:
+        """llama-server's ``/props`` names its slots (``total_slots``), or is 503 while it loads; vLLM serves
+        none."""
+        return status == 503 or (status == 200 and isinstance(payload, dict) and "total_slots" in payload)
 
     def chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
         """Regex to GBNF, the reasoning budget by llama.cpp's name, no vLLM-only fields."""
@@ -307,16 +255,3 @@ def _without_uuids(message: object) -> object:
     return {**message, "content": parts}
 
 
-WIRES: Final[dict[EngineKind, EngineWire]] = {"vllm": EngineWire(), "llamacpp": LlamaCppWire()}
-
-
-def wire_for(kind: EngineKind) -> EngineWire:
-    """The protocol of one engine kind."""
-    return WIRES[kind]
-
-
-def kind_from_props(status: int, payload: object) -> EngineKind:
-    """The kind an engine's ``GET /props`` answer shows: llama-server's names its slots; vLLM has none."""
-    if status == 200 and isinstance(payload, dict) and "total_slots" in payload:
-        return "llamacpp"
-    return "vllm"
