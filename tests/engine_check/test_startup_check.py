@@ -184,9 +184,8 @@ async def test_a_vllm_without_prompt_tokens_details_is_named_in_readyz_metrics_c
     start_sim: SimFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     sim = start_sim()
-    settings = Settings(auth={"admin_token": "test-admin-token-0123456789"},
-                        engine={**EngineSettings(startup_check=True),
-                                "url": "http://engine.test"})  # off in the suite (tests/conftest.py)
+    settings = Settings(auth={"admin_token": "test-admin-token-0123456789"},  # the check: off in the suite
+                        engine=EngineSettings(startup_check=True, url="http://engine.test"))
     app = create_app(settings, engine_transport=altered_engine(sim.url, without_cached_tokens))
     with caplog.at_level(logging.WARNING, logger="modgate.engine"):
         async with AsyncTestClient(app) as http:
@@ -218,7 +217,7 @@ async def test_with_the_check_off_nothing_is_asked_of_the_engine(start_sim: SimF
     def note(path: str, sent: dict[str, Any], answer: dict[str, Any]) -> None:
         asked.append(path)
 
-    settings = Settings(engine={**EngineSettings(startup_check=False), "url": "http://engine.test"})
+    settings = Settings(engine=EngineSettings(startup_check=False, url="http://engine.test"))
     app = create_app(settings, engine_transport=altered_engine(sim.url, note))
     async with AsyncTestClient(app) as http:
         ready = (await http.get("/readyz")).json()
