@@ -76,7 +76,7 @@ async def call_gateway_on_sim(
 ) -> httpx.Response:
     """One moderation over HTTP through a gateway (``settings``) in front of a simulator with ``faults``."""
     sim = start_sim(faults=faults)
-    gateway = start_gateway(engine={"url": sim.url}, **settings)
+    gateway = start_gateway(**{**settings, "engine": {"url": sim.url, **settings.get("engine", {})}})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         return await client.post("/v1/moderations", json=BODY)
 

@@ -23,11 +23,12 @@ BATCH: dict[str, Any] = {
     "thinking": "off",
 }
 # What differs between two runs of the same frames: ids and timings, nothing a caller decides on.
-VARYING = {"latency_ms", "queue_ms", "shaping_ms", "ttft_ms", "decode_ms", "request_id"}
+VARYING = {"latency_ms", "queue_ms", "shaping_ms", "ttft_ms", "decode_ms", "request_id", "decision_id"}
 
 
 def comparable(document: dict[str, Any]) -> dict[str, Any]:
-    """The document without its id and each frame's timings and engine request id."""
+    """The document without its id and each frame's timings, engine request id and decision id (each
+    verdict's own: the job's frames are decisions of their own)."""
     frames = [
         {**frame, "modgate": {k: v for k, v in frame["modgate"].items() if k not in VARYING}}
         for frame in document["frames"]
