@@ -407,6 +407,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "MODGATE_JOBS__MAX_ATTEMPTS": "10",
         "MODGATE_JOBS__WEBHOOK_ATTEMPTS": "10",  # 0.5 s doubling to 30 s: a receiver down ~2 min
         "MODGATE_REVIEW__AUDIT_SAMPLE_RATE": "0.05",
+        "MODGATE_REVIEW__WAIT_REPLICAS": "1",  # a review verdict is answered once a replica holds its item
+        "MODGATE_REVIEW__WAIT_TIMEOUT_MS": "1000",
+        "MODGATE_DECISIONS__WAIT_REPLICAS": "1",  # a decision row not on a replica is tried again
         "MODGATE_LEASES__RETRY_AFTER_FAILURE_S": "2",  # local caps only this long after Redis failed
         "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",  # every frame to an engine: the faults meet the work
     }

@@ -85,10 +85,6 @@ def rows_from_stream(entries: list[tuple[Any, dict[Any, Any]]]) -> list[dict[str
 
 
 REDIS_FAULTS = ("redis_primary_kill", "redis_stall", "local_caps")
-# What a killed primary took this long before may not have reached its replica (asynchronous replication; a
-# loaded machine's replica lags by seconds): review items written then are lost with it, a known gap (jobs
-# WAIT for a replica, review items do not), so the check looks for them only outside it.
-REPLICATION_LAG_S = 3.0
 
 
 def in_window(at: float, seen: Observations, kinds: tuple[str, ...] = (), before_s: float = 0.0) -> bool:
@@ -204,10 +200,11 @@ def _review(seen: Observations) -> dict[str, Any]:
 
 
 def _review_verdicts_queued(seen: Observations) -> dict[str, Any]:
-    # Redis replicates asynchronously: what a killed primary took in its last moment is lost with it (a
-    # job waits for a replica, MODGATE_JOBS__WAIT_REPLICAS; a review item does not).
+    # Redis replicates asynchronously: what a killed primary took in its last moment would be lost with it,
+    # but the soak's gateways answer a review verdict once a replica holds its item
+    # (MODGATE_REVIEW__WAIT_REPLICAS), so only the fault windows themselves are left out.
     reviews = [a for a in seen.answers if a.what == "live" and a.status == 200 and "review" in a.actions
-               and not in_window(a.at, seen, REDIS_FAULTS, before_s=REPLICATION_LAG_S)]
+               and not in_window(a.at, seen, REDIS_FAULTS)]
     # An item names the engine request of its frame, the result's ``modgate.request_id``.
     wanted = [request for a in reviews
               for action, request, reused in zip(a.actions, a.engine_requests, a.reused, strict=True)

@@ -430,6 +430,9 @@ class DecisionSettings(BaseModel):
     # for at most this long, then counted in modgate_decisions_unlogged_total
     retry_attempts: int = Field(default=8, ge=1)
     retry_timeout_s: float = Field(default=60.0, gt=0)
+    # Redis replicas that must hold an append (WAIT, within redis_timeout_s): one they do not hold in time is
+    # tried again in the background like a failed one, so a failover loses no decision (0: do not wait).
+    wait_replicas: int = Field(default=0, ge=0, le=16)
 
 
 class ShadowSettings(BaseModel):
@@ -471,6 +474,11 @@ class ReviewSettings(BaseModel):
     oldest_alert_s: float = Field(default=3600.0, gt=0)
     # Without Redis: items kept in memory, each with its frame (~100 KB); past this the oldest is dropped.
     memory_max_items: int = Field(default=1000, ge=1, le=100_000)
+    # Redis replicas that must hold a queued item (WAIT) before the verdict is answered: what asynchronous
+    # replication would lose in a failover. Past the timeout the item stays queued on the primary, the
+    # answer goes out, and modgate_review_unreplicated_total counts it (0: do not wait).
+    wait_replicas: int = Field(default=0, ge=0, le=16)
+    wait_timeout_ms: int = Field(default=200, ge=1, le=60_000)
 
 
 class SimulatorSettings(BaseModel):

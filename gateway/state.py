@@ -98,3 +98,19 @@ def open_redis(url: str, **options: Any) -> aioredis.Redis:
     assert isinstance(client, _PrimaryBehindSentinel)
     client.sentinel_manager = sentinel
     return client
+
+
+async def run_replicated(
+    client: aioredis.Redis, script: Any, keys: list[Any], args: list[Any], replicas: int, timeout_ms: int
+) -> tuple[Any, int]:
+    """Run a registered Lua ``script``, then ``WAIT`` for ``replicas`` replicas to hold its writes, on one
+    connection (WAIT counts that connection's writes): the script's answer and how many replicas held them
+    in ``timeout_ms``. Redis replicates asynchronously, so what the primary acknowledged is lost if it fails
+    before a replica has it; ``replicas`` 0 runs the script alone (and answers 0)."""
+    if replicas <= 0:
+        return await script(keys=keys, args=args), 0
+    async with client.pipeline(transaction=False) as pipe:
+        await script(keys=keys, args=args, client=pipe)
+        pipe.wait(replicas, timeout_ms)
+        answer, holding = await pipe.execute()
+    return answer, int(holding)

@@ -35,7 +35,7 @@ from deploy.simulator.llamacpp_law import LlamaCppOptions
 from deploy.simulator.llamacpp_wire import LLAMACPP_ROUTES, LlamaCppServer, loading_guard
 from deploy.simulator.llamacpp_wire import error_response as llamacpp_error_response
 from deploy.simulator.presets import SimPreset
-from deploy.simulator.protocol import EngineError, decode_image, parse_chat
+from deploy.simulator.protocol import EngineError, decode_image, parse_chat, unless_caller_leaves
 from deploy.simulator.responses import streamed, usage, whole
 from deploy.simulator.service import Faults, SimulatedEngine
 from deploy.simulator.tokenizer import Token, token_id
@@ -121,7 +121,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     completion = sim.completion(sequence, images, body.logprobs, body.top_logprobs or 0)
     if body.stream:
         return streamed(sim.engine, completion, bool((body.stream_options or {}).get("include_usage")))
-    return await whole(sim.engine, completion)
+    return await unless_caller_leaves(request, whole(sim.engine, completion))
 
 
 @post("/v1/completions", status_code=200)

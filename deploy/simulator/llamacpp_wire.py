@@ -54,7 +54,7 @@ from deploy.simulator.llamacpp_responses import (
     streamed,
     whole,
 )
-from deploy.simulator.protocol import ChatRequest, EngineError, parse_chat
+from deploy.simulator.protocol import ChatRequest, EngineError, parse_chat, unless_caller_leaves
 from deploy.simulator.service import SimulatedEngine
 
 MEDIA_MARKER: Final = "<__media__>"  # get_media_marker(): where an image sits in a rendered prompt
@@ -248,7 +248,7 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         return streamed(scheduler, run, include_usage)
-    return await whole(scheduler, run)
+    return await unless_caller_leaves(request, whole(scheduler, run))
 
 
 def model_card(server: LlamaCppServer) -> dict[str, Any]:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
 import zlib
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
+from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from PIL import Image, UnidentifiedImageError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,6 +28,35 @@ class EngineError(HTTPException):
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(status_code=status, detail=message)
         self.param = param
+
+
+CLIENT_CLOSED = 499  # nginx's code for a caller gone before its answer: nobody reads it
+
+
+async def unless_caller_leaves(
+    request: Request[Any, Any, Any], answer: Awaitable[Response[Any]]
+) -> Response[Any]:
+    """A whole (non-streamed) answer, abandoned when its caller hangs up first: the sequence leaves the engine
+    then, as on the real servers (vLLM's ``with_cancellation`` on its OpenAI routes, llama-server's
+    ``is_connection_closed`` while it waits for a task's results). Without this a request the gateway gave
+    up on (its deadline passed) stayed in the simulated batch until its last token, beside the gateway's next
+    one: more requests at the engine than the gateway's cap let in."""
+    task = asyncio.ensure_future(answer)
+
+    async def hung_up() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()  # its generator's ``finally`` aborts the sequence in the scheduler
+    await asyncio.gather(task, return_exceptions=True)
+    return Response(None, status_code=CLIENT_CLOSED)
 
 
 class ChatRequest(BaseModel):

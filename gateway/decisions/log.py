@@ -115,9 +115,13 @@ class MemoryDecisionLog:
 
 
 # KEYS: the stream, the batch's key. ARGV: the key's ttl (seconds), then each row's JSON. A batch is added
-# once: its key, set in the same run, refuses a second run of it (a retry of a try that did land).
+# once: its key, set in the same run, refuses a second run of it (a retry of a try that did land). The refusal
+# still writes (the key's ttl again), so a WAIT after it counts replicas that hold the first run's rows too.
 _APPEND_ONCE: Final = """
-if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[1]) then return 0 end
+if not redis.call('SET', KEYS[2], 1, 'NX', 'EX', ARGV[1]) then
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+  return 0
+end
 for i = 2, #ARGV do redis.call('XADD', KEYS[1], '*', 'row', ARGV[i]) end
 return #ARGV - 1
 """
@@ -137,13 +141,22 @@ class RedisDecisionLog:
     async def _add(self, batch: list[DecisionRow], token: str) -> None:
         """XADD each row in one script run, once per ``token`` (a try that timed out may have landed: a
         stalled Redis runs it when it wakes, and the retry then adds nothing), waiting no longer than
-        ``redis_timeout_s``."""
+        ``redis_timeout_s``; with ``wait_replicas``, until that many replicas hold it too (fewer in time
+        fails the try, and the retry's WAIT covers a first try that landed on the primary alone)."""
         settings = self.settings
+        ttl_s = int(settings.retry_timeout_s * 2 + 60)
+        keys_and_args: list[str | int] = [self._stream, f"{self._stream}:batch:{token}", ttl_s,
+                                          *(row.model_dump_json() for row in batch)]
         async with asyncio.timeout(settings.redis_timeout_s):
-            await self._redis.eval(
-                _APPEND_ONCE, 2, self._stream, f"{self._stream}:batch:{token}",
-                int(settings.retry_timeout_s * 2 + 60), *(row.model_dump_json() for row in batch),
-            )
+            if settings.wait_replicas <= 0:
+                await self._redis.eval(_APPEND_ONCE, 2, *keys_and_args)
+                return
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.eval(_APPEND_ONCE, 2, *keys_and_args)
+                pipe.wait(settings.wait_replicas, max(1, int(settings.redis_timeout_s * 900)))
+                _, holding = await pipe.execute()
+        if int(holding) < settings.wait_replicas:
+            raise ConnectionError(f"{holding} of {settings.wait_replicas} replicas held the rows in time")
 
     async def append(self, rows: Iterable[DecisionRow]) -> None:
         """XADD each row (one round trip); a failing or hanging Redis costs the answer at most the timeout,

@@ -181,7 +181,8 @@ def _review_queue(
         MemoryReviewStore(claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s,
                           max_items=group.memory_max_items)
         if state is None
-        else RedisReviewStore(state, claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s)
+        else RedisReviewStore(state, claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s,
+                              wait_replicas=group.wait_replicas, wait_timeout_ms=group.wait_timeout_ms)
     )
     return ReviewQueue(store, group, metrics=ReviewMetrics(metrics.registry, group.oldest_alert_s))
 

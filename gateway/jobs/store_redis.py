@@ -21,6 +21,7 @@ from gateway.jobs.models import (
     as_text,
     unix_now,
 )
+from gateway.state import run_replicated
 
 STREAM: Final = "modgate:jobs"
 GROUP: Final = "gateways"
@@ -151,13 +152,10 @@ class RedisJobStore:
         connection: WAIT counts that connection's writes). Redis replicates asynchronously, so a write the
         primary acknowledged is lost if the primary fails before a replica has it. Too few in time: 503,
         and the caller retries (a submission with its Idempotency-Key then finds the same job)."""
-        if self.wait_replicas <= 0:
-            return await script(keys=keys, args=args)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            await script(keys=keys, args=args, client=pipe)
-            pipe.wait(self.wait_replicas, self.wait_timeout_ms)
-            answer, holding = await pipe.execute()
-        if int(holding) < self.wait_replicas:
+        answer, holding = await run_replicated(
+            self._redis, script, keys, args, self.wait_replicas, self.wait_timeout_ms
+        )
+        if holding < self.wait_replicas:
             raise StateUnavailable(
                 f"{what} is on the Redis primary but {holding} of {self.wait_replicas} replicas had it "
                 f"within {self.wait_timeout_ms} ms; retry (with the same Idempotency-Key)"

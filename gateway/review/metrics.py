@@ -24,6 +24,11 @@ class ReviewMetrics:
             "modgate_review_enqueue_failures", "Frames that should have been queued but the store failed.",
             registry=registry,
         )
+        self.unreplicated = Counter(
+            "modgate_review_unreplicated",
+            "Frames queued on the Redis primary that no replica held within MODGATE_REVIEW__WAIT_TIMEOUT_MS.",
+            registry=registry,
+        )
         self.labels = Counter(
             "modgate_review_labels", "Labels given by reviewers, by whether they agree with the model.",
             ["tenant", "agrees"], registry=registry,

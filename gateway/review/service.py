@@ -107,13 +107,17 @@ class ReviewQueue:
         )
         twice = reason == "audit" and self.rng.random() < settings.double_label_share
         try:
-            await self.store.enqueue(item)
+            held = await self.store.enqueue(item)
             if twice:  # a second item of the same decision, for a second reviewer's label
-                await self.store.enqueue(replace(item, id=new_item_id()))
+                held = await self.store.enqueue(replace(item, id=new_item_id())) and held
         except StateUnavailable as exc:
             self.metrics.enqueue_failures.inc()
             log.error("frame of %s not queued for review: %s", request_id, exc)
             return None
+        if not held:
+            self.metrics.unreplicated.inc()
+            log.warning("frame of %s queued for review on the Redis primary, not yet on a replica (a "
+                        "failover now would lose it)", request_id)
         self.metrics.enqueued.labels(tenant, reason).inc(2 if twice else 1)
         return item
 

@@ -13,8 +13,9 @@ class ReviewStore(Protocol):
 
     durable: bool
 
-    async def enqueue(self, item: ReviewItem) -> None:
-        """Queue an item at its tenant's end; its frame is kept until labelled or ``retention_s``."""
+    async def enqueue(self, item: ReviewItem) -> bool:
+        """Queue an item at its tenant's end; its frame is kept until labelled or ``retention_s``. False when
+        it is queued but not yet on the replicas the store waits for (a failover now would lose it)."""
         ...
 
     async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:

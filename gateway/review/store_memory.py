@@ -57,12 +57,13 @@ class MemoryReviewStore:
         for item_id in [i for i, until in self._labelled.items() if until <= now]:
             del self._labelled[item_id]
 
-    async def enqueue(self, item: ReviewItem) -> None:
-        """Queue the item at its tenant's end."""
+    async def enqueue(self, item: ReviewItem) -> bool:
+        """Queue the item at its tenant's end (this process's memory has no replica to wait for)."""
         self._next += 1
         self._items[item.id] = _Held(item, self._next)
         if len(self._items) > self.max_items:
             del self._items[min(self._items.values(), key=lambda h: h.order).item.id]
+        return True
 
     async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:
         """A timed-out claim first, then the oldest unclaimed item, across the reviewer's tenants."""

@@ -24,6 +24,7 @@ from gateway.review.models import (
     TenantQueue,
     audit_entry,
 )
+from gateway.state import run_replicated
 
 PREFIX: Final = "modgate:review"
 GROUP: Final = "reviewers"
@@ -88,8 +89,12 @@ class RedisReviewStore:
         retention_s: int,
         audit_max_entries: int = 10_000,
         clock: Callable[[], float] = time.time,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 200,
     ) -> None:
         self._redis = client
+        self.wait_replicas = wait_replicas  # replicas that must hold an item before enqueue returns True
+        self.wait_timeout_ms = wait_timeout_ms
         self.audit_max_entries = audit_max_entries
         self.claim_timeout_ms = max(1, int(claim_timeout_s * 1000))
         self.retention_s = retention_s
@@ -123,14 +128,17 @@ class RedisReviewStore:
                 f"cannot {doing}: the review queue (Redis) is unreachable ({type(exc).__name__})"
             ) from exc
 
-    async def enqueue(self, item: ReviewItem) -> None:
-        """Hash, stream entry and tenant in one script."""
+    async def enqueue(self, item: ReviewItem) -> bool:
+        """Hash, stream entry and tenant in one script, then ``WAIT`` for ``wait_replicas`` replicas (if any):
+        False when fewer held it in ``wait_timeout_ms`` (it is queued on the primary all the same)."""
         pairs = [value for pair in item.to_hash().items() for value in pair]
         async with self._state("queue the frame for review"):
-            await self._enqueue(
-                keys=[self.item_key(item.id), self.stream_key(item.tenant), TENANTS],
-                args=[GROUP, item.id, item.tenant, self.retention_s, *pairs],
+            _, holding = await run_replicated(
+                self._redis, self._enqueue, [self.item_key(item.id), self.stream_key(item.tenant), TENANTS],
+                [GROUP, item.id, item.tenant, self.retention_s, *pairs], self.wait_replicas,
+                self.wait_timeout_ms,
             )
+        return holding >= self.wait_replicas
 
     async def _tenants(self, scope: Collection[str] | None) -> list[str]:
         known = sorted(_text(t) for t in await self._redis.smembers(TENANTS))

@@ -1,0 +1,124 @@
+"""Review items and decision rows and Redis's asynchronous replication (the soak lost a review item answered
+just before a primary was killed): with ``wait_replicas`` an item is answered once a replica holds it, or
+counted as unreplicated, and a decision append a replica did not take in time is tried again in the
+background until one does (once: the batch's key refuses a second run), never dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+
+from bench.cluster import RedisProcess
+from gateway.decisions.log import RedisDecisionLog
+from gateway.review.metrics import ReviewMetrics
+from gateway.review.service import ReviewQueue
+from gateway.review.store_redis import RedisReviewStore
+from gateway.settings import DecisionSettings, ReviewSettings
+from shaping.verdict import KeyframeVerdict
+from tests.quality.test_label_strata import decision
+from tests.review.test_review_store import item
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[RedisProcess, RedisProcess]]:
+    """A primary and one replica of it, synced."""
+    primary = RedisProcess(tmp_path / "primary").start()
+    follows = ("--replicaof", "127.0.0.1", str(primary.port))
+    replica = RedisProcess(tmp_path / "replica", extra=follows).start()
+    watch = redis.Redis(port=primary.port)
+    deadline = time.monotonic() + 20
+    while watch.info("replication").get("connected_slaves") != 1:
+        assert time.monotonic() < deadline, "the replica did not sync"
+        time.sleep(0.05)
+    watch.close()
+    yield primary, replica
+    for server in (replica, primary):
+        if server.process is not None and server.process.poll() is None:
+            os.kill(server.process.pid, signal.SIGCONT)
+        server.kill()
+
+
+def frozen(server: RedisProcess) -> None:
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)  # alive, connected, acknowledging nothing
+
+
+def thawed(server: RedisProcess) -> None:
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGCONT)
+
+
+async def test_a_review_item_is_on_the_replica_when_it_is_answered(
+    pair: tuple[RedisProcess, RedisProcess],
+) -> None:
+    primary, replica = pair
+    client = aioredis.Redis.from_url(primary.url)
+    try:
+        store = RedisReviewStore(client, claim_timeout_s=60, retention_s=3600, wait_replicas=1,
+                                 wait_timeout_ms=5000)
+        queued = item("news")
+        assert await store.enqueue(queued)
+        on_replica = redis.Redis(port=replica.port)
+        assert on_replica.exists(RedisReviewStore.item_key(queued.id))  # WAIT: applied there already
+        on_replica.close()
+    finally:
+        await client.aclose()
+
+
+async def test_an_item_no_replica_took_in_time_is_queued_and_counted_unreplicated(
+    pair: tuple[RedisProcess, RedisProcess],
+) -> None:
+    primary, replica = pair
+    client = aioredis.Redis.from_url(primary.url)
+    try:
+        settings = ReviewSettings(review_below=0.5, wait_replicas=1, wait_timeout_ms=100)
+        store = RedisReviewStore(client, claim_timeout_s=60, retention_s=3600, wait_replicas=1,
+                                 wait_timeout_ms=100)
+        metrics = ReviewMetrics(CollectorRegistry(), settings.oldest_alert_s)
+        queue = ReviewQueue(store, settings, metrics=metrics)
+        frozen(replica)
+        queued = item("news")
+        assert not await store.enqueue(queued)
+        unsure = await queue.offer("news", "data:image/jpeg;base64,AAA1", KeyframeVerdict("review"), "off",
+                                   None, "modr-1")
+        assert unsure is not None  # queued all the same, on the primary
+        assert metrics.unreplicated._value.get() == 1
+        claimed = {(await store.claim("alice", None)).id, (await store.claim("alice", None)).id}  # type: ignore[union-attr]
+        assert claimed == {queued.id, unsure.id}
+    finally:
+        thawed(replica)
+        await client.aclose()
+
+
+async def test_a_decision_append_a_replica_did_not_take_is_tried_again_until_one_does(
+    pair: tuple[RedisProcess, RedisProcess], tmp_path: Path,
+) -> None:
+    primary, replica = pair
+    client = aioredis.Redis.from_url(primary.url)
+    try:
+        settings = DecisionSettings(archive_dir=tmp_path, redis_timeout_s=0.2, wait_replicas=1,
+                                    retry_timeout_s=20)
+        log = RedisDecisionLog(client, settings)
+        frozen(replica)
+        await log.append([decision("allow"), decision("block")])
+        assert log._retrying  # not held by a replica: being tried again, not dropped
+        await asyncio.sleep(0.5)
+        thawed(replica)
+        async with asyncio.timeout(20):
+            await log.flush()
+        on_replica = redis.Redis(port=replica.port)
+        assert on_replica.xlen(settings.stream) == 2  # both rows, once, though several tries ran
+        on_replica.close()
+    finally:
+        await client.aclose()
