@@ -20,6 +20,21 @@ from gateway.settings import Settings
 from tests.processes import GatewayProcess, GatewayProcessesFactory, RedisServer
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, SwappableEngine, merged_settings
 
+_LLAMACPP_FIXTURES = ("real_llamacpp_url", "real_hybrid_llamacpp_url")
+
+
+def needs_real_llamacpp(item: pytest.Item) -> bool:
+    """Whether a test uses the real llama-server (its marker, or one of its fixtures)."""
+    names = getattr(item, "fixturenames", ())
+    return item.get_closest_marker("llamacpp") is not None or any(n in names for n in _LLAMACPP_FIXTURES)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the real llama-server run last, each in its order: scripts/test builds llama.cpp in the
+    background while the rest of the suite runs, and the first of them waits for the build (its lock)."""
+    items[:] = sorted(items, key=needs_real_llamacpp)  # stable: False (the rest) first
+
 # The engine start-up check (gateway/engine/startup_check.py) asks each engine a few chat completions at
 # start: tests that count an engine's calls or script its faults would see them, so the suite turns it off
 # (gateways it starts as processes inherit this); tests/engine_check/ turns it on where it is tested.

@@ -50,7 +50,7 @@ from gateway.jobs.store_redis import RedisJobStore
 from gateway.jobs.video import VideoJobs
 from gateway.jobs.webhooks import WebhookSender
 from gateway.moderation.engine_identity import EngineIdentity
-from gateway.moderation.remote_images import RemoteImageFetcher
+from gateway.moderation.remote_images import VIDEOS, RemoteImageFetcher
 from gateway.moderation.service import ModerationService
 from gateway.moderation.shadow import SecondEngine, ShadowSampler
 from gateway.moderation.shaping_pool import ShapingPool
@@ -141,6 +141,7 @@ def _video_fetcher(settings: Settings) -> RemoteImageFetcher | None:
         max_bytes=settings.videos.max_bytes,
         timeout_s=settings.videos.fetch_timeout_s,
         max_redirects=group.max_redirects,
+        what=VIDEOS,
     )
 
 

@@ -24,6 +24,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 import httpx
@@ -102,8 +103,22 @@ async def resolve_host(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What a fetcher fetches, for its errors' words and its request: images for ``input``, or videos."""
+
+    noun: str  # "image" or "video": "the image URL answered HTTP 404"
+    param: str  # the request field its errors name
+    accept: str  # the Accept header it sends
+
+
+IMAGES: Final = Fetched("image", "input", "image/jpeg, image/png, image/webp")
+VIDEOS: Final = Fetched("video", "video.url", "video/*")
+
+
 class RemoteImageFetcher:
-    """Fetches allowlisted image URLs, checking every address it is about to connect to."""
+    """Fetches allowlisted image URLs (or, as ``what=VIDEOS``, video URLs), checking every address it is
+    about to connect to."""
 
     def __init__(
         self,
@@ -114,7 +129,10 @@ class RemoteImageFetcher:
         max_redirects: int,
         resolve: Resolver = resolve_host,
         transport: httpx.AsyncBaseTransport | None = None,
+        what: Fetched = IMAGES,
     ) -> None:
+        self.what = what
+        self.noun = what.noun
         self.allowlist = tuple(allowlist)
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
@@ -122,6 +140,15 @@ class RemoteImageFetcher:
         self._resolve = resolve
         # The bare transport: no environment proxies, no cookie jar, no automatic redirects.
         self._transport = transport or httpx.AsyncHTTPTransport(retries=0)
+
+    def _refused(self, message: str) -> RemoteImageRefused:
+        return RemoteImageRefused(message, param=self.what.param)
+
+    def _unavailable(self, message: str) -> RemoteImageUnavailable:
+        return RemoteImageUnavailable(message, param=self.what.param)
+
+    def _too_large(self, message: str) -> RemoteImageTooLarge:
+        return RemoteImageTooLarge(message, param=self.what.param)
 
     async def aclose(self) -> None:
         """Close the connection pool."""
@@ -133,9 +160,8 @@ class RemoteImageFetcher:
             async with asyncio.timeout(self.timeout_s):
                 return await self._follow(url)
         except TimeoutError as exc:
-            raise RemoteImageUnavailable(
-                f"fetching the image took longer than {self.timeout_s:g} s", param="input"
-            ) from exc
+            took = f"fetching the {self.noun} took longer than {self.timeout_s:g} s"
+            raise self._unavailable(took) from exc
 
     async def _follow(self, url: str) -> bytes:
         current = self.check_url(url)
@@ -146,35 +172,30 @@ class RemoteImageFetcher:
                 if response.status_code in _REDIRECTS:
                     location = response.headers.get("location")
                     if not location:
-                        raise RemoteImageUnavailable("the image URL redirected nowhere", param="input")
+                        raise self._unavailable(f"the {self.noun} URL redirected nowhere")
                     current = self.check_url(str(current.join(location)))
                     continue
                 if response.status_code != 200:
-                    raise RemoteImageUnavailable(
-                        f"the image URL answered HTTP {response.status_code}", param="input"
-                    )
+                    raise self._unavailable(f"the {self.noun} URL answered HTTP {response.status_code}")
                 return await self._read_capped(response)
             finally:
                 await response.aclose()
-        raise RemoteImageUnavailable(
-            f"the image URL redirected more than {self.max_redirects} times", param="input"
-        )
+        raise self._unavailable(f"the {self.noun} URL redirected more than {self.max_redirects} times")
 
     def check_url(self, url: str) -> httpx.URL:
         """The parsed URL if its scheme and host may be fetched (addresses are checked when fetching)."""
         try:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, ValueError) as exc:
-            raise RemoteImageRefused("the image URL is not a valid URL", param="input") from exc
+            raise self._refused(f"the {self.noun} URL is not a valid URL") from exc
         if parsed.scheme not in ("http", "https"):
-            raise RemoteImageRefused(
-                f"only http and https image URLs are fetched, not {parsed.scheme!r}", param="input"
-            )
+            raise self._refused(f"only http and https {self.noun} URLs are fetched, not {parsed.scheme!r}")
         if parsed.userinfo:
-            raise RemoteImageRefused("image URLs with a user name or password are refused", param="input")
+            raise self._refused(f"{self.noun} URLs with a user name or password are refused")
         host = parsed.raw_host.decode("ascii", "replace")  # IDNA (punycode) form, as the allowlist is written
         if not host or not host_allowed(host, self.allowlist):
-            raise RemoteImageRefused(f"the host {host[:100]!r} is not on the image allowlist", param="input")
+            raise self._refused(f"the host {host[:100]!r} is not on the allowlist "
+                                "(MODGATE_REMOTE_IMAGES__ALLOWLIST)")
         return parsed
 
     async def _checked_address(self, url: httpx.URL) -> str:
@@ -187,16 +208,14 @@ class RemoteImageFetcher:
             try:
                 resolved = await self._resolve(host, port)
             except OSError as exc:
-                raise RemoteImageUnavailable(
-                    f"the image host {host!r} does not resolve", param="input"
-                ) from exc
+                raise self._unavailable(f"the {self.noun} host {host!r} does not resolve") from exc
             addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in resolved]
         if not addresses:
-            raise RemoteImageUnavailable(f"the image host {host!r} has no address", param="input")
+            raise self._unavailable(f"the {self.noun} host {host!r} has no address")
         for address in addresses:
             why = forbidden_address(address)
             if why is not None:
-                raise RemoteImageRefused(f"the image host {host!r} resolves to {why}; refused", param="input")
+                raise self._refused(f"the {self.noun} host {host!r} resolves to {why}; refused")
         return str(addresses[0])
 
     async def _get(self, url: httpx.URL, address: str) -> httpx.Response:
@@ -206,9 +225,9 @@ class RemoteImageFetcher:
             url.copy_with(host=address),
             headers={
                 "Host": url.netloc.decode("ascii"),
-                "Accept": "image/jpeg, image/png, image/webp",
+                "Accept": self.what.accept,
                 "Accept-Encoding": "identity",
-                "User-Agent": "modgate-image-fetcher",
+                "User-Agent": f"modgate-{self.noun}-fetcher",
             },
             extensions={
                 "sni_hostname": host,  # TLS is verified against the name, though we dial the address
@@ -223,32 +242,25 @@ class RemoteImageFetcher:
         try:
             response = await self._transport.handle_async_request(request)
         except httpx.TransportError as exc:
-            raise RemoteImageUnavailable(
-                f"the image URL could not be fetched ({type(exc).__name__})", param="input"
-            ) from exc
+            failed = f"the {self.noun} URL could not be fetched ({type(exc).__name__})"
+            raise self._unavailable(failed) from exc
         response.request = request
         return response
 
     async def _read_capped(self, response: httpx.Response) -> bytes:
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            raise RemoteImageUnavailable(f"the image was sent {encoding}-compressed; refused", param="input")
+            raise self._unavailable(f"the {self.noun} was sent {encoding}-compressed; refused")
         declared = response.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            raise RemoteImageTooLarge(
-                f"the remote image is {int(declared):,} bytes, over the {self.max_bytes:,}-byte limit",
-                param="input",
-            )
+            raise self._too_large(f"the remote {self.noun} is {int(declared):,} bytes, over the "
+                f"{self.max_bytes:,}-byte limit")
         body = bytearray()
         try:
             async for chunk in response.aiter_bytes():  # identity only (checked above): the raw bytes
                 body += chunk
                 if len(body) > self.max_bytes:
-                    raise RemoteImageTooLarge(
-                        f"the remote image is over the {self.max_bytes:,}-byte limit", param="input"
-                    )
+                    raise self._too_large(f"the remote {self.noun} is over the {self.max_bytes:,}-byte limit")
         except httpx.TransportError as exc:
-            raise RemoteImageUnavailable(
-                f"the image download broke off ({type(exc).__name__})", param="input"
-            ) from exc
+            raise self._unavailable(f"the {self.noun} download broke off ({type(exc).__name__})") from exc
         return bytes(body)

@@ -9,6 +9,7 @@ from litestar.testing import AsyncTestClient
 
 from deploy.videos import Scene, make_video
 from gateway.http.app import create_app
+from gateway.moderation.remote_images import VIDEOS
 from gateway.settings import Settings
 from tests.processes import poll_async
 from tests.reliability.test_remote_images import PUBLIC, FakeDns, Origin, fetcher
@@ -49,11 +50,12 @@ async def test_a_video_over_the_size_cap_fails_the_job_while_streaming(sim: Any)
     app = create_app(Settings(engine={"url": sim.url}, remote_images=REMOTE))
     async with AsyncTestClient(app, timeout=30) as client:
         app.state.services.jobs.videos.fetcher = fetcher(
-            FakeDns({"cdn.example.com": [PUBLIC]}), Origin(serve_clip), max_bytes=len(CLIP) // 2
+            FakeDns({"cdn.example.com": [PUBLIC]}), Origin(serve_clip), max_bytes=len(CLIP) // 2, what=VIDEOS
         )
         job = await job_for(client, "https://cdn.example.com/clip.mp4")
     assert job["status"] == "failed"
     assert job["error"]["code"] == "remote_image_too_large"
+    assert job["error"]["message"].startswith("the remote video is ")
 
 
 async def test_a_video_host_off_the_allowlist_gets_a_400_at_submission(sim: Any) -> None:
@@ -62,7 +64,11 @@ async def test_a_video_host_off_the_allowlist_gets_a_400_at_submission(sim: Any)
         body = {"video_id": "r", "video": {"url": "https://evil.example.net/v"}}
         answer = await client.post("/v1/jobs", json=body)
     assert answer.status_code == 400
-    assert answer.json()["error"]["code"] == "remote_image_refused"
+    error = answer.json()["error"]
+    assert error["code"] == "remote_image_refused"
+    assert (error["param"], error["message"]) == (
+        "video.url", "the host 'evil.example.net' is not on the allowlist (MODGATE_REMOTE_IMAGES__ALLOWLIST)"
+    )
 
 
 async def test_a_video_url_without_remote_fetching_gets_a_400(sim: Any) -> None:
