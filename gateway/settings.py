@@ -327,8 +327,7 @@ class JobSettings(BaseModel):
     webhook_attempts: int = Field(default=5, ge=1, le=20)
     # At shutdown: how long running jobs may go on; the rest go back to the stream for another gateway.
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
-    # Redis replicas that must hold a job (WAIT) before its submission is answered 202, and before its
-    # completion counts: what asynchronous replication would lose in a failover (0: do not wait).
+    # Replicas that must hold a job (WAIT) before it is answered 202 or its completion counts (0: none).
     wait_replicas: int = Field(default=0, ge=0, le=16)
     wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
 
@@ -430,8 +429,7 @@ class DecisionSettings(BaseModel):
     # for at most this long, then counted in modgate_decisions_unlogged_total
     retry_attempts: int = Field(default=8, ge=1)
     retry_timeout_s: float = Field(default=60.0, gt=0)
-    # Redis replicas that must hold an append (WAIT, within redis_timeout_s): one they do not hold in time is
-    # tried again in the background like a failed one, so a failover loses no decision (0: do not wait).
+    # Replicas that must hold an append (WAIT): one not held in time is tried again like a failed one.
     wait_replicas: int = Field(default=0, ge=0, le=16)
 
 
@@ -474,9 +472,7 @@ class ReviewSettings(BaseModel):
     oldest_alert_s: float = Field(default=3600.0, gt=0)
     # Without Redis: items kept in memory, each with its frame (~100 KB); past this the oldest is dropped.
     memory_max_items: int = Field(default=1000, ge=1, le=100_000)
-    # Redis replicas that must hold a queued item (WAIT) before the verdict is answered: what asynchronous
-    # replication would lose in a failover. Past the timeout the item stays queued on the primary, the
-    # answer goes out, and modgate_review_unreplicated_total counts it (0: do not wait).
+    # Replicas that must hold a queued item before its verdict is answered (else modgate_review_unreplicated)
     wait_replicas: int = Field(default=0, ge=0, le=16)
     wait_timeout_ms: int = Field(default=200, ge=1, le=60_000)
 

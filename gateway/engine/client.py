@@ -24,7 +24,7 @@ import stamina
 
 from gateway.engine.calls import PURPOSE_KEY, CallObserver, CountedTransport, Purpose
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen
-from gateway.engine.stream_lines import _json, _lines
+from gateway.engine.stream_lines import engine_json, sse_lines
 from gateway.engine.transport import AiohttpTransport
 from gateway.engine.usage import Usage
 from gateway.engine.wires import DEFAULT_KIND, EngineKindSetting, EngineWire, kind_from_props, wire_for
@@ -505,7 +505,7 @@ class EngineClient:
     async def _read_body(self, response: httpx.Response, state: _StreamState, started: float) -> None:
         raw = await response.aread()
         try:
-            payload = _json(raw)
+            payload = engine_json(raw)
             choice = payload["choices"][0]
             message = choice["message"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -522,7 +522,7 @@ class EngineClient:
         state.done = True
 
     async def _read_stream(self, response: httpx.Response, state: _StreamState, started: float) -> None:
-        lines = _lines(response.aiter_bytes())
+        lines = sse_lines(response.aiter_bytes())
         first_chunk_is_a_token = (self._wire or wire_for(DEFAULT_KIND)).first_chunk_is_a_token
         # one deadline over the lines before the first token, lifted once it came (not a timer per line)
         first_token = asyncio.timeout_at(self._loop_time(started + self.first_token_timeout_s))
@@ -536,7 +536,7 @@ class EngineClient:
                         state.done = True
                         break
                     try:
-                        chunk = _json(data)
+                        chunk = engine_json(data)
                     except ValueError as exc:
                         shown = data[:80].decode(errors="replace")
                         raise UpstreamError(f"engine sent a malformed stream chunk: {shown!r}") from exc

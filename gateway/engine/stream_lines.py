@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 
-def _json(data: bytes) -> Any:
+def engine_json(data: bytes) -> Any:
     """A JSON text from the engine: msgspec (several times ``json.loads``'s speed on a stream chunk), or
     ``json.loads`` for what msgspec refuses and the standard parser took (``NaN``, ``-Infinity``, integers
     past 64 bits, invalid UTF-8 read with replacement): it reads all that it did before."""
@@ -19,7 +19,7 @@ def _json(data: bytes) -> Any:
         return json.loads(data.decode(errors="replace"))
 
 
-async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The non-blank lines of a streamed body, without their ends (``\\n``, ``\\r\\n`` or ``\\r``).
 
     Of any length: a real vLLM SSE line (a chunk with its logprobs) can exceed 512 KiB, so a line is kept

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.engine.client import EngineClient, _json, _lines
+from gateway.engine.client import EngineClient
+from gateway.engine.stream_lines import engine_json, sse_lines
 from gateway.errors import UpstreamTimeout
 
 ANSWER = '{"verdict":"allow","categories":[]}'
@@ -25,7 +26,7 @@ def big_chunk(entries: int) -> dict[str, Any]:
                          "finish_reason": None}]}
 
 
-def sse_lines(end: bytes) -> bytes:
+def sse_body(end: bytes) -> bytes:
     """A vLLM stream whose second line is over 512 KiB, every line ended by ``end``."""
     chunks = [
         {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
@@ -90,7 +91,7 @@ def chat_body() -> dict[str, Any]:
 @pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
 @pytest.mark.parametrize("piece", [7_001, 65_536])
 async def test_a_stream_line_over_512_kib_over_a_real_socket_is_read_whole(end: bytes, piece: int) -> None:
-    body = sse_lines(end)
+    body = sse_body(end)
     assert max(len(line) for line in body.splitlines()) > 512 * 1024
     async with serve_once(body, piece) as url:
         client = EngineClient(url, connect_timeout_s=2, first_token_timeout_s=10, total_timeout_s=20,
@@ -109,7 +110,7 @@ async def test_a_stream_line_over_512_kib_over_a_real_socket_is_read_whole(end: 
 
 
 async def test_no_first_token_within_the_deadline_over_a_real_socket_is_a_timeout() -> None:
-    async with serve_once(sse_lines(b"\n"), 4096, stall_s=3.0) as url:
+    async with serve_once(sse_body(b"\n"), 4096, stall_s=3.0) as url:
         client = EngineClient(url, connect_timeout_s=2, first_token_timeout_s=0.5, total_timeout_s=20,
                               connect_retries=0, max_connections=2, kind="vllm")
         try:
@@ -135,13 +136,13 @@ async def pieces(*parts: bytes) -> AsyncIterator[bytes]:
     ],
 )
 async def test_lines_are_split_like_httpx_splits_them(parts: tuple[bytes, ...], lines: list[bytes]) -> None:
-    assert [line async for line in _lines(pieces(*parts))] == lines
+    assert [line async for line in sse_lines(pieces(*parts))] == lines
 
 
 def test_json_reads_what_the_standard_parser_read() -> None:
-    assert _json(b'{"logprob": -Infinity, "n": 123456789012345678901234567890}') == {
+    assert engine_json(b'{"logprob": -Infinity, "n": 123456789012345678901234567890}') == {
         "logprob": float("-inf"), "n": 123456789012345678901234567890,
     }
-    assert _json(b'{"a": [1, 2.5, "\\u00e9"]}') == {"a": [1, 2.5, "é"]}
+    assert engine_json(b'{"a": [1, 2.5, "\\u00e9"]}') == {"a": [1, 2.5, "é"]}
     with pytest.raises(ValueError, match="Expecting property name"):
-        _json(b"{not json")
+        engine_json(b"{not json")
