@@ -28,7 +28,7 @@ from quality.labels import (
     threshold_from_labels,
     weighted_accuracy,
 )
-from quality.report import ReportPolicy, build_weekly_report_from
+from quality.report import ReportPolicy, build_weekly_report_from, render_html
 from shaping.verdict import Action
 
 AT = datetime(2026, 11, 25, 12, tzinfo=UTC)  # in 2026-W48
@@ -261,3 +261,30 @@ def test_the_week_scores_arms_against_log_labels_chooses_the_threshold_from_them
         r.agreement.value for r in report.tenants if r.tenant == "news"
     )
     assert summary.tenants["news"].block_rate == news.value
+
+
+def test_the_html_report_shows_both_scores_the_strata_and_the_reviewers_kappa() -> None:
+    records, rows = [], []
+    for i in range(8):
+        blocked = i % 2 == 0
+        records += [record(i, "thinking_on", "block" if blocked else "allow", "news"),
+                    record(i, "thinking_off", "block" if blocked else "allow", "news", 0.9)]
+        decided = decision(i, action="block" if blocked else "allow").model_copy(
+            update={"review_reason": "audit", "audit_sample_rate": 0.5})
+        rows += [decided, label(decided, "block" if blocked else "allow")]
+        if i < 4:  # a second reviewer on half the frames, who disagrees once
+            second = label(decided, "allow" if i == 0 else ("block" if blocked else "allow"))
+            rows.append(second.model_copy(update={"labelled_by": "bob (reviewer)"}))
+    table, policy = records_table(records), ReportPolicy(bootstrap_resamples=100)
+    report = build_weekly_report_from(table, "2026-W48", policy, decisions=rows, isolate=False)
+    assert report.labels is not None
+    assert report.labels.reviewers is not None
+    page = render_html(report)
+
+    assert "action alone" in page
+    assert "category set alone" in page
+    assert "Cohen&#39;s kappa" in page or "Cohen's kappa" in page
+    assert f"{report.labels.reviewers.kappa:.2f}" in page
+    (stratum,) = report.labels.strata
+    assert (stratum.reason, stratum.queued, stratum.labelled) == ("audit", 8, 8)
+    assert "<td>audit</td>" in page
