@@ -68,6 +68,14 @@ def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
     return [TokenLogprob.from_wire(entry) for entry in logprobs["content"] if isinstance(entry, dict)]
 
 
+@dataclass(frozen=True, slots=True)
+class PlaceAnswer:
+    """A verdict-place probe's answer: the distribution it read (None: none) and what it cost the engine."""
+
+    alternatives: tuple[tuple[str, float], ...] | None
+    usage: Usage
+
+
 @dataclass
 class _StreamState:
     content: list[str] = field(default_factory=list)
@@ -347,10 +355,10 @@ class EngineClient:
 
     async def verdict_place(
         self, body: dict[str, Any], before: str, regex: str, request_id: str | None = None
-    ) -> tuple[tuple[str, float], ...] | None:
+    ) -> PlaceAnswer | None:
         """The grammar's distribution at a verdict's first token where the wire can ask for it (its
-        ``place_probe``); None where it cannot or the engine did not answer (the verdict then keeps no
-        confidence: a probe never fails the call)."""
+        ``place_probe``), with the probe's usage; None where the wire cannot ask. A probe the engine did not
+        answer reads no distribution (the verdict then keeps no confidence: a probe never fails the call)."""
         wire = await self.wire()
         probe = wire.place_probe(body, before, regex)
         if probe is None:
@@ -361,8 +369,12 @@ class EngineClient:
             )
             payload = response.json() if response.status_code == 200 else None
         except (ServerSideError, ValueError):
-            return None
-        return wire.read_place(payload) if isinstance(payload, dict) else None
+            return PlaceAnswer(None, Usage())
+        if not isinstance(payload, dict):
+            return PlaceAnswer(None, Usage())
+        usage = payload.get("usage")
+        cost = Usage.from_wire(usage if isinstance(usage, dict) else None, wire.counts_image_tokens)
+        return PlaceAnswer(wire.read_place(payload), cost)
 
     async def probe_stream(self, body: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
         """:meth:`probe_chat` streamed, answered as (status, the chunks): a streamed answer is where both

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
@@ -58,19 +59,30 @@ def engine_options(
     )
 
 
+@dataclass
+class Places:
+    """What the probes of one call read (frame index: the grammar's distribution) and what they cost."""
+
+    found: dict[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 async def verdict_places(
     client: EngineClient, body: dict[str, Any], answer: EngineAnswer, decision: ThinkingDecision, frames: int,
     *, grammar: str | None, probes: int, request_id: str | None = None,
-) -> dict[int, tuple[tuple[str, float], ...]]:
+) -> Places:
     """For each compact thinking-off verdict the answer's own (not masked) list cannot give an exact
     confidence, the distribution at its first token from a probe held in the call's engine slot: at most
     ``probes`` calls a verdict (``MODGATE_ENGINE__PLACE_PROBES``), each drawn with another seed (a list is
     the grammar's only where the probe's first draw was one the grammar forbids: another seed, another
-    draw), until one list reads exact."""
+    draw), until one list reads exact. Their usage is counted, for the tenant's fair-share charge."""
+    places = Places()
     if answer.logprobs_grammar_masked or answer.logprobs is None or decision.mode == "on" or probes <= 0:
-        return {}
+        return places
     if decision.verdict_format != "compact" or grammar is None:
-        return {}
+        return places
     frames = max(1, frames)
     parsed = parse_engine_output(answer.content, answer.reasoning, answer.finish_reason, frames=frames)
     read = with_confidence(
@@ -78,14 +90,18 @@ async def verdict_places(
     )
     before = answer_before_each(answer.content)
     wanted = [i for i, v in enumerate(read) if probe_may_read(v) and i < len(before)]
-    places: dict[int, tuple[tuple[str, float], ...]] = {}
     for i in wanted:  # one at a time: the probes share the call's one engine slot
         for seed in range(probes):
             place = await client.verdict_place(
                 {**body, "seed": seed}, before[i], compact_regex(frames - i), request_id
             )
-            if place is not None and place_exact(place, before[i], grammar):
-                places[i] = place
+            if place is None:  # the wire cannot probe
+                return places
+            places.calls += 1
+            places.prompt_tokens += place.usage.prompt_tokens
+            places.completion_tokens += place.usage.completion_tokens
+            if place.alternatives is not None and place_exact(place.alternatives, before[i], grammar):
+                places.found[i] = place.alternatives
                 break
     return places
 
@@ -173,9 +189,10 @@ class FrameJudge:
                     if self.prefix_observer is not None:
                         self.prefix_observer(admission.engine.url, decision.verdict_format,
                                              usage.prompt_tokens, usage.cached_tokens, sent_at)
-                    admission.settle(
-                        self.work.actual(work, len(frames), usage.prompt_tokens, usage.completion_tokens)
+                    charged = self.work.actual(
+                        work, len(frames), usage.prompt_tokens, usage.completion_tokens
                     )
+                    admission.settle(charged)
                     engine_span.set_attributes(
                         engine_span_attributes(
                             request_id,
@@ -191,8 +208,11 @@ class FrameJudge:
                     admission.engine.client, body, answer, decision, len(frames),
                     grammar=grammar, probes=self.settings.place_probes, request_id=request_id,
                 )
+                if places.calls:  # the probes ran the model in this slot: the tenant's work too
+                    charged += places.prompt_tokens + self.work.output_token_weight * places.completion_tokens
+                    admission.settle(charged)
                 outcome = self._read(
-                    answer, frames, decision, admission.queue_seconds, request_id, places, grammar
+                    answer, frames, decision, admission.queue_seconds, request_id, places.found, grammar
                 )
                 if keep is not None:
                     admission.part_with(keep(outcome))

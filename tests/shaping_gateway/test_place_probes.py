@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import httpx
 
 from gateway.engine.client import EngineAnswer, EngineClient, Usage
-from gateway.moderation.engine_call import verdict_places
+from gateway.moderation.engine_call import Places, verdict_places
 from gateway.policy.rules import ThinkingDecision
 from shaping.confidence import TokenLogprob
 from shaping.verdict import compact_regex
@@ -35,7 +34,8 @@ def fake_llamacpp(seeds: list[int]) -> httpx.MockTransport:
         place = RAW_DRAW if body["seed"] == 0 else GRAMMAR_DRAW
         entry = {"token": place[0][0], "prob": place[0][1],
                  "top_probs": [{"token": t, "prob": p} for t, p in place]}
-        return httpx.Response(200, json={"choices": [{"logprobs": {"content": [entry]}}]})
+        usage = {"prompt_tokens": 120, "completion_tokens": 1, "total_tokens": 121}
+        return httpx.Response(200, json={"choices": [{"logprobs": {"content": [entry]}}], "usage": usage})
 
     return httpx.MockTransport(handle)
 
@@ -48,7 +48,7 @@ def tiny_models_answer() -> EngineAnswer:
                         logprobs_grammar_masked=False)
 
 
-async def places_with(probes: int) -> tuple[dict[int, Any], list[int]]:
+async def places_with(probes: int) -> tuple[Places, list[int]]:
     seeds: list[int] = []
     client = EngineClient("http://engine.test", connect_timeout_s=5, first_token_timeout_s=30,
                           total_timeout_s=60, connect_retries=0, max_connections=4,
@@ -64,9 +64,14 @@ async def places_with(probes: int) -> tuple[dict[int, Any], list[int]]:
 async def test_a_probe_that_reads_no_exact_list_is_drawn_again_with_another_seed() -> None:
     places, seeds = await places_with(probes=3)
     assert seeds == [0, 1]  # the second seed's draw gave the grammar's list: no third call
-    assert places == {0: tuple(GRAMMAR_DRAW)}
+    assert places.found == {0: tuple(GRAMMAR_DRAW)}
 
 
 async def test_the_probes_a_verdict_may_cost_are_bounded_by_the_setting() -> None:
-    assert await places_with(probes=1) == ({}, [0])  # one call, its raw list not exact: no confidence
-    assert await places_with(probes=0) == ({}, [])
+    assert await places_with(probes=1) == (Places({}, 1, 120, 1), [0])  # its raw list not exact: none
+    assert await places_with(probes=0) == (Places(), [])
+
+
+async def test_what_the_probes_cost_is_counted_for_the_tenants_charge() -> None:
+    places, _ = await places_with(probes=3)
+    assert (places.calls, places.prompt_tokens, places.completion_tokens) == (2, 240, 2)
