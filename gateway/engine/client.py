@@ -26,7 +26,7 @@ from gateway.engine.calls import PURPOSE_KEY, CallObserver, CountedTransport, Pu
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen
 from gateway.engine.stream_lines import engine_json, sse_lines
 from gateway.engine.transport import AiohttpTransport
-from gateway.engine.usage import Usage
+from gateway.engine.usage import PlaceAnswer, Usage
 from gateway.engine.wires import DEFAULT_KIND, EngineKindSetting, EngineWire, kind_from_props, wire_for
 from gateway.errors import EngineBusy, EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
 from shaping.confidence import TokenLogprob
@@ -66,14 +66,6 @@ def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
     if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
         return None
     return [TokenLogprob.from_wire(entry) for entry in logprobs["content"] if isinstance(entry, dict)]
-
-
-@dataclass(frozen=True, slots=True)
-class PlaceAnswer:
-    """A verdict-place probe's answer: the distribution it read (None: none) and what it cost the engine."""
-
-    alternatives: tuple[tuple[str, float], ...] | None
-    usage: Usage
 
 
 @dataclass

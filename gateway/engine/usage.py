@@ -32,3 +32,11 @@ class Usage:
             image_tokens=int(multimodal.get("image") or 0) if counts_images else None,
             reasoning_tokens=int(completion_details.get("reasoning_tokens") or 0),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceAnswer:
+    """A verdict-place probe's answer: the distribution it read (None: none) and what it cost the engine."""
+
+    alternatives: tuple[tuple[str, float], ...] | None
+    usage: Usage
