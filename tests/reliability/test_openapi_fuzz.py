@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,51 +30,66 @@ API_KEY = "fuzz-key-0123456789"
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 SCHEMATHESIS = Path(sys.executable).with_name("st")
-EXAMPLES = 10  # per operation and run: two runs (keys set, none) at the cost the one run of 20 had
+EXAMPLES = 10  # per operation and run: two runs (keys set, none), side by side
 SEED = 24  # a fixed seed: the same requests every run (a finding reproduces with `st replay`)
 
 
-@pytest.fixture(scope="module", params=["keys set", "no keys"])
-def gateway_url(request: pytest.FixtureRequest) -> Iterator[str]:
+@contextmanager
+def gateway_before_sim(keys: bool) -> Iterator[str]:
     """A gateway (admin token set, in-memory state; API keys set, or none) before the instant simulator."""
-    keys = {"api_keys": f"{API_KEY}:fuzz-tenant"} if request.param == "keys set" else {}
+    auth = {"api_keys": f"{API_KEY}:fuzz-tenant"} if keys else {}
     with (
         ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)) as sim,
         ThreadedServer(create_app(Settings(engine={"url": sim.url},
-                                           auth={"admin_token": ADMIN_TOKEN, **keys}))) as gateway,
+                                           auth={"admin_token": ADMIN_TOKEN, **auth}))) as gateway,
     ):
         yield gateway.url
 
 
-def st(cache: Path, *arguments: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def st_command(cache: Path, *arguments: str) -> tuple[list[str], dict[str, str]]:
     """``st`` with the suite's configuration, its cache in ``cache`` (outside the repository: a run leaves the
     clone as it found it, and starts from no earlier run's crashes) and the credentials its auth sections
-    read."""
+    read: the command and its environment."""
     credentials = {"MODGATE_FUZZ_API_KEY": API_KEY, "MODGATE_FUZZ_ADMIN_TOKEN": ADMIN_TOKEN}
-    return subprocess.run(
-        [str(SCHEMATHESIS), "--config-file", str(CONFIG), *arguments],
-        env={**os.environ, "MODGATE_SCHEMATHESIS_CACHE": str(cache), **credentials},
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )
+    return ([str(SCHEMATHESIS), "--config-file", str(CONFIG), *arguments],
+            {**os.environ, "MODGATE_SCHEMATHESIS_CACHE": str(cache), **credentials})
 
 
-def schemathesis_run(url: str, cache: Path, *options: str) -> subprocess.CompletedProcess[str]:
+def st(cache: Path, *arguments: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """One ``st`` run to its end (:func:`st_command`)."""
+    command, env = st_command(cache, *arguments)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def schemathesis_run(url: str, folder: Path) -> subprocess.Popen[str]:
     """``st run`` with every check against the document ``url`` serves (credentials per scheme from the
-    configuration)."""
-    return st(
-        cache, "run", f"{url}/schema/openapi.json",
+    configuration), its cache and HAR log in ``folder``, started (not waited for)."""
+    command, env = st_command(
+        folder / "cache", "run", f"{url}/schema/openapi.json",
         "--checks", "all", "--seed", str(SEED), "--max-examples", str(EXAMPLES), "--workers", "1",
-        "--no-color", *options,
-        timeout=900,
+        "--no-color", "--report", "har", "--report-har-path", str(folder / "run.har"),
     )
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+# Both gateways fuzzed at once (one core each): the two runs took their sum in series, about 3 minutes.
 @pytest.mark.timeout(900)  # under a minute on an idle machine; several times that on a shared, loaded one
-def test_schemathesis_with_every_check_finds_nothing(gateway_url: str, tmp_path: Path) -> None:
-    run = schemathesis_run(gateway_url, tmp_path / "cache", "--report", "har",
-                           "--report-har-path", str(tmp_path / "run.har"))
-    printed = run.stdout + run.stderr
-    assert run.returncode == 0, printed[-8000:]
+def test_schemathesis_with_every_check_finds_nothing(tmp_path: Path) -> None:
+    with gateway_before_sim(keys=True) as keyed, gateway_before_sim(keys=False) as open_:
+        gateways = {tmp_path / "keys set": keyed, tmp_path / "no keys": open_}
+        runs = {folder: schemathesis_run(url, folder) for folder, url in gateways.items()}
+        try:
+            printed = {folder: run.communicate(timeout=880)[0] for folder, run in runs.items()}
+        finally:
+            for run in runs.values():
+                run.kill()
+        for folder, url in gateways.items():
+            assert_found_nothing(url, runs[folder].returncode, printed[folder], folder)
+
+
+def assert_found_nothing(gateway_url: str, returncode: int, printed: str, folder: Path) -> None:
+    """One run's verdict: no failure, every operation tested and past its auth check at least once."""
+    assert returncode == 0, printed[-8000:]
     tested = re.search(r"Tested: (\d+)", printed)
     selected = re.search(r"Selected: (\d+)/(\d+)", printed)
     assert tested, printed[-3000:]
@@ -85,7 +101,7 @@ def test_schemathesis_with_every_check_finds_nothing(gateway_url: str, tmp_path:
     # Exercised, not only knocked at: each operation answered at least one request past its auth check (a
     # credential the document's scheme does not carry as the server reads it would get nothing but 401).
     document = httpx.get(f"{gateway_url}/schema/openapi.json", timeout=30).json()
-    admitted = admitted_operations(document, tmp_path / "run.har")
+    admitted = admitted_operations(document, folder / "run.har")
     every = {(method.upper(), path) for path, item in document["paths"].items() for method in item
              if method in {"get", "put", "post", "delete", "patch"}}
     assert every - admitted == set()
