@@ -8,8 +8,9 @@ llama-server's; caps 4 and 2), and a webhook receiver in this process. For ``--d
 - live keyframes from two tenants with equal weights, ``--clients-a`` and ``--clients-b`` callers each at
   most ``--rate`` calls a second (more than the engines' 6 slots, so both keep calls waiting), a share of
   them bad input that must get its 4xx;
-- a keyframe job every ``--job-every`` seconds, tenants in turn, each with a webhook and an Idempotency-Key
-  (a refused submission is sent again with it, as a retrying client does);
+- a job every ``--job-every`` seconds, tenants in turn, every third a 3-second video the gateway cuts into
+  its keyframes (PyAV), the others three keyframes, each with a webhook and an Idempotency-Key (a refused
+  submission is sent again with it, as a retrying client does);
 - two reviewers claiming and labelling (some skipped) through ``/admin/review/*``, with 5 % of confident
   verdicts sampled for audit besides the ``review`` ones;
 - a thinking-policy flip through ``PUT /admin/thinking-policy`` every ``--flip-every`` seconds.
@@ -50,6 +51,7 @@ from PIL import Image
 from bench.soak_checks import Answer, Observations, Window, check, latencies, rows_from_stream, table_text
 from bench.soak_parts import ADMIN_TOKEN, API_KEYS, MODELS, Fleet
 from deploy.keyframes import make_keyframe
+from deploy.videos import Scene, make_video
 from gateway.jobs.store_redis import RedisJobStore
 from gateway.review.store_redis import TENANTS as REVIEW_TENANTS
 from gateway.review.store_redis import RedisReviewStore
@@ -136,6 +138,12 @@ class Soak:
         self.seen.started_wall = time.time()
         self.stop_at = self.started + args.duration
         self.frames = [make_keyframe(LABELS[i % len(LABELS)], 640, 360, seed=i) for i in range(48)]
+        # 3-second videos of three scenes (the middle one of any label), cut by the gateways with PyAV
+        self.videos = [
+            make_video([Scene("allow", 1, seed=i), Scene(LABELS[(i + 3) % len(LABELS)], 1, seed=i + 1),
+                        Scene("allow", 1, seed=i + 2)])
+            for i in range(4)
+        ]
         self.rng = random.Random(args.seed)
         self.fired: list[str] = []
 
@@ -185,12 +193,17 @@ class Soak:
             await asyncio.sleep(max(0.0, 1 / self.args.rate - (time.monotonic() - began)))
 
     async def job_submitter(self, http: httpx.AsyncClient) -> None:
-        """A 3-frame job every ``--job-every`` s, tenants in turn; a refused one sent again with its key."""
+        """A job every ``--job-every`` s, tenants in turn, every third a video (cut into its keyframes by the
+        gateway), the others 3 keyframes; a refused one sent again with its key."""
         number = 0
         while time.monotonic() < self.stop_at:
             tenant = sorted(API_KEYS)[number % 2]
-            frames = [part(self.rng.choice(self.frames)) for _ in range(3)]
-            body = {"video_id": f"soak-{number}", "frames": frames, "webhook_url": self.fleet.receiver.url}
+            body: dict[str, Any] = {"video_id": f"soak-{number}", "webhook_url": self.fleet.receiver.url}
+            if number % 3 == 2:
+                video = data_url(self.rng.choice(self.videos), "video/mp4")
+                body |= {"video": {"url": video}, "sampling": {"max_fps": 1.0}}
+            else:
+                body["frames"] = [part(self.rng.choice(self.frames)) for _ in range(3)]
             headers = {"Authorization": f"Bearer {API_KEYS[tenant]}",
                        "Idempotency-Key": f"soak-job-{number}"}
             for _ in range(10):
@@ -198,6 +211,8 @@ class Soak:
                                            headers=headers)
                 if response is not None and response.status_code == 202:
                     self.seen.jobs[response.json()["id"]] = tenant
+                    if "video" in body:
+                        self.seen.video_jobs.add(response.json()["id"])
                     break
                 await asyncio.sleep(1.0)
             number += 1
@@ -426,12 +441,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     seen = soak.seen
     table = check(seen)
     live = [a for a in seen.answers if a.what == "live"]
+    videos_done = sum(seen.job_states.get(job, ("", 0))[0] == "succeeded" for job in seen.video_jobs)
     return {
         "duration_s": round(load_s, 1),
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "work_dir")},
         "schedule": [asdict(f) for f in faults],
         "faults_fired": [asdict(w) for w in seen.windows],
         "fault_kinds_not_fired": sorted({f.kind for f in faults} - set(soak.fired)),
+        "jobs": {"accepted": len(seen.jobs), "videos": len(seen.video_jobs),
+                 "videos_succeeded": videos_done},
         "invariants": table,
         "holds": all(r["holds"] for r in table),
         "live_latency_s": latencies(seen),

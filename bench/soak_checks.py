@@ -54,6 +54,7 @@ class Observations:
     windows: list[Window] = field(default_factory=list)
     local_caps: list[Window] = field(default_factory=list)  # a replica on its local caps (Redis too slow)
     jobs: dict[str, str] = field(default_factory=dict)  # job id -> tenant, every submission answered 202
+    video_jobs: set[str] = field(default_factory=set)  # those of them that sent a video (cut by the gateway)
     job_states: dict[str, tuple[str, int]] = field(default_factory=dict)  # job id -> (status, completions)
     deliveries: Counter[str] = field(default_factory=Counter)  # X-Modgate-Delivery -> deliveries
     bad_signatures: int = 0
@@ -137,8 +138,11 @@ def _jobs_once(seen: Observations) -> dict[str, Any]:
     states = [seen.job_states.get(job, ("missing", 0)) for job in seen.jobs]
     broken = [s for s in states if s[0] not in ("succeeded", "failed") or s[1] != 1]
     ends = Counter(f"{status} x{completions}" for status, completions in states)
+    videos = Counter(seen.job_states.get(job, ("missing", 0))[0] for job in seen.video_jobs)
+    of_videos = ", ".join(f"{n} {status}" for status, n in videos.items())
     return row("every accepted job finished exactly once", len(states), len(broken),
-               ", ".join(f"{n} {end}" for end, n in ends.most_common()))
+               ", ".join(f"{n} {end}" for end, n in ends.most_common())
+               + f"; {len(seen.video_jobs)} of them videos ({of_videos})")
 
 
 def _webhooks(seen: Observations) -> dict[str, Any]:

@@ -100,6 +100,35 @@ def video_url_pattern(settings: Settings) -> str:
     return data if not settings.remote_images.enabled else f"(?:{data})|(?:{REMOTE_URL_PATTERN})"
 
 
+def multipart_job(body: dict[str, Any], schemas: dict[str, Any], settings: Settings) -> None:
+    """``POST /v1/jobs`` also takes a video as ``multipart/form-data`` (gateway/http/routes/jobs.py): the file
+    as its ``video`` part, every other field of the job as the JSON object of its ``job`` part."""
+    job = schemas["JobRequest"]
+    fields = {name: value for name, value in job["properties"].items()
+              if name not in ("frames", "video", "webhook_url")}
+    fields["webhook_url"] = job["properties"]["webhook_url"]
+    body["content"]["multipart/form-data"] = {
+        "schema": {
+            "type": "object",
+            "required": ["video", "job"],
+            "properties": {
+                "video": {
+                    "type": "string", "format": "binary", "minLength": 1,
+                    "description": f"the video file, at most MODGATE_VIDEOS__MAX_BYTES "
+                                   f"({settings.videos.max_bytes:,} bytes); one that does not decode as a "
+                                   "video is 413, 415 or 422, as a video data: URL's bytes",
+                },
+                "job": {
+                    "type": "object", "additionalProperties": False, "properties": fields,
+                    "required": [name for name in job.get("required", []) if name in fields],
+                    "description": "the job's other fields (no frames, no video), as JSON",
+                },
+            },
+        },
+        "encoding": {"job": {"contentType": "application/json"}, "video": {"contentType": "video/*"}},
+    }
+
+
 def exact_openapi(app: Litestar, settings: Settings) -> None:
     """Complete the document ``app`` serves with what its routes and settings really accept."""
     document: dict[str, Any] = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
@@ -159,6 +188,7 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
     for parameter in paths["/v1/videos/{video_id}/keyframes"]["post"].get("parameters", []):
         if parameter["name"] == "video_id" and parameter["in"] == "path":
             parameter["schema"] = {"type": "string", "pattern": VIDEO_ID_PATTERN}
+    multipart_job(paths["/v1/jobs"]["post"]["requestBody"], schemas, settings)
     for parameter in paths["/v1/jobs"]["post"].get("parameters", []):
         if parameter["name"] == "Idempotency-Key":
             parameter["schema"] = {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}

@@ -236,3 +236,15 @@ def test_the_document_says_which_bearer_each_route_takes_and_which_categories_es
     assert open_["paths"]["/v1/moderations"]["post"]["security"] == [{"apiKey": []}, {}]  # no key: optional
     always = keyed["components"]["schemas"]["EscalationPolicy"]["properties"]["always_categories"]
     assert always["items"] == {"enum": list(MODEL_CATEGORIES)}
+
+
+def test_a_video_job_may_be_posted_as_multipart_as_the_document_says(gateway: ThreadedServer) -> None:
+    body = openapi(gateway)["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
+    form = body["multipart/form-data"]
+    assert form["schema"]["required"] == ["video", "job"]
+    assert form["schema"]["properties"]["video"]["format"] == "binary"
+    job = form["schema"]["properties"]["job"]
+    assert job["additionalProperties"] is False
+    assert "video_id" in job["required"]
+    assert not {"frames", "video"} & set(job["properties"])  # the route refuses either in the job part
+    assert form["encoding"]["job"]["contentType"] == "application/json"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from typing import Annotated, Any
 
 from litestar import Request, Response, get, post
@@ -24,6 +25,8 @@ from gateway.http.routes.moderations import refuse_deep_json
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
 from gateway.jobs.models import Job, JobRequest
+
+VIDEO_TYPE = re.compile(r"video/[A-Za-z0-9.+-]{1,64}", re.IGNORECASE)
 
 
 async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None:
@@ -44,7 +47,8 @@ async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None
     if not isinstance(job_fields, dict) or "video" in job_fields or "frames" in job_fields:
         raise InvalidRequest("the 'job' part must be a JSON object of the job's fields besides its video",
                              param="job")
-    mime = video.content_type if video.content_type.startswith("video/") else "video/mp4"
+    # the part's type where it names one video type (not a range such as video/*); the bytes decide anyway
+    mime = video.content_type if VIDEO_TYPE.fullmatch(video.content_type or "") else "video/mp4"
     url = f"data:{mime};base64,{base64.b64encode(await video.read()).decode()}"
     try:
         body = validate_json_body(JobRequest, {**job_fields, "video": {"url": url}})
