@@ -206,15 +206,17 @@ def _review(seen: Observations) -> dict[str, Any]:
 def _review_verdicts_queued(seen: Observations) -> dict[str, Any]:
     # Redis replicates asynchronously: what a killed primary took in its last moment would be lost with it,
     # but the soak's gateways answer a review verdict once a replica holds its item
-    # (MODGATE_REVIEW__WAIT_REPLICAS), so only the fault windows themselves are left out.
+    # (MODGATE_REVIEW__WAIT_REPLICAS), so only the fault windows themselves are left out. An item is queued
+    # just before the answer goes out: the answer's time says whether Redis was there (a call sent before a
+    # kill may queue its item after it, and be told so in the gateway's log).
     reviews = [a for a in seen.answers if a.what == "live" and a.status == 200 and "review" in a.actions
-               and not in_window(a.at, seen, REDIS_FAULTS)]
+               and not in_window(a.at + a.latency_s, seen, REDIS_FAULTS)]
     # An item names the engine request of its frame, the result's ``modgate.request_id``.
     wanted = [request for a in reviews
               for action, request, reused in zip(a.actions, a.engine_requests, a.reused, strict=True)
               if action == "review" and not reused]
     missing = [request for request in wanted if request not in seen.queued_request_ids]
-    at = sorted(round(a.at, 1) for a in reviews if any(r in missing for r in a.engine_requests))
+    at = sorted(round(a.at + a.latency_s, 1) for a in reviews if any(r in missing for r in a.engine_requests))
     return row("every review verdict (outside Redis faults) reached the review queue", len(wanted),
                len(missing), f"{len(missing)} never seen queued" + (f", answered at {at} s" if at else ""))
 

@@ -189,6 +189,10 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
         if parameter["name"] == "video_id" and parameter["in"] == "path":
             parameter["schema"] = {"type": "string", "pattern": VIDEO_ID_PATTERN}
     multipart_job(paths["/v1/jobs"]["post"]["requestBody"], schemas, settings)
+    # A video job's result is a keyframe batch's document with its segments: valid as both, so "any of"
+    result = schemas["Job"]["properties"]["result"]
+    if "oneOf" in result:
+        result["anyOf"] = result.pop("oneOf")
     for parameter in paths["/v1/jobs"]["post"].get("parameters", []):
         if parameter["name"] == "Idempotency-Key":
             parameter["schema"] = {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN}

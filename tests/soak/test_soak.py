@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.soak import options, run, schedule
-from bench.soak_checks import table_text
+from bench.soak_checks import Answer, Observations, Window, check, table_text
 
 pytestmark = pytest.mark.redis
 
@@ -47,3 +47,18 @@ def test_a_long_soak_spaces_its_faults_30_to_60_seconds_apart() -> None:
     assert min(gaps) >= 30
     assert max(gaps) <= 60
     assert schedule(1800, 3) == faults  # the seed draws it
+
+
+def test_a_review_verdict_counts_by_when_it_was_answered_not_sent() -> None:
+    # sent 0.2 s before a primary was killed, answered inside the outage (its item could not be queued, and
+    # the gateway logged it); the other sent and answered well clear of it
+    kill = Window("redis_primary_kill", 51.9, 61.9)
+    during = Answer(51.7, "live", "tenant-a", 200, 1.5, actions=("review",), engine_requests=("modr-1-0",),
+                    reused=(False,))
+    clear = Answer(90.0, "live", "tenant-a", 200, 1.0, actions=("review",), engine_requests=("modr-2-0",),
+                   reused=(False,))
+    seen = Observations(answers=[during, clear], windows=[kill])
+
+    (row,) = [r for r in check(seen) if r["invariant"].startswith("every review verdict")]
+    assert (row["count"], row["broken"]) == (1, 1)  # only the clear one is judged, and it was never queued
+    assert "[91.0]" in row["detail"]
