@@ -23,6 +23,7 @@ import platform
 import shlex
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -51,11 +52,13 @@ class Calls:
 
 
 class CountingProxy:
-    """An ASGI app that forwards every request to ``upstream`` and counts the chat completions."""
+    """An ASGI app that forwards every request to ``upstream`` and counts them: by path, and the chat
+    completions by what they are (a verdict, or a place probe)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.calls = Calls()
+        self.paths: Counter[str] = Counter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -69,6 +72,7 @@ class CountingProxy:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
+        self.paths[scope["path"]] += 1
         if scope["path"] == "/v1/chat/completions":
             sent = json.loads(body)
             if sent.get("post_sampling_probs"):

@@ -5,56 +5,15 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.place_probe import CountingProxy
 from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from tests.support import ADMIN_TOKEN, GatewayFactory, SimFactory, image_input
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-
-class CountingProxy:
-    """An ASGI reverse proxy that counts the requests it forwards, by path."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.paths: Counter[str] = Counter()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.paths[scope["path"]] += 1
-        query = f"?{scope['query_string'].decode()}" if scope["query_string"] else ""
-        headers = {
-            key.decode(): value.decode() for key, value in scope["headers"]
-            if key.lower() not in {b"host", b"content-length"}
-        }
-        async with httpx.AsyncClient(timeout=60) as client:
-            answer = await client.request(
-                scope["method"], f"{self.upstream}{scope['path']}{query}", content=body, headers=headers
-            )
-        kept = [(k.encode(), v.encode()) for k, v in answer.headers.items()
-                if k.lower() not in {"content-length", "transfer-encoding", "content-encoding", "connection"}]
-        await send({"type": "http.response.start", "status": answer.status_code,
-                    "headers": [*kept, (b"content-length", str(len(answer.content)).encode())]})
-        await send({"type": "http.response.body", "body": answer.content})
 
 
 def counted_calls(gateway_url: str) -> Counter[str]:
