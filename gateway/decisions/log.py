@@ -37,6 +37,7 @@ from redis.exceptions import LockError, RedisError
 
 from contracts.decisions import DecisionRow, drop_days_before, read_decisions, write_day_partitions
 from gateway.settings import DecisionSettings
+from gateway.state import run_replicated
 
 log = logging.getLogger("modgate.decisions")
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
@@ -137,6 +138,7 @@ class RedisDecisionLog:
         self._lock = f"{settings.stream}:archiver"
         self._unlogged = unlogged
         self._retrying: set[asyncio.Task[None]] = set()
+        self._append_once = client.register_script(_APPEND_ONCE)
 
     async def _add(self, batch: list[DecisionRow], token: str) -> None:
         """XADD each row in one script run, once per ``token`` (a try that timed out may have landed: a
@@ -144,18 +146,14 @@ class RedisDecisionLog:
         ``redis_timeout_s``; with ``wait_replicas``, until that many replicas hold it too (fewer in time
         fails the try, and the retry's WAIT covers a first try that landed on the primary alone)."""
         settings = self.settings
-        ttl_s = int(settings.retry_timeout_s * 2 + 60)
-        keys_and_args: list[str | int] = [self._stream, f"{self._stream}:batch:{token}", ttl_s,
-                                          *(row.model_dump_json() for row in batch)]
+        keys = [self._stream, f"{self._stream}:batch:{token}"]
+        args = [int(settings.retry_timeout_s * 2 + 60), *(row.model_dump_json() for row in batch)]
+        wait_ms = max(1, int(settings.redis_timeout_s * 900))  # WAIT inside the try's own time limit
         async with asyncio.timeout(settings.redis_timeout_s):
-            if settings.wait_replicas <= 0:
-                await self._redis.eval(_APPEND_ONCE, 2, *keys_and_args)
-                return
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.eval(_APPEND_ONCE, 2, *keys_and_args)
-                pipe.wait(settings.wait_replicas, max(1, int(settings.redis_timeout_s * 900)))
-                _, holding = await pipe.execute()
-        if int(holding) < settings.wait_replicas:
+            _, holding = await run_replicated(
+                self._redis, self._append_once, keys, args, settings.wait_replicas, wait_ms
+            )
+        if holding < settings.wait_replicas:
             raise ConnectionError(f"{holding} of {settings.wait_replicas} replicas held the rows in time")
 
     async def append(self, rows: Iterable[DecisionRow]) -> None:
