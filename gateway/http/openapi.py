@@ -111,6 +111,7 @@ def multipart_job(body: dict[str, Any], schemas: dict[str, Any], settings: Setti
         "schema": {
             "type": "object",
             "required": ["video", "job"],
+            "additionalProperties": False,  # any other part is refused (400), never dropped
             "properties": {
                 "video": {
                     "type": "string", "format": "binary", "minLength": 1,

@@ -242,6 +242,7 @@ def test_a_video_job_may_be_posted_as_multipart_as_the_document_says(gateway: Th
     body = openapi(gateway)["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
     form = body["multipart/form-data"]
     assert form["schema"]["required"] == ["video", "job"]
+    assert form["schema"]["additionalProperties"] is False  # the route refuses any other part
     assert form["schema"]["properties"]["video"]["format"] == "binary"
     job = form["schema"]["properties"]["job"]
     assert job["additionalProperties"] is False

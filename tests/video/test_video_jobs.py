@@ -156,3 +156,17 @@ async def test_a_multipart_job_without_its_video_part_gets_a_400(gateway: Thread
         answer = await client.post("/v1/jobs", files=files)
     assert answer.status_code == 400
     assert error_body(answer)["param"] == "video"
+
+
+async def test_a_multipart_part_besides_video_and_job_gets_a_400_naming_it(
+    gateway: ThreadedServer, violent_video: bytes
+) -> None:
+    """A field sent as its own part (here the video's id) is refused, not dropped: it belongs in 'job'."""
+    files = {"video": ("clip.mp4", violent_video, "video/mp4"),
+             "job": (None, '{"video_id": "clip-10"}', "application/json"),
+             "video_id": (None, "clip-11")}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        answer = await client.post("/v1/jobs", files=files)
+        assert answer.status_code == 400, answer.text
+        assert error_body(answer)["param"] == "video_id"
+        assert "'job' part" in error_body(answer)["message"]

@@ -27,6 +27,7 @@ from gateway.http.services import Services
 from gateway.jobs.models import Job, JobRequest
 
 VIDEO_TYPE = re.compile(r"video/[A-Za-z0-9.+-]{1,64}", re.IGNORECASE)
+JOB_PARTS = ("video", "job")  # a multipart job's parts; the OpenAPI document names these and no others
 
 
 async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None:
@@ -37,6 +38,10 @@ async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None
         return None
     services: Services = request.app.state.services
     form = await request.form()
+    unknown = sorted(set(form.keys()) - set(JOB_PARTS))
+    if unknown:  # never dropped in silence: a job's other fields go in its 'job' part
+        raise InvalidRequest(f"unknown part {unknown[0]!r}: a multipart job has a 'video' file part and a "
+                             "'job' part, the JSON object of its other fields", param=unknown[0])
     video, fields = form.get("video"), form.get("job", "{}")
     if not isinstance(video, UploadFile):
         raise InvalidRequest("a multipart job needs a 'video' file part", param="video")
