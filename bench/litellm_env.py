@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from bench.servers import free_port, stop, wait_until_ready
+from deploy.engine_cpu import exclusive_lock
 
 # The newest release whose ``[proxy]`` extra resolves from PyPI on Python 3.11: 1.108.x and later pin
 # litellm-proxy / litellm-proxy-extras / litellm-enterprise releases that PyPI does not have, and 1.107.0 was
@@ -46,16 +47,17 @@ def ensure_litellm(version: str = LITELLM_VERSION) -> Path:
     root = venv_dir()
     executable = root / "bin" / "litellm"
     marker = root / "modgate-litellm-version"
-    if executable.exists() and marker.exists() and marker.read_text().strip() == version:
-        return executable
-    root.parent.mkdir(parents=True, exist_ok=True)
-    print(f"installing litellm[proxy]=={version} into {root} (once; takes a few minutes)", file=sys.stderr)
-    venv.EnvBuilder(with_pip=True, clear=True).create(root)
-    subprocess.run(
-        [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", f"litellm[proxy]=={version}"],
-        check=True,
-    )
-    marker.write_text(version)
+    # One installer at a time: the suite installs it in the background (scripts/test) while a test may ask.
+    with exclusive_lock(root.with_name("litellm-venv.lock")):
+        if executable.exists() and marker.exists() and marker.read_text().strip() == version:
+            return executable
+        print(f"installing litellm[proxy]=={version} into {root} (once; a few minutes)", file=sys.stderr)
+        venv.EnvBuilder(with_pip=True, clear=True).create(root)
+        subprocess.run(
+            [str(root / "bin" / "python"), "-m", "pip", "install", "--quiet", f"litellm[proxy]=={version}"],
+            check=True,
+        )
+        marker.write_text(version)
     return executable
 
 
