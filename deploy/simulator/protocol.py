@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.keyframes import Label, read_label
 from deploy.simulator.tokenizer import ImageSlot
+from gateway.http.disconnect import caller_left, cancel_on_disconnect
 from shaping.errors import ImageRejected
 from shaping.tokens import TokenGrid, image_tokens
 
@@ -41,22 +42,12 @@ async def unless_caller_leaves(
     ``is_connection_closed`` while it waits for a task's results). Without this a request the gateway gave
     up on (its deadline passed) stayed in the simulated batch until its last token, beside the gateway's next
     one: more requests at the engine than the gateway's cap let in."""
-    task = asyncio.ensure_future(answer)
-
-    async def hung_up() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(hung_up())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()  # its generator's ``finally`` aborts the sequence in the scheduler
-    await asyncio.gather(task, return_exceptions=True)
-    return Response(None, status_code=CLIENT_CLOSED)
+        return await cancel_on_disconnect(request, answer)  # its generator's ``finally`` aborts the sequence
+    except asyncio.CancelledError:
+        if not caller_left():
+            raise
+        return Response(None, status_code=CLIENT_CLOSED)
 
 
 class ChatRequest(BaseModel):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -14,6 +13,7 @@ from litestar.params import JSONBody
 
 from gateway.caller import Caller
 from gateway.errors import InvalidRequest
+from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.routes import responses
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
@@ -21,24 +21,6 @@ from gateway.moderation.wire import ImageURLPart, ModerationRequest, ModerationR
 from gateway.policy.rules import MODES, Mode
 
 T = TypeVar("T")
-
-
-async def cancel_on_disconnect(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
-    """Run ``work``; if the client goes away first, cancel it (and with it the engine request)."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    return await task
 
 
 async def within_quota(

@@ -15,8 +15,9 @@ from litestar.params import FromPath, JSONBody
 
 from gateway.caller import Caller
 from gateway.errors import InvalidRequest
+from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.routes import responses
-from gateway.http.routes.moderations import cancel_on_disconnect, refuse_deep_json, requested_mode
+from gateway.http.routes.moderations import refuse_deep_json, requested_mode
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
 from gateway.moderation.keyframe_batch import (
