@@ -46,68 +46,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT_S))
 
 
-@pytest.fixture(scope="session")
-def real_engine_url() -> Iterator[str]:
-    """Base URL (``http://127.0.0.1:PORT``) of a real vLLM CPU engine serving the model ``tiny``."""
-    external = os.environ.get("MODGATE_TEST_ENGINE_URL")
+def _session_engine(what: str, variable: str, boot: Callable[[], tuple[EngineProcess, Any]]) -> Iterator[str]:
+    """The engine ``variable`` names when set (already up), else one booted for the session (failing loudly,
+    never skipping), its times reported and stopped after."""
+    external = os.environ.get(variable)
     if external:
-        _boot_report.append(f"real vLLM engine: using {external} (MODGATE_TEST_ENGINE_URL)")
+        _boot_report.append(f"real {what}: using {external} ({variable})")
         yield external.rstrip("/")
         return
-    try:
-        engine, timings = boot_engine()
-    except EngineError as exc:
-        failure = str(exc)  # failed outside the except block: the log tail once, not twice chained
-    else:
-        failure = ""
-    if failure:
-        pytest.fail(f"the real vLLM CPU engine did not start: {failure}", pytrace=False)
-    _boot_report.append(
-        f"real vLLM engine at {engine.url}: {timings.summary()}, "
-        f"RSS {engine.rss_bytes() / 2**20:.0f} MiB, log {engine.log_path}"
-    )
-    try:
-        yield engine.url
-    finally:
-        engine.stop()
-
-
-@pytest.fixture(scope="session")
-def real_llamacpp_url() -> Iterator[str]:
-    """Base URL of the real llama.cpp server (``modgate engine-llamacpp``) serving ``tiny`` with its mmproj.
-
-    Fails (never skips) when it cannot be built or started; ``MODGATE_TEST_LLAMACPP_URL`` names one that
-    is already up.
-    """
-    external = os.environ.get("MODGATE_TEST_LLAMACPP_URL")
-    if external:
-        _boot_report.append(f"real llama-server: using {external} (MODGATE_TEST_LLAMACPP_URL)")
-        yield external.rstrip("/")
-        return
-    try:
-        engine, timings = boot_llamacpp()
-    except EngineError as exc:
-        failure = str(exc)
-    else:
-        failure = ""
-    if failure:
-        pytest.fail(f"the real llama.cpp server did not start: {failure}", pytrace=False)
-    _boot_report.append(
-        f"real llama-server at {engine.url}: {timings.summary()}, "
-        f"RSS {engine.rss_bytes() / 2**20:.0f} MiB, log {engine.log_path}"
-    )
-    try:
-        yield engine.url
-    finally:
-        engine.stop()
-
-
-def _serve_for_session(what: str, boot: Callable[[], tuple[EngineProcess, Any]]) -> Iterator[str]:
-    """Boot an engine for the session (failing loudly, never skipping), report its times, stop it after."""
     try:
         engine, timings = boot()
     except EngineError as exc:
-        failure = str(exc)
+        failure = str(exc)  # failed outside the except block: the log tail once, not twice chained
     else:
         failure = ""
     if failure:
@@ -123,14 +73,25 @@ def _serve_for_session(what: str, boot: Callable[[], tuple[EngineProcess, Any]])
 
 
 @pytest.fixture(scope="session")
+def real_engine_url() -> Iterator[str]:
+    """Base URL (``http://127.0.0.1:PORT``) of a real vLLM CPU engine serving the model ``tiny``."""
+    yield from _session_engine("vLLM CPU engine", "MODGATE_TEST_ENGINE_URL", boot_engine)
+
+
+@pytest.fixture(scope="session")
+def real_llamacpp_url() -> Iterator[str]:
+    """Base URL of the real llama.cpp server (``modgate engine-llamacpp``) serving ``tiny`` with its mmproj.
+
+    Fails (never skips) when it cannot be built or started; ``MODGATE_TEST_LLAMACPP_URL`` names one that
+    is already up.
+    """
+    yield from _session_engine("llama.cpp server", "MODGATE_TEST_LLAMACPP_URL", boot_llamacpp)
+
+
+@pytest.fixture(scope="session")
 def real_hybrid_url() -> Iterator[str]:
     """Base URL of the real vLLM CPU engine serving the tiny hybrid as ``tiny``, with ``HYBRID_VLLM_ARGS``."""
-    external = os.environ.get("MODGATE_TEST_HYBRID_URL")
-    if external:
-        _boot_report.append(f"real hybrid vLLM: using {external} (MODGATE_TEST_HYBRID_URL)")
-        yield external.rstrip("/")
-        return
-    yield from _serve_for_session("hybrid vLLM engine", lambda: boot_engine(
+    yield from _session_engine("hybrid vLLM engine", "MODGATE_TEST_HYBRID_URL", lambda: boot_engine(
         model=TINY_HYBRID, extra_args=HYBRID_VLLM_ARGS, ready_timeout=HYBRID_READY_TIMEOUT_S
     ))
 
@@ -138,14 +99,8 @@ def real_hybrid_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def real_hybrid_llamacpp_url() -> Iterator[str]:
     """Base URL of the real llama-server serving the tiny hybrid as GGUF (no projector) as ``tiny``."""
-    external = os.environ.get("MODGATE_TEST_HYBRID_LLAMACPP_URL")
-    if external:
-        _boot_report.append(f"real hybrid llama-server: using {external} (MODGATE_TEST_HYBRID_LLAMACPP_URL)")
-        yield external.rstrip("/")
-        return
-    yield from _serve_for_session(
-        "hybrid llama-server", lambda: boot_llamacpp(tiny=TINY_HYBRID, vision=False)
-    )
+    yield from _session_engine("hybrid llama-server", "MODGATE_TEST_HYBRID_LLAMACPP_URL",
+                               lambda: boot_llamacpp(tiny=TINY_HYBRID, vision=False))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
