@@ -338,6 +338,25 @@ def rollback(
     _print_changes(policy_changes(_parse(_document(before), "before"), _parse(_document(answer), "after")))
 
 
+def _listed(path: str, limit: int, url: str, token: str | None, as_json: bool) -> list[dict[str, Any]] | None:
+    """An admin listing's newest ``limit`` rows; printed as JSON (and None) with ``--json``."""
+    rows: list[dict[str, Any]] = AdminClient(url, token).call("GET", path, params={"limit": limit})["data"]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return None
+    return rows
+
+
+def _table(fixed: tuple[str, ...], growing: dict[str, int]) -> Table:
+    """A full-width table: the ``fixed`` columns never wrap; the ``growing`` ones share the rest by ratio."""
+    table = Table(*fixed, *growing, expand=True)
+    for column in table.columns[:len(fixed)]:
+        column.no_wrap = True
+    for column, ratio in zip(table.columns[len(fixed):], growing.values(), strict=True):
+        column.ratio = ratio
+    return table
+
+
 @policy_app.command()
 def history(
     limit: Annotated[int, typer.Option(help="How many versions.")] = 20,
@@ -347,17 +366,12 @@ def history(
     as_json: AsJson = False,
 ) -> None:
     """Earlier versions of the policy, newest first."""
-    url = gateway_url(url, old_url)
-    answer = AdminClient(url, token).call("GET", "/admin/thinking-policy/history", params={"limit": limit})
-    if as_json:
-        typer.echo(json.dumps(answer["data"], indent=2, ensure_ascii=False))
+    rows = _listed("/admin/thinking-policy/history", limit, gateway_url(url, old_url), token, as_json)
+    if rows is None:
         return
-    table = Table("version", "changed at (UTC)", "by", "default", "rules", "load rule", "hash", "reason",
-                  expand=True)
-    for column in table.columns[:7]:
-        column.no_wrap = True
-    table.columns[7].ratio = 1
-    for doc in answer["data"]:
+    fixed = ("version", "changed at (UTC)", "by", "default", "rules", "load rule", "hash")
+    table = _table(fixed, {"reason": 1})
+    for doc in rows:
         load_rule = "on" if (doc.get("load") or {}).get("enabled") else "off"
         rules = str(len(doc.get("rules") or []))
         changed_at = _when(doc.get("updated_at")).removesuffix(" UTC")
@@ -376,16 +390,11 @@ def audit(
     as_json: AsJson = False,
 ) -> None:
     """Who changed the policy, when, why, and what changed; newest first."""
-    url = gateway_url(url, old_url)
-    answer = AdminClient(url, token).call("GET", "/admin/audit", params={"limit": limit})
-    if as_json:
-        typer.echo(json.dumps(answer["data"], indent=2, ensure_ascii=False))
+    rows = _listed("/admin/audit", limit, gateway_url(url, old_url), token, as_json)
+    if rows is None:
         return
-    table = Table("at (UTC)", "who", "action", "version", "reason", "changes", expand=True)
-    for column in table.columns[:4]:
-        column.no_wrap = True
-    table.columns[4].ratio, table.columns[5].ratio = 1, 2
-    for raw in answer["data"]:
+    table = _table(("at (UTC)", "who", "action", "version"), {"reason": 1, "changes": 2})
+    for raw in rows:
         entry = AuditEntry.model_validate(raw)
         versions = f"{_cell(entry.old_version)} → {entry.new_version}"
         changes = "\n".join(f"{field}: {_cell(change['old'])} → {_cell(change['new'])}"
