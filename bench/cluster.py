@@ -291,6 +291,10 @@ def running(*parts: RedisProcess | Replica | HAProxy | SentinelFleet) -> Iterato
             part.stop()
 
 
+# A primary (or a replica promoted to one) syncs a new replica at once, not after Redis's default 5 s wait
+# for more replicas to share the transfer: a fleet or a rejoined server is in sync seconds sooner.
+SYNC_NOW = ("--repl-diskless-sync-delay", "0")
+
 SENTINEL_CONFIG = """\
 port {port}
 bind 127.0.0.1
@@ -323,11 +327,11 @@ class SentinelFleet:
 
     def start(self) -> SentinelFleet:
         """The primary, then its replicas (synced), then the sentinels (each seeing every replica)."""
-        primary = RedisProcess(self.directory / "primary").start()
+        primary = RedisProcess(self.directory / "primary", extra=SYNC_NOW).start()
         self.servers.append(primary)
         for index in range(self.replicas):
             replica = RedisProcess(self.directory / f"replica-{index}",
-                                   extra=("--replicaof", "127.0.0.1", str(primary.port))).start()
+                                   extra=(*SYNC_NOW, "--replicaof", "127.0.0.1", str(primary.port))).start()
             self.servers.append(replica)
         self._wait(lambda: self.primary_info().get("connected_slaves") == str(self.replicas),
                    "the replicas to sync with the primary")

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import redis
 
-from bench.cluster import HAProxy, RedisProcess, Replica, SentinelFleet
+from bench.cluster import SYNC_NOW, HAProxy, RedisProcess, Replica, SentinelFleet
 from bench.servers import free_port, wait_until_ready
 from gateway.jobs.webhooks import verify_webhook
 
@@ -227,7 +227,8 @@ class Fleet:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no new Redis primary within {timeout_s:g} s")
             time.sleep(0.1)
-        back = RedisProcess(old.directory, port=old.port, extra=("--replicaof", "127.0.0.1", str(port)))
+        follows = (*SYNC_NOW, "--replicaof", "127.0.0.1", str(port))
+        back = RedisProcess(old.directory, port=old.port, extra=follows)
         self.redis.servers[self.redis.servers.index(old)] = back.start()
         # Over only once it holds the primary's data: promoted before then (the next fault stalls the
         # primary), it would hand the sentinels an empty data set and every other server would copy it.

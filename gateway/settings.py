@@ -329,7 +329,7 @@ class JobSettings(BaseModel):
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
     # Replicas that must hold a job (WAIT) before it is answered 202 or its completion counts (0: none).
     wait_replicas: int = Field(default=0, ge=0, le=16)
-    wait_timeout_ms: int = Field(default=1000, ge=1, le=60_000)
+    wait_timeout_ms: int = Field(default=1000, ge=1, le=4_000)  # WAIT's limit: within Redis's 5 s timeout
 
     @field_validator("webhook_secret")
     @classmethod
@@ -474,7 +474,7 @@ class ReviewSettings(BaseModel):
     memory_max_items: int = Field(default=1000, ge=1, le=100_000)
     # Replicas that must hold a queued item before its verdict is answered (else modgate_review_unreplicated)
     wait_replicas: int = Field(default=0, ge=0, le=16)
-    wait_timeout_ms: int = Field(default=200, ge=1, le=60_000)
+    wait_timeout_ms: int = Field(default=200, ge=1, le=4_000)  # WAIT's limit: within Redis's 5 s timeout
 
 
 class SimulatorSettings(BaseModel):

@@ -10,12 +10,17 @@ met it fails fast like any Redis failure, and the next one goes to the new prima
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import RedisError
+
+from gateway.errors import StateUnavailable
 
 SENTINEL_SCHEME = "redis+sentinel"
 PLAIN_SCHEMES = ("redis", "rediss", "unix")
@@ -114,3 +119,14 @@ async def run_replicated(
         pipe.wait(replicas, timeout_ms)
         answer, holding = await pipe.execute()
     return answer, int(holding)
+
+
+@asynccontextmanager
+async def unreachable_is_503(store: str, doing: str) -> AsyncIterator[None]:
+    """A Redis failure inside becomes a 503 the caller can retry (``state_unavailable``), saying what could
+    not be done and which store (``"the job store"``) was unreachable."""
+    try:
+        yield
+    except RedisError as exc:
+        unreachable = f"{store} (Redis) is unreachable ({type(exc).__name__})"
+        raise StateUnavailable(f"cannot {doing}: {unreachable}") from exc

@@ -3,13 +3,12 @@ for the steps that must be atomic (see gateway/jobs/__init__.py for why each ste
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Final
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from gateway.errors import StateUnavailable
 from gateway.jobs.models import (
@@ -21,7 +20,9 @@ from gateway.jobs.models import (
     as_text,
     unix_now,
 )
-from gateway.state import run_replicated
+from gateway.state import run_replicated, unreachable_is_503
+
+unreachable = partial(unreachable_is_503, "the job store")  # a Redis failure: 503 state_unavailable
 
 STREAM: Final = "modgate:jobs"
 GROUP: Final = "gateways"
@@ -108,16 +109,6 @@ class RedisJobStore:
         """The job's hash."""
         return f"modgate:job:{job_id}"
 
-    @asynccontextmanager
-    async def _state(self, doing: str) -> AsyncIterator[None]:
-        """Redis failures become a 503 the caller can retry (and the worker backs off on)."""
-        try:
-            yield
-        except RedisError as exc:
-            raise StateUnavailable(
-                f"cannot {doing}: the job store (Redis) is unreachable ({type(exc).__name__})"
-            ) from exc
-
     async def _ensure_group(self) -> None:
         if self._group_ready:
             return
@@ -132,7 +123,7 @@ class RedisJobStore:
         """Store the job, its idempotency key and its stream entry at once, or find the existing job."""
         pairs = [item for pair in record.to_hash().items() for item in pair]
         idempotency_key = f"modgate:job-idempotency:{idempotency or 'none'}"
-        async with self._state("submit the job"):
+        async with unreachable("submit the job"):
             await self._ensure_group()
             created, job_id = await self._replicated(
                 self._submit,
@@ -164,18 +155,18 @@ class RedisJobStore:
 
     async def get(self, job_id: str) -> JobRecord | None:
         """A job, or None."""
-        async with self._state("read the job"):
+        async with unreachable("read the job"):
             raw = await self._redis.hgetall(self.job_key(job_id))
         return JobRecord.from_hash(raw) if raw else None
 
     async def backlog(self) -> int:
         """Stream entries not yet acknowledged (queued or running)."""
-        async with self._state("count the jobs"):
+        async with unreachable("count the jobs"):
             return int(await self._redis.xlen(STREAM))
 
     async def take(self, consumer: str, block_s: float) -> list[Delivery]:
         """A job a silent gateway left pending too long, else a new one (waiting up to ``block_s``)."""
-        async with self._state("take a job"):
+        async with unreachable("take a job"):
             try:
                 return await self._take(consumer, block_s)
             except ResponseError as exc:
@@ -210,12 +201,12 @@ class RedisJobStore:
 
     async def keep_fresh(self, consumer: str, delivery: Delivery) -> None:
         """Reset the entry's idle time (XCLAIM to ourselves), so no one takes over a job being worked."""
-        async with self._state("keep the job"):
+        async with unreachable("keep the job"):
             await self._redis.xclaim(STREAM, GROUP, consumer, 0, [delivery.entry_id], justid=True)
 
     async def start_attempt(self, job_id: str) -> int:
         """Mark running and count the attempt."""
-        async with self._state("start the job"):
+        async with unreachable("start the job"):
             return int(await self._start_attempt(keys=[self.job_key(job_id)], args=[unix_now()]))
 
     async def complete(
@@ -223,7 +214,7 @@ class RedisJobStore:
     ) -> bool:
         """Finish once: the script refuses a job already finished."""
         name, value = ("result", result) if status == "succeeded" else ("error", error)
-        async with self._state("complete the job"):
+        async with unreachable("complete the job"):
             done = await self._replicated(
                 self._complete, [self.job_key(job_id)], [status, name, value or "", unix_now(), self.ttl_s],
                 "the job's completion",
@@ -232,7 +223,7 @@ class RedisJobStore:
 
     async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:
         """``SET NX`` a short lease: one gateway delivers at a time."""
-        async with self._state("lease the webhook"):
+        async with unreachable("lease the webhook"):
             leased = await self._redis.set(
                 f"{self.job_key(job_id)}:webhook-lease", consumer, nx=True, px=max(1, int(lease_s * 1000))
             )
@@ -240,21 +231,21 @@ class RedisJobStore:
 
     async def set_progress(self, job_id: str, frames_done: int, frames_total: int) -> None:
         """How far a running job is (two hash fields; nothing else reads them)."""
-        async with self._state("record the job's progress"):
+        async with unreachable("record the job's progress"):
             await self._redis.hset(
                 self.job_key(job_id), mapping={"frames": frames_total, "frames_done": frames_done}
             )
 
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome with the job."""
-        async with self._state("record the webhook"):
+        async with unreachable("record the webhook"):
             await self._redis.hset(
                 self.job_key(job_id), mapping={"webhook_status": status, "webhook_attempts": attempts}
             )
 
     async def add_review(self, job_id: str, request_id: str, review: str) -> bool:
         """One hash field per label: no read-modify-write, so it never races the job's completion."""
-        async with self._state("keep the review with the job"):
+        async with unreachable("keep the review with the job"):
             added = await self._add_review(
                 keys=[self.job_key(job_id)], args=[f"{REVIEW_FIELD}{request_id}", review]
             )
@@ -263,7 +254,7 @@ class RedisJobStore:
     async def requeue(self, consumer: str, delivery: Delivery) -> bool:
         """Move the entry to the stream's end as a new one, so the next ``XREADGROUP`` of any gateway takes
         it now rather than after ``claim_idle_s`` (only while it is still pending to ``consumer``)."""
-        async with self._state("requeue the job"):
+        async with unreachable("requeue the job"):
             moved = await self._requeue(
                 keys=[STREAM], args=[GROUP, delivery.entry_id, delivery.job_id, consumer]
             )
@@ -271,7 +262,7 @@ class RedisJobStore:
 
     async def ack(self, delivery: Delivery) -> None:
         """Acknowledge and delete the entry (the stream holds only unfinished work)."""
-        async with self._state("acknowledge the job"), self._redis.pipeline(transaction=True) as pipe:
+        async with unreachable("acknowledge the job"), self._redis.pipeline(transaction=True) as pipe:
             pipe.xack(STREAM, GROUP, delivery.entry_id)
             pipe.xdel(STREAM, delivery.entry_id)
             await pipe.execute()

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Collection
 from dataclasses import asdict
+from functools import partial
 from typing import Any, Final
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
-from gateway.errors import StateUnavailable
 from gateway.review.models import (
     ConflictKind,
     Label,
@@ -24,7 +23,9 @@ from gateway.review.models import (
     TenantQueue,
     audit_entry,
 )
-from gateway.state import run_replicated
+from gateway.state import run_replicated, unreachable_is_503
+
+unreachable = partial(unreachable_is_503, "the review queue")  # a Redis failure: 503 state_unavailable
 
 PREFIX: Final = "modgate:review"
 GROUP: Final = "reviewers"
@@ -119,20 +120,11 @@ class RedisReviewStore:
         """Left by a label (no frame): a second label is refused."""
         return f"{PREFIX}:labelled:{item_id}"
 
-    @asynccontextmanager
-    async def _state(self, doing: str) -> AsyncIterator[None]:
-        try:
-            yield
-        except RedisError as exc:
-            raise StateUnavailable(
-                f"cannot {doing}: the review queue (Redis) is unreachable ({type(exc).__name__})"
-            ) from exc
-
     async def enqueue(self, item: ReviewItem) -> bool:
         """Hash, stream entry and tenant in one script, then ``WAIT`` for ``wait_replicas`` replicas (if any):
         False when fewer held it in ``wait_timeout_ms`` (it is queued on the primary all the same)."""
         pairs = [value for pair in item.to_hash().items() for value in pair]
-        async with self._state("queue the frame for review"):
+        async with unreachable("queue the frame for review"):
             _, holding = await run_replicated(
                 self._redis, self._enqueue, [self.item_key(item.id), self.stream_key(item.tenant), TENANTS],
                 [GROUP, item.id, item.tenant, self.retention_s, *pairs], self.wait_replicas,
@@ -147,7 +139,7 @@ class RedisReviewStore:
     async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:
         """Per tenant in turn: a claim past its timeout (``XAUTOCLAIM``), else a new entry (``XREADGROUP``);
         entries whose item expired are acknowledged and dropped on the way."""
-        async with self._state("claim a review item"):
+        async with unreachable("claim a review item"):
             order = await self._tenants(tenants)
             if not order:
                 return None
@@ -192,7 +184,7 @@ class RedisReviewStore:
 
     async def peek(self, item_id: str) -> QueuedItem | None:
         """The item's hash, and the consumer its stream entry is pending to (none: not claimed)."""
-        async with self._state("read the review item"):
+        async with unreachable("read the review item"):
             raw = await self._redis.hgetall(self.item_key(item_id))
             if not raw or b"entry" not in raw:
                 return None
@@ -227,7 +219,7 @@ class RedisReviewStore:
     ) -> LabelledItem:
         """Acknowledge, drop the frame and the item, leave the tombstone: one script."""
         label_json = json.dumps(asdict(label))
-        async with self._state("label the review item"):
+        async with unreachable("label the review item"):
             # the item's fields for the audit entry first (the script checks it is still the holder's)
             raw = {k: v for k, v in (await self._redis.hgetall(self.item_key(item_id))).items()
                    if k not in (b"frame", b"entry")}
@@ -245,13 +237,13 @@ class RedisReviewStore:
 
     async def audit(self, limit: int) -> list[dict[str, Any]]:
         """The labels, newest first."""
-        async with self._state("read the review audit"):
+        async with unreachable("read the review audit"):
             entries = await self._redis.lrange(AUDIT, 0, limit - 1)
         return [json.loads(entry) for entry in entries]
 
     async def release(self, item_id: str, reviewer: str, tenants: Collection[str] | None = None) -> None:
         """Acknowledge and re-add at the stream's end, for any reviewer."""
-        async with self._state("give the review item back"):
+        async with unreachable("give the review item back"):
             tenant = await self._tenant_of(item_id, tenants)
             await self._run(self._release, item_id, [reviewer, item_id], tenant)
 
@@ -260,7 +252,7 @@ class RedisReviewStore:
         per tenant the stream's length, its pending count and its first entry's age."""
         now_ms = int(self._clock() * 1000)
         figures: dict[str, TenantQueue] = {}
-        async with self._state("read the review queue"):
+        async with unreachable("read the review queue"):
             for tenant in await self._tenants(None):
                 stream = self.stream_key(tenant)
                 await self._redis.xtrim(stream, minid=f"{now_ms - self.retention_s * 1000}-0")

@@ -16,13 +16,14 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
-from bench.cluster import RedisProcess
+from bench.cluster import SYNC_NOW, RedisProcess
 from gateway.decisions.log import RedisDecisionLog
 from gateway.review.metrics import ReviewMetrics
 from gateway.review.service import ReviewQueue
 from gateway.review.store_redis import RedisReviewStore
-from gateway.settings import DecisionSettings, ReviewSettings
+from gateway.settings import DecisionSettings, JobSettings, ReviewSettings
 from shaping.verdict import KeyframeVerdict
 from tests.quality.test_label_strata import decision
 from tests.review.test_review_store import item
@@ -33,12 +34,13 @@ pytestmark = pytest.mark.redis
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[RedisProcess, RedisProcess]]:
     """A primary and one replica of it, synced."""
-    primary = RedisProcess(tmp_path / "primary").start()
+    primary = RedisProcess(tmp_path / "primary", extra=SYNC_NOW).start()
     follows = ("--replicaof", "127.0.0.1", str(primary.port))
     replica = RedisProcess(tmp_path / "replica", extra=follows).start()
     watch = redis.Redis(port=primary.port)
     deadline = time.monotonic() + 20
-    while watch.info("replication").get("connected_slaves") != 1:
+    # online: past the full sync (a replica still waiting for it acknowledges no WAIT for seconds)
+    while (watch.info("replication").get("slave0") or {}).get("state") != "online":
         assert time.monotonic() < deadline, "the replica did not sync"
         time.sleep(0.05)
     watch.close()
@@ -66,7 +68,7 @@ async def test_a_review_item_is_on_the_replica_when_it_is_answered(
     client = aioredis.Redis.from_url(primary.url)
     try:
         store = RedisReviewStore(client, claim_timeout_s=60, retention_s=3600, wait_replicas=1,
-                                 wait_timeout_ms=5000)
+                                 wait_timeout_ms=3000)  # within the client's socket timeout, as settings say
         queued = item("news")
         assert await store.enqueue(queued)
         on_replica = redis.Redis(port=replica.port)
@@ -122,3 +124,14 @@ async def test_a_decision_append_a_replica_did_not_take_is_tried_again_until_one
         on_replica.close()
     finally:
         await client.aclose()
+
+
+@pytest.mark.parametrize("group", [ReviewSettings, JobSettings])
+def test_a_wait_longer_than_the_redis_clients_timeout_is_refused_at_start(
+    group: type[ReviewSettings] | type[JobSettings],
+) -> None:
+    """A WAIT of 5 s or more would end as the client's 5 s socket timeout ("Redis unreachable", a 503 on
+    every write while a replica lags) rather than as too few replicas: the settings stop at 4 s."""
+    assert group.model_validate({"wait_timeout_ms": 4000}).wait_timeout_ms == 4000
+    with pytest.raises(ValidationError, match="less than or equal to 4000"):
+        group.model_validate({"wait_timeout_ms": 5000})
