@@ -323,6 +323,7 @@ def test_llamacpp_props_and_metrics_show_its_template_decode_calls_and_busy_slot
             "model": "MODEL",
             "messages": [{"role": "user", "content": "hi"}],
             "stream_options": {"include_usage": True},
+            "max_tokens": 2,  # where it is accepted (llama.cpp), not a run to the context's end
         },
         {"model": "MODEL", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1},
     ],
