@@ -24,6 +24,10 @@ from gateway.errors import StateUnavailable
 
 SENTINEL_SCHEME = "redis+sentinel"
 PLAIN_SCHEMES = ("redis", "rediss", "unix")
+# How long the service's Redis client waits for an answer (gateway/http/services.redis_client): a replicas'
+# WAIT must end inside it (the jobs' and review items' wait_timeout_ms stop at 4,000), else it reads as
+# "Redis unreachable" rather than "too few replicas".
+SOCKET_TIMEOUT_S = 5.0
 
 
 class RedisUrlError(ValueError):

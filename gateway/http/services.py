@@ -69,7 +69,7 @@ from gateway.review.store import ReviewStore
 from gateway.review.store_memory import MemoryReviewStore
 from gateway.review.store_redis import RedisReviewStore
 from gateway.settings import Settings
-from gateway.state import open_redis
+from gateway.state import SOCKET_TIMEOUT_S, open_redis
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import RequestRecorder
 from gateway.telemetry.tenants import TenantFigures
@@ -294,7 +294,7 @@ def redis_client(url: str) -> aioredis.Redis:
     The policy store and the engine leases must answer sooner still: they put a deadline on each call.
     """
     return open_redis(  # a plain server, or the primary behind Sentinel (gateway/state.py)
-        url, socket_timeout=5.0, socket_connect_timeout=2.0, health_check_interval=10,
+        url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=2.0, health_check_interval=10,
         retry=Retry(NoBackoff(), 0),
     )
 
