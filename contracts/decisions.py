@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
-from shaping.verdict import Action
+from contracts.actions import Action
 
 __all__ = [
     "DECISION_SCHEMA",

@@ -20,7 +20,7 @@ from typing import IO, Any, Literal, Protocol
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from redis.asyncio import Redis
 
-from shaping.verdict import Action
+from contracts.actions import Action
 
 __all__ = [
     "ARMS",

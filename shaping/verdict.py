@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Action = Literal["allow", "review", "block"]
-ACTIONS: tuple[Action, ...] = ("allow", "review", "block")
+from contracts.actions import ACTIONS as ACTIONS
+from contracts.actions import Action as Action
 
 VerdictFormat = Literal["compact", "json"]
 VERDICT_FORMATS: tuple[VerdictFormat, ...] = ("compact", "json")

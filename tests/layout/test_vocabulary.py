@@ -1,4 +1,4 @@
-"""A vocabulary is declared once and imported everywhere else (issue 18): the actions, in shaping/verdict.py.
+"""A vocabulary is declared once and imported everywhere else (issue 18): the actions, in contracts/actions.py.
 
 Read from the source: a ``Literal``, tuple, list or set that spells "allow", "review", "block" one after the
 other is a second declaration of the actions, wherever in a module it is written.
@@ -15,7 +15,7 @@ from shaping.verdict import ACTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("shaping", "contracts", "gateway", "quality", "deploy", "cli")
-HOME = "shaping/verdict.py"  # ``Action`` and ``ACTIONS``
+HOME = "contracts/actions.py"  # ``Action`` and ``ACTIONS``
 
 
 def spells_the_actions(node: ast.AST) -> bool:
