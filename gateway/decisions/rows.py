@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from contracts.decisions import DecisionKind, DecisionRow
-from gateway.moderation.wire import ModerationDetails
+from gateway.wire import ModerationDetails
 from shaping.verdict import Action
 
 if TYPE_CHECKING:

@@ -28,10 +28,10 @@ from gateway.http.routes.review import ReviewLabelRequest
 from gateway.jobs.models import JobRequest
 from gateway.jobs.service import IDEMPOTENCY_KEY_PATTERN
 from gateway.moderation.keyframe_batch import VIDEO_ID_PATTERN, KeyframeBatchRequest
-from gateway.moderation.wire import ModerationRequest
 from gateway.policy.moderation import ModerationPolicy
 from gateway.policy.rules import ThinkingPolicy
 from gateway.settings import Settings
+from gateway.wire import ModerationRequest
 from shaping.image.data_url import DATA_URL_PATTERN
 from shaping.verdict import MODEL_CATEGORIES
 

@@ -41,6 +41,7 @@ from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console
 from gateway.http.console.oidc import OidcSignIn
 from gateway.http.keys_store import RedisKeyStore
 from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
+from gateway.http.tenant_figures import TenantFigures
 from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
 from gateway.jobs.models import JobReview
 from gateway.jobs.service import JobService
@@ -72,7 +73,6 @@ from gateway.settings import Settings
 from gateway.state import SOCKET_TIMEOUT_S, open_redis
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import RequestRecorder
-from gateway.telemetry.tenants import TenantFigures
 from gateway.telemetry.tracing import Telemetry, build_telemetry
 from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
 from shaping.prefix import GuidanceTooShort

@@ -9,7 +9,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.moderation.keyframe_batch import Keyframe, KeyframeBatchRequest, KeyframeBatchResponse
-from gateway.moderation.wire import ModerationResponse
+from gateway.wire import ModerationResponse
 from shaping.verdict import Action
 
 JobStatus = Literal["queued", "running", "succeeded", "failed"]

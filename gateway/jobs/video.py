@@ -32,8 +32,8 @@ from gateway.moderation.keyframe_batch import (
 )
 from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
 from gateway.moderation.service import ModerationService
-from gateway.moderation.wire import ImageURL
 from gateway.settings import JobSettings, VideoSettings
+from gateway.wire import ImageURL
 from shaping.verdict import Action
 from shaping.video import (
     FrameVerdict,

@@ -9,9 +9,9 @@ from contracts.escalation_rule import escalation_reason
 from gateway.errors import ModgateError
 from gateway.moderation.engine_call import FrameJudge
 from gateway.moderation.outcome import FrameOutcome
-from gateway.moderation.wire import EscalatedFrom
 from gateway.policy.rules import EscalationBudget, RequestContext, ThinkingDecision
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.wire import EscalatedFrom
 from shaping.image import ShapedImage
 
 log = logging.getLogger("modgate.moderation")

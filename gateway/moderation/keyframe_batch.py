@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.caller import Caller
 from gateway.errors import InvalidRequest
 from gateway.moderation.service import ModerationService
-from gateway.moderation.wire import (
+from gateway.policy.rules import Mode
+from gateway.wire import (
     ImageURL,
     ImageURLPart,
     ModerationRequest,
@@ -27,7 +28,6 @@ from gateway.moderation.wire import (
     RequestOptions,
     TextPart,
 )
-from gateway.policy.rules import Mode
 from shaping.verdict import Action
 
 VIDEO_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,200}$"  # the OpenAPI document states it too

@@ -10,9 +10,9 @@ from gateway.engine.usage import Usage
 from gateway.engine.wires import IMAGE_TOKENS_UNCOUNTED
 from gateway.errors import ModgateError
 from gateway.moderation.verdict_cache import Reuse
-from gateway.moderation.wire import EscalatedFrom, ModerationDetails, ModerationResult
 from gateway.policy.moderation import PolicyRule, TenantModeration, apply_moderation_policy
 from gateway.policy.rules import Mode, ThinkingDecision
+from gateway.wire import EscalatedFrom, ModerationDetails, ModerationResult
 from shaping.image import ShapedImage
 from shaping.verdict import OPENAI_CATEGORIES, Action, KeyframeVerdict, applied_input_types
 

@@ -72,12 +72,6 @@ from gateway.moderation.verdict_cache import (
     lookup_failed,
     store_failed,
 )
-from gateway.moderation.wire import (
-    ImageURLPart,
-    ModerationRequest,
-    ModerationResponse,
-    TextPart,
-)
 from gateway.policy.rules import (
     EscalationBudget,
     Mode,
@@ -94,6 +88,12 @@ from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import OK, FinishedRequest, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
+from gateway.wire import (
+    ImageURLPart,
+    ModerationRequest,
+    ModerationResponse,
+    TextPart,
+)
 from shaping.errors import ImageRejected
 from shaping.image import ImageLimits, ShapedImage, data_url_payload, decode_data_url, shape_image
 from shaping.prompt import SystemPrompt

@@ -22,9 +22,11 @@ from shaping.verdict import Action, KeyframeVerdict
 
 if TYPE_CHECKING:
     from gateway.caller import Caller
+
+    # a frame's outcome is the moderation path's: it hands one in (offer) and the queue reads its fields only
     from gateway.moderation.outcome import FrameOutcome
-    from gateway.moderation.wire import ModerationResult
     from gateway.policy.moderation import TenantModeration
+    from gateway.wire import ModerationResult
     from shaping.image import ShapedImage
 
 log = logging.getLogger("modgate.review")

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
-from gateway.moderation.wire import ModerationDetails
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import RequestInstruments
 from gateway.telemetry.windows import RecentRequests, RequestSample
+from gateway.wire import ModerationDetails
 
 request_log = logging.getLogger("modgate.requests")
 

@@ -1,4 +1,4 @@
-"""A vocabulary is declared once and imported everywhere else (issue 18): the actions, in contracts/actions.py.
+"""A vocabulary is declared once and imported everywhere else (issue 18): the actions, contracts/actions.py.
 
 Read from the source: a ``Literal``, tuple, list or set that spells "allow", "review", "block" one after the
 other is a second declaration of the actions, wherever in a module it is written.

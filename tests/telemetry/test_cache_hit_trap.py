@@ -18,9 +18,9 @@ from deploy.keyframes import make_keyframe
 from gateway.caller import Caller
 from gateway.http.auth import KeyRing
 from gateway.http.services import open_services
-from gateway.moderation.wire import ModerationRequest
 from gateway.settings import Settings
 from gateway.telemetry.windows import read_engine_cache_counters, stats_document
+from gateway.wire import ModerationRequest
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
 from shaping.tokens import TokenGrid

@@ -14,11 +14,11 @@ from gateway.caller import Caller
 from gateway.engine.client import EngineAnswer, EngineClient
 from gateway.http.auth import KeyRing
 from gateway.http.services import open_services
-from gateway.moderation.wire import ModerationDetails, ModerationRequest
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import FinishedRequest, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
+from gateway.wire import ModerationDetails, ModerationRequest
 from shaping.image import ImageLimits, shape_image
 from shaping.prompt import RequestOptions, build_chat_request, load_system_prompt
 from shaping.tokens import TokenGrid

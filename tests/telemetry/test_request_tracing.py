@@ -23,12 +23,12 @@ from gateway.caller import Caller
 from gateway.errors import UpstreamError
 from gateway.http.auth import KeyRing
 from gateway.http.services import Services, open_services
-from gateway.moderation.wire import ModerationDetails, ModerationRequest
 from gateway.settings import Settings, TelemetrySettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import FinishedRequest, RequestRecorder
 from gateway.telemetry.tracing import JsonLogFormatter, build_telemetry
 from gateway.telemetry.windows import RecentRequests
+from gateway.wire import ModerationDetails, ModerationRequest
 from tests.support import SimFactory, data_url, image_input
 
 CALLER = Caller(tenant="t", key_id="test")

@@ -17,8 +17,8 @@ from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.routes import responses
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
-from gateway.moderation.wire import ImageURLPart, ModerationRequest, ModerationResponse
 from gateway.policy.rules import MODES, Mode
+from gateway.wire import ImageURLPart, ModerationRequest, ModerationResponse
 
 T = TypeVar("T")
 

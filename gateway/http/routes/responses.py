@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from litestar.openapi.datastructures import ResponseSpec
 
-from gateway.moderation.wire import OpenAIErrorResponse
+from gateway.wire import OpenAIErrorResponse
 
 _MEANING: dict[int, str] = {
     400: "Malformed request: a body that does not match the schema, bad base64, a bad header or parameter",
