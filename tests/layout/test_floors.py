@@ -49,15 +49,18 @@ def imports(path: Path, *, eager_only: bool = False) -> Iterator[tuple[int, str]
     tree = ast.parse(path.read_text(), filename=str(path))
     nodes = _eager(tree.body) if eager_only else ast.walk(tree)
     for node in nodes:
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
-            names = [node.module]
-        else:
-            continue
-        for name in names:
+        for name in imported_names(node):
             if name.split(".")[0] in FLOORS:
                 yield node.lineno, name
+
+
+def imported_names(node: ast.AST) -> list[str]:
+    """The absolute modules an import statement names (none for any other node, or a relative import)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+        return [node.module]
+    return []
 
 
 def _eager(body: list[ast.stmt]) -> Iterator[ast.stmt]:

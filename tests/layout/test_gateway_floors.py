@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.layout.test_floors import imported_names
+
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 
 BASE = frozenset({"errors", "caller", "drain"})
@@ -59,13 +61,8 @@ def gateway_imports(source: str) -> Iterator[tuple[int, str, bool, str]]:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             checking.update(id(inner) for inner in ast.walk(node))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
-            names = [node.module]
-        else:
-            continue
-        above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+        names = imported_names(node)
+        above = lines[node.lineno - 2].strip() if names and node.lineno > 1 else ""
         for name in names:
             parts = name.split(".")
             if parts[0] == "gateway" and len(parts) > 1:
