@@ -27,8 +27,7 @@ import typer
 
 from gateway.engine.client import EngineClient
 from gateway.engine.pool_build import tool_client
-from gateway.engine.prefix_keeper import cache_config_from_metrics
-from gateway.engine.wires import DEFAULT_KIND, WIRES, EngineWire, wire_for
+from gateway.engine.wires import DEFAULT_KIND, WIRES, EngineWire, read_cache_config, wire_for
 from gateway.errors import ModgateError, UpstreamError
 from gateway.settings import Settings, ShapingSettings
 from gateway.telemetry.windows import EngineCacheCounters, read_engine_cache_counters
@@ -224,7 +223,7 @@ def _keyframe(seed: int, shaping: ShapingSettings) -> ShapedImage:
 
 async def _cache_config(engine: EngineClient) -> EngineCacheConfig | None:
     try:
-        return cache_config_from_metrics(await engine.metrics_text())
+        return read_cache_config(await engine.metrics_text())
     except (ModgateError, ValueError):
         return None
 

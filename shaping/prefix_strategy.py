@@ -48,19 +48,21 @@ class EngineCacheConfig:
 
     block_size: int | None = None
     prefix_match_unit: int | None = None
-    mamba_cache_mode: str = "none"  # "align": a hybrid model whose linear-attention states are cached
+    mamba_cache_mode: str | None = "none"  # "align": a hybrid model whose linear-attention states are cached
     shared_prefix_checkpoint: bool = False  # --enable-mamba-shared-prefix-checkpoint
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool | None = True
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str]) -> EngineCacheConfig:
-        """Read from the metric's labels, as vLLM writes them (``"None"`` for unset)."""
+        """Read from the metric's labels, as vLLM writes them (``"None"`` for unset); a label the engine
+        does not write is None where its absence matters (the mamba mode, prefix caching on or off)."""
+        caching = labels.get("enable_prefix_caching")
         return cls(
             block_size=_label_int(labels.get("block_size")),
             prefix_match_unit=_label_int(labels.get("prefix_match_unit")),
-            mamba_cache_mode=labels.get("mamba_cache_mode") or "none",
+            mamba_cache_mode=labels.get("mamba_cache_mode"),
             shared_prefix_checkpoint=labels.get("enable_mamba_shared_prefix_checkpoint") == "True",
-            enable_prefix_caching=labels.get("enable_prefix_caching", "True") == "True",
+            enable_prefix_caching=None if caching is None else caching.lower() == "true",
         )
 
     @property
@@ -126,7 +128,7 @@ def choose_prefix_strategy(
         return PrefixDecision(
             "none", "the engine shows no vllm:cache_config_info: its block is unknown, nothing is changed"
         )
-    if not config.enable_prefix_caching:
+    if config.enable_prefix_caching is False:
         return PrefixDecision("uncacheable", "the engine runs with prefix caching off",
                               fix="start vLLM without --no-enable-prefix-caching")
     block, unit = config.block_size, config.match_unit

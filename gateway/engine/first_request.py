@@ -25,11 +25,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gateway.engine.client import ENGINE_REJECTED, EngineClient
 from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.engine.pool import EnginePool
+from gateway.engine.wires import read_cache_config
 from gateway.errors import ModgateError, UpstreamError
 
 log = logging.getLogger("modgate.engine")
@@ -53,16 +52,11 @@ def probe_body(model: str) -> dict[str, Any]:
 
 
 def serves_linear_attention(metrics_text: str) -> bool | None:
-    """Whether vLLM's ``vllm:cache_config_info`` shows a mamba (linear-attention) cache; None: not said
+    """Whether the engine's cache configuration shows a mamba (linear-attention) cache; None: not said
     (nor when the text is not Prometheus' format: an engine's unreadable metrics must not stop a start)."""
-    try:
-        for family in text_string_to_metric_families(metrics_text):
-            if family.name == "vllm:cache_config_info" and family.samples:
-                mode = family.samples[0].labels.get("mamba_cache_mode")
-                return None if mode is None else mode.strip().lower() not in _NOT_HYBRID
-    except ValueError:
-        return None
-    return None
+    config = read_cache_config(metrics_text)
+    mode = None if config is None else config.mamba_cache_mode
+    return None if mode is None else mode.strip().lower() not in _NOT_HYBRID
 
 
 def served_dtype(server_info: dict[str, Any] | None) -> str | None:

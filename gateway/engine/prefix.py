@@ -11,15 +11,14 @@ template up to the user's content, the part every request repeats.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.calls import Purpose
 from gateway.engine.client import EngineClient
+from gateway.engine.wires import read_cache_config
 from gateway.errors import ModgateError
 from shaping.image import ShapedImage
 from shaping.prefix import (
@@ -112,11 +111,8 @@ class EngineTokens:
     async def block_size(self) -> int | None:
         """The prefix-cache block size in ``vllm:cache_config_info``, if the engine exposes it."""
         response = await _request(self.http, "GET", "/metrics", "metrics")
-        for family in text_string_to_metric_families(response.text):
-            if family.name == "vllm:cache_config_info" and family.samples:
-                with contextlib.suppress(KeyError, ValueError):
-                    return int(family.samples[0].labels["block_size"])
-        return None
+        config = read_cache_config(response.text)
+        return None if config is None else config.block_size
 
     async def cached_calls(
         self,

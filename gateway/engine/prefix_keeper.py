@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.engine.prefix import EngineTokens, PrefixPlanError
+from gateway.engine.wires import read_cache_config
 from gateway.errors import ModgateError
 from shaping.prefix import shared_prefix_length
 from shaping.prefix_strategy import (
@@ -48,14 +48,6 @@ ENGINE_CHECKPOINT_GRACE = 3
 """Short answers tolerated before priming an engine that checkpoints the shared prefix itself."""
 
 ACTIONS = ("prime", "engine-checkpoint", "fill", "none", "uncacheable")
-
-
-def cache_config_from_metrics(text: str) -> EngineCacheConfig | None:
-    """The engine's ``vllm:cache_config_info`` labels, if its ``/metrics`` has them."""
-    for family in text_string_to_metric_families(text):
-        if family.name == "vllm:cache_config_info" and family.samples:
-            return EngineCacheConfig.from_labels(family.samples[0].labels)
-    return None
 
 
 @dataclass
@@ -188,7 +180,7 @@ class PrefixKeeper:
         response = await http.request("GET", "/metrics", purpose="metrics")
         if wire.prefix_reuse is not None:
             return wire.kind, None  # no block to plan for: its cache config does not matter
-        config = cache_config_from_metrics(response.text) if response.status_code == 200 else None
+        config = read_cache_config(response.text) if response.status_code == 200 else None
         if self.block_size is not None:  # MODGATE_SHAPING__PREFIX_BLOCK_SIZE: the operator's word
             config = replace(config or EngineCacheConfig(), block_size=self.block_size)
         return wire.kind, config

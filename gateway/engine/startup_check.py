@@ -20,12 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.engine.first_request import FirstRequestProbe
-from gateway.engine.wires import StartupHints
+from gateway.engine.wires import StartupHints, read_cache_config
 from gateway.errors import ModgateError
 
 log = logging.getLogger("modgate.engine")
@@ -218,18 +216,15 @@ async def _prefix_caching_check(client: EngineClient, hints: StartupHints) -> En
         text = await client.metrics_text()
     except ModgateError as exc:
         return EngineCheck("prefix_caching", url, None, f"/metrics unreadable: {exc.message}")
-    for family in text_string_to_metric_families(text):
-        if family.name in {"vllm:cache_config_info", "vllm:cache_config"}:
-            for sample in family.samples:
-                enabled = sample.labels.get("enable_prefix_caching")
-                if enabled is not None:
-                    if enabled.lower() == "true":
-                        return EngineCheck("prefix_caching", url, True, "enable_prefix_caching True")
-                    return EngineCheck(
-                        "prefix_caching", url, False, f"enable_prefix_caching {enabled}",
-                        "--enable-prefix-caching", "the shared system prompt is prefilled again every frame",
-                    )
-    return EngineCheck("prefix_caching", url, None, "/metrics has no vllm:cache_config_info")
+    config = read_cache_config(text)
+    if config is None or config.enable_prefix_caching is None:
+        return EngineCheck("prefix_caching", url, None, "/metrics has no vllm:cache_config_info")
+    if config.enable_prefix_caching:
+        return EngineCheck("prefix_caching", url, True, "enable_prefix_caching True")
+    return EngineCheck(
+        "prefix_caching", url, False, "enable_prefix_caching False",
+        "--enable-prefix-caching", "the shared system prompt is prefilled again every frame",
+    )
 
 
 def _max_num_seqs_check(client: EngineClient, cap: int, hints: StartupHints) -> EngineCheck:

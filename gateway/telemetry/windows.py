@@ -204,7 +204,7 @@ class EngineCacheCounters:
 
     queries: float
     hits: float
-    block_size: int | None  # from vllm:cache_config_info where the engine exposes it
+    block_size: int | None  # from the engine's cache configuration where it shows one (its wire reads it)
     kind: str = DEFAULT_KIND  # whose counter names the text carries (a label: the wire says what it means)
 
     @property
@@ -221,10 +221,8 @@ def read_engine_cache_counters(text: str) -> EngineCacheCounters:
     engine exposes no prefix-cache counter (prefix caching off, ``--metrics`` not given, another server).
     """
     samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
-    block_size: int | None = None
-    for sample in samples:
-        if sample.name == "vllm:cache_config_info" and sample.labels.get("block_size", "").isdigit():
-            block_size = int(sample.labels["block_size"])
+    config = next((said for wire in WIRES.values() if (said := wire.cache_config(samples))), None)
+    block_size = None if config is None else config.block_size
     # Each engine kind names its counters (gateway/engine/wires/): the names in the text say which it is.
     counted = next(
         ((wire.kind, found) for wire in WIRES.values() if (found := wire.cache_counters(samples))), None

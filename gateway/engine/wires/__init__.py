@@ -35,6 +35,7 @@ from gateway.engine.wires.base import (
     TokenizeStep,
     busy_answers,
     kind_from_props,
+    read_cache_config,
     register,
     wire_for,
 )
@@ -48,5 +49,5 @@ register(LlamaCppWire())
 __all__ = [
     "DEFAULT_KIND", "ENGINE_KINDS", "IMAGE_TOKENS_UNCOUNTED", "WIRES", "CacheProbeText", "EngineKind",
     "EngineKindSetting", "EngineWire", "LlamaCppWire", "StartupHints", "TokenizeStep", "VllmWire",
-    "busy_answers", "kind_from_props", "register", "wire_for",
+    "busy_answers", "kind_from_props", "read_cache_config", "register", "wire_for",
 ]

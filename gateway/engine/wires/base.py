@@ -6,7 +6,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal
 
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
+from shaping.prefix_strategy import EngineCacheConfig
 
 TokenizeStep = tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]
 """One POST of a token count: its path and its body, made from the previous step's answer."""
@@ -125,6 +128,10 @@ class EngineWire:
         """``(prompt tokens looked up in the prefix cache, of which found)`` from ``/metrics``, or None."""
         return None
 
+    def cache_config(self, samples: Iterable[Sample]) -> EngineCacheConfig | None:
+        """The prefix cache's configuration in ``/metrics`` (block, match unit, hybrid mode), or None."""
+        return None
+
 
 WIRES: Final[dict[str, EngineWire]] = {}
 
@@ -143,6 +150,17 @@ def wire_for(kind: str) -> EngineWire:
 def busy_answers() -> tuple[str, ...]:
     """Every registered kind's busy answers."""
     return tuple(clue for wire in WIRES.values() for clue in wire.busy_answers)
+
+
+def read_cache_config(metrics_text: str) -> EngineCacheConfig | None:
+    """The cache configuration an engine's ``/metrics`` text shows, read by the wire whose names it carries
+    (None: no wire finds one, or the text is not Prometheus' format)."""
+    try:
+        families = list(text_string_to_metric_families(metrics_text))
+        samples = [sample for family in families for sample in family.samples]
+    except ValueError:
+        return None
+    return next((config for wire in WIRES.values() if (config := wire.cache_config(samples))), None)
 
 
 def kind_from_props(status: int, payload: object) -> str:

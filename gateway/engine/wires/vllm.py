@@ -9,6 +9,9 @@ from typing import ClassVar
 from prometheus_client.samples import Sample
 
 from gateway.engine.wires.base import CacheProbeText, EngineWire, StartupHints
+from shaping.prefix_strategy import EngineCacheConfig
+
+CACHE_CONFIG_INFO = frozenset({"vllm:cache_config_info", "vllm:cache_config"})  # the latter: older vLLMs
 
 
 class VllmWire(EngineWire):
@@ -33,6 +36,11 @@ class VllmWire(EngineWire):
         prefix_cache_kept=None,
         publishes_slots=False,
     )
+
+    def cache_config(self, samples: Iterable[Sample]) -> EngineCacheConfig | None:
+        """``vllm:cache_config_info``'s labels: the one place vLLM's cache configuration is read."""
+        said = (sample.labels for sample in samples if sample.name in CACHE_CONFIG_INFO)
+        return next((EngineCacheConfig.from_labels(labels) for labels in said), None)
 
     def cache_counters(self, samples: Iterable[Sample]) -> tuple[float, float] | None:
         """``vllm:prefix_cache_queries_total`` and ``_hits_total`` (older: ``gpu_`` prefixed)."""
