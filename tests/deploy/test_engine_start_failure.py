@@ -16,13 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.engine_cpu import (
-    EngineProcess,
-    EngineTimings,
-    free_port,
-    launch_server,
-    serve_until_interrupted,
-)
+from deploy.engine_launch import Booted, BootTimings, free_port, launch_server, serve_until_interrupted
 from deploy.engine_log import root_cause
 
 REAL_LOG = Path(__file__).parent / "fixtures" / "vllm-invalid-prefix-match-unit.log"
@@ -47,10 +41,10 @@ def test_an_engine_exiting_at_start_is_reported_with_its_own_error_and_exit_stat
 ) -> None:
     log = tmp_path / "engine.log"
 
-    def boot() -> tuple[EngineProcess, EngineTimings]:
+    def boot() -> Booted:
         url = f"http://127.0.0.1:{free_port()}"
         engine = launch_server(_failing_engine(REAL_LOG, code), {}, log, url, 120.0, "vLLM")
-        return engine, EngineTimings(0, 0, 0)
+        return engine, BootTimings(())
 
     status = serve_until_interrupted("engine-cpu", "ready", "the engine", "vLLM", boot)
     assert status == code
