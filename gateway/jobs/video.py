@@ -1,12 +1,15 @@
-"""Video jobs: a video in (a URL or a ``data:`` URL), its keyframes cut, judged as posted keyframes are,
-and merged into segments.
+"""Video jobs: a video in (a URL or a ``data:`` URL), covered on the clock and at shot changes, its distinct
+frames judged as posted keyframes are, and merged into segments.
 
 At submission the cheap checks answer a clear 4xx at once: the URL against the allowlist, a ``data:`` URL's
-size and a container probe (a still image, no video stream, over the duration or pixel limits). The worker
-then fetches a URL (as image URLs are fetched: allowlist, public addresses only, the size capped while
-streaming), cuts the frames on threads of their own (``shaping/video``, within a time budget) and sends
-them through the keyframe batch path (shaping, packing, reuse, thinking policy, tenants, decision log) in
-chunks, recording progress after each. A video refused then fails the job with the reason.
+size and a container probe (a still image, no video stream, over the pixel limit, or over the duration
+limit as its packets' timestamps measure it). The probe runs on threads of its own within a timeout, never
+behind a cut; when they are all busy and as many probes wait, the submission gets a 429. The worker then
+fetches a URL (as image URLs are fetched: allowlist, public addresses only, the size capped while
+streaming), cuts the video on threads of its own (``shaping/video``: every frame decoded and checked,
+within a time budget) and sends the distinct frames through the keyframe batch path (shaping, packing,
+reuse, thinking policy, tenants, decision log) in chunks, recording progress after each; a failed chunk
+cancels the others. A video refused then fails the job with the reason.
 """
 
 from __future__ import annotations
@@ -16,12 +19,19 @@ import base64
 import importlib.util
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from gateway.caller import Caller
-from gateway.errors import ClientError, InvalidRequest, PayloadTooLarge, UnprocessableImage, UnsupportedMedia
-from gateway.jobs.models import JobRequest, VideoModerationResponse, VideoSegment
+from gateway.errors import (
+    ClientError,
+    InvalidRequest,
+    Overloaded,
+    PayloadTooLarge,
+    UnprocessableImage,
+    UnsupportedMedia,
+)
+from gateway.jobs.models import JobRequest, VideoCoverage, VideoModerationResponse, VideoSegment
 from gateway.moderation.keyframe_batch import (
     Keyframe,
     KeyframeBatchRequest,
@@ -30,18 +40,27 @@ from gateway.moderation.keyframe_batch import (
     moderate_keyframes,
     video_verdict,
 )
-from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
+from gateway.moderation.remote_images import (
+    RemoteImageFetcher,
+    RemoteImageRefused,
+    RemoteImageTooLarge,
+    RemoteImageUnavailable,
+    is_remote_url,
+)
 from gateway.moderation.service import ModerationService
+from gateway.moderation.verdict_cache import FrameIdentity, NearDuplicateRule
 from gateway.moderation.wire import ImageURL
 from gateway.settings import JobSettings, VideoSettings
 from shaping.verdict import Action
 from shaping.video import (
     FrameVerdict,
+    Identity,
+    Likeness,
     Sampling,
     VideoCut,
     VideoLimits,
     VideoRejected,
-    cut_keyframes,
+    cut_video,
     decode_video_data_url,
     merge_segments,
     probe_video,
@@ -60,6 +79,27 @@ def video_rejection(exc: VideoRejected) -> ClientError:
     return kind(exc.message, code=exc.code, param="video")
 
 
+def video_fetch_error(exc: ClientError) -> ClientError:
+    """A video URL's fetch error under a code that speaks of videos (the fetcher is the image fetcher's)."""
+    codes = {RemoteImageRefused: "video_url_refused", RemoteImageTooLarge: "video_too_large",
+             RemoteImageUnavailable: "video_fetch_failed"}
+    code = next((code for kind, code in codes.items() if isinstance(exc, kind)), exc.code)
+    kind: type[ClientError] = type(exc)
+    return kind(exc.message, code=code, param=exc.param)
+
+
+def likeness(rule: NearDuplicateRule) -> Likeness:
+    """Two frames of a video look the same when the gateway's near-duplicate rule says so (exact pixels
+    only when near-duplicate reuse is off)."""
+
+    def same(one: Identity, other: Identity) -> bool:
+        if not rule.enabled:
+            return one == other
+        return rule.matches(FrameIdentity("", *one), FrameIdentity("", *other)) is not None
+
+    return same
+
+
 def video_support() -> bool:
     """Whether PyAV (the ``modgate[video]`` extra) is installed."""
     return importlib.util.find_spec("av") is not None
@@ -73,21 +113,27 @@ class VideoJobs:
     jobs: JobSettings
     executor: Executor  # the cut's own threads: a long cut never holds up a live keyframe's shaping
     fetcher: RemoteImageFetcher | None = None  # None: video URLs are refused (remote images are off)
+    probes: Executor | None = None  # the submission's probe: threads of their own, never behind a cut
+    rule: NearDuplicateRule = field(default_factory=NearDuplicateRule)
+    _probing: int = 0
 
     @property
     def limits(self) -> VideoLimits:
         """The limits of a video, from the settings."""
         s = self.settings
-        return VideoLimits(max_bytes=s.max_bytes, max_duration_s=s.max_duration_s, max_pixels=s.max_pixels)
+        return VideoLimits(max_bytes=s.max_bytes, max_duration_s=s.max_duration_s, max_pixels=s.max_pixels,
+                           max_decoded_frames=s.max_decoded_frames)
 
     def sampling(self, request: JobRequest) -> Sampling:
-        """The request's sampling, each unset field its setting."""
-        asked = request.sampling
+        """The request's sampling, each unset field its setting (a gap no shorter than the setting's)."""
+        asked, s = request.sampling, self.settings
         return Sampling(
-            max_fps=asked.max_fps if asked and asked.max_fps is not None else self.settings.max_fps,
+            max_gap_s=max(s.max_gap_s, asked.max_gap_s) if asked and asked.max_gap_s else s.max_gap_s,
+            max_fps=asked.max_fps if asked and asked.max_fps is not None else s.max_fps,
             scene_threshold=asked.scene_threshold if asked and asked.scene_threshold is not None
-            else self.settings.scene_threshold,
+            else s.scene_threshold,
             max_frames=min(self.jobs.max_frames, asked.max_frames if asked and asked.max_frames else 1 << 30),
+            allow_sparser=bool(asked and asked.allow_sparser),
         )
 
     async def check(self, request: JobRequest) -> None:
@@ -106,11 +152,27 @@ class VideoJobs:
                     "send a data: URL or a multipart file",
                     param="video.url", code="invalid_data_url",
                 )
-            self.fetcher.check_url(url)
+            try:
+                self.fetcher.check_url(url)
+            except ClientError as exc:
+                raise video_fetch_error(exc) from exc
             return
         if self.sampling(request).max_frames < 1:
             raise InvalidRequest("max_frames must be at least 1", param="sampling.max_frames")
-        await self._rejecting(self._probe, url)
+        if self._probing >= 2 * self.settings.probe_workers:
+            raise Overloaded("every video probe is busy: try again shortly", retry_after=1,
+                             code="video_probe_busy")
+        self._probing += 1
+        try:
+            async with asyncio.timeout(self.settings.probe_timeout_s):
+                await self._rejecting(self.probes or self.executor, self._probe, url)
+        except TimeoutError as exc:
+            raise UnprocessableImage(
+                f"the video was not probed within {self.settings.probe_timeout_s:g} s",
+                code="video_probe_timeout", param="video",
+            ) from exc
+        finally:
+            self._probing -= 1
 
     def _probe(self, url: str) -> None:
         probe_video(decode_video_data_url(url, self.settings.max_bytes), self.limits)
@@ -122,18 +184,23 @@ class VideoJobs:
         if is_remote_url(url):
             if self.fetcher is None:
                 raise InvalidRequest("video URLs are not fetched by this gateway", param="video.url")
-            return await self.fetcher.fetch(url)
-        return await self._rejecting(decode_video_data_url, url, self.settings.max_bytes)
+            try:
+                return await self.fetcher.fetch(url)
+            except ClientError as exc:
+                raise video_fetch_error(exc) from exc
+        return await self._rejecting(self.executor, decode_video_data_url, url, self.settings.max_bytes)
 
     async def cut(self, data: bytes, sampling: Sampling) -> VideoCut:
         """The frames to judge, cut on the video threads within the time budget."""
+        same = likeness(self.rule)
         return await self._rejecting(
-            lambda: cut_keyframes(data, self.limits, sampling, budget_s=self.settings.cut_budget_s)
+            self.executor,
+            lambda: cut_video(data, self.limits, sampling, same, budget_s=self.settings.cut_budget_s),
         )
 
-    async def _rejecting(self, function: Callable[..., T], *args: Any) -> T:
+    async def _rejecting(self, executor: Executor, function: Callable[..., T], *args: Any) -> T:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+            return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
         except VideoRejected as exc:
             raise video_rejection(exc) from exc
 
@@ -145,19 +212,24 @@ class VideoJobs:
         priority: int,
         progress: Progress,
     ) -> VideoModerationResponse:
-        """Load, cut and judge the video; its frames in chunks (progress told after each), then segments."""
+        """Load, cut and judge the video; its frames in chunks (progress told after each), then segments.
+
+        The chunks run in one task group: the first that fails cancels the others (no engine call is made
+        for an attempt that has already failed)."""
         cut = await self.cut(await self.load(request), self.sampling(request))
         frames = [
             Keyframe(image_url=ImageURL(url=_jpeg_data_url(frame.jpeg)), timestamp_ms=frame.timestamp_ms)
             for frame in cut.frames
         ]
-        await progress(0, len(frames))
+        total = len(cut.covered)
+        await progress(0, total)
         size = max(8, request.packing or moderation.settings.shaping.packing_k)
-        chunks = [frames[start:start + size] for start in range(0, len(frames), size)]
+        starts = range(0, len(frames), size)
         done = 0
 
-        async def judge(chunk: list[Keyframe]) -> KeyframeBatchResponse:
+        async def judge(start: int) -> KeyframeBatchResponse:
             nonlocal done
+            chunk = frames[start:start + size]
             batch = KeyframeBatchRequest(
                 frames=chunk, packing=request.packing, thinking=request.thinking, model=request.model,
                 tags=request.tags, priority=request.priority,
@@ -165,20 +237,26 @@ class VideoJobs:
             answer = await moderate_keyframes(
                 moderation, request.video_id, batch, caller, None, priority=priority
             )
-            done += len(chunk)
-            await progress(done, len(frames))
+            done += sum(start <= covered.judged < start + size for covered in cut.covered)
+            await progress(done, total)
             return answer
 
-        answers = await asyncio.gather(*(judge(chunk) for chunk in chunks))
-        return video_response(answers, cut.info.duration_ms)
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(judge(start)) for start in starts]
+        return video_response([task.result() for task in tasks], cut)
 
 
-def video_response(answers: list[KeyframeBatchResponse], duration_ms: int) -> VideoModerationResponse:
-    """The chunks' answers as one keyframes document of the whole video, with its segments."""
+def video_response(answers: list[KeyframeBatchResponse], cut: VideoCut) -> VideoModerationResponse:
+    """The chunks' answers as one keyframes document of the video's covered frames (a reused frame carries
+    its judged look-alike's verdict, marked ``reused``), with its segments and coverage."""
+    judged = [frame for answer in answers for frame in answer.frames]
     results: list[KeyframeResult] = []
-    for answer in answers:
-        offset = len(results)
-        results.extend(frame.model_copy(update={"index": offset + frame.index}) for frame in answer.frames)
+    for index, covered in enumerate(cut.covered):
+        made = judged[covered.judged]
+        update: dict[str, Any] = {"index": index, "timestamp_ms": covered.timestamp_ms}
+        if covered.reused:
+            update["modgate"] = made.modgate.model_copy(update={"reused": "near"})
+        results.append(made.model_copy(update=update))
     verdicts = [
         FrameVerdict(
             index=frame.index,
@@ -189,12 +267,13 @@ def video_response(answers: list[KeyframeBatchResponse], duration_ms: int) -> Vi
         )
         for frame in results
     ]
+    duration_ms = cut.info.duration_ms
     segments = [
         VideoSegment(start_ms=s.start_ms, end_ms=s.end_ms, action=cast("Action", s.action),
                      categories=list(s.categories), frames=list(s.frames), confidence=s.confidence)
         for s in merge_segments(verdicts, duration_ms)
     ]
-    first = answers[0]
+    first, coverage = answers[0], cut.coverage
     return VideoModerationResponse(
         id=first.id,
         video_id=first.video_id,
@@ -203,9 +282,14 @@ def video_response(answers: list[KeyframeBatchResponse], duration_ms: int) -> Vi
         frames=results,
         packing=first.packing,
         engine_requests=sum(answer.engine_requests for answer in answers),
-        reused_frames=sum(answer.reused_frames for answer in answers),
+        reused_frames=sum(answer.reused_frames for answer in answers) + coverage.reused,
         duration_ms=duration_ms,
         segments=segments,
+        coverage=VideoCoverage(
+            max_gap_ms=coverage.max_gap_ms, frames_decoded=coverage.frames_decoded,
+            candidates=coverage.candidates, sent=coverage.judged, reused=coverage.reused,
+            complete=coverage.complete,
+        ),
     )
 
 
