@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import hashlib
 import importlib.util
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -28,6 +30,7 @@ from gateway.errors import (
     InvalidRequest,
     Overloaded,
     PayloadTooLarge,
+    ServerSideError,
     UnprocessableImage,
     UnsupportedMedia,
 )
@@ -53,6 +56,7 @@ from gateway.moderation.wire import ImageURL
 from gateway.settings import JobSettings, VideoSettings
 from shaping.verdict import Action
 from shaping.video import (
+    CutFrame,
     FrameVerdict,
     Identity,
     Likeness,
@@ -69,6 +73,28 @@ from shaping.video import (
 T = TypeVar("T")
 Progress = Callable[[int, int], Awaitable[None]]
 """``(frames_done, frames_total)``: told after each chunk of frames is judged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A job's chunks judged so far, kept with the job (gateway/jobs/store.py's parts): a retried attempt
+    asks the engine nothing twice, and logs no decision twice."""
+
+    load: Callable[[], Awaitable[dict[str, str]]]
+    save: Callable[[str, str], Awaitable[None]]
+
+
+def frame_decision_id(job_id: str, timestamp_ms: int) -> str:
+    """A video job's frame's ``decision_id``: the same on every attempt (``dec-`` and 32 hex digits, as a
+    fresh one has, from the job and the frame's time in the video)."""
+    return f"dec-{hashlib.sha256(f'{job_id}:{timestamp_ms}'.encode()).hexdigest()[:32]}"
+
+
+def chunk_name(frames: list[CutFrame]) -> str:
+    """A chunk's name among a job's parts: its frames' times (a retried cut is the same cut; were it not,
+    a chunk of other frames is judged afresh)."""
+    times = ",".join(str(frame.timestamp_ms) for frame in frames)
+    return f"chunk:{hashlib.sha256(times.encode()).hexdigest()[:16]}"
 
 
 def video_rejection(exc: VideoRejected) -> ClientError:
@@ -211,39 +237,63 @@ class VideoJobs:
         caller: Caller,
         priority: int,
         progress: Progress,
+        answered: Answered | None = None,
     ) -> VideoModerationResponse:
         """Load, cut and judge the video; its frames in chunks (progress told after each), then segments.
 
         The chunks run in one task group: the first that fails cancels the others (no engine call is made
-        for an attempt that has already failed)."""
+        for an attempt that has already failed). Each frame's ``decision_id`` is stable per job and frame,
+        and each chunk's answer is kept with the job (``answered``): a retried attempt takes the chunks
+        already judged from there and asks only for the rest."""
         cut = await self.cut(await self.load(request), self.sampling(request))
-        frames = [
-            Keyframe(image_url=ImageURL(url=_jpeg_data_url(frame.jpeg)), timestamp_ms=frame.timestamp_ms)
-            for frame in cut.frames
-        ]
         total = len(cut.covered)
         await progress(0, total)
         size = max(8, request.packing or moderation.settings.shaping.packing_k)
-        starts = range(0, len(frames), size)
+        starts = range(0, len(cut.frames), size)
+        kept = await answered.load() if answered is not None else {}
         done = 0
 
         async def judge(start: int) -> KeyframeBatchResponse:
             nonlocal done
-            chunk = frames[start:start + size]
-            batch = KeyframeBatchRequest(
-                frames=chunk, packing=request.packing, thinking=request.thinking, model=request.model,
-                tags=request.tags, priority=request.priority,
-            )
-            answer = await moderate_keyframes(
-                moderation, request.video_id, batch, caller, None, priority=priority
-            )
+            chunk = cut.frames[start:start + size]
+            name = chunk_name(chunk)
+            if name in kept:
+                answer = KeyframeBatchResponse.model_validate_json(kept[name])
+            else:
+                answer = await self._judge(moderation, request, caller, priority, chunk)
+                if answered is not None:  # kept even if the attempt is cancelled now: its rows are logged
+                    with contextlib.suppress(ClientError, ServerSideError):
+                        await asyncio.shield(answered.save(name, answer.model_dump_json()))
             done += sum(start <= covered.judged < start + size for covered in cut.covered)
             await progress(done, total)
             return answer
 
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(judge(start)) for start in starts]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(judge(start)) for start in starts]
+        except ExceptionGroup as failed:  # the first chunk's failure, as the worker retries or fails it
+            raise failed.exceptions[0] from None
         return video_response([task.result() for task in tasks], cut)
+
+    @staticmethod
+    async def _judge(
+        moderation: ModerationService, request: JobRequest, caller: Caller, priority: int,
+        chunk: list[CutFrame],
+    ) -> KeyframeBatchResponse:
+        """One chunk of the cut's frames through the keyframe batch path, each with its stable decision id."""
+        frames = [
+            Keyframe(image_url=ImageURL(url=_jpeg_data_url(frame.jpeg)), timestamp_ms=frame.timestamp_ms)
+            for frame in chunk
+        ]
+        batch = KeyframeBatchRequest(
+            frames=frames, packing=request.packing, thinking=request.thinking, model=request.model,
+            tags=request.tags, priority=request.priority,
+        )
+        job = caller.job_id or request.video_id
+        return await moderate_keyframes(
+            moderation, request.video_id, batch, caller, None, priority=priority,
+            decision_ids=[frame_decision_id(job, frame.timestamp_ms) for frame in chunk],
+        )
 
 
 def video_response(answers: list[KeyframeBatchResponse], cut: VideoCut) -> VideoModerationResponse:

@@ -24,7 +24,7 @@ from gateway.errors import (
 )
 from gateway.jobs.models import Delivery, JobError, JobRecord, JobRequest, JobStatus
 from gateway.jobs.store import JobStore
-from gateway.jobs.video import VideoJobs
+from gateway.jobs.video import Answered, VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
 from gateway.moderation.keyframe_batch import moderate_keyframes
 from gateway.moderation.service import ModerationService
@@ -185,6 +185,8 @@ class JobWorker:
                     response = await self.videos.moderate(
                         self.moderation, request, caller, priority,
                         lambda done, total: self._progress(job_id, done, total),
+                        Answered(load=lambda: self.store.parts(job_id),
+                                 save=lambda name, value: self.store.save_part(job_id, name, value)),
                     )
                 else:
                     response = await moderate_keyframes(
