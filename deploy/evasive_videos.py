@@ -10,6 +10,7 @@ fade frames between a harmful and a harmless picture count as neither.
 
 from __future__ import annotations
 
+import io
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -122,9 +123,11 @@ def corpus(size: tuple[int, int] = (320, 180), fps: float = 10) -> list[EvasiveV
         held(calm, 0, 4, fps) + held(violent, 4000, 4, fps) + held(calm2, 8000, 4, fps), size=size,
         container="matroska", container_options={"live": "1"}), ((4000, 8000),), 12000))
     big = (w * 2, h * 2)
-    videos.append(EvasiveVideo("mid-stream size change (MPEG-TS)", size_change(
-        held(calm, 0, 4, fps), held(pic("block:violence", 2, big), 4000, 4, fps)
-        + held(pic("allow", 3, big), 8000, 4, fps), size, big), ((4000, 8000),), 12000))
+    spliced = size_change(held(calm, 0, 4, fps), held(pic("block:violence", 2, big), 4000, 4, fps)
+                          + held(pic("allow", 3, big), 8000, 4, fps), size, big)
+    shift = resized_at_ms(spliced, big) - 4000  # the splice on the joined stream's own clock
+    videos.append(EvasiveVideo("mid-stream size change (MPEG-TS)", spliced, ((4000 + shift, 8000 + shift),),
+                               12000 + shift))
     videos.append(EvasiveVideo("rotation metadata", encode(
         held(calm, 0, 4, fps) + held(violent, 4000, 4, fps) + held(calm2, 8000, 4, fps), size=size,
         rotation=90), ((4000, 8000),), 12000))
@@ -138,3 +141,16 @@ def size_change(
     continuous, the bytes joined as a broadcast splices them)."""
     return (encode(first, size=size, container="mpegts")
             + encode(second, size=then, container="mpegts"))
+
+
+def resized_at_ms(data: bytes, size: tuple[int, int]) -> int:
+    """Where on the stream's own clock (ms from its start) the first frame of ``size`` is."""
+    import av
+
+    with av.open(io.BytesIO(data), "r") as container:
+        stream = container.streams.video[0]
+        assert stream.time_base is not None
+        for frame in container.decode(stream):
+            if (frame.width, frame.height) == size and frame.pts is not None:
+                return int((frame.pts - (stream.start_time or 0)) * stream.time_base * 1000)
+    raise ValueError(f"no frame of {size}")
