@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 from PIL import Image
 
-from deploy.keyframes import read_label
+from deploy.evasive_videos import encode, held
+from deploy.keyframes import read_label, render_keyframe
 from deploy.videos import Scene, make_video
 from gateway.jobs.video import likeness
 from gateway.moderation.verdict_cache import NearDuplicateRule
@@ -16,6 +18,8 @@ from shaping.video import (
     Sampling,
     VideoDecodeFailed,
     VideoLimits,
+    VideoTooLarge,
+    VideoTooLong,
     VideoTooManyFrames,
     cut_video,
     merge_segments,
@@ -80,3 +84,18 @@ def test_segments_merge_equal_neighbours_and_end_where_the_next_begins() -> None
         (1000, 3000, "block", ("violence",), (1, 2), 0.7),
         (3000, 5000, "block", ("hate",), (3,), None),
     ]
+
+
+def test_a_live_matroska_is_measured_by_its_frames_and_decoding_stops_at_the_duration_limit() -> None:
+    video = encode(held(render_keyframe("allow", 160, 90, 1), 0, 20, 2), size=(160, 90), container="matroska",
+                   container_options={"live": "1"})
+    with pytest.raises(VideoTooLong, match="decoding stopped there"):
+        cut_video(video, replace(LIMITS, max_duration_s=5), Sampling(), SAME, budget_s=30)
+    # the last frame starts at 19.5 s; it lasts what the stream says of it
+    assert 19_500 < cut_video(video, LIMITS, Sampling(), SAME, budget_s=30).info.duration_ms <= 20_000
+
+
+def test_more_frames_than_the_decoded_frame_cap_fail_the_cut() -> None:
+    video = make_video([Scene("allow", 3, seed=1)], fps=10)
+    with pytest.raises(VideoTooLarge, match="more than 20 frames"):
+        cut_video(video, replace(LIMITS, max_decoded_frames=20), Sampling(), SAME, budget_s=30)
