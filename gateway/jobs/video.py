@@ -19,6 +19,7 @@ import base64
 import contextlib
 import hashlib
 import importlib.util
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -245,7 +246,12 @@ class VideoJobs:
         for an attempt that has already failed). Each frame's ``decision_id`` is stable per job and frame,
         and each chunk's answer is kept with the job (``answered``): a retried attempt takes the chunks
         already judged from there and asks only for the rest."""
-        cut = await self.cut(await self.load(request), self.sampling(request))
+        data = await self.load(request)
+        started = time.monotonic()
+        cut = await self.cut(data, self.sampling(request))
+        c = cut.coverage
+        moderation.metrics.video_cut(time.monotonic() - started, c.frames_decoded, c.candidates, c.judged,
+                                     c.reused, c.max_gap_ms)
         total = len(cut.covered)
         await progress(0, total)
         size = max(8, request.packing or moderation.settings.shaping.packing_k)

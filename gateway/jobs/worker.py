@@ -194,7 +194,7 @@ class JobWorker:
                     )
             except (ServerSideError, Overloaded) as exc:
                 if attempt >= self.settings.max_attempts:
-                    await self._fail(job_id, exc)
+                    await self._fail(job_id, exc, video=request.video is not None)
                     return record
                 wait = min(60.0, self.settings.retry_wait_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
                 log.warning(
@@ -203,13 +203,15 @@ class JobWorker:
                 await asyncio.sleep(wait)
                 continue
             except ClientError as exc:
-                await self._fail(job_id, exc)
+                await self._fail(job_id, exc, video=request.video is not None)
                 return record
             except Exception:
                 log.exception("job %s failed on a gateway bug", job_id)
-                await self._fail(job_id, ServerSideError("internal error"))
+                await self._fail(job_id, ServerSideError("internal error"), video=request.video is not None)
                 return record
             done = await self._complete(job_id, "succeeded", result=response.model_dump_json())
+            if done and request.video is not None:
+                self.moderation.metrics.video_jobs.labels("succeeded", "ok").inc()
             log.info("job %s %s", job_id, "succeeded" if done else "was already finished elsewhere")
             return record
 
@@ -217,9 +219,10 @@ class JobWorker:
         with contextlib.suppress(StateUnavailable):  # progress is a courtesy: never fail a job for it
             await self.store.set_progress(job_id, done, total)
 
-    async def _fail(self, job_id: str, exc: ModgateError) -> None:
+    async def _fail(self, job_id: str, exc: ModgateError, *, video: bool = False) -> None:
         error = JobError(message=exc.message, type=exc.type, code=exc.code).model_dump_json()
-        await self._complete(job_id, "failed", error=error)
+        if await self._complete(job_id, "failed", error=error) and video:
+            self.moderation.metrics.video_jobs.labels("failed", exc.code).inc()
 
     async def _complete(
         self, job_id: str, status: JobStatus, *, result: str | None = None, error: str | None = None
