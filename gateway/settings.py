@@ -348,20 +348,11 @@ class VideoSettings(BaseModel):
     max_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     max_duration_s: float = Field(default=600.0, gt=0)
     max_pixels: int = Field(default=3840 * 2160, ge=1)  # per frame: 4K
-    # Every stretch this long of the video, as decoded, has a judged frame (or one that looks like a judged
-    # one and reuses its verdict); a caller may ask for a longer gap, never a shorter one than 0.04 s.
-    max_gap_s: float = Field(default=1.0, ge=0.04, le=60)
+    max_gap_s: float = Field(default=1.0, ge=0.04, le=60)  # a judged (or look-alike) frame in every stretch
     max_fps: float = Field(default=1.0, gt=0, le=60)  # shot changes taken per second of video at most
-    # FFmpeg's scdet score (0..1: its 0..100 / 100) that counts as a shot change; 0: the clock only. 0.03:
-    # measured between hard cuts (0.059 and up) and cross-fade frames (0.0144 at most), docs/engineering.md.
-    scene_threshold: float = Field(default=0.03, ge=0, le=1)
-    max_decoded_frames: int = Field(default=36_000, ge=1)  # frames decoded of one video (600 s at 60 fps)
+    scene_threshold: float = Field(default=0.03, ge=0, le=1)  # FFmpeg scdet's score/100 of a shot change
     cut_budget_s: float = Field(default=120.0, gt=0)  # the cut of one video, after which the job fails
     cut_workers: int = Field(default=1, ge=1, le=16)  # videos cut at once (threads of their own)
-    # The submission's probe (demuxed, not decoded) on threads of its own, never behind a cut; more probes
-    # waiting than twice the threads: 429 with Retry-After.
-    probe_workers: int = Field(default=2, ge=1, le=16)
-    probe_timeout_s: float = Field(default=10.0, gt=0, le=120)
     fetch_timeout_s: float = Field(default=60.0, gt=0, le=600)  # a video URL's whole download
 
 

@@ -47,7 +47,7 @@ from gateway.jobs.service import JobService
 from gateway.jobs.store import JobStore
 from gateway.jobs.store_memory import MemoryJobStore
 from gateway.jobs.store_redis import RedisJobStore
-from gateway.jobs.video import VideoJobs
+from gateway.jobs.video import PROBE_WORKERS, VideoJobs
 from gateway.jobs.webhooks import WebhookSender
 from gateway.moderation.engine_identity import EngineIdentity
 from gateway.moderation.remote_images import VIDEOS, RemoteImageFetcher
@@ -479,7 +479,7 @@ async def open_services(
         video_fetcher = _video_fetcher(settings)
         if video_fetcher is not None:
             stack.push_async_callback(video_fetcher.aclose)
-        video_probes = ThreadPoolExecutor(settings.videos.probe_workers, thread_name_prefix="video-probe")
+        video_probes = ThreadPoolExecutor(PROBE_WORKERS, thread_name_prefix="video-probe")
         stack.callback(video_probes.shutdown, wait=False, cancel_futures=True)
         videos = VideoJobs(
             settings.videos, settings.jobs, video_threads, video_fetcher, video_probes,

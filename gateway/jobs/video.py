@@ -72,6 +72,9 @@ from shaping.video import (
 )
 
 T = TypeVar("T")
+MAX_DECODED_FPS = 60  # the decoded-frame cap: 60 frames a second of the duration limit (36,000 at 600 s)
+PROBE_TIMEOUT_S = 10.0  # a submission's probe (its packets demuxed, no frame decoded)
+PROBE_WORKERS = 2  # submission probes at once, on threads of their own; as many more may wait, then 429
 Progress = Callable[[int, int], Awaitable[None]]
 """``(frames_done, frames_total)``: told after each chunk of frames is judged."""
 
@@ -149,7 +152,7 @@ class VideoJobs:
         """The limits of a video, from the settings."""
         s = self.settings
         return VideoLimits(max_bytes=s.max_bytes, max_duration_s=s.max_duration_s, max_pixels=s.max_pixels,
-                           max_decoded_frames=s.max_decoded_frames)
+                           max_decoded_frames=int(s.max_duration_s * MAX_DECODED_FPS))
 
     def sampling(self, request: JobRequest) -> Sampling:
         """The request's sampling, each unset field its setting (a gap no shorter than the setting's)."""
@@ -186,16 +189,16 @@ class VideoJobs:
             return
         if self.sampling(request).max_frames < 1:
             raise InvalidRequest("max_frames must be at least 1", param="sampling.max_frames")
-        if self._probing >= 2 * self.settings.probe_workers:
+        if self._probing >= 2 * PROBE_WORKERS:
             raise Overloaded("every video probe is busy: try again shortly", retry_after=1,
                              code="video_probe_busy")
         self._probing += 1
         try:
-            async with asyncio.timeout(self.settings.probe_timeout_s):
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
                 await self._rejecting(self.probes or self.executor, self._probe, url)
         except TimeoutError as exc:
             raise UnprocessableImage(
-                f"the video was not probed within {self.settings.probe_timeout_s:g} s",
+                f"the video was not probed within {PROBE_TIMEOUT_S:g} s",
                 code="video_probe_timeout", param="video",
             ) from exc
         finally:

@@ -235,8 +235,7 @@ class ModerationService:
 
         ``packing``: keyframes per engine request (default ``MODGATE_SHAPING__PACKING_K``). ``fresh``: do
         not reuse stored verdicts (``Cache-Control: no-cache``, e.g. the quality module's re-runs).
-        ``decision_ids``: one per image, the results' ``decision_id`` (a video job's are stable per job and
-        frame, so a retried attempt's decision rows are the same rows); default: fresh ones.
+        ``decision_ids``: the results' ids, one per image (a video job's: stable per job and frame).
         """
         request_id = f"modr-{uuid.uuid4().hex}"
         started = time.monotonic()
@@ -247,9 +246,8 @@ class ModerationService:
 
         with self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id}):
             try:
-                answer = await self._moderate(
-                    request, caller, requested, record, packing, fresh=fresh, decision_ids=decision_ids
-                )
+                answer = await self._moderate(request, caller, requested, record, packing, fresh=fresh,
+                                              decision_ids=decision_ids)
             except ModgateError as exc:
                 finished(exc.default_code, exc.message)
                 raise
@@ -319,9 +317,7 @@ class ModerationService:
                         continue  # nothing was judged
                     if decision.mode == "escalate":
                         self._pair_escalation(policy, judged_frame, outcome, caller.tenant, video_id)
-                    elif (
-                        outcome.reused is None and outcome.packed == 1
-                    ):  # an engine verdict on this frame alone
+                    elif outcome.reused is None and outcome.packed == 1:  # a verdict on this frame alone
                         self.shadow.consider(
                             policy,
                             judged_frame,

@@ -15,7 +15,7 @@ from deploy.evasive_videos import encode, held, size_change
 from deploy.keyframes import render_keyframe
 from gateway.errors import Overloaded
 from gateway.jobs.models import JobRequest
-from gateway.jobs.video import VideoJobs
+from gateway.jobs.video import PROBE_WORKERS, VideoJobs
 from gateway.settings import JobSettings, VideoSettings
 from tests.reliability.conftest import error_body
 from tests.support import GatewayFactory
@@ -81,7 +81,7 @@ async def test_the_submission_probe_never_waits_behind_a_cut() -> None:
     cuts, release = blocked_pool()
     probes = ThreadPoolExecutor(1)
     videos = VideoJobs(VideoSettings(), JobSettings(), cuts, probes=probes)
-    request = JobRequest(video_id="p", video={"url": video_url(live_matroska(2))})  # type: ignore[arg-type]
+    request = JobRequest(video_id="p", video={"url": video_url(live_matroska(2))})
     try:
         await asyncio.wait_for(videos.check(request), timeout=10)  # the cut thread is held all along
     finally:
@@ -92,9 +92,9 @@ async def test_the_submission_probe_never_waits_behind_a_cut() -> None:
 
 async def test_a_submission_gets_a_429_with_retry_after_when_every_probe_is_busy() -> None:
     probes, release = blocked_pool()
-    videos = VideoJobs(VideoSettings(probe_workers=1), JobSettings(), ThreadPoolExecutor(1), probes=probes)
-    request = JobRequest(video_id="p", video={"url": video_url(live_matroska(2))})  # type: ignore[arg-type]
-    waiting = [asyncio.create_task(videos.check(request)) for _ in range(2)]
+    videos = VideoJobs(VideoSettings(), JobSettings(), ThreadPoolExecutor(1), probes=probes)
+    request = JobRequest(video_id="p", video={"url": video_url(live_matroska(2))})
+    waiting = [asyncio.create_task(videos.check(request)) for _ in range(2 * PROBE_WORKERS)]
     await asyncio.sleep(0.1)
     try:
         with pytest.raises(Overloaded) as refused:

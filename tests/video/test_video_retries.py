@@ -49,7 +49,7 @@ async def test_a_retried_video_job_leaves_one_decision_row_per_frame_and_asks_no
 ) -> None:
     since = datetime.datetime.now(datetime.UTC)
     redis = {"url": redis_url} if store == "redis" else {}
-    settings = Settings(engine={"url": sim.url}, jobs={"retry_wait_s": 0.05}, redis=redis)  # type: ignore[arg-type]
+    settings = Settings(engine={"url": sim.url}, jobs={"retry_wait_s": 0.05}, redis=redis)
     app = create_app(settings)
     async with AsyncTestClient(app, timeout=30) as client:
         moderation = app.state.services.moderation
