@@ -348,9 +348,9 @@ class VideoSettings(BaseModel):
     max_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     max_duration_s: float = Field(default=600.0, gt=0)
     max_pixels: int = Field(default=3840 * 2160, ge=1)  # per frame: 4K
-    max_fps: float = Field(default=1.0, gt=0, le=60)  # frames cut per second of video at most (the default)
-    # Mean grey-level change (0..1) that counts as a shot change; 0: the stream's own keyframes only.
-    scene_threshold: float = Field(default=0.3, ge=0, le=1)
+    max_gap_s: float = Field(default=1.0, ge=0.04, le=60)  # a judged (or look-alike) frame in every stretch
+    max_fps: float = Field(default=1.0, gt=0, le=60)  # shot changes taken per second of video at most
+    scene_threshold: float = Field(default=0.03, ge=0, le=1)  # FFmpeg scdet's score/100 of a shot change
     cut_budget_s: float = Field(default=120.0, gt=0)  # the cut of one video, after which the job fails
     cut_workers: int = Field(default=1, ge=1, le=16)  # videos cut at once (threads of their own)
     fetch_timeout_s: float = Field(default=60.0, gt=0, le=600)  # a video URL's whole download

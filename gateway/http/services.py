@@ -48,7 +48,7 @@ from gateway.jobs.service import JobService
 from gateway.jobs.store import JobStore
 from gateway.jobs.store_memory import MemoryJobStore
 from gateway.jobs.store_redis import RedisJobStore
-from gateway.jobs.video import VideoJobs
+from gateway.jobs.video import PROBE_WORKERS, VideoJobs
 from gateway.jobs.webhooks import WebhookSender
 from gateway.moderation.engine_identity import EngineIdentity
 from gateway.moderation.remote_images import VIDEOS, RemoteImageFetcher
@@ -202,10 +202,16 @@ async def _label_to_job(jobs: JobService, decisions: DecisionLog, done: Labelled
     ))
 
 
+def _near_duplicates(settings: Settings) -> NearDuplicateRule:
+    """When two frames count as one picture: for the verdict cache and between a video's frames."""
+    shaping = settings.shaping
+    return NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta)
+
+
 def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictCache:
     """Reused verdicts: shared in Redis when it is configured, else this process's memory."""
     shaping = settings.shaping
-    rule = NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta)
+    rule = _near_duplicates(settings)
     if state is None:
         return MemoryVerdictCache(shaping.verdict_cache_ttl_s, shaping.verdict_cache_max_entries, rule)
     return RedisVerdictCache(state, shaping.verdict_cache_ttl_s, rule)
@@ -473,7 +479,12 @@ async def open_services(
         video_fetcher = _video_fetcher(settings)
         if video_fetcher is not None:
             stack.push_async_callback(video_fetcher.aclose)
-        videos = VideoJobs(settings.videos, settings.jobs, video_threads, video_fetcher)
+        video_probes = ThreadPoolExecutor(PROBE_WORKERS, thread_name_prefix="video-probe")
+        stack.callback(video_probes.shutdown, wait=False, cancel_futures=True)
+        videos = VideoJobs(
+            settings.videos, settings.jobs, video_threads, video_fetcher, video_probes,
+            _near_duplicates(settings),
+        )
         jobs = _job_service(settings, state, moderation, executor, remote_images, drain, videos)
         stack.push_async_callback(jobs.stop)
         moderation.review.on_label = partial(_label_to_job, jobs, moderation.decisions)

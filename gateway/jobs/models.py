@@ -35,9 +35,13 @@ class VideoSampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    max_fps: float | None = Field(default=None, gt=0, le=60)
-    scene_threshold: float | None = Field(default=None, ge=0, le=1)  # 0: the stream's own keyframes only
-    max_frames: int | None = Field(default=None, ge=1, le=1024)
+    max_gap_s: float | None = Field(default=None, ge=0.04, le=60)  # a longer gap than the setting's only
+    max_fps: float | None = Field(default=None, gt=0, le=60)  # shot changes taken per second at most
+    scene_threshold: float | None = Field(default=None, ge=0, le=1)  # scdet's score / 100; 0: the clock only
+    max_frames: int | None = Field(default=None, ge=1, le=1024)  # distinct frames judged at most
+    # More distinct frames than max_frames: false (the default) fails the job (video_too_many_frames); true
+    # judges a sparser sample (every other frame dropped as often as needed) and the coverage says so.
+    allow_sparser: bool = False
 
 
 class JobRequest(KeyframeBatchRequest):
@@ -100,12 +104,24 @@ class VideoSegment(BaseModel):
     confidence: float | None  # the lowest of its frames' confidences (null when none has one)
 
 
+class VideoCoverage(BaseModel):
+    """How well the judged frames cover the video, as decoded."""
+
+    max_gap_ms: int  # the longest any decoded frame lies after the last judged (or reused) frame before it
+    frames_decoded: int
+    candidates: int  # frames covered: judged, or reusing a judged look-alike's verdict
+    sent: int  # frames sent to the engine (the verdict cache may still have answered some)
+    reused: int  # covered frames whose verdict is a judged look-alike's (no engine call)
+    complete: bool  # every stretch of max_gap_s covered; false only when a sparser sample was asked for
+
+
 class VideoModerationResponse(KeyframeBatchResponse):
-    """A video job's result: the keyframes document of the frames cut, with the video's duration and its
-    segments."""
+    """A video job's result: the keyframes document of the covered frames, with the video's duration (its
+    decoded frames'), its segments and its coverage."""
 
     duration_ms: int
     segments: list[VideoSegment]
+    coverage: VideoCoverage | None = None  # null on results made before coverage was measured
 
 
 class WebhookState(BaseModel):

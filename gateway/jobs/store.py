@@ -46,6 +46,14 @@ class JobStore(Protocol):
         """How far a running job is: frames judged of the frames it has (a video's once it is cut)."""
         ...
 
+    async def save_part(self, job_id: str, name: str, value: str) -> None:
+        """Keep a piece of a running job's work (a video's judged chunk) for a retried attempt."""
+        ...
+
+    async def parts(self, job_id: str) -> dict[str, str]:
+        """The pieces of the job's work kept so far (by name)."""
+        ...
+
     async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:
         """Whether this gateway may deliver the job's webhook now (no one else is)."""
         ...

@@ -21,6 +21,7 @@ class MemoryJobStore:
         self._idempotency: dict[str, str] = {}
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._finished: OrderedDict[str, str | None] = OrderedDict()  # job id → its idempotency entry
+        self._parts: dict[str, dict[str, str]] = {}  # a running job's pieces of work, until it finishes
 
     async def submit(self, record: JobRecord, idempotency: str | None) -> tuple[JobRecord, bool]:
         """Store a new job, or answer the one already under ``idempotency``."""
@@ -75,6 +76,7 @@ class MemoryJobStore:
         record.updated_at = record.completed_at = now
         record.completions += 1
         record.request = None
+        self._parts.pop(job_id, None)
         self._finished.move_to_end(job_id)
         self._forget_oldest()
         return True
@@ -96,6 +98,14 @@ class MemoryJobStore:
         """How far a running job is."""
         if (record := self._records.get(job_id)) is not None:
             record.frames, record.frames_done = frames_total, frames_done
+
+    async def save_part(self, job_id: str, name: str, value: str) -> None:
+        """Keep a piece of the job's work."""
+        self._parts.setdefault(job_id, {})[name] = value
+
+    async def parts(self, job_id: str) -> dict[str, str]:
+        """The pieces kept so far."""
+        return dict(self._parts.get(job_id, {}))
 
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome."""

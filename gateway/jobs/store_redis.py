@@ -236,6 +236,20 @@ class RedisJobStore:
                 self.job_key(job_id), mapping={"frames": frames_total, "frames_done": frames_done}
             )
 
+    async def save_part(self, job_id: str, name: str, value: str) -> None:
+        """A hash of its own beside the job's (``…:parts``), expiring with it: a read of the job never
+        carries the pieces."""
+        key = f"{self.job_key(job_id)}:parts"
+        async with unreachable("keep a piece of the job's work"):
+            await self._redis.hset(key, name, value)
+            await self._redis.expire(key, self.ttl_s)
+
+    async def parts(self, job_id: str) -> dict[str, str]:
+        """The pieces kept so far."""
+        async with unreachable("read the job's work so far"):
+            raw = await self._redis.hgetall(f"{self.job_key(job_id)}:parts")
+        return {as_text(name): as_text(value) for name, value in raw.items()}
+
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome with the job."""
         async with unreachable("record the webhook"):

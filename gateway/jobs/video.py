@@ -1,27 +1,41 @@
-"""Video jobs: a video in (a URL or a ``data:`` URL), its keyframes cut, judged as posted keyframes are,
-and merged into segments.
+"""Video jobs: a video in (a URL or a ``data:`` URL), covered on the clock and at shot changes, its distinct
+frames judged as posted keyframes are, and merged into segments.
 
 At submission the cheap checks answer a clear 4xx at once: the URL against the allowlist, a ``data:`` URL's
-size and a container probe (a still image, no video stream, over the duration or pixel limits). The worker
-then fetches a URL (as image URLs are fetched: allowlist, public addresses only, the size capped while
-streaming), cuts the frames on threads of their own (``shaping/video``, within a time budget) and sends
-them through the keyframe batch path (shaping, packing, reuse, thinking policy, tenants, decision log) in
-chunks, recording progress after each. A video refused then fails the job with the reason.
+size and a container probe (a still image, no video stream, over the pixel limit, or over the duration
+limit as its packets' timestamps measure it). The probe runs on threads of its own within a timeout, never
+behind a cut; when they are all busy and as many probes wait, the submission gets a 429. The worker then
+fetches a URL (as image URLs are fetched: allowlist, public addresses only, the size capped while
+streaming), cuts the video on threads of its own (``shaping/video``: every frame decoded and checked,
+within a time budget) and sends the distinct frames through the keyframe batch path (shaping, packing,
+reuse, thinking policy, tenants, decision log) in chunks, recording progress after each; a failed chunk
+cancels the others. A video refused then fails the job with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import hashlib
 import importlib.util
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from gateway.caller import Caller
-from gateway.errors import ClientError, InvalidRequest, PayloadTooLarge, UnprocessableImage, UnsupportedMedia
-from gateway.jobs.models import JobRequest, VideoModerationResponse, VideoSegment
+from gateway.errors import (
+    ClientError,
+    InvalidRequest,
+    Overloaded,
+    PayloadTooLarge,
+    ServerSideError,
+    UnprocessableImage,
+    UnsupportedMedia,
+)
+from gateway.jobs.models import JobRequest, VideoCoverage, VideoModerationResponse, VideoSegment
 from gateway.moderation.keyframe_batch import (
     Keyframe,
     KeyframeBatchRequest,
@@ -30,26 +44,61 @@ from gateway.moderation.keyframe_batch import (
     moderate_keyframes,
     video_verdict,
 )
-from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
+from gateway.moderation.remote_images import (
+    RemoteImageFetcher,
+    RemoteImageRefused,
+    RemoteImageTooLarge,
+    RemoteImageUnavailable,
+    is_remote_url,
+)
 from gateway.moderation.service import ModerationService
+from gateway.moderation.verdict_cache import FrameIdentity, NearDuplicateRule
 from gateway.settings import JobSettings, VideoSettings
 from gateway.wire import ImageURL
 from shaping.verdict import Action
 from shaping.video import (
+    CutFrame,
     FrameVerdict,
+    Identity,
+    Likeness,
     Sampling,
     VideoCut,
     VideoLimits,
     VideoRejected,
-    cut_keyframes,
+    cut_video,
     decode_video_data_url,
     merge_segments,
     probe_video,
 )
 
 T = TypeVar("T")
+MAX_DECODED_FPS = 60  # the decoded-frame cap: 60 frames a second of the duration limit (36,000 at 600 s)
+PROBE_TIMEOUT_S = 10.0  # a submission's probe (its packets demuxed, no frame decoded)
+PROBE_WORKERS = 2  # submission probes at once, on threads of their own; as many more may wait, then 429
 Progress = Callable[[int, int], Awaitable[None]]
 """``(frames_done, frames_total)``: told after each chunk of frames is judged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A job's chunks judged so far, kept with the job (gateway/jobs/store.py's parts): a retried attempt
+    asks the engine nothing twice, and logs no decision twice."""
+
+    load: Callable[[], Awaitable[dict[str, str]]]
+    save: Callable[[str, str], Awaitable[None]]
+
+
+def frame_decision_id(job_id: str, timestamp_ms: int) -> str:
+    """A video job's frame's ``decision_id``: the same on every attempt (``dec-`` and 32 hex digits, as a
+    fresh one has, from the job and the frame's time in the video)."""
+    return f"dec-{hashlib.sha256(f'{job_id}:{timestamp_ms}'.encode()).hexdigest()[:32]}"
+
+
+def chunk_name(frames: list[CutFrame]) -> str:
+    """A chunk's name among a job's parts: its frames' times (a retried cut is the same cut; were it not,
+    a chunk of other frames is judged afresh)."""
+    times = ",".join(str(frame.timestamp_ms) for frame in frames)
+    return f"chunk:{hashlib.sha256(times.encode()).hexdigest()[:16]}"
 
 
 def video_rejection(exc: VideoRejected) -> ClientError:
@@ -58,6 +107,27 @@ def video_rejection(exc: VideoRejected) -> ClientError:
         exc.status, InvalidRequest
     )
     return kind(exc.message, code=exc.code, param="video")
+
+
+def video_fetch_error(exc: ClientError) -> ClientError:
+    """A video URL's fetch error under a code that speaks of videos (the fetcher is the image fetcher's)."""
+    codes = {RemoteImageRefused: "video_url_refused", RemoteImageTooLarge: "video_too_large",
+             RemoteImageUnavailable: "video_fetch_failed"}
+    code = next((code for kind, code in codes.items() if isinstance(exc, kind)), exc.code)
+    kind: type[ClientError] = type(exc)
+    return kind(exc.message, code=code, param=exc.param)
+
+
+def likeness(rule: NearDuplicateRule) -> Likeness:
+    """Two frames of a video look the same when the gateway's near-duplicate rule says so (exact pixels
+    only when near-duplicate reuse is off)."""
+
+    def same(one: Identity, other: Identity) -> bool:
+        if not rule.enabled:
+            return one == other
+        return rule.matches(FrameIdentity("", *one), FrameIdentity("", *other)) is not None
+
+    return same
 
 
 def video_support() -> bool:
@@ -73,21 +143,27 @@ class VideoJobs:
     jobs: JobSettings
     executor: Executor  # the cut's own threads: a long cut never holds up a live keyframe's shaping
     fetcher: RemoteImageFetcher | None = None  # None: video URLs are refused (remote images are off)
+    probes: Executor | None = None  # the submission's probe: threads of their own, never behind a cut
+    rule: NearDuplicateRule = field(default_factory=NearDuplicateRule)
+    _probing: int = 0
 
     @property
     def limits(self) -> VideoLimits:
         """The limits of a video, from the settings."""
         s = self.settings
-        return VideoLimits(max_bytes=s.max_bytes, max_duration_s=s.max_duration_s, max_pixels=s.max_pixels)
+        return VideoLimits(max_bytes=s.max_bytes, max_duration_s=s.max_duration_s, max_pixels=s.max_pixels,
+                           max_decoded_frames=int(s.max_duration_s * MAX_DECODED_FPS))
 
     def sampling(self, request: JobRequest) -> Sampling:
-        """The request's sampling, each unset field its setting."""
-        asked = request.sampling
+        """The request's sampling, each unset field its setting (a gap no shorter than the setting's)."""
+        asked, s = request.sampling, self.settings
         return Sampling(
-            max_fps=asked.max_fps if asked and asked.max_fps is not None else self.settings.max_fps,
+            max_gap_s=max(s.max_gap_s, asked.max_gap_s) if asked and asked.max_gap_s else s.max_gap_s,
+            max_fps=asked.max_fps if asked and asked.max_fps is not None else s.max_fps,
             scene_threshold=asked.scene_threshold if asked and asked.scene_threshold is not None
-            else self.settings.scene_threshold,
+            else s.scene_threshold,
             max_frames=min(self.jobs.max_frames, asked.max_frames if asked and asked.max_frames else 1 << 30),
+            allow_sparser=bool(asked and asked.allow_sparser),
         )
 
     async def check(self, request: JobRequest) -> None:
@@ -106,11 +182,27 @@ class VideoJobs:
                     "send a data: URL or a multipart file",
                     param="video.url", code="invalid_data_url",
                 )
-            self.fetcher.check_url(url)
+            try:
+                self.fetcher.check_url(url)
+            except ClientError as exc:
+                raise video_fetch_error(exc) from exc
             return
         if self.sampling(request).max_frames < 1:
             raise InvalidRequest("max_frames must be at least 1", param="sampling.max_frames")
-        await self._rejecting(self._probe, url)
+        if self._probing >= 2 * PROBE_WORKERS:
+            raise Overloaded("every video probe is busy: try again shortly", retry_after=1,
+                             code="video_probe_busy")
+        self._probing += 1
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                await self._rejecting(self.probes or self.executor, self._probe, url)
+        except TimeoutError as exc:
+            raise UnprocessableImage(
+                f"the video was not probed within {PROBE_TIMEOUT_S:g} s",
+                code="video_probe_timeout", param="video",
+            ) from exc
+        finally:
+            self._probing -= 1
 
     def _probe(self, url: str) -> None:
         probe_video(decode_video_data_url(url, self.settings.max_bytes), self.limits)
@@ -122,18 +214,23 @@ class VideoJobs:
         if is_remote_url(url):
             if self.fetcher is None:
                 raise InvalidRequest("video URLs are not fetched by this gateway", param="video.url")
-            return await self.fetcher.fetch(url)
-        return await self._rejecting(decode_video_data_url, url, self.settings.max_bytes)
+            try:
+                return await self.fetcher.fetch(url)
+            except ClientError as exc:
+                raise video_fetch_error(exc) from exc
+        return await self._rejecting(self.executor, decode_video_data_url, url, self.settings.max_bytes)
 
     async def cut(self, data: bytes, sampling: Sampling) -> VideoCut:
         """The frames to judge, cut on the video threads within the time budget."""
+        same = likeness(self.rule)
         return await self._rejecting(
-            lambda: cut_keyframes(data, self.limits, sampling, budget_s=self.settings.cut_budget_s)
+            self.executor,
+            lambda: cut_video(data, self.limits, sampling, same, budget_s=self.settings.cut_budget_s),
         )
 
-    async def _rejecting(self, function: Callable[..., T], *args: Any) -> T:
+    async def _rejecting(self, executor: Executor, function: Callable[..., T], *args: Any) -> T:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+            return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
         except VideoRejected as exc:
             raise video_rejection(exc) from exc
 
@@ -144,41 +241,81 @@ class VideoJobs:
         caller: Caller,
         priority: int,
         progress: Progress,
+        answered: Answered | None = None,
     ) -> VideoModerationResponse:
-        """Load, cut and judge the video; its frames in chunks (progress told after each), then segments."""
-        cut = await self.cut(await self.load(request), self.sampling(request))
-        frames = [
-            Keyframe(image_url=ImageURL(url=_jpeg_data_url(frame.jpeg)), timestamp_ms=frame.timestamp_ms)
-            for frame in cut.frames
-        ]
-        await progress(0, len(frames))
+        """Load, cut and judge the video; its frames in chunks (progress told after each), then segments.
+
+        The chunks run in one task group: the first that fails cancels the others (no engine call is made
+        for an attempt that has already failed). Each frame's ``decision_id`` is stable per job and frame,
+        and each chunk's answer is kept with the job (``answered``): a retried attempt takes the chunks
+        already judged from there and asks only for the rest."""
+        data = await self.load(request)
+        started = time.monotonic()
+        cut = await self.cut(data, self.sampling(request))
+        c = cut.coverage
+        moderation.metrics.video_cut(time.monotonic() - started, c.frames_decoded, c.candidates, c.judged,
+                                     c.reused, c.max_gap_ms)
+        total = len(cut.covered)
+        await progress(0, total)
         size = max(8, request.packing or moderation.settings.shaping.packing_k)
-        chunks = [frames[start:start + size] for start in range(0, len(frames), size)]
+        starts = range(0, len(cut.frames), size)
+        kept = await answered.load() if answered is not None else {}
         done = 0
 
-        async def judge(chunk: list[Keyframe]) -> KeyframeBatchResponse:
+        async def judge(start: int) -> KeyframeBatchResponse:
             nonlocal done
-            batch = KeyframeBatchRequest(
-                frames=chunk, packing=request.packing, thinking=request.thinking, model=request.model,
-                tags=request.tags, priority=request.priority,
-            )
-            answer = await moderate_keyframes(
-                moderation, request.video_id, batch, caller, None, priority=priority
-            )
-            done += len(chunk)
-            await progress(done, len(frames))
+            chunk = cut.frames[start:start + size]
+            name = chunk_name(chunk)
+            if name in kept:
+                answer = KeyframeBatchResponse.model_validate_json(kept[name])
+            else:
+                answer = await self._judge(moderation, request, caller, priority, chunk)
+                if answered is not None:  # kept even if the attempt is cancelled now: its rows are logged
+                    with contextlib.suppress(ClientError, ServerSideError):
+                        await asyncio.shield(answered.save(name, answer.model_dump_json()))
+            done += sum(start <= covered.judged < start + size for covered in cut.covered)
+            await progress(done, total)
             return answer
 
-        answers = await asyncio.gather(*(judge(chunk) for chunk in chunks))
-        return video_response(answers, cut.info.duration_ms)
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(judge(start)) for start in starts]
+        except ExceptionGroup as failed:  # the first chunk's failure, as the worker retries or fails it
+            raise failed.exceptions[0] from None
+        return video_response([task.result() for task in tasks], cut)
+
+    @staticmethod
+    async def _judge(
+        moderation: ModerationService, request: JobRequest, caller: Caller, priority: int,
+        chunk: list[CutFrame],
+    ) -> KeyframeBatchResponse:
+        """One chunk of the cut's frames through the keyframe batch path, each with its stable decision id."""
+        frames = [
+            Keyframe(image_url=ImageURL(url=_jpeg_data_url(frame.jpeg)), timestamp_ms=frame.timestamp_ms)
+            for frame in chunk
+        ]
+        batch = KeyframeBatchRequest(
+            frames=frames, packing=request.packing, thinking=request.thinking, model=request.model,
+            tags=request.tags, priority=request.priority,
+        )
+        job = caller.job_id or request.video_id
+        return await moderate_keyframes(
+            moderation, request.video_id, batch, caller, None, priority=priority,
+            decision_ids=[frame_decision_id(job, frame.timestamp_ms) for frame in chunk],
+        )
 
 
-def video_response(answers: list[KeyframeBatchResponse], duration_ms: int) -> VideoModerationResponse:
-    """The chunks' answers as one keyframes document of the whole video, with its segments."""
+def video_response(answers: list[KeyframeBatchResponse], cut: VideoCut) -> VideoModerationResponse:
+    """The chunks' answers as one keyframes document of the video's covered frames (a reused frame carries
+    its judged look-alike's verdict, marked ``reused``), with its segments and coverage."""
+    judged = [frame for answer in answers for frame in answer.frames]
     results: list[KeyframeResult] = []
-    for answer in answers:
-        offset = len(results)
-        results.extend(frame.model_copy(update={"index": offset + frame.index}) for frame in answer.frames)
+    for index, covered in enumerate(cut.covered):
+        made = judged[covered.judged]
+        update: dict[str, Any] = {"index": index, "timestamp_ms": covered.timestamp_ms}
+        if covered.reused:
+            update["modgate"] = made.modgate.model_copy(update={"reused": "near"})
+        results.append(made.model_copy(update=update))
     verdicts = [
         FrameVerdict(
             index=frame.index,
@@ -189,12 +326,13 @@ def video_response(answers: list[KeyframeBatchResponse], duration_ms: int) -> Vi
         )
         for frame in results
     ]
+    duration_ms = cut.info.duration_ms
     segments = [
         VideoSegment(start_ms=s.start_ms, end_ms=s.end_ms, action=cast("Action", s.action),
                      categories=list(s.categories), frames=list(s.frames), confidence=s.confidence)
         for s in merge_segments(verdicts, duration_ms)
     ]
-    first = answers[0]
+    first, coverage = answers[0], cut.coverage
     return VideoModerationResponse(
         id=first.id,
         video_id=first.video_id,
@@ -203,9 +341,14 @@ def video_response(answers: list[KeyframeBatchResponse], duration_ms: int) -> Vi
         frames=results,
         packing=first.packing,
         engine_requests=sum(answer.engine_requests for answer in answers),
-        reused_frames=sum(answer.reused_frames for answer in answers),
+        reused_frames=sum(answer.reused_frames for answer in answers) + coverage.reused,
         duration_ms=duration_ms,
         segments=segments,
+        coverage=VideoCoverage(
+            max_gap_ms=coverage.max_gap_ms, frames_decoded=coverage.frames_decoded,
+            candidates=coverage.candidates, sent=coverage.judged, reused=coverage.reused,
+            complete=coverage.complete,
+        ),
     )
 
 

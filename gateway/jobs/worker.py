@@ -24,7 +24,7 @@ from gateway.errors import (
 )
 from gateway.jobs.models import Delivery, JobError, JobRecord, JobRequest, JobStatus
 from gateway.jobs.store import JobStore
-from gateway.jobs.video import VideoJobs
+from gateway.jobs.video import Answered, VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
 from gateway.moderation.keyframe_batch import moderate_keyframes
 from gateway.moderation.service import ModerationService
@@ -185,6 +185,8 @@ class JobWorker:
                     response = await self.videos.moderate(
                         self.moderation, request, caller, priority,
                         lambda done, total: self._progress(job_id, done, total),
+                        Answered(load=lambda: self.store.parts(job_id),
+                                 save=lambda name, value: self.store.save_part(job_id, name, value)),
                     )
                 else:
                     response = await moderate_keyframes(
@@ -192,7 +194,7 @@ class JobWorker:
                     )
             except (ServerSideError, Overloaded) as exc:
                 if attempt >= self.settings.max_attempts:
-                    await self._fail(job_id, exc)
+                    await self._fail(job_id, exc, video=request.video is not None)
                     return record
                 wait = min(60.0, self.settings.retry_wait_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
                 log.warning(
@@ -201,13 +203,15 @@ class JobWorker:
                 await asyncio.sleep(wait)
                 continue
             except ClientError as exc:
-                await self._fail(job_id, exc)
+                await self._fail(job_id, exc, video=request.video is not None)
                 return record
             except Exception:
                 log.exception("job %s failed on a gateway bug", job_id)
-                await self._fail(job_id, ServerSideError("internal error"))
+                await self._fail(job_id, ServerSideError("internal error"), video=request.video is not None)
                 return record
             done = await self._complete(job_id, "succeeded", result=response.model_dump_json())
+            if done and request.video is not None:
+                self.moderation.metrics.video_jobs.labels("succeeded", "ok").inc()
             log.info("job %s %s", job_id, "succeeded" if done else "was already finished elsewhere")
             return record
 
@@ -215,9 +219,10 @@ class JobWorker:
         with contextlib.suppress(StateUnavailable):  # progress is a courtesy: never fail a job for it
             await self.store.set_progress(job_id, done, total)
 
-    async def _fail(self, job_id: str, exc: ModgateError) -> None:
+    async def _fail(self, job_id: str, exc: ModgateError, *, video: bool = False) -> None:
         error = JobError(message=exc.message, type=exc.type, code=exc.code).model_dump_json()
-        await self._complete(job_id, "failed", error=error)
+        if await self._complete(job_id, "failed", error=error) and video:
+            self.moderation.metrics.video_jobs.labels("failed", exc.code).inc()
 
     async def _complete(
         self, job_id: str, status: JobStatus, *, result: str | None = None, error: str | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -125,10 +126,12 @@ async def moderate_keyframes(
     requested: Mode | None,
     *,
     priority: int | None = None,
+    decision_ids: Sequence[str] | None = None,
 ) -> KeyframeBatchResponse:
     """Judge one video's keyframes: the sync route and the job worker both answer this document.
 
     ``priority``: the admission priority, when not the body's (jobs queue behind live calls).
+    ``decision_ids``: one per frame, its verdict's ``decision_id`` (default: fresh ones).
     """
     packing = batch.packing or moderation.settings.shaping.packing_k
     parts: list[ImageURLPart | TextPart] = [
@@ -141,7 +144,7 @@ async def moderate_keyframes(
         priority=batch.priority if priority is None else priority,
     )
     request = ModerationRequest(input=parts, model=batch.model, modgate=options)
-    answer = await moderation.moderate(request, caller, requested, packing=packing)
+    answer = await moderation.moderate(request, caller, requested, packing=packing, decision_ids=decision_ids)
     frames = [
         KeyframeResult(index=index, timestamp_ms=frame.timestamp_ms, **dict(result))
         for index, (frame, result) in enumerate(zip(batch.frames, answer.results, strict=True))

@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -229,11 +229,13 @@ class ModerationService:
         packing: int | None = None,
         *,
         fresh: bool = False,
+        decision_ids: Sequence[str] | None = None,
     ) -> ModerationResponse:
         """Answer one moderation request, as one trace; a request that fails is counted by its outcome.
 
         ``packing``: keyframes per engine request (default ``MODGATE_SHAPING__PACKING_K``). ``fresh``: do
         not reuse stored verdicts (``Cache-Control: no-cache``, e.g. the quality module's re-runs).
+        ``decision_ids``: the results' ids, one per image (a video job's: stable per job and frame).
         """
         request_id = f"modr-{uuid.uuid4().hex}"
         started = time.monotonic()
@@ -244,7 +246,8 @@ class ModerationService:
 
         with self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id}):
             try:
-                answer = await self._moderate(request, caller, requested, record, packing, fresh=fresh)
+                answer = await self._moderate(request, caller, requested, record, packing, fresh=fresh,
+                                              decision_ids=decision_ids)
             except ModgateError as exc:
                 finished(exc.default_code, exc.message)
                 raise
@@ -266,6 +269,7 @@ class ModerationService:
         packing: int | None = None,
         *,
         fresh: bool = False,
+        decision_ids: Sequence[str] | None = None,
     ) -> ModerationResponse:
         """One result per image; text only: one per string of a list of strings, else one for the text.
         ``record`` is filled in for the request's telemetry (recorded by the caller, once)."""
@@ -313,9 +317,7 @@ class ModerationService:
                         continue  # nothing was judged
                     if decision.mode == "escalate":
                         self._pair_escalation(policy, judged_frame, outcome, caller.tenant, video_id)
-                    elif (
-                        outcome.reused is None and outcome.packed == 1
-                    ):  # an engine verdict on this frame alone
+                    elif outcome.reused is None and outcome.packed == 1:  # a verdict on this frame alone
                         self.shadow.consider(
                             policy,
                             judged_frame,
@@ -356,6 +358,8 @@ class ModerationService:
                 moderation_result(outcome, frame, latency_s, shaping_s if frame else 0.0, provenance,
                                   captioned=bool(extra_text))
             )
+            if decision_ids is not None:
+                results[-1].modgate.decision_id = decision_ids[index]
             record.results.append(results[-1].modgate)
         decided_at = datetime.now(UTC)
         queued: list[ReviewItem | None] = [None] * len(results)

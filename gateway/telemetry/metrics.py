@@ -195,6 +195,33 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        # Video jobs (gateway/jobs/video.py): what an operator watches of the cut and its coverage.
+        self.video_jobs = Counter(
+            "modgate_video_jobs", "Video jobs finished, by status and code (ok when they succeeded).",
+            ["status", "code"], registry=registry,
+        )
+        self.video_cut_seconds = Histogram(
+            "modgate_video_cut_seconds", "Time to cut one video (every frame decoded, shot changes).",
+            buckets=(*LATENCY_BUCKETS, 90.0, 120.0, 300.0), registry=registry,
+        )
+        self.video_frames = Counter(
+            "modgate_video_frames", "Video frames by stage: decoded, covered, sent to the engine (sent), and "
+            "covered by a judged look-alike's verdict (reused).", ["stage"], registry=registry,
+        )
+        self.video_coverage_gap = Histogram(
+            "modgate_video_coverage_gap_seconds",
+            "Each cut video's largest gap: how long any decoded frame lies after the last covered frame.",
+            buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0), registry=registry,
+        )
+
+    def video_cut(
+        self, seconds: float, decoded: int, covered: int, sent: int, reused: int, gap_ms: int
+    ) -> None:
+        """One video cut, told by the video jobs."""
+        self.video_cut_seconds.observe(seconds)
+        for stage, count in (("decoded", decoded), ("covered", covered), ("sent", sent), ("reused", reused)):
+            self.video_frames.labels(stage).inc(count)
+        self.video_coverage_gap.observe(gap_ms / 1000)
 
     def engine_call(self, engine: str, purpose: str, outcome: str, seconds: float) -> None:
         """One engine request, reported by its client (``EngineClient.count_calls``)."""

@@ -1,12 +1,15 @@
-"""Pick the frames of a video to judge: the stream's own keyframes plus shot changes, capped.
+"""Cut a video into the frames to judge: every frame decoded, covered on the clock and at shot changes.
 
-With ``scene_threshold`` 0 only keyframes are decoded (FFmpeg's ``skip_frame`` NONKEY: the codec skips
-every other frame, the cheap path). Otherwise every frame is decoded (an inter frame needs those before it)
-and shrunk to a small grey thumbnail; a frame whose mean absolute difference from the previous one is at
-least ``scene_threshold`` (0..1 of full scale) is a shot change. Candidates are kept in time order when at
-least ``1000 / max_fps`` ms after the last kept one; past ``max_frames`` an even spread of them is kept.
-Each kept frame is answered as JPEG bytes (the same path as a posted keyframe shapes it next) with its
-``timestamp_ms`` on the stream's own clock. The cut stops with :class:`VideoDecodeFailed` past its budget.
+Every frame is decoded (an inter frame needs those before it, and the encoder, that is the uploader, must
+not decide what the gateway sees). Each is checked as it comes: its timestamp against the duration limit,
+its size against the pixel limit, the count against the decoded-frame cap, the clock against the budget.
+Shot changes come from FFmpeg's ``scdet`` (shaping/video/scenes.py); which frames are covered, and which
+of those reuse a look-alike's verdict, is shaping/video/coverage.py. A judged frame is answered as JPEG
+bytes (the same path as a posted keyframe shapes it next) with its ``timestamp_ms`` on the stream's clock.
+More distinct frames than ``max_frames`` fail the cut (:class:`VideoTooManyFrames`) unless the caller asked
+for a sparser sample (``allow_sparser``): then every other judged frame is dropped as often as needed and
+the coverage says what was got. Damage (a decode error, a frame marked corrupt, a stream that ends well
+before the duration it states) fails the cut: no verdict is given over seconds nobody saw.
 """
 
 from __future__ import annotations
@@ -14,13 +17,20 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Literal
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from shaping.video.errors import UnsupportedVideoCodec, VideoDecodeFailed
+from shaping.image.identity import frame_identity, identity_scale
+from shaping.video.coverage import Coverage, Covered, CutReason, Identity, Likeness, largest_gap
+from shaping.video.errors import (
+    UnsupportedVideoCodec,
+    VideoCutTimeout,
+    VideoDecodeFailed,
+    VideoTooLarge,
+    VideoTooLong,
+    VideoTooManyFrames,
+)
 from shaping.video.probe import (
     VideoInfo,
     VideoLimits,
@@ -30,20 +40,28 @@ from shaping.video.probe import (
     stream_duration_ms,
     video_stream,
 )
+from shaping.video.scenes import SceneScores
 
-THUMBNAIL = (64, 36)  # width, height of the grey thumbnails shot changes are measured on
+if TYPE_CHECKING:
+    import av
+
 JPEG_QUALITY = 90
-
-CutReason = Literal["keyframe", "scene"]
+# scdet's score (0..1 here) of a hard cut between two of the synthetic scenes measured 0.059 to 0.18, of
+# any one frame of a half- or one-second cross-fade at most 0.0144, of a still shot 0 (docs/engineering.md):
+# 0.03 sits at half the weakest cut and twice the strongest fade frame. Fades are covered by the clock.
+SCENE_THRESHOLD = 0.03
 
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """How densely to cut: a rate cap, the shot-change threshold (0: keyframes only), a count cap."""
+    """How a video is covered: the longest gap, shot changes (threshold 0: none; at most ``max_fps`` a
+    second), the most distinct frames judged, and whether a sparser sample than the gap may do."""
 
+    max_gap_s: float = 1.0
+    scene_threshold: float = SCENE_THRESHOLD
     max_fps: float = 1.0
-    scene_threshold: float = 0.3
     max_frames: int = 64
+    allow_sparser: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,84 +75,168 @@ class CutFrame:
 
 @dataclass(frozen=True, slots=True)
 class VideoCut:
-    """The cut: what the container said, the frames picked, and how many frames were decoded for it."""
+    """The cut: what the container said, the frames to judge, every covered frame, and the coverage."""
 
-    info: VideoInfo
+    info: VideoInfo  # duration_ms: measured from the decoded frames' timestamps
     frames: list[CutFrame]
-    decoded: int
+    covered: list[Covered]
+    coverage: Coverage
+
+    @property
+    def decoded(self) -> int:
+        """Frames decoded for the cut."""
+        return self.coverage.frames_decoded
 
 
-def cut_keyframes(
+@dataclass
+class _Picker:
+    """Covers frames as they are decoded (see shaping/video/coverage.py), judging or reusing each."""
+
+    sampling: Sampling
+    likeness: Likeness
+    judged: list[CutFrame]
+    looks: list[Identity]
+    covered: list[Covered]
+    thinned: bool = False
+
+    def take(self, frame: av.VideoFrame, timestamp_ms: int, reason: CutReason) -> None:
+        look = _identity(frame)
+        for index, other in enumerate(self.looks):
+            if self.likeness(look, other):
+                self.covered.append(Covered(timestamp_ms, reason, index, reused=True))
+                return
+        buffer = io.BytesIO()
+        frame.to_image().save(  # type: ignore[no-untyped-call]  # PyAV's stub leaves it untyped
+            buffer, "JPEG", quality=JPEG_QUALITY
+        )
+        self.covered.append(Covered(timestamp_ms, reason, len(self.judged), reused=False))
+        self.judged.append(CutFrame(timestamp_ms, reason, buffer.getvalue()))
+        self.looks.append(look)
+        if len(self.judged) <= self.sampling.max_frames:
+            return
+        if not self.sampling.allow_sparser:
+            raise VideoTooManyFrames(
+                f"covering every {self.sampling.max_gap_s:g} s of the video needs more than "
+                f"{self.sampling.max_frames} distinct frames (reached at {timestamp_ms / 1000:.1f} s): "
+                "ask for more frames (sampling.max_frames), a longer gap (sampling.max_gap_s), or a sparser "
+                "sample (sampling.allow_sparser)"
+            )
+        self._thin()
+
+    def _thin(self) -> None:
+        """Keep every other judged frame (the first kept), and the covered frames that reuse a kept one."""
+        kept = list(range(0, len(self.judged), 2))
+        renumber = {old: new for new, old in enumerate(kept)}
+        self.judged = [self.judged[i] for i in kept]
+        self.looks = [self.looks[i] for i in kept]
+        self.covered = [replace(c, judged=renumber[c.judged]) for c in self.covered if c.judged in renumber]
+        self.thinned = True
+
+
+def _identity(frame: av.VideoFrame) -> Identity:
+    scale = identity_scale((frame.width, frame.height))
+    reduced = frame.reformat(
+        width=max(1, frame.width // scale), height=max(1, frame.height // scale), format="rgb24"
+    ).to_image()  # type: ignore[no-untyped-call]  # PyAV's stub leaves it untyped
+    phash, thumbnail = frame_identity(reduced)
+    return int(phash, 16), thumbnail
+
+
+def cut_video(
     data: bytes,
     limits: VideoLimits,
     sampling: Sampling,
+    likeness: Likeness,
     *,
     budget_s: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> VideoCut:
-    """The frames of ``data`` to judge (see the module's docstring); the limits are checked first."""
+    """The frames of ``data`` to judge and the coverage they give (see the module's docstring)."""
     import av  # an extra: modgate[video]
 
     deadline = clock() + budget_s
     if len(data) > limits.max_bytes:
-        from shaping.video.errors import VideoTooLarge
-
         raise VideoTooLarge(f"the video is {len(data):,} bytes, over the {limits.max_bytes:,}-byte limit")
     with open_container(data) as container:
         if is_still_image(container):
             raise UnsupportedVideoCodec(f"the file is a still image ({container.format.name}), not a video")
         stream = video_stream(container)
         codec = stream.codec_context
-        info = VideoInfo(
+        stated = VideoInfo(
             container=container.format.name, codec=codec.name, width=codec.width, height=codec.height,
             duration_ms=stream_duration_ms(container, stream), frames=stream.frames,
         )
-        check_limits(info, limits)
-        scenes = sampling.scene_threshold > 0
-        if not scenes:
-            codec.skip_frame = "NONKEY"
+        check_limits(stated, limits)
         codec.thread_type = "AUTO"
-        min_gap_ms = 1000 / sampling.max_fps
         start = stream.start_time or 0
         time_base = Fraction(stream.time_base) if stream.time_base is not None else Fraction(1, 1000)
-        kept: list[CutFrame] = []
-        previous: np.ndarray | None = None
-        decoded = 0
+        step_ms = 1000 / float(stream.average_rate) if stream.average_rate else 40.0  # no timestamp: guessed
+        max_gap_ms = sampling.max_gap_s * 1000
+        min_scene_ms = 1000 / sampling.max_fps
+        scenes = SceneScores() if sampling.scene_threshold > 0 else None
+        picker = _Picker(sampling, likeness, [], [], [])
+        decoded_ms: list[int] = []
+        end_ms = 0
+        last_scene_ms = -min_scene_ms
+        previous: tuple[av.VideoFrame, int] | None = None
         try:
             for frame in container.decode(stream):
-                decoded += 1
                 if clock() > deadline:
-                    raise VideoDecodeFailed(f"the video was not cut within {budget_s:g} s")
-                reason: CutReason | None = "keyframe" if frame.key_frame else None
-                if scenes:
-                    thumbnail = frame.reformat(*THUMBNAIL, format="gray").to_ndarray().astype(np.int16)
-                    if previous is not None and reason is None:
-                        change = float(np.abs(thumbnail - previous).mean()) / 255
-                        reason = "scene" if change >= sampling.scene_threshold else None
-                    previous = thumbnail
-                if reason is None or frame.pts is None:
-                    continue
-                timestamp_ms = max(0, int((frame.pts - start) * time_base * 1000))
-                if kept and timestamp_ms - kept[-1].timestamp_ms < min_gap_ms:
-                    continue
-                buffer = io.BytesIO()
-                frame.to_image().save(  # type: ignore[no-untyped-call]  # PyAV's stub leaves it untyped
-                    buffer, "JPEG", quality=JPEG_QUALITY
-                )
-                kept.append(CutFrame(timestamp_ms, reason, buffer.getvalue()))
+                    raise VideoCutTimeout(f"the video was not cut within {budget_s:g} s")
+                if len(decoded_ms) >= limits.max_decoded_frames:
+                    raise VideoTooLarge(f"the video has more than {limits.max_decoded_frames:,} frames")
+                if frame.is_corrupt:
+                    raise VideoDecodeFailed(f"the video is damaged at frame {len(decoded_ms)}")
+                if frame.width * frame.height > limits.max_pixels:
+                    raise VideoTooLarge(
+                        f"the video's frames become {frame.width}x{frame.height} after {len(decoded_ms)} "
+                        f"frames, over the {limits.max_pixels:,}-pixel limit"
+                    )
+                if frame.pts is not None:
+                    timestamp_ms = max(0, int((frame.pts - start) * time_base * 1000))
+                else:
+                    timestamp_ms = int(decoded_ms[-1] + step_ms) if decoded_ms else 0
+                timestamp_ms = max(timestamp_ms, decoded_ms[-1] if decoded_ms else 0)  # never backwards
+                if timestamp_ms > limits.max_duration_s * 1000:
+                    raise VideoTooLong(
+                        f"the video runs past the {limits.max_duration_s:g} s limit (decoding stopped there)"
+                    )
+                duration = frame.duration * time_base * 1000 if frame.duration else step_ms
+                end_ms = max(end_ms, int(timestamp_ms + duration))
+                decoded_ms.append(timestamp_ms)
+                score = scenes.score(frame) if scenes is not None else 0.0
+                last = picker.covered[-1].timestamp_ms if picker.covered else None
+                if last is None:
+                    picker.take(frame, timestamp_ms, "start")
+                elif scenes is not None and score >= sampling.scene_threshold \
+                        and timestamp_ms - last_scene_ms >= min_scene_ms:
+                    picker.take(frame, timestamp_ms, "scene")
+                    last_scene_ms = timestamp_ms
+                elif timestamp_ms - last > max_gap_ms:
+                    if previous is not None and previous[1] > last:
+                        picker.take(previous[0], previous[1], "clock")
+                    if timestamp_ms - picker.covered[-1].timestamp_ms > max_gap_ms:
+                        picker.take(frame, timestamp_ms, "clock")
+                previous = (frame, timestamp_ms)
         except av.FFmpegError as exc:
             raise VideoDecodeFailed(
-                f"the video is corrupt or truncated after {decoded} decoded frames ({exc})"[:300]
+                f"the video is corrupt or truncated after {len(decoded_ms)} decoded frames ({exc})"[:300]
             ) from exc
-    if not kept:
+    if not decoded_ms:
         raise VideoDecodeFailed("no frame of the video could be decoded")
-    return VideoCut(info=info, frames=spread(kept, sampling.max_frames), decoded=decoded)
-
-
-def spread(frames: list[CutFrame], count: int) -> list[CutFrame]:
-    """At most ``count`` of ``frames``, evenly spread over them (the first and the last kept)."""
-    if len(frames) <= count:
-        return frames
-    if count == 1:
-        return frames[:1]
-    return [frames[round(i * (len(frames) - 1) / (count - 1))] for i in range(count)]
+    if stated.duration_ms and stated.duration_ms - end_ms > max(max_gap_ms, 2 * step_ms):
+        raise VideoDecodeFailed(
+            f"the video's frames end at {end_ms / 1000:.1f} s of the {stated.duration_ms / 1000:.1f} s its "
+            "stream states: truncated or damaged"
+        )
+    covered_ms = [c.timestamp_ms for c in picker.covered]
+    coverage = Coverage(
+        max_gap_ms=largest_gap(covered_ms, decoded_ms),
+        frames_decoded=len(decoded_ms),
+        candidates=len(picker.covered),
+        judged=len(picker.judged),
+        reused=sum(c.reused for c in picker.covered),
+        complete=not picker.thinned,
+    )
+    info = replace(stated, duration_ms=end_ms, frames=len(decoded_ms))
+    return VideoCut(info=info, frames=picker.judged, covered=picker.covered, coverage=coverage)

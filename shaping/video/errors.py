@@ -5,7 +5,9 @@ VideoRejected                      the client sent a video the gateway will not 
 ├── VideoTooLong                   413 video_too_long: longer than the duration limit
 ├── UnsupportedVideoCodec          415 unsupported_video_codec: no video stream, or none FFmpeg decodes
 ├── InvalidVideoDataUrl            400 invalid_data_url: not a strict base64 ``data:video/…`` URL
-└── VideoDecodeFailed              422 video_decode_failed: not a container, truncated, corrupt, or too slow
+├── VideoDecodeFailed              422 video_decode_failed: not a container, truncated or corrupt
+├── VideoTooManyFrames             422 video_too_many_frames: more distinct frames than max_frames to cover it
+└── VideoCutTimeout                422 video_cut_timeout: not cut within the time budget
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class VideoRejected(Exception):
 
 
 class VideoTooLarge(VideoRejected):
-    """More bytes, or more pixels per frame, than the limits."""
+    """More bytes, more pixels in any decoded frame, or more decoded frames than the limits."""
 
     code = "video_too_large"
     status = 413
@@ -46,7 +48,7 @@ class UnsupportedVideoCodec(VideoRejected):
 
 
 class VideoDecodeFailed(VideoRejected):
-    """Not a media container at all, truncated or corrupt, or not cut within the time budget."""
+    """Not a media container at all, truncated or corrupt."""
 
     code = "video_decode_failed"
     status = 422
@@ -57,3 +59,17 @@ class InvalidVideoDataUrl(VideoRejected):
 
     code = "invalid_data_url"
     status = 400
+
+
+class VideoTooManyFrames(VideoRejected):
+    """Covering every ``max_gap_s`` of the video needs more distinct frames than ``max_frames``."""
+
+    code = "video_too_many_frames"
+    status = 422
+
+
+class VideoCutTimeout(VideoRejected):
+    """The video was not cut within its time budget."""
+
+    code = "video_cut_timeout"
+    status = 422

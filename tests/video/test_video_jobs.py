@@ -66,12 +66,31 @@ async def test_a_video_with_a_violent_middle_comes_back_as_allow_block_allow_seg
     assert job["frames"] == 9
 
 
-async def test_sampling_caps_the_frames_cut(gateway: ThreadedServer, violent_video: bytes) -> None:
-    body = {"video_id": "clip-2", "video": {"url": video_url(violent_video)},
-            "sampling": {"max_fps": 0.5, "max_frames": 3, "scene_threshold": 0}}
+async def test_more_distinct_frames_than_max_frames_fail_the_job_unless_a_sparser_sample_is_asked(
+    gateway: ThreadedServer, violent_video: bytes
+) -> None:
+    strict = {"video_id": "clip-2", "video": {"url": video_url(violent_video)}, "sampling": {"max_frames": 2}}
+    sparse = {**strict, "sampling": {"max_frames": 2, "allow_sparser": True}}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-        job = await finished(client, (await client.post("/v1/jobs", json=body)).json()["id"])
-    assert [f["timestamp_ms"] for f in job["result"]["frames"]] == [0, 4000, 8000]
+        failed = await finished(client, (await client.post("/v1/jobs", json=strict)).json()["id"])
+        thinned = await finished(client, (await client.post("/v1/jobs", json=sparse)).json()["id"])
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "video_too_many_frames"
+    coverage = thinned["result"]["coverage"]
+    assert (coverage["sent"], coverage["complete"]) == (2, False)
+    assert coverage["max_gap_ms"] > 1000
+
+
+async def test_a_still_shot_costs_one_engine_call_and_the_result_says_its_coverage(
+    gateway: ThreadedServer, violent_video: bytes
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        accepted = await client.post("/v1/jobs", json=job_body("clip-2b", violent_video))
+        job = await finished(client, accepted.json()["id"])
+    coverage = job["result"]["coverage"]
+    assert coverage == {"max_gap_ms": 750, "frames_decoded": 36, "candidates": 9, "sent": 3, "reused": 6,
+                        "complete": True}
+    assert [f["modgate"]["reused"] for f in job["result"]["frames"][:3]] == [None, "near", "near"]
 
 
 async def test_a_truncated_mp4_is_refused_at_submission(
@@ -132,7 +151,7 @@ async def test_a_video_cut_past_its_budget_fails_the_job_saying_so(
         accepted = await client.post("/v1/jobs", json=job_body("clip-7", violent_video))
         job = await finished(client, accepted.json()["id"])
     assert job["status"] == "failed"
-    assert job["error"]["code"] == "video_decode_failed"
+    assert job["error"]["code"] == "video_cut_timeout"
     assert "not cut within" in job["error"]["message"]
 
 

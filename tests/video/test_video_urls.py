@@ -54,7 +54,7 @@ async def test_a_video_over_the_size_cap_fails_the_job_while_streaming(sim: Any)
         )
         job = await job_for(client, "https://cdn.example.com/clip.mp4")
     assert job["status"] == "failed"
-    assert job["error"]["code"] == "remote_image_too_large"
+    assert job["error"]["code"] == "video_too_large"
     assert job["error"]["message"].startswith("the remote video is ")
 
 
@@ -65,7 +65,7 @@ async def test_a_video_host_off_the_allowlist_gets_a_400_at_submission(sim: Any)
         answer = await client.post("/v1/jobs", json=body)
     assert answer.status_code == 400
     error = answer.json()["error"]
-    assert error["code"] == "remote_image_refused"
+    assert error["code"] == "video_url_refused"
     assert (error["param"], error["message"]) == (
         "video.url", "the host 'evil.example.net' is not on the allowlist (MODGATE_REMOTE_IMAGES__ALLOWLIST)"
     )
