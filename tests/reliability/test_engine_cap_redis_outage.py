@@ -17,8 +17,9 @@ import pytest
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
+from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.leases import EngineLeases
-from gateway.engine.pool import EnginePool, EngineSlot
+from gateway.engine.pool import EnginePool
 from gateway.errors import Overloaded
 from gateway.http.services import redis_client
 from tests.processes import RedisServer, poll_async
