@@ -41,6 +41,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ from bench.soak_checks import (
     rows_from_stream,
     table_text,
 )
-from bench.soak_parts import ADMIN_TOKEN, API_KEYS, MODELS, Fleet
+from bench.soak_parts import ADMIN_TOKEN, API_KEYS, MODELS, Fleet, ok_engine_calls
 from deploy.keyframes import make_keyframe
 from deploy.videos import Scene, make_video
 from gateway.jobs.store_redis import RedisJobStore
@@ -156,6 +157,7 @@ class Soak:
         ]
         self.rng = random.Random(args.seed)
         self.fired: list[str] = []
+        self.ok_banked: Counter[tuple[str, str]] = Counter()  # engine calls counted ok by killed replicas
 
     def now(self) -> float:
         """Seconds into the soak."""
@@ -303,6 +305,7 @@ class Soak:
         """Do one fault (blocking); answers what it struck."""
         fleet, kind = self.fleet, fault.kind
         if kind == "replica_kill":
+            self.ok_banked += ok_engine_calls(fleet.replicas[fault.target].url)  # its counts die with it
             fleet.kill_replica(fault.target)
             return fleet.replicas[fault.target].name
         if kind in ("engine_restart", "model_swap"):
@@ -398,6 +401,11 @@ class Soak:
                 break
             time.sleep(0.5)
         seen.policy_versions = versions
+        calls = self.ok_banked + sum((ok_engine_calls(r.url) for r in self.fleet.replicas), Counter())
+        for engine in self.fleet.engines:
+            seen.engine_ok[engine.name] = Counter({purpose: n for (url, purpose), n in calls.items()
+                                                   if url == engine.url})
+            seen.engine_whole[engine.name] = engine.answers_whole()
         time.sleep(5)  # the decision log's background retries of a row a fault held up
         state = client()
         try:

@@ -71,6 +71,10 @@ class Observations:
     decision_rows: list[dict[str, Any]] = field(default_factory=list)
     engine_peaks: list[tuple[float, str, int]] = field(default_factory=list)  # (at, engine, peak since last)
     caps: dict[str, int] = field(default_factory=dict)
+    # engine name -> purpose -> calls the gateways counted ``ok`` (every replica's runs), and the engine's own
+    # count of chat completions it answered whole (every run of it)
+    engine_ok: dict[str, Counter[str]] = field(default_factory=dict)
+    engine_whole: dict[str, int] = field(default_factory=dict)
     replicas: int = 2
     policy_versions: list[int | None] = field(default_factory=list)  # each replica's, at the end
     model_swaps_seen: list[bool] = field(default_factory=list)
@@ -141,7 +145,8 @@ def check(seen: Observations) -> list[dict[str, Any]]:
     """Every invariant, in the table's order."""
     return [_jobs_once(seen), _webhooks(seen), _deadlines(seen), _answered(seen), _errors(seen),
             _decisions(seen), job_decision_rows(seen), review_items(seen), _review_verdicts_queued(seen),
-            reviewer_kappa(seen), *engine_caps(seen), _policy(seen), _model_swap(seen), _fair_share(seen)]
+            reviewer_kappa(seen), *engine_caps(seen), *engine_outcomes(seen), _policy(seen),
+            _model_swap(seen), _fair_share(seen)]
 
 
 def _jobs_once(seen: Observations) -> dict[str, Any]:
@@ -279,6 +284,24 @@ def engine_caps(seen: Observations) -> list[dict[str, Any]]:
                         f"peak {max((p for _, p in samples), default=0)}, {max(within, default=0)} within "
                         f"Redis faults; {spells:.1f} s of replicas on local shares"
                         + (f"; over at {over} s" if over else "")))
+    return rows
+
+
+CHAT_PURPOSES = ("verdict", "probe", "check")  # the gateway's calls to /v1/chat/completions
+
+
+def engine_outcomes(seen: Observations) -> list[dict[str, Any]]:
+    """No engine call is ``ok`` in the gateways' metrics that the engine did not answer whole: the chat
+    completions counted ``ok`` (verdicts, probes, checks) against the simulator's own count. The other way
+    round is no fault: a call in flight when its replica was killed, or timed out as it ended."""
+    rows = []
+    for engine, whole in seen.engine_whole.items():
+        purposes = seen.engine_ok.get(engine, Counter())
+        ok = sum(purposes[p] for p in CHAT_PURPOSES)
+        rows.append(row(f"{engine}: no chat call counted ok that the engine did not answer whole", ok,
+                        max(0, ok - whole),
+                        f"{ok} ok ({', '.join(f'{n} {p}' for p, n in sorted(purposes.items()))}), {whole} "
+                        f"answered whole; {max(0, whole - ok)} whole answers not counted ok"))
     return rows
 
 

@@ -153,6 +153,7 @@ def streamed(scheduler: StepLoop, run: LlamaCppCompletion, include_usage: bool) 
             chunks[-1]["timings"] = timings(run, event, time.monotonic())
             for chunk in chunks:
                 yield _event(chunk)
+            scheduler.counters.answers_whole += 1  # resumed: the finishing chunks went out
         yield b"data: [DONE]\n\n"
 
     return Stream(stream(), media_type="text/event-stream")
@@ -173,6 +174,7 @@ async def whole(scheduler: StepLoop, run: LlamaCppCompletion) -> Response[Any]:
     assert finish is not None  # generate() always ends with a FinishEvent
     if completion.cut:
         return Response(b'{"choices": [{"finish_reason"', media_type="application/json")
+    scheduler.counters.answers_whole += 1
     parsed = ParsedMessage()
     for event in generated:
         parsed.feed(event)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from bench.soak_checks import (
     Observations,
     Window,
     engine_caps,
+    engine_outcomes,
     job_decision_rows,
     result_decisions,
     review_items,
@@ -99,3 +101,15 @@ def test_kappa_needs_two_reviewers_of_the_same_decision() -> None:
     pairs = reviewer_kappa(two)
     assert (pairs["count"], pairs["holds"]) == (2, True)
     assert "on 2 pairs" in pairs["detail"]
+
+
+def test_a_call_counted_ok_that_the_engine_never_answered_whole_breaks_the_outcome_check() -> None:
+    # a verdict that timed out after its headers, recorded as ok: 11 ok for 10 whole answers
+    mislabelled = Observations(engine_ok={"engine-vllm": Counter({"verdict": 9, "probe": 2, "tokenize": 4})},
+                               engine_whole={"engine-vllm": 10})
+    true = Observations(engine_ok={"engine-vllm": Counter({"verdict": 8, "probe": 2})},
+                        engine_whole={"engine-vllm": 12})  # two whole answers in flight at a replica's kill
+
+    (wrong,) = engine_outcomes(mislabelled)
+    assert (wrong["count"], wrong["broken"]) == (11, 1)
+    assert engine_outcomes(true)[0]["holds"]
