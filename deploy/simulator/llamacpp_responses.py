@@ -151,9 +151,10 @@ def streamed(scheduler: StepLoop, run: LlamaCppCompletion, include_usage: bool) 
             if include_usage:
                 chunks.append({**_chunk(completion, []), "usage": usage(event)})
             chunks[-1]["timings"] = timings(run, event, time.monotonic())
-            for chunk in chunks:
+            for index, chunk in enumerate(chunks):
                 yield _event(chunk)
-            scheduler.counters.answers_whole += 1  # resumed: the finishing chunks went out
+                if index == 0:  # resumed: the finishing chunk went out
+                    scheduler.counters.answers_whole += 1
         yield b"data: [DONE]\n\n"
 
     return Stream(stream(), media_type="text/event-stream")

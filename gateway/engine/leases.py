@@ -22,11 +22,12 @@ by when their lease expires (Redis server time, in milliseconds, so replicas' cl
   from a replica that has not read the restarted engine yet.
 
 - the replicas' registry (``<prefix>:replicas``): each replica's heartbeat (:meth:`EngineLeases.beat`, the
-  pool's, every half second), scored by Redis time and dropped ``ttl_s`` after the last. It tells a replica
-  how many share the engines, so that while Redis is unreachable it serves on its share of each cap (the
-  cap / the replicas last seen). A replica whose heartbeat is older than ``stale_s`` may be doing just that,
-  so every acquire holds its share back; it takes local slots only from ``stale_s`` after its last heartbeat,
-  and adopts its running calls as leases (:meth:`EngineLeases.adopt`, whatever the cap) before it beats again.
+  pool's, every half second), scored by Redis time, counted for three ``ttl_s`` after the last. It tells a
+  replica how many share the engines, so that while Redis is unreachable it serves on its share of each cap
+  (the cap / the replicas last seen). A replica whose heartbeat is older than ``stale_s`` (but younger than
+  ``ttl_s``) may be doing just that, so every acquire holds its share back; it takes local slots only once
+  every other replica sees it stale (:meth:`EngineLeases.local_after`), and adopts its running calls as
+  leases (:meth:`EngineLeases.adopt`, whatever the cap) before it beats again.
 
 A lease found gone at renewal (this replica stalled for longer than ``ttl_s``, or Redis lost its data) is
 logged and dropped, not re-added: re-adding could push the engine past its cap.
@@ -63,26 +64,28 @@ LEASE_STORE_DOWN = (RedisError, OSError, TimeoutError)
 
 # The cap an acquire holds to: the asker's (ARGV[1]), or the engine's newest recorded slot count if smaller
 # and the asker follows the engine's slots (``follows`` "1"; ``said`` the key of the engine's reading); less
-# the shares of the other replicas whose heartbeat in ``registry`` is older than ``stale_ms``: they may be
-# serving on local caps now (Redis unreachable for them), each on its share, cap / replicas (at least 1).
+# the shares of the other replicas whose heartbeat in ``registry`` is older than ``stale_ms`` (and younger
+# than the ttl: a replica silent longer is gone): they may be serving on local caps now (Redis unreachable
+# for them), each on its share, the cap / the replicas it saw at its last heartbeat (at least 1).
 _CAP = """
+local function now_ms()
+  local clock = redis.call('TIME')
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end
 local function cap_of(follows, said, now, registry, me, stale_ms, ttl)
   local cap = tonumber(ARGV[1])
   if follows == '1' then
     local slots = tonumber(redis.call('HGET', said, 'slots') or '')
     if slots and slots < cap then cap = slots end
   end
-  redis.call('ZREMRANGEBYSCORE', registry, '-inf', now - ttl)
-  local live = redis.call('ZCARD', registry)
-  local stale = redis.call('ZCOUNT', registry, '-inf', '(' .. (now - stale_ms))
-  local mine = tonumber(redis.call('ZSCORE', registry, me) or '')
-  if mine and mine < now - stale_ms then stale = stale - 1 end
-  if stale > 0 then cap = cap - stale * math.max(1, math.floor(cap / live)) end
-  return cap
-end
-local function now_ms()
-  local clock = redis.call('TIME')
-  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  local reserve = 0
+  for _, other in ipairs(redis.call('ZRANGEBYSCORE', registry, now - ttl, '(' .. (now - stale_ms))) do
+    if other ~= me then
+      local seen = tonumber(redis.call('GET', registry .. ':seen:' .. other) or '1') or 1
+      reserve = reserve + math.max(1, math.floor(cap / math.max(1, seen)))
+    end
+  end
+  return cap - reserve
 end
 """
 
@@ -177,15 +180,23 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 return lost
 """
 
-# KEYS[1] the replicas' registry; ARGV: ttl in ms, this replica's name. Its heartbeat (scored by Redis time),
-# the members gone quiet for longer than the ttl dropped; returns the replicas seen.
+# KEYS[1] the replicas' registry; ARGV: ttl in ms, this replica's name, the Redis time after which the
+# heartbeat is too late (0: none). Its heartbeat, scored by Redis time, unless too late: one that ran long
+# after its sender gave up on it would make a replica serving on local caps look present. Members silent
+# for three ttls are dropped (the replicas seen count them that long: a replica just killed, or not
+# registered yet, makes shares smaller, never larger); each member's count of replicas seen is kept beside
+# it. Returns the replicas seen (-1: too late) and the Redis time.
 _BEAT = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+if tonumber(ARGV[3]) > 0 and now > tonumber(ARGV[3]) then return {-1, now} end
+local horizon = 3 * tonumber(ARGV[1])
 redis.call('ZADD', KEYS[1], now, ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
-return redis.call('ZCARD', KEYS[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - horizon)
+redis.call('PEXPIRE', KEYS[1], horizon)
+local seen = redis.call('ZCARD', KEYS[1])
+redis.call('SET', KEYS[1] .. ':seen:' .. ARGV[2], seen, 'PX', horizon)
+return {seen, now}
 """
 
 # KEYS[1] the engine's set; ARGV: ttl in ms, then members of calls already running, added whatever the cap:
@@ -299,6 +310,8 @@ class EngineLeases:
         self.stale_s = stale_s
         self.replicas_seen = 1  # replicas in the registry at the last heartbeat (1: never answered)
         self.last_beat: float | None = None  # time.monotonic() when the last heartbeat's answer came
+        self._beat_sent = 0.0  # time.monotonic() when the last heartbeat was sent (answered or not)
+        self._clock: tuple[int, float] | None = None  # Redis time at the last heartbeat, and monotonic then
         self._acquire = redis.register_script(_ACQUIRE)
         self._beat = redis.register_script(_BEAT)
         self._adopt = redis.register_script(_ADOPT)
@@ -337,14 +350,32 @@ class EngineLeases:
         return [self.replica, round(self.stale_s * 1000)]
 
     async def beat(self) -> int:
-        """Say this replica is here (the registry keeps it ``ttl_s`` after its last heartbeat); the replicas
-        seen, kept in :attr:`replicas_seen` for the time Redis cannot be asked."""
+        """Say this replica is here (the registry keeps it after its last heartbeat); the replicas seen, kept
+        in :attr:`replicas_seen` for the time Redis cannot be asked. A heartbeat Redis would run more than
+        twice ``timeout_s`` after it was sent (a stalled Redis waking up) is not recorded."""
+        sent = time.monotonic()
+        not_after = 0
+        if self._clock is not None:
+            redis_ms, at = self._clock
+            not_after = round(redis_ms + (sent - at + 2 * self.timeout_s) * 1000)
+        self._beat_sent = sent
         async with self._deadline():
-            seen = int(await self._beat(keys=[self.registry_key],
-                                        args=[round(self.ttl_s * 1000), self.replica]))
+            seen, now = await self._beat(keys=[self.registry_key],
+                                         args=[round(self.ttl_s * 1000), self.replica, not_after])
+        if int(seen) < 0:
+            raise RedisTimeoutError("the heartbeat reached Redis after its deadline")
         self.last_beat = time.monotonic()
-        self.replicas_seen = max(1, seen)
+        self._clock = (int(now), self.last_beat)
+        self.replicas_seen = max(1, int(seen))
         return self.replicas_seen
+
+    def local_after(self) -> float | None:
+        """When (time.monotonic()) every other replica sees this one's heartbeat stale, so holds its share
+        back: a heartbeat sent may still land up to twice ``timeout_s`` later. None: it never answered (no
+        other replica knows of this one)."""
+        if self.last_beat is None:
+            return None
+        return max(self.last_beat, self._beat_sent + 2 * self.timeout_s) + self.stale_s
 
     async def adopt(self, engine: str, count: int) -> list[str]:
         """Leases for ``count`` calls already running at ``engine`` (admitted while Redis could not be asked),

@@ -136,18 +136,16 @@ class EnginePool:
             self._watch = asyncio.create_task(self._refresh_forever(), name="engine-pool-refresh")
 
     async def _refresh_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_every_s)
+        while True:  # the first heartbeat at once: the other replicas count this one from its start
             self.refresh()
-            if self.leases is None:
-                continue
-            if not self.leases_local_only:
+            if self.leases is not None and not self.leases_local_only:
                 with contextlib.suppress(*LEASE_STORE_DOWN):  # a call that fails says so on its own
                     await self.leases.beat()
-            elif time.monotonic() >= self._leases_down_until:
+            elif self.leases is not None and time.monotonic() >= self._leases_down_until:
                 # A replica that is idle, or whose every answer is a reused verdict, asks Redis no lease:
                 # without this it would say it holds the caps alone (and alert) long after Redis came back.
                 await self._rejoin()
+            await asyncio.sleep(self.refresh_every_s)
 
     @property
     def calls_on_local_caps(self) -> int:
@@ -158,9 +156,9 @@ class EnginePool:
         self._leases_down_until = time.monotonic() + self.lease_retry_after_failure_s
         if not self.leases_local_only:
             assert self.leases is not None
-            seen, last = self.leases.replicas_seen, self.leases.last_beat
+            seen, after = self.leases.replicas_seen, self.leases.local_after()
             # Local slots once the others see our heartbeat stale and hold our share back.
-            self._local_from = 0.0 if last is None else last + self.leases.stale_s
+            self._local_from = 0.0 if after is None else after
             for engine in self.engines:
                 engine.shared_by = seen
             log.error(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -18,7 +20,7 @@ from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineSlot
-from gateway.engine.leases import EngineLeases
+from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases
 from gateway.engine.pool import EnginePool
 from gateway.errors import Overloaded
 from gateway.http.services import redis_client
@@ -121,3 +123,42 @@ async def test_running_calls_are_adopted_as_leases_before_a_new_one_is_taken(
         with pytest.raises(Overloaded):  # the engine has 4: the other replica gets no fifth
             async with second.slot(timeout_s=0.5):
                 pass
+
+
+async def test_a_heartbeat_that_reaches_a_stalled_redis_late_is_not_recorded(own_redis: RedisServer) -> None:
+    """A replica whose heartbeat timed out on a stalled Redis serves on local caps soon after: that heartbeat,
+    run when Redis wakes, must not make it look present to the others (they would not hold its share)."""
+    client = redis_client(own_redis.url)
+    leases = EngineLeases(client, key_prefix="test:stall", timeout_s=0.2)
+    try:
+        await leases.beat()
+        first = await client.zscore(leases.registry_key, leases.replica)
+        assert own_redis.process is not None
+        os.kill(own_redis.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(LEASE_STORE_DOWN):
+                await leases.beat()
+            await asyncio.sleep(0.8)  # past twice its deadline
+        finally:
+            os.kill(own_redis.process.pid, signal.SIGCONT)
+        await asyncio.sleep(0.2)  # Redis runs what waited in its socket
+        assert await client.zscore(leases.registry_key, leases.replica) == first
+    finally:
+        await leases.aclose()
+        await client.aclose()
+
+
+async def test_a_replica_gone_quiet_still_counts_among_those_seen_for_a_while(own_redis: RedisServer) -> None:
+    """Killed and restarted under a new name, a replica is counted twice for a while: shares get smaller,
+    never larger (counted too soon as gone, the survivor took the whole cap while Redis was killed)."""
+    clients = [redis_client(own_redis.url) for _ in range(2)]
+    survivor, killed = (EngineLeases(c, key_prefix="test:gone", ttl_s=0.3, renew_every_s=0.1)
+                        for c in clients)
+    try:
+        await killed.beat()
+        await asyncio.sleep(0.5)  # past its ttl: its share is no longer held back, but it is still counted
+        assert await survivor.beat() == 2
+    finally:
+        for leases, client in zip((survivor, killed), clients, strict=True):
+            await leases.aclose()
+            await client.aclose()
