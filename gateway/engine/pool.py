@@ -181,12 +181,14 @@ class EnginePool:
                 for engine in self.engines:
                     running = self._unleased.get(engine.url, 0)
                     members = await self.leases.adopt(engine.url, running)
-                    # calls that ended while Redis answered gave back no lease yet: theirs go back now
                     still = self._unleased.get(engine.url, 0)
-                    for member in members[still:]:
-                        await self.leases.release(engine.url, member)
                     self._adopted.setdefault(engine.url, []).extend(members[:still])
                     self._unleased[engine.url] = 0
+                    # calls that ended while Redis answered gave back no lease yet: theirs go back now (no
+                    # longer renewed even if this fails, so they lapse)
+                    for member in members[still:]:
+                        with contextlib.suppress(*LEASE_STORE_DOWN):
+                            await self.leases.release(engine.url, member)
                 await self.leases.beat()  # only after adopting: the others stop holding our share back
             except LEASE_STORE_DOWN as exc:
                 self._leases_failed(exc)

@@ -243,6 +243,37 @@ async def test_calls_admitted_on_local_caps_are_adopted_as_leases_before_a_new_o
         await dead.aclose()
 
 
+async def test_a_local_call_that_ends_while_it_is_being_adopted_leaves_no_lease_behind(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    dead = redis_client("redis://127.0.0.1:1/0")
+    pool = pool_with(EngineLeases(dead, key_prefix=PREFIX, timeout_s=0.2), cap=3)
+    pool.lease_retry_after_failure_s = 0.0
+    try:
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(pool.slot())  # a local call that runs on
+            ending = pool.slot()
+            await ending.__aenter__()  # and one that ends while Redis adopts them
+            pool.leases = leases = replicas()
+            adopt = leases.adopt
+
+            async def one_ends_meanwhile(engine: str, count: int) -> list[str]:
+                members = await adopt(engine, count)
+                await ending.__aexit__(None, None, None)
+                return members
+
+            leases.adopt = one_ends_meanwhile  # type: ignore[method-assign]
+            async with pool.slot() as shared:
+                assert shared.lease
+                assert await leases.count(ENGINE) == 2  # the call running on, adopted, and this one
+        assert await leases.count(ENGINE) == 0
+        assert leases.held(ENGINE) == 0  # nothing left to renew
+        assert pool.calls_on_local_caps == 0
+    finally:
+        await pool.aclose()
+        await dead.aclose()
+
+
 async def test_a_replica_with_no_engine_call_notices_that_redis_answers_again(
     replicas: Callable[..., EngineLeases],
 ) -> None:
