@@ -262,7 +262,7 @@ async def test_a_local_call_that_ends_while_it_is_being_adopted_leaves_no_lease_
                 await ending.__aexit__(None, None, None)
                 return members
 
-            leases.adopt = one_ends_meanwhile  # type: ignore[method-assign]
+            leases.adopt = one_ends_meanwhile  # type: ignore[method-assign]  # a Redis where a call ends mid-adoption
             async with pool.slot() as shared:
                 assert shared.lease
                 assert await leases.count(ENGINE) == 2  # the call running on, adopted, and this one
