@@ -11,8 +11,9 @@ llama-server's; caps 4 and 2), and a webhook receiver in this process. For ``--d
 - a job every ``--job-every`` seconds, tenants in turn, every third a 3-second video the gateway cuts into
   its keyframes (PyAV), the others three keyframes, each with a webhook and an Idempotency-Key (a refused
   submission is sent again with it, as a retrying client does);
-- two reviewers claiming and labelling (some skipped) through ``/admin/review/*``, with 5 % of confident
-  verdicts sampled for audit besides the ``review`` ones;
+- two reviewers (two ``X-Modgate-Operator`` names) claiming and labelling (some skipped, one label in ten
+  another action than the model's) through ``/admin/review/*``, with 5 % of confident verdicts sampled for
+  audit besides the ``review`` ones, each audit item queued twice for two people (their kappa);
 - a thinking-policy flip through ``PUT /admin/thinking-policy`` every ``--flip-every`` seconds.
 
 Meanwhile, on a schedule drawn from ``--seed`` and printed at the start, one fault at a time every 30–60 s
@@ -40,6 +41,7 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,8 +50,17 @@ import httpx
 import redis
 from PIL import Image
 
-from bench.soak_checks import Answer, Observations, Window, check, latencies, rows_from_stream, table_text
-from bench.soak_parts import ADMIN_TOKEN, API_KEYS, MODELS, Fleet
+from bench.soak_checks import (
+    Answer,
+    Observations,
+    Window,
+    check,
+    latencies,
+    result_decisions,
+    rows_from_stream,
+    table_text,
+)
+from bench.soak_parts import ADMIN_TOKEN, API_KEYS, MODELS, Fleet, ok_engine_calls
 from deploy.keyframes import make_keyframe
 from deploy.videos import Scene, make_video
 from gateway.jobs.store_redis import RedisJobStore
@@ -146,6 +157,7 @@ class Soak:
         ]
         self.rng = random.Random(args.seed)
         self.fired: list[str] = []
+        self.ok_banked: Counter[tuple[str, str]] = Counter()  # engine calls counted ok by killed replicas
 
     def now(self) -> float:
         """Seconds into the soak."""
@@ -237,6 +249,8 @@ class Soak:
                     self.seen.skipped.add(item["id"])
                 continue
             action = item["action"]
+            if rng.random() < 0.1:  # people disagree now and then: kappa has something to measure
+                action = rng.choice([a for a in ("allow", "review", "block") if a != action])
             label = {"action": action, "categories": (item.get("categories") or ["violence"])
                      if action == "block" else []}
             labelled = await self.call(http, "review", "", "POST", f"/admin/review/{item['id']}/label",
@@ -291,6 +305,7 @@ class Soak:
         """Do one fault (blocking); answers what it struck."""
         fleet, kind = self.fleet, fault.kind
         if kind == "replica_kill":
+            self.ok_banked += ok_engine_calls(fleet.replicas[fault.target].url)  # its counts die with it
             fleet.kill_replica(fault.target)
             return fleet.replicas[fault.target].name
         if kind in ("engine_restart", "model_swap"):
@@ -363,6 +378,8 @@ class Soak:
                 state.close()
                 seen.job_states = {job: (r.get("status", "missing"), int(r.get("completions", 0)))
                                    for job, r in records.items()}
+                seen.job_decisions = {job: result_decisions(r["result"])
+                                      for job, r in records.items() if r.get("result")}
             done = all(s in ("succeeded", "failed") for s, _ in seen.job_states.values())
             delivered = all(self.fleet.receiver.deliveries.get(job, 0) for job in seen.jobs)
             if (done and delivered) or time.monotonic() > deadline:
@@ -384,6 +401,11 @@ class Soak:
                 break
             time.sleep(0.5)
         seen.policy_versions = versions
+        calls = self.ok_banked + sum((ok_engine_calls(r.url) for r in self.fleet.replicas), Counter())
+        for engine in self.fleet.engines:
+            seen.engine_ok[engine.name] = Counter({purpose: n for (url, purpose), n in calls.items()
+                                                   if url == engine.url})
+            seen.engine_whole[engine.name] = engine.answers_whole()
         time.sleep(5)  # the decision log's background retries of a row a fault held up
         state = client()
         try:
@@ -391,9 +413,12 @@ class Soak:
             for tenant in state.smembers(REVIEW_TENANTS):
                 for _, fields in state.xrange(RedisReviewStore.stream_key(tenant)):
                     seen.still_queued.add(fields["item"])
-                    request = state.hget(RedisReviewStore.item_key(fields["item"]), "request_id")
+                    request, decision = state.hmget(RedisReviewStore.item_key(fields["item"]),
+                                                    ["request_id", "decision_id"])
                     if request:  # each field of the item's hash is JSON
                         seen.queued_request_ids.add(json.loads(request))
+                    if decision and json.loads(decision):
+                        seen.still_queued_decisions.add(json.loads(decision))
         finally:
             state.close()
 
@@ -422,6 +447,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "MODGATE_JOBS__MAX_ATTEMPTS": "10",
         "MODGATE_JOBS__WEBHOOK_ATTEMPTS": "10",  # 0.5 s doubling to 30 s: a receiver down ~2 min
         "MODGATE_REVIEW__AUDIT_SAMPLE_RATE": "0.05",
+        "MODGATE_REVIEW__DOUBLE_LABEL_SHARE": "1.0",  # every audit item twice: a pair for two reviewers
         "MODGATE_REVIEW__WAIT_REPLICAS": "1",  # a review verdict is answered once a replica holds its item
         "MODGATE_REVIEW__WAIT_TIMEOUT_MS": "1000",
         "MODGATE_DECISIONS__WAIT_REPLICAS": "1",  # a decision row not on a replica is tried again

@@ -13,6 +13,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.decisions import DecisionRow
+from quality.labels import reviewer_agreement
+
 DOCUMENTED_CLIENT_ERRORS = frozenset({400, 413, 415, 422})  # bad input (docs/api.md)
 SHARE_TOLERANCE = 0.1  # a backlogged tenant's share of engine verdicts may stray this far from its weight's
 
@@ -52,7 +55,7 @@ class Observations:
 
     answers: list[Answer] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
-    local_caps: list[Window] = field(default_factory=list)  # a replica on its local caps (Redis too slow)
+    local_caps: list[Window] = field(default_factory=list)  # a replica on its local shares (Redis too slow)
     jobs: dict[str, str] = field(default_factory=dict)  # job id -> tenant, every submission answered 202
     video_jobs: set[str] = field(default_factory=set)  # those of them that sent a video (cut by the gateway)
     job_states: dict[str, tuple[str, int]] = field(default_factory=dict)  # job id -> (status, completions)
@@ -62,10 +65,16 @@ class Observations:
     labelled: set[str] = field(default_factory=set)
     skipped: set[str] = field(default_factory=set)
     still_queued: set[str] = field(default_factory=set)  # item ids in the queue at the end
+    still_queued_decisions: set[str] = field(default_factory=set)  # the decision ids of those items
+    job_decisions: dict[str, list[str]] = field(default_factory=dict)  # job -> its frames' decision_id
     queued_request_ids: set[str] = field(default_factory=set)  # request ids of every item seen queued
     decision_rows: list[dict[str, Any]] = field(default_factory=list)
     engine_peaks: list[tuple[float, str, int]] = field(default_factory=list)  # (at, engine, peak since last)
     caps: dict[str, int] = field(default_factory=dict)
+    # engine name -> purpose -> calls the gateways counted ``ok`` (every replica's runs), and the engine's own
+    # count of chat completions it answered whole (every run of it)
+    engine_ok: dict[str, Counter[str]] = field(default_factory=dict)
+    engine_whole: dict[str, int] = field(default_factory=dict)
     replicas: int = 2
     policy_versions: list[int | None] = field(default_factory=list)  # each replica's, at the end
     model_swaps_seen: list[bool] = field(default_factory=list)
@@ -85,13 +94,18 @@ def rows_from_stream(entries: list[tuple[Any, dict[Any, Any]]]) -> list[dict[str
     return rows
 
 
-REDIS_FAULTS = ("redis_primary_kill", "redis_stall", "local_caps")
+def result_decisions(result: str) -> list[str]:
+    """The ``decision_id`` of each frame of a job's result (its JSON document)."""
+    return [frame["modgate"]["decision_id"] for frame in json.loads(result)["frames"]]
+
+
+REDIS_FAULTS = ("redis_primary_kill", "redis_stall")
 
 
 def in_window(at: float, seen: Observations, kinds: tuple[str, ...] = (), before_s: float = 0.0) -> bool:
     """Whether ``at`` falls in a fault's window (from ``before_s`` ahead of it) or its settling after; only
-    ``kinds`` if given (the local-caps spells count only when named)."""
-    windows = [*seen.windows, *(seen.local_caps if "local_caps" in kinds else [])]
+    ``kinds`` if given."""
+    windows = seen.windows
     return any(w.start - before_s <= at <= w.end + (seen.redis_settle_s if w.kind in REDIS_FAULTS
                                                      else seen.settle_s)
                for w in windows if not kinds or w.kind in kinds)
@@ -130,7 +144,8 @@ def row(invariant: str, count: int, broken: int, detail: str = "") -> dict[str, 
 def check(seen: Observations) -> list[dict[str, Any]]:
     """Every invariant, in the table's order."""
     return [_jobs_once(seen), _webhooks(seen), _deadlines(seen), _answered(seen), _errors(seen),
-            _decisions(seen), _review(seen), _review_verdicts_queued(seen), *_caps(seen), _policy(seen),
+            _decisions(seen), job_decision_rows(seen), review_items(seen), _review_verdicts_queued(seen),
+            reviewer_kappa(seen), *engine_caps(seen), *engine_outcomes(seen), _policy(seen),
             _model_swap(seen), _fair_share(seen)]
 
 
@@ -195,12 +210,46 @@ def _decisions(seen: Observations) -> dict[str, Any]:
                f"{lost} lost, {doubled} doubled; {len(seen.decision_rows)} rows in all")
 
 
-def _review(seen: Observations) -> dict[str, Any]:
-    items = set(seen.claimed) | seen.still_queued
-    lost = [i for i in items if i not in seen.labelled and i not in seen.still_queued]
-    return row("every item queued for review is labelled, skipped or still queued", len(items), len(lost),
-               f"{len(seen.labelled)} labelled, {len(seen.skipped)} skipped, {len(seen.still_queued)} still "
-               "queued")
+def job_decision_rows(seen: Observations) -> dict[str, Any]:
+    """Each frame a succeeded job judged is one row of the decision log (by its ``decision_id``), and no
+    decision is logged twice anywhere, a retried job's earlier attempts included."""
+    rows = Counter(r.get("decision_id") for r in seen.decision_rows if r.get("kind") != "label")
+    frames = [decision for decisions in seen.job_decisions.values() for decision in decisions]
+    lost = sum(rows.get(decision, 0) == 0 for decision in frames)
+    doubled = sum(n - 1 for decision, n in rows.items() if decision is not None and n > 1)
+    kept = set(frames)
+    earlier = sum(n for decision, n in rows.items() if decision not in kept) if frames else 0
+    return row("every frame a job judged is one row in the decision log (retries included)", len(frames),
+               lost + doubled, f"{len(seen.job_decisions)} jobs; {lost} lost, {doubled} doubled anywhere; "
+               f"{earlier} rows of live calls and earlier attempts")
+
+
+def review_items(seen: Observations) -> dict[str, Any]:
+    """Every decision queued for review (its row's ``review_reason``: the item went into the queue) is
+    labelled or still queued at the end, and so is every item a reviewer claimed."""
+    queued = {r["decision_id"] for r in seen.decision_rows
+              if r.get("kind") != "label" and r.get("review_reason") and r.get("decision_id")}
+    labelled = {r.get("decision_id") for r in seen.decision_rows if r.get("kind") == "label"}
+    lost = queued - labelled - seen.still_queued_decisions
+    claimed_lost = [i for i in seen.claimed if i not in seen.labelled and i not in seen.still_queued]
+    return row("every decision queued for review is labelled or still queued",
+               len(queued) + len(seen.claimed), len(lost) + len(claimed_lost),
+               f"{len(queued)} queued, {len(queued & labelled)} labelled, {len(lost)} lost; "
+               f"{len(seen.claimed)} items claimed ({len(seen.skipped)} skipped), {len(claimed_lost)} lost")
+
+
+def reviewer_kappa(seen: Observations) -> dict[str, Any]:
+    """Two people labelled the same decisions (the audit sample's twins): Cohen's kappa and its pairs."""
+    rows = [DecisionRow.model_validate(r) for r in seen.decision_rows]
+    reviewers = Counter(r.labelled_by for r in rows if r.kind == "label")
+    agreement = reviewer_agreement(rows)
+    if agreement is None:
+        return row("two reviewers labelled the same decisions (Cohen's kappa)", 0, 0,
+                   f"no decision labelled by two people; labels by {dict(reviewers)}")
+    return row("two reviewers labelled the same decisions (Cohen's kappa)", agreement.frames, 0,
+               f"kappa {agreement.kappa:.2f} [{agreement.low:.2f}, {agreement.high:.2f}] on "
+               f"{agreement.frames} pairs, observed agreement {agreement.observed:.2f}; labels by "
+               f"{dict(reviewers)}")
 
 
 def _review_verdicts_queued(seen: Observations) -> dict[str, Any]:
@@ -221,21 +270,38 @@ def _review_verdicts_queued(seen: Observations) -> dict[str, Any]:
                len(missing), f"{len(missing)} never seen queued" + (f", answered at {at} s" if at else ""))
 
 
-def _caps(seen: Observations) -> list[dict[str, Any]]:
+def engine_caps(seen: Observations) -> list[dict[str, Any]]:
+    """Each engine never had more requests at once than its cap, at any time: no window is excused (while
+    Redis is unreachable each replica serves on its share of the cap)."""
     rows = []
+    spells = sum(w.end - w.start for w in seen.local_caps)
     for engine, cap in seen.caps.items():
         samples = [(at, peak) for at, name, peak in seen.engine_peaks if name == engine]
-        spells = sum(w.end - w.start for w in seen.local_caps)
-        within = [(in_window(at, seen, REDIS_FAULTS), peak) for at, peak in samples]
-        outside = [peak for fault, peak in within if not fault]
-        inside = [peak for fault, peak in within if fault]
-        over = [round(at) for (at, peak), (fault, _) in zip(samples, within, strict=True)
-                if peak > (cap * seen.replicas if fault else cap)]
-        rows.append(row(f"{engine} never saw more in flight than its cap {cap} (outside Redis faults; "
-                        f"{seen.replicas}x on local caps within)", len(samples), len(over),
-                        f"peak {max(outside, default=0)} outside, {max(inside, default=0)} within; "
-                        f"{spells:.1f} s of local caps besides the faults"
+        over = [round(at) for at, peak in samples if peak > cap]
+        within = [peak for at, peak in samples if in_window(at, seen, REDIS_FAULTS)]
+        rows.append(row(f"{engine} never saw more in flight than its cap {cap} (Redis faults included)",
+                        len(samples), len(over),
+                        f"peak {max((p for _, p in samples), default=0)}, {max(within, default=0)} within "
+                        f"Redis faults; {spells:.1f} s of replicas on local shares"
                         + (f"; over at {over} s" if over else "")))
+    return rows
+
+
+CHAT_PURPOSES = ("verdict", "probe", "check")  # the gateway's calls to /v1/chat/completions
+
+
+def engine_outcomes(seen: Observations) -> list[dict[str, Any]]:
+    """No engine call is ``ok`` in the gateways' metrics that the engine did not answer whole: the chat
+    completions counted ``ok`` (verdicts, probes, checks) against the simulator's own count. The other way
+    round is no fault: a call in flight when its replica was killed, or timed out as it ended."""
+    rows = []
+    for engine, whole in seen.engine_whole.items():
+        purposes = seen.engine_ok.get(engine, Counter())
+        ok = sum(purposes[p] for p in CHAT_PURPOSES)
+        rows.append(row(f"{engine}: no chat call counted ok that the engine did not answer whole", ok,
+                        max(0, ok - whole),
+                        f"{ok} ok ({', '.join(f'{n} {p}' for p, n in sorted(purposes.items()))}), {whole} "
+                        f"answered whole; {max(0, whole - ok)} whole answers not counted ok"))
     return rows
 
 

@@ -23,9 +23,11 @@ from typing import Any
 
 import httpx
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.cluster import SYNC_NOW, HAProxy, RedisProcess, Replica, SentinelFleet
 from bench.servers import free_port, wait_until_ready
+from deploy.simulator.app import COUNTS_LINE
 from gateway.jobs.webhooks import verify_webhook
 
 WEBHOOK_SECRET = "soak-webhook-secret-0123456789"  # noqa: S105 - a local receiver's test secret
@@ -76,6 +78,18 @@ class Engine:
     def faults(self, **rates: float) -> None:
         """Switch the simulator's faults (none: every fault off)."""
         httpx.post(f"{self.url}/sim/faults", json=rates, timeout=5).raise_for_status()
+
+    def answers_whole(self) -> int:
+        """Chat completions it answered whole over every run: each stopped run's count from its log, and the
+        running one's from ``/sim/info`` (0 for it when it does not answer)."""
+        log = (self.log_dir / f"{self.name}.log").read_text(errors="replace")
+        stopped = sum(int(line.removeprefix(COUNTS_LINE)) for line in log.splitlines()
+                      if line.startswith(COUNTS_LINE))
+        try:
+            running = int(httpx.get(f"{self.url}/sim/info", timeout=5).json()["answers_whole"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            running = 0
+        return stopped + running
 
     def peaks(self) -> int | None:
         """The most requests at it (running and waiting) since the last read; None when it does not answer."""
@@ -255,3 +269,18 @@ class Fleet:
     def redis_primary_url(self) -> str:
         """A direct URL of the primary now (for reading the soak's results)."""
         return f"redis://127.0.0.1:{self.redis.primary_port()}/0"
+
+
+def ok_engine_calls(replica_url: str) -> Counter[tuple[str, str]]:
+    """A replica's ``modgate_engine_calls_total{outcome="ok"}`` by (engine URL, purpose) since it started;
+    empty when it does not answer."""
+    try:
+        text = httpx.get(f"{replica_url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return Counter()
+    calls: Counter[tuple[str, str]] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "modgate_engine_calls_total" and sample.labels.get("outcome") == "ok":
+                calls[sample.labels["engine"], sample.labels["purpose"]] += int(sample.value)
+    return calls

@@ -297,6 +297,7 @@ async def info(state: State) -> dict[str, Any]:
         "peak_requests": sim.engine.peak_requests,
         "running": sim.engine.num_running,
         "waiting": sim.engine.num_waiting,
+        "answers_whole": sim.engine.counters.answers_whole,
     }
 
 
@@ -352,6 +353,7 @@ def create_sim_app(
 
     async def stop() -> None:
         await sim.engine.stop()
+        say_counts(sim)
 
     return Litestar(
         route_handlers=[chat_completions, completions, models, server_info, health, metrics, tokenize,
@@ -364,6 +366,16 @@ def create_sim_app(
         logging_config=None,  # the process owns logging; an app must not reconfigure the root logger
         debug=False,
     )
+
+
+COUNTS_LINE: Final = "modgate engine-sim: answers whole "
+"""What a stopping simulator prints, then its count: a soak adds up the counts of every run of a restarted
+engine (bench/soak_parts.py), requests answered while it drained included."""
+
+
+def say_counts(sim: SimulatedEngine) -> None:
+    """Print the chat completions answered whole since start, once the last request has been answered."""
+    print(f"{COUNTS_LINE}{sim.engine.counters.answers_whole}", flush=True)
 
 
 SIM_ROUTES: Final = [get_faults, set_faults, truth, reset_prefix_cache, info, peaks]
@@ -387,6 +399,7 @@ def _llamacpp_app(
 
     async def stop() -> None:
         await sim.engine.stop()
+        say_counts(sim)
 
     return Litestar(
         route_handlers=[*LLAMACPP_ROUTES, *SIM_ROUTES],

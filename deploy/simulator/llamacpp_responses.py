@@ -151,8 +151,10 @@ def streamed(scheduler: StepLoop, run: LlamaCppCompletion, include_usage: bool) 
             if include_usage:
                 chunks.append({**_chunk(completion, []), "usage": usage(event)})
             chunks[-1]["timings"] = timings(run, event, time.monotonic())
-            for chunk in chunks:
+            for index, chunk in enumerate(chunks):
                 yield _event(chunk)
+                if index == 0:  # resumed: the finishing chunk went out
+                    scheduler.counters.answers_whole += 1
         yield b"data: [DONE]\n\n"
 
     return Stream(stream(), media_type="text/event-stream")
@@ -173,6 +175,7 @@ async def whole(scheduler: StepLoop, run: LlamaCppCompletion) -> Response[Any]:
     assert finish is not None  # generate() always ends with a FinishEvent
     if completion.cut:
         return Response(b'{"choices": [{"finish_reason"', media_type="application/json")
+    scheduler.counters.answers_whole += 1
     parsed = ParsedMessage()
     for event in generated:
         parsed.feed(event)

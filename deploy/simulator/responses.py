@@ -59,6 +59,7 @@ def streamed(scheduler: StepLoop, completion: Completion, include_usage: bool) -
             entries = [logprob_entry(last, top)] if completion.logprobs and last is not None else None
             final: dict[str, Any] = {"content": ""} if last else {}
             yield _chunk(request_id, model, created, final, event.finish_reason, entries)
+            scheduler.counters.answers_whole += 1  # resumed: the finishing chunk went out
             if include_usage:
                 usage_chunk = {
                     "id": request_id,
@@ -95,6 +96,7 @@ async def whole(scheduler: StepLoop, completion: Completion) -> Response[Any]:
             b'{"id": "' + completion.request_id.encode() + b'", "choices": [',
             media_type="application/json",
         )
+    scheduler.counters.answers_whole += 1
     message: dict[str, Any] = {
         "role": "assistant",
         "content": "".join(content) if content else None,

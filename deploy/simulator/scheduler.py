@@ -89,6 +89,9 @@ class EngineCounters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     requests_finished: int = 0
+    # chat completions whose answer went out whole (the finishing chunk sent, or the uncut body): what a
+    # gateway may count as an ``ok`` call (bench/soak.py holds its count to this)
+    answers_whole: int = 0
 
 
 @dataclass(frozen=True, slots=True)

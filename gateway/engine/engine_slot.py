@@ -39,6 +39,8 @@ class EngineSlot:
     slots_unknown: bool = False
     slots_marks: int = 0  # times marked unknown: a reading begun before the latest mark does not clear it
     reading: asyncio.Task[None] | None = field(default=None, repr=False)  # the reading of its slots under way
+    # Replicas it is shared with while this one cannot reach Redis: its cap here is then their share.
+    shared_by: int = 1
     _outcomes: deque[bool] = field(default_factory=lambda: deque(maxlen=20))  # True: the engine failed
     default_cap: int = field(init=False)  # the cap it was given: what it returns to if it names no slots
 
@@ -70,8 +72,9 @@ class EngineSlot:
 
     def slot_cap(self) -> int:
         """Calls it may have at once while closed: its cap, or one while its slots are unknown (any engine has
-        one slot; more could queue inside a llama-server that restarted with fewer)."""
-        return 1 if self.slots_unknown else self.cap
+        one slot; more could queue inside a llama-server that restarted with fewer); while the cap holds per
+        replica (Redis unreachable), this replica's share of it: the cap / ``shared_by``, at least 1."""
+        return max(1, (1 if self.slots_unknown else self.cap) // self.shared_by)
 
     def capacity(self) -> int:
         """Calls it may have at once now: its slot cap when closed, one probe half-open, none when open."""

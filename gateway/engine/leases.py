@@ -21,6 +21,14 @@ by when their lease expires (Redis server time, in milliseconds, so replicas' cl
   the asker's cap and that reading. So the newest reading holds on every replica, never a stale larger cap
   from a replica that has not read the restarted engine yet.
 
+- the replicas' registry (``<prefix>:replicas``): each replica's heartbeat (:meth:`EngineLeases.beat`, the
+  pool's, every half second), scored by Redis time, counted for three ``ttl_s`` after the last. It tells a
+  replica how many share the engines, so that while Redis is unreachable it serves on its share of each cap
+  (the cap / the replicas last seen). A replica whose heartbeat is older than ``stale_s`` (but younger than
+  ``ttl_s``) may be doing just that, so every acquire holds its share back; it takes local slots only once
+  every other replica sees it stale (:meth:`EngineLeases.local_after`), and adopts its running calls as
+  leases (:meth:`EngineLeases.adopt`, whatever the cap) before it beats again.
+
 A lease found gone at renewal (this replica stalled for longer than ``ttl_s``, or Redis lost its data) is
 logged and dropped, not re-added: re-adding could push the engine past its cap.
 
@@ -39,6 +47,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,26 +63,41 @@ LEASE_STORE_DOWN = (RedisError, OSError, TimeoutError)
 """What a call to an unreachable or failing Redis raises."""
 
 # The cap an acquire holds to: the asker's (ARGV[1]), or the engine's newest recorded slot count if smaller
-# and the asker follows the engine's slots (``follows`` "1"; ``said`` the key of the engine's reading).
+# and the asker follows the engine's slots (``follows`` "1"; ``said`` the key of the engine's reading); less
+# the shares of the other replicas whose heartbeat in ``registry`` is older than ``stale_ms`` (and younger
+# than the ttl: a replica silent longer is gone): they may be serving on local caps now (Redis unreachable
+# for them), each on its share, the cap / the replicas it saw at its last heartbeat (at least 1).
 _CAP = """
-local function cap_of(follows, said)
+local function now_ms()
+  local clock = redis.call('TIME')
+  return tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+end
+local function cap_of(follows, said, now, registry, me, stale_ms, ttl)
   local cap = tonumber(ARGV[1])
   if follows == '1' then
     local slots = tonumber(redis.call('HGET', said, 'slots') or '')
     if slots and slots < cap then cap = slots end
   end
-  return cap
+  local reserve = 0
+  for _, other in ipairs(redis.call('ZRANGEBYSCORE', registry, now - ttl, '(' .. (now - stale_ms))) do
+    if other ~= me then
+      local seen = tonumber(redis.call('GET', registry .. ':seen:' .. other) or '1') or 1
+      reserve = reserve + math.max(1, math.floor(cap / math.max(1, seen)))
+    end
+  end
+  return cap - reserve
 end
 """
 
-# KEYS[1] the engine's set, KEYS[2] its slot reading; ARGV: cap, ttl in ms, our member, follows its slots.
-# Returns 1 when the slot is ours.
+# KEYS[1] the engine's set, KEYS[2] its slot reading, KEYS[3] the replicas' registry; ARGV: cap, ttl in ms,
+# our member, follows its slots, this replica's name, how old a heartbeat is stale in ms. Returns 1 when the
+# slot is ours.
 _ACQUIRE = _CAP + """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now = now_ms()
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= cap_of(ARGV[4], KEYS[2]) then
+local cap = cap_of(ARGV[4], KEYS[2], now, KEYS[3], ARGV[5], tonumber(ARGV[6]), ttl)
+if redis.call('ZCARD', KEYS[1]) >= cap then
   return 0
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
@@ -89,12 +113,12 @@ return 1
 # idle); a free slot goes only to a waiting tenant whose counter is the lowest of all waiting tenants, on
 # whichever replica it waits (ties: to the one holding fewer slots); background work only when no tenant
 # waits anywhere. Slot members begin with their tenant and a \x1f. KEYS[4] and ARGV[7]: the engine's slot
-# reading and whether the asker follows it (as _ACQUIRE). Returns 1 when granted.
+# reading and whether the asker follows it; KEYS[5], ARGV[8] and ARGV[9]: the replicas' registry, this
+# replica's name, how old a heartbeat is stale (as _ACQUIRE). Returns 1 when granted.
 _ACQUIRE_FAIR = _CAP + """
-local cap = cap_of(ARGV[7], KEYS[4])
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now = now_ms()
 local ttl = tonumber(ARGV[2])
+local cap = cap_of(ARGV[7], KEYS[4], now, KEYS[5], ARGV[8], tonumber(ARGV[9]), ttl)
 local tenant = ARGV[4]
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
@@ -154,6 +178,37 @@ for i = 2, #ARGV do
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return lost
+"""
+
+# KEYS[1] the replicas' registry; ARGV: ttl in ms, this replica's name, the Redis time after which the
+# heartbeat is too late (0: none). Its heartbeat, scored by Redis time, unless too late: one that ran long
+# after its sender gave up on it would make a replica serving on local caps look present. Members silent
+# for three ttls are dropped (the replicas seen count them that long: a replica just killed, or not
+# registered yet, makes shares smaller, never larger); each member's count of replicas seen is kept beside
+# it. Returns the replicas seen (-1: too late) and the Redis time.
+_BEAT = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+if tonumber(ARGV[3]) > 0 and now > tonumber(ARGV[3]) then return {-1, now} end
+local horizon = 3 * tonumber(ARGV[1])
+redis.call('ZADD', KEYS[1], now, ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - horizon)
+redis.call('PEXPIRE', KEYS[1], horizon)
+local seen = redis.call('ZCARD', KEYS[1])
+redis.call('SET', KEYS[1] .. ':seen:' .. ARGV[2], seen, 'PX', horizon)
+return {seen, now}
+"""
+
+# KEYS[1] the engine's set; ARGV: ttl in ms, then members of calls already running, added whatever the cap:
+# the set then says what the engine really has, and new acquires wait until it is under the cap again.
+_ADOPT = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[i])
+end
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
+return #ARGV - 1
 """
 
 # KEYS[1] the engine's slot reading; ARGV: the reading's ticket, the slots it read. Kept unless a reading
@@ -240,6 +295,7 @@ class EngineLeases:
         renew_every_s: float = 3.0,
         timeout_s: float = 0.5,
         replica: str | None = None,
+        stale_s: float = 1.5,
     ) -> None:
         if not 0 < renew_every_s < ttl_s:
             raise ValueError("leases must be renewed more often than they expire (0 < renew_every_s < ttl_s)")
@@ -249,7 +305,16 @@ class EngineLeases:
         self.renew_every_s = renew_every_s
         self.timeout_s = timeout_s  # each call's deadline: the most a hung Redis costs a request
         self.replica = replica or replica_name()
+        # A replica whose heartbeat (:meth:`beat`) is older than this may be on local caps: the others hold
+        # its share back, and it takes no local slot until this long after its last heartbeat answered.
+        self.stale_s = stale_s
+        self.replicas_seen = 1  # replicas in the registry at the last heartbeat (1: never answered)
+        self.last_beat: float | None = None  # time.monotonic() when the last heartbeat's answer came
+        self._beat_sent = 0.0  # time.monotonic() when the last heartbeat was sent (answered or not)
+        self._clock: tuple[int, float] | None = None  # Redis time at the last heartbeat, and monotonic then
         self._acquire = redis.register_script(_ACQUIRE)
+        self._beat = redis.register_script(_BEAT)
+        self._adopt = redis.register_script(_ADOPT)
         self._acquire_fair = redis.register_script(_ACQUIRE_FAIR)
         self.wait_registration_ms = 500  # a waiting tenant's registration lapses this long after its last ask
         self._renew = redis.register_script(_RENEW)
@@ -275,6 +340,53 @@ class EngineLeases:
     def key(self, engine: str) -> str:
         """The sorted set of ``engine``'s slots (every replica must name the engine by the same URL)."""
         return f"{self.key_prefix}:{engine}"
+
+    @property
+    def registry_key(self) -> str:
+        """The sorted set of the replicas sharing the engines, scored by their last heartbeat."""
+        return f"{self.key_prefix}:replicas"
+
+    def _registry_args(self) -> list[str | int | float]:
+        return [self.replica, round(self.stale_s * 1000)]
+
+    async def beat(self) -> int:
+        """Say this replica is here (the registry keeps it after its last heartbeat); the replicas seen, kept
+        in :attr:`replicas_seen` for the time Redis cannot be asked. A heartbeat Redis would run more than
+        twice ``timeout_s`` after it was sent (a stalled Redis waking up) is not recorded."""
+        sent = time.monotonic()
+        not_after = 0
+        if self._clock is not None:
+            redis_ms, at = self._clock
+            not_after = round(redis_ms + (sent - at + 2 * self.timeout_s) * 1000)
+        self._beat_sent = sent
+        async with self._deadline():
+            seen, now = await self._beat(keys=[self.registry_key],
+                                         args=[round(self.ttl_s * 1000), self.replica, not_after])
+        if int(seen) < 0:
+            raise RedisTimeoutError("the heartbeat reached Redis after its deadline")
+        self.last_beat = time.monotonic()
+        self._clock = (int(now), self.last_beat)
+        self.replicas_seen = max(1, int(seen))
+        return self.replicas_seen
+
+    def local_after(self) -> float | None:
+        """When (time.monotonic()) every other replica sees this one's heartbeat stale, so holds its share
+        back: a heartbeat sent may still land up to twice ``timeout_s`` later. None: it never answered (no
+        other replica knows of this one)."""
+        if self.last_beat is None:
+            return None
+        return max(self.last_beat, self._beat_sent + 2 * self.timeout_s) + self.stale_s
+
+    async def adopt(self, engine: str, count: int) -> list[str]:
+        """Leases for ``count`` calls already running at ``engine`` (admitted while Redis could not be asked),
+        added whatever the cap: the shared set then counts them, and new acquires wait for room."""
+        if count <= 0:
+            return []
+        members = [f"{self.replica}/{next(self._ids)}" for _ in range(count)]
+        async with self._deadline():
+            await self._adopt(keys=[self.key(engine)], args=[round(self.ttl_s * 1000), *members])
+        self._held.setdefault(engine, set()).update(members)
+        return members
 
     def slots_key(self, engine: str) -> str:
         """The hash of ``engine``'s newest slot reading (``slots``, ``epoch``; ``tickets`` handed out)."""
@@ -338,8 +450,9 @@ class EngineLeases:
         ``follows_slots``: the cap is also the engine's newest recorded slot count (:meth:`record_slots`).
         """
         member = f"{self.replica}/{next(self._ids)}"
-        keys = [self.key(engine), self.slots_key(engine)]
-        args: list[str | int | float] = [cap, round(self.ttl_s * 1000), member, int(follows_slots)]
+        keys = [self.key(engine), self.slots_key(engine), self.registry_key]
+        args: list[str | int | float] = [cap, round(self.ttl_s * 1000), member, int(follows_slots),
+                                         *self._registry_args()]
         if not await self._acquire_with(_ACQUIRE, self._acquire, keys, args, rider):
             return None
         self._held.setdefault(engine, set()).add(member)
@@ -359,10 +472,10 @@ class EngineLeases:
         """
         member = f"{tenant}\x1f{self.replica}/{next(self._ids)}"
         keys = [self.key(engine), f"{self.key(engine)}:served", f"{self.key(engine)}:waiting",
-                self.slots_key(engine)]
+                self.slots_key(engine), self.registry_key]
         args: list[str | int | float] = [
             cap, round(self.ttl_s * 1000), member, tenant, work_per_weight, self.wait_registration_ms,
-            int(follows_slots),
+            int(follows_slots), *self._registry_args(),
         ]
         if not await self._acquire_with(_ACQUIRE_FAIR, self._acquire_fair, keys, args, rider):
             return None
@@ -446,4 +559,6 @@ class EngineLeases:
                 if members:
                     async with self._deadline():
                         await self._redis.zrem(self.key(engine), *members)
+            async with self._deadline():
+                await self._redis.zrem(self.registry_key, self.replica)
         self._held.clear()

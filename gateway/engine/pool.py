@@ -23,10 +23,14 @@
   cap holds across every replica. A request whose engines' shared slots are all taken by other replicas
   asks Redis again (10 ms, doubling to 100 ms; 50 ms with fair leases) until its deadline. With fair leases
   (the default) Redis also decides which tenant a freed slot goes to, across every replica; priority order
-  holds within a replica. When Redis cannot be reached the pool serves on this replica's local caps
-  alone (logged loudly, ``modgate_engine_leases_local_only`` 1) rather than refusing traffic: with N
-  replicas an engine may then see up to N × its cap, which it survives by queueing inside vLLM; refusing
-  every request because the coordination store is down would be the worse failure.
+  holds within a replica. Each replica says it is there every ``refresh_every_s`` (a heartbeat in the
+  leases' registry, which also tells it how many replicas share the engines). When Redis cannot be reached
+  the pool serves on its share of each cap, the cap divided by the replicas last seen (at least 1; logged
+  loudly, ``modgate_engine_leases_local_only`` 1), and takes a local slot only once its heartbeat is stale
+  to the others, who from then on hold its share back (gateway/engine/leases.py): two replicas on an
+  engine of 4 run 2 each, never 8. When Redis answers again the calls running on local slots are adopted
+  as leases first (added whatever the cap, so the shared count is what the engine has), then new ones are
+  asked. A replica that never reached Redis knows no others and serves on the whole cap.
 - Riders: a caller's Lua may ride with the lease's acquire (:meth:`EnginePool.slot`'s ``rider``: taken
   only when a slot is free now, and withheld, with nothing of the slot left taken, when the rider found
   something: :class:`SlotWithheld`) and with its release (:meth:`HeldEngine.part_with`), so the verdict
@@ -48,21 +52,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from gateway.engine.admission import AdmissionQueue, Ticket
+from gateway.engine.admission import AdmissionQueue
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen
-from gateway.engine.client import EngineAnswer, EngineClient, engine_failed
+from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.fairness import Work
+from gateway.engine.held_engine import HeldEngine, naming_own_model
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
 from gateway.engine.slot_readings import SlotReadings
-from gateway.errors import EngineBusy, EnginesBusy, EngineUnavailable, Overloaded, ServerSideError
+from gateway.errors import Overloaded, ServerSideError
 
 log = logging.getLogger("modgate.engine_pool")
 
 T = TypeVar("T")
-
-BUSY_PAUSE_S = (0.05, 1.0)
-"""A call an engine answered busy asks again after 50 ms, doubling to 1 s, until the queue's deadline."""
 
 LOCAL_ONLY = ""
 """The lease of a slot taken without Redis (none configured, or Redis unreachable): nothing to give back."""
@@ -75,98 +77,6 @@ class SlotWithheld(Exception):
     def __init__(self, rider: LeaseRider) -> None:
         super().__init__("the slot was withheld")
         self.rider = rider
-
-
-def naming_own_model(body: dict[str, Any], models: Mapping[str, str] | None, url: str) -> dict[str, Any]:
-    """``body`` naming the model the engine at ``url`` serves (``models`` by URL); as it is when unknown."""
-    model = (models or {}).get(url)
-    return body if model is None or body.get("model") == model else {**body, "model": model}
-
-
-class HeldEngine:
-    """A slot on one engine for one call; ``chat`` moves the call if the engine cannot take it."""
-
-    def __init__(
-        self,
-        pool: EnginePool,
-        engine: EngineSlot,
-        lease: str,
-        queue_seconds: float,
-        ticket: Ticket | None = None,
-        work: Work | None = None,
-    ) -> None:
-        self.pool = pool
-        self.engine = engine
-        self.lease = lease
-        self.queue_seconds = queue_seconds  # the wait for the slot: queue and, across replicas, a lease
-        self.ticket = ticket  # the tenant the slot is charged to (None: background work, charged to nobody)
-        self.work = work  # what it was expected to cost (asked again if the call moves to another engine)
-        self.parting: LeaseRider | None = None  # sent with the lease's release
-
-    def part_with(self, rider: LeaseRider | None) -> None:
-        """Send ``rider`` with the release of this slot's lease (it stays unrun, ``ran`` false, when the slot
-        has no lease in Redis: its owner runs it alone then)."""
-        self.parting = rider
-
-    def settle(self, actual: float) -> None:
-        """Correct the tenant's charge with the work the call really took (from its usage)."""
-        if self.ticket is not None:
-            self.pool.queue.settle(self.ticket, actual)
-
-    async def chat(
-        self, body: dict[str, Any], request_id: str, *, models: Mapping[str, str] | None = None
-    ) -> EngineAnswer:
-        """One chat completion; if the engine never took it, tried again on another engine with room.
-
-        ``models``: each engine's own model id by URL, sent in its request instead of the body's (a pool
-        of both kinds may serve one model under two names: vLLM refuses a name it does not serve)."""
-        tried: list[EngineSlot] = []
-        busy_since: float | None = None
-        pause = BUSY_PAUSE_S[0]
-        while True:
-            engine = self.engine
-            sent = naming_own_model(body, models, engine.url)
-            try:
-                answer = await engine.client.chat(sent, request_id)
-            except EngineBusy as exc:  # back-pressure: its circuit never heard of it (engine_failed is False)
-                engine.busy_answers += 1
-                engine.record(False)
-                engine.slots_may_have_changed()  # busy below its cap: it may have fewer slots than it said
-                tried.append(engine)
-                if await self.pool.move(self, tried):
-                    log.info("engine %s is busy: %s moved to %s", engine.url, request_id, self.engine.url)
-                    continue
-                # Every other engine is full or busy: wait here, holding the slot (the engine has no room for
-                # it either), then ask again; past the queue's deadline the caller hears 429, as from a queue.
-                now = time.monotonic()
-                busy_since = now if busy_since is None else busy_since
-                remaining = busy_since + self.pool.queue.queue_timeout_s - now
-                if remaining <= 0:
-                    raise EnginesBusy(
-                        f"every engine answered busy until the queue's deadline ({exc.message})",
-                        retry_after=self.pool.queue.retry_after_s(),
-                    ) from exc
-                await asyncio.sleep(min(pause, remaining))
-                pause = min(pause * 2, BUSY_PAUSE_S[1])
-                tried = []
-                continue
-            except EngineUnavailable as exc:  # refused, 503 or circuit open: the engine did no work on it
-                engine.record(engine_failed(exc))
-                tried.append(engine)
-                self.pool.refresh()
-                if not await self.pool.move(self, tried):
-                    raise
-                engine.failovers += 1
-                log.warning("engine %s could not take %s (%s): moved to %s",
-                            engine.url, request_id, exc.message, self.engine.url)
-                continue
-            except Exception as exc:
-                engine.record(engine_failed(exc))
-                self.pool.refresh()
-                raise
-            engine.record(False)
-            self.pool.refresh()
-            return answer
 
 
 class EnginePool:
@@ -199,7 +109,11 @@ class EnginePool:
         self.weight = weight
         self._leases_down_until = 0.0  # while Redis was failing: serve on local caps, do not ask it
         self.leases_local_only = False
-        self.calls_on_local_caps = 0  # with Redis leases: running calls the shared cap never saw
+        self._local_from = 0.0  # local slots only from then: the others hold our share back by then
+        self._unleased: dict[str, int] = {}  # engine URL -> running calls taken on local slots, not adopted
+        self._adopted: dict[str, list[str]] = {}  # engine URL -> leases adopted for such calls, to give back
+        self._adopting = False  # no local slot is taken while the running ones are being adopted
+        self._rejoining = asyncio.Lock()
         self._watch: asyncio.Task[None] | None = None
         self.slot_readings = SlotReadings(
             engines, leases, lambda: time.monotonic() >= self._leases_down_until, self.refresh)
@@ -222,42 +136,84 @@ class EnginePool:
             self._watch = asyncio.create_task(self._refresh_forever(), name="engine-pool-refresh")
 
     async def _refresh_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_every_s)
+        while True:  # the first heartbeat at once: the other replicas count this one from its start
             self.refresh()
-            if self.leases_local_only and time.monotonic() >= self._leases_down_until:
-                await self._probe_leases()
+            if self.leases is not None and not self.leases_local_only:
+                with contextlib.suppress(*LEASE_STORE_DOWN):  # a call that fails says so on its own
+                    await self.leases.beat()
+            elif self.leases is not None and time.monotonic() >= self._leases_down_until:
+                # A replica that is idle, or whose every answer is a reused verdict, asks Redis no lease:
+                # without this it would say it holds the caps alone (and alert) long after Redis came back.
+                await self._rejoin()
+            await asyncio.sleep(self.refresh_every_s)
 
-    async def _probe_leases(self) -> None:
-        """Ask Redis whether it answers again though no call asks it: a replica that is idle, or whose every
-        answer is a reused verdict, would otherwise say it holds the caps alone (and alert) until its next
-        engine call, long after Redis (or a promoted replica) came back."""
-        assert self.leases is not None
-        try:
-            await self.leases.count(self.engines[0].url)
-        except LEASE_STORE_DOWN as exc:
-            self._leases_failed(exc)
-        else:
-            self._leases_answered()
+    @property
+    def calls_on_local_caps(self) -> int:
+        """Running calls taken on local slots that the shared cap does not count (not adopted yet)."""
+        return sum(self._unleased.values())
 
     def _leases_failed(self, exc: BaseException) -> None:
         self._leases_down_until = time.monotonic() + self.lease_retry_after_failure_s
         if not self.leases_local_only:
+            assert self.leases is not None
+            seen, after = self.leases.replicas_seen, self.leases.local_after()
+            # Local slots once the others see our heartbeat stale and hold our share back.
+            self._local_from = 0.0 if after is None else after
+            for engine in self.engines:
+                engine.shared_by = seen
             log.error(
-                "engine leases: Redis unreachable (%r); serving on this replica's local caps alone, so "
-                "an engine may get more than its cap from several replicas (asking Redis again in %g s)",
-                exc, self.lease_retry_after_failure_s,
+                "engine leases: Redis unreachable (%r); serving on this replica's share of each cap (the"
+                " cap / %d replicas last seen) until it answers (asking again in %g s)",
+                exc, seen, self.lease_retry_after_failure_s,
             )
         self.leases_local_only = True
+        self.refresh()
 
-    def _leases_answered(self) -> None:
-        # A call that was already waiting on Redis when another timed out may come back granted: Redis
-        # answers, so every call asks it again from now (else the flag read 0 while calls went on taking
-        # local slots for the rest of the pause).
-        self._leases_down_until = 0.0
-        if self.leases_local_only:
-            log.warning("engine leases: Redis answers again; engine caps hold across replicas again")
+    async def _rejoin(self) -> bool:
+        """Redis answers again: adopt the calls running on local slots as leases, then the caps hold across
+        replicas again (True); False when Redis fails meanwhile (still on local shares)."""
+        assert self.leases is not None
+        async with self._rejoining:
+            if not self.leases_local_only:
+                return True
+            self._adopting = True
+            try:
+                for engine in self.engines:
+                    running = self._unleased.get(engine.url, 0)
+                    members = await self.leases.adopt(engine.url, running)
+                    still = self._unleased.get(engine.url, 0)
+                    self._adopted.setdefault(engine.url, []).extend(members[:still])
+                    self._unleased[engine.url] = 0
+                    # calls that ended while Redis answered gave back no lease yet: theirs go back now (no
+                    # longer renewed even if this fails, so they lapse)
+                    for member in members[still:]:
+                        with contextlib.suppress(*LEASE_STORE_DOWN):
+                            await self.leases.release(engine.url, member)
+                await self.leases.beat()  # only after adopting: the others stop holding our share back
+            except LEASE_STORE_DOWN as exc:
+                self._leases_failed(exc)
+                return False
+            finally:
+                self._adopting = False
+            self._leases_down_until = 0.0
             self.leases_local_only = False
+            for engine in self.engines:
+                engine.shared_by = 1
+            log.warning("engine leases: Redis answers again; the calls on local slots adopted as leases, "
+                        "engine caps hold across replicas again")
+            self.refresh()
+            return True
+
+    def _local_lease(self, engine: EngineSlot) -> str | None:
+        """A local slot of ``engine`` while Redis cannot be asked (:data:`LOCAL_ONLY`), within this replica's
+        share of its cap; None (ask again) while its share is full, before the others hold it back, or while
+        the running ones are being adopted."""
+        if self.leases is None:
+            return LOCAL_ONLY
+        if self._adopting or time.monotonic() < self._local_from or engine.inflight > engine.slot_cap():
+            return None
+        self._unleased[engine.url] = self._unleased.get(engine.url, 0) + 1
+        return LOCAL_ONLY
 
     async def aclose(self) -> None:
         """Stop the background tasks, give back leases, close every engine's connections."""
@@ -393,7 +349,9 @@ class EnginePool:
         if self.leases is None:
             return LOCAL_ONLY
         if time.monotonic() < self._leases_down_until:
-            return LOCAL_ONLY
+            return self._local_lease(engine)
+        if self.leases_local_only and not await self._rejoin():
+            return self._local_lease(engine)
         try:
             cap, follows = engine.slot_cap(), engine.follows_slots
             if self.fair_leases:
@@ -405,8 +363,12 @@ class EnginePool:
                 lease = await self.leases.try_acquire(engine.url, cap, rider, follows_slots=follows)
         except LEASE_STORE_DOWN as exc:
             self._leases_failed(exc)
-            return LOCAL_ONLY
-        self._leases_answered()
+            return self._local_lease(engine)
+        # A call that was already waiting on Redis when another timed out may come back granted: Redis
+        # answers, so the calls taken on local slots meanwhile are adopted and every call asks it again.
+        self._leases_down_until = 0.0
+        if self.leases_local_only:
+            await self._rejoin()
         return lease
 
     async def _take_one(
@@ -425,8 +387,6 @@ class EnginePool:
             except BaseException:
                 self._unreserve(engine)
                 raise
-            if lease == LOCAL_ONLY and self.leases is not None:
-                self.calls_on_local_caps += 1  # given back in _give_back
             if lease is not None:
                 return engine, lease
             self._unreserve(engine)
@@ -462,7 +422,12 @@ class EnginePool:
         count."""
         try:
             if lease == LOCAL_ONLY and self.leases is not None:
-                self.calls_on_local_caps -= 1
+                adopted = self._adopted.get(engine.url)
+                if adopted:  # local calls are alike: any of the leases adopted for them goes back
+                    with contextlib.suppress(*LEASE_STORE_DOWN):
+                        await self.leases.release(engine.url, adopted.pop())
+                else:
+                    self._unleased[engine.url] -= 1
             elif lease != LOCAL_ONLY and self.leases is not None:
                 with contextlib.suppress(*LEASE_STORE_DOWN):
                     await self.leases.release(engine.url, lease, rider)
@@ -556,8 +521,6 @@ class EnginePool:
                 )
             await asyncio.sleep(min(pause, remaining))
             pause = min(pause * 2, longest)
-        if lease == LOCAL_ONLY and self.leases is not None:
-            self.calls_on_local_caps += 1
         self.refresh()
         try:
             yield engine

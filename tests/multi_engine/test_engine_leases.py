@@ -211,11 +211,11 @@ async def test_with_redis_unreachable_a_pool_serves_on_its_local_cap_and_says_so
     assert pool.engines[0].inflight == 0
 
 
-async def test_calls_admitted_on_local_caps_are_counted_until_they_end_though_redis_answers_again(
+async def test_calls_admitted_on_local_caps_are_adopted_as_leases_before_a_new_one_is_taken(
     replicas: Callable[..., EngineLeases],
 ) -> None:
-    """After a failover the shared cap sees only new leases: the calls admitted on local caps meanwhile run
-    on beside them, and the gauge says how many until the last one ends."""
+    """After a failover the shared cap must see the calls admitted on local caps meanwhile: they are adopted
+    as leases before the next lease is asked, so the gauge falls to 0 and Redis counts both calls."""
     dead = redis_client("redis://127.0.0.1:1/0")
     pool = pool_with(EngineLeases(dead, key_prefix=PREFIX, timeout_s=0.2))
     pool.lease_retry_after_failure_s = 0.0  # ask Redis again at the next call
@@ -229,12 +229,46 @@ async def test_calls_admitted_on_local_caps_are_counted_until_they_end_though_re
         async with pool.slot() as local:
             assert local.lease == ""
             assert (pool.calls_on_local_caps, gauge()) == (1, 1.0)
-            pool.leases = replicas()  # Redis answers again: a promoted primary
+            pool.leases = leases = replicas()  # Redis answers again: a promoted primary
             async with pool.slot() as shared:
                 assert shared.lease  # a lease in Redis
                 assert not pool.leases_local_only
-                assert gauge() == 1.0  # the local call still runs: the cap may be overshot by it
+                assert gauge() == 0.0  # the local call was adopted as a lease first
+                assert await leases.count(ENGINE) == 2
+            assert await leases.count(ENGINE) == 1
+        assert await leases.count(ENGINE) == 0  # the adopted lease went back with its call
         assert gauge() == 0.0
+    finally:
+        await pool.aclose()
+        await dead.aclose()
+
+
+async def test_a_local_call_that_ends_while_it_is_being_adopted_leaves_no_lease_behind(
+    replicas: Callable[..., EngineLeases],
+) -> None:
+    dead = redis_client("redis://127.0.0.1:1/0")
+    pool = pool_with(EngineLeases(dead, key_prefix=PREFIX, timeout_s=0.2), cap=3)
+    pool.lease_retry_after_failure_s = 0.0
+    try:
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(pool.slot())  # a local call that runs on
+            ending = pool.slot()
+            await ending.__aenter__()  # and one that ends while Redis adopts them
+            pool.leases = leases = replicas()
+            adopt = leases.adopt
+
+            async def one_ends_meanwhile(engine: str, count: int) -> list[str]:
+                members = await adopt(engine, count)
+                await ending.__aexit__(None, None, None)
+                return members
+
+            leases.adopt = one_ends_meanwhile  # type: ignore[method-assign]  # a Redis where a call ends mid-adoption
+            async with pool.slot() as shared:
+                assert shared.lease
+                assert await leases.count(ENGINE) == 2  # the call running on, adopted, and this one
+        assert await leases.count(ENGINE) == 0
+        assert leases.held(ENGINE) == 0  # nothing left to renew
+        assert pool.calls_on_local_caps == 0
     finally:
         await pool.aclose()
         await dead.aclose()

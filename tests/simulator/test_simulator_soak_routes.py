@@ -84,3 +84,21 @@ def test_a_caller_hanging_up_on_a_stream_frees_the_engine(start_sim: SimFactory,
         next(answer.iter_lines())  # the role chunk, sent before the first token
 
     assert_left_the_engine(sim.url)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "llamacpp"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_simulator_counts_the_answers_it_sent_whole_and_not_the_cut_ones(
+    start_sim: SimFactory, kind: EngineKind, stream: bool
+) -> None:
+    sim = start_sim(kind=kind)
+    ask = {"messages": HI, "max_tokens": 4, "stream": stream}
+    with httpx.Client(base_url=sim.url, timeout=30) as client:
+        for _ in range(2):
+            assert client.post("/v1/chat/completions", json=ask).status_code == 200
+        client.post("/sim/faults", json={"cut_stream_rate": 1.0}).raise_for_status()
+        client.post("/v1/chat/completions", json={**ask, "max_tokens": 512})  # cut half-way: not whole
+        client.post("/sim/faults", json={"busy_rate": 1.0}).raise_for_status()
+        assert client.post("/v1/chat/completions", json=ask).status_code == 503
+
+        assert client.get("/sim/info").json()["answers_whole"] == 2
