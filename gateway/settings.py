@@ -424,7 +424,7 @@ class DecisionSettings(BaseModel):
     archive_after_s: float = Field(default=3600.0, ge=0)  # stream entries older than this move to Parquet
     archive_interval_s: float = Field(default=300.0, gt=0)  # how often a replica tries to move them
     retention_days: int = Field(default=400, ge=1)  # day folders older than this are deleted
-    redis_timeout_s: float = Field(default=0.5, gt=0)  # an append waits no longer (the answer goes out)
+    redis_timeout_s: float = Field(default=0.5, gt=0, le=4.0)  # an append waits no longer: within Redis's 5 s
     # a failed append is tried again in the background (never on the answer's time) this many times in all,
     # for at most this long, then counted in modgate_decisions_unlogged_total
     retry_attempts: int = Field(default=8, ge=1)
