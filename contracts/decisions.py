@@ -13,7 +13,7 @@ import secrets
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -27,6 +27,7 @@ from contracts.actions import Action
 
 __all__ = [
     "DECISION_SCHEMA",
+    "STREAM_ID",
     "DecisionKind",
     "DecisionRow",
     "TenantDecisions",
@@ -119,8 +120,17 @@ DECISION_SCHEMA = pa.schema(
 )
 
 
-def _table(rows: Iterable[DecisionRow]) -> pa.Table:
-    return pa.Table.from_pylist([row.model_dump(mode="python") for row in rows], schema=DECISION_SCHEMA)
+# an archived row's stream entry id (null for rows not moved from a stream): an archive run that outlived its
+# lock's lease may write entries the next owner writes too; a reader keeps the first row of each entry
+STREAM_ID = "stream_id"
+_ARCHIVE_SCHEMA = DECISION_SCHEMA.append(pa.field(STREAM_ID, pa.string()))
+
+
+def _table(rows: Iterable[DecisionRow], stream_ids: Sequence[str] | None) -> pa.Table:
+    records = [row.model_dump(mode="python") for row in rows]
+    for record, stream_id in zip(records, stream_ids or (), strict=stream_ids is not None):
+        record[STREAM_ID] = stream_id
+    return pa.Table.from_pylist(records, schema=_ARCHIVE_SCHEMA)
 
 
 def _day_dir(directory: Path, day: date) -> Path:
@@ -150,12 +160,14 @@ def stream_id_order(entry_id: str) -> tuple[int, int]:
 
 
 def write_day_partitions(
-    rows: Iterable[DecisionRow], directory: Path, first_stream_id: str | None = None
+    rows: Iterable[DecisionRow], directory: Path, first_stream_id: str | None = None,
+    stream_ids: Sequence[str] | None = None,
 ) -> list[Path]:
     """Append rows to the Parquet folders of their UTC days (new part files only, written under a temporary
     name and renamed, so a reader never sees half a file); returns the files written. ``first_stream_id``:
-    the first stream entry the rows were moved from, kept in each file's metadata."""
-    table = _table(rows)
+    the first stream entry the rows were moved from, kept in each file's metadata; ``stream_ids``: each
+    row's own entry, kept beside it (:data:`STREAM_ID`)."""
+    table = _table(rows, stream_ids)
     if first_stream_id is not None:
         table = table.replace_schema_metadata({FIRST_STREAM_ID: first_stream_id.encode()})
     written: list[Path] = []
@@ -189,8 +201,10 @@ def read_decisions(
     ``live_from``: the first entry the stream held when its rows were read (an export reads the stream
     first). Files an archive run wrote from that entry on are skipped: their rows were on the stream then.
     An archive run moves a prefix of the stream, so a run's files are either all before the live read
-    (moved, trimmed) or all from it on (read live): no row is missed or read twice.
+    (moved, trimmed) or all from it on (read live): no row is missed or read twice. A stream entry archived
+    twice (a run that outlived its lease, beside the next owner's) is read once.
     """
+    seen: set[str] = set()
     for day, folder in day_partitions(directory).items():
         if day < since.astimezone(UTC).date():
             continue
@@ -198,12 +212,17 @@ def read_decisions(
                        if live_from is None or _moved_before(path, live_from))
         if not files:
             continue
-        table = pa.concat_tables([pq.read_table(path, schema=DECISION_SCHEMA) for path in files])
+        table = pa.concat_tables([pq.read_table(path, schema=_ARCHIVE_SCHEMA) for path in files])
         keep = pc.greater_equal(table["decided_at"], pa.scalar(since, type=pa.timestamp("us", tz="UTC")))
         if tenant is not None:
             keep = pc.and_(keep, pc.equal(table["tenant"], tenant))
         table = table.filter(keep).sort_by("decided_at")
         for row in table.to_pylist():
+            stream_id = row.pop(STREAM_ID)
+            if stream_id is not None:
+                if stream_id in seen:
+                    continue
+                seen.add(stream_id)
             yield DecisionRow.model_validate(row)
 
 

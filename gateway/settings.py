@@ -328,7 +328,7 @@ class JobSettings(BaseModel):
     # At shutdown: how long running jobs may go on; the rest go back to the stream for another gateway.
     stop_grace_s: float = Field(default=10.0, ge=0, le=600)
     # Replicas that must hold a job (WAIT) before it is answered 202 or its completion counts (0: none).
-    wait_replicas: int = Field(default=0, ge=0, le=16)
+    wait_replicas: int = Field(default=0, ge=0, le=16)  # Unset with a redis+sentinel:// URL: 1.
     wait_timeout_ms: int = Field(default=1000, ge=1, le=4_000)  # WAIT's limit: within Redis's 5 s timeout
 
     @field_validator("webhook_secret")
@@ -424,13 +424,13 @@ class DecisionSettings(BaseModel):
     archive_after_s: float = Field(default=3600.0, ge=0)  # stream entries older than this move to Parquet
     archive_interval_s: float = Field(default=300.0, gt=0)  # how often a replica tries to move them
     retention_days: int = Field(default=400, ge=1)  # day folders older than this are deleted
-    redis_timeout_s: float = Field(default=0.5, gt=0)  # an append waits no longer (the answer goes out)
+    redis_timeout_s: float = Field(default=0.5, gt=0, le=4.0)  # an append waits no longer: within Redis's 5 s
     # a failed append is tried again in the background (never on the answer's time) this many times in all,
     # for at most this long, then counted in modgate_decisions_unlogged_total
     retry_attempts: int = Field(default=8, ge=1)
     retry_timeout_s: float = Field(default=60.0, gt=0)
     # Replicas that must hold an append (WAIT): one not held in time is tried again like a failed one.
-    wait_replicas: int = Field(default=0, ge=0, le=16)
+    wait_replicas: int = Field(default=0, ge=0, le=16)  # Unset with a redis+sentinel:// URL: 1.
 
 
 class ShadowSettings(BaseModel):
@@ -473,7 +473,7 @@ class ReviewSettings(BaseModel):
     # Without Redis: items kept in memory, each with its frame (~100 KB); past this the oldest is dropped.
     memory_max_items: int = Field(default=1000, ge=1, le=100_000)
     # Replicas that must hold a queued item before its verdict is answered (else modgate_review_unreplicated)
-    wait_replicas: int = Field(default=0, ge=0, le=16)
+    wait_replicas: int = Field(default=0, ge=0, le=16)  # Unset with a redis+sentinel:// URL: 1.
     wait_timeout_ms: int = Field(default=200, ge=1, le=4_000)  # WAIT's limit: within Redis's 5 s timeout
 
 
@@ -580,16 +580,16 @@ class Settings(RenamedAttributes, BaseSettings):
         return super().model_copy(update=update and nest_renamed_update(self, update), deep=deep)
 
     @model_validator(mode="after")
-    def _redis_keys_need_redis(self) -> Settings:
+    def _groups_agree(self) -> Settings:
         if self.auth.api_keys_from_redis and not self.redis.url:
             raise ValueError("MODGATE_AUTH__API_KEYS_FROM_REDIS needs MODGATE_REDIS__URL")
-        return self
-
-    @model_validator(mode="after")
-    def _sign_in_sessions_need_the_admin_token(self) -> Settings:
         if self.oidc.issuer is not None and self.auth.admin_token is None:
             raise ValueError(
                 "MODGATE_OIDC__ISSUER needs MODGATE_AUTH__ADMIN_TOKEN (it signs console sessions)")
+        if (self.redis.url or "").startswith("redis+sentinel:"):  # accepted: on a replica, failover or not
+            for name in ("jobs", "review", "decisions"):  # WAIT_REPLICAS unset: 1; a value set stands (0 too)
+                if "wait_replicas" not in getattr(self, name).model_fields_set:
+                    setattr(self, name, getattr(self, name).model_copy(update={"wait_replicas": 1}))
         return self
 
     def tenant_keys(self) -> dict[str, str]:

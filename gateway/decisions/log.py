@@ -33,6 +33,7 @@ import stamina
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 from redis.asyncio import Redis
+from redis.asyncio.lock import Lock
 from redis.exceptions import LockError, RedisError
 
 from contracts.decisions import DecisionRow, drop_days_before, read_decisions, write_day_partitions
@@ -75,11 +76,12 @@ class DecisionLog(Protocol):
 
 
 def _archive_files(
-    settings: DecisionSettings, rows: list[DecisionRow], now: float, first_stream_id: str | None = None
+    settings: DecisionSettings, rows: list[DecisionRow], now: float, first_stream_id: str | None = None,
+    stream_ids: list[str] | None = None,
 ) -> None:
     """Write rows to their day folders and drop expired days (on a worker thread: Parquet is CPU)."""
     if rows:
-        write_day_partitions(rows, settings.archive_dir, first_stream_id)
+        write_day_partitions(rows, settings.archive_dir, first_stream_id, stream_ids)
     drop_days_before(settings.archive_dir, settings.retention_days, datetime.fromtimestamp(now, UTC))
 
 
@@ -131,11 +133,16 @@ return #ARGV - 1
 class RedisDecisionLog:
     """Decisions on a Redis stream shared by every replica."""
 
-    def __init__(self, client: Redis, settings: DecisionSettings, unlogged: Counter | None = None) -> None:
+    def __init__(
+        self, client: Redis, settings: DecisionSettings, unlogged: Counter | None = None,
+        archive_lease_s: float | None = None,
+    ) -> None:
         self._redis = client
         self.settings = settings
         self._stream = settings.stream
         self._lock = f"{settings.stream}:archiver"
+        # the archive lock's lease, extended while a run works (a run that stops renewing loses it)
+        self.archive_lease_s = archive_lease_s or max(60.0, settings.archive_interval_s)
         self._unlogged = unlogged
         self._retrying: set[asyncio.Task[None]] = set()
         self._append_once = client.register_script(_APPEND_ONCE)
@@ -253,29 +260,59 @@ class RedisDecisionLog:
 
     async def archive(self, now: float | None = None) -> int:
         """Move entries older than ``archive_after_s`` to the day files, then XTRIM them (MINID), under a
-        lock so two replicas never write the same entries twice."""
+        lock whose lease is extended while the run works; the run checks it still owns the lock before it
+        writes and before it trims, and each row keeps its stream id, so entries that two owners archived
+        anyway (a run that lost its lease in a pause) are read once."""
         now = time.time() if now is None else now
         horizon_ms = int((now - self.settings.archive_after_s) * 1000)
-        lock = self._redis.lock(self._lock, timeout=max(60.0, self.settings.archive_interval_s))
+        lock = self._redis.lock(self._lock, timeout=self.archive_lease_s)
         if not await lock.acquire(blocking=False):
             return 0
+        renewing = asyncio.create_task(self._renew(lock), name="decision-archive-lease")
         try:
             entries = self._entries(
                 await self._redis.xrange(self._stream, min="-", max=f"{horizon_ms}", count=_BATCH * 10)
             )
-            rows = [row for _, row in entries if row is not None]
+            readable = [(ident, row) for ident, row in entries if row is not None]
+            rows = [row for _, row in readable]
             first_id = entries[0][0] if entries else None
-            await asyncio.to_thread(_archive_files, self.settings, rows, now, first_id)
+            if not await self._still_owned(lock, "writing"):
+                return 0
+            await asyncio.to_thread(_archive_files, self.settings, rows, now, first_id,
+                                    [ident for ident, _ in readable])
             if entries:  # written first, trimmed after: a crash in between repeats rows, never loses one
+                if not await self._still_owned(lock, "trimming"):
+                    return len(rows)  # written (a reader drops the next owner's copies), left untrimmed
                 last_id = entries[-1][0]
                 await self._redis.xtrim(self._stream, minid=last_id, approximate=False)
                 await self._redis.xdel(self._stream, last_id)
             return len(rows)
         finally:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
             try:
                 await lock.release()
             except LockError:  # the lease ran out and another replica may hold the lock now: it is theirs
                 log.warning("the archive lock's lease ran out before the run ended (%s)", self._lock)
+
+    async def _renew(self, lock: Lock) -> None:
+        """Extend the lock's lease to a whole lease every third of one while the run works."""
+        while True:
+            await asyncio.sleep(self.archive_lease_s / 3)
+            try:
+                await lock.extend(self.archive_lease_s, replace_ttl=True)
+            except LockError:
+                return  # lost: the run finds out before its next write or trim
+            except _REDIS_DOWN as exc:
+                log.warning("extending the archive lock failed: %s", exc)
+
+    async def _still_owned(self, lock: Lock, step: str) -> bool:
+        """Whether this run still holds the lock, before ``step`` (the lease may have run out in a pause)."""
+        if await lock.owned():
+            return True
+        log.warning("the archive lock's lease ran out; the run stops before %s (%s)", step, self._lock)
+        return False
 
 
 class DecisionArchiver:

@@ -3,19 +3,27 @@
 The client's transport is wrapped: each request names its purpose (``verdict``, ``probe``, ``primer``,
 ``check``, ``tokenize``, ``props``, ``metrics``, ``health``, ``models``) in its extensions, carries an
 ``X-Request-Id`` (the request it serves, or one of its own), and is reported once, when its answer's body is
-closed or it failed, with its outcome: ``ok`` (2xx), ``busy`` (503 or 429: back-pressure), ``rejected``
-(another 4xx), ``error`` (5xx, or no answer), ``timeout``. A call the circuit refused before sending is
-reported by the client as ``circuit_open`` (nothing reached the engine).
+closed or it failed, with its outcome settled by what happened to the whole answer, not by its status line:
+``ok`` (2xx, its body read to the end), ``busy`` (503 or 429: back-pressure), ``rejected`` (another 4xx),
+``error`` (5xx, no answer, or a body cut short), ``timeout`` (a deadline passed before the end: httpx's, or
+the client's own, which it names in the request's ``modgate.expired`` extension), ``cancelled`` (the caller
+left, or the body was closed unread). A call the circuit refused before sending is reported by the client
+as ``circuit_open`` (nothing reached the engine). The client may settle an answer itself (:func:`settle`):
+a streamed verdict is whole at its ``[DONE]``, and a 200 whose stream ended early is an ``error``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Final, Literal
 
 import httpx
+
+from gateway.errors import UpstreamTimeout
 
 Purpose = Literal[
     "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models",
@@ -25,6 +33,12 @@ PURPOSES: Final[tuple[Purpose, ...]] = (
 )
 PURPOSE_KEY: Final = "modgate.purpose"
 """The request extension that names an engine call's purpose."""
+_SETTLE_KEY: Final = "modgate.settle"
+"""The response extension through which the client settles a counted call's outcome (:func:`settle`)."""
+Expired = Callable[[], bool]
+EXPIRED_KEY: Final = "modgate.expired"
+"""The request extension holding a ``() -> bool``: whether the client's own deadline (an asyncio timeout,
+which cancels the task) has passed, so a cancellation is told apart as ``timeout`` or ``cancelled``."""
 
 CallObserver = Callable[[str, str, str, float], None]
 """``(engine URL, purpose, outcome, seconds)``: one engine call, reported once."""
@@ -39,16 +53,44 @@ def outcome_of(status: int) -> str:
     return "rejected" if status < 500 else "error"
 
 
-class _TimedStream(httpx.AsyncByteStream):
-    """An answer's body that reports its call when it is closed (a streamed verdict: at its end)."""
+def failure_outcome(exc: BaseException, expired: Expired | None) -> str:
+    """The outcome of a call that ``exc`` ended: a deadline's ``timeout``, the caller's ``cancelled``, or
+    ``error``."""
+    if isinstance(exc, httpx.TimeoutException | TimeoutError | UpstreamTimeout):
+        return "timeout"
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return "timeout" if expired is not None and expired() else "cancelled"
+    return "error"
 
-    def __init__(self, inner: httpx.AsyncByteStream, done: Callable[[], None]) -> None:
+
+class _TimedStream(httpx.AsyncByteStream):
+    """An answer's body that reports its call once, when it is closed, with what happened to it: read to
+    its end (the status's outcome), failed while read, or left unread (``cancelled``)."""
+
+    def __init__(
+        self, inner: httpx.AsyncByteStream, answered: str, expired: Expired | None,
+        done: Callable[[str], None],
+    ) -> None:
         self._inner = inner
-        self._done: Callable[[], None] | None = done
+        self._answered = answered  # the status line's outcome, which holds only if the body ends whole
+        self._expired = expired
+        self._outcome: str | None = None  # settled: by the body's end, its failure, or the client
+        self._done: Callable[[str], None] | None = done
+
+    def settle(self, outcome: str) -> None:
+        """The client's word on the answer (it read a whole verdict, or found it cut short)."""
+        self._outcome = outcome
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            yield chunk
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        except BaseException as exc:
+            if self._outcome is None:
+                self._outcome = failure_outcome(exc, self._expired)
+            raise
+        if self._outcome is None:
+            self._outcome = self._answered
 
     async def aclose(self) -> None:
         try:
@@ -56,7 +98,28 @@ class _TimedStream(httpx.AsyncByteStream):
         finally:
             if self._done is not None:
                 done, self._done = self._done, None
-                done()
+                done(self._outcome or "cancelled")
+
+
+def settle(response: httpx.Response, outcome: str) -> None:
+    """Settle a counted call's outcome before its body is closed (no-op for a response not counted here)."""
+    settles = response.extensions.get(_SETTLE_KEY)
+    if settles is not None:
+        settles(outcome)
+
+
+@contextlib.contextmanager
+def settling(response: httpx.Response, expired: Expired | None) -> Iterator[None]:
+    """Around the reading of an answer the client judges whole (a streamed verdict is, at its ``[DONE]``,
+    though unread past it): ``ok`` when the block ends, what failed it when it raises. An error status's
+    outcome stands (its body is read whole before the error is raised)."""
+    try:
+        yield
+    except BaseException as exc:
+        if response.status_code < 300:
+            settle(response, failure_outcome(exc, expired))
+        raise
+    settle(response, "ok")
 
 
 class CountedTransport(httpx.AsyncBaseTransport):
@@ -71,19 +134,21 @@ class CountedTransport(httpx.AsyncBaseTransport):
         purpose = str(request.extensions.get(PURPOSE_KEY, "verdict"))
         if "x-request-id" not in request.headers:
             request.headers["X-Request-Id"] = f"modgate-{purpose}-{uuid.uuid4().hex[:16]}"
+        expired = request.extensions.get(EXPIRED_KEY)
         started = time.perf_counter()
         try:
             response = await self.inner.handle_async_request(request)
-        except httpx.TimeoutException:
-            self._report(purpose, "timeout", started)
+        except BaseException as exc:
+            self._report(purpose, failure_outcome(exc, expired), started)
             raise
-        except BaseException:
-            self._report(purpose, "error", started)
-            raise
-        outcome = outcome_of(response.status_code)
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
-        response.stream = _TimedStream(stream, lambda: self._report(purpose, outcome, started))
+        timed = _TimedStream(
+            stream, outcome_of(response.status_code), expired,
+            lambda outcome: self._report(purpose, outcome, started),
+        )
+        response.stream = timed
+        response.extensions[_SETTLE_KEY] = timed.settle  # httpx wraps the stream; the response keeps this
         return response
 
     def _report(self, purpose: str, outcome: str, started: float) -> None:

@@ -22,6 +22,7 @@ import httpx
 import msgspec
 import stamina
 
+from gateway.engine import calls
 from gateway.engine.calls import PURPOSE_KEY, CallObserver, CountedTransport, Purpose
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen
 from gateway.engine.stream_lines import engine_json, sse_lines
@@ -397,7 +398,7 @@ class EngineClient:
             raise UpstreamError(f"engine {path} answered {response.status_code}")
         return response
 
-    async def _send(self, body: dict[str, Any], request_id: str) -> httpx.Response:
+    async def _send(self, body: dict[str, Any], request_id: str, expired: calls.Expired) -> httpx.Response:
         # msgspec writes the same bytes as httpx's json= (compact, UTF-8) in a fifth of the time: the body
         # carries the keyframe's ~100 KiB of base64, which the standard encoder scans character by character.
         request = self._http.build_request(
@@ -405,6 +406,7 @@ class EngineClient:
             "/v1/chat/completions",
             content=msgspec.json.encode(body),
             headers={"X-Request-Id": request_id, "Content-Type": "application/json"},
+            extensions={calls.EXPIRED_KEY: expired},  # a cancellation past our deadline is counted a timeout
         )
         stream = bool(body.get("stream"))
         # The first attempt outside stamina's retry context (its set-up costs every call; a retry is rare):
@@ -451,12 +453,14 @@ class EngineClient:
         started = time.monotonic()
         state = _StreamState()
         try:
-            async with asyncio.timeout(self.total_timeout_s):
+            async with asyncio.timeout(self.total_timeout_s) as whole:
                 try:
                     # Connecting (with its retries) and the engine's response headers count against the
                     # first-token deadline too: a hung engine is found out at that deadline, not the total.
-                    async with asyncio.timeout(self.first_token_timeout_s):
-                        response = await self._send(body, request_id)
+                    async with asyncio.timeout(self.first_token_timeout_s) as first:
+                        def expired() -> bool:
+                            return whole.expired() or first.expired()
+                        response = await self._send(body, request_id, expired)
                 except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                     raise EngineUnavailable(
                         f"cannot connect to the engine at {self.base_url}: {exc!r}"
@@ -467,21 +471,23 @@ class EngineClient:
                         f" ({self.first_token_timeout_s:g} s)"
                     ) from exc
                 try:
-                    if response.status_code != 200:
-                        await response.aread()
-                        status = response.status_code
-                        wire = self._wire or wire_for(DEFAULT_KIND)
-                        said = _error_message(response)
-                        message = f"engine answered {status}: {wire.explain(said)}"
-                        if wire.says_busy(status, said):
-                            raise EngineBusy(message)
-                        if 400 <= status < 500:
-                            raise UpstreamError(message, code=ENGINE_REJECTED)
-                        raise (EngineUnavailable if status == 503 else UpstreamError)(message)
-                    if body.get("stream"):
-                        await self._read_stream(response, state, started)
-                    else:
-                        await self._read_body(response, state, started)
+                    # the call counted as what happened to its answer: whole, timed out, cut short, left
+                    with calls.settling(response, expired):
+                        if response.status_code != 200:
+                            await response.aread()
+                            status = response.status_code
+                            wire = self._wire or wire_for(DEFAULT_KIND)
+                            said = _error_message(response)
+                            message = f"engine answered {status}: {wire.explain(said)}"
+                            if wire.says_busy(status, said):
+                                raise EngineBusy(message)
+                            if 400 <= status < 500:
+                                raise UpstreamError(message, code=ENGINE_REJECTED)
+                            raise (EngineUnavailable if status == 503 else UpstreamError)(message)
+                        if body.get("stream"):
+                            await self._read_stream(response, state, started)
+                        else:
+                            await self._read_body(response, state, started)
                 finally:
                     await response.aclose()
         except TimeoutError as exc:

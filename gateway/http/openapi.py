@@ -35,7 +35,14 @@ from gateway.wire import ModerationRequest
 from shaping.image.data_url import DATA_URL_PATTERN
 from shaping.verdict import MODEL_CATEGORIES
 
-REMOTE_URL_PATTERN = r"^[Hh][Tt][Tt][Pp][Ss]?://.+$"
+# An http(s) URL the fetcher parses (gateway/moderation/remote_images.py): a host name of ASCII labels whose
+# last starts with a letter (no IP literal: httpx refuses a malformed one, "999.1.1.1", as no URL), an
+# optional port, then printable ASCII only (httpx refuses a control character; a space is no URL either).
+# A host off the allowlist is a 403 the document lists, not a 400.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_PORT = r"(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?"
+REMOTE_URL_PATTERN = (rf"^[Hh][Tt][Tt][Pp][Ss]?://(?:{_LABEL}\.)*[A-Za-z](?:[A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
+                      rf"{_PORT}(?:[/?#][!-~]*)?$")
 REF = "#/components/schemas/{model}"
 # What a PUT may carry besides the policy's own fields: ignored (the gateway fills them in)
 SHOWN_ONLY = ("updated_at", "updated_by", "content_hash", "store", "changed")

@@ -29,7 +29,7 @@ from typing import Final
 
 import httpx
 
-from gateway.errors import InvalidRequest, PayloadTooLarge, UnprocessableImage
+from gateway.errors import Forbidden, InvalidRequest, PayloadTooLarge, UnprocessableImage
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -46,10 +46,17 @@ _ADDRESS_CHECKS: Final = (
 )
 
 
-class RemoteImageRefused(InvalidRequest):
-    """The URL may not be fetched: not allowed by the operator, or it leads somewhere private."""
+class RemoteImageRefused(Forbidden):
+    """The URL may not be fetched: not allowed by the operator, or it leads somewhere private (403: a URL
+    the API document allows may still be one this gateway's operator does not, so never a 400)."""
 
     default_code = "remote_image_refused"
+
+
+class RemoteImageMalformed(InvalidRequest):
+    """The URL is no URL (the API document's pattern excludes it): a 400."""
+
+    default_code = "remote_image_malformed"
 
 
 class RemoteImageUnavailable(UnprocessableImage):
@@ -187,7 +194,8 @@ class RemoteImageFetcher:
         try:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, ValueError) as exc:
-            raise self._refused(f"the {self.noun} URL is not a valid URL") from exc
+            raise RemoteImageMalformed(f"the {self.noun} URL is not a valid URL",
+                                       param=self.what.param) from exc
         if parsed.scheme not in ("http", "https"):
             raise self._refused(f"only http and https {self.noun} URLs are fetched, not {parsed.scheme!r}")
         if parsed.userinfo:

@@ -56,6 +56,16 @@ class ReviewItem:
     decision_id: str | None = None  # the verdict's own id (``modgate.decision_id``): its label joins by it
     moderation_request_id: str | None = None  # the moderation request (``modr-…``) that answered it
 
+    @property
+    def decision_key(self) -> str:
+        """The decision this item is a label of: shared by a double-labelled decision's two items (its
+        ``decision_id``; else its request and frame; an item naming neither is a decision of its own)."""
+        if self.decision_id is not None:
+            return self.decision_id
+        if self.frame_sha256 is not None:
+            return f"{self.tenant}/{self.request_id}/{self.frame_sha256}"
+        return self.id
+
     def to_hash(self) -> dict[str, str]:
         """Flat string fields (a Redis hash)."""
         return {name: json.dumps(value) for name, value in asdict(self).items()}

@@ -45,6 +45,9 @@ class MemoryReviewStore:
         self._clock = clock
         self._items: dict[str, _Held] = {}
         self._labelled: dict[str, float] = {}  # item id → when its tombstone expires
+        # decision → reviewer → (the item of it they were handed, until when that is remembered): a
+        # double-labelled decision's second item never goes to the reviewer who had its first
+        self._handed: dict[str, dict[str, tuple[str, float]]] = {}
         self._next = 0
         self.max_items = max_items  # each holds a shaped frame (~100 KB): the oldest go first past this
         self._audit: list[dict[str, Any]] = []  # newest first, at most ``audit_max_entries``
@@ -56,6 +59,13 @@ class MemoryReviewStore:
             del self._items[item_id]
         for item_id in [i for i, until in self._labelled.items() if until <= now]:
             del self._labelled[item_id]
+        for decision in [d for d, by in self._handed.items() if all(t <= now for _, t in by.values())]:
+            del self._handed[decision]
+
+    def _theirs_already(self, held: _Held, reviewer: str) -> bool:
+        """Whether ``reviewer`` was handed another item of this item's decision (they hold or labelled it)."""
+        had = self._handed.get(held.item.decision_key, {}).get(reviewer)
+        return had is not None and had[0] != held.item.id
 
     async def enqueue(self, item: ReviewItem) -> bool:
         """Queue the item at its tenant's end (this process's memory has no replica to wait for)."""
@@ -66,16 +76,20 @@ class MemoryReviewStore:
         return True
 
     async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:
-        """A timed-out claim first, then the oldest unclaimed item, across the reviewer's tenants."""
+        """A timed-out claim first, then the oldest unclaimed item, across the reviewer's tenants; never an
+        item of a decision the reviewer was handed another item of (None when only such items wait)."""
         self._expire()
         now = self._clock()
-        visible = [h for h in self._items.values() if tenants is None or h.item.tenant in tenants]
+        visible = [h for h in self._items.values() if (tenants is None or h.item.tenant in tenants)
+                   and not self._theirs_already(h, reviewer)]
         stale = [h for h in visible if h.reviewer is not None and now - h.claimed_at >= self.claim_timeout_s]
         fresh = [h for h in visible if h.reviewer is None]
         for candidates in (stale, fresh):
             if candidates:
                 held = min(candidates, key=lambda h: h.order)
                 held.reviewer, held.claimed_at = reviewer, now
+                handed = self._handed.setdefault(held.item.decision_key, {})
+                handed[reviewer] = (held.item.id, now + self.retention_s)
                 return held.item
         return None
 

@@ -32,6 +32,10 @@ GROUP: Final = "reviewers"
 TENANTS: Final = f"{PREFIX}:tenants"
 AUDIT: Final = f"{PREFIX}:audit"  # the labels' audit trail, newest first
 _SCAN_LIMIT: Final = 1000  # stream entries looked at per claim before answering "none" (expired ones skipped)
+# The consumer an entry is parked with when the reviewer it was read for had its decision's other item (a
+# double-labelled decision's twin): pending, held by no one, the next claim of another reviewer takes it.
+PARKED: Final = "~parked"  # named as such in the scripts below
+_PARKED_SCAN: Final = 100  # parked entries looked at per claim
 
 # KEYS: item hash, tenant stream, tenants set. ARGV: group, item id, tenant, ttl, field/value pairs…
 _ENQUEUE: Final = """
@@ -50,7 +54,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return {'labelled'} end
 local entry = redis.call('HGET', KEYS[1], 'entry')
 if not entry then return {'gone'} end
 local pending = redis.call('XPENDING', KEYS[3], ARGV[1], entry, entry, 1)
-if #pending == 0 then return {'unclaimed'} end
+if #pending == 0 or pending[1][2] == '~parked' then return {'unclaimed'} end
 if pending[1][2] ~= ARGV[2] then return {'claimed'} end
 """
 _LABEL: Final = _HOLDER + """
@@ -70,6 +74,24 @@ redis.call('XDEL', KEYS[3], entry)
 local moved = redis.call('XADD', KEYS[3], '*', 'item', ARGV[3])
 redis.call('HSET', KEYS[1], 'entry', moved)
 return {'ok'}
+"""
+
+# KEYS: the decision's hash of who was handed which of its items. ARGV: reviewer, item id, ttl. 1: the item
+# is this reviewer's now; 0: they were handed another item of the same decision (they hold or labelled it).
+_HAND: Final = """
+local had = redis.call('HGET', KEYS[1], ARGV[1])
+if had and had ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+# KEYS: tenant stream. ARGV: group, entry, reviewer. Takes a parked entry if it is still parked (two
+# reviewers may reach for it at once).
+_UNPARK: Final = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if #pending == 0 or pending[1][2] ~= '~parked' then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, ARGV[2])
+return 1
 """
 
 
@@ -104,6 +126,8 @@ class RedisReviewStore:
         self._enqueue = client.register_script(_ENQUEUE)
         self._label = client.register_script(_LABEL)
         self._release = client.register_script(_RELEASE)
+        self._hand = client.register_script(_HAND)
+        self._unpark = client.register_script(_UNPARK)
 
     @staticmethod
     def stream_key(tenant: str) -> str:
@@ -114,6 +138,11 @@ class RedisReviewStore:
     def item_key(item_id: str) -> str:
         """The item's hash (frame, verdict, stream entry)."""
         return f"{PREFIX}:item:{item_id}"
+
+    @staticmethod
+    def handed_key(decision_key: str) -> str:
+        """Which reviewer was handed which item of a decision (a double-labelled one has two)."""
+        return f"{PREFIX}:handed:{decision_key}"
 
     @staticmethod
     def tombstone_key(item_id: str) -> str:
@@ -151,21 +180,53 @@ class RedisReviewStore:
         return None
 
     async def _claim_from(self, stream: str, reviewer: str) -> ReviewItem | None:
+        """The stream's next item for ``reviewer``: one whose decision they were handed another item of is
+        parked (:data:`PARKED`) for someone else, one whose item expired is dropped."""
         for _ in range(_SCAN_LIMIT):
             entries = await self._next_entries(stream, reviewer)
             if not entries:
                 return None
             entry_id, values = entries[0]
-            item_id = _text((values or {}).get(b"item") or (values or {}).get("item") or "")
-            raw = await self._redis.hgetall(self.item_key(item_id)) if item_id else {}
-            if raw and _text(raw.get(b"entry", b"")) == _text(entry_id):
-                return ReviewItem.from_hash({k: v for k, v in raw.items() if k != b"entry"})
-            # the item expired (or this entry is a stale copy): nothing to review
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.xack(stream, GROUP, entry_id)
-                pipe.xdel(stream, entry_id)
-                await pipe.execute()
+            item = await self._item_of(stream, entry_id, values)
+            if item is None:
+                continue
+            handed = await self._hand(keys=[self.handed_key(item.decision_key)],
+                                      args=[reviewer, item.id, self.retention_s])
+            if handed:
+                return item
+            await self._redis.xclaim(stream, GROUP, PARKED, 0, [entry_id])
         return None
+
+    async def _item_of(self, stream: str, entry_id: Any, values: Any) -> ReviewItem | None:
+        """The live item of a stream entry; None (and the entry dropped) when its item expired."""
+        item_id = _text((values or {}).get(b"item") or (values or {}).get("item") or "")
+        raw = await self._redis.hgetall(self.item_key(item_id)) if item_id else {}
+        if raw and _text(raw.get(b"entry", b"")) == _text(entry_id):
+            return ReviewItem.from_hash({k: v for k, v in raw.items() if k != b"entry"})
+        # the item expired (or this entry is a stale copy): nothing to review
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.xack(stream, GROUP, entry_id)
+            pipe.xdel(stream, entry_id)
+            await pipe.execute()
+        return None
+
+    async def _from_parked(self, stream: str, reviewer: str) -> list[Any]:
+        """The oldest parked entry whose decision ``reviewer`` was not handed yet, now pending to them."""
+        parked = await self._redis.xpending_range(
+            stream, GROUP, min="-", max="+", count=_PARKED_SCAN, consumername=PARKED)
+        for pending in parked:
+            entry_id = pending["message_id"]
+            found: list[Any] = await self._redis.xrange(stream, min=entry_id, max=entry_id, count=1) or []
+            item_id = _text((found[0][1] or {}).get(b"item", b"")) if found else ""
+            raw = await self._redis.hgetall(self.item_key(item_id)) if item_id else {}
+            if not raw:
+                continue  # expired: dropped when a claim reads it as its own
+            item = ReviewItem.from_hash({k: v for k, v in raw.items() if k != b"entry"})
+            had = await self._redis.hget(self.handed_key(item.decision_key), reviewer)
+            if (had is None or _text(had) == item.id) and await self._unpark(
+                    keys=[stream], args=[GROUP, entry_id, reviewer]):
+                return found
+        return []
 
     async def _next_entries(self, stream: str, reviewer: str) -> list[Any]:
         try:
@@ -174,6 +235,9 @@ class RedisReviewStore:
             )
             if len(claimed) > 1 and claimed[1]:
                 return list(claimed[1])
+            parked = await self._from_parked(stream, reviewer)
+            if parked:
+                return parked
             answer: Any = await self._redis.xreadgroup(GROUP, reviewer, {stream: ">"}, count=1)
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
@@ -193,7 +257,8 @@ class RedisReviewStore:
             pending = await self._redis.xpending_range(
                 self.stream_key(item.tenant), GROUP, min=entry, max=entry, count=1
             )
-        return QueuedItem(item, _text(pending[0]["consumer"]) if pending else None)
+        holder = _text(pending[0]["consumer"]) if pending else None
+        return QueuedItem(item, None if holder == PARKED else holder)
 
     async def _tenant_of(self, item_id: str, tenants: Collection[str] | None) -> str | None:
         """The item's tenant (None: no such item now); a tenant outside ``tenants``: gone for this caller."""
@@ -264,7 +329,8 @@ class RedisReviewStore:
                 if isinstance(depth, Exception) or not depth:
                     continue
                 oldest_ms = int(_text(first[0][0]).split("-")[0]) if first else now_ms
-                claimed = 0 if isinstance(pending, Exception) else int(pending["pending"])
+                claimed = 0 if isinstance(pending, Exception) else int(pending["pending"]) - sum(
+                    int(c["pending"]) for c in pending.get("consumers") or () if _text(c["name"]) == PARKED)
                 figures[tenant] = TenantQueue(int(depth), min(claimed, int(depth)),
                                               max(0.0, (now_ms - oldest_ms) / 1000))
         return figures

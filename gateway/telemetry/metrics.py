@@ -182,8 +182,9 @@ class GatewayMetrics:
         self.engine_calls = Counter(
             "modgate_engine_calls",
             "Requests sent to each engine, by purpose (verdict, probe, primer, check, tokenize, props, "
-            "metrics, health, models) and outcome (ok, busy, rejected, error, timeout; circuit_open: refused "
-            "by the circuit breaker before sending).",
+            "metrics, health, models) and outcome, settled when the answer ends or fails (ok: whole; busy, "
+            "rejected, error, timeout, cancelled: the caller left; circuit_open: refused by the circuit "
+            "breaker before sending).",
             ["engine", "purpose", "outcome"],
             registry=registry,
         )

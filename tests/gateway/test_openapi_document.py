@@ -5,6 +5,7 @@ charset once."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,8 @@ from email.message import Message
 from typing import Any
 
 import httpx
+from hypothesis import given, settings
+from hypothesis.strategies import from_regex
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 from PIL import Image
@@ -19,13 +22,15 @@ from PIL import Image
 from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from deploy.simulator import Faults
+from gateway.http.openapi import REMOTE_URL_PATTERN
+from gateway.moderation.remote_images import RemoteImageFetcher, RemoteImageRefused
 from shaping.verdict import MODEL_CATEGORIES
 from tests.support import GatewayFactory, SimFactory, data_url, image_input
 
 BUSINESS_ROUTES = {
-    ("post", "/v1/moderations"): {200, 400, 401, 413, 415, 422, 429, 500, 502, 503, 504},
-    ("post", "/v1/videos/{video_id}/keyframes"): {200, 400, 401, 413, 415, 422, 429, 500, 502, 503, 504},
-    ("post", "/v1/jobs"): {202, 400, 401, 409, 413, 415, 422, 429, 500, 503},
+    ("post", "/v1/moderations"): {200, 400, 401, 403, 413, 415, 422, 429, 500, 502, 503, 504},
+    ("post", "/v1/videos/{video_id}/keyframes"): {200, 400, 401, 403, 413, 415, 422, 429, 500, 502, 503, 504},
+    ("post", "/v1/jobs"): {202, 400, 401, 403, 409, 413, 415, 422, 429, 500, 503},
     ("get", "/v1/jobs/{job_id}"): {200, 401, 404, 500, 503},
     ("put", "/admin/thinking-policy"): {200, 400, 401, 403, 409, 413, 422, 503},
     ("post", "/admin/thinking-policy/rollback"): {200, 400, 401, 403, 404, 409, 503},
@@ -186,6 +191,39 @@ def test_the_image_url_pattern_is_what_the_server_takes(
     assert remote_pattern.search(keyframe)
     assert remote_pattern.search("https://cdn.example.com/k.jpg")
     assert not remote_pattern.search("ftp://cdn.example.com/k.jpg")
+
+
+def test_with_remote_images_on_a_url_the_document_allows_off_the_allowlist_is_a_documented_403(
+    start_sim: SimFactory, start_gateway: GatewayFactory
+) -> None:
+    remote_images = {"enabled": True, "allowlist": ["cdn.example.com"]}
+    gateway = start_gateway(engine={"url": start_sim().url}, remote_images=remote_images)
+    spec = openapi(gateway)
+    pattern = re.compile(spec["components"]["schemas"]["ImageURL"]["properties"]["url"]["pattern"])
+    video = re.compile(spec["components"]["schemas"]["VideoSource"]["properties"]["url"]["pattern"])
+    assert pattern.search("https://cdn.example.org/a.jpg")
+    assert video.search("https://cdn.example.org/a.mp4")
+    for malformed in ("https://a b", "https://999.1.1.1/a.jpg", "https://cdn.example.com:99999/", "https://"):
+        assert not pattern.search(malformed), malformed  # no URL: the document excludes it (the server: 4xx)
+        assert not video.search(malformed), malformed
+    answers = {
+        "/v1/moderations": httpx.post(f"{gateway.url}/v1/moderations", timeout=60, json={
+            "input": image_part("https://cdn.example.org/a.jpg")}),
+        "/v1/jobs": httpx.post(f"{gateway.url}/v1/jobs", timeout=60, json={
+            "video_id": "v", "video": {"url": "https://cdn.example.org/a.mp4"}}),
+    }
+    for path, answer in answers.items():
+        assert answer.status_code == 403, (path, answer.text)
+        assert answer.json()["error"]["code"] == "remote_image_refused"
+        documented_schema(spec, "post", path, 403).validate(answer.json())
+
+
+@given(url=from_regex(REMOTE_URL_PATTERN, fullmatch=True))
+@settings(max_examples=300, deadline=None)
+def test_every_remote_url_the_document_allows_parses_as_the_fetcher_reads_it(url: str) -> None:
+    fetcher = RemoteImageFetcher(["cdn.example.com"], max_bytes=1, timeout_s=1, max_redirects=0)
+    with contextlib.suppress(RemoteImageRefused):  # a host off the allowlist: a 403 the document lists
+        fetcher.check_url(url)  # never RemoteImageMalformed, the 400 of a URL that is no URL
 
 
 def test_what_the_document_refuses_the_server_refuses_with_a_400(gateway: ThreadedServer) -> None:

@@ -4,6 +4,8 @@ released only by the replica that holds it (real Redis)."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -119,3 +121,74 @@ def test_an_archive_run_whose_lease_ran_out_leaves_the_next_owners_lock_alone(
         assert other.get(lock) == b"replica-b-token"
     finally:
         other.close()
+
+
+def archive_with_a_slow_first_run(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, lease_lapses: bool
+) -> tuple[int, int, list[DecisionRow], list[DecisionRow]]:
+    """Replica A archives 10 decisions under a 1-s lease and writes its files slowly; meanwhile replica B
+    (another process: its own client and loop) runs an archive. ``lease_lapses``: A's lease runs out while it
+    writes (a pause longer than the lease, played by deleting its lock). Returns what A and B moved, the
+    decisions written and what an export reads."""
+    settings = DecisionSettings(stream=STREAM, archive_dir=tmp_path, archive_after_s=0)
+    other = redis.Redis.from_url(redis_url)
+    write_files = decision_log._archive_files
+    moved_by_b: list[int] = []
+    first_writer: dict[str, threading.Thread] = {}
+
+    async def replica_b_archive() -> int:
+        client = redis_client(redis_url)
+        try:
+            return await RedisDecisionLog(client, settings, archive_lease_s=1.0).archive()
+        finally:
+            await client.aclose()
+
+    def slow_run(*args: Any) -> None:  # on A's worker thread
+        if threading.current_thread() is not first_writer.setdefault("thread", threading.current_thread()):
+            write_files(*args)  # B's own run writes at its pace
+            return
+        if lease_lapses:
+            other.delete(f"{STREAM}:archiver")
+        else:
+            time.sleep(2.0)  # twice the lease: A renews it meanwhile
+        moved_by_b.append(asyncio.run(replica_b_archive()))
+        write_files(*args)
+
+    monkeypatch.setattr(decision_log, "_archive_files", slow_run)
+    rows = [decision(number) for number in range(10)]
+
+    async def scenario() -> tuple[int, list[DecisionRow]]:
+        client = redis_client(redis_url)
+        try:
+            replica_a = RedisDecisionLog(client, settings, archive_lease_s=1.0)
+            await replica_a.append(rows)
+            moved = await replica_a.archive()
+            return moved, await export_rows(replica_a, tmp_path, rows[0].decided_at - timedelta(seconds=1))
+        finally:
+            await client.aclose()
+
+    try:
+        moved_by_a, exported = asyncio.run(scenario())
+    finally:
+        other.close()
+    return moved_by_a, moved_by_b[0], rows, exported
+
+
+def test_an_archive_run_slower_than_its_lease_keeps_the_lock_and_exports_each_decision_once(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moved_by_a, moved_by_b, rows, exported = archive_with_a_slow_first_run(
+        redis_url, tmp_path, monkeypatch, lease_lapses=False)
+    assert (moved_by_a, moved_by_b) == (10, 0)  # A extended its lease while it worked: B found it held
+    assert [row.request_id for row in exported] == [row.request_id for row in rows]
+
+
+def test_entries_archived_twice_after_a_lease_ran_out_are_exported_once(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moved_by_a, moved_by_b, rows, exported = archive_with_a_slow_first_run(
+        redis_url, tmp_path, monkeypatch, lease_lapses=True)
+    assert moved_by_b == 10  # B took the lapsed lock and archived the same entries
+    assert moved_by_a == 10  # A's files were written before it could know; it did not trim after
+    assert len(list(tmp_path.glob("day=*/part-*.parquet"))) >= 2  # both copies are on disk
+    assert [row.request_id for row in exported] == [row.request_id for row in rows]

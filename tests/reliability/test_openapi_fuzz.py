@@ -2,7 +2,8 @@
 no undocumented status or body, no request valid by the document refused with a 400 or one outside it
 accepted, a 405 with its ``Allow`` header. It authenticates as the document says, per security scheme
 (``apiKey`` on /v1, ``adminToken`` on /admin, from tests/reliability/schemathesis.toml), against a gateway
-with API keys set (every /v1 operation needs one) and against one without (the key optional). What the
+with API keys set (every /v1 operation needs one) and remote images on, and against one with neither (the
+key optional, data: URLs only). What the
 checks accept besides their defaults, and why, is in that file too."""
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ SEED = 24  # a fixed seed: the same requests every run (a finding reproduces wit
 
 @contextmanager
 def gateway_before_sim(keys: bool) -> Iterator[str]:
-    """A gateway (admin token set, in-memory state; API keys set, or none) before the instant simulator."""
+    """A gateway (admin token set, in-memory state) before the instant simulator: with API keys set and remote
+    images on (an image or video URL the document allows off the allowlist is a 403 it lists), or with
+    neither (data: URLs only). One budget for both: the two settings share the two runs."""
     auth = {"api_keys": f"{API_KEY}:fuzz-tenant"} if keys else {}
+    remote = {"enabled": keys, "allowlist": ["cdn.example.com"] if keys else []}
     with (
         ThreadedServer(create_sim_app(PRESETS["instant"], 0.0)) as sim,
-        ThreadedServer(create_app(Settings(engine={"url": sim.url},
+        ThreadedServer(create_app(Settings(engine={"url": sim.url}, remote_images=remote,
                                            auth={"admin_token": ADMIN_TOKEN, **auth}))) as gateway,
     ):
         yield gateway.url

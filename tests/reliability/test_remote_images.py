@@ -351,7 +351,7 @@ async def test_the_gateway_refuses_an_allowlisted_name_that_resolves_to_loopback
     url = f"http://localhost:{local_origin.port}/frame.jpg"
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
         response = await client.post("/v1/moderations", json=image_url_body(url))
-    assert response.status_code == 400
+    assert response.status_code == 403  # listed in the document: a URL it allows is never a 400
     error = error_body(response)
     assert error["code"] == "remote_image_refused"
     assert "loopback" in error["message"]

@@ -136,3 +136,12 @@ def test_a_wait_longer_than_the_redis_clients_timeout_is_refused_at_start(
     assert group.model_validate({"wait_timeout_ms": 4000}).wait_timeout_ms == 4000 < SOCKET_TIMEOUT_S * 1000
     with pytest.raises(ValidationError, match="less than or equal to 4000"):
         group.model_validate({"wait_timeout_ms": 5000})
+
+
+def test_a_decision_log_timeout_past_the_redis_clients_is_refused_at_start() -> None:
+    """An append (and its WAIT, nine tenths of it) must end before the client's 5 s socket timeout, or a
+    lagging replica reads as "Redis unreachable": the setting stops at 4 s, as the jobs' WAIT limit does."""
+    held = DecisionSettings.model_validate({"redis_timeout_s": 4.0}).redis_timeout_s
+    assert held == 4.0 < SOCKET_TIMEOUT_S
+    with pytest.raises(ValidationError, match="less than or equal to 4"):
+        DecisionSettings.model_validate({"redis_timeout_s": SOCKET_TIMEOUT_S + 1})

@@ -142,3 +142,19 @@ async def test_a_double_labelled_audit_sample_is_queued_twice_for_two_reviewers_
     await queue.label(first.id, Reviewer("alice"), "allow", [])
     done = await queue.label(second.id, Reviewer("bob"), "block", ["violence"])
     assert done.item.decision_id == "dec-1"
+
+
+async def test_one_reviewer_alone_is_never_handed_both_items_of_a_double_labelled_decision() -> None:
+    store = MemoryReviewStore(claim_timeout_s=60, retention_s=3600)
+    settings = ReviewSettings(audit_sample_rate=1.0, double_label_share=1.0)
+    queue = ReviewQueue(store, settings, metrics=ReviewMetrics(CollectorRegistry(), 3600))
+    await queue.offer("a", "data:,", KeyframeVerdict("allow", confidence=0.99), "off", None, "r-0",
+                      decision_id="dec-1")
+    alice = Reviewer("alice")
+    first = await queue.claim(alice)
+    assert first is not None
+    await queue.label(first.id, alice, "allow", [])
+    assert await queue.claim(alice) is None  # only her own decision's second item waits: nothing for her
+    second = await queue.claim(Reviewer("bob"))
+    assert second is not None
+    assert second.decision_id == "dec-1"

@@ -4,6 +4,7 @@ a label once, the frame gone with the item."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -238,3 +239,69 @@ async def test_a_peek_shows_the_item_and_its_holder_and_claims_nothing(
     await queue.label(queued.id, label("alice"))
     assert await queue.peek(queued.id) is None  # labelled: the frame is gone
     assert await queue.peek(new_item_id()) is None
+
+
+def twins(tenant: str, n: int) -> tuple[ReviewItem, ReviewItem]:
+    """A double-labelled decision's two items (the second reviewer's is a copy with its own id)."""
+    first = item(tenant, n, enqueued_at=Clock().now, decision_id=f"dec-{n}", reason="audit")
+    return first, dataclasses.replace(first, id=new_item_id())
+
+
+async def test_a_reviewer_holding_a_decision_is_told_there_is_nothing_when_only_its_twin_waits(
+    store: tuple[ReviewStore, Clock],
+) -> None:
+    queue, _ = store
+    first, second = twins("a", 1)
+    await queue.enqueue(first)
+    await queue.enqueue(second)
+    held = await queue.claim("alice", None)
+    assert held is not None
+    assert held.id == first.id
+    assert await queue.claim("alice", None) is None  # only her own decision's twin waits
+    passed_over = await queue.peek(second.id)
+    assert passed_over is not None
+    assert passed_over.holder is None  # held by no one: waiting for another
+    assert (await queue.queues())["a"].claimed == 1
+    with pytest.raises(ReviewConflict) as refused:
+        await queue.label(second.id, label("bob"))
+    assert refused.value.kind == "unclaimed"
+    other = await queue.claim("bob", None)
+    assert other is not None
+    assert other.id == second.id  # the second reviewer is another person
+
+
+async def test_a_reviewer_who_labelled_a_decision_never_gets_its_twin(
+    store: tuple[ReviewStore, Clock],
+) -> None:
+    queue, _ = store
+    first, second = twins("a", 1)
+    later = item("a", 2, enqueued_at=Clock().now)
+    await queue.enqueue(first)
+    await queue.enqueue(second)
+    await queue.enqueue(later)
+    assert (await queue.claim("alice", None)) == first
+    await queue.label(first.id, label("alice"))
+    got = await queue.claim("alice", None)
+    assert got is not None
+    assert got.id == later.id  # past her twin, to the next decision
+    assert await queue.claim("alice", None) is None
+    bobs = await queue.claim("bob", None)
+    assert bobs is not None
+    assert bobs.id == second.id
+    assert await queue.claim("carol", None) is None
+
+
+async def test_a_twin_whose_reviewer_timed_out_is_not_handed_to_the_holder_of_the_other(
+    store: tuple[ReviewStore, Clock],
+) -> None:
+    queue, clock = store
+    first, second = twins("a", 1)
+    await queue.enqueue(first)
+    await queue.enqueue(second)
+    assert (await queue.claim("alice", None)) == first
+    assert (await queue.claim("bob", None)) == second
+    await pass_claim_timeout(queue, clock)  # both claims time out; alice comes back first
+    again = await queue.claim("alice", None)
+    assert again is not None
+    assert again.id == first.id  # her own item back, never bob's twin
+    assert await queue.claim("alice", None) is None

@@ -58,12 +58,12 @@ async def test_a_video_over_the_size_cap_fails_the_job_while_streaming(sim: Any)
     assert job["error"]["message"].startswith("the remote video is ")
 
 
-async def test_a_video_host_off_the_allowlist_gets_a_400_at_submission(sim: Any) -> None:
+async def test_a_video_host_off_the_allowlist_gets_a_403_at_submission(sim: Any) -> None:
     app = create_app(Settings(engine={"url": sim.url}, remote_images=REMOTE))
     async with AsyncTestClient(app, timeout=30) as client:
         body = {"video_id": "r", "video": {"url": "https://evil.example.net/v"}}
         answer = await client.post("/v1/jobs", json=body)
-    assert answer.status_code == 400
+    assert answer.status_code == 403  # listed in the document: a URL it allows is never a 400
     error = answer.json()["error"]
     assert error["code"] == "video_url_refused"
     assert (error["param"], error["message"]) == (

@@ -13,7 +13,8 @@ from gateway.wire import OpenAIErrorResponse
 _MEANING: dict[int, str] = {
     400: "Malformed request: a body that does not match the schema, bad base64, a bad header or parameter",
     401: "No API key, or one the gateway does not know (authentication_error)",
-    403: "Known credentials without the right to this call: a business API key on an admin route",
+    403: "Known credentials without the right to this call: a business API key on an admin route; a remote "
+         "image or video URL the operator does not allow (its host off the allowlist, or not public)",
     404: "No such resource (another tenant's job reads as not found)",
     409: "Conflicts with the current state: an Idempotency-Key reused for another request, a stale version",
     413: "Too large: the body, an image's bytes, or the pixels its header claims",
@@ -30,8 +31,8 @@ _MEANING: dict[int, str] = {
 }
 
 # What the moderation path can answer, on top of its success status.
-MODERATION = (400, 401, 413, 415, 422, 429, 500, 502, 503, 504)
-JOB_SUBMIT = (400, 401, 409, 413, 415, 422, 429, 500, 503)
+MODERATION = (400, 401, 403, 413, 415, 422, 429, 500, 502, 503, 504)  # 403: a remote URL not allowed
+JOB_SUBMIT = (400, 401, 403, 409, 413, 415, 422, 429, 500, 503)
 JOB_READ = (400, 401, 404, 500, 503)
 ADMIN_READ = (400, 401, 403, 500, 503)
 ADMIN_CHANGE = (400, 401, 403, 409, 413, 422, 500, 503)
