@@ -5,10 +5,14 @@ and every human label is one :class:`DecisionRow`. The gateway appends rows to a
 those past their age into ``DIRECTORY/day=2026-12-03/part-*.parquet`` (this module); ``modgate decisions
 export`` reads both. The frame itself is never stored: its SHA-256 names it. docs/decisions.md maps the
 fields onto the statement of reasons of the EU Digital Services Act (Art. 17).
+
+pyarrow (the ``archive`` extra, 170 MB) is imported only where Parquet is written or read, so the rows,
+their ids and the summaries import without it.
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
 import shutil
 import time
@@ -16,21 +20,23 @@ import uuid
 from collections.abc import Iterable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
 from shaping.verdict import Action
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 __all__ = [
-    "DECISION_SCHEMA",
     "DecisionKind",
     "DecisionRow",
     "TenantDecisions",
+    "archive_missing",
     "day_partitions",
+    "decision_schema",
     "drop_days_before",
     "labelled_decisions",
     "new_decision_id",
@@ -88,39 +94,67 @@ class DecisionRow(BaseModel):
     decision_id: str | None = None
 
 
-DECISION_SCHEMA = pa.schema(
-    [
-        ("decided_at", pa.timestamp("us", tz="UTC")),
-        ("request_id", pa.string()),
-        ("tenant", pa.string()),
-        ("frame_sha256", pa.string()),
-        ("kind", pa.string()),
-        ("automated", pa.bool_()),
-        ("action", pa.string()),
-        ("categories", pa.list_(pa.string())),
-        ("confidence", pa.float64()),
-        ("model_action", pa.string()),
-        ("moderation_rule", pa.string()),
-        ("model", pa.string()),
-        ("model_revision", pa.string()),
-        ("prompt_version", pa.string()),
-        ("prompt_sha256", pa.string()),
-        ("moderation_policy_version", pa.int64()),
-        ("thinking", pa.string()),
-        ("thinking_mode", pa.string()),
-        ("thinking_rule", pa.string()),
-        ("engine_request_id", pa.string()),
-        ("latency_ms", pa.float64()),
-        ("labelled_by", pa.string()),
-        ("review_reason", pa.string()),
-        ("audit_sample_rate", pa.float64()),
-        ("decision_id", pa.string()),
-    ]
-)
+ARCHIVE_EXTRA_HINT = "the decision archive's Parquet files need pyarrow: pip install 'modgate[archive]'"
+
+
+def archive_missing() -> str | None:
+    """Why this install cannot write or read the archive's Parquet files (None: it can)."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return ARCHIVE_EXTRA_HINT
+    return None
+
+
+def _arrow() -> tuple[ModuleType, ModuleType, ModuleType]:
+    """pyarrow, its compute and its Parquet modules: imported on the first archive write or read."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ImportError(ARCHIVE_EXTRA_HINT) from exc
+    return pa, pc, pq
+
+
+@functools.cache
+def decision_schema() -> pa.Schema:
+    """The archive's Arrow schema: one column per :class:`DecisionRow` field, in its order."""
+    pa = _arrow()[0]
+    return pa.schema(
+        [
+            ("decided_at", pa.timestamp("us", tz="UTC")),
+            ("request_id", pa.string()),
+            ("tenant", pa.string()),
+            ("frame_sha256", pa.string()),
+            ("kind", pa.string()),
+            ("automated", pa.bool_()),
+            ("action", pa.string()),
+            ("categories", pa.list_(pa.string())),
+            ("confidence", pa.float64()),
+            ("model_action", pa.string()),
+            ("moderation_rule", pa.string()),
+            ("model", pa.string()),
+            ("model_revision", pa.string()),
+            ("prompt_version", pa.string()),
+            ("prompt_sha256", pa.string()),
+            ("moderation_policy_version", pa.int64()),
+            ("thinking", pa.string()),
+            ("thinking_mode", pa.string()),
+            ("thinking_rule", pa.string()),
+            ("engine_request_id", pa.string()),
+            ("latency_ms", pa.float64()),
+            ("labelled_by", pa.string()),
+            ("review_reason", pa.string()),
+            ("audit_sample_rate", pa.float64()),
+            ("decision_id", pa.string()),
+        ]
+    )
 
 
 def _table(rows: Iterable[DecisionRow]) -> pa.Table:
-    return pa.Table.from_pylist([row.model_dump(mode="python") for row in rows], schema=DECISION_SCHEMA)
+    pa = _arrow()[0]
+    return pa.Table.from_pylist([row.model_dump(mode="python") for row in rows], schema=decision_schema())
 
 
 def _day_dir(directory: Path, day: date) -> Path:
@@ -155,6 +189,7 @@ def write_day_partitions(
     """Append rows to the Parquet folders of their UTC days (new part files only, written under a temporary
     name and renamed, so a reader never sees half a file); returns the files written. ``first_stream_id``:
     the first stream entry the rows were moved from, kept in each file's metadata."""
+    _, pc, pq = _arrow()
     table = _table(rows)
     if first_stream_id is not None:
         table = table.replace_schema_metadata({FIRST_STREAM_ID: first_stream_id.encode()})
@@ -177,6 +212,7 @@ def write_day_partitions(
 
 def _moved_before(path: Path, live_from: str) -> bool:
     """Whether ``path`` holds entries moved off the stream before its first entry was ``live_from``."""
+    pq = _arrow()[2]
     first = (pq.read_schema(path).metadata or {}).get(FIRST_STREAM_ID)
     return first is None or stream_id_order(first.decode()) < stream_id_order(live_from)
 
@@ -198,7 +234,8 @@ def read_decisions(
                        if live_from is None or _moved_before(path, live_from))
         if not files:
             continue
-        table = pa.concat_tables([pq.read_table(path, schema=DECISION_SCHEMA) for path in files])
+        pa, pc, pq = _arrow()
+        table = pa.concat_tables([pq.read_table(path, schema=decision_schema()) for path in files])
         keep = pc.greater_equal(table["decided_at"], pa.scalar(since, type=pa.timestamp("us", tz="UTC")))
         if tenant is not None:
             keep = pc.and_(keep, pc.equal(table["tenant"], tenant))
