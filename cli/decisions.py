@@ -12,7 +12,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from contracts.decisions import DecisionRow, archive_missing, decision_schema, tenant_decisions
+from contracts.decisions import (
+    DecisionRow,
+    archive_missing,
+    day_partitions,
+    decision_schema,
+    tenant_decisions,
+)
 from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
 
 REDIS_URL = "MODGATE_REDIS__URL"
@@ -36,6 +42,8 @@ async def decision_rows(redis_url: str | None, stream: str, archive_dir: Path, s
     from gateway.http.services import redis_client
     from gateway.settings import DecisionSettings
 
+    if day_partitions(archive_dir) and (missing := archive_missing()) is not None:
+        raise typer.BadParameter(missing, param_hint="--archive-dir")  # files another install archived
     if redis_url is None:
         return await export_rows(None, archive_dir, since, tenant)
     client = redis_client(redis_url)

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from cli.main import app
 from contracts.decisions import archive_missing, write_day_partitions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,6 +22,17 @@ def test_an_install_without_pyarrow_says_which_extra_writes_the_archive(monkeypa
         "the decision archive's Parquet files need pyarrow: pip install 'modgate[archive]'")
     with pytest.raises(ImportError, match=r"modgate\[archive\]"):
         write_day_partitions([], tmp_path)
+
+
+def test_an_export_over_archived_days_without_pyarrow_names_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    (tmp_path / "day=2026-12-03").mkdir()  # a day another install archived
+    (tmp_path / "day=2026-12-03" / "part-20261203T000000-0a1b2c3d.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    result = CliRunner().invoke(app, ["decisions", "export", "--since", "2026-12-01",
+                                      "--archive-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "modgate[archive]" in result.output
 
 
 def test_an_install_with_pyarrow_writes_the_archive() -> None:
