@@ -5,8 +5,10 @@ the shaping-cost table of docs/performance.md) it measures, interleaved round by
 hits every step alike, the CPU time of the calling thread (OpenCV held to one thread) of:
 
 - decode only: Pillow open + full decode to RGB;
-- the resize candidates to the ``smart_resize`` target (Pillow bicubic/bilinear, OpenCV nearest/linear/
-  cubic/area, the box reduce + OpenCV linear shaping uses), each with its PSNR against the reference, Pillow's
+- the resize candidates to the ``smart_resize`` target (Pillow bicubic/bilinear, Pillow's own reducer: a box
+  ``reduce`` then bilinear, or ``reducing_gap``; OpenCV nearest/linear/cubic/area, alone or after the box
+  reduce; fast_image_resize's SIMD bilinear and bicubic (cykooz-resizer), the bicubic being what shaping
+  uses), each with its PSNR against the reference, Pillow's
   antialiased bicubic (what Qwen's processor does). A resize is *acceptable* when it differs from the
   reference by less than the reference's own JPEG q90 round trip does: the engine could not tell;
 - encode: Pillow JPEG q90, 4:2:0, baseline;
@@ -43,6 +45,7 @@ import cv2
 import imagehash
 import numpy as np
 import PIL
+from cykooz_resizer import FilterType, ResizeAlg, ResizeOptions, Resizer
 from PIL import Image, ImageDraw, features
 
 from deploy.keyframes import LABELS, make_keyframe
@@ -117,6 +120,29 @@ def _cv2(interpolation: int) -> Resize:
     return resize
 
 
+def _simd(filter_type: FilterType) -> Resize:
+    options = ResizeOptions(resize_alg=ResizeAlg.convolution(filter_type))
+    resizer = Resizer()
+
+    def resize(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+        resized = Image.new(image.mode, size)
+        resizer.resize_pil(image, resized, options)
+        return resized
+
+    return resize
+
+
+def _reduced(then: Resize) -> Resize:
+    """A box ``reduce`` by the integer part of the downscale, then ``then`` for the rest (at most 2×)."""
+
+    def resize(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+        factors = (max(1, image.width // size[0]), max(1, image.height // size[1]))
+        reduced = image.reduce(factors) if factors != (1, 1) else image
+        return reduced if reduced.size == size else then(reduced, size)
+
+    return resize
+
+
 RESIZES: dict[str, Resize] = {
     "Pillow bicubic": lambda image, size: image.resize(size, Image.Resampling.BICUBIC),
     "Pillow bicubic, reducing_gap 2": lambda image, size: image.resize(
@@ -127,7 +153,14 @@ RESIZES: dict[str, Resize] = {
     "OpenCV linear": _cv2(cv2.INTER_LINEAR),
     "OpenCV cubic": _cv2(cv2.INTER_CUBIC),
     "OpenCV area": _cv2(cv2.INTER_AREA),
-    "shaping: box reduce + OpenCV linear": shaping_resize,
+    "box reduce + OpenCV linear": _reduced(_cv2(cv2.INTER_LINEAR)),
+    "box reduce + Pillow bilinear": _reduced(
+        lambda image, size: image.resize(size, Image.Resampling.BILINEAR)),
+    "Pillow bilinear, reducing_gap 2": lambda image, size: image.resize(
+        size, Image.Resampling.BILINEAR, reducing_gap=2.0
+    ),
+    "SIMD bilinear (cykooz)": _simd(FilterType.bilinear),
+    "shaping: SIMD bicubic (cykooz)": shaping_resize,
 }
 
 

@@ -8,13 +8,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Literal
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from contracts.decisions import DECISION_SCHEMA, DecisionRow, tenant_decisions
+from contracts.decisions import (
+    DecisionRow,
+    archive_missing,
+    day_partitions,
+    decision_schema,
+    tenant_decisions,
+)
 from gateway.renamed_settings import option_envvars, warn_if_read_by_old_name
 
 REDIS_URL = "MODGATE_REDIS__URL"
@@ -38,6 +42,8 @@ async def decision_rows(redis_url: str | None, stream: str, archive_dir: Path, s
     from gateway.http.services import redis_client
     from gateway.settings import DecisionSettings
 
+    if day_partitions(archive_dir) and (missing := archive_missing()) is not None:
+        raise typer.BadParameter(missing, param_hint="--archive-dir")  # files another install archived
     if redis_url is None:
         return await export_rows(None, archive_dir, since, tenant)
     client = redis_client(redis_url)
@@ -53,7 +59,13 @@ def write_export(rows: list[DecisionRow], out_format: Literal["jsonl", "parquet"
     if out_format == "parquet":
         if out is None:
             raise typer.BadParameter("--format parquet needs --out FILE", param_hint="--out")
-        table = pa.Table.from_pylist([row.model_dump(mode="python") for row in rows], schema=DECISION_SCHEMA)
+        if (missing := archive_missing()) is not None:
+            raise typer.BadParameter(missing, param_hint="--format")
+        import pyarrow as pa  # the archive extra (checked above)
+        import pyarrow.parquet as pq
+
+        dumped = [row.model_dump(mode="python") for row in rows]
+        table = pa.Table.from_pylist(dumped, schema=decision_schema())
         pq.write_table(table, out, compression="zstd")
         return
     lines = "".join(row.model_dump_json() + "\n" for row in rows)

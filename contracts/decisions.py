@@ -5,10 +5,14 @@ and every human label is one :class:`DecisionRow`. The gateway appends rows to a
 those past their age into ``DIRECTORY/day=2026-12-03/part-*.parquet`` (this module); ``modgate decisions
 export`` reads both. The frame itself is never stored: its SHA-256 names it. docs/decisions.md maps the
 fields onto the statement of reasons of the EU Digital Services Act (Art. 17).
+
+pyarrow (the ``archive`` extra, 170 MB) is imported only where Parquet is written or read, so the rows,
+their ids and the summaries import without it.
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
 import shutil
 import time
@@ -16,22 +20,24 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
 from contracts.actions import Action
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 __all__ = [
-    "DECISION_SCHEMA",
     "STREAM_ID",
     "DecisionKind",
     "DecisionRow",
     "TenantDecisions",
+    "archive_missing",
     "day_partitions",
+    "decision_schema",
     "drop_days_before",
     "labelled_decisions",
     "new_decision_id",
@@ -89,48 +95,81 @@ class DecisionRow(BaseModel):
     decision_id: str | None = None
 
 
-DECISION_SCHEMA = pa.schema(
-    [
-        ("decided_at", pa.timestamp("us", tz="UTC")),
-        ("request_id", pa.string()),
-        ("tenant", pa.string()),
-        ("frame_sha256", pa.string()),
-        ("kind", pa.string()),
-        ("automated", pa.bool_()),
-        ("action", pa.string()),
-        ("categories", pa.list_(pa.string())),
-        ("confidence", pa.float64()),
-        ("model_action", pa.string()),
-        ("moderation_rule", pa.string()),
-        ("model", pa.string()),
-        ("model_revision", pa.string()),
-        ("prompt_version", pa.string()),
-        ("prompt_sha256", pa.string()),
-        ("moderation_policy_version", pa.int64()),
-        ("thinking", pa.string()),
-        ("thinking_mode", pa.string()),
-        ("thinking_rule", pa.string()),
-        ("engine_request_id", pa.string()),
-        ("latency_ms", pa.float64()),
-        ("labelled_by", pa.string()),
-        ("review_reason", pa.string()),
-        ("audit_sample_rate", pa.float64()),
-        ("decision_id", pa.string()),
-    ]
-)
+ARCHIVE_EXTRA_HINT = "the decision archive's Parquet files need pyarrow: pip install 'modgate[archive]'"
+
+
+def archive_missing() -> str | None:
+    """Why this install cannot write or read the archive's Parquet files (None: it can)."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return ARCHIVE_EXTRA_HINT
+    return None
+
+
+def _arrow() -> tuple[ModuleType, ModuleType, ModuleType]:
+    """pyarrow, its compute and its Parquet modules: imported on the first archive write or read."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ImportError(ARCHIVE_EXTRA_HINT) from exc
+    return pa, pc, pq
+
+
+@functools.cache
+def decision_schema() -> pa.Schema:
+    """The archive's Arrow schema: one column per :class:`DecisionRow` field, in its order."""
+    pa = _arrow()[0]
+    return pa.schema(
+        [
+            ("decided_at", pa.timestamp("us", tz="UTC")),
+            ("request_id", pa.string()),
+            ("tenant", pa.string()),
+            ("frame_sha256", pa.string()),
+            ("kind", pa.string()),
+            ("automated", pa.bool_()),
+            ("action", pa.string()),
+            ("categories", pa.list_(pa.string())),
+            ("confidence", pa.float64()),
+            ("model_action", pa.string()),
+            ("moderation_rule", pa.string()),
+            ("model", pa.string()),
+            ("model_revision", pa.string()),
+            ("prompt_version", pa.string()),
+            ("prompt_sha256", pa.string()),
+            ("moderation_policy_version", pa.int64()),
+            ("thinking", pa.string()),
+            ("thinking_mode", pa.string()),
+            ("thinking_rule", pa.string()),
+            ("engine_request_id", pa.string()),
+            ("latency_ms", pa.float64()),
+            ("labelled_by", pa.string()),
+            ("review_reason", pa.string()),
+            ("audit_sample_rate", pa.float64()),
+            ("decision_id", pa.string()),
+        ]
+    )
 
 
 # an archived row's stream entry id (null for rows not moved from a stream): an archive run that outlived its
 # lock's lease may write entries the next owner writes too; a reader keeps the first row of each entry
 STREAM_ID = "stream_id"
-_ARCHIVE_SCHEMA = DECISION_SCHEMA.append(pa.field(STREAM_ID, pa.string()))
+
+
+def _archive_schema() -> pa.Schema:
+    """The archive files' schema: the rows' columns and each row's stream entry id."""
+    pa = _arrow()[0]
+    return decision_schema().append(pa.field(STREAM_ID, pa.string()))
 
 
 def _table(rows: Iterable[DecisionRow], stream_ids: Sequence[str] | None) -> pa.Table:
+    pa = _arrow()[0]
     records = [row.model_dump(mode="python") for row in rows]
     for record, stream_id in zip(records, stream_ids or (), strict=stream_ids is not None):
         record[STREAM_ID] = stream_id
-    return pa.Table.from_pylist(records, schema=_ARCHIVE_SCHEMA)
+    return pa.Table.from_pylist(records, schema=_archive_schema())
 
 
 def _day_dir(directory: Path, day: date) -> Path:
@@ -167,6 +206,7 @@ def write_day_partitions(
     name and renamed, so a reader never sees half a file); returns the files written. ``first_stream_id``:
     the first stream entry the rows were moved from, kept in each file's metadata; ``stream_ids``: each
     row's own entry, kept beside it (:data:`STREAM_ID`)."""
+    _, pc, pq = _arrow()
     table = _table(rows, stream_ids)
     if first_stream_id is not None:
         table = table.replace_schema_metadata({FIRST_STREAM_ID: first_stream_id.encode()})
@@ -189,6 +229,7 @@ def write_day_partitions(
 
 def _moved_before(path: Path, live_from: str) -> bool:
     """Whether ``path`` holds entries moved off the stream before its first entry was ``live_from``."""
+    pq = _arrow()[2]
     first = (pq.read_schema(path).metadata or {}).get(FIRST_STREAM_ID)
     return first is None or stream_id_order(first.decode()) < stream_id_order(live_from)
 
@@ -212,7 +253,8 @@ def read_decisions(
                        if live_from is None or _moved_before(path, live_from))
         if not files:
             continue
-        table = pa.concat_tables([pq.read_table(path, schema=_ARCHIVE_SCHEMA) for path in files])
+        pa, pc, pq = _arrow()
+        table = pa.concat_tables([pq.read_table(path, schema=_archive_schema()) for path in files])
         keep = pc.greater_equal(table["decided_at"], pa.scalar(since, type=pa.timestamp("us", tz="UTC")))
         if tenant is not None:
             keep = pc.and_(keep, pc.equal(table["tenant"], tenant))

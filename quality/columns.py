@@ -47,8 +47,10 @@ __all__ = [
 IntArray = NDArray[np.int64]
 BoolArray = NDArray[np.bool_]
 FloatArray = NDArray[np.float64]
-# weights held at once per group: rows × videos, as int64 and as float64, about 40 MB each
-_WEIGHT_CELLS = 5_000_000
+# weights held at once per group: rows × videos, as int64 and as float64, about 16 MB each (5 million
+# cells made the two workers' weights 160 MB of the 250,000-pair week's 500 MB peak; the multinomial draws,
+# not the slicing, are the bootstrap's CPU, so smaller slices cost nothing measurable)
+_WEIGHT_CELLS = 2_000_000
 _WORKERS = min(2, os.cpu_count() or 1)
 
 

@@ -172,8 +172,12 @@ class WeekQueries:
                 "memory_limit": MEMORY_LIMIT,
                 "preserve_insertion_order": False,
                 "temp_directory": str(Path(spill.name) / "spill"),
+                # the file is scratch, removed on close: no block of it is ever read back after the run,
+                # so it is never checkpointed (closing the 1M-pair week's file wrote its tables out: 2 s)
+                "checkpoint_threshold": "1TB",
             },
         )
+        db.execute("PRAGMA disable_checkpoint_on_shutdown")
         if isinstance(source, Path):
             files = sorted(str(p) for p in source.rglob("*.parquet"))
             if files:

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from contracts.decisions import archive_missing
 from contracts.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
 from gateway.decisions.log import (
     DecisionArchiver,
@@ -513,7 +514,10 @@ async def open_services(
         directory.start()
         engine_cache.start()
         jobs.start()
-        archiver.start()
+        if (missing := archive_missing()) is None:
+            archiver.start()
+        else:  # the runtime without the archive extra: rows stay on the stream (or in memory) until it is
+            log.warning("decisions are not moved to Parquet files: %s", missing)
         oidc = None
         if settings.oidc.issuer is not None:  # the provider is first asked at the first sign-in, not here
             oidc = OidcSignIn(settings.oidc, await stack.enter_async_context(httpx.AsyncClient()))

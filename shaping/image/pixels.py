@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import io
+import threading
 from typing import Final
 
-import cv2
 import numpy as np
+from cykooz_resizer import FilterType, ResizeAlg, ResizeOptions, Resizer
 from PIL import Image
 
 _RESAMPLE: Final = Image.Resampling.BICUBIC
@@ -15,6 +16,11 @@ _RESAMPLE: Final = Image.Resampling.BICUBIC
 _REDUCING_GAP: Final = 2.0
 _SUBSAMPLING: Final = "4:2:0"
 _WHITE: Final = (255, 255, 255, 255)
+# Pillow's own bicubic (Catmull-Rom, antialiased over every source pixel, what Qwen's processor uses), in
+# fast_image_resize's SIMD: as fast as OpenCV's linear pass for a 9 MB wheel instead of OpenCV's 153 MB
+# (bench/shaping_cost.py; docs/performance.md). Single-threaded: shaping already runs a frame per worker.
+_BICUBIC: Final = ResizeOptions(resize_alg=ResizeAlg.convolution(FilterType.catmull_rom))
+_resizers = threading.local()  # a Resizer keeps scratch buffers between calls: one per thread
 
 
 def resizable(image: Image.Image) -> Image.Image:
@@ -42,21 +48,17 @@ def _sixteen_bit_to_grey(image: Image.Image) -> Image.Image:
 
 
 def resize(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """To ``size``: RGB and grey by a box reduce and one bilinear pass, frames with alpha by Pillow's bicubic.
-
-    The box ``reduce`` takes the integer part of the downscale, so the bilinear pass after it always spans
-    less than two source pixels per output pixel and every source pixel counts.
-    """
+    """To ``size``: RGB and grey by a SIMD bicubic (Pillow's own filter), frames with alpha by Pillow's."""
     if image.size == size:
         return image
     if image.mode not in ("RGB", "L"):
         return image.resize(size, _RESAMPLE, reducing_gap=_REDUCING_GAP)
-    factors = (max(1, image.width // size[0]), max(1, image.height // size[1]))
-    if factors != (1, 1):
-        image = image.reduce(factors)
-        if image.size == size:
-            return image
-    return Image.fromarray(cv2.resize(np.asarray(image), size, interpolation=cv2.INTER_LINEAR))
+    resizer = getattr(_resizers, "resizer", None)
+    if resizer is None:
+        resizer = _resizers.resizer = Resizer()
+    resized = Image.new(image.mode, size)
+    resizer.resize_pil(image, resized, _BICUBIC)
+    return resized
 
 
 def flatten_to_rgb(image: Image.Image) -> Image.Image:

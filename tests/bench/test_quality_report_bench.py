@@ -29,3 +29,6 @@ def test_one_small_run_prints_its_time_memory_and_the_machines_load(
     assert "s CPU, peak of the process tree at once" in out  # the SQL stage's child counted with the report
     assert "the report process's own VmHWM" in out
     assert "load average" in out
+    assert "/usr/bin/time -v: " in out
+    assert "maximum resident set" in out
+    assert "headline: " in out

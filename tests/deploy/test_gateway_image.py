@@ -90,7 +90,8 @@ def test_the_image_runs_as_a_non_root_user_with_a_health_check_and_the_runtime_i
     assert installs, "the runtime stage installs modgate"
     said = [arguments.split("pip install", 1)[1].split("&&")[0] for arguments in installs]
     extras = [re.findall(r"\[([^\]]*)\]", command) for command in said]
-    assert all(found in ([], ["video"]) for found in extras), "the image's extra is video (PyAV) at most"
+    named = {extra.strip() for found in extras for group in found for extra in group.split(",")}
+    assert named <= {"video", "archive"}, f"extras beyond video and archive: {named}"
     entrypoint = next(arguments for keyword, arguments in stage if keyword == "ENTRYPOINT")
     assert json.loads(entrypoint) == ["modgate"]
 

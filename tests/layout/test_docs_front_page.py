@@ -60,6 +60,23 @@ def test_every_docs_page_opens_with_what_its_reader_does_with_it(page: Path) -> 
     )
 
 
+# Pages a user reads for how a part behaves, kept free of the lab notes that once sat in them (which run,
+# when, on how loaded a machine, for which issue): those go to docs/engineering.md, and a figure's
+# provenance to its docs/bench/ output.
+LAB_NOTE_FREE = [ROOT / "docs" / name for name in ("verdict-format.md", "reliability.md", "engines.md")]
+LAB_NOTE = re.compile(
+    r"\bcalibration('s)?\b|\b20\d\d-\d\d-\d\d\b|\bissue \d+|\bload \(|\bloaded machine|\bshared with\b"
+    r"|\bcommit [0-9a-f]{7}|\bnothing else running",
+    re.I,
+)
+
+
+@pytest.mark.parametrize("page", LAB_NOTE_FREE, ids=lambda page: page.name)
+def test_the_behaviour_pages_name_no_run_date_issue_or_machine_load(page: Path) -> None:
+    found = [line.strip()[:100] for line in prose(page).splitlines() if LAB_NOTE.search(line)]
+    assert not found, f"{page.relative_to(ROOT)}: lab notes belong on docs/engineering.md: {found}"
+
+
 FIGURE = re.compile(r"(?<![\w-])\d[\d,.]*\s?(%|ms\b|s\b|MB\b|GB\b|min\b|/min\b|tokens?/s\b|keyframes)")
 
 
