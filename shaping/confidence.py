@@ -136,6 +136,9 @@ def _is_special(token: str) -> bool:
     return not token or token == THINK_END or (token.startswith("<|") and token.endswith("|>"))
 
 
+is_special = _is_special  # public: the decision walk (shaping/decisions.py) reads an end of output alike
+
+
 def _is_marker(token: str) -> bool:
     """A token that may trail the answer: special, or whitespace only."""
     return _is_special(token.strip())

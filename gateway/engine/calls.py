@@ -1,7 +1,8 @@
 """Every request an :class:`~gateway.engine.client.EngineClient` sends, counted once and timed.
 
 The client's transport is wrapped: each request names its purpose (``verdict``, ``probe``, ``primer``,
-``check``, ``tokenize``, ``props``, ``metrics``, ``health``, ``models``) in its extensions, carries an
+``check``, ``tokenize``, ``props``, ``metrics``, ``health``, ``models``, ``decision``: a place of a
+``POST /v1/decisions`` question's answer) in its extensions, carries an
 ``X-Request-Id`` (the request it serves, or one of its own), and is reported once, when its answer's body is
 closed or it failed, with its outcome: ``ok`` (2xx), ``busy`` (503 or 429: back-pressure), ``rejected``
 (another 4xx), ``error`` (5xx, or no answer), ``timeout``. A call the circuit refused before sending is
@@ -18,10 +19,10 @@ from typing import Final, Literal
 import httpx
 
 Purpose = Literal[
-    "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models",
+    "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models", "decision",
 ]
 PURPOSES: Final[tuple[Purpose, ...]] = (
-    "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models",
+    "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models", "decision",
 )
 PURPOSE_KEY: Final = "modgate.purpose"
 """The request extension that names an engine call's purpose."""

@@ -86,6 +86,17 @@ def _error_message(response: httpx.Response) -> str:
         return response.text[:200]
 
 
+def refusal_error(wire: EngineWire, status: int, said: str) -> ServerSideError:
+    """An engine's error answer as the gateway's error: its busy answer, its own 4xx (our request was
+    wrong), 503 (unavailable) or another failure."""
+    message = f"engine answered {status}: {wire.explain(said)}"
+    if wire.says_busy(status, said):
+        return EngineBusy(message)
+    if 400 <= status < 500:
+        return UpstreamError(message, code=ENGINE_REJECTED)
+    return (EngineUnavailable if status == 503 else UpstreamError)(message)
+
+
 _READS: Final = frozenset({"props", "metrics", "health", "models", "tokenize"})
 """Purposes that read the engine without running the model: outside the circuit (how it is found back)."""
 
@@ -469,15 +480,8 @@ class EngineClient:
                 try:
                     if response.status_code != 200:
                         await response.aread()
-                        status = response.status_code
                         wire = self._wire or wire_for(DEFAULT_KIND)
-                        said = _error_message(response)
-                        message = f"engine answered {status}: {wire.explain(said)}"
-                        if wire.says_busy(status, said):
-                            raise EngineBusy(message)
-                        if 400 <= status < 500:
-                            raise UpstreamError(message, code=ENGINE_REJECTED)
-                        raise (EngineUnavailable if status == 503 else UpstreamError)(message)
+                        raise refusal_error(wire, response.status_code, _error_message(response))
                     if body.get("stream"):
                         await self._read_stream(response, state, started)
                     else:
