@@ -3,7 +3,8 @@ question its own closing message, so every question's prompt starts with the sam
 cache computes it once).
 
 Images go through the moderation path's shaping (a data URL, or an https URL under the remote-image rules);
-one that cannot be used is a 400 naming its part (413 where it is too large).
+one that cannot be used answers the image's own status as a moderated image does (413 too large, 415 a format
+outside JPEG, PNG and WebP, 422 undecodable; 400 for a URL that is not taken), naming its part.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from gateway.decision_wire import (
     Question,
     ScoreQuestion,
 )
-from gateway.errors import ClientError, InvalidRequest, PayloadTooLarge
+from gateway.errors import ClientError
 from shaping.decisions import (
     PREDICATE_LABELS,
     SYSTEM_PROMPT,
@@ -69,10 +70,9 @@ async def _part(part: object, where: str, shape: Shape) -> dict[str, Any]:
     if isinstance(part, InputImage):
         try:
             shaped = await shape(part.image_url)
-        except PayloadTooLarge as exc:
-            raise PayloadTooLarge(exc.message, code=exc.code, param=f"{where}.image_url") from exc
-        except ClientError as exc:  # undecodable, a format outside the allowlist, a refused URL: bad input
-            raise InvalidRequest(exc.message, code=exc.code, param=f"{where}.image_url") from exc
+        except ClientError as exc:  # the same error, naming the part
+            exc.param = f"{where}.image_url"
+            raise
         return {"type": "image_url", "image_url": {"url": shaped.data_url}, "uuid": shaped.sha256}
     refusal = getattr(part, "refusal", "")
     return {"type": "text", "text": str(refusal)}

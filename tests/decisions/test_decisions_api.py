@@ -123,8 +123,18 @@ def test_an_unknown_question_type_is_a_400_naming_the_question(gateway: Threaded
     assert error["param"] == "questions.0"
 
 
-def test_an_image_that_will_not_decode_is_a_400_naming_its_part(gateway: ThreadedServer) -> None:
+def test_an_image_that_will_not_decode_is_refused_naming_its_part(gateway: ThreadedServer) -> None:
     bad_image = {"type": "input_image", "image_url": "data:image/jpeg;base64,AAAA"}
     broken = [{"role": "user", "content": [{"type": "input_text", "text": "look"}, bad_image]}]
-    error = refusal(gateway, {"input": broken, "questions": [PREDICATE]})
-    assert error["param"] == "input[0].content[1].image_url"
+    response = httpx.post(f"{gateway.url}/v1/decisions",
+                          json={"model": "m", "input": broken, "questions": [PREDICATE]}, timeout=30)
+    # bytes that are no image: 415, as a moderated image's (a schema cannot state an image's bytes)
+    assert response.status_code == 415, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "input[0].content[1].image_url")
+
+
+def test_a_url_that_is_not_a_data_url_is_a_400_naming_its_part(gateway: ThreadedServer) -> None:
+    remote = [{"role": "user", "content": [{"type": "input_image", "image_url": "https://example.com/a.jpg"}]}]
+    error = refusal(gateway, {"input": remote, "questions": [PREDICATE]})
+    assert error["param"] == "input[0].content[0].image_url"

@@ -10,8 +10,10 @@ the decision log.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from litestar import Request, Response, post
@@ -35,6 +37,7 @@ from gateway.decision_wire import (
     Decision,
     DecisionRequest,
     DecisionUsage,
+    InputImage,
     InputTokensDetails,
     OutputTokensDetails,
     PredicateAnswer,
@@ -44,14 +47,20 @@ from gateway.decision_wire import (
     ScoreProbability,
     ScoreQuestion,
 )
+from gateway.decisions.questions import QuestionRow
 from gateway.engine.decision_calls import QuestionCost, QuestionRejected, prime_input, question_distribution
+from gateway.engine.fairness import Work
 from gateway.engine.pool import naming_own_model
+from gateway.errors import ModgateError
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json, within_quota
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
+from gateway.policy.rules import RequestContext, decide
+from gateway.telemetry.recorder import OK, FinishedRequest
 from shaping.decisions import Distribution, DistributionWalk
+from shaping.image import ShapedImage
 
 PLACES_PER_ANSWER = 4
 """Places a question may ask per admitted answer before it gives up (answers sharing long first pieces)."""
@@ -83,6 +92,17 @@ def _answer(asked: AskedQuestion, question: Any, distribution: Distribution) -> 
     )
 
 
+def image_count(data: DecisionRequest) -> int:
+    """The request's images: its input's and its questions' instructions'."""
+    parts: list[object] = []
+    if not isinstance(data.input, str):
+        parts += [part for message in data.input if not isinstance(message.content, str)
+                  for part in message.content]
+    parts += [part for question in data.questions if not isinstance(question.instructions, str)
+              for part in question.instructions]
+    return sum(isinstance(part, InputImage) for part in parts)
+
+
 def _usage(cost: QuestionCost) -> DecisionUsage:
     return DecisionUsage(
         input_tokens=cost.prompt_tokens,
@@ -95,23 +115,34 @@ def _usage(cost: QuestionCost) -> DecisionUsage:
     )
 
 
+QUESTION_TOKENS = 64
+"""A question's own prompt tokens and answer, about, in the fair share's first estimate (the real usage
+settles it)."""
+
+
 async def decide_questions(
     services: Services, caller: Caller, data: DecisionRequest, request_id: str
 ) -> Decision:
-    """Shape the input, hold one engine slot, walk every question's distribution, answer in order."""
+    """Shape the input, hold one engine slot, walk every question's distribution, answer in order, log it."""
+    started = time.monotonic()
     moderation = services.moderation
     settings = services.settings.engine
+    policy = moderation.policies.current()
+    thinking = decide(policy, RequestContext(tenant=caller.tenant, tags=("decisions",)),
+                      under_load=moderation.load.update(policy.load))
+    frames: dict[str, str] = {}  # each image's URL: its shaped frame's hash (for the log)
 
-    async def shape(url: str) -> Any:
-        return await moderation.shape(url, caller.tenant)
+    async def shape(url: str) -> ShapedImage:
+        shaped = await moderation.shape(url, caller.tenant)
+        frames[url] = shaped.sha256
+        return shaped
 
     shared: SharedInput = await shared_input(data, shape)
     asked = await asked_questions(data.questions, shape)
     model = await moderation.engine_identity()
     priority = 0 if settings.use_priority else None
-    work = moderation.work.estimate(caller.tenant, max(1, shared.images), False)
-    # N questions cost about one input and N short answers: the estimate is the input's and one answer
-    # per question, corrected below by what the calls really took
+    first = moderation.work.estimate(caller.tenant, max(1, len(frames)), False)
+    work = Work(caller.tenant, first.cost + QUESTION_TOKENS * len(asked))
     cost = QuestionCost()
     answers: list[Answer] = []
     async with moderation.engines.slot(priority=0, work=work) as held:
@@ -140,7 +171,30 @@ async def decide_questions(
             answers.append(_answer(one, question, distribution))
         held.settle(cost.prompt_tokens - cost.cached_tokens
                     + moderation.work.output_token_weight * cost.completion_tokens)
-    return Decision(answers=answers, model=model.id, usage=_usage(cost))
+    moderation.metrics.prompt_tokens.inc(cost.prompt_tokens)
+    moderation.metrics.cached_tokens.inc(cost.cached_tokens)
+    decision = Decision(answers=answers, model=model.id, usage=_usage(cost))
+    await services.questions.append(QuestionRow(
+        decided_at=datetime.now(UTC), request_id=request_id, tenant=caller.tenant,
+        frame_sha256=list(dict.fromkeys(frames.values())),
+        questions=[_logged(question.model_dump(mode="json"), frames) for question in data.questions],
+        answers=[answer.model_dump(mode="json") for answer in answers],
+        model=model.id, model_revision=model.revision or None, policy_version=thinking.policy_version,
+        thinking="off", thinking_rule=thinking.rule, latency_ms=(time.monotonic() - started) * 1000,
+    ))
+    return decision
+
+
+def _logged(value: Any, frames: dict[str, str]) -> Any:
+    """``value`` with every image URL replaced by its frame's hash: the log never keeps a frame."""
+    if isinstance(value, dict):
+        return {
+            key: f"sha256:{frames[item]}" if key == "image_url" and item in frames else _logged(item, frames)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_logged(item, frames) for item in value]
+    return value
 
 
 @post(
@@ -155,12 +209,28 @@ async def create_decision(
 ) -> Response[Decision]:
     """Answer predicate, choice and score questions about an input with the engine's probabilities."""
     request_id = f"decr-{uuid.uuid4().hex}"
+    images = image_count(data)
+    record = FinishedRequest(request_id, caller.tenant, frames=max(1, images), route="decisions")
     started = time.monotonic()
-    del started
-    return await within_quota(  # an image counts against the keyframe quota; a text-only input as one
-        services, caller, 1,
-        lambda: cancel_on_disconnect(request, decide_questions(services, caller, data, request_id)),
-    )
+
+    def finished(outcome: str, message: str | None = None) -> None:
+        services.moderation.recorder.finished(record, outcome, latency_s=time.monotonic() - started,
+                                              error=message)
+
+    try:
+        # an image counts against the keyframe quota as a moderated one does; a text-only input as one
+        response = await within_quota(
+            services, caller, max(1, images),
+            lambda: cancel_on_disconnect(request, decide_questions(services, caller, data, request_id)),
+        )
+    except ModgateError as exc:
+        finished(exc.default_code, exc.message)
+        raise
+    except asyncio.CancelledError:
+        finished("cancelled", "the caller went away")
+        raise
+    finished(OK)
+    return response
 
 
 ROUTES = [create_decision]
