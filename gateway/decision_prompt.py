@@ -132,16 +132,30 @@ async def asked_questions(questions: Sequence[Question], shape: Shape) -> list[A
     return asked
 
 
+@dataclass(frozen=True, slots=True)
+class Thinking:
+    """Whether the model thinks before it answers, with the policy's caps on the thought."""
+
+    on: bool = False
+    max_completion_tokens: int = 0  # the thought and the answer
+    thinking_token_budget: int | None = None
+
+
 def question_body(
-    shared: SharedInput, question: AskedQuestion, *, model: str, priority: int | None
+    shared: SharedInput, question: AskedQuestion, *, model: str, priority: int | None,
+    thinking: Thinking = Thinking(),
 ) -> dict[str, Any]:
-    """The chat request of one question: the shared input, then the question; thinking off."""
+    """The chat request of one question: the shared input, then the question, thinking as the policy says."""
     body: dict[str, Any] = {
         "model": model,
         "messages": [*shared.messages, question.message],
         "temperature": 0,
-        "chat_template_kwargs": {"enable_thinking": False},
+        "chat_template_kwargs": {"enable_thinking": thinking.on},
     }
+    if thinking.on:
+        body["max_completion_tokens"] = thinking.max_completion_tokens
+        if thinking.thinking_token_budget is not None:
+            body["thinking_token_budget"] = thinking.thinking_token_budget
     if priority is not None:
         body["priority"] = priority
     return body

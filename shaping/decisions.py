@@ -79,6 +79,12 @@ def question_text(
     return "Choose one of these options. Answer with the option exactly as written.\n" + "\n".join(lines)
 
 
+def thought_then(thought: str, before: str) -> str:
+    """The assistant's start for a place after a thought: the thought in the template's own block (Qwen3's
+    ``<think>`` … ``</think>`` and the two line breaks it writes after it), then the answer so far."""
+    return f"<think>\n{thought.strip()}\n</think>\n\n{before}"
+
+
 def answers_regex(labels: Iterable[str], before: str = "") -> str:
     """The grammar of what may follow ``before``: the rest of each answer that starts with it (an empty rest:
     the output may end there)."""

@@ -131,14 +131,16 @@ async def _decision_place(
     request: Request[Any, Any, Any], sim: SimulatedEngine, body: ChatRequest
 ) -> Response[Any]:
     """One place of a decision question's answer (deploy/simulator/decisions.py), answered whole."""
-    tokens, images, question, before = decision_prompt(body, sim.bpe, sim.grid)
+    tokens, images, question, before, thinks = decision_prompt(body, sim.bpe, sim.grid)
     if len(tokens) >= sim.preset.max_model_len:
         raise EngineError(400, f"prompt is {len(tokens)} tokens, over max_model_len", "messages")
     constraint = body.structured_outputs or {}
     regex = constraint.get("regex") if isinstance(constraint.get("regex"), str) else None
-    output = place_output(sim.decision_answers, question, regex, before, sim.bpe)
+    thought = sim.preset.reasoning_tokens if thinks else 0
+    output = place_output(sim.decision_answers, question, regex, before, sim.bpe, thought)
     request_id = f"chatcmpl-{request.headers.get('x-request-id') or uuid.uuid4().hex}"
-    sequence = Sequence(request_id=request_id, prompt=tokens, output=output, max_tokens=1,
+    max_tokens = body.max_completion_tokens or body.max_tokens or 1
+    sequence = Sequence(request_id=request_id, prompt=tokens, output=output, max_tokens=max_tokens,
                         priority=body.priority)
     completion = sim.completion(sequence, images, body.logprobs, body.top_logprobs or 0)
     return await unless_caller_leaves(request, whole(sim.engine, completion))

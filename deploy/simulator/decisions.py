@@ -23,7 +23,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 from pydantic import BaseModel, ConfigDict, Field
 
-from deploy.simulator.answers import END_OF_OUTPUT
+from deploy.simulator.answers import END_OF_OUTPUT, THINK_END
 from deploy.simulator.protocol import ChatRequest, EngineError, user_parts
 from deploy.simulator.scheduler import TokenEvent
 from deploy.simulator.tokenizer import Token, render_chat
@@ -61,11 +61,15 @@ def _rests(regex: str) -> list[str]:
     return [re.sub(r"\\(.)", r"\1", rest) for rest in re.split(r"(?<!\\)\|", inner)]
 
 
-def decision_prompt(request: ChatRequest, bpe: Any, grid: Any) -> tuple[list[Token], list[Any], str, str]:
-    """The prompt's tokens, its images, the question's text and the answer so far, rendered as vLLM would with
+def decision_prompt(
+    request: ChatRequest, bpe: Any, grid: Any
+) -> tuple[list[Token], list[Any], str, str, bool]:
+    """The prompt's tokens, its images, the question's text, the answer so far (after a thought the
+    assistant's start carries) and whether the model thinks first, rendered as vLLM would with
     ``continue_final_message`` (the last message left open) or with the generation prompt."""
     extra = request.model_extra or {}
     continued = bool(extra.get("continue_final_message"))
+    thinks = bool((request.chat_template_kwargs or {}).get("enable_thinking", True)) and not continued
     messages, images = [], []
     for message in request.messages:
         parts, found = user_parts(message.get("content", ""), grid)
@@ -75,6 +79,7 @@ def decision_prompt(request: ChatRequest, bpe: Any, grid: Any) -> tuple[list[Tok
     if continued and messages[-1][0] == "assistant":
         before = _text(request.messages[-1])
         tokens = render_chat(messages[:-1], False, True, bpe=bpe) + bpe.encode(before)
+        before = before.rpartition(THINK_END)[2].lstrip("\n") if THINK_END in before else before
         question = _text(request.messages[-2])
     elif continued:  # a primer: the prompt ends inside the last message
         closed = render_chat(messages, False, False, bpe=bpe)
@@ -82,15 +87,17 @@ def decision_prompt(request: ChatRequest, bpe: Any, grid: Any) -> tuple[list[Tok
         tokens = closed[: len(closed) - len(end)]
         question = _text(request.messages[-1])
     else:
-        tokens = render_chat(messages, False, True, bpe=bpe)
+        tokens = render_chat(messages, thinks, True, bpe=bpe)
         question = _text(request.messages[-1])
-    return tokens, images, question, before
+    return tokens, images, question, before, thinks
 
 
 def place_output(
-    set_answers: dict[str, dict[str, float]], question: str, regex: str | None, before: str, bpe: Any
+    set_answers: dict[str, dict[str, float]], question: str, regex: str | None, before: str, bpe: Any,
+    thought: int = 0,
 ) -> list[TokenEvent]:
-    """The one token a place generates, listing every admitted first piece with its probability."""
+    """The token a place generates, listing every admitted first piece with its probability; with a
+    ``thought`` (its tokens: thinking on), the thought first and the chosen answer written to its end."""
     if regex is None:  # a primer: any one token
         return [TokenEvent("content", END_OF_OUTPUT)]
     rests = _rests(regex)
@@ -122,7 +129,15 @@ def place_output(
     listed = sorted(mass.items(), key=lambda item: -item[1])
     alternatives = tuple((piece, math.log(p) if p > 0 else -9999.0) for piece, p in listed)
     token, logprob = alternatives[0]
-    return [TokenEvent("content", token, logprob, alternatives)]
+    place = TokenEvent("content", token, logprob, alternatives)
+    if not thought:
+        return [place]
+    words = [TokenEvent("reasoning", ("看", "图", "，", "判断", "。")[i % 5]) for i in range(thought)]
+    # the answer written on: the likeliest answer whose own tokens start with the chosen piece
+    starting = [rest for rest in weights if (bpe.pieces(rest) or [END_OF_OUTPUT])[0] == token]
+    rest = max(starting, key=lambda r: weights[r]) if starting else ""
+    after = [TokenEvent("content", piece) for piece in bpe.pieces(rest)[1:]]
+    return [*words, TokenEvent("content", THINK_END), place, *after, TokenEvent("content", END_OF_OUTPUT)]
 
 
 @post("/sim/decisions", status_code=200)

@@ -14,7 +14,8 @@ from typing import Any
 from gateway.engine.client import ENGINE_REJECTED, EngineClient, refusal_error
 from gateway.engine.usage import PlaceAnswer, Usage
 from gateway.errors import EngineUnavailable, UpstreamError
-from shaping.decisions import Distribution, DistributionWalk
+from shaping.confidence import TokenLogprob, answer_start, probability
+from shaping.decisions import Distribution, DistributionWalk, thought_then
 
 
 class QuestionRejected(UpstreamError):
@@ -28,16 +29,9 @@ def _message(response_body: Any, fallback: str) -> str:
         return fallback
 
 
-async def ask_place(
-    client: EngineClient, body: dict[str, Any], before: str, regex: str, *, top_logprobs: int, seed: int,
-    request_id: str,
-) -> PlaceAnswer:
-    """One place of an answer: the engine's (token, probability) list after ``before`` and what it cost."""
-    wire = await client.wire()
-    probe = wire.decision_place({**body, "seed": seed}, before, regex, top_logprobs)
-    response = await client.request(
-        "POST", "/v1/chat/completions", purpose="decision", json=probe, request_id=request_id
-    )
+def _answered(response: Any, wire: Any) -> dict[str, Any]:
+    """A place's answer as a JSON object, or the gateway's error for the engine's (its own 4xx: the
+    question's refusal)."""
     try:
         payload = response.json()
     except ValueError:
@@ -50,6 +44,52 @@ async def ask_place(
         raise error
     if not isinstance(payload, dict):
         raise UpstreamError("engine answered a decision place with a body that is not a JSON object")
+    return payload
+
+
+async def think_first(
+    client: EngineClient, body: dict[str, Any], regex: str, *, top_logprobs: int, request_id: str
+) -> tuple[PlaceAnswer, str]:
+    """Thinking on: the model thinks, then answers under the grammar; the answer's first place is read from
+    that answer's own logprobs (the list at its first token). Answers the place and the thought."""
+    wire = await client.wire()
+    ask = {key: value for key, value in body.items() if key not in {"stream", "stream_options"}}
+    ask.update(structured_outputs={"regex": regex}, logprobs=True, top_logprobs=top_logprobs)
+    response = await client.request(
+        "POST", "/v1/chat/completions", purpose="decision", json=wire.chat_body(ask), request_id=request_id
+    )
+    payload = _answered(response, wire)
+    usage = payload.get("usage")
+    cost = Usage.from_wire(usage if isinstance(usage, dict) else None, wire.counts_image_tokens)
+    try:
+        choice = payload["choices"][0]
+        message = choice["message"]
+        content = str(message.get("content") or "")
+        thought = str(message.get("reasoning") or message.get("reasoning_content") or "")
+        entries = [TokenLogprob.from_wire(entry) for entry in choice["logprobs"]["content"]]
+    except (KeyError, IndexError, TypeError):
+        return PlaceAnswer(None, cost), ""
+    if "</think>" in content:  # a thought the engine left in the content
+        thought, _, content = content.rpartition("</think>")
+        thought = thought.removeprefix("<think>")
+    start = answer_start(entries, content)
+    if start is None:
+        return PlaceAnswer(None, cost), thought
+    alternatives = tuple((text, probability(logprob)) for text, logprob in entries[start].alternatives())
+    return PlaceAnswer(alternatives, cost), thought
+
+
+async def ask_place(
+    client: EngineClient, body: dict[str, Any], before: str, regex: str, *, top_logprobs: int, seed: int,
+    request_id: str,
+) -> PlaceAnswer:
+    """One place of an answer: the engine's (token, probability) list after ``before`` and what it cost."""
+    wire = await client.wire()
+    probe = wire.decision_place({**body, "seed": seed}, before, regex, top_logprobs)
+    response = await client.request(
+        "POST", "/v1/chat/completions", purpose="decision", json=probe, request_id=request_id
+    )
+    payload = _answered(response, wire)
     usage = payload.get("usage")
     cost = Usage.from_wire(usage if isinstance(usage, dict) else None, wire.counts_image_tokens)
     return PlaceAnswer(wire.read_decision_place(payload), cost)
@@ -80,7 +120,7 @@ class QuestionCost:
 
 async def question_distribution(
     client: EngineClient, body: dict[str, Any], walk: DistributionWalk, *, top_logprobs: int, probes: int,
-    request_id: str, cost: QuestionCost,
+    request_id: str, cost: QuestionCost, thinking: bool = False,
 ) -> Distribution:
     """Walk one question's places on ``client`` (in the caller's engine slot, one call at a time).
 
@@ -89,11 +129,22 @@ async def question_distribution(
     grammar forbids); a masked list is the grammar's already, so one call a place."""
     masked = (await client.wire()).logprobs_grammar_masked
     draws = 1 if masked else max(1, probes)
+    thought: str | None = None
+    if thinking:  # the first place is the thinking answer's own; a thought is not drawn again
+        place, thought = await think_first(
+            client, body, walk.regex(""), top_logprobs=top_logprobs, request_id=request_id
+        )
+        cost.add(place.usage)
+        walk.record("", place.alternatives)
+        # later places continue after the thought, which the template wrote: nothing more to think
+        body = {**body, "chat_template_kwargs": {"enable_thinking": False}}
+        body.pop("thinking_token_budget", None)
     while (before := walk.next_place()) is not None:
         regex = walk.regex(before)
+        sent = before if thought is None else thought_then(thought, before)
         for seed in range(draws):
             place = await ask_place(
-                client, body, before, regex, top_logprobs=top_logprobs, seed=seed, request_id=request_id
+                client, body, sent, regex, top_logprobs=top_logprobs, seed=seed, request_id=request_id
             )
             cost.add(place.usage)
             if walk.record(before, place.alternatives, final=seed == draws - 1):

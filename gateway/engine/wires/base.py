@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Literal
 
 from prometheus_client.samples import Sample
 
-from shaping.confidence import TokenLogprob
+from shaping.confidence import TokenLogprob, probability
 
 TokenizeStep = tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]
 """One POST of a token count: its path and its body, made from the previous step's answer."""
@@ -125,8 +124,7 @@ class EngineWire:
         if not isinstance(entry, dict):
             return None
         return tuple(
-            (text, math.exp(logprob) if logprob > -745 else 0.0)
-            for text, logprob in TokenLogprob.from_wire(entry).alternatives()
+            (text, probability(logprob)) for text, logprob in TokenLogprob.from_wire(entry).alternatives()
         )
 
     def answer_grammar(self, body: dict[str, Any]) -> str | None:

@@ -24,6 +24,7 @@ from gateway.caller import Caller
 from gateway.decision_prompt import (
     AskedQuestion,
     SharedInput,
+    Thinking,
     asked_questions,
     primer_body,
     question_body,
@@ -115,6 +116,8 @@ def _usage(cost: QuestionCost) -> DecisionUsage:
     )
 
 
+DECISIONS_TAG = "decisions"
+"""The tag a Decisions request carries to the thinking policy (a rule with ``tags: [decisions]``)."""
 QUESTION_TOKENS = 64
 """A question's own prompt tokens and answer, about, in the fair share's first estimate (the real usage
 settles it)."""
@@ -128,8 +131,17 @@ async def decide_questions(
     moderation = services.moderation
     settings = services.settings.engine
     policy = moderation.policies.current()
-    thinking = decide(policy, RequestContext(tenant=caller.tenant, tags=("decisions",)),
+    # The tenant's thinking policy, asked with the tag ``decisions``: a rule that matches it and says ``on``
+    # lets the model think first; otherwise (the policy's default, escalate, the load rule) it answers
+    # thinking off, as a distribution read at the answer's first token needs no thought.
+    thinking = decide(policy, RequestContext(tenant=caller.tenant, tags=(DECISIONS_TAG,)),
                       under_load=moderation.load.update(policy.load))
+    think = Thinking(
+        on=thinking.mode == "on" and thinking.rule.startswith("rule:"),
+        # the policy's cap is per keyframe's thought and verdict: here one thought and one short answer
+        max_completion_tokens=thinking.max_completion_tokens,
+        thinking_token_budget=thinking.thinking_token_budget,
+    )
     frames: dict[str, str] = {}  # each image's URL: its shaped frame's hash (for the log)
 
     async def shape(url: str) -> ShapedImage:
@@ -141,8 +153,12 @@ async def decide_questions(
     asked = await asked_questions(data.questions, shape)
     model = await moderation.engine_identity()
     priority = 0 if settings.use_priority else None
-    first = moderation.work.estimate(caller.tenant, max(1, len(frames)), False)
-    work = Work(caller.tenant, first.cost + QUESTION_TOKENS * len(asked))
+    # the input once, then each question's own tokens (and its thought, with thinking on: the estimate's
+    # thought over a thinking-off one), settled below by what the calls took
+    base = moderation.work.estimate(caller.tenant, max(1, len(frames)), False)
+    thought = moderation.work.estimate(caller.tenant, 1, True).cost - moderation.work.estimate(
+        caller.tenant, 1, False).cost if think.on else 0.0
+    work = Work(caller.tenant, base.cost + (QUESTION_TOKENS + thought) * len(asked), think.on)
     cost = QuestionCost()
     answers: list[Answer] = []
     async with moderation.engines.slot(priority=0, work=work) as held:
@@ -155,13 +171,14 @@ async def decide_questions(
             await prime_input(client, primer, request_id, cost)
         for question, one in zip(data.questions, asked, strict=True):
             body = naming_own_model(
-                question_body(shared, one, model=model.id, priority=priority), models, held.engine.url
+                question_body(shared, one, model=model.id, priority=priority, thinking=think), models,
+                held.engine.url,
             )
             walk = DistributionWalk(one.labels, max_places=PLACES_PER_ANSWER * len(one.labels))
             try:
                 distribution = await question_distribution(
                     client, body, walk, top_logprobs=max(1, settings.top_logprobs),
-                    probes=settings.place_probes, request_id=request_id, cost=cost,
+                    probes=settings.place_probes, request_id=request_id, cost=cost, thinking=think.on,
                 )
             except QuestionRejected as exc:
                 answers.append(RefusalAnswer(
@@ -180,7 +197,8 @@ async def decide_questions(
         questions=[_logged(question.model_dump(mode="json"), frames) for question in data.questions],
         answers=[answer.model_dump(mode="json") for answer in answers],
         model=model.id, model_revision=model.revision or None, policy_version=thinking.policy_version,
-        thinking="off", thinking_rule=thinking.rule, latency_ms=(time.monotonic() - started) * 1000,
+        thinking="on" if think.on else "off", thinking_rule=thinking.rule,
+        latency_ms=(time.monotonic() - started) * 1000,
     ))
     return decision
 
