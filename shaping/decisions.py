@@ -21,7 +21,6 @@ question has no distribution and says why (never a made-up 1.0).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -88,10 +87,24 @@ def thought_then(thought: str, before: str) -> str:
 def answers_regex(labels: Iterable[str], before: str = "") -> str:
     """The grammar of what may follow ``before``: the rest of each answer that starts with it (an empty rest:
     the output may end there)."""
-    rests = sorted({label[len(before) :] for label in labels if label.startswith(before)}, key=len)
+    rests = sorted(
+        {label[len(before) :] for label in labels if label.startswith(before)}, key=lambda r: (len(r), r)
+    )
     if not rests:
         raise ValueError(f"no answer begins with {before!r}")
-    return "(?:" + "|".join(re.escape(rest) for rest in rests) + ")"
+    alternatives = "(?:" + "|".join(_escaped(rest) for rest in rests if rest) + ")"
+    # an answer that ends here: the rest is optional (no empty alternative, which not every engine's
+    # regex grammar takes)
+    return alternatives + "?" if "" in rests else alternatives
+
+
+_METACHARACTERS: Final = frozenset("\\.^$*+?{}[]|()")
+
+
+def _escaped(text: str) -> str:
+    """``text`` as a regex literal: only the metacharacters escaped (``re.escape`` also escapes blanks and
+    hyphens, which some engines' regex grammars refuse outside a class)."""
+    return "".join("\\" + char if char in _METACHARACTERS else char for char in text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,9 +56,12 @@ def _text(message: dict[str, Any]) -> str:
 
 
 def _rests(regex: str) -> list[str]:
-    """The answers' rests in ``(?:a|b|…)`` as the gateway writes them (each ``re.escape``d)."""
-    inner = regex.removeprefix("(?:").removesuffix(")")
-    return [re.sub(r"\\(.)", r"\1", rest) for rest in re.split(r"(?<!\\)\|", inner)]
+    """The answers' rests in ``(?:a|b|…)`` (``?`` after it: the answer may end here too) as the gateway
+    writes them (metacharacters escaped)."""
+    optional = regex.endswith(")?")
+    inner = regex.removeprefix("(?:").removesuffix("?").removesuffix(")")
+    rests = [re.sub(r"\\(.)", r"\1", rest) for rest in re.split(r"(?<!\\)\|", inner)]
+    return [*rests, ""] if optional else rests
 
 
 def decision_prompt(

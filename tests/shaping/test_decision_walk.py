@@ -62,4 +62,8 @@ def test_a_boolean_option_spelled_like_a_string_option_is_named_apart() -> None:
 
 
 def test_the_grammar_after_an_answer_so_far_admits_the_rests_and_the_end() -> None:
-    assert answers_regex(["viol", "violence", "none"], "viol") == "(?:|ence)"
+    assert answers_regex(["viol", "violence", "none"], "viol") == "(?:ence)?"
+
+
+def test_only_regex_metacharacters_are_escaped_in_an_answer() -> None:
+    assert answers_regex(["a b-c", "x.y"]) == r"(?:x\.y|a b-c)"
