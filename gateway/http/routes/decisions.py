@@ -177,7 +177,7 @@ async def decide_questions(
             walk = DistributionWalk(one.labels, max_places=PLACES_PER_ANSWER * len(one.labels))
             try:
                 distribution = await question_distribution(
-                    client, body, walk, top_logprobs=max(1, settings.top_logprobs),
+                    client, body, walk, top_logprobs=settings.decision_top_logprobs,
                     probes=settings.place_probes, request_id=request_id, cost=cost, thinking=think.on,
                 )
             except QuestionRejected as exc:
