@@ -6,7 +6,10 @@ The gateway runs in this process on the built-in simulator (instant preset), or 
 (the real vLLM CPU engine). Each count is asked once after the engine's cache was warmed by nothing: the
 first question computes the input, the others take it from the cache.
 
-    python -m bench.decisions [--engine http://127.0.0.1:8000] [--json docs/bench/decisions.json]
+    python -m bench.decisions [--engine http://127.0.0.1:8000] [--caption-words 0] [--json FILE]
+
+An engine caches whole blocks (vLLM's CPU build: 128 tokens): a shared input shorter than one block is
+computed again by every question, which ``--caption-words`` shows against a longer one.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import platform
 import shlex
 import sys
@@ -31,8 +35,9 @@ from gateway.settings import EngineSettings, Settings
 COUNTS = (1, 10, 50)
 
 
-def measure(gateway_url: str, count: int, seed: int) -> dict[str, Any]:
-    """One request of ``count`` questions about a fresh keyframe: its usage."""
+def measure(gateway_url: str, count: int, seed: int, caption_words: int = 0) -> dict[str, Any]:
+    """One request of ``count`` questions about a fresh keyframe (and a caption of ``caption_words``
+    words, a longer shared input): its usage."""
     frame = base64.b64encode(make_keyframe("allow", 1280, 720, seed=seed)).decode()
     questions = [
         {"type": "predicate", "instructions": f"Statement {i}: the frame shows object number {i}."}
@@ -41,7 +46,8 @@ def measure(gateway_url: str, count: int, seed: int) -> dict[str, Any]:
     body = {
         "model": "m",
         "input": [{"role": "user", "content": [
-            {"type": "input_image", "image_url": f"data:image/jpeg;base64,{frame}"}
+            {"type": "input_image", "image_url": f"data:image/jpeg;base64,{frame}"},
+            *([{"type": "input_text", "text": caption(caption_words, seed)}] if caption_words else []),
         ]}],
         "questions": questions,
     }
@@ -52,11 +58,20 @@ def measure(gateway_url: str, count: int, seed: int) -> dict[str, Any]:
     return {"questions": count, "prompt_tokens": prompt, "cached_tokens": cached, "computed": prompt - cached}
 
 
+def caption(words: int, seed: int) -> str:
+    """A caption of ``words`` words, its own per request (nothing of it cached by an earlier one)."""
+    vocabulary = ("street", "crowd", "banner", "evening", "market", "river", "bridge", "stage", "music")
+    return f"Upload {seed}: " + " ".join(vocabulary[(seed + i * 7) % len(vocabulary)] for i in range(words))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print the table; ``--json`` writes it with the command, date and machine."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", help="a running engine's URL (default: the built-in simulator)")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--caption-words", type=int, default=0,
+                        help="a caption of this many words beside the image (a shared input longer than "
+                             "the engine's cache block)")
     args = parser.parse_args(argv)
     servers: list[ThreadedServer] = []
     try:
@@ -68,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
             engine, label = args.engine, f"engine at {args.engine}"
         gateway = ThreadedServer(create_app(Settings(engine=EngineSettings(url=engine)))).start()
         servers.append(gateway)
-        rows = [measure(gateway.url, count, seed=100 + count) for count in COUNTS]
+        rows = [measure(gateway.url, count, 100 + count, args.caption_words) for count in COUNTS]
     finally:
         for server in reversed(servers):
             server.stop()
@@ -81,9 +96,9 @@ def main(argv: list[str] | None = None) -> None:
         record = {
             "command": "python -m bench.decisions " + shlex.join(argv if argv is not None else sys.argv[1:]),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()}, {platform.system()} {platform.release()}, python "
-                       f"{platform.python_version()}",
+            "machine": f"{platform.machine()}, {platform.system()}, {os.cpu_count()} cores",
             "engine": label,
+            "caption_words": args.caption_words,
             "rows": rows,
         }
         with open(args.json, "w", encoding="utf-8") as out:

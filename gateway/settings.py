@@ -57,9 +57,6 @@ class EngineSettings(BaseModel):
     # the verdict's confidence is read from them (shaping.confidence). 0: none asked, confidence is null;
     # fewer than the actions cannot show each action's first token and is refused (_sees_every_action).
     top_logprobs: int = Field(default=10, ge=0, le=20)
-    # Alternatives asked at each place of a Decisions answer (POST /v1/decisions): every token the answer
-    # grammar admits there should be listed (answers' partial first pieces count), at most --max-logprobs.
-    decision_top_logprobs: int = Field(default=20, ge=1, le=20)
     # llama.cpp only (logprobs not grammar-masked): the most probe calls a verdict may cost where the
     # answer's own list cannot give its exact confidence (shaping.confidence, moderation/engine_call.py);
     # each is one more prefill of the request, images included. 0: no probe, that confidence stays null.

@@ -9,13 +9,18 @@ The walk itself (which places, how a list is read) is pure: :mod:`shaping.decisi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from gateway.engine.client import ENGINE_REJECTED, EngineClient, refusal_error
 from gateway.engine.usage import PlaceAnswer, Usage
 from gateway.errors import EngineUnavailable, UpstreamError
 from shaping.confidence import TokenLogprob, answer_start, probability
 from shaping.decisions import Distribution, DistributionWalk, thought_then
+
+DECISION_TOP_LOGPROBS: Final = 20
+"""Alternatives asked at each place of an answer: vLLM's default ``--max-logprobs`` (an engine started with
+less refuses the question: its refusal says so). Every token the answer grammar admits there should be
+listed, and a choice's values admit their partial first pieces too (``c``, ``ca``, ``cat``)."""
 
 
 class QuestionRejected(UpstreamError):

@@ -49,7 +49,13 @@ from gateway.decision_wire import (
     ScoreQuestion,
 )
 from gateway.decisions.questions import QuestionRow
-from gateway.engine.decision_calls import QuestionCost, QuestionRejected, prime_input, question_distribution
+from gateway.engine.decision_calls import (
+    DECISION_TOP_LOGPROBS,
+    QuestionCost,
+    QuestionRejected,
+    prime_input,
+    question_distribution,
+)
 from gateway.engine.fairness import Work
 from gateway.engine.pool import naming_own_model
 from gateway.errors import ModgateError
@@ -177,7 +183,7 @@ async def decide_questions(
             walk = DistributionWalk(one.labels, max_places=PLACES_PER_ANSWER * len(one.labels))
             try:
                 distribution = await question_distribution(
-                    client, body, walk, top_logprobs=settings.decision_top_logprobs,
+                    client, body, walk, top_logprobs=DECISION_TOP_LOGPROBS,
                     probes=settings.place_probes, request_id=request_id, cost=cost, thinking=think.on,
                 )
             except QuestionRejected as exc:
