@@ -8,7 +8,7 @@ The walk itself (which places, how a list is read) is pure: :mod:`shaping.decisi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from gateway.engine.client import ENGINE_REJECTED, EngineClient, refusal_error
@@ -121,6 +121,11 @@ class QuestionCost:
         self.completion_tokens += usage.completion_tokens
         self.reasoning_tokens += usage.reasoning_tokens
         self.prompts.append((usage.prompt_tokens, usage.cached_tokens))
+
+    def merge(self, other: QuestionCost) -> None:
+        """Count another slot's calls (every field is a sum)."""
+        for counted in fields(self):
+            setattr(self, counted.name, getattr(self, counted.name) + getattr(other, counted.name))
 
 
 async def question_distribution(

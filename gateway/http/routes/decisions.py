@@ -1,11 +1,12 @@
 """``POST /v1/decisions`` (behind the business-key guard): questions about an input, answered with
 probabilities read from the engine (docs/decisions-api.md).
 
-The route orchestrates: the tenant's quota, the input shaped once (gateway/decision_prompt.py), one engine
-slot for the request (the cap, the priority, the fair share charged by the work it really took), a primer
-where the engine keeps a hybrid state only where a prompt ends, each question's distribution walked place by
-place (gateway/engine/decision_calls.py over shaping/decisions.py), the answers in question order, one row in
-the decision log.
+The route orchestrates: the tenant's quota, the input shaped once (gateway/decision_prompt.py), the first
+question in one engine slot (with a primer where the engine keeps a hybrid state only where a prompt ends)
+and the others on a few slots at once (each slot within the cap, queued by priority and the fair share and
+charged the work it really took), each question's distribution walked place by place
+(gateway/engine/decision_calls.py over shaping/decisions.py), the answers in question order, one row in the
+decision log.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,7 +59,7 @@ from gateway.engine.decision_calls import (
     question_distribution,
 )
 from gateway.engine.fairness import Work
-from gateway.engine.pool import naming_own_model
+from gateway.engine.pool import HeldEngine, naming_own_model
 from gateway.errors import ModgateError
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.routes import responses
@@ -124,6 +126,9 @@ def _usage(cost: QuestionCost) -> DecisionUsage:
 
 DECISIONS_TAG = "decisions"
 """The tag a Decisions request carries to the thinking policy (a rule with ``tags: [decisions]``)."""
+QUESTION_SLOTS = 4
+"""Engine slots a request's questions run on at once, after its first (each slot takes the next question;
+the engine batches them, as it would separate requests)."""
 QUESTION_TOKENS = 64
 """A question's own prompt tokens and answer, about, in the fair share's first estimate (the real usage
 settles it)."""
@@ -159,49 +164,68 @@ async def decide_questions(
     asked = await asked_questions(data.questions, shape)
     model = await moderation.engine_identity()
     priority = 0 if settings.use_priority else None
-    # the input once, then each question's own tokens (and its thought, with thinking on: the estimate's
-    # thought over a thinking-off one), settled below by what the calls took
-    base = moderation.work.estimate(caller.tenant, max(1, len(frames)), False)
+    # the fair share's first estimate: the input once, then each question's own tokens (and its thought,
+    # with thinking on: the estimate's thought over a thinking-off one), settled by what the calls took
+    base = moderation.work.estimate(caller.tenant, max(1, len(frames)), False).cost
     thought = moderation.work.estimate(caller.tenant, 1, True).cost - moderation.work.estimate(
         caller.tenant, 1, False).cost if think.on else 0.0
-    work = Work(caller.tenant, base.cost + (QUESTION_TOKENS + thought) * len(asked), think.on)
+    per_question = QUESTION_TOKENS + thought
+    models = moderation.identity.model_ids()
+    answers: list[Answer | None] = [None] * len(asked)
     cost = QuestionCost()
-    answers: list[Answer] = []
-    async with moderation.engines.slot(priority=0, work=work) as held:
-        client = held.engine.client
-        models = moderation.identity.model_ids()
-        keeper = services.prefix
-        state = None if keeper is None else keeper.engines.get(held.engine.url)
-        if state is not None and state.decision is not None and state.decision.primes and len(asked) > 1:
-            primer = naming_own_model(primer_body(shared, model=model.id), models, held.engine.url)
-            await prime_input(client, primer, request_id, cost)
-        for question, one in zip(data.questions, asked, strict=True):
-            body = naming_own_model(
-                question_body(shared, one, model=model.id, priority=priority, thinking=think), models,
-                held.engine.url,
+
+    async def ask(index: int, held: HeldEngine, spent: QuestionCost) -> None:
+        one, question = asked[index], data.questions[index]
+        body = naming_own_model(
+            question_body(shared, one, model=model.id, priority=priority, thinking=think), models,
+            held.engine.url,
+        )
+        walk = DistributionWalk(one.labels, max_places=PLACES_PER_ANSWER * len(one.labels))
+        try:
+            distribution = await question_distribution(
+                held.engine.client, body, walk, top_logprobs=DECISION_TOP_LOGPROBS,
+                probes=settings.place_probes, request_id=request_id, cost=spent, thinking=think.on,
             )
-            walk = DistributionWalk(one.labels, max_places=PLACES_PER_ANSWER * len(one.labels))
-            try:
-                distribution = await question_distribution(
-                    client, body, walk, top_logprobs=DECISION_TOP_LOGPROBS,
-                    probes=settings.place_probes, request_id=request_id, cost=cost, thinking=think.on,
-                )
-            except QuestionRejected as exc:
-                answers.append(RefusalAnswer(
-                    name=one.name, modgate=RefusalReason(code="engine_rejected", message=exc.message)
-                ))
-                continue
-            answers.append(_answer(one, question, distribution))
-        held.settle(cost.prompt_tokens - cost.cached_tokens
-                    + moderation.work.output_token_weight * cost.completion_tokens)
+        except QuestionRejected as exc:
+            reason = RefusalReason(code="engine_rejected", message=exc.message)
+            answers[index] = RefusalAnswer(name=one.name, modgate=reason)
+            return
+        answers[index] = _answer(one, question, distribution)
+
+    async def on_a_slot(indices: Iterator[int], expected: float, first: bool = False) -> None:
+        """Questions taken from ``indices`` one after another in one engine slot, charged what they took."""
+        spent = QuestionCost()
+        async with moderation.engines.slot(priority=0, work=Work(caller.tenant, expected, think.on)) as held:
+            keeper = services.prefix
+            state = None if keeper is None else keeper.engines.get(held.engine.url)
+            if first and len(asked) > 1 and state is not None and state.decision is not None \
+                    and state.decision.primes:
+                primer = naming_own_model(primer_body(shared, model=model.id), models, held.engine.url)
+                await prime_input(held.engine.client, primer, request_id, spent)
+            for index in indices:
+                await ask(index, held, spent)
+            held.settle(spent.prompt_tokens - spent.cached_tokens
+                        + moderation.work.output_token_weight * spent.completion_tokens)
+        cost.merge(spent)
+
+    # The first question alone: the engine computes the input once (and keeps it, primed where it must be);
+    # then the others share it, on up to QUESTION_SLOTS slots at once, each slot taking the next question.
+    await on_a_slot(iter([0]), base + per_question, first=True)
+    rest = iter(range(1, len(asked)))
+    slots = min(QUESTION_SLOTS, len(asked) - 1)
+    async with asyncio.TaskGroup() as group:
+        for _ in range(slots):
+            group.create_task(on_a_slot(rest, per_question * -(-(len(asked) - 1) // slots)))
+    answered = [answer for answer in answers if answer is not None]
+    assert len(answered) == len(asked)  # every slot ran to its end, or the group raised
     moderation.metrics.prompt_tokens.inc(cost.prompt_tokens)
     moderation.metrics.cached_tokens.inc(cost.cached_tokens)
-    decision = Decision(answers=answers, model=model.id, usage=_usage(cost))
+    decision = Decision(answers=answered, model=model.id, usage=_usage(cost))
     await services.questions.append(QuestionRow(
         decided_at=datetime.now(UTC), request_id=request_id, tenant=caller.tenant,
         frame_sha256=list(dict.fromkeys(frames.values())),
         questions=[_logged(question.model_dump(mode="json"), frames) for question in data.questions],
-        answers=[answer.model_dump(mode="json") for answer in answers],
+        answers=[answer.model_dump(mode="json") for answer in answered],
         model=model.id, model_revision=model.revision or None, policy_version=thinking.policy_version,
         thinking="on" if think.on else "off", thinking_rule=thinking.rule,
         latency_ms=(time.monotonic() - started) * 1000,
