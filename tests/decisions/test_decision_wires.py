@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from deploy.simulator.grammar import grammar_regex
 from gateway.engine.wires import wire_for
+from gateway.engine.wires.gbnf import regex_to_gbnf
+from shaping.decisions import answers_regex
 
 BODY: dict[str, Any] = {
     "model": "m", "temperature": 0, "chat_template_kwargs": {"enable_thinking": False},
@@ -46,3 +51,19 @@ def test_each_wire_reads_its_own_list() -> None:
     assert read is not None
     assert [token for token, _ in read] == ["yes", "no"]
     assert wire_for("llamacpp").read_decision_place(llamacpp) == (("yes", 0.6), ("no", 0.4))
+
+
+@pytest.mark.parametrize(("labels", "before"), [
+    (["yes", "no"], ""),
+    (["violence", "violent", "boolean true"], "viol"),
+    (["viol", "violence"], "viol"),
+    (["a.b (c)", "a|b", "x?", "50%", "[tag]"], ""),
+])
+def test_the_answer_grammar_as_llamacpps_gbnf_admits_exactly_the_answers_rests(
+    labels: list[str], before: str
+) -> None:
+    grammar = grammar_regex(regex_to_gbnf(answers_regex(labels, before)))
+    rests = {label[len(before):] for label in labels if label.startswith(before)}
+    assert all(grammar.fullmatch(rest) for rest in rests)
+    assert not grammar.fullmatch(before + "zz")
+    assert not any(grammar.fullmatch(rest + "x") for rest in rests)
