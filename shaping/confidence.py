@@ -112,6 +112,9 @@ def _probability(logprob: float) -> float:
     return math.exp(logprob) if logprob > -745 else 0.0  # exp underflows to 0 below that anyway
 
 
+probability = _probability  # public: a log-probability as a probability, as the readings here take it
+
+
 @dataclass(frozen=True, slots=True)
 class _Spans:
     """The answer's tokens laid end to end: where each starts in ``text``."""
@@ -134,6 +137,9 @@ class _Spans:
 def _is_special(token: str) -> bool:
     """A token that writes no text of the answer: empty (a stop token), ``</think>`` or ``<|…|>``."""
     return not token or token == THINK_END or (token.startswith("<|") and token.endswith("|>"))
+
+
+is_special = _is_special  # public: the decision walk (shaping/decisions.py) reads an end of output alike
 
 
 def _is_marker(token: str) -> bool:
@@ -161,6 +167,14 @@ def _answer_spans(logprobs: Sequence[TokenLogprob], answer: str) -> _Spans | Non
         position += 0 if _is_special(entry.token) else len(entry.token)
     full = "".join("" if _is_special(entry.token) else entry.token for entry in tokens)
     return _Spans(tokens, starts, full, len(full) - len(full.lstrip()))
+
+
+def answer_start(logprobs: Sequence[TokenLogprob], answer: str) -> int | None:
+    """The index of the token holding the answer's first character, found from the end (the thought before
+    it is not needed); None when the tokens do not spell the answer."""
+    spans = _answer_spans(logprobs, answer.strip())
+    first = None if spans is None else spans.at(0)
+    return None if spans is None or first is None else len(logprobs) - len(spans.tokens) + first
 
 
 def _continuations(spans: _Spans, offset: int, *, spaced: bool = False) -> list[tuple[str, float]] | None:

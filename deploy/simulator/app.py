@@ -30,12 +30,13 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from deploy.simulator.answers import END_OF_OUTPUT
+from deploy.simulator.decisions import decision_prompt, is_decision, place_output, set_decision_answers
 from deploy.simulator.engine import Sequence, TokenEvent
 from deploy.simulator.llamacpp_law import LlamaCppOptions
 from deploy.simulator.llamacpp_wire import LLAMACPP_ROUTES, LlamaCppServer, loading_guard
 from deploy.simulator.llamacpp_wire import error_response as llamacpp_error_response
 from deploy.simulator.presets import SimPreset
-from deploy.simulator.protocol import EngineError, decode_image, parse_chat, unless_caller_leaves
+from deploy.simulator.protocol import ChatRequest, EngineError, decode_image, parse_chat, unless_caller_leaves
 from deploy.simulator.responses import streamed, usage, whole
 from deploy.simulator.service import Faults, SimulatedEngine
 from deploy.simulator.tokenizer import Token, token_id
@@ -105,6 +106,8 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
         return Response(QUEUE_FULL, status_code=503)
     if sim.chance(faults.error_rate):
         raise EngineError(500, "simulated engine failure")
+    if is_decision(body):
+        return await _decision_place(request, sim, body)
     tokens, images, enable_thinking = sim.prompt_tokens(body)
     if len(tokens) >= sim.preset.max_model_len:
         raise EngineError(400, f"prompt is {len(tokens)} tokens, over max_model_len", "messages")
@@ -121,6 +124,25 @@ async def chat_completions(request: Request[Any, Any, Any], state: State) -> Res
     completion = sim.completion(sequence, images, body.logprobs, body.top_logprobs or 0)
     if body.stream:
         return streamed(sim.engine, completion, bool((body.stream_options or {}).get("include_usage")))
+    return await unless_caller_leaves(request, whole(sim.engine, completion))
+
+
+async def _decision_place(
+    request: Request[Any, Any, Any], sim: SimulatedEngine, body: ChatRequest
+) -> Response[Any]:
+    """One place of a decision question's answer (deploy/simulator/decisions.py), answered whole."""
+    tokens, images, question, before, thinks = decision_prompt(body, sim.bpe, sim.grid)
+    if len(tokens) >= sim.preset.max_model_len:
+        raise EngineError(400, f"prompt is {len(tokens)} tokens, over max_model_len", "messages")
+    constraint = body.structured_outputs or {}
+    regex = constraint.get("regex") if isinstance(constraint.get("regex"), str) else None
+    thought = sim.preset.reasoning_tokens if thinks else 0
+    output = place_output(sim.decision_answers, question, regex, before, sim.bpe, thought)
+    request_id = f"chatcmpl-{request.headers.get('x-request-id') or uuid.uuid4().hex}"
+    max_tokens = body.max_completion_tokens or body.max_tokens or 1
+    sequence = Sequence(request_id=request_id, prompt=tokens, output=output, max_tokens=max_tokens,
+                        priority=body.priority)
+    completion = sim.completion(sequence, images, body.logprobs, body.top_logprobs or 0)
     return await unless_caller_leaves(request, whole(sim.engine, completion))
 
 
@@ -378,7 +400,7 @@ def say_counts(sim: SimulatedEngine) -> None:
     print(f"{COUNTS_LINE}{sim.engine.counters.answers_whole}", flush=True)
 
 
-SIM_ROUTES: Final = [get_faults, set_faults, truth, reset_prefix_cache, info, peaks]
+SIM_ROUTES: Final = [get_faults, set_faults, truth, reset_prefix_cache, info, peaks, set_decision_answers]
 """The simulator's own routes, the same in either wire."""
 
 

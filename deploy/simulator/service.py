@@ -64,6 +64,8 @@ class SimulatedEngine:
         )
         self._rng = random.Random(self.faults.seed)
         self.started = time.time()
+        # set by POST /sim/decisions (deploy/simulator/decisions.py)
+        self.decision_answers: dict[str, dict[str, float]] = {}
         self.engine_core_dead = False  # the engine core died (a hybrid model in float32): every request 500s
 
     def engine_core_dies(self) -> bool:

@@ -1,7 +1,8 @@
 """Every request an :class:`~gateway.engine.client.EngineClient` sends, counted once and timed.
 
 The client's transport is wrapped: each request names its purpose (``verdict``, ``probe``, ``primer``,
-``check``, ``tokenize``, ``props``, ``metrics``, ``health``, ``models``) in its extensions, carries an
+``check``, ``tokenize``, ``props``, ``metrics``, ``health``, ``models``, ``decision``: a place of a
+``POST /v1/decisions`` question's answer) in its extensions, carries an
 ``X-Request-Id`` (the request it serves, or one of its own), and is reported once, when its answer's body is
 closed or it failed, with its outcome settled by what happened to the whole answer, not by its status line:
 ``ok`` (2xx, its body read to the end), ``busy`` (503 or 429: back-pressure), ``rejected`` (another 4xx),
@@ -26,10 +27,10 @@ import httpx
 from gateway.errors import UpstreamTimeout
 
 Purpose = Literal[
-    "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models",
+    "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models", "decision",
 ]
 PURPOSES: Final[tuple[Purpose, ...]] = (
-    "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models",
+    "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models", "decision",
 )
 PURPOSE_KEY: Final = "modgate.purpose"
 """The request extension that names an engine call's purpose."""

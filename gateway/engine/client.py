@@ -23,50 +23,15 @@ import msgspec
 import stamina
 
 from gateway.engine import calls
+from gateway.engine.answers import EngineAnswer, engine_failed, error_message, logprob_entries, refusal_error
 from gateway.engine.calls import PURPOSE_KEY, CallObserver, CountedTransport, Purpose
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen
 from gateway.engine.stream_lines import engine_json, sse_lines
 from gateway.engine.transport import AiohttpTransport
 from gateway.engine.usage import PlaceAnswer, Usage
 from gateway.engine.wires import DEFAULT_KIND, EngineKindSetting, EngineWire, kind_from_props, wire_for
-from gateway.errors import EngineBusy, EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
+from gateway.errors import EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
 from shaping.confidence import TokenLogprob
-
-ENGINE_REJECTED = "engine_rejected"  # the engine's own 4xx: our request was wrong, the engine is fine
-
-
-def engine_failed(exc: BaseException) -> bool:
-    """Whether an engine call's error says the engine is unhealthy (what a circuit breaker counts): not its
-    own 4xx, and not its busy answer (back-pressure from a healthy engine)."""
-    busy = isinstance(exc, EngineBusy)
-    return isinstance(exc, ServerSideError) and exc.code != ENGINE_REJECTED and not busy
-
-
-@dataclass(frozen=True, slots=True)
-class EngineAnswer:
-    """One engine call's answer and timings."""
-
-    content: str | None
-    reasoning: str | None
-    finish_reason: str | None
-    usage: Usage
-    ttft_s: float | None
-    total_s: float
-    request_id: str
-    streamed: bool
-    # every generated token's logprob (reasoning and answer, in order); None when the engine sent none
-    logprobs: tuple[TokenLogprob, ...] | None = None
-    # whether those logprobs are over what the grammar allows (vLLM) or the raw logits (llama.cpp): the wire's
-    logprobs_grammar_masked: bool = True
-    engine: str = ""  # the base URL of the engine that answered (the verdict-reuse scope is its model's)
-
-
-def _logprob_entries(choice: dict[str, Any]) -> list[TokenLogprob] | None:
-    """``choice.logprobs.content`` (vLLM's shape, streamed or not), or None when the engine sent none."""
-    logprobs = choice.get("logprobs")
-    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
-        return None
-    return [TokenLogprob.from_wire(entry) for entry in logprobs["content"] if isinstance(entry, dict)]
 
 
 @dataclass
@@ -78,13 +43,6 @@ class _StreamState:
     usage: dict[str, Any] | None = None
     first_token_at: float | None = None
     done: bool = False
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:200]
 
 
 _READS: Final = frozenset({"props", "metrics", "health", "models", "tokenize"})
@@ -203,7 +161,7 @@ class EngineClient:
     def _says_busy(self, response: httpx.Response) -> bool:
         """Whether an error answer is the engine's back-pressure (its wire's busy answers)."""
         wire = self._wire or wire_for(DEFAULT_KIND)
-        return wire.says_busy(response.status_code, _error_message(response))
+        return wire.says_busy(response.status_code, error_message(response))
 
     async def _translated(self, send: Awaitable[httpx.Response], path: str) -> httpx.Response:
         try:
@@ -330,7 +288,7 @@ class EngineClient:
             )
             if response.status_code != 200:
                 raise UpstreamError(
-                    f"engine {path} answered {response.status_code}: {_error_message(response)}"
+                    f"engine {path} answered {response.status_code}: {error_message(response)}"
                 )
             payload = response.json()
         return wire.token_count(payload)
@@ -475,15 +433,8 @@ class EngineClient:
                     with calls.settling(response, expired):
                         if response.status_code != 200:
                             await response.aread()
-                            status = response.status_code
                             wire = self._wire or wire_for(DEFAULT_KIND)
-                            said = _error_message(response)
-                            message = f"engine answered {status}: {wire.explain(said)}"
-                            if wire.says_busy(status, said):
-                                raise EngineBusy(message)
-                            if 400 <= status < 500:
-                                raise UpstreamError(message, code=ENGINE_REJECTED)
-                            raise (EngineUnavailable if status == 503 else UpstreamError)(message)
+                            raise refusal_error(wire, response.status_code, error_message(response))
                         if body.get("stream"):
                             await self._read_stream(response, state, started)
                         else:
@@ -527,7 +478,7 @@ class EngineClient:
         if reasoning:
             state.reasoning.append(reasoning)
         state.finish_reason = choice.get("finish_reason")
-        state.logprobs = _logprob_entries(choice)
+        state.logprobs = logprob_entries(choice)
         state.usage = payload.get("usage")
         state.done = True
 
@@ -588,7 +539,7 @@ class EngineClient:
                 state.reasoning.append(reasoning)
             if delta.get("content"):
                 state.content.append(delta["content"])
-            entries = _logprob_entries(choice)
+            entries = logprob_entries(choice)
             if entries is not None:
                 state.logprobs = state.logprobs or []
                 state.logprobs.extend(entries)

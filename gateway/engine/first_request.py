@@ -25,7 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from gateway.engine.client import ENGINE_REJECTED, EngineClient
+from gateway.engine.answers import ENGINE_REJECTED
+from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.engine.pool import EnginePool
 from gateway.engine.wires import read_cache_config

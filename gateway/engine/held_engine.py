@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.engine.admission import Ticket
-from gateway.engine.client import EngineAnswer, engine_failed
+from gateway.engine.answers import EngineAnswer, engine_failed
 from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.fairness import Work
 from gateway.engine.leases import LeaseRider

@@ -26,7 +26,7 @@ from gateway.http.error_handlers import EXCEPTION_HANDLERS
 from gateway.http.guards import ACTOR, CALLER, admin_token, business_key
 from gateway.http.json_body import JsonTypesPlugin
 from gateway.http.openapi import exact_openapi
-from gateway.http.routes import admin, jobs, moderations, ops, review, videos
+from gateway.http.routes import admin, decisions, jobs, moderations, ops, review, videos
 from gateway.http.services import Services, open_services
 from gateway.settings import Settings
 
@@ -73,7 +73,7 @@ def create_app(
         route_handlers=[
             Router(
                 "/",
-                route_handlers=[*moderations.ROUTES, *videos.ROUTES, *jobs.ROUTES],
+                route_handlers=[*moderations.ROUTES, *decisions.ROUTES, *videos.ROUTES, *jobs.ROUTES],
                 guards=[business_key],
                 dependencies=CALLER,
             ),

@@ -23,6 +23,7 @@ from litestar import Litestar
 from litestar._openapi.plugin import OpenAPIPlugin
 from pydantic import BaseModel
 
+from gateway.decision_wire import DecisionRequest
 from gateway.http.routes.admin import REASON_PATTERN, RollbackRequest
 from gateway.http.routes.review import ReviewLabelRequest
 from gateway.jobs.models import JobRequest
@@ -141,7 +142,8 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
     """Complete the document ``app`` serves with what its routes and settings really accept."""
     document: dict[str, Any] = app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
     schemas: dict[str, Any] = document["components"]["schemas"]
-    for model in (ModerationRequest, KeyframeBatchRequest, JobRequest, RollbackRequest, ReviewLabelRequest):
+    for model in (ModerationRequest, KeyframeBatchRequest, JobRequest, RollbackRequest, ReviewLabelRequest,
+                  DecisionRequest):
         schemas[model.__name__] = model_schema(model, schemas)
     schemas["ThinkingPolicyChange"] = policy_change(schemas)
     schemas["ModerationPolicyChange"] = policy_change(schemas, ModerationPolicy, "ModerationPolicyChange")
@@ -156,6 +158,13 @@ def exact_openapi(app: Litestar, settings: Settings) -> None:
     image_url["pattern"] = image_url_pattern(settings)
     image_url["description"] = ("its bytes must be a still JPEG, PNG or WebP (else 415) that decodes within "
                                 "the size and pixel limits (else 413 or 422)")
+    decision_image = schemas["InputImage"]["properties"]["image_url"]
+    decision_image["pattern"] = image_url_pattern(settings)
+    decision_image["description"] = image_url["description"]
+    schemas["ChoiceQuestion"]["properties"]["choices"]["description"] = (
+        "2 to 255 options, each value given once (a value given twice is a 400, as OpenAI answers it: JSON "
+        "Schema cannot state unique values inside objects); a string and a boolean of the same text differ"
+    )
     batch = schemas["KeyframeBatchRequest"]["properties"]
     batch["frames"]["maxItems"] = settings.shaping.max_frames_per_batch
     job = schemas["JobRequest"]["properties"]

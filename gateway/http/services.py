@@ -26,6 +26,7 @@ from gateway.decisions.log import (
     RedisDecisionLog,
     unlogged_counter,
 )
+from gateway.decisions.questions import MemoryQuestionLog, QuestionLog, RedisQuestionLog
 from gateway.decisions.rows import review_label_row
 from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
@@ -116,6 +117,7 @@ class Services:
     # each engine's first tiny request, sent by /readyz once it is healthy (gateway/engine/first_request.py)
     first_request: FirstRequestProbe = field(default_factory=FirstRequestProbe)
     oidc: OidcSignIn | None = None  # the console's OpenID Connect sign-in (None: MODGATE_OIDC__ISSUER unset)
+    questions: QuestionLog = field(default_factory=MemoryQuestionLog)  # one row per Decisions request
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -551,4 +553,6 @@ async def open_services(
             prefix=prefix,
             first_request=first_request,
             oidc=oidc,
+            questions=MemoryQuestionLog() if state is None else RedisQuestionLog(state, settings.decisions,
+                                                                                 unlogged),
         )

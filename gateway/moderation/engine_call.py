@@ -11,7 +11,8 @@ from typing import Any
 
 from opentelemetry import trace
 
-from gateway.engine.client import EngineAnswer, EngineClient
+from gateway.engine.answers import EngineAnswer
+from gateway.engine.client import EngineClient
 from gateway.engine.fairness import WorkModel
 from gateway.engine.leases import LeaseRider
 from gateway.engine.pool import EnginePool

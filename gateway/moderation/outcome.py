@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gateway.engine.client import EngineAnswer
+from gateway.engine.answers import EngineAnswer
 from gateway.engine.usage import Usage
 from gateway.engine.wires import IMAGE_TOKENS_UNCOUNTED
 from gateway.errors import ModgateError

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from contracts.records import Arm, RecordStore, Selection, VerdictRecord, arm_for
-from gateway.engine.client import EngineAnswer
+from gateway.engine.answers import EngineAnswer
 from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError
 from gateway.policy.rules import EngineMode, ThinkingPolicy

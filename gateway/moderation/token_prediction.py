@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from gateway.engine.client import EngineAnswer
+from gateway.engine.answers import EngineAnswer
 from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError
 from gateway.telemetry.metrics import GatewayMetrics

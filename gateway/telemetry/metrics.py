@@ -47,7 +47,8 @@ class GatewayMetrics:
             return Histogram(name, documentation, buckets=LATENCY_BUCKETS, registry=registry)
 
         self.requests = Counter(
-            "modgate_requests", "Moderation requests by outcome.", ["route", "outcome"], registry=registry
+            "modgate_requests", "Requests by route (moderations, decisions, ...) and outcome.",
+            ["route", "outcome"], registry=registry
         )
         self.frames = Counter(
             "modgate_frames",
@@ -182,9 +183,9 @@ class GatewayMetrics:
         self.engine_calls = Counter(
             "modgate_engine_calls",
             "Requests sent to each engine, by purpose (verdict, probe, primer, check, tokenize, props, "
-            "metrics, health, models) and outcome, settled when the answer ends or fails (ok: whole; busy, "
-            "rejected, error, timeout, cancelled: the caller left; circuit_open: refused by the circuit "
-            "breaker before sending).",
+            "metrics, health, models, decision) and outcome, settled when the answer ends or fails (ok: "
+            "whole; busy, rejected, error, timeout, cancelled: the caller left; circuit_open: refused by the "
+            "circuit breaker before sending).",
             ["engine", "purpose", "outcome"],
             registry=registry,
         )

@@ -9,7 +9,8 @@ import math
 
 import httpx
 
-from gateway.engine.client import EngineAnswer, EngineClient, Usage
+from gateway.engine.answers import EngineAnswer
+from gateway.engine.client import EngineClient, Usage
 from gateway.moderation.engine_call import Places, verdict_places
 from gateway.policy.rules import ThinkingDecision
 from shaping.confidence import TokenLogprob

@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
 from gateway.caller import Caller
-from gateway.engine.client import EngineAnswer, EngineClient
+from gateway.engine.answers import EngineAnswer
+from gateway.engine.client import EngineClient
 from gateway.http.auth import KeyRing
 from gateway.http.services import open_services
 from gateway.settings import Settings

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Final, Literal
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from shaping.confidence import TokenLogprob, probability
 from shaping.prefix_strategy import EngineCacheConfig
 
 TokenizeStep = tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]
@@ -100,6 +101,33 @@ class EngineWire:
     def read_place(self, payload: dict[str, Any]) -> tuple[tuple[str, float], ...] | None:
         """The (token, probability) list a :meth:`place_probe` answered, or None."""
         return None
+
+    def decision_place(
+        self, body: dict[str, Any], before: str, regex: str, top_logprobs: int
+    ) -> dict[str, Any]:
+        """A one-token request for the distribution at a decision answer's place after ``before`` (held to
+        ``regex`` from there): vLLM's list under the grammar's mask is it; ``before`` is sent as the
+        assistant's start, which vLLM continues (``continue_final_message``)."""
+        probe = {key: value for key, value in body.items() if key not in {"stream", "stream_options"}}
+        probe.update(structured_outputs={"regex": regex}, max_completion_tokens=1, logprobs=True,
+                     top_logprobs=top_logprobs)
+        if before:
+            probe["messages"] = [*body.get("messages", ()), {"role": "assistant", "content": before}]
+            probe.update(continue_final_message=True, add_generation_prompt=False)
+        return self.chat_body(probe)
+
+    def read_decision_place(self, payload: dict[str, Any]) -> tuple[tuple[str, float], ...] | None:
+        """The (token, probability) list a :meth:`decision_place` answered (the chosen token and its listed
+        alternatives), or None."""
+        try:
+            entry = payload["choices"][0]["logprobs"]["content"][0]
+        except (KeyError, IndexError, TypeError):
+            return None
+        if not isinstance(entry, dict):
+            return None
+        return tuple(
+            (text, probability(logprob)) for text, logprob in TokenLogprob.from_wire(entry).alternatives()
+        )
 
     def answer_grammar(self, body: dict[str, Any]) -> str | None:
         """The regex this engine holds the answer (after any thought) to, or None where it is not a regex

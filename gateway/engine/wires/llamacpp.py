@@ -138,6 +138,22 @@ class LlamaCppWire(EngineWire):
         except (KeyError, IndexError, TypeError, ValueError):
             return None
 
+    def decision_place(
+        self, body: dict[str, Any], before: str, regex: str, top_logprobs: int
+    ) -> dict[str, Any]:
+        """The verdict-place probe (:meth:`place_probe`) at a decision answer's place: the distribution after
+        llama.cpp's sampler chain, drawn with ``body``'s seed (a decision asks thinking off)."""
+        probe = self.place_probe(
+            {**body, "structured_outputs": {"regex": regex}, "top_logprobs": top_logprobs}, before, regex
+        )
+        if probe is None:
+            raise ValueError("a decision place is asked thinking off, with a grammar")
+        return probe
+
+    def read_decision_place(self, payload: dict[str, Any]) -> tuple[tuple[str, float], ...] | None:
+        """As a verdict place: probabilities after the chain."""
+        return self.read_place(payload)
+
     def tokenize_steps(self, body: dict[str, Any]) -> list[TokenizeStep]:
         """``/apply-template`` renders the messages, ``/tokenize`` counts the text (special tokens parsed)."""
         def count(text: str) -> dict[str, Any]:
