@@ -33,9 +33,11 @@ FLOORS: dict[str, frozenset[str]] = {
     "settings": BASE | {"console_settings", "renamed_settings", "state"},
     "policy": BASE,
     "wire": BASE | {"policy"},  # the API's vocabulary: low enough for every room that speaks it
+    "decision_wire": BASE,  # POST /v1/decisions' vocabulary (OpenAI's Decisions shape)
+    "decision_prompt": BASE | {"decision_wire"},  # a Decisions request as engine messages
     "engine": BASE | {"settings", "state"},
     "review": BASE | {"settings", "state", "policy", "wire"},
-    "decisions": BASE | {"settings", "state", "wire", "review"},
+    "decisions": BASE | {"settings", "state", "wire", "decision_wire", "review"},
     "telemetry": BASE | {"settings", "state", "engine", "wire"},
     "moderation": BASE | {
         "settings", "state", "policy", "wire", "engine", "review", "decisions", "telemetry",
