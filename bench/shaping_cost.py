@@ -7,8 +7,7 @@ hits every step alike, the CPU time of the calling thread (OpenCV held to one th
 - decode only: Pillow open + full decode to RGB;
 - the resize candidates to the ``smart_resize`` target (Pillow bicubic/bilinear, Pillow's own reducer: a box
   ``reduce`` then bilinear, or ``reducing_gap``; OpenCV nearest/linear/cubic/area, alone or after the box
-  reduce; fast_image_resize's SIMD bilinear and bicubic (cykooz-resizer), the bicubic being what shaping
-  uses), each with its PSNR against the reference, Pillow's
+  reduce, the bilinear one being what shaping uses), each with its PSNR against the reference, Pillow's
   antialiased bicubic (what Qwen's processor does). A resize is *acceptable* when it differs from the
   reference by less than the reference's own JPEG q90 round trip does: the engine could not tell;
 - encode: Pillow JPEG q90, 4:2:0, baseline;
@@ -45,7 +44,6 @@ import cv2
 import imagehash
 import numpy as np
 import PIL
-from cykooz_resizer import FilterType, ResizeAlg, ResizeOptions, Resizer
 from PIL import Image, ImageDraw, features
 
 from deploy.keyframes import LABELS, make_keyframe
@@ -120,18 +118,6 @@ def _cv2(interpolation: int) -> Resize:
     return resize
 
 
-def _simd(filter_type: FilterType) -> Resize:
-    options = ResizeOptions(resize_alg=ResizeAlg.convolution(filter_type))
-    resizer = Resizer()
-
-    def resize(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-        resized = Image.new(image.mode, size)
-        resizer.resize_pil(image, resized, options)
-        return resized
-
-    return resize
-
-
 def _reduced(then: Resize) -> Resize:
     """A box ``reduce`` by the integer part of the downscale, then ``then`` for the rest (at most 2×)."""
 
@@ -156,11 +142,7 @@ RESIZES: dict[str, Resize] = {
     "box reduce + OpenCV linear": _reduced(_cv2(cv2.INTER_LINEAR)),
     "box reduce + Pillow bilinear": _reduced(
         lambda image, size: image.resize(size, Image.Resampling.BILINEAR)),
-    "Pillow bilinear, reducing_gap 2": lambda image, size: image.resize(
-        size, Image.Resampling.BILINEAR, reducing_gap=2.0
-    ),
-    "SIMD bilinear (cykooz)": _simd(FilterType.bilinear),
-    "shaping: SIMD bicubic (cykooz)": shaping_resize,
+    "shaping: Pillow bilinear, reducing_gap 2": shaping_resize,
 }
 
 

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import io
-import threading
 from typing import Final
 
 import numpy as np
-from cykooz_resizer import FilterType, ResizeAlg, ResizeOptions, Resizer
 from PIL import Image
 
-_RESAMPLE: Final = Image.Resampling.BICUBIC
-# For frames with alpha (Pillow's bicubic): box-reduce by an integer factor first when the downscale is at
-# least twice that factor, as Pillow's own thumbnail() does.
+# RGB and grey frames: Pillow's bilinear after a box reduce by the integer part of the downscale (its own
+# reducer, as thumbnail() does), 48 dB from the reference bicubic, well inside what the q90 re-encoding
+# changes anyway, at two thirds of the bicubic's CPU (bench/shaping_cost.py, docs/performance.md). A SIMD
+# resizer was faster still, but none with a Linux arm64 wheel (the Spark's) fits the runtime's size.
+_RESAMPLE: Final = Image.Resampling.BILINEAR
+_RESAMPLE_ALPHA: Final = Image.Resampling.BICUBIC  # frames with alpha keep Pillow's bicubic
 _REDUCING_GAP: Final = 2.0
 _SUBSAMPLING: Final = "4:2:0"
 _WHITE: Final = (255, 255, 255, 255)
-# Pillow's own bicubic (Catmull-Rom, antialiased over every source pixel, what Qwen's processor uses), in
-# fast_image_resize's SIMD: as fast as OpenCV's linear pass for a 9 MB wheel instead of OpenCV's 153 MB
-# (bench/shaping_cost.py; docs/performance.md). Single-threaded: shaping already runs a frame per worker.
-_BICUBIC: Final = ResizeOptions(resize_alg=ResizeAlg.convolution(FilterType.catmull_rom))
-_resizers = threading.local()  # a Resizer keeps scratch buffers between calls: one per thread
 
 
 def resizable(image: Image.Image) -> Image.Image:
@@ -48,17 +44,11 @@ def _sixteen_bit_to_grey(image: Image.Image) -> Image.Image:
 
 
 def resize(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """To ``size``: RGB and grey by a SIMD bicubic (Pillow's own filter), frames with alpha by Pillow's."""
+    """To ``size``: RGB and grey by Pillow's reducer and bilinear, frames with alpha by its bicubic."""
     if image.size == size:
         return image
-    if image.mode not in ("RGB", "L"):
-        return image.resize(size, _RESAMPLE, reducing_gap=_REDUCING_GAP)
-    resizer = getattr(_resizers, "resizer", None)
-    if resizer is None:
-        resizer = _resizers.resizer = Resizer()
-    resized = Image.new(image.mode, size)
-    resizer.resize_pil(image, resized, _BICUBIC)
-    return resized
+    resample = _RESAMPLE if image.mode in ("RGB", "L") else _RESAMPLE_ALPHA
+    return image.resize(size, resample, reducing_gap=_REDUCING_GAP)
 
 
 def flatten_to_rgb(image: Image.Image) -> Image.Image:
