@@ -54,6 +54,10 @@ class JobStore(Protocol):
         """The pieces of the job's work kept so far (by name)."""
         ...
 
+    async def drop_parts(self, job_id: str) -> None:
+        """The job has finished: its pieces of work are no longer needed."""
+        ...
+
     async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:
         """Whether this gateway may deliver the job's webhook now (no one else is)."""
         ...

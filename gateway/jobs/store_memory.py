@@ -107,6 +107,10 @@ class MemoryJobStore:
         """The pieces kept so far."""
         return dict(self._parts.get(job_id, {}))
 
+    async def drop_parts(self, job_id: str) -> None:
+        """Forget the pieces (completing the job forgets them too)."""
+        self._parts.pop(job_id, None)
+
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome."""
         if (record := self._records.get(job_id)) is not None:

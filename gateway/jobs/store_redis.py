@@ -250,6 +250,11 @@ class RedisJobStore:
             raw = await self._redis.hgetall(f"{self.job_key(job_id)}:parts")
         return {as_text(name): as_text(value) for name, value in raw.items()}
 
+    async def drop_parts(self, job_id: str) -> None:
+        """Delete the pieces (left alone, they expire with the job)."""
+        async with unreachable("drop the job's work"):
+            await self._redis.delete(f"{self.job_key(job_id)}:parts")
+
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome with the job."""
         async with unreachable("record the webhook"):
