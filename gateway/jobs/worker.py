@@ -186,7 +186,8 @@ class JobWorker:
                         self.moderation, request, caller, priority,
                         lambda done, total: self._progress(job_id, done, total),
                         Answered(load=lambda: self.store.parts(job_id),
-                                 save=lambda name, value: self.store.save_part(job_id, name, value)),
+                                 save=lambda name, value: self.store.save_part(job_id, name, value),
+                                 video=lambda: self.store.video(job_id)),
                     )
                 else:
                     response = await moderate_keyframes(
