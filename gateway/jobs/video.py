@@ -90,10 +90,11 @@ class Answered:
     video: Callable[[], Awaitable[bytes | None]]  # a posted video's bytes, kept beside the job
 
 
-def frame_decision_id(job_id: str, timestamp_ms: int) -> str:
+def frame_decision_id(job_id: str, timestamp_ms: int, index: int) -> str:
     """A video job's frame's ``decision_id``: the same on every attempt (``dec-`` and 32 hex digits, as a
-    fresh one has, from the job and the frame's time in the video)."""
-    return f"dec-{hashlib.sha256(f'{job_id}:{timestamp_ms}'.encode()).hexdigest()[:32]}"
+    fresh one has, from the job, the frame's time in the video and its place among the judged frames: a
+    cut is the same on every attempt)."""
+    return f"dec-{hashlib.sha256(f'{job_id}:{timestamp_ms}:{index}'.encode()).hexdigest()[:32]}"
 
 
 def chunk_name(frames: list[CutFrame]) -> str:
@@ -282,7 +283,7 @@ class VideoJobs:
             if name in kept:
                 answer = KeyframeBatchResponse.model_validate_json(kept[name])
             else:
-                answer = await self._judge(moderation, request, caller, priority, chunk)
+                answer = await self._judge(moderation, request, caller, priority, chunk, start)
                 if answered is not None:  # kept even if the attempt is cancelled now: its rows are logged
                     with contextlib.suppress(ClientError, ServerSideError):
                         await asyncio.shield(answered.save(name, answer.model_dump_json()))
@@ -300,7 +301,7 @@ class VideoJobs:
     @staticmethod
     async def _judge(
         moderation: ModerationService, request: JobRequest, caller: Caller, priority: int,
-        chunk: list[CutFrame],
+        chunk: list[CutFrame], start: int,
     ) -> KeyframeBatchResponse:
         """One chunk of the cut's frames through the keyframe batch path, each with its stable decision id."""
         frames = [
@@ -314,7 +315,8 @@ class VideoJobs:
         job = caller.job_id or request.video_id
         return await moderate_keyframes(
             moderation, request.video_id, batch, caller, None, priority=priority,
-            decision_ids=[frame_decision_id(job, frame.timestamp_ms) for frame in chunk],
+            decision_ids=[frame_decision_id(job, frame.timestamp_ms, start + number)
+                          for number, frame in enumerate(chunk)],
         )
 
 
