@@ -66,9 +66,11 @@ class JobService:
             )
 
     async def submit(
-        self, request: JobRequest, caller: Caller, idempotency_key: str | None
+        self, request: JobRequest, caller: Caller, idempotency_key: str | None, *, upload: bytes | None = None
     ) -> tuple[Job, bool]:
-        """Check and store a job; answers it and whether it is new (False: an idempotent replay)."""
+        """Check and store a job; answers it and whether it is new (False: an idempotent replay).
+
+        ``upload``: a multipart job's video file (its request's video URL then names the stored video)."""
         check_video_id(request.video_id)
         frames = request.frames or []
         if len(frames) > self.settings.max_frames:
@@ -84,7 +86,7 @@ class JobService:
                 raise InvalidRequest(
                     "this gateway takes no video jobs", param="video", code="video_unsupported"
                 )
-            posted = await self.videos.check(request)
+            posted = await self.videos.check(request, upload)
         await self._check_frames(frames)
         idempotency = None
         if idempotency_key is not None:
@@ -106,10 +108,11 @@ class JobService:
                 code="job_backlog_full",
             )
         now = unix_now()
+        sent = body.encode() if upload is None else body.encode() + hashlib.sha256(upload).digest()
         record = JobRecord(
             id=f"job_{uuid.uuid4().hex}",
             tenant=caller.tenant,
-            fingerprint=hashlib.sha256(body.encode()).hexdigest(),
+            fingerprint=hashlib.sha256(sent).hexdigest(),
             video_id=request.video_id,
             frames=len(frames),  # a video's: 0 until it is cut
             request=stored_body,

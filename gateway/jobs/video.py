@@ -169,9 +169,9 @@ class VideoJobs:
             allow_sparser=bool(asked and asked.allow_sparser),
         )
 
-    async def check(self, request: JobRequest) -> bytes | None:
+    async def check(self, request: JobRequest, upload: bytes | None = None) -> bytes | None:
         """At submission: what can be told without decoding a frame (a clear 4xx at once); a posted video's
-        bytes (None for a URL, fetched by the worker)."""
+        bytes (``upload``: a multipart file's; else a ``data:`` URL's; None for a URL the worker fetches)."""
         assert request.video is not None
         if not video_support():
             raise InvalidRequest(
@@ -199,6 +199,8 @@ class VideoJobs:
         self._probing += 1
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
+                if upload is not None:
+                    return await self._rejecting(self.probes or self.executor, self._probe_bytes, upload)
                 return await self._rejecting(self.probes or self.executor, self._probe, url)
         except TimeoutError as exc:
             raise UnprocessableImage(
@@ -209,7 +211,9 @@ class VideoJobs:
             self._probing -= 1
 
     def _probe(self, url: str) -> bytes:
-        data = decode_video_data_url(url, self.settings.max_bytes)
+        return self._probe_bytes(decode_video_data_url(url, self.settings.max_bytes))
+
+    def _probe_bytes(self, data: bytes) -> bytes:
         probe_video(data, self.limits)
         return data
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import redis.asyncio as aioredis
 
+from cli.embedded import ThreadedServer
 from deploy.simulator import Faults
 from deploy.videos import make_video
 from gateway.jobs.store_redis import RedisJobStore
@@ -36,3 +37,28 @@ async def test_a_posted_videos_bytes_wait_beside_the_job_and_go_when_it_finishes
         assert await state.exists(f"{key}:video", f"{key}:parts") == 0
     finally:
         await state.aclose()
+
+
+async def test_a_multipart_idempotency_key_replays_its_job_for_the_same_file_and_refuses_another(
+    gateway: ThreadedServer,
+) -> None:
+    """The file's bytes go to the job as they are: the request's fingerprint covers them."""
+    first, second = make_video(VIOLENT_MIDDLE), make_video(VIOLENT_MIDDLE[:2])
+    job = (None, '{"video_id": "idem-1"}', "application/json")
+    headers = {"Idempotency-Key": "multipart-idem-1"}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        original = await client.post("/v1/jobs", files={"video": ("a.mp4", first, "video/mp4"), "job": job},
+                                     headers=headers)
+        again = await client.post("/v1/jobs", files={"video": ("a.mp4", first, "video/mp4"), "job": job},
+                                  headers=headers)
+        other = await client.post("/v1/jobs", files={"video": ("b.mp4", second, "video/mp4"), "job": job},
+                                  headers=headers)
+    assert (original.status_code, again.status_code, other.status_code) == (202, 202, 409)
+    assert again.json()["id"] == original.json()["id"]
+
+
+async def test_a_json_body_naming_the_stored_video_is_refused(gateway: ThreadedServer) -> None:
+    body = {"video_id": "named-1", "video": {"url": STORED_VIDEO}}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+        answer = await client.post("/v1/jobs", json=body)
+    assert answer.status_code == 400, answer.text
