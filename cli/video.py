@@ -55,15 +55,19 @@ def moderate(
     ] = "http://127.0.0.1:8080",
     api_key: Annotated[str | None, typer.Option(envvar="MODGATE_API_KEY", help="A business API key.")] = None,
     video_id: Annotated[str | None, typer.Option(help="The video's id (default: the file's name).")] = None,
-    max_fps: Annotated[float | None, typer.Option(help="Frames cut per second of video at most.")] = None,
+    max_fps: Annotated[float | None, typer.Option(help="Shot changes taken per second at most.")] = None,
+    max_gap_s: Annotated[
+        float | None, typer.Option(help="A judged frame in every stretch this long (a sparser sample).")
+    ] = None,
     timeout_s: Annotated[float, typer.Option(help="How long to wait for the job.")] = 600.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the finished job's JSON.")] = False,
 ) -> None:
     """Post a video job, show its progress, and print its segments (or the job as JSON)."""
     name = video_id or "".join(c if c.isalnum() or c in "._:-" else "-" for c in Path(source).name)[:200]
     body: dict[str, Any] = {"video_id": name or "video", "video": {"url": video_source(source)}}
-    if max_fps is not None:
-        body["sampling"] = {"max_fps": max_fps}
+    sampling = {"max_fps": max_fps, "max_gap_s": max_gap_s}
+    if any(value is not None for value in sampling.values()):
+        body["sampling"] = {name: value for name, value in sampling.items() if value is not None}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(base_url=gateway_url.rstrip("/"), headers=headers, timeout=60) as client:
         accepted = client.post("/v1/jobs", json=body)

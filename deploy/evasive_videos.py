@@ -128,9 +128,13 @@ def corpus(size: tuple[int, int] = (320, 180), fps: float = 10) -> list[EvasiveV
     shift = resized_at_ms(spliced, big) - 4000  # the splice on the joined stream's own clock
     videos.append(EvasiveVideo("mid-stream size change (MPEG-TS)", spliced, ((4000 + shift, 8000 + shift),),
                                12000 + shift))
-    videos.append(EvasiveVideo("rotation metadata", encode(
-        held(calm, 0, 4, fps) + held(violent, 4000, 4, fps) + held(calm2, 8000, 4, fps), size=size,
-        rotation=90), ((4000, 8000),), 12000))
+    # a phone's portrait video: stored on its side, shown upright by its display rotation (the label's
+    # markers are at the top of the picture as shown, on its left edge as stored)
+    upright = [render_keyframe(label, h, w, seed).rotate(-90, expand=True)
+               for label, seed in (("allow", 1), ("block:violence", 2), ("allow", 3))]
+    videos.append(EvasiveVideo("rotation metadata (portrait)", encode(
+        held(upright[0], 0, 4, fps) + held(upright[1], 4000, 4, fps) + held(upright[2], 8000, 4, fps),
+        size=size, rotation=90), ((4000, 8000),), 12000))
     return videos
 
 

@@ -18,9 +18,9 @@ import httpx
 
 from gateway.caller import Caller
 from gateway.errors import Conflict, InvalidRequest, NotFound, Overloaded
-from gateway.jobs.models import Job, JobRecord, JobRequest, JobReview, unix_now
+from gateway.jobs.models import Job, JobRecord, JobRequest, JobReview, VideoSource, unix_now
 from gateway.jobs.store import JobStore
-from gateway.jobs.video import VideoJobs
+from gateway.jobs.video import STORED_VIDEO, VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
 from gateway.jobs.worker import JobWorker
 from gateway.moderation.keyframe_batch import Keyframe, check_video_id
@@ -66,9 +66,11 @@ class JobService:
             )
 
     async def submit(
-        self, request: JobRequest, caller: Caller, idempotency_key: str | None
+        self, request: JobRequest, caller: Caller, idempotency_key: str | None, *, upload: bytes | None = None
     ) -> tuple[Job, bool]:
-        """Check and store a job; answers it and whether it is new (False: an idempotent replay)."""
+        """Check and store a job; answers it and whether it is new (False: an idempotent replay).
+
+        ``upload``: a multipart job's video file (its request's video URL then names the stored video)."""
         check_video_id(request.video_id)
         frames = request.frames or []
         if len(frames) > self.settings.max_frames:
@@ -78,12 +80,13 @@ class JobService:
             )
         if request.webhook_url is not None:
             self._check_webhook_url(request.webhook_url)
+        posted: bytes | None = None
         if request.video is not None:
             if self.videos is None:
                 raise InvalidRequest(
                     "this gateway takes no video jobs", param="video", code="video_unsupported"
                 )
-            await self.videos.check(request)
+            posted = await self.videos.check(request, upload)
         await self._check_frames(frames)
         idempotency = None
         if idempotency_key is not None:
@@ -94,6 +97,10 @@ class JobService:
                 )
             idempotency = hashlib.sha256(f"{caller.tenant}\0{idempotency_key}".encode()).hexdigest()
         body = request.model_dump_json()
+        # A posted video's bytes are kept beside the job, as they are: its stored request names them only
+        # (a read of the job never carries 4/3 of the video in base64), and they go when the job finishes.
+        stored_body = body if posted is None else request.model_copy(
+            update={"video": VideoSource(url=STORED_VIDEO)}).model_dump_json()
         if await self.store.backlog() >= self.settings.max_backlog:
             raise Overloaded(
                 f"{self.settings.max_backlog} jobs are already waiting",
@@ -101,19 +108,24 @@ class JobService:
                 code="job_backlog_full",
             )
         now = unix_now()
+        sent = body.encode() if upload is None else body.encode() + hashlib.sha256(upload).digest()
         record = JobRecord(
             id=f"job_{uuid.uuid4().hex}",
             tenant=caller.tenant,
-            fingerprint=hashlib.sha256(body.encode()).hexdigest(),
+            fingerprint=hashlib.sha256(sent).hexdigest(),
             video_id=request.video_id,
             frames=len(frames),  # a video's: 0 until it is cut
-            request=body,
+            request=stored_body,
             created_at=now,
             updated_at=now,
             webhook_url=request.webhook_url,
             webhook_status="pending" if request.webhook_url else None,
         )
+        if posted is not None:
+            await self.store.save_video(record.id, posted)
         stored, created = await self.store.submit(record, idempotency)
+        if not created and posted is not None:  # an idempotent replay: the job has its video already
+            await self.store.drop_parts(record.id)
         if not created and (stored.tenant != caller.tenant or stored.fingerprint != record.fingerprint):
             raise Conflict(
                 "this Idempotency-Key was used for a different request",

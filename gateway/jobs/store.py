@@ -54,6 +54,19 @@ class JobStore(Protocol):
         """The pieces of the job's work kept so far (by name)."""
         ...
 
+    async def drop_parts(self, job_id: str) -> None:
+        """The job has finished: its pieces of work (and its video) are no longer needed."""
+        ...
+
+    async def save_video(self, job_id: str, data: bytes) -> None:
+        """Keep a video job's bytes beside the job (not in its request: a read of the job never carries
+        them), until the job finishes."""
+        ...
+
+    async def video(self, job_id: str) -> bytes | None:
+        """A video job's bytes (None: gone, e.g. expired)."""
+        ...
+
     async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:
         """Whether this gateway may deliver the job's webhook now (no one else is)."""
         ...

@@ -250,6 +250,22 @@ class RedisJobStore:
             raw = await self._redis.hgetall(f"{self.job_key(job_id)}:parts")
         return {as_text(name): as_text(value) for name, value in raw.items()}
 
+    async def drop_parts(self, job_id: str) -> None:
+        """Delete the pieces and the video (left alone, they expire with the job's time to live)."""
+        async with unreachable("drop the job's work"):
+            await self._redis.delete(f"{self.job_key(job_id)}:parts", f"{self.job_key(job_id)}:video")
+
+    async def save_video(self, job_id: str, data: bytes) -> None:
+        """The bytes as they are (no base64), in a key of their own beside the job's hash."""
+        async with unreachable("keep the job's video"):
+            await self._redis.set(f"{self.job_key(job_id)}:video", data, ex=self.ttl_s)
+
+    async def video(self, job_id: str) -> bytes | None:
+        """The video's bytes, or None."""
+        async with unreachable("read the job's video"):
+            data = await self._redis.get(f"{self.job_key(job_id)}:video")
+        return data.encode() if isinstance(data, str) else data
+
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome with the job."""
         async with unreachable("record the webhook"):

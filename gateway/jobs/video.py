@@ -74,6 +74,7 @@ from shaping.video import (
 T = TypeVar("T")
 MAX_DECODED_FPS = 60  # the decoded-frame cap: 60 frames a second of the duration limit (36,000 at 600 s)
 PROBE_TIMEOUT_S = 10.0  # a submission's probe (its packets demuxed, no frame decoded)
+STORED_VIDEO = "modgate:stored-video"  # a stored request's video URL: its bytes are kept beside the job
 PROBE_WORKERS = 2  # submission probes at once, on threads of their own; as many more may wait, then 429
 Progress = Callable[[int, int], Awaitable[None]]
 """``(frames_done, frames_total)``: told after each chunk of frames is judged."""
@@ -86,12 +87,14 @@ class Answered:
 
     load: Callable[[], Awaitable[dict[str, str]]]
     save: Callable[[str, str], Awaitable[None]]
+    video: Callable[[], Awaitable[bytes | None]]  # a posted video's bytes, kept beside the job
 
 
-def frame_decision_id(job_id: str, timestamp_ms: int) -> str:
+def frame_decision_id(job_id: str, timestamp_ms: int, index: int) -> str:
     """A video job's frame's ``decision_id``: the same on every attempt (``dec-`` and 32 hex digits, as a
-    fresh one has, from the job and the frame's time in the video)."""
-    return f"dec-{hashlib.sha256(f'{job_id}:{timestamp_ms}'.encode()).hexdigest()[:32]}"
+    fresh one has, from the job, the frame's time in the video and its place among the judged frames: a
+    cut is the same on every attempt)."""
+    return f"dec-{hashlib.sha256(f'{job_id}:{timestamp_ms}:{index}'.encode()).hexdigest()[:32]}"
 
 
 def chunk_name(frames: list[CutFrame]) -> str:
@@ -166,8 +169,9 @@ class VideoJobs:
             allow_sparser=bool(asked and asked.allow_sparser),
         )
 
-    async def check(self, request: JobRequest) -> None:
-        """At submission: what can be told without decoding a frame (a clear 4xx at once)."""
+    async def check(self, request: JobRequest, upload: bytes | None = None) -> bytes | None:
+        """At submission: what can be told without decoding a frame (a clear 4xx at once); a posted video's
+        bytes (``upload``: a multipart file's; else a ``data:`` URL's; None for a URL the worker fetches)."""
         assert request.video is not None
         if not video_support():
             raise InvalidRequest(
@@ -186,7 +190,7 @@ class VideoJobs:
                 self.fetcher.check_url(url)
             except ClientError as exc:
                 raise video_fetch_error(exc) from exc
-            return
+            return None
         if self.sampling(request).max_frames < 1:
             raise InvalidRequest("max_frames must be at least 1", param="sampling.max_frames")
         if self._probing >= 2 * PROBE_WORKERS:
@@ -195,7 +199,9 @@ class VideoJobs:
         self._probing += 1
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
-                await self._rejecting(self.probes or self.executor, self._probe, url)
+                if upload is not None:
+                    return await self._rejecting(self.probes or self.executor, self._probe_bytes, upload)
+                return await self._rejecting(self.probes or self.executor, self._probe, url)
         except TimeoutError as exc:
             raise UnprocessableImage(
                 f"the video was not probed within {PROBE_TIMEOUT_S:g} s",
@@ -204,13 +210,25 @@ class VideoJobs:
         finally:
             self._probing -= 1
 
-    def _probe(self, url: str) -> None:
-        probe_video(decode_video_data_url(url, self.settings.max_bytes), self.limits)
+    def _probe(self, url: str) -> bytes:
+        return self._probe_bytes(decode_video_data_url(url, self.settings.max_bytes))
 
-    async def load(self, request: JobRequest) -> bytes:
-        """The video's bytes: fetched (URL) or decoded (``data:`` URL)."""
+    def _probe_bytes(self, data: bytes) -> bytes:
+        probe_video(data, self.limits)
+        return data
+
+    async def load(self, request: JobRequest, answered: Answered | None = None) -> bytes:
+        """The video's bytes: kept beside the job (posted), fetched (URL) or decoded (``data:`` URL)."""
         assert request.video is not None
         url = request.video.url
+        if url == STORED_VIDEO:
+            data = await answered.video() if answered is not None else None
+            if data is None:
+                raise UnprocessableImage(
+                    "the job's video is no longer kept (its time to live passed): submit it again",
+                    code="video_unavailable", param="video",
+                )
+            return data
         if is_remote_url(url):
             if self.fetcher is None:
                 raise InvalidRequest("video URLs are not fetched by this gateway", param="video.url")
@@ -249,7 +267,7 @@ class VideoJobs:
         for an attempt that has already failed). Each frame's ``decision_id`` is stable per job and frame,
         and each chunk's answer is kept with the job (``answered``): a retried attempt takes the chunks
         already judged from there and asks only for the rest."""
-        data = await self.load(request)
+        data = await self.load(request, answered)
         started = time.monotonic()
         cut = await self.cut(data, self.sampling(request))
         c = cut.coverage
@@ -269,7 +287,7 @@ class VideoJobs:
             if name in kept:
                 answer = KeyframeBatchResponse.model_validate_json(kept[name])
             else:
-                answer = await self._judge(moderation, request, caller, priority, chunk)
+                answer = await self._judge(moderation, request, caller, priority, chunk, start)
                 if answered is not None:  # kept even if the attempt is cancelled now: its rows are logged
                     with contextlib.suppress(ClientError, ServerSideError):
                         await asyncio.shield(answered.save(name, answer.model_dump_json()))
@@ -287,7 +305,7 @@ class VideoJobs:
     @staticmethod
     async def _judge(
         moderation: ModerationService, request: JobRequest, caller: Caller, priority: int,
-        chunk: list[CutFrame],
+        chunk: list[CutFrame], start: int,
     ) -> KeyframeBatchResponse:
         """One chunk of the cut's frames through the keyframe batch path, each with its stable decision id."""
         frames = [
@@ -301,7 +319,8 @@ class VideoJobs:
         job = caller.job_id or request.video_id
         return await moderate_keyframes(
             moderation, request.video_id, batch, caller, None, priority=priority,
-            decision_ids=[frame_decision_id(job, frame.timestamp_ms) for frame in chunk],
+            decision_ids=[frame_decision_id(job, frame.timestamp_ms, start + number)
+                          for number, frame in enumerate(chunk)],
         )
 
 

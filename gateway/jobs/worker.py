@@ -186,7 +186,8 @@ class JobWorker:
                         self.moderation, request, caller, priority,
                         lambda done, total: self._progress(job_id, done, total),
                         Answered(load=lambda: self.store.parts(job_id),
-                                 save=lambda name, value: self.store.save_part(job_id, name, value)),
+                                 save=lambda name, value: self.store.save_part(job_id, name, value),
+                                 video=lambda: self.store.video(job_id)),
                     )
                 else:
                     response = await moderate_keyframes(
@@ -210,8 +211,8 @@ class JobWorker:
                 await self._fail(job_id, ServerSideError("internal error"), video=request.video is not None)
                 return record
             done = await self._complete(job_id, "succeeded", result=response.model_dump_json())
-            if done and request.video is not None:
-                self.moderation.metrics.video_jobs.labels("succeeded", "ok").inc()
+            if request.video is not None:
+                await self._finished_video(job_id, "succeeded" if done else None, "ok")
             log.info("job %s %s", job_id, "succeeded" if done else "was already finished elsewhere")
             return record
 
@@ -221,8 +222,16 @@ class JobWorker:
 
     async def _fail(self, job_id: str, exc: ModgateError, *, video: bool = False) -> None:
         error = JobError(message=exc.message, type=exc.type, code=exc.code).model_dump_json()
-        if await self._complete(job_id, "failed", error=error) and video:
-            self.moderation.metrics.video_jobs.labels("failed", exc.code).inc()
+        done = await self._complete(job_id, "failed", error=error)
+        if video:
+            await self._finished_video(job_id, "failed" if done else None, exc.code)
+
+    async def _finished_video(self, job_id: str, status: JobStatus | None, code: str) -> None:
+        """A video job has finished (``status`` None: elsewhere): counted once, its kept chunks dropped."""
+        if status is not None:
+            self.moderation.metrics.video_jobs.labels(status, code).inc()
+        with contextlib.suppress(StateUnavailable):  # left alone, they expire with the job
+            await self.store.drop_parts(job_id)
 
     async def _complete(
         self, job_id: str, status: JobStatus, *, result: str | None = None, error: str | None = None

@@ -106,9 +106,10 @@ class _Picker:
                 self.covered.append(Covered(timestamp_ms, reason, index, reused=True))
                 return
         buffer = io.BytesIO()
-        frame.to_image().save(  # type: ignore[no-untyped-call]  # PyAV's stub leaves it untyped
-            buffer, "JPEG", quality=JPEG_QUALITY
-        )
+        picture = frame.to_image()  # type: ignore[no-untyped-call]  # PyAV's stub leaves it untyped
+        if frame.rotation:  # as it is displayed (counter-clockwise degrees, as FFmpeg's autorotate turns it)
+            picture = picture.rotate(frame.rotation, expand=True)
+        picture.save(buffer, "JPEG", quality=JPEG_QUALITY)
         self.covered.append(Covered(timestamp_ms, reason, len(self.judged), reused=False))
         self.judged.append(CutFrame(timestamp_ms, reason, buffer.getvalue()))
         self.looks.append(look)

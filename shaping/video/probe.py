@@ -99,10 +99,11 @@ def check_limits(info: VideoInfo, limits: VideoLimits) -> None:
 
 def measured_duration_ms(
     container: av.container.InputContainer, stream: av.video.stream.VideoStream, limits: VideoLimits
-) -> int:
-    """The end of the stream's last packet, read from the packets' timestamps (demuxed, not decoded): a
-    container may state no duration (live Matroska or WebM, raw H.264) or a false one. Reading stops at
-    the first packet past the duration limit (:class:`VideoTooLong`) or the frame cap."""
+) -> tuple[int, int]:
+    """The end of the stream's last packet, read from the packets' timestamps (demuxed, not decoded), and
+    how many packets it has: a container may state no duration (live Matroska or WebM, raw H.264) or a
+    false one. Reading stops at the first packet past the duration limit (:class:`VideoTooLong`) or the
+    frame cap."""
     start = stream.start_time or 0
     time_base = Fraction(stream.time_base) if stream.time_base is not None else Fraction(1, 1000)
     end_ms, packets = 0, 0
@@ -115,7 +116,7 @@ def measured_duration_ms(
         end_ms = max(end_ms, int((packet.pts - start + (packet.duration or 0)) * time_base * 1000))
         if end_ms > limits.max_duration_s * 1000:
             raise VideoTooLong(f"the video runs past the {limits.max_duration_s:g} s limit")
-    return end_ms
+    return end_ms, packets
 
 
 def probe_video(data: bytes, limits: VideoLimits) -> VideoInfo:
@@ -143,9 +144,16 @@ def probe_video(data: bytes, limits: VideoLimits) -> VideoInfo:
         )
         check_limits(info, limits)
         try:
-            measured = measured_duration_ms(container, stream, limits)
+            measured, packets = measured_duration_ms(container, stream, limits)
         except av.FFmpegError as exc:
             raise VideoDecodeFailed(f"the video's packets could not be read ({exc})"[:300]) from exc
+    if info.frames and packets < info.frames and info.duration_ms - measured > 1000:
+        raise VideoDecodeFailed(
+            f"the video is truncated: its packets end at {measured / 1000:.1f} s of the "
+            f"{info.duration_ms / 1000:.1f} s its header states"
+        )
+    if packets == 1:  # a one-picture GIF, or a video of one frame: a still, judged as a still is
+        raise UnsupportedVideoCodec("the file holds one picture, a still image: send stills as frames")
     return replace(info, duration_ms=max(info.duration_ms, measured))
 
 

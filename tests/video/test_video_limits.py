@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -104,3 +105,13 @@ async def test_a_submission_gets_a_429_with_retry_after_when_every_probe_is_busy
         release.set()
         await asyncio.gather(*waiting)
         probes.shutdown()
+
+
+async def test_a_one_picture_gif_sent_as_a_video_gets_a_415_that_says_it_is_a_still(
+    gateway: ThreadedServer,
+) -> None:
+    gif = io.BytesIO()
+    CALM.save(gif, "GIF")
+    answer = await submit(gateway, job_body("gif-1", gif.getvalue()))
+    assert answer.status_code == 415, answer.text
+    assert "still image" in error_body(answer)["message"]

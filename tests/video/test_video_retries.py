@@ -65,6 +65,8 @@ async def test_a_retried_video_job_leaves_one_decision_row_per_frame_and_asks_no
         job = await poll_async(done, 30, "the video job to finish")
         # the decision log lives on the app's own event loop (a Redis client is bound to it)
         rows = (await asyncio.to_thread(client.blocking_portal.call, moderation.decisions.live, since)).rows
+        store = app.state.services.jobs.store
+        kept = await asyncio.to_thread(client.blocking_portal.call, store.parts, accepted.json()["id"])
     assert job["status"] == "succeeded", job
     assert job["attempts"] == 2
     assert job["result"]["coverage"]["sent"] == 12
@@ -73,3 +75,4 @@ async def test_a_retried_video_job_leaves_one_decision_row_per_frame_and_asks_no
     logged = [row.decision_id for row in rows if row.decision_id in ours]
     assert sorted(logged) == sorted(ours)  # one row per judged frame, none twice
     assert failing.frames_asked == 12  # the first chunk's 8 were not asked again
+    assert kept == {}  # the chunks kept for a retry are dropped once the job has finished
