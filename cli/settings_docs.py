@@ -1,13 +1,15 @@
 """docs/settings.md, written from the settings model: ``python -m cli.settings_docs``.
 
 Each variable's name comes from the model (``MODGATE_<GROUP>__<NAME>``), its default from
-the field, and its meaning from the comments beside the field in gateway/settings.py, so a setting added
-there is documented by running this again (tests/layout/test_settings_docs.py fails until it is).
+the field, and its meaning from the comments beside the field in its group's own source file
+(gateway/settings/, gateway/console_settings.py), so a setting added there is documented by running this
+again (tests/layout/test_settings_docs.py fails until it is).
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import io
 import sys
 import tokenize
@@ -18,11 +20,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from gateway import settings as settings_module
 from gateway.renamed_settings import NESTED, PREFIX, RENAMED_COMMAND_ENVVARS, deprecated_env_names
 from gateway.settings import Settings
 
-SOURCE = Path(settings_module.__file__)
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 
 
@@ -78,14 +78,25 @@ def _rows(model: type[BaseModel], prefix: str, comments: dict[tuple[str, str], s
     return rows
 
 
+def _group_comments(groups: list[type[BaseModel]]) -> dict[tuple[str, str], str]:
+    """Every group's field comments, each read from the file the group is defined in."""
+    comments: dict[tuple[str, str], str] = {}
+    for source in dict.fromkeys(inspect.getsourcefile(group) for group in groups):
+        if source is not None:
+            comments |= field_comments(Path(source).read_text())
+    return comments
+
+
 def settings_markdown() -> str:
     """The whole page."""
-    comments = field_comments(SOURCE.read_text())
+    groups = [field.annotation for field in Settings.model_fields.values()]
+    comments = _group_comments([g for g in groups if isinstance(g, type) and issubclass(g, BaseModel)])
     out = [
         "# Settings",
         "",
         "Use this page to configure the gateway: every environment variable it reads, its default and what",
-        "it changes. Written from gateway/settings.py by `python -m cli.settings_docs`; do not edit.",
+        "it changes. Written from the settings model (gateway/settings/) by `python -m cli.settings_docs`;",
+        "do not edit.",
         "",
         f"Every setting is `{PREFIX}<GROUP>{NESTED}<NAME>`, its group and its name joined by `{NESTED}`",
         "(`MODGATE_ENGINE__URL`, `MODGATE_SERVER__PORT`). A group can also be set whole, as JSON",

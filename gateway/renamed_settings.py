@@ -20,7 +20,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 if TYPE_CHECKING:
-    # the groups the old names map into: settings.py imports this module to read them, so names only here
+    # the groups the old names map into: gateway/settings imports this module to read them, so names only here
     from gateway.settings import AuthSettings, EngineSettings, RedisSettings, ServerSettings
 
 PREFIX, NESTED = "MODGATE_", "__"

@@ -49,7 +49,7 @@ FLOORS["http"] = frozenset(FLOORS) | {"console_settings", "renamed_settings"}
 
 
 def room(path: Path) -> str:
-    """``gateway/engine/client.py`` is in the room ``engine``; ``gateway/settings.py`` is ``settings``."""
+    """``gateway/engine/client.py`` is in room ``engine``, ``gateway/settings/process.py`` in ``settings``."""
     first = path.relative_to(GATEWAY).parts[0]
     return first.removesuffix(".py")
 

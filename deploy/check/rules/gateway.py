@@ -11,7 +11,7 @@ from deploy.check.compose import Deployment
 from deploy.check.model import DEFAULT_MAX_INFLIGHT, EnvEntry, Finding, Service, gateway_setting, where
 
 _SCHEDULING_POLICIES = ("fcfs", "priority")
-# The gateway setting that makes it send priorities (gateway/settings.py EngineSettings.use_priority).
+# The gateway setting that makes it send priorities (gateway/settings/engine.py EngineSettings.use_priority).
 USE_PRIORITY_VARIABLE = "MODGATE_ENGINE__USE_PRIORITY"
 
 

@@ -15,8 +15,8 @@ from deploy.check.rules.gateway import _engine_for, _setting
 
 SEED_PROMPT_TOKENS = 1076  # the seed's request: 416 system + 660 image tokens
 SEED_IMAGE_TOKENS = 660
-DEFAULT_IMAGE_TOKEN_BUDGET = 660  # gateway/settings.py ShapingSettings.image_token_budget
-DEFAULT_MAX_THINKING_OUTPUT = 512  # gateway/settings.py EngineSettings.max_completion_tokens_thinking
+DEFAULT_IMAGE_TOKEN_BUDGET = 660  # gateway/settings/request_path.py ShapingSettings.image_token_budget
+DEFAULT_MAX_THINKING_OUTPUT = 512  # gateway/settings/engine.py EngineSettings.max_completion_tokens_thinking
 _LAYERS_VARIABLE = "MODEL_LAYERS"  # the GGUF's block count, from .env.llamacpp (compose does not read it)
 
 
