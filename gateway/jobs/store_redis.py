@@ -3,7 +3,6 @@ for the steps that must be atomic (see gateway/jobs/__init__.py for why each ste
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Final
 
 import redis.asyncio as aioredis
@@ -20,9 +19,7 @@ from gateway.jobs.models import (
     as_text,
     unix_now,
 )
-from gateway.state import run_replicated, unreachable_is_503
-
-unreachable = partial(unreachable_is_503, "the job store")  # a Redis failure: 503 state_unavailable
+from gateway.stream_store import RedisStreamStore
 
 STREAM: Final = "modgate:jobs"
 GROUP: Final = "gateways"
@@ -77,10 +74,8 @@ return 1
 """
 
 
-class RedisJobStore:
+class RedisJobStore(RedisStreamStore):
     """Durable jobs: hashes, a stream with one consumer group, Lua for the steps that must be atomic."""
-
-    durable = True
 
     def __init__(
         self,
@@ -91,18 +86,18 @@ class RedisJobStore:
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
     ) -> None:
-        self._redis = client
-        self.wait_replicas = wait_replicas  # replicas that must hold a submission before it is answered
-        self.wait_timeout_ms = wait_timeout_ms
+        # wait_replicas: replicas that must hold a submission before it is answered
+        super().__init__(client, name="the job store", group=GROUP, wait_replicas=wait_replicas,
+                         wait_timeout_ms=wait_timeout_ms)
         self.claim_idle_ms = max(1, int(claim_idle_s * 1000))
         self.ttl_s = ttl_s
         self._group_ready = False
         self._claim_cursor = "0-0"
-        self._submit = client.register_script(_SUBMIT)
-        self._start_attempt = client.register_script(_START_ATTEMPT)
-        self._complete = client.register_script(_COMPLETE)
-        self._requeue = client.register_script(_REQUEUE)
-        self._add_review = client.register_script(_ADD_REVIEW)
+        self._submit = self._script(_SUBMIT)
+        self._start_attempt = self._script(_START_ATTEMPT)
+        self._complete = self._script(_COMPLETE)
+        self._requeue = self._script(_REQUEUE)
+        self._add_review = self._script(_ADD_REVIEW)
 
     @staticmethod
     def job_key(job_id: str) -> str:
@@ -112,18 +107,14 @@ class RedisJobStore:
     async def _ensure_group(self) -> None:
         if self._group_ready:
             return
-        try:
-            await self._redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        await self._create_group(STREAM)
         self._group_ready = True
 
     async def submit(self, record: JobRecord, idempotency: str | None) -> tuple[JobRecord, bool]:
         """Store the job, its idempotency key and its stream entry at once, or find the existing job."""
         pairs = [item for pair in record.to_hash().items() for item in pair]
         idempotency_key = f"modgate:job-idempotency:{idempotency or 'none'}"
-        async with unreachable("submit the job"):
+        async with self._unreachable("submit the job"):
             await self._ensure_group()
             created, job_id = await self._replicated(
                 self._submit,
@@ -143,9 +134,7 @@ class RedisJobStore:
         connection: WAIT counts that connection's writes). Redis replicates asynchronously, so a write the
         primary acknowledged is lost if the primary fails before a replica has it. Too few in time: 503,
         and the caller retries (a submission with its Idempotency-Key then finds the same job)."""
-        answer, holding = await run_replicated(
-            self._redis, script, keys, args, self.wait_replicas, self.wait_timeout_ms
-        )
+        answer, holding = await self._run_replicated(script, keys, args)
         if holding < self.wait_replicas:
             raise StateUnavailable(
                 f"{what} is on the Redis primary but {holding} of {self.wait_replicas} replicas had it "
@@ -155,18 +144,18 @@ class RedisJobStore:
 
     async def get(self, job_id: str) -> JobRecord | None:
         """A job, or None."""
-        async with unreachable("read the job"):
+        async with self._unreachable("read the job"):
             raw = await self._redis.hgetall(self.job_key(job_id))
         return JobRecord.from_hash(raw) if raw else None
 
     async def backlog(self) -> int:
         """Stream entries not yet acknowledged (queued or running)."""
-        async with unreachable("count the jobs"):
+        async with self._unreachable("count the jobs"):
             return int(await self._redis.xlen(STREAM))
 
     async def take(self, consumer: str, block_s: float) -> list[Delivery]:
         """A job a silent gateway left pending too long, else a new one (waiting up to ``block_s``)."""
-        async with unreachable("take a job"):
+        async with self._unreachable("take a job"):
             try:
                 return await self._take(consumer, block_s)
             except ResponseError as exc:
@@ -201,12 +190,12 @@ class RedisJobStore:
 
     async def keep_fresh(self, consumer: str, delivery: Delivery) -> None:
         """Reset the entry's idle time (XCLAIM to ourselves), so no one takes over a job being worked."""
-        async with unreachable("keep the job"):
+        async with self._unreachable("keep the job"):
             await self._redis.xclaim(STREAM, GROUP, consumer, 0, [delivery.entry_id], justid=True)
 
     async def start_attempt(self, job_id: str) -> int:
         """Mark running and count the attempt."""
-        async with unreachable("start the job"):
+        async with self._unreachable("start the job"):
             return int(await self._start_attempt(keys=[self.job_key(job_id)], args=[unix_now()]))
 
     async def complete(
@@ -214,7 +203,7 @@ class RedisJobStore:
     ) -> bool:
         """Finish once: the script refuses a job already finished."""
         name, value = ("result", result) if status == "succeeded" else ("error", error)
-        async with unreachable("complete the job"):
+        async with self._unreachable("complete the job"):
             done = await self._replicated(
                 self._complete, [self.job_key(job_id)], [status, name, value or "", unix_now(), self.ttl_s],
                 "the job's completion",
@@ -223,7 +212,7 @@ class RedisJobStore:
 
     async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:
         """``SET NX`` a short lease: one gateway delivers at a time."""
-        async with unreachable("lease the webhook"):
+        async with self._unreachable("lease the webhook"):
             leased = await self._redis.set(
                 f"{self.job_key(job_id)}:webhook-lease", consumer, nx=True, px=max(1, int(lease_s * 1000))
             )
@@ -231,7 +220,7 @@ class RedisJobStore:
 
     async def set_progress(self, job_id: str, frames_done: int, frames_total: int) -> None:
         """How far a running job is (two hash fields; nothing else reads them)."""
-        async with unreachable("record the job's progress"):
+        async with self._unreachable("record the job's progress"):
             await self._redis.hset(
                 self.job_key(job_id), mapping={"frames": frames_total, "frames_done": frames_done}
             )
@@ -240,42 +229,42 @@ class RedisJobStore:
         """A hash of its own beside the job's (``…:parts``), expiring with it: a read of the job never
         carries the pieces."""
         key = f"{self.job_key(job_id)}:parts"
-        async with unreachable("keep a piece of the job's work"):
+        async with self._unreachable("keep a piece of the job's work"):
             await self._redis.hset(key, name, value)
             await self._redis.expire(key, self.ttl_s)
 
     async def parts(self, job_id: str) -> dict[str, str]:
         """The pieces kept so far."""
-        async with unreachable("read the job's work so far"):
+        async with self._unreachable("read the job's work so far"):
             raw = await self._redis.hgetall(f"{self.job_key(job_id)}:parts")
         return {as_text(name): as_text(value) for name, value in raw.items()}
 
     async def drop_parts(self, job_id: str) -> None:
         """Delete the pieces and the video (left alone, they expire with the job's time to live)."""
-        async with unreachable("drop the job's work"):
+        async with self._unreachable("drop the job's work"):
             await self._redis.delete(f"{self.job_key(job_id)}:parts", f"{self.job_key(job_id)}:video")
 
     async def save_video(self, job_id: str, data: bytes) -> None:
         """The bytes as they are (no base64), in a key of their own beside the job's hash."""
-        async with unreachable("keep the job's video"):
+        async with self._unreachable("keep the job's video"):
             await self._redis.set(f"{self.job_key(job_id)}:video", data, ex=self.ttl_s)
 
     async def video(self, job_id: str) -> bytes | None:
         """The video's bytes, or None."""
-        async with unreachable("read the job's video"):
+        async with self._unreachable("read the job's video"):
             data = await self._redis.get(f"{self.job_key(job_id)}:video")
         return data.encode() if isinstance(data, str) else data
 
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome with the job."""
-        async with unreachable("record the webhook"):
+        async with self._unreachable("record the webhook"):
             await self._redis.hset(
                 self.job_key(job_id), mapping={"webhook_status": status, "webhook_attempts": attempts}
             )
 
     async def add_review(self, job_id: str, request_id: str, review: str) -> bool:
         """One hash field per label: no read-modify-write, so it never races the job's completion."""
-        async with unreachable("keep the review with the job"):
+        async with self._unreachable("keep the review with the job"):
             added = await self._add_review(
                 keys=[self.job_key(job_id)], args=[f"{REVIEW_FIELD}{request_id}", review]
             )
@@ -284,7 +273,7 @@ class RedisJobStore:
     async def requeue(self, consumer: str, delivery: Delivery) -> bool:
         """Move the entry to the stream's end as a new one, so the next ``XREADGROUP`` of any gateway takes
         it now rather than after ``claim_idle_s`` (only while it is still pending to ``consumer``)."""
-        async with unreachable("requeue the job"):
+        async with self._unreachable("requeue the job"):
             moved = await self._requeue(
                 keys=[STREAM], args=[GROUP, delivery.entry_id, delivery.job_id, consumer]
             )
@@ -292,7 +281,7 @@ class RedisJobStore:
 
     async def ack(self, delivery: Delivery) -> None:
         """Acknowledge and delete the entry (the stream holds only unfinished work)."""
-        async with unreachable("acknowledge the job"), self._redis.pipeline(transaction=True) as pipe:
+        async with self._unreachable("acknowledge the job"), self._redis.pipeline(transaction=True) as pipe:
             pipe.xack(STREAM, GROUP, delivery.entry_id)
             pipe.xdel(STREAM, delivery.entry_id)
             await pipe.execute()

@@ -7,7 +7,6 @@ import json
 import time
 from collections.abc import Callable, Collection
 from dataclasses import asdict
-from functools import partial
 from typing import Any, Final
 
 import redis.asyncio as aioredis
@@ -23,9 +22,7 @@ from gateway.review.models import (
     TenantQueue,
     audit_entry,
 )
-from gateway.state import run_replicated, unreachable_is_503
-
-unreachable = partial(unreachable_is_503, "the review queue")  # a Redis failure: 503 state_unavailable
+from gateway.stream_store import RedisStreamStore
 
 PREFIX: Final = "modgate:review"
 GROUP: Final = "reviewers"
@@ -99,10 +96,8 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class RedisReviewStore:
+class RedisReviewStore(RedisStreamStore):
     """Durable review items: streams, one consumer group, a consumer per reviewer (see the module doc)."""
-
-    durable = True
 
     def __init__(
         self,
@@ -115,19 +110,19 @@ class RedisReviewStore:
         wait_replicas: int = 0,
         wait_timeout_ms: int = 200,
     ) -> None:
-        self._redis = client
-        self.wait_replicas = wait_replicas  # replicas that must hold an item before enqueue returns True
-        self.wait_timeout_ms = wait_timeout_ms
+        # wait_replicas: replicas that must hold an item before enqueue returns True
+        super().__init__(client, name="the review queue", group=GROUP, wait_replicas=wait_replicas,
+                         wait_timeout_ms=wait_timeout_ms)
         self.audit_max_entries = audit_max_entries
         self.claim_timeout_ms = max(1, int(claim_timeout_s * 1000))
         self.retention_s = retention_s
         self._clock = clock
         self._turn = 0  # the tenant a claim looks at first: turns, so a busy tenant starves no other
-        self._enqueue = client.register_script(_ENQUEUE)
-        self._label = client.register_script(_LABEL)
-        self._release = client.register_script(_RELEASE)
-        self._hand = client.register_script(_HAND)
-        self._unpark = client.register_script(_UNPARK)
+        self._enqueue = self._script(_ENQUEUE)
+        self._label = self._script(_LABEL)
+        self._release = self._script(_RELEASE)
+        self._hand = self._script(_HAND)
+        self._unpark = self._script(_UNPARK)
 
     @staticmethod
     def stream_key(tenant: str) -> str:
@@ -153,11 +148,10 @@ class RedisReviewStore:
         """Hash, stream entry and tenant in one script, then ``WAIT`` for ``wait_replicas`` replicas (if any):
         False when fewer held it in ``wait_timeout_ms`` (it is queued on the primary all the same)."""
         pairs = [value for pair in item.to_hash().items() for value in pair]
-        async with unreachable("queue the frame for review"):
-            _, holding = await run_replicated(
-                self._redis, self._enqueue, [self.item_key(item.id), self.stream_key(item.tenant), TENANTS],
-                [GROUP, item.id, item.tenant, self.retention_s, *pairs], self.wait_replicas,
-                self.wait_timeout_ms,
+        async with self._unreachable("queue the frame for review"):
+            _, holding = await self._run_replicated(
+                self._enqueue, [self.item_key(item.id), self.stream_key(item.tenant), TENANTS],
+                [GROUP, item.id, item.tenant, self.retention_s, *pairs],
             )
         return holding >= self.wait_replicas
 
@@ -168,7 +162,7 @@ class RedisReviewStore:
     async def claim(self, reviewer: str, tenants: Collection[str] | None) -> ReviewItem | None:
         """Per tenant in turn: a claim past its timeout (``XAUTOCLAIM``), else a new entry (``XREADGROUP``);
         entries whose item expired are acknowledged and dropped on the way."""
-        async with unreachable("claim a review item"):
+        async with self._unreachable("claim a review item"):
             order = await self._tenants(tenants)
             if not order:
                 return None
@@ -242,13 +236,13 @@ class RedisReviewStore:
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            await self._redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            await self._create_group(stream)
             return []
         return [entry for _, stream_entries in answer or [] for entry in stream_entries]
 
     async def peek(self, item_id: str) -> QueuedItem | None:
         """The item's hash, and the consumer its stream entry is pending to (none: not claimed)."""
-        async with unreachable("read the review item"):
+        async with self._unreachable("read the review item"):
             raw = await self._redis.hgetall(self.item_key(item_id))
             if not raw or b"entry" not in raw:
                 return None
@@ -284,7 +278,7 @@ class RedisReviewStore:
     ) -> LabelledItem:
         """Acknowledge, drop the frame and the item, leave the tombstone: one script."""
         label_json = json.dumps(asdict(label))
-        async with unreachable("label the review item"):
+        async with self._unreachable("label the review item"):
             # the item's fields for the audit entry first (the script checks it is still the holder's)
             raw = {k: v for k, v in (await self._redis.hgetall(self.item_key(item_id))).items()
                    if k not in (b"frame", b"entry")}
@@ -302,13 +296,13 @@ class RedisReviewStore:
 
     async def audit(self, limit: int) -> list[dict[str, Any]]:
         """The labels, newest first."""
-        async with unreachable("read the review audit"):
+        async with self._unreachable("read the review audit"):
             entries = await self._redis.lrange(AUDIT, 0, limit - 1)
         return [json.loads(entry) for entry in entries]
 
     async def release(self, item_id: str, reviewer: str, tenants: Collection[str] | None = None) -> None:
         """Acknowledge and re-add at the stream's end, for any reviewer."""
-        async with unreachable("give the review item back"):
+        async with self._unreachable("give the review item back"):
             tenant = await self._tenant_of(item_id, tenants)
             await self._run(self._release, item_id, [reviewer, item_id], tenant)
 
@@ -317,7 +311,7 @@ class RedisReviewStore:
         per tenant the stream's length, its pending count and its first entry's age."""
         now_ms = int(self._clock() * 1000)
         figures: dict[str, TenantQueue] = {}
-        async with unreachable("read the review queue"):
+        async with self._unreachable("read the review queue"):
             for tenant in await self._tenants(None):
                 stream = self.stream_key(tenant)
                 await self._redis.xtrim(stream, minid=f"{now_ms - self.retention_s * 1000}-0")

@@ -30,19 +30,20 @@ FLOORS: dict[str, frozenset[str]] = {
     "console_settings": frozenset(),
     "renamed_settings": frozenset(),
     "state": BASE,
+    "stream_store": BASE | {"state"},  # the Redis stream stores' shared set-up (jobs, review)
     "settings": BASE | {"console_settings", "renamed_settings", "state"},
     "policy": BASE,
     "wire": BASE | {"policy"},  # the API's vocabulary: low enough for every room that speaks it
     "decision_wire": BASE,  # POST /v1/decisions' vocabulary (OpenAI's Decisions shape)
     "decision_prompt": BASE | {"decision_wire"},  # a Decisions request as engine messages
     "engine": BASE | {"settings", "state"},
-    "review": BASE | {"settings", "state", "policy", "wire"},
+    "review": BASE | {"settings", "state", "stream_store", "policy", "wire"},
     "decisions": BASE | {"settings", "state", "wire", "decision_wire", "review"},
     "telemetry": BASE | {"settings", "state", "engine", "wire"},
     "moderation": BASE | {
         "settings", "state", "policy", "wire", "engine", "review", "decisions", "telemetry",
     },
-    "jobs": BASE | {"settings", "state", "wire", "engine", "moderation", "telemetry"},
+    "jobs": BASE | {"settings", "state", "stream_store", "wire", "engine", "moderation", "telemetry"},
 }
 """Each room and the rooms it may import at run time; ``http`` (the edge) may import every one of them."""
 FLOORS["http"] = frozenset(FLOORS) | {"console_settings", "renamed_settings"}
