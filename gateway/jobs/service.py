@@ -23,9 +23,10 @@ from gateway.jobs.store import JobStore
 from gateway.jobs.video import STORED_VIDEO, VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
 from gateway.jobs.worker import JobWorker
+from gateway.moderation.frame_input import image_rejection
 from gateway.moderation.keyframe_batch import Keyframe, check_video_id
 from gateway.moderation.remote_images import RemoteImageFetcher, host_allowed, is_remote_url
-from gateway.moderation.service import ModerationService, image_rejection
+from gateway.moderation.service import ModerationService
 from gateway.settings import JobSettings
 from shaping.errors import ImageRejected
 from shaping.image import decode_data_url
