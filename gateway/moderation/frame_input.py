@@ -41,7 +41,7 @@ class FramesRequest(ModerationRequest):
 
     model_config = ConfigDict(extra="forbid", strict=True, arbitrary_types_allowed=True)
 
-    input: list[ImageURLPart | TextPart | EncodedFrame]  # type: ignore[assignment]
+    input: list[ImageURLPart | TextPart | EncodedFrame]  # type: ignore[assignment]  # wider than the wire's: frames held as bytes too
 
 
 Frame = str | EncodedFrame
