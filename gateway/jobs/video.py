@@ -74,6 +74,9 @@ MAX_DECODED_FPS = 60  # the decoded-frame cap: 60 frames a second of the duratio
 PROBE_TIMEOUT_S = 10.0  # a submission's probe (its packets demuxed, no frame decoded)
 STORED_VIDEO = "modgate:stored-video"  # a stored request's video URL: its bytes are kept beside the job
 PROBE_WORKERS = 2  # submission probes at once, on threads of their own; as many more may wait, then 429
+# jobs queued or running before a video submission gets 429 video_cut_busy: each may wait for a cut thread,
+# a posted one with its video in the job store (64 x MODGATE_VIDEOS__MAX_BYTES at most: 2 GiB by default)
+MAX_QUEUED = 64
 Progress = Callable[[int, int], Awaitable[None]]
 """``(frames_done, frames_total)``: told after each chunk of frames is judged."""
 
@@ -146,6 +149,7 @@ class VideoJobs:
     fetcher: RemoteImageFetcher | None = None  # None: video URLs are refused (remote images are off)
     probes: Executor | None = None  # the submission's probe: threads of their own, never behind a cut
     rule: NearDuplicateRule = field(default_factory=NearDuplicateRule)
+    max_queued: int = MAX_QUEUED  # jobs queued or running before a video submission gets 429
     _probing: int = 0
 
     @property
