@@ -23,9 +23,10 @@ from gateway.jobs.store import JobStore
 from gateway.jobs.video import STORED_VIDEO, VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
 from gateway.jobs.worker import JobWorker
+from gateway.moderation.frame_input import image_rejection
 from gateway.moderation.keyframe_batch import Keyframe, check_video_id
 from gateway.moderation.remote_images import RemoteImageFetcher, host_allowed, is_remote_url
-from gateway.moderation.service import ModerationService, image_rejection
+from gateway.moderation.service import ModerationService
 from gateway.settings import JobSettings
 from shaping.errors import ImageRejected
 from shaping.image import decode_data_url
@@ -86,6 +87,7 @@ class JobService:
                 raise InvalidRequest(
                     "this gateway takes no video jobs", param="video", code="video_unsupported"
                 )
+            await self._check_cut_queue(self.videos)
             posted = await self.videos.check(request, upload)
         await self._check_frames(frames)
         idempotency = None
@@ -140,6 +142,18 @@ class JobService:
         if record is None or record.tenant != caller.tenant:
             raise NotFound(f"no job {job_id[:64]!r}", param="job_id")
         return record.view(self.store.durable)
+
+    async def _check_cut_queue(self, videos: VideoJobs) -> None:
+        """A video is taken only while the jobs before it are few enough: each may wait for a cut thread
+        (the worker's jobs wait their turn there, never failed for it) and a posted video waits in the store
+        meanwhile, so a full queue answers 429 at once rather than accept cut work it cannot start soon."""
+        limit = videos.max_queued
+        if await self.store.backlog() >= limit:
+            raise Overloaded(
+                f"{limit} jobs are already waiting for the video cut: try again later",
+                retry_after=30,
+                code="video_cut_busy",
+            )
 
     def _check_webhook_url(self, url: str) -> None:
         if self.webhooks is None:

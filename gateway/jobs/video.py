@@ -15,7 +15,6 @@ cancels the others. A video refused then fails the job with the reason.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
 import importlib.util
@@ -37,11 +36,11 @@ from gateway.errors import (
 )
 from gateway.jobs.models import JobRequest, VideoCoverage, VideoModerationResponse, VideoSegment
 from gateway.moderation.keyframe_batch import (
-    Keyframe,
-    KeyframeBatchRequest,
+    BatchOptions,
+    EncodedKeyframe,
     KeyframeBatchResponse,
     KeyframeResult,
-    moderate_keyframes,
+    moderate_encoded_keyframes,
     video_verdict,
 )
 from gateway.moderation.remote_images import (
@@ -54,7 +53,6 @@ from gateway.moderation.remote_images import (
 from gateway.moderation.service import ModerationService
 from gateway.moderation.verdict_cache import FrameIdentity, NearDuplicateRule
 from gateway.settings import JobSettings, VideoSettings
-from gateway.wire import ImageURL
 from shaping.verdict import Action
 from shaping.video import (
     CutFrame,
@@ -76,6 +74,9 @@ MAX_DECODED_FPS = 60  # the decoded-frame cap: 60 frames a second of the duratio
 PROBE_TIMEOUT_S = 10.0  # a submission's probe (its packets demuxed, no frame decoded)
 STORED_VIDEO = "modgate:stored-video"  # a stored request's video URL: its bytes are kept beside the job
 PROBE_WORKERS = 2  # submission probes at once, on threads of their own; as many more may wait, then 429
+# jobs queued or running before a video submission gets 429 video_cut_busy: each may wait for a cut thread,
+# a posted one with its video in the job store (64 x MODGATE_VIDEOS__MAX_BYTES at most: 2 GiB by default)
+MAX_QUEUED = 64
 Progress = Callable[[int, int], Awaitable[None]]
 """``(frames_done, frames_total)``: told after each chunk of frames is judged."""
 
@@ -148,6 +149,7 @@ class VideoJobs:
     fetcher: RemoteImageFetcher | None = None  # None: video URLs are refused (remote images are off)
     probes: Executor | None = None  # the submission's probe: threads of their own, never behind a cut
     rule: NearDuplicateRule = field(default_factory=NearDuplicateRule)
+    max_queued: int = MAX_QUEUED  # jobs queued or running before a video submission gets 429
     _probing: int = 0
 
     @property
@@ -308,17 +310,12 @@ class VideoJobs:
         chunk: list[CutFrame], start: int,
     ) -> KeyframeBatchResponse:
         """One chunk of the cut's frames through the keyframe batch path, each with its stable decision id."""
-        frames = [
-            Keyframe(image_url=ImageURL(url=_jpeg_data_url(frame.jpeg)), timestamp_ms=frame.timestamp_ms)
-            for frame in chunk
-        ]
-        batch = KeyframeBatchRequest(
-            frames=frames, packing=request.packing, thinking=request.thinking, model=request.model,
-            tags=request.tags, priority=request.priority,
-        )
+        frames = [EncodedKeyframe(frame.jpeg, frame.timestamp_ms) for frame in chunk]
+        options = BatchOptions(packing=request.packing, thinking=request.thinking, model=request.model,
+                               tags=request.tags, priority=request.priority)
         job = caller.job_id or request.video_id
-        return await moderate_keyframes(
-            moderation, request.video_id, batch, caller, None, priority=priority,
+        return await moderate_encoded_keyframes(
+            moderation, request.video_id, frames, options, caller, priority=priority,
             decision_ids=[frame_decision_id(job, frame.timestamp_ms, start + number)
                           for number, frame in enumerate(chunk)],
         )
@@ -370,6 +367,3 @@ def video_response(answers: list[KeyframeBatchResponse], cut: VideoCut) -> Video
         ),
     )
 
-
-def _jpeg_data_url(jpeg: bytes) -> str:
-    return f"data:image/jpeg;base64,{base64.b64encode(jpeg).decode()}"

@@ -13,12 +13,14 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.caller import Caller
 from gateway.errors import InvalidRequest
+from gateway.moderation.frame_input import EncodedFrame, FramesRequest
 from gateway.moderation.service import ModerationService
 from gateway.policy.rules import Mode
 from gateway.wire import (
@@ -118,6 +120,25 @@ def video_verdict(frames: list[KeyframeResult]) -> VideoVerdict:
                         blocked_frames=blocked, review_frames=review)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchOptions:
+    """How a batch is judged, whoever holds its frames: a posted body, or a video job with its cut."""
+
+    packing: int | None = None
+    thinking: Mode | None = None
+    model: str | None = None
+    tags: Sequence[str] = ()
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedKeyframe:
+    """A keyframe the gateway holds encoded already (a video job's cut JPEG) and where it is in the video."""
+
+    data: bytes
+    timestamp_ms: int | None
+
+
 async def moderate_keyframes(
     moderation: ModerationService,
     video_id: str,
@@ -133,21 +154,64 @@ async def moderate_keyframes(
     ``priority``: the admission priority, when not the body's (jobs queue behind live calls).
     ``decision_ids``: one per frame, its verdict's ``decision_id`` (default: fresh ones).
     """
-    packing = batch.packing or moderation.settings.shaping.packing_k
+    options = BatchOptions(packing=batch.packing, thinking=batch.thinking, model=batch.model, tags=batch.tags,
+                           priority=batch.priority)
     parts: list[ImageURLPart | TextPart] = [
         ImageURLPart(type="image_url", image_url=frame.image_url) for frame in batch.frames
     ]
-    options = RequestOptions(
+    request = ModerationRequest(input=parts, model=batch.model, modgate=_options(video_id, options, priority))
+    timestamps = [frame.timestamp_ms for frame in batch.frames]
+    return await _moderate_batch(moderation, video_id, options, request, timestamps, caller, requested,
+                                 decision_ids)
+
+
+async def moderate_encoded_keyframes(
+    moderation: ModerationService,
+    video_id: str,
+    frames: Sequence[EncodedKeyframe],
+    options: BatchOptions,
+    caller: Caller,
+    *,
+    priority: int | None = None,
+    decision_ids: Sequence[str] | None = None,
+) -> KeyframeBatchResponse:
+    """Judge keyframes the gateway holds as bytes (a video job's cut) as posted ones are, with no ``data:``
+    URL written and decoded again between: the same shaping, reuse, engine calls and decision log."""
+    request = FramesRequest(
+        input=[EncodedFrame(frame.data) for frame in frames], model=options.model,
+        modgate=_options(video_id, options, priority),
+    )
+    timestamps = [frame.timestamp_ms for frame in frames]
+    return await _moderate_batch(moderation, video_id, options, request, timestamps, caller, None,
+                                 decision_ids)
+
+
+def _options(video_id: str, batch: BatchOptions, priority: int | None) -> RequestOptions:
+    """A batch's options as its moderation request's (``priority``: the admission's, if not the batch's)."""
+    return RequestOptions(
         thinking=batch.thinking,
         video_id=video_id,
-        tags=batch.tags,
+        tags=list(batch.tags),
         priority=batch.priority if priority is None else priority,
     )
-    request = ModerationRequest(input=parts, model=batch.model, modgate=options)
+
+
+async def _moderate_batch(
+    moderation: ModerationService,
+    video_id: str,
+    batch: BatchOptions,
+    request: ModerationRequest,
+    timestamps: Sequence[int | None],
+    caller: Caller,
+    requested: Mode | None,
+    decision_ids: Sequence[str] | None,
+) -> KeyframeBatchResponse:
+    """One batch's request through the moderation path, answered as one document of its frames."""
+    packing = batch.packing or moderation.settings.shaping.packing_k
     answer = await moderation.moderate(request, caller, requested, packing=packing, decision_ids=decision_ids)
     frames = [
-        KeyframeResult(index=index, timestamp_ms=frame.timestamp_ms, **dict(result))
-        for index, (frame, result) in enumerate(zip(batch.frames, answer.results, strict=True))
+        KeyframeResult(index=index, timestamp_ms=timestamp_ms, **dict(result))
+        for index, (timestamp_ms, result) in enumerate(zip(timestamps, answer.results, strict=True))
     ]
     fresh = {frame.modgate.request_id for frame in frames if frame.modgate.reused is None}
     return KeyframeBatchResponse(

@@ -1,6 +1,7 @@
 """The moderation path for one request: shape → decide thinking → reuse or judge → escalate → result.
 
-The service orchestrates; the jobs live beside it: ``frame_reuse`` (which frames the engine judges),
+The service orchestrates; the jobs live beside it: ``frame_input`` (a request's frames, decoded and shaped),
+``frame_reuse`` (which frames the engine judges),
 ``engine_call`` (one engine call: request, admission, parsing, confidence), ``escalation`` (re-asking unsure
 verdicts), ``outcome`` (a frame's outcome and its wire result).
 """
@@ -8,7 +9,6 @@ verdicts), ``outcome`` (a frame's outcome and its wire result).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 import uuid
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from opentelemetry import trace
 
@@ -29,19 +29,15 @@ from gateway.engine.fairness import SHARED_FLOW, WorkModel
 from gateway.engine.leases import LeaseRider
 from gateway.engine.pool import EnginePool, SlotWithheld
 from gateway.errors import (
-    ClientError,
     EngineUnavailable,
-    InvalidRequest,
     ModgateError,
-    PayloadTooLarge,
-    UnprocessableImage,
-    UnsupportedMedia,
     UpstreamError,
     UpstreamTimeout,
 )
 from gateway.moderation.engine_call import FrameJudge
 from gateway.moderation.engine_identity import EngineIdentity, EngineModel
 from gateway.moderation.escalation import Escalation
+from gateway.moderation.frame_input import Frame, shape_frame, split_input
 from gateway.moderation.frame_reuse import (
     frame_identities,
     plan_frames,
@@ -57,9 +53,8 @@ from gateway.moderation.outcome import (
     reused_outcome,
     under_moderation_policy,
 )
-from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
+from gateway.moderation.remote_images import RemoteImageFetcher
 from gateway.moderation.shadow import ShadowSampler
-from gateway.moderation.shaping_pool import ShapingPool
 from gateway.moderation.token_prediction import PromptTokenCheck
 from gateway.moderation.verdict_cache import (
     FrameIdentity,
@@ -89,13 +84,10 @@ from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import OK, FinishedRequest, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
 from gateway.wire import (
-    ImageURLPart,
     ModerationRequest,
     ModerationResponse,
-    TextPart,
 )
-from shaping.errors import ImageRejected
-from shaping.image import ImageLimits, ShapedImage, data_url_payload, decode_data_url, shape_image
+from shaping.image import ImageLimits, ShapedImage
 from shaping.prompt import SystemPrompt
 from shaping.tokens import TokenGrid
 from shaping.verdict import VerdictFormat
@@ -105,14 +97,6 @@ T = TypeVar("T")
 # What a tenant's ``on_engine_failure: review`` answers ``review`` for (the circuit's refusal included);
 # a full queue (429) and bad input are not engine failures.
 ENGINE_FAILURES = (EngineUnavailable, UpstreamError, UpstreamTimeout)
-
-
-def image_rejection(exc: ImageRejected) -> ClientError:
-    """Translate a shaping rejection into the gateway's client error of the same status."""
-    kind: type[ClientError] = {413: PayloadTooLarge, 415: UnsupportedMedia, 422: UnprocessableImage}.get(
-        exc.status, InvalidRequest
-    )
-    return kind(str(exc), code=exc.code, param="input")
 
 
 class ModerationService:
@@ -201,25 +185,12 @@ class ModerationService:
         and after an engine failure (it may have restarted with other weights)."""
         return await self.identity.current()
 
-    async def _off_loop(self, tenant: str, function: Callable[..., T], *args: Any) -> T:
-        """``function(*args)`` on the shaping threads, in ``tenant``'s queue if the pool has one."""
-        if isinstance(self.executor, ShapingPool):
-            return await asyncio.wrap_future(self.executor.submit_for(tenant, function, *args))
-        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
-
-    async def shape(self, data_url: str, tenant: str = SHARED_FLOW) -> ShapedImage:
+    async def shape(self, frame: Frame, tenant: str = SHARED_FLOW) -> ShapedImage:
         """Decode and shape one keyframe off the event loop (fetched first if it is an allowed remote URL)."""
-        try:
-            shape = functools.partial(shape_image, jpeg_quality=self.settings.shaping.jpeg_quality)
-            if self.remote_images is not None and is_remote_url(data_url):
-                raw = await self.remote_images.fetch(data_url)
-                return await self._off_loop(tenant, shape, raw, self.limits, self.grid)
-            _, raw = decode_data_url(data_url, self.settings.shaping.max_image_bytes)
-            shaped = await self._off_loop(tenant, shape, raw, self.limits, self.grid)
-            # a frame passed through unchanged goes to the engine in the caller's own base64
-            return shaped.reusing_encoding(raw, data_url_payload(data_url))
-        except ImageRejected as exc:
-            raise image_rejection(exc) from exc
+        return await shape_frame(
+            frame, tenant, executor=self.executor, limits=self.limits, grid=self.grid,
+            jpeg_quality=self.settings.shaping.jpeg_quality, remote_images=self.remote_images,
+        )
 
     async def moderate(
         self,
@@ -239,7 +210,7 @@ class ModerationService:
         """
         request_id = f"modr-{uuid.uuid4().hex}"
         started = time.monotonic()
-        record = FinishedRequest(request_id, caller.tenant, frames=len(self._split_input(request)[0]))
+        record = FinishedRequest(request_id, caller.tenant, frames=len(split_input(request)[0]))
 
         def finished(outcome: str, message: str | None = None) -> None:
             self.recorder.finished(record, outcome, latency_s=time.monotonic() - started, error=message)
@@ -276,7 +247,7 @@ class ModerationService:
         started = time.monotonic()
         request_id = record.request_id
         options = request.modgate
-        images, texts = self._split_input(request)
+        images, texts = split_input(request)
         context = RequestContext(
             tenant=caller.tenant,
             requested=options.thinking if options and options.thinking else requested,
@@ -294,7 +265,7 @@ class ModerationService:
         shaping_started = time.monotonic()
         with self.tracer.start_as_current_span("shaping", attributes={"modgate.images": len(images)}):
             # all bad input fails before any engine call
-            shaped = await asyncio.gather(*(self.shape(url, caller.tenant) for url in images))
+            shaped = await asyncio.gather(*(self.shape(image, caller.tenant) for image in images))
         shaping_s = (time.monotonic() - shaping_started) / max(1, len(shaped))
         record.shaping_s, record.shaped = shaping_s, len(shaped)
         extra_text = "\n".join(texts)
@@ -387,21 +358,6 @@ class ModerationService:
             prompt_sha256=prompt.sha256,
             moderation_policy_version=policy.version,
         )
-
-    @staticmethod
-    def _split_input(request: ModerationRequest) -> tuple[list[str], list[str]]:
-        if isinstance(request.input, str):
-            return [], [request.input]
-        images: list[str] = []
-        texts: list[str] = []
-        for item in request.input:
-            if isinstance(item, str):
-                texts.append(item)
-            elif isinstance(item, ImageURLPart):
-                images.append(item.image_url.url)
-            elif isinstance(item, TextPart):
-                texts.append(item.text)
-        return images, texts
 
     def _pair_escalation(
         self, policy: ThinkingPolicy, frame: ShapedImage, outcome: FrameOutcome, tenant: str,
