@@ -95,8 +95,12 @@ def test_an_unsure_verdict_is_answered_with_thinking_on_and_carries_the_fast_one
 
 
 def test_review_and_always_escalated_categories_escalate_whatever_the_confidence(
-    gateway: ThreadedServer,
+    start_gateway: GatewayFactory, start_sim: SimFactory, tmp_path: Path
 ) -> None:
+    # No fast verdict flips (the simulator's thinking-off disagreement, drawn from each shaped frame's hash):
+    # the review frame's fast verdict is review, so the rules alone decide what escalates.
+    sim = start_sim(thinking_off_disagreement=0.0)
+    gateway = start_gateway(engine={"url": sim.url}, quality={"records_dir": tmp_path / "records"})
     set_policy(gateway, **escalating(0.0, always_categories=["sexual/minors"]))
     frames = [make_keyframe(label, 320, 180, seed=5) for label in ("review", "block:sexual/minors", "allow")]
     review, minors, allow = asyncio.run(moderate_all(gateway, frames))
