@@ -384,7 +384,7 @@ def engine_sim(
 
     app_ = create_sim_app(
         chosen, time_scale, faults, kind=cast("EngineKind", kind),
-        llamacpp=options, loading_s=loading_s, on_exit=engine_core_died,
+        llamacpp=options, loading_s=loading_s, on_exit=engine_core_died, say_counts_on_stop=True,
     )
     servers.append(uvicorn.Server(uvicorn.Config(
         app_, host=host, port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools",

@@ -359,15 +359,20 @@ def create_sim_app(
     vision: bool = True,
     loading_s: float = 0.0,
     on_exit: Callable[[], None] | None = None,
+    say_counts_on_stop: bool = False,
 ) -> Litestar:
     """The simulated engine as an ASGI app, in vLLM's wire or (``kind="llamacpp"``) llama-server's.
 
     llama.cpp's wire runs llama.cpp's law with ``llamacpp``'s flags (its defaults otherwise); ``vision``
     False is a server started without ``--mmproj``, ``loading_s`` how long every route answers 503.
     ``on_exit``: how the server exits when its engine core dies, as vLLM's does (None: it stays up).
+    ``say_counts_on_stop``: print :data:`COUNTS_LINE` when it stops (the ``modgate engine-sim`` process
+    only: a simulator embedded in another command must not write into that command's output).
     """
     if kind == "llamacpp":
-        return _llamacpp_app(preset, time_scale, faults, llamacpp or LlamaCppOptions(), vision, loading_s)
+        return _llamacpp_app(
+            preset, time_scale, faults, llamacpp or LlamaCppOptions(), vision, loading_s, say_counts_on_stop
+        )
     sim = SimulatedEngine(preset, time_scale, faults)
 
     async def start() -> None:
@@ -375,7 +380,8 @@ def create_sim_app(
 
     async def stop() -> None:
         await sim.engine.stop()
-        say_counts(sim)
+        if say_counts_on_stop:
+            say_counts(sim)
 
     return Litestar(
         route_handlers=[chat_completions, completions, models, server_info, health, metrics, tokenize,
@@ -411,6 +417,7 @@ def _llamacpp_app(
     options: LlamaCppOptions,
     vision: bool,
     loading_s: float,
+    say_counts_on_stop: bool,
 ) -> Litestar:
     sim = SimulatedEngine(preset, time_scale, faults, llamacpp=options)
     server = LlamaCppServer(sim, vision=vision)
@@ -421,7 +428,8 @@ def _llamacpp_app(
 
     async def stop() -> None:
         await sim.engine.stop()
-        say_counts(sim)
+        if say_counts_on_stop:
+            say_counts(sim)
 
     return Litestar(
         route_handlers=[*LLAMACPP_ROUTES, *SIM_ROUTES],
