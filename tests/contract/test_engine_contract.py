@@ -682,7 +682,7 @@ def test_the_simulated_llamacpp_lists_twins_that_a_reader_crediting_them_would_r
     # above the most the truth can be (by less where the model is surer: 1 - P(others) is then near 1)
     assert credited_twins > truth_at_most(listed, word) + 1e-3
     assert verdict.confidence is not None
-    assert verdict.confidence <= truth_at_most(listed, word)
+    assert verdict.confidence <= truth_at_most(listed, word) + 1e-4  # the confidence is said to 4 places
 
 
 def test_the_confidence_is_the_engines_own_probability_and_a_shorter_list_never_raises_it(

@@ -101,10 +101,16 @@ async def fake_engine() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
         await runner.cleanup()
 
 
-def client_for(url: str, metrics: GatewayMetrics) -> EngineClient:
+STALLS = {"first_token_s": 0.5, "total_s": 1.5}
+"""Short deadlines, for the tests that wait for a stalled engine's timeout; the others take roomy ones, so
+that a loaded machine's slow first chunk never turns their answer into a timeout."""
+
+
+def client_for(url: str, metrics: GatewayMetrics, *, first_token_s: float = 10.0,
+               total_s: float = 20.0) -> EngineClient:
     client = EngineClient(
-        url, connect_timeout_s=2.0, first_token_timeout_s=0.5, total_timeout_s=1.5, connect_retries=0,
-        max_connections=4, kind="vllm",
+        url, connect_timeout_s=2.0, first_token_timeout_s=first_token_s, total_timeout_s=total_s,
+        connect_retries=0, max_connections=4, kind="vllm",
     )
     client.count_calls(metrics.engine_call)
     return client
@@ -144,7 +150,7 @@ async def test_an_engine_that_stalls_after_its_headers_is_counted_a_timeout(
     fake_engine: Callable[[Handler], Awaitable[str]], handler: Handler, stream: bool
 ) -> None:
     metrics = GatewayMetrics()
-    async with client_for(await fake_engine(handler), metrics) as client:
+    async with client_for(await fake_engine(handler), metrics, **STALLS) as client:
         with pytest.raises(UpstreamTimeout):
             await client.chat(body(stream), "req-1")
     assert outcomes(metrics) == {("verdict", "timeout"): 1}
@@ -177,7 +183,7 @@ async def test_a_probe_whose_engine_stalls_after_its_headers_is_counted_a_timeou
     fake_engine: Callable[[Handler], Awaitable[str]],
 ) -> None:
     metrics = GatewayMetrics()
-    async with client_for(await fake_engine(stall_json_after_headers), metrics) as client:
+    async with client_for(await fake_engine(stall_json_after_headers), metrics, **STALLS) as client:
         with pytest.raises(UpstreamTimeout):
             await client.request("POST", "/v1/chat/completions", purpose="probe", json=body(False))
     assert outcomes(metrics) == {("probe", "timeout"): 1}
