@@ -30,7 +30,6 @@ from gateway.engine.leases import LeaseRider
 from gateway.engine.pool import EnginePool, SlotWithheld
 from gateway.errors import (
     EngineUnavailable,
-    ModgateError,
     UpstreamError,
     UpstreamTimeout,
 )
@@ -81,7 +80,7 @@ from gateway.review.models import ReviewItem
 from gateway.review.service import ReviewQueue
 from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.recorder import OK, FinishedRequest, RequestRecorder
+from gateway.telemetry.recorder import FinishedRequest, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
 from gateway.wire import (
     ModerationRequest,
@@ -209,27 +208,11 @@ class ModerationService:
         ``decision_ids``: the results' ids, one per image (a video job's: stable per job and frame).
         """
         request_id = f"modr-{uuid.uuid4().hex}"
-        started = time.monotonic()
         record = FinishedRequest(request_id, caller.tenant, frames=len(split_input(request)[0]))
-
-        def finished(outcome: str, message: str | None = None) -> None:
-            self.recorder.finished(record, outcome, latency_s=time.monotonic() - started, error=message)
-
-        with self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id}):
-            try:
-                answer = await self._moderate(request, caller, requested, record, packing, fresh=fresh,
-                                              decision_ids=decision_ids)
-            except ModgateError as exc:
-                finished(exc.default_code, exc.message)
-                raise
-            except asyncio.CancelledError:
-                finished("cancelled", "the caller went away")
-                raise
-            except Exception as exc:
-                finished("internal_error", type(exc).__name__)
-                raise
-            finished(OK)
-            return answer
+        span = self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id})
+        with span, self.recorder.recording(record):  # the outcome is set on the span before it ends
+            return await self._moderate(request, caller, requested, record, packing, fresh=fresh,
+                                        decision_ids=decision_ids)
 
     async def _moderate(
         self,

@@ -11,11 +11,16 @@ errors) is counted where the call is made (gateway/moderation/engine_call.py): a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from gateway.errors import ModgateError
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import RequestInstruments
 from gateway.telemetry.windows import RecentRequests, RequestSample
@@ -76,6 +81,28 @@ class RequestRecorder:
         self.metrics = metrics
         self.recent = recent
         self.instruments = instruments
+
+    @contextlib.contextmanager
+    def recording(self, request: FinishedRequest) -> Iterator[None]:
+        """Record ``request`` once when the block ends, timed from its start: ok, its error's code,
+        ``cancelled`` (the caller went away) or ``internal_error`` (a fault of the gateway's own)."""
+        started = time.monotonic()
+
+        def done(outcome: str, error: str | None = None) -> None:
+            self.finished(request, outcome, latency_s=time.monotonic() - started, error=error)
+
+        try:
+            yield
+        except ModgateError as exc:
+            done(exc.default_code, exc.message)
+            raise
+        except asyncio.CancelledError:
+            done("cancelled", "the caller went away")
+            raise
+        except Exception as exc:
+            done("internal_error", type(exc).__name__)
+            raise
+        done(OK)
 
     def finished(
         self, request: FinishedRequest, outcome: str = OK, *, latency_s: float, error: str | None = None

@@ -60,14 +60,13 @@ from gateway.engine.decision_calls import (
 )
 from gateway.engine.fairness import Work
 from gateway.engine.held_engine import HeldEngine, naming_own_model
-from gateway.errors import ModgateError
 from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json, within_quota
 from gateway.http.routes.responses import error_responses
 from gateway.http.services import Services
 from gateway.policy.rules import RequestContext, decide
-from gateway.telemetry.recorder import OK, FinishedRequest
+from gateway.telemetry.recorder import FinishedRequest
 from shaping.decisions import Distribution, DistributionWalk
 from shaping.image import ShapedImage
 
@@ -259,26 +258,12 @@ async def create_decision(
     request_id = f"decr-{uuid.uuid4().hex}"
     images = image_count(data)
     record = FinishedRequest(request_id, caller.tenant, frames=max(1, images), route="decisions")
-    started = time.monotonic()
-
-    def finished(outcome: str, message: str | None = None) -> None:
-        services.moderation.recorder.finished(record, outcome, latency_s=time.monotonic() - started,
-                                              error=message)
-
-    try:
+    with services.moderation.recorder.recording(record):
         # an image counts against the keyframe quota as a moderated one does; a text-only input as one
-        response = await within_quota(
+        return await within_quota(
             services, caller, max(1, images),
             lambda: cancel_on_disconnect(request, decide_questions(services, caller, data, request_id)),
         )
-    except ModgateError as exc:
-        finished(exc.default_code, exc.message)
-        raise
-    except asyncio.CancelledError:
-        finished("cancelled", "the caller went away")
-        raise
-    finished(OK)
-    return response
 
 
 ROUTES = [create_decision]
