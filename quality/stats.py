@@ -17,7 +17,6 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from sklearn.metrics import cohen_kappa_score, confusion_matrix
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.power import NormalIndPower
 from statsmodels.stats.proportion import proportion_confint, proportion_effectsize
@@ -114,6 +113,10 @@ def cohen_kappa(reference: ArrayLike, candidate: ArrayLike) -> float:
     if np.array_equal(np.unique(ref), np.unique(cand)) and np.unique(ref).size == 1:
         # Both raters used one and the same category: kappa is 0/0. sklearn warns and returns nan.
         return math.nan
+    # scikit-learn is imported only here and in classification_scores (the report's labels section): the
+    # report without human labels uses neither, and importing it was a tenth of its CPU at 250,000 pairs
+    from sklearn.metrics import cohen_kappa_score
+
     return float(cohen_kappa_score(ref, cand))
 
 
@@ -504,6 +507,8 @@ def classification_scores(
     y_pred = np.asarray(predicted, dtype=np.bool_)
     if y_true.shape != y_pred.shape or y_true.size == 0:
         raise ValueError("truth and predicted must be non-empty and of equal length")
+    from sklearn.metrics import confusion_matrix  # imported here: see cohen_kappa
+
     tn, fp, fn, tp = (int(v) for v in confusion_matrix(y_true, y_pred, labels=[False, True]).ravel())
     accuracy = wilson_interval(tp + tn, y_true.size, confidence)
     precision = wilson_interval(tp, tp + fp, confidence) if tp + fp else None

@@ -1,10 +1,20 @@
-"""The columnar report: the same numbers as the record-by-record code, from JSONL, Parquet and objects."""
+"""The columnar report: the same numbers as the record-by-record code, from JSONL, Parquet and objects.
+
+`report-before-2026-W48.json` was written by the record-by-record report (pydantic objects, numpy's
+`multinomial` bootstrap draws); `report-2026-W48.json` by today's columnar report on the same records, whose
+draws count uniform indices instead (the same distribution, another random stream). Both paths must write
+today's file byte for byte, and it must say what the old one said: every figure not drawn by the bootstrap
+the same, every interval bound within the resampling's own noise.
+"""
 
 from __future__ import annotations
 
 import gzip
+import json
+import math
 import os
 import pickle
+import re
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +41,14 @@ from quality.weekly_sql import PairQuery, WeekQueries
 DATA = Path(__file__).parent / "data"
 # Written by the record-by-record report (pydantic objects, before the columnar one) on the same records.
 BEFORE = DATA / "report-before-2026-W48.json"
+# Written by the columnar report with the counted draws (`quality.columns.run_bootstrap`).
+PINNED = DATA / "report-2026-W48.json"
+# What the bootstrap draws: interval bounds (and the trend's, the lower of Wilson's and the bootstrap's),
+# the design effect (the bootstrap's variance over the binomial's) and the sample size it scales
+DRAWN = frozenset({
+    "low", "high", "bootstrap_low", "bootstrap_high", "agreement_low", "agreement_high",
+    "flagged_agreement_low", "flagged_agreement_high", "noise_floor_low", "noise_floor_high",
+})
 POLICY = ReportPolicy(bootstrap_resamples=500)
 GENERATED = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -64,7 +82,47 @@ def records_dir(tmp_path: Path) -> Path:
 def test_the_report_from_records_is_byte_for_byte_the_one_written_before(records_dir: Path) -> None:
     records = JsonlRecordStore(records_dir).read_week_sync(2026, 48)
     report = build_weekly_report(records, "2026-W48", POLICY, generated_at=GENERATED)
-    assert _as_before(report) == BEFORE.read_text(encoding="utf-8")
+    assert _as_before(report) == PINNED.read_text(encoding="utf-8")
+
+
+def _differences(before: Any, now: Any, path: str = "") -> list[str]:
+    """Where `now` says something else than `before`, beyond what another stream of draws may move."""
+    key = path.rsplit(".", 1)[-1]
+    if isinstance(before, dict) and isinstance(now, dict):
+        if before.keys() != now.keys():
+            return [f"{path}: fields {sorted(before.keys() ^ now.keys())}"]
+        return [d for k in before for d in _differences(before[k], now[k], f"{path}.{k}")]
+    if isinstance(before, list) and isinstance(now, list):
+        if len(before) != len(now):
+            return [f"{path}: {len(before)} items, now {len(now)}"]
+        return [d for i, (b, n) in enumerate(zip(before, now, strict=True)) for d in _differences(b, n, path)]
+    if isinstance(before, float) and isinstance(now, float):
+        if key in DRAWN:  # a 2.5 % quantile of 500 resamples: its Monte Carlo error, not a change
+            close = math.isclose(before, now, abs_tol=0.02)
+        elif key == "design_effect":  # a ratio of variances, floored at 1
+            close = math.isclose(before, now, abs_tol=0.15)
+        elif key == "action_kappa":  # statsmodels' kappa of the table, scikit-learn's before
+            close = math.isclose(before, now, rel_tol=1e-12)
+        else:
+            close = before == now
+        return [] if close else [f"{path}: {before} → {now}"]
+    if path == ".sample_size.frames":  # scaled by the design effect
+        return [] if math.isclose(before, now, rel_tol=0.05) else [f"{path}: {before} → {now}"]
+    if isinstance(before, str) and isinstance(now, str):  # the sentences, their figures aside
+        digits = re.compile(r"[0-9][0-9.,]*")
+        return [] if digits.sub("#", before) == digits.sub("#", now) else [f"{path}: {before!r} → {now!r}"]
+    return [] if before == now else [f"{path}: {before!r} → {now!r}"]
+
+
+def test_today_s_report_says_what_the_record_by_record_report_said() -> None:
+    before = json.loads(BEFORE.read_text(encoding="utf-8"))
+    now = json.loads(PINNED.read_text(encoding="utf-8"))
+    assert _differences(before, now) == []
+    # and the check would see a change: a point estimate, a count, a verdict's words
+    assert _differences(before, {**now, "comparison": {**now["comparison"], "frames": 1}})
+    moved = {**now["comparison"]["agreement"], "value": now["comparison"]["agreement"]["value"] + 1e-9}
+    assert _differences(before, {**now, "comparison": {**now["comparison"], "agreement": moved}})
+    assert _differences(before, {**now, "recommendation": {**now["recommendation"], "title": "Turn it off"}})
 
 
 def test_the_report_from_the_parquet_partition_is_byte_for_byte_the_same(records_dir: Path) -> None:
@@ -74,7 +132,7 @@ def test_the_report_from_the_parquet_partition_is_byte_for_byte_the_same(records
     partition = partition_dir(records_dir, 2026, 48)
     assert sum(pq.ParquetFile(p).metadata.num_rows for p in partition.glob("*.parquet")) == 8824
     report = build_weekly_report_from(partition, "2026-W48", POLICY, generated_at=GENERATED)
-    assert _as_before(report) == BEFORE.read_text(encoding="utf-8")
+    assert _as_before(report) == PINNED.read_text(encoding="utf-8")
     assert convert_jsonl_weeks(records_dir) == {}  # converted weeks are left alone
 
 
@@ -109,8 +167,12 @@ def test_bootstrap_weights_drawn_a_slice_at_a_time_are_the_draws_of_one_call() -
     sliced = Collect()
     run_bootstrap([(300, 250, 11, sliced)], cells=300 * 40)
     assert len(sliced.rows) == 7  # 40 resamples a slice
-    whole = np.random.default_rng(11).multinomial(300, np.full(300, 1 / 300), size=250)
+    # each resample: 300 videos drawn with replacement, a video's weight the times it was drawn
+    rng = np.random.default_rng(11)
+    whole = np.stack([np.bincount(rng.integers(0, 300, size=300, dtype=np.int32), minlength=300)
+                      for _ in range(250)])
     assert np.array_equal(np.vstack(sliced.rows), whole)
+    assert (whole.sum(axis=1) == 300).all()
 
 
 def test_records_of_the_old_form_without_an_engine_read_as_vllm(tmp_path: Path) -> None:
