@@ -41,6 +41,7 @@ from gateway.telemetry.metrics import GatewayMetrics
 
 
 def policy_store(settings: Settings, state: aioredis.Redis | None) -> PolicyStore:
+    """The policy document: shared by every replica in Redis when it is configured, else this process's."""
     if state is None:
         return MemoryPolicyStore()
     group = settings.policy
@@ -63,6 +64,7 @@ def job_service(
     drain: Drain,
     videos: VideoJobs,
 ) -> JobService:
+    """The job service: its jobs durable in Redis streams when Redis is configured; webhooks with a secret."""
     group = settings.jobs
     store: JobStore = (
         MemoryJobStore()

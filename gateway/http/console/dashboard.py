@@ -1,5 +1,4 @@
-"""What the console's page shows, read now from the parts it watches: the policy, the recent window's figures,
-the engines' health, the audit trail and the newest weekly quality report."""
+"""What the console's page shows, read now: the policy, recent figures, engine health, audit, quality."""
 
 from __future__ import annotations
 
@@ -97,6 +96,7 @@ class Dashboard:
         }
 
     async def audit(self) -> tuple[list[AuditEntry], str | None]:
+        """The audit trail's newest rows, or none and why (the store is unreachable)."""
         try:
             return await self.policies.audit(self.settings.console.audit_rows), None
         except ModgateError as exc:  # Redis down: the page still shows everything else
