@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections import deque
 from datetime import datetime
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict
@@ -48,6 +48,7 @@ class QuestionRow(BaseModel):
     latency_ms: float
 
 
+@runtime_checkable  # the app's handlers take it as a dependency, which Litestar checks by isinstance
 class QuestionLog(Protocol):
     """Where Decisions rows go."""
 

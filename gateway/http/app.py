@@ -2,7 +2,9 @@
 
 Who may call what is declared here, once per group of routes: business routes behind the API-key guard,
 admin routes behind the admin-token guard (gateway/http/guards.py), the console with its own dependencies
-on who is asking, and the operations routes (health, metrics, stats) open.
+on who is asking, and the operations routes (health, metrics, stats) open. Each handler names the parts it
+uses (``jobs: NamedDependency[JobService]``), handed out from what the lifespan built once
+(gateway/http/providers.py).
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from contextlib import asynccontextmanager
 
 import httpx
 from litestar import Litestar, Response, Router
-from litestar.datastructures import State
-from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.plugins.pydantic import PydanticDIPlugin, PydanticSchemaPlugin
 
@@ -26,8 +26,9 @@ from gateway.http.error_handlers import EXCEPTION_HANDLERS
 from gateway.http.guards import ACTOR, CALLER, admin_token, business_key
 from gateway.http.json_body import JsonTypesPlugin
 from gateway.http.openapi import exact_openapi
+from gateway.http.providers import PROVIDERS, keep_built
 from gateway.http.routes import admin, decisions, jobs, moderations, ops, review, videos
-from gateway.http.services import Services, open_services
+from gateway.http.services import open_services
 from gateway.settings import Settings
 
 log = logging.getLogger("modgate.gateway")
@@ -56,12 +57,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         async with open_services(settings, keys, engine_transport, drain=drain) as services:
-            app.state.services = services
+            keep_built(app, services)
             yield
-
-    def provide_services(state: State) -> Services:
-        services: Services = state.services
-        return services
 
     async def close_while_draining(response: Response[object]) -> Response[object]:
         # Keep-alive callers come back through the load balancer, to a replica that stays.
@@ -84,7 +81,7 @@ def create_app(
             Router("/", route_handlers=[*console.ROUTES, *review_page.ROUTES, *oidc_routes.ROUTES],
                    dependencies=console.OPERATOR),
         ],
-        dependencies={"services": Provide(provide_services, sync_to_thread=False)},
+        dependencies=PROVIDERS,  # each part the lifespan built, by name: a handler takes the ones it uses
         lifespan=[lifespan],
         after_request=close_while_draining,
         exception_handlers=EXCEPTION_HANDLERS,

@@ -27,31 +27,26 @@ from litestar.handlers import BaseRouteHandler
 from gateway.caller import Caller
 from gateway.http.auth import operator_name
 from gateway.http.console.access import console_session, require
-from gateway.http.services import Services
+from gateway.http.providers import services_of
 
 # Where a guard leaves what it found, in the request's scope state, for the providers below.
 _CALLER: Final = "modgate.caller"
 _ACTOR: Final = "modgate.actor"
 
 
-def _services(connection: ASGIConnection[Any, Any, Any, Any]) -> Services:
-    services: Services = connection.app.state.services
-    return services
-
-
 async def business_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """A business call: the tenant behind its API key, or 401 (503 when the key store cannot be asked)."""
-    keys = _services(connection).keys
+    keys = services_of(connection.app).keys
     connection.state[_CALLER] = await keys.authenticate(connection.headers.get("authorization"))
 
 
 async def admin_token(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """An admin call: the admin token (401, 403), and a name for the audit trail (the operator's, if sent,
     and the token's id)."""
-    services = _services(connection)
+    services = services_of(connection.app)
     authorization = connection.headers.get("authorization")
     if authorization is None:  # a reviewer's console session is known, and not allowed here: 403, not 401
-        session = await console_session(connection, services)
+        session = await console_session(connection, services.settings, services.console)
         if session is not None:
             require(session.role, "admin")
     token_id = await services.keys.authorize_admin(authorization)

@@ -1,4 +1,8 @@
-"""What the handlers share, built once per app in the lifespan and closed in ``finally``."""
+"""The gateway's long-lived parts, built once per app by the lifespan and closed on its way out.
+
+:func:`open_services` opens every client once, on one exit stack; the app's providers hand each part to the
+handlers that name it (gateway/http/providers.py). Where each part keeps its state: gateway/http/stores.py.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,9 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import httpx
@@ -18,24 +22,15 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from contracts.decisions import archive_missing
-from contracts.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
-from gateway.decisions.log import (
-    DecisionArchiver,
-    DecisionLog,
-    MemoryDecisionLog,
-    RedisDecisionLog,
-    unlogged_counter,
-)
-from gateway.decisions.questions import MemoryQuestionLog, QuestionLog, RedisQuestionLog
+from gateway.decisions.log import DecisionArchiver, DecisionLog, RedisDecisionLog, unlogged_counter
+from gateway.decisions.questions import QuestionLog
 from gateway.decisions.rows import review_label_row
 from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
-from gateway.engine.circuit import CircuitBreaker
 from gateway.engine.client import EngineClient
 from gateway.engine.first_request import FirstRequestProbe
 from gateway.engine.pool import EnginePool
 from gateway.engine.pool_build import build_engine_pool, register_pool_metrics
-from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
 from gateway.engine.prefix_keeper import PrefixKeeper
 from gateway.engine.startup_check import CheckTargets, EngineCheck, EngineChecks
 from gateway.http.auth import KeyRing
@@ -43,44 +38,38 @@ from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console
 from gateway.http.console.oidc import OidcSignIn
 from gateway.http.keys_store import RedisKeyStore
 from gateway.http.quotas import MemoryKeyframeRate, RedisKeyframeRate, TenantQuotas
+from gateway.http.stores import (
+    decision_log,
+    job_service,
+    near_duplicates,
+    policy_store,
+    quality_records,
+    question_log,
+    review_queue,
+    verdict_cache,
+)
+from gateway.http.system_prompts import prefix_strategy_setting, system_prompt
 from gateway.http.tenant_figures import TenantFigures
 from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
 from gateway.jobs.models import JobReview
 from gateway.jobs.service import JobService
-from gateway.jobs.store import JobStore
-from gateway.jobs.store_memory import MemoryJobStore
-from gateway.jobs.store_redis import RedisJobStore
 from gateway.jobs.video import PROBE_WORKERS, VideoJobs
-from gateway.jobs.webhooks import WebhookSender
 from gateway.moderation.engine_identity import EngineIdentity
 from gateway.moderation.remote_images import VIDEOS, RemoteImageFetcher
 from gateway.moderation.service import ModerationService
 from gateway.moderation.shadow import SecondEngine, ShadowSampler
 from gateway.moderation.shaping_pool import ShapingPool
-from gateway.moderation.verdict_cache import (
-    MemoryVerdictCache,
-    NearDuplicateRule,
-    RedisVerdictCache,
-    VerdictCache,
-)
 from gateway.policy.rules import MODES, Mode, PolicyStore
-from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
-from gateway.review.metrics import ReviewMetrics
 from gateway.review.models import LabelledItem
 from gateway.review.service import ReviewQueue
-from gateway.review.store import ReviewStore
-from gateway.review.store_memory import MemoryReviewStore
-from gateway.review.store_redis import RedisReviewStore
 from gateway.settings import Settings
 from gateway.state import SOCKET_TIMEOUT_S, open_redis
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import RequestRecorder
 from gateway.telemetry.tracing import Telemetry, build_telemetry
 from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
-from shaping.prefix import GuidanceTooShort
-from shaping.prefix_strategy import PrefixStrategySetting
-from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
-from shaping.verdict import VERDICT_FORMATS, VerdictFormat
+from shaping.prompt import load_system_prompt, prompt_version_for
+from shaping.verdict import VERDICT_FORMATS
 
 log = logging.getLogger("modgate.gateway")
 
@@ -89,35 +78,34 @@ class MissingEngine(ValueError):
     """The settings name no engine and no test transport stands in for one."""
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Services:
-    """The app's long-lived parts."""
+    """The app's long-lived parts as :func:`open_services` built them; each handler names the ones it uses."""
 
     settings: Settings
     keys: KeyRing
-    engine: EngineClient
-    admission: AdmissionQueue
+    engine: EngineClient  # the first engine's client (the pool holds every engine's)
+    admission: AdmissionQueue  # the engines' one queue
     policies: PolicyStore
     metrics: GatewayMetrics
     moderation: ModerationService
     telemetry: Telemetry  # this app's OpenTelemetry providers and tracer
     recent: RecentRequests  # per-keyframe samples of the last telemetry.window_s seconds (GET /stats)
     engine_cache: EngineCacheScraper  # the engine's prefix-cache counters, differenced between scrapes
-    circuit: CircuitBreaker  # the engine's circuit breaker
     jobs: JobService  # keyframe batches worked in the background (durable with Redis)
-    engines: EnginePool  # every engine; ``engine`` and ``circuit`` are the first's, ``admission`` their queue
+    engines: EnginePool  # every engine: a client, breaker and cap each, behind ``admission``
     quotas: TenantQuotas  # per-tenant keyframes a minute and requests at once (gateway/http/quotas.py)
     tenants: TenantFigures  # per-tenant figures for /stats, /metrics and the console
     console: ConsoleGuard  # failed console sign-ins and revoked sessions (shared in Redis when configured)
     review: ReviewQueue  # frames people label (gateway/review/: Redis streams when Redis is configured)
-    drain: Drain = field(default_factory=Drain)  # set by SIGTERM: /readyz 503 while still serving
-    # what each engine was found to lack at start (gateway/engine/startup_check.py); empty until checked
-    engine_checks: EngineChecks = field(default_factory=lambda: EngineChecks([], CheckTargets("auto", 0)))
-    prefix: PrefixKeeper | None = None  # each engine's prefix strategy and priming (/readyz)
+    drain: Drain  # set by SIGTERM: /readyz 503 while still serving
+    # what each engine was found to lack at start (gateway/engine/startup_check.py)
+    engine_checks: EngineChecks
+    prefix: PrefixKeeper  # each engine's prefix strategy and priming (/readyz)
     # each engine's first tiny request, sent by /readyz once it is healthy (gateway/engine/first_request.py)
-    first_request: FirstRequestProbe = field(default_factory=FirstRequestProbe)
-    oidc: OidcSignIn | None = None  # the console's OpenID Connect sign-in (None: MODGATE_OIDC__ISSUER unset)
-    questions: QuestionLog = field(default_factory=MemoryQuestionLog)  # one row per Decisions request
+    first_request: FirstRequestProbe
+    oidc: OidcSignIn | None  # the console's OpenID Connect sign-in (None: MODGATE_OIDC__ISSUER unset)
+    question_log: QuestionLog  # one row per Decisions request
 
 
 def _remote_images(settings: Settings) -> RemoteImageFetcher | None:
@@ -148,49 +136,6 @@ def _video_fetcher(settings: Settings) -> RemoteImageFetcher | None:
     )
 
 
-def _job_service(
-    settings: Settings,
-    state: aioredis.Redis | None,
-    moderation: ModerationService,
-    executor: Executor,
-    remote_images: RemoteImageFetcher | None,
-    drain: Drain,
-    videos: VideoJobs,
-) -> JobService:
-    group = settings.jobs
-    store: JobStore = (
-        MemoryJobStore()
-        if state is None
-        else RedisJobStore(state, claim_idle_s=group.claim_idle_s, ttl_s=group.result_ttl_s,
-                           wait_replicas=group.wait_replicas, wait_timeout_ms=group.wait_timeout_ms)
-    )
-    secret = group.webhook_secret
-    webhooks = (
-        None
-        if secret is None
-        else WebhookSender(
-            secret.get_secret_value(), timeout_s=group.webhook_timeout_s, attempts=group.webhook_attempts
-        )
-    )
-    return JobService(store, group, moderation, executor, remote_images=remote_images, webhooks=webhooks,
-                      accepting=lambda: not drain.active, videos=videos)
-
-
-def _review_queue(
-    settings: Settings, state: aioredis.Redis | None, metrics: GatewayMetrics
-) -> ReviewQueue:
-    """The review queue: durable in Redis streams when Redis is configured, else this process's memory."""
-    group = settings.review
-    store: ReviewStore = (
-        MemoryReviewStore(claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s,
-                          max_items=group.memory_max_items)
-        if state is None
-        else RedisReviewStore(state, claim_timeout_s=group.claim_timeout_s, retention_s=group.retention_s,
-                              wait_replicas=group.wait_replicas, wait_timeout_ms=group.wait_timeout_ms)
-    )
-    return ReviewQueue(store, group, metrics=ReviewMetrics(metrics.registry, group.oldest_alert_s))
-
-
 async def _label_to_job(jobs: JobService, decisions: DecisionLog, done: LabelledItem) -> None:
     """A label into the decision log (never raises: a failed append is retried in the background), then,
     for a frame of an async job, the person's decision beside the model's in the job (and its webhook)."""
@@ -203,66 +148,6 @@ async def _label_to_job(jobs: JobService, decisions: DecisionLog, done: Labelled
         model_action=item.action, model_categories=list(item.categories), agrees=done.agrees,
         labelled_at=label.labelled_at,
     ))
-
-
-def _near_duplicates(settings: Settings) -> NearDuplicateRule:
-    """When two frames count as one picture: for the verdict cache and between a video's frames."""
-    shaping = settings.shaping
-    return NearDuplicateRule(shaping.near_duplicate_distance, shaping.near_duplicate_colour_delta)
-
-
-def _verdict_cache(settings: Settings, state: aioredis.Redis | None) -> VerdictCache:
-    """Reused verdicts: shared in Redis when it is configured, else this process's memory."""
-    shaping = settings.shaping
-    rule = _near_duplicates(settings)
-    if state is None:
-        return MemoryVerdictCache(shaping.verdict_cache_ttl_s, shaping.verdict_cache_max_entries, rule)
-    return RedisVerdictCache(state, shaping.verdict_cache_ttl_s, rule)
-
-
-def prefix_strategy_setting(settings: Settings) -> PrefixStrategySetting:
-    """``MODGATE_SHAPING__PREFIX_STRATEGY``; the older ``BLOCK_FILLING_PREFIX=true`` reads as block-fill."""
-    shaping = settings.shaping
-    if shaping.prefix_strategy == "auto" and shaping.block_filling_prefix:
-        return "block-fill"
-    return shaping.prefix_strategy
-
-
-async def _system_prompt(
-    settings: Settings,
-    engine: EngineClient,
-    verdict_format: VerdictFormat,
-    metrics: GatewayMetrics,
-    fill: bool,
-) -> SystemPrompt:
-    """The canonical prompt; filled with policy guidance to the engine's next whole cache block if asked.
-
-    Measured once at start on the engine's own /tokenize. An engine that cannot be measured leaves the plain
-    prompt in force (said loudly): the gateway still serves, the cache just cannot hit.
-    """
-    version = prompt_version_for(verdict_format)
-    cacheable = metrics.cacheable_prefix.labels(verdict_format)
-    cacheable.set(0)
-    if not fill:
-        return load_system_prompt(version)
-    try:
-        prompt, filled = await block_filled_prompt(engine, settings.shaping.prefix_block_size, verdict_format)
-    except (PrefixPlanError, GuidanceTooShort) as exc:
-        log.error(
-            "block-filling prefix OFF (%s verdict): %s; serving the plain system prompt", verdict_format, exc
-        )
-        return load_system_prompt(version)
-    log.warning(
-        "block-filling prefix on (%s verdict): +%d tokens of policy guidance; shared prefix %d tokens "
-        "(block %d, +%d)",
-        verdict_format,
-        filled.added_tokens,
-        filled.shared_tokens,
-        filled.block_size,
-        filled.overshoot,
-    )
-    cacheable.set(filled.shared_tokens // filled.block_size * filled.block_size)  # whole blocks only
-    return prompt
 
 
 def _second_engine(settings: Settings, state: aioredis.Redis | None) -> SecondEngine | None:
@@ -286,14 +171,6 @@ def _is_default_mode(policies: PolicyStore, mode: Mode) -> float:
     return 1.0 if policies.current().default_mode == mode else 0.0
 
 
-def _quality_records(settings: Settings, state: aioredis.Redis | None) -> RecordStore:
-    """Shadow pairs: weekly JSONL files, mirrored to a Redis stream when Redis is configured."""
-    files = JsonlRecordStore(settings.quality.records_dir)
-    if state is None:
-        return files
-    return MirroredRecordStore(files, RedisRecordStore(state, stream=settings.quality.redis_stream))
-
-
 def redis_client(url: str) -> aioredis.Redis:
     """The service's one Redis client, shared by every store: the policy, engine leases, API keys, tenants and
     quotas, jobs, reused verdicts, shadow records and the console's sign-ins and sessions.
@@ -305,20 +182,6 @@ def redis_client(url: str) -> aioredis.Redis:
     return open_redis(  # a plain server, or the primary behind Sentinel (gateway/state.py)
         url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=2.0, health_check_interval=10,
         retry=Retry(NoBackoff(), 0),
-    )
-
-
-def _policy_store(settings: Settings, state: aioredis.Redis | None) -> PolicyStore:
-    if state is None:
-        return MemoryPolicyStore()
-    group = settings.policy
-    return RedisPolicyStore(
-        state,
-        key_prefix=group.key_prefix,
-        reload_interval_s=group.reload_interval_s,
-        timeout_s=group.redis_timeout_s,
-        reconnect_interval_s=group.reconnect_interval_s,
-        audit_max_entries=group.audit_max_entries,
     )
 
 
@@ -382,8 +245,8 @@ async def open_services(
             settings, engine_urls, engine_transport, weight=directory.weight, state=state
         )
         stack.push_async_callback(engines.aclose)  # every engine's connections, and this replica's leases
-        engine, circuit, admission = engines.engines[0].client, engines.engines[0].circuit, engines.queue
-        policies = _policy_store(settings, state)
+        engine, admission = engines.engines[0].client, engines.queue
+        policies = policy_store(settings, state)
         stack.push_async_callback(policies.stop)
         metrics = GatewayMetrics()
         for slot in engines.engines:
@@ -427,7 +290,7 @@ async def open_services(
             policies=policies,
             metrics=metrics,
             system_prompts={
-                verdict_format: await _system_prompt(
+                verdict_format: await system_prompt(
                     settings, engine, verdict_format, metrics, first.action == "fill"
                 )
                 for verdict_format in VERDICT_FORMATS
@@ -436,10 +299,10 @@ async def open_services(
             tracer=telemetry.tracer,
             recorder=RequestRecorder(metrics, recent, telemetry.instruments),
             remote_images=remote_images,
-            verdicts=_verdict_cache(settings, state),
+            verdicts=verdict_cache(settings, state),
             engines=engines,
         )
-        records = _quality_records(settings, state)
+        records = quality_records(settings, state)
         stack.push_async_callback(records.aclose)
         second = _second_engine(settings, state)
         if second is not None:
@@ -447,7 +310,7 @@ async def open_services(
             for slot in second.engines.engines:
                 slot.client.count_calls(metrics.engine_call)
             second.engines.start()
-        moderation.review = _review_queue(settings, state, metrics)
+        moderation.review = review_queue(settings, state, metrics)
         moderation.shadow = ShadowSampler(
             engines=engines,
             store=records,
@@ -468,10 +331,7 @@ async def open_services(
         for mode in MODES:
             metrics.default_mode.labels(mode).set_function(partial(_is_default_mode, policies, mode))
         unlogged = unlogged_counter(metrics.registry)
-        moderation.decisions = (
-            MemoryDecisionLog(settings.decisions, unlogged) if state is None
-            else RedisDecisionLog(state, settings.decisions, unlogged)
-        )
+        moderation.decisions = decision_log(settings, state, unlogged)
         if isinstance(moderation.decisions, RedisDecisionLog):  # rows still being retried: 5 s, then counted
             stack.push_async_callback(moderation.decisions.close, 5.0)
         archiver = DecisionArchiver(moderation.decisions, settings.decisions.archive_interval_s)
@@ -486,9 +346,9 @@ async def open_services(
         stack.callback(video_probes.shutdown, wait=False, cancel_futures=True)
         videos = VideoJobs(
             settings.videos, settings.jobs, video_threads, video_fetcher, video_probes,
-            _near_duplicates(settings),
+            near_duplicates(settings),
         )
-        jobs = _job_service(settings, state, moderation, executor, remote_images, drain, videos)
+        jobs = job_service(settings, state, moderation, executor, remote_images, drain, videos)
         stack.push_async_callback(jobs.stop)
         moderation.review.on_label = partial(_label_to_job, jobs, moderation.decisions)
         await policies.start()  # never fails on a dead Redis: it serves the last known policy and says so
@@ -534,7 +394,6 @@ async def open_services(
             telemetry=telemetry,
             recent=recent,
             engine_cache=engine_cache,
-            circuit=circuit,
             jobs=jobs,
             engines=engines,
             quotas=quotas,
@@ -553,6 +412,5 @@ async def open_services(
             prefix=prefix,
             first_request=first_request,
             oidc=oidc,
-            questions=MemoryQuestionLog() if state is None else RedisQuestionLog(state, settings.decisions,
-                                                                                 unlogged),
+            question_log=question_log(settings, state, unlogged),
         )

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -437,6 +437,7 @@ class StoreStatus(BaseModel):
     detail: str | None = None
 
 
+@runtime_checkable  # the app's handlers take it as a dependency, which Litestar checks by isinstance
 class PolicyStore(Protocol):
     """Where the policy lives: memory by default, Redis when configured (see gateway.policy.store)."""
 

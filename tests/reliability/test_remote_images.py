@@ -19,6 +19,7 @@ from cli.embedded import ThreadedServer
 from deploy.keyframes import make_keyframe
 from gateway.errors import ModgateError
 from gateway.http.app import create_app
+from gateway.http.providers import services_of
 from gateway.moderation import remote_images
 from gateway.moderation.remote_images import (
     RemoteImageFetcher,
@@ -363,7 +364,7 @@ async def test_the_gateway_moderates_a_fetched_image(sim: ThreadedServer) -> Non
     app = create_app(settings)
     async with AsyncTestClient(app, timeout=30) as client:
         # The network is faked (a public address, an origin in memory); the gateway path is real.
-        app.state.services.moderation.remote_images = fetcher(
+        services_of(app).moderation.remote_images = fetcher(
             FakeDns({"cdn.example.com": [PUBLIC]}), Origin(serve_frame)
         )
         response = await client.post("/v1/moderations", json=image_url_body("https://cdn.example.com/f.jpg"))

@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from deploy.keyframes import make_keyframe
 from gateway.http.app import create_app
+from gateway.http.providers import services_of
 from gateway.http.services import Services
 from gateway.settings import Settings
 from tests.support import SimFactory, data_url, image_input
@@ -64,7 +65,7 @@ async def test_one_request_moves_each_sink_exactly_once(
                         telemetry={"engine_scrape_interval_s": 0}, shaping={"verdict_cache_ttl_s": 0})
     exporter = InMemorySpanExporter()
     async with AsyncTestClient(create_app(settings)) as client:
-        services: Services = client.app.state.services
+        services = services_of(client.app)
         services.telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
         requests = counted(services, "modgate_requests_total")
         seconds = counted(services, "modgate_request_seconds_count")

@@ -10,6 +10,7 @@ from litestar.testing import AsyncTestClient
 
 from deploy.videos import Scene, make_video
 from gateway.http.app import create_app
+from gateway.http.providers import services_of
 from gateway.settings import Settings
 from tests.processes import poll_async
 from tests.video.test_video_jobs import job_body
@@ -45,9 +46,9 @@ async def test_a_video_submitted_behind_a_full_cut_queue_gets_a_429_with_retry_a
     app = create_app(Settings(engine={"url": sim.url}))
     video = make_video(SHOTS)
     async with AsyncTestClient(app, timeout=30) as client:
-        videos = app.state.services.jobs.videos
+        videos = services_of(app).jobs.videos
         videos.max_queued = 1
-        moderation = app.state.services.moderation
+        moderation = services_of(app).moderation
         held = Held(moderation.moderate)
         moderation.moderate = held
         first = await client.post("/v1/jobs", json=job_body("queued-1", video))

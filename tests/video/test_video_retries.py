@@ -12,6 +12,7 @@ from litestar.testing import AsyncTestClient
 from deploy.videos import Scene, make_video
 from gateway.errors import ServerSideError
 from gateway.http.app import create_app
+from gateway.http.providers import services_of
 from gateway.settings import Settings
 from tests.processes import poll_async
 from tests.video.test_video_jobs import job_body
@@ -52,7 +53,7 @@ async def test_a_retried_video_job_leaves_one_decision_row_per_frame_and_asks_no
     settings = Settings(engine={"url": sim.url}, jobs={"retry_wait_s": 0.05}, redis=redis)
     app = create_app(settings)
     async with AsyncTestClient(app, timeout=30) as client:
-        moderation = app.state.services.moderation
+        moderation = services_of(app).moderation
         failing = FailsOnce(moderation.moderate)
         moderation.moderate = failing
         accepted = await client.post("/v1/jobs", json=job_body("retried-1", make_video(SHOTS, fps=2)))
@@ -65,7 +66,7 @@ async def test_a_retried_video_job_leaves_one_decision_row_per_frame_and_asks_no
         job = await poll_async(done, 30, "the video job to finish")
         # the decision log lives on the app's own event loop (a Redis client is bound to it)
         rows = (await asyncio.to_thread(client.blocking_portal.call, moderation.decisions.live, since)).rows
-        store = app.state.services.jobs.store
+        store = services_of(app).jobs.store
         kept = await asyncio.to_thread(client.blocking_portal.call, store.parts, accepted.json()["id"])
     assert job["status"] == "succeeded", job
     assert job["attempts"] == 2

@@ -9,6 +9,7 @@ from litestar.testing import AsyncTestClient
 
 from deploy.videos import Scene, make_video
 from gateway.http.app import create_app
+from gateway.http.providers import services_of
 from gateway.moderation.remote_images import VIDEOS
 from gateway.settings import Settings
 from tests.processes import poll_async
@@ -38,7 +39,7 @@ async def test_a_fetched_video_is_cut_and_judged(sim: Any) -> None:
     app = create_app(Settings(engine={"url": sim.url}, remote_images=REMOTE))
     async with AsyncTestClient(app, timeout=30) as client:
         # The network is faked (a public address, an origin in memory); the gateway path is real.
-        app.state.services.jobs.videos.fetcher = fetcher(
+        services_of(app).jobs.videos.fetcher = fetcher(
             FakeDns({"cdn.example.com": [PUBLIC]}), Origin(serve_clip)
         )
         job = await job_for(client, "https://cdn.example.com/clip.mp4")
@@ -49,7 +50,7 @@ async def test_a_fetched_video_is_cut_and_judged(sim: Any) -> None:
 async def test_a_video_over_the_size_cap_fails_the_job_while_streaming(sim: Any) -> None:
     app = create_app(Settings(engine={"url": sim.url}, remote_images=REMOTE))
     async with AsyncTestClient(app, timeout=30) as client:
-        app.state.services.jobs.videos.fetcher = fetcher(
+        services_of(app).jobs.videos.fetcher = fetcher(
             FakeDns({"cdn.example.com": [PUBLIC]}), Origin(serve_clip), max_bytes=len(CLIP) // 2, what=VIDEOS
         )
         job = await job_for(client, "https://cdn.example.com/clip.mp4")

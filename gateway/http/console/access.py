@@ -16,15 +16,14 @@ CSRF token (a form field on the console's forms, the ``X-Modgate-CSRF`` header o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from litestar.connection import ASGIConnection
 
 from gateway.errors import Forbidden
+from gateway.http.console.guard import ConsoleGuard
 from gateway.http.console.sessions import ConsoleSession, Role, SessionSigner
-
-if TYPE_CHECKING:
-    from gateway.http.services import Services
+from gateway.settings import Settings
 
 SESSION_COOKIE: Final = "modgate_console"
 CSRF_HEADER: Final = "x-modgate-csrf"
@@ -48,30 +47,30 @@ def require(role: Role, area: Area) -> None:
         )
 
 
-def session_signer(services: Services) -> SessionSigner | None:
+def session_signer(settings: Settings) -> SessionSigner | None:
     """The session signer, or None while admin calls are disabled (no MODGATE_AUTH__ADMIN_TOKEN)."""
-    token = services.settings.auth.admin_token
-    return None if token is None else SessionSigner(token, services.settings.console.session_ttl_s)
+    token = settings.auth.admin_token
+    return None if token is None else SessionSigner(token, settings.console.session_ttl_s)
 
 
 async def console_session(
-    connection: ASGIConnection[Any, Any, Any, Any], services: Services
+    connection: ASGIConnection[Any, Any, Any, Any], settings: Settings, console: ConsoleGuard
 ) -> ConsoleSession | None:
     """The signed session the request's cookie carries, still in force (not signed out on any replica)."""
-    signer = session_signer(services)
+    signer = session_signer(settings)
     session = None if signer is None else signer.read(connection.cookies.get(SESSION_COOKIE))
-    if session is None or not await services.console.session_in_force(session):
+    if session is None or not await console.session_in_force(session):
         return None
     return session
 
 
-def csrf_checked(connection: ASGIConnection[Any, Any, Any, Any], services: Services,
+def csrf_checked(connection: ASGIConnection[Any, Any, Any, Any], settings: Settings,
                  session: ConsoleSession) -> None:
     """403 for a change (any method but GET, HEAD, OPTIONS) without the session's CSRF token in the
     ``X-Modgate-CSRF`` header: a browser sends the cookie on its own, never this header."""
     if connection.scope.get("method", "GET") in SAFE_METHODS:
         return
-    signer = session_signer(services)
+    signer = session_signer(settings)
     token = connection.headers.get(CSRF_HEADER, "")
     if signer is None or not signer.csrf_valid(session, token):
         raise Forbidden(

@@ -26,6 +26,7 @@ from litestar.params import FromPath
 
 from gateway.errors import Forbidden, ModgateError, NotFound, Unauthorized
 from gateway.http.console.access import require
+from gateway.http.console.oidc import OidcSignIn
 from gateway.http.console.routes import (
     _PAGE_HEADERS,
     _csrf,
@@ -38,9 +39,9 @@ from gateway.http.console.routes import (
     _sign_in_page,
 )
 from gateway.http.routes.review import ITEM_ID_PATTERN
-from gateway.http.services import Services
 from gateway.review.models import ConflictKind, QueuedItem, ReviewConflict
-from gateway.review.service import Reviewer
+from gateway.review.service import Reviewer, ReviewQueue
+from gateway.settings import Settings
 from shaping.image.data_url import decode_data_url
 from shaping.verdict import MODEL_CATEGORIES, Action
 
@@ -119,17 +120,17 @@ _CONFLICTS: Final[dict[ConflictKind, str]] = {
 
 
 async def _page(
-    services: Services, operator: _Operator, *, item: QueuedItem | None = None, status: int = 200,
-    notice: str | None = None, error: str | None = None,
+    review: ReviewQueue, settings: Settings, operator: _Operator, *, item: QueuedItem | None = None,
+    status: int = 200, notice: str | None = None, error: str | None = None,
 ) -> Response[str]:
     """The page: the item (if any), its decisions, and the queue per tenant the reviewer may see."""
     queues, queue_error = {}, None
     try:
-        queues = await services.review.queues(console_reviewer(operator))
+        queues = await review.queues(console_reviewer(operator))
     except ModgateError as exc:  # Redis down: the page still says what it can
         queue_error = exc.message
     return _html(_render(
-        "review.html", operator=operator, csrf=_csrf(services, operator), item=item.item if item else None,
+        "review.html", operator=operator, csrf=_csrf(settings, operator), item=item.item if item else None,
         decisions=[d for d in DECISIONS.values() if d.key], categories=CATEGORY_KEYS, reasons=_REASONS,
         queues=queues, queue_error=queue_error,
         notice=notice, error=error, page="review", now=time.time(),
@@ -155,100 +156,106 @@ def _done_notice(done: str | None) -> str | None:
 
 @get(PAGE, include_in_schema=False)
 async def review_page(
-    request: Request[Any, Any, Any], services: NamedDependency[Services],
+    request: Request[Any, Any, Any], settings: NamedDependency[Settings],
+    oidc: NamedDependency[OidcSignIn | None], review: NamedDependency[ReviewQueue],
     visitor: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """The page, with the item the user holds (``?item=``), or a prompt to claim the next."""
-    if services.settings.auth.admin_token is None:
-        return _sign_in_page(services, status=403)
+    if settings.auth.admin_token is None:
+        return _sign_in_page(settings, oidc, status=403)
     if visitor is None:
-        return _sign_in_page(services)
+        return _sign_in_page(settings, oidc)
     notice = _done_notice(request.query_params.get("done"))
     item_id = request.query_params.get("item")
     if item_id is None:
         if request.query_params.get("empty") is not None:
             notice = " ".join(filter(None, (notice, "Nothing waits for you now.")))
-        return await _page(services, visitor, notice=notice)
+        return await _page(review, settings, visitor, notice=notice)
     reviewer = console_reviewer(visitor)
     try:
-        found = await services.review.look(_item_id(item_id), reviewer)
+        found = await review.look(_item_id(item_id), reviewer)
     except (NotFound, Forbidden) as exc:
-        return await _page(services, visitor, status=exc.status, error=exc.message)
+        return await _page(review, settings, visitor, status=exc.status, error=exc.message)
     if found.holder != reviewer.name:
-        return await _page(services, visitor, status=409, error=(
+        return await _page(review, settings, visitor, status=409, error=(
             f"You do not hold review item {item_id} now (your claim timed out, or it was given back): "
             "claim the next item."
         ))
-    return await _page(services, visitor, item=found, notice=notice)
+    return await _page(review, settings, visitor, item=found, notice=notice)
 
 
 @post(f"{PAGE}/next", include_in_schema=False)
 async def review_claim_next(
-    request: Request[Any, Any, Any], services: NamedDependency[Services],
+    request: Request[Any, Any, Any], settings: NamedDependency[Settings],
+    oidc: NamedDependency[OidcSignIn | None], review: NamedDependency[ReviewQueue],
     person: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """Claim the next item for the user."""
     operator = person
     if operator is None:
-        return _sign_in_page(services, 401, "Sign in to review.")
-    if _csrf_refused(services, operator, await request.form()):
-        return await _page(services, operator, status=403, error=(
+        return _sign_in_page(settings, oidc, 401, "Sign in to review.")
+    if _csrf_refused(settings, operator, await request.form()):
+        return await _page(review, settings, operator, status=403, error=(
             "Refused: this form did not come from this console session. Nothing was claimed; reload the page."
         ))
     try:
-        item = await services.review.claim(console_reviewer(operator))
+        item = await review.claim(console_reviewer(operator))
     except ModgateError as exc:
-        return await _page(services, operator, status=exc.status, error=f"Nothing claimed: {exc.message}")
+        return await _page(review, settings, operator, status=exc.status,
+                           error=f"Nothing claimed: {exc.message}")
     return _next(item.id if item else None)
 
 
 @post(f"{PAGE}/{{item_id:str}}/decide", include_in_schema=False)
 async def review_decide(
-    item_id: FromPath[str], request: Request[Any, Any, Any], services: NamedDependency[Services],
+    item_id: FromPath[str], request: Request[Any, Any, Any], settings: NamedDependency[Settings],
+    oidc: NamedDependency[OidcSignIn | None], review: NamedDependency[ReviewQueue],
     person: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """Label the item the user holds (or skip it), then claim the next."""
     operator = person
     if operator is None:
-        return _sign_in_page(services, 401, "Sign in to review.")
+        return _sign_in_page(settings, oidc, 401, "Sign in to review.")
     form = await request.form()
-    if _csrf_refused(services, operator, form):
+    if _csrf_refused(settings, operator, form):
         log.warning("console: refused a review decision without a valid CSRF token (%s)", operator.actor)
-        return await _page(services, operator, status=403, error=(
+        return await _page(review, settings, operator, status=403, error=(
             "Refused: this form did not come from this console session. Nothing recorded; reload the page."
         ))
     decision = DECISIONS.get(_field(form, "decision"))
     if decision is not None:
         decision = _chosen(decision, form)
     if decision is None:
-        return await _page(services, operator, status=400, error=(
+        return await _page(review, settings, operator, status=400, error=(
             "Choose a decision: allow, block (with at least one category ticked) or skip."
         ))
     reviewer = console_reviewer(operator)
     try:
         if decision.action is None:
-            await services.review.skip(item_id, reviewer)
+            await review.skip(item_id, reviewer)
         else:
-            done = await services.review.label(item_id, reviewer, decision.action, decision.categories)
+            done = await review.label(item_id, reviewer, decision.action, decision.categories)
             log.info("review item %s labelled %s by %s (model: %s)", item_id, decision.value, reviewer.name,
                      done.item.action)
-        item = await services.review.claim(reviewer)
+        item = await review.claim(reviewer)
     except ReviewConflict as exc:
-        return await _page(services, operator, status=409, error=f"{_CONFLICTS[exc.kind]} ({exc.message})")
+        return await _page(review, settings, operator, status=409,
+                           error=f"{_CONFLICTS[exc.kind]} ({exc.message})")
     except ModgateError as exc:  # Redis down
-        return await _page(services, operator, status=exc.status, error=f"Not recorded: {exc.message}")
+        return await _page(review, settings, operator, status=exc.status,
+                           error=f"Not recorded: {exc.message}")
     done_value = f"block:{','.join(decision.categories)}" if decision.action == "block" else decision.value
     return _next(item.id if item else None, done=done_value)
 
 
 @get(f"{PAGE}/{{item_id:str}}/frame", include_in_schema=False)
 async def review_frame(
-    item_id: FromPath[str], services: NamedDependency[Services], person: NamedDependency[_Operator | None]
+    item_id: FromPath[str], review: NamedDependency[ReviewQueue], person: NamedDependency[_Operator | None]
 ) -> Response[bytes]:
     """The item's shaped frame, for a signed-in user who may review its tenant; never cached."""
     if person is None:
         raise Unauthorized("sign in to the console to see a review item's frame")
-    found = await services.review.look(_item_id(item_id), console_reviewer(person))
+    found = await review.look(_item_id(item_id), console_reviewer(person))
     mime, frame = decode_data_url(found.item.frame, len(found.item.frame))
     return Response(frame, media_type=mime, headers=_PAGE_HEADERS)
 

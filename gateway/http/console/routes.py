@@ -32,18 +32,19 @@ from litestar.params import FromPath
 from redis.exceptions import RedisError
 
 from gateway.errors import Forbidden, ModgateError, NotFound, StateUnavailable, Unauthorized
-from gateway.http.auth import OPERATOR_NAME, operator_name
+from gateway.http.auth import OPERATOR_NAME, KeyRing, operator_name
 from gateway.http.console.access import SESSION_COOKIE, console_session, require, session_signer
+from gateway.http.console.dashboard import Dashboard
+from gateway.http.console.guard import ConsoleGuard
+from gateway.http.console.oidc import OidcSignIn
 from gateway.http.console.sessions import (
     ConsoleSession,
-    QualityHeadline,
     Role,
     SessionSigner,
     latest_quality_headline,
 )
-from gateway.http.services import Services
-from gateway.policy.rules import MODES, AuditEntry, ThinkingPolicy
-from gateway.telemetry.windows import stats_document
+from gateway.policy.rules import MODES, ThinkingPolicy
+from gateway.settings import Settings
 
 log = logging.getLogger("modgate.console")
 
@@ -157,24 +158,25 @@ class _Operator:
     role: Role = "operator"  # the admin token's is an operator; a session says which
 
 
-def _signer(services: Services) -> SessionSigner | None:
+def _signer(settings: Settings) -> SessionSigner | None:
     """The session signer, or None while admin calls are disabled (no MODGATE_AUTH__ADMIN_TOKEN)."""
-    return session_signer(services)
+    return session_signer(settings)
 
 
 async def _person(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    request: Request[Any, Any, Any], settings: NamedDependency[Settings], keys: NamedDependency[KeyRing],
+    console: NamedDependency[ConsoleGuard],
 ) -> _Operator | None:
     """The header's admin token (a wrong one is a 401, a business key a 403, as on /admin), else the signed
     session still in force (not signed out, on this replica or another), whatever its role, else None."""
     authorization = request.headers.get("authorization")
     if authorization is not None:
-        token_id = await services.keys.authorize_admin(authorization)
+        token_id = await keys.authorize_admin(authorization)
         name = operator_name(request.headers.get("x-modgate-operator"))
         if name is None:
             return _Operator(token_id, f"{token_id} (console)", None)
         return _Operator(name, f"{name} ({token_id}, console)", None)
-    session = await console_session(request, services)
+    session = await console_session(request, settings, console)
     if session is None:
         return None
     return _Operator(session.operator, session.actor, session, session.role)
@@ -197,10 +199,13 @@ def _signed_in(operator: NamedDependency[_Operator | None]) -> _Operator:
 
 
 async def _visitor(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    request: Request[Any, Any, Any], settings: NamedDependency[Settings], keys: NamedDependency[KeyRing],
+    console: NamedDependency[ConsoleGuard],
 ) -> _Operator | None:
     """The page's visitor; None, not a 403, while admin calls are disabled: the page itself says so."""
-    return None if services.settings.auth.admin_token is None else await _person(request, services)
+    if settings.auth.admin_token is None:
+        return None
+    return await _person(request, settings, keys, console)
 
 
 OPERATOR = {
@@ -208,112 +213,9 @@ OPERATOR = {
     "operator": Provide(_operator, sync_to_thread=False),
     "signed_in": Provide(_signed_in, sync_to_thread=False),
     "visitor": Provide(_visitor),
+    "dashboard": Provide(Dashboard, sync_to_thread=False),
 }
-"""The console routes' dependencies on who is asking."""
-
-
-# --- what the page shows -------------------------------------------------------------------------------
-
-def _figures(services: Services) -> dict[str, Any]:
-    """The recent window's figures (GET /stats's document), flattened for the templates."""
-    stats = stats_document(services.recent, services.engine_cache)
-    latency = stats.get("latency_ms", {})
-    cache = stats.get("cache", {})
-
-    def ms(name: str, quantile: str) -> float | None:
-        value = latency.get(name, {}).get(quantile)
-        return None if value is None else float(value)
-
-    return {
-        "window_s": stats.get("window_s"),
-        "covered_s": stats.get("covered_s"),
-        "keyframes": stats.get("keyframes", 0),
-        "keyframes_per_minute": stats.get("keyframes_per_minute"),
-        "e2e_p50": ms("end_to_end", "p50"), "e2e_p95": ms("end_to_end", "p95"),
-        "ttft_p50": ms("ttft", "p50"), "ttft_p95": ms("ttft", "p95"),
-        "queue_wait_p50": ms("queue_wait", "p50"), "queue_wait_p95": ms("queue_wait", "p95"),
-        "thinking_share": stats.get("thinking_share"),
-        "reused_share": stats.get("reused_share"),
-        "escalation_share": stats.get("escalation", {}).get("share"),
-        "escalations": stats.get("escalation", {}).get("escalated", 0),
-        "escalations_skipped": stats.get("escalation", {}).get("skipped_by_cap", 0),
-        "engine_hit_rate": cache.get("engine_window_hit_rate"),
-        "engine_queries": cache.get("engine_window_queries"),
-        "engine_block_size": cache.get("engine_block_size"),
-        "engine_kind": cache.get("engine_kind"),
-        "engine_block_note": cache.get("engine_block_note"),
-        "engine_scrape_error": cache.get("engine_scrape_error"),
-        "gateway_cached_share": cache.get("gateway_cached_share"),
-        "inflight": services.admission.inflight,
-        "queued": services.admission.queued,
-        "max_inflight": sum(engine.cap for engine in services.engines.engines),
-        "queue_size": services.settings.admission.queue_size,
-    }
-
-
-async def _health(services: Services) -> dict[str, Any]:
-    """Readiness as ``GET /readyz`` judges it: every engine's /health and circuit, and the model known."""
-    engines = await services.engines.readiness()
-    model: str | None = None
-    model_error: str | None = None
-    if any(engine["up"] for engine in engines):
-        try:
-            model = await services.moderation.engine_model()
-        except ModgateError as exc:
-            model_error = exc.message
-    return {
-        "engines": engines,
-        "engines_up": sum(bool(engine["up"]) for engine in engines),
-        "ready": model is not None,
-        "model": model,
-        "model_error": model_error,
-        "store": services.policies.status(),
-        "engine_checks": services.engine_checks.findings(),  # what the start-up check found on each engine
-        "prefix": services.prefix.status() if services.prefix is not None else {},  # per engine URL
-    }
-
-
-async def _audit(services: Services) -> tuple[list[AuditEntry], str | None]:
-    try:
-        return await services.policies.audit(services.settings.console.audit_rows), None
-    except ModgateError as exc:  # Redis down: the page still shows everything else
-        return [], exc.message
-
-
-async def _view(services: Services, operator: _Operator) -> dict[str, Any]:
-    """Everything the page and its panels show, read now."""
-    policy = services.policies.current()
-    health, (audit, audit_error), quality = await asyncio.gather(
-        _health(services),
-        _audit(services),
-        asyncio.to_thread(latest_quality_headline, services.settings.console.reports_dir),
-    )
-    return {
-        "operator": operator,
-        "policy": policy,
-        "policy_hash": policy.content_hash(),
-        "shedding": services.moderation.load.shedding,
-        "figures": _figures(services),
-        "tenants": services.tenants.rows(),
-        "fairness": services.settings.admission.fairness,
-        "health": health,
-        "audit": audit,
-        "audit_error": audit_error,
-        "quality": quality,
-        "quality_advice": _quality_advice(policy, quality),
-        "reports_dir": services.settings.console.reports_dir,
-        "poll_interval_s": services.settings.console.poll_interval_s,
-        "now": datetime.now(UTC),
-    }
-
-
-def _quality_advice(policy: ThinkingPolicy, quality: QualityHeadline | None) -> str | None:
-    """A warning when the default mode goes against the newest report's recommendation."""
-    if quality is None:
-        return None
-    if policy.default_mode == "off" and quality.decision != "thinking_off_ok":
-        return f"Thinking is off, but the {quality.week} quality report says: {quality.title.lower()}."
-    return None
+"""The console routes' dependencies: who is asking, and what the page shows."""
 
 
 def _field(form: FormMultiDict, name: str) -> str:
@@ -335,42 +237,42 @@ def _see_other(location: str, cookies: list[Cookie] | None = None) -> Response[s
     return Response("", status_code=303, headers={**_PAGE_HEADERS, "Location": location}, cookies=cookies)
 
 
-def _session_cookie(services: Services, value: str, max_age: int) -> Cookie:
+def _session_cookie(settings: Settings, value: str, max_age: int) -> Cookie:
     # Path "/": the review queue's API (/admin/review/*) takes the console's session too.
     return Cookie(key=SESSION_COOKIE, value=value, path="/", max_age=max_age, httponly=True,
-                  secure=services.settings.console.cookie_secure, samesite="strict")
+                  secure=settings.console.cookie_secure, samesite="strict")
 
 
-def _sign_in_page(services: Services, status: int = 200, error: str | None = None,
+def _sign_in_page(settings: Settings, oidc: OidcSignIn | None, status: int = 200, error: str | None = None,
                   operator: str = "", cookie_dropped: bool = False,
                   headers: dict[str, str] | None = None) -> Response[str]:
     return _html(_render("sign_in.html", error=error, operator_name=operator, cookie_dropped=cookie_dropped,
-                         disabled=services.settings.auth.admin_token is None,
-                         oidc_provider=services.oidc.provider_name if services.oidc is not None else None,
-                         cookie_secure=services.settings.console.cookie_secure),
+                         disabled=settings.auth.admin_token is None,
+                         oidc_provider=oidc.provider_name if oidc is not None else None,
+                         cookie_secure=settings.console.cookie_secure),
                  status=status, headers=headers)
 
 
-def _csrf(services: Services, operator: _Operator) -> str:
+def _csrf(settings: Settings, operator: _Operator) -> str:
     """The CSRF token the session's forms carry ("" for a caller with the Authorization header)."""
-    signer = _signer(services)
+    signer = _signer(settings)
     return signer.csrf_token(operator.session) if signer is not None and operator.session is not None else ""
 
 
-def _csrf_refused(services: Services, operator: _Operator, form: FormMultiDict) -> bool:
+def _csrf_refused(settings: Settings, operator: _Operator, form: FormMultiDict) -> bool:
     """Whether a form posted with the session cookie lacks its session's CSRF token."""
-    signer = _signer(services)
+    signer = _signer(settings)
     return operator.session is not None and (
         signer is None or not signer.csrf_valid(operator.session, _field(form, "csrf"))
     )
 
 
-async def _dashboard(
-    services: Services, operator: _Operator, *, status: int = 200, error: str | None = None,
+async def _dashboard_page(
+    dashboard: Dashboard, operator: _Operator, *, status: int = 200, error: str | None = None,
     notice: str | None = None, reason: str = "",
 ) -> Response[str]:
-    view = await _view(services, operator)
-    csrf = _csrf(services, operator)
+    view = {**await dashboard.view(), "operator": operator}
+    csrf = _csrf(dashboard.settings, operator)
     return _html(_render("dashboard.html", **view, csrf=csrf, error=error, notice=notice, reason=reason,
                          panels=_PANELS), status=status)
 
@@ -379,20 +281,21 @@ async def _dashboard(
 
 @get("/console", include_in_schema=False)
 async def console_page(
-    request: Request[Any, Any, Any], services: NamedDependency[Services],
+    request: Request[Any, Any, Any], settings: NamedDependency[Settings],
+    oidc: NamedDependency[OidcSignIn | None], dashboard: NamedDependency[Dashboard],
     visitor: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """The console, or its sign-in form."""
-    if services.settings.auth.admin_token is None:
-        return _sign_in_page(services, status=403)
+    if settings.auth.admin_token is None:
+        return _sign_in_page(settings, oidc, status=403)
     operator = visitor
     if operator is None:
         # Just signed in, yet no session came back: the browser dropped the cookie (Secure over plain HTTP).
-        return _sign_in_page(services, cookie_dropped=request.query_params.get("signed_in") == "1")
+        return _sign_in_page(settings, oidc, cookie_dropped=request.query_params.get("signed_in") == "1")
     if operator.role != "operator" and operator.session is not None:
         if request.query_params.get("signed_in") is not None:
             return _see_other("/console/review")  # a reviewer who just signed in: their page
-        signer = _signer(services)
+        signer = _signer(settings)
         csrf = signer.csrf_token(operator.session) if signer is not None else ""
         return _html(_render("refused.html", csrf=csrf, message=(
             f"You are signed in as {operator.name}, a reviewer: the review queue is yours "
@@ -400,61 +303,62 @@ async def console_page(
         )), status=403)
     notice = None
     flipped = request.query_params.get("flipped")
-    policy = services.policies.current()
+    policy = dashboard.policies.current()
     if flipped is not None and flipped == str(policy.version):
         notice = f"Version {policy.version} is in force: thinking {policy.default_mode.upper()} by default."
     elif request.query_params.get("unchanged") is not None:
         notice = f"Thinking was already {policy.default_mode.upper()}: nothing changed, nothing audited."
-    return await _dashboard(services, operator, notice=notice)
+    return await _dashboard_page(dashboard, operator, notice=notice)
 
 
 @post("/console/sign-in", include_in_schema=False)
 async def console_sign_in(
-    request: Request[Any, Any, Any], services: NamedDependency[Services]
+    request: Request[Any, Any, Any], settings: NamedDependency[Settings], keys: NamedDependency[KeyRing],
+    console: NamedDependency[ConsoleGuard], oidc: NamedDependency[OidcSignIn | None],
 ) -> Response[str]:
     """Check the admin token from the form and set the signed session cookie; too many failures: 429."""
-    signer = _signer(services)
+    signer = _signer(settings)
     if signer is None:
-        return _sign_in_page(services, status=403)
+        return _sign_in_page(settings, oidc, status=403)
     where = request.client.host if request.client else "unknown"
-    limiter = services.console.limiter
+    limiter = console.limiter
     wait_s = await limiter.retry_after(where)
     if wait_s is not None:  # even the right token: guessing must gain nothing while the limit holds
         log.warning("console: sign-in refused for %d s after repeated failures (from %s)", wait_s, where)
         return _sign_in_page(
-            services, 429, f"Too many failed sign-ins: try again in {wait_s} s.",
+            settings, oidc, 429, f"Too many failed sign-ins: try again in {wait_s} s.",
             headers={"Retry-After": str(wait_s)},
         )
     form = await request.form()
     name, token = _field(form, "operator"), _field(form, "token")
     if not OPERATOR_NAME.match(name):
         return _sign_in_page(
-            services, 400, "Your name goes into the audit trail: 1-64 letters, digits or _ . @ -", name
+            settings, oidc, 400, "Your name goes into the audit trail: 1-64 letters, digits or _ . @ -", name
         )
     try:
-        token_id = await services.keys.authorize_admin(f"Bearer {token}")
+        token_id = await keys.authorize_admin(f"Bearer {token}")
     except (Unauthorized, Forbidden) as exc:
         await limiter.failed(where)
         log.warning("console: failed sign-in as %r from %s", name, where)
         if isinstance(exc, Forbidden):
             refusal = "That is a business API key: it cannot open the console."
-            return _sign_in_page(services, 403, refusal, name)
-        return _sign_in_page(services, 401, "That is not the admin token.", name)
+            return _sign_in_page(settings, oidc, 403, refusal, name)
+        return _sign_in_page(settings, oidc, 401, "That is not the admin token.", name)
     await limiter.succeeded(where)
     _, value = signer.issue(name, token_id)
     log.info("console: %s signed in (%s)", name, token_id)
-    cookie = _session_cookie(services, value, int(signer.ttl_s))
+    cookie = _session_cookie(settings, value, int(signer.ttl_s))
     return _see_other("/console?signed_in=1", cookies=[cookie])
 
 
 @post("/console/sign-out", include_in_schema=False)
 async def console_sign_out(
-    request: Request[Any, Any, Any], services: NamedDependency[Services],
-    person: NamedDependency[_Operator | None],
+    request: Request[Any, Any, Any], settings: NamedDependency[Settings],
+    console: NamedDependency[ConsoleGuard], person: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """End this session on the server (wherever a copy of its cookie went) and forget the cookie."""
     form = await request.form()
-    signer = _signer(services)
+    signer = _signer(settings)
     if person is not None and person.session is not None and signer is not None and not signer.csrf_valid(
         person.session, _field(form, "csrf")
     ):
@@ -462,18 +366,19 @@ async def console_sign_out(
         return _html(_render("refused.html", message=refusal), status=403)
     if person is not None and person.session is not None:
         try:
-            await services.console.revocations.revoke(person.session)
+            await console.revocations.revoke(person.session)
         except RedisError as exc:
             return _html(_render("refused.html", message=(
                 f"Not signed out on the server: the session store (Redis) is unreachable ({exc}). Try again."
             )), status=503)
         log.info("console: %s signed out", person.actor)
-    return _see_other("/console", cookies=[_session_cookie(services, "", 0)])
+    return _see_other("/console", cookies=[_session_cookie(settings, "", 0)])
 
 
 @post("/console/sign-out-everywhere", include_in_schema=False)
 async def console_sign_out_everywhere(
-    request: Request[Any, Any, Any], services: NamedDependency[Services],
+    request: Request[Any, Any, Any], settings: NamedDependency[Settings],
+    console: NamedDependency[ConsoleGuard], oidc: NamedDependency[OidcSignIn | None],
     operator: NamedDependency[_Operator | None],
 ) -> Response[Any]:
     """End every console session issued until now, on every replica (a lost laptop, a departing operator).
@@ -482,14 +387,14 @@ async def console_sign_out_everywhere(
     (``Authorization: Bearer <MODGATE_AUTH__ADMIN_TOKEN>``).
     """
     if operator is None:
-        return _sign_in_page(services, 401, "Sign in to sign everyone out.")
+        return _sign_in_page(settings, oidc, 401, "Sign in to sign everyone out.")
     form = await request.form()
-    if _csrf_refused(services, operator, form):
+    if _csrf_refused(settings, operator, form):
         refusal = "This sign-out did not come from the console's own page."
         return _html(_render("refused.html", message=refusal), status=403)
     now = time.time()
     try:
-        await services.console.revocations.revoke_all(now)
+        await console.revocations.revoke_all(now)
     except RedisError as exc:
         raise StateUnavailable(
             f"cannot sign everyone out: the session store (Redis) is unreachable ({exc})"
@@ -497,44 +402,45 @@ async def console_sign_out_everywhere(
     log.warning("console: every session issued until now was ended by %s", operator.actor)
     if operator.session is None:
         return Response({"signed_out_before": now}, status_code=200, headers=_PAGE_HEADERS)
-    return _see_other("/console", cookies=[_session_cookie(services, "", 0)])
+    return _see_other("/console", cookies=[_session_cookie(settings, "", 0)])
 
 
 @post("/console/thinking", include_in_schema=False)
 async def console_flip_thinking(
-    request: Request[Any, Any, Any], services: NamedDependency[Services],
-    operator: NamedDependency[_Operator | None],
+    request: Request[Any, Any, Any], oidc: NamedDependency[OidcSignIn | None],
+    dashboard: NamedDependency[Dashboard], operator: NamedDependency[_Operator | None],
 ) -> Response[str]:
     """Set the default thinking mode, with a reason, the version the page showed and the CSRF token."""
+    settings, policies = dashboard.settings, dashboard.policies
     if operator is None:
-        return _sign_in_page(services, 401, "Sign in to change the thinking policy.")
+        return _sign_in_page(settings, oidc, 401, "Sign in to change the thinking policy.")
     form = await request.form()
     reason = _field(form, "reason")
-    if _csrf_refused(services, operator, form):
+    if _csrf_refused(settings, operator, form):
         log.warning("console: refused a flip without a valid CSRF token (session of %s)", operator.name)
-        return await _dashboard(services, operator, status=403, reason=reason, error=(
+        return await _dashboard_page(dashboard, operator, status=403, reason=reason, error=(
             "Refused: this form did not come from this console session. Nothing changed; reload the page."
         ))
     mode = _field(form, "mode")
     if mode not in MODES:
-        return await _dashboard(services, operator, status=400, reason=reason,
+        return await _dashboard_page(dashboard, operator, status=400, reason=reason,
                                 error="Choose a mode: on, off or escalate.")
     if not REASON_MIN <= len(reason) <= REASON_MAX:
-        return await _dashboard(services, operator, status=400, reason=reason, error=(
+        return await _dashboard_page(dashboard, operator, status=400, reason=reason, error=(
             f"A reason ({REASON_MIN}-{REASON_MAX} characters) is required: it goes into the audit trail. "
             "Nothing changed."
         ))
     version_text = _field(form, "version")
     if not version_text.isdigit():
-        return await _dashboard(services, operator, status=400, reason=reason,
+        return await _dashboard_page(dashboard, operator, status=400, reason=reason,
                                 error="The form lost the policy version it was made from: reload the page.")
-    current = services.policies.current()
+    current = policies.current()
     try:
-        update = await services.policies.replace(
+        update = await policies.replace(
             current.model_copy(update={"default_mode": mode}), operator.actor, reason, int(version_text)
         )
     except ModgateError as exc:  # 409 another flip came first, 503 Redis down: say so, keep the reason typed
-        return await _dashboard(services, operator, status=exc.status, reason=reason,
+        return await _dashboard_page(dashboard, operator, status=exc.status, reason=reason,
                                 error=f"Not changed: {exc.message}")
     if not update.changed:
         return _see_other("/console?unchanged=1")
@@ -545,10 +451,10 @@ async def console_flip_thinking(
 
 @get("/console/panels", include_in_schema=False)
 async def console_panels(
-    services: NamedDependency[Services], signed_in: NamedDependency[_Operator]
+    dashboard: NamedDependency[Dashboard], signed_in: NamedDependency[_Operator]
 ) -> Response[dict[str, Any]]:
     """The page's panels rendered now, for the page to swap in (and the policy version, to spot a flip)."""
-    view = await _view(services, signed_in)
+    view = {**await dashboard.view(), "operator": signed_in}
     panels = {name: _render(f"_{name}.html", **view) for name in _PANELS}
     policy: ThinkingPolicy = view["policy"]
     body = {"policy_version": policy.version, "default_mode": policy.default_mode, "panels": panels}
@@ -557,13 +463,13 @@ async def console_panels(
 
 @get("/console/quality/latest", include_in_schema=False)
 async def console_quality_report(
-    services: NamedDependency[Services], signed_in: NamedDependency[_Operator]
+    settings: NamedDependency[Settings], signed_in: NamedDependency[_Operator]
 ) -> Response[bytes]:
     """The newest weekly quality report's HTML file, as ``modgate quality report`` wrote it (``signed_in``: an
     operator's only)."""
-    quality = await asyncio.to_thread(latest_quality_headline, services.settings.console.reports_dir)
+    quality = await asyncio.to_thread(latest_quality_headline, settings.console.reports_dir)
     if quality is None or quality.html_report is None:
-        raise NotFound(f"no HTML quality report in {services.settings.console.reports_dir}",
+        raise NotFound(f"no HTML quality report in {settings.console.reports_dir}",
                        code="no_quality_report")
     body = await asyncio.to_thread(quality.html_report.read_bytes)
     return Response(body, media_type=MediaType.HTML, headers=_REPORT_HEADERS)

@@ -22,9 +22,8 @@ from gateway.errors import InvalidRequest, UnprocessableRequest
 from gateway.http.json_body import integral_numbers, validate_json_body
 from gateway.http.routes import responses
 from gateway.http.routes.responses import error_responses
-from gateway.http.services import Services
 from gateway.policy.moderation import ModerationPolicy
-from gateway.policy.rules import ThinkingPolicy
+from gateway.policy.rules import PolicyStore, ThinkingPolicy
 
 log = logging.getLogger("modgate.admin")
 
@@ -87,11 +86,11 @@ async def _policy_change(request: Request[Any, Any, Any]) -> tuple[dict[str, Any
     return body, reason, expected_version
 
 
-def policy_view(policy: ThinkingPolicy, services: Services) -> dict[str, Any]:
+def policy_view(policy: ThinkingPolicy, policies: PolicyStore) -> dict[str, Any]:
     """The document as operators see it: its fields, its content hash and where it came from."""
     document: dict[str, Any] = json.loads(policy.model_dump_json())
     return {**document, "content_hash": policy.content_hash(),
-            "store": services.policies.status().model_dump(mode="json")}
+            "store": policies.status().model_dump(mode="json")}
 
 
 @route("/admin/thinking-policy", http_method=[HttpMethod.OPTIONS], include_in_schema=False)
@@ -103,14 +102,14 @@ async def thinking_policy_options(request: Request[Any, Any, Any]) -> Response[N
 
 
 @get("/admin/thinking-policy", responses=error_responses(responses.ADMIN_READ))
-async def get_thinking_policy(services: NamedDependency[Services]) -> dict[str, Any]:
+async def get_thinking_policy(policies: NamedDependency[PolicyStore]) -> dict[str, Any]:
     """The policy document in force on this replica, its content hash and the store's state."""
-    return policy_view(services.policies.current(), services)
+    return policy_view(policies.current(), policies)
 
 
 @put("/admin/thinking-policy", responses=error_responses(responses.ADMIN_CHANGE))
 async def put_thinking_policy(
-    request: Request[Any, Any, Any], services: NamedDependency[Services], actor: NamedDependency[str]
+    request: Request[Any, Any, Any], policies: NamedDependency[PolicyStore], actor: NamedDependency[str]
 ) -> dict[str, Any]:
     """Replace the policy document; the body is the whole document plus a ``reason``.
 
@@ -120,23 +119,23 @@ async def put_thinking_policy(
     body, reason, expected_version = await _policy_change(request)
     policy = _validated(ThinkingPolicy, body)
     if "moderation" in body:
-        update = await services.policies.replace(policy, actor, reason, expected_version)
+        update = await policies.replace(policy, actor, reason, expected_version)
     else:  # a thinking document without the moderation policy keeps the one in force
-        update = await services.policies.amend(
+        update = await policies.amend(
             lambda current: policy.model_copy(update={"moderation": current.moderation}),
             actor, reason, expected_version,
         )
     if update.changed:
         log.warning("thinking policy version %d by %s: %s", update.policy.version, actor, reason)
-    return {**policy_view(update.policy, services), "changed": update.changed}
+    return {**policy_view(update.policy, policies), "changed": update.changed}
 
 
-def moderation_view(policy: ThinkingPolicy, services: Services) -> dict[str, Any]:
+def moderation_view(policy: ThinkingPolicy, policies: PolicyStore) -> dict[str, Any]:
     """The moderation policy as operators see it: the shared document's version, its default and tenants."""
     document: dict[str, Any] = json.loads(policy.moderation.model_dump_json())
     updated_at = policy.updated_at.isoformat() if policy.updated_at else None
     return {"version": policy.version, **document, "updated_at": updated_at, "updated_by": policy.updated_by,
-            "store": services.policies.status().model_dump(mode="json")}
+            "store": policies.status().model_dump(mode="json")}
 
 
 @route("/admin/moderation-policy", http_method=[HttpMethod.OPTIONS], include_in_schema=False)
@@ -147,14 +146,14 @@ async def moderation_policy_options(request: Request[Any, Any, Any]) -> Response
 
 
 @get("/admin/moderation-policy", responses=error_responses(responses.ADMIN_READ))
-async def get_moderation_policy(services: NamedDependency[Services]) -> dict[str, Any]:
+async def get_moderation_policy(policies: NamedDependency[PolicyStore]) -> dict[str, Any]:
     """Each tenant's moderation policy and the default, under the policy document's version."""
-    return moderation_view(services.policies.current(), services)
+    return moderation_view(policies.current(), policies)
 
 
 @put("/admin/moderation-policy", responses=error_responses(responses.ADMIN_CHANGE))
 async def put_moderation_policy(
-    request: Request[Any, Any, Any], services: NamedDependency[Services], actor: NamedDependency[str]
+    request: Request[Any, Any, Any], policies: NamedDependency[PolicyStore], actor: NamedDependency[str]
 ) -> dict[str, Any]:
     """Replace the moderation policy (``default`` and ``tenants``, whole, plus a ``reason``).
 
@@ -163,12 +162,12 @@ async def put_moderation_policy(
     """
     body, reason, expected_version = await _policy_change(request)
     moderation = _validated(ModerationPolicy, body)
-    update = await services.policies.amend(
+    update = await policies.amend(
         lambda current: current.model_copy(update={"moderation": moderation}), actor, reason, expected_version
     )
     if update.changed:
         log.warning("moderation policy in policy version %d by %s: %s", update.policy.version, actor, reason)
-    return {**moderation_view(update.policy, services), "changed": update.changed}
+    return {**moderation_view(update.policy, policies), "changed": update.changed}
 
 
 class RollbackRequest(BaseModel):
@@ -184,29 +183,31 @@ class RollbackRequest(BaseModel):
     "/admin/thinking-policy/rollback", status_code=200, responses=error_responses(responses.ADMIN_ROLLBACK)
 )
 async def rollback_thinking_policy(
-    data: JSONBody[RollbackRequest], services: NamedDependency[Services], actor: NamedDependency[str]
+    data: JSONBody[RollbackRequest], policies: NamedDependency[PolicyStore], actor: NamedDependency[str]
 ) -> dict[str, Any]:
     """Put an earlier version's content back in force, as a new version (versions only go up)."""
     reason = _reason(data.reason)
-    update = await services.policies.rollback(data.to_version, actor, reason)
+    update = await policies.rollback(data.to_version, actor, reason)
     if update.changed:
         log.warning("thinking policy rolled back as version %d by %s: %s",
                     update.policy.version, actor, reason)
-    return {**policy_view(update.policy, services), "changed": update.changed}
+    return {**policy_view(update.policy, policies), "changed": update.changed}
 
 
 @get("/admin/thinking-policy/history", responses=error_responses(responses.ADMIN_READ))
-async def thinking_policy_history(services: NamedDependency[Services], limit: Limit = 20) -> dict[str, Any]:
+async def thinking_policy_history(
+    policies: NamedDependency[PolicyStore], limit: Limit = 20
+) -> dict[str, Any]:
     """Earlier policy documents, newest first."""
-    documents = await services.policies.history(limit)
+    documents = await policies.history(limit)
     return {"data": [{**json.loads(doc.model_dump_json()), "content_hash": doc.content_hash()}
                      for doc in documents]}
 
 
 @get("/admin/audit", responses=error_responses(responses.ADMIN_READ))
-async def audit_trail(services: NamedDependency[Services], limit: Limit = 50) -> dict[str, Any]:
+async def audit_trail(policies: NamedDependency[PolicyStore], limit: Limit = 50) -> dict[str, Any]:
     """Who changed the policy, when, why, from which version to which, and what changed; newest first."""
-    entries = await services.policies.audit(limit)
+    entries = await policies.audit(limit)
     return {"data": [json.loads(entry.model_dump_json()) for entry in entries]}
 
 

@@ -50,7 +50,7 @@ from gateway.decision_wire import (
     ScoreProbability,
     ScoreQuestion,
 )
-from gateway.decisions.questions import QuestionRow
+from gateway.decisions.questions import QuestionLog, QuestionRow
 from gateway.engine.decision_calls import (
     DECISION_TOP_LOGPROBS,
     QuestionCost,
@@ -60,12 +60,15 @@ from gateway.engine.decision_calls import (
 )
 from gateway.engine.fairness import Work
 from gateway.engine.held_engine import HeldEngine, naming_own_model
+from gateway.engine.prefix_keeper import PrefixKeeper
 from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.quotas import TenantQuotas
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json, within_quota
 from gateway.http.routes.responses import error_responses
-from gateway.http.services import Services
+from gateway.moderation.service import ModerationService
 from gateway.policy.rules import RequestContext, decide
+from gateway.settings import EngineSettings, Settings
 from gateway.telemetry.recorder import FinishedRequest
 from shaping.decisions import Distribution, DistributionWalk
 from shaping.image import ShapedImage
@@ -134,12 +137,11 @@ settles it)."""
 
 
 async def decide_questions(
-    services: Services, caller: Caller, data: DecisionRequest, request_id: str
+    moderation: ModerationService, prefix: PrefixKeeper, question_log: QuestionLog, settings: EngineSettings,
+    caller: Caller, data: DecisionRequest, request_id: str,
 ) -> Decision:
     """Shape the input, hold one engine slot, walk every question's distribution, answer in order, log it."""
     started = time.monotonic()
-    moderation = services.moderation
-    settings = services.settings.engine
     policy = moderation.policies.current()
     # The tenant's thinking policy, asked with the tag ``decisions``: a rule that matches it and says ``on``
     # lets the model think first; otherwise (the policy's default, escalate, the load rule) it answers
@@ -195,8 +197,7 @@ async def decide_questions(
         """Questions taken from ``indices`` one after another in one engine slot, charged what they took."""
         spent = QuestionCost()
         async with moderation.engines.slot(priority=0, work=Work(caller.tenant, expected, think.on)) as held:
-            keeper = services.prefix
-            state = None if keeper is None else keeper.engines.get(held.engine.url)
+            state = prefix.engines.get(held.engine.url)
             if first and len(asked) > 1 and state is not None and state.decision is not None \
                     and state.decision.primes:
                 primer = naming_own_model(primer_body(shared, model=model.id), models, held.engine.url)
@@ -220,7 +221,7 @@ async def decide_questions(
     moderation.metrics.prompt_tokens.inc(cost.prompt_tokens)
     moderation.metrics.cached_tokens.inc(cost.cached_tokens)
     decision = Decision(answers=answered, model=model.id, usage=_usage(cost))
-    await services.questions.append(QuestionRow(
+    await question_log.append(QuestionRow(
         decided_at=datetime.now(UTC), request_id=request_id, tenant=caller.tenant,
         frame_sha256=list(dict.fromkeys(frames.values())),
         questions=[_logged(question.model_dump(mode="json"), frames) for question in data.questions],
@@ -251,18 +252,24 @@ def _logged(value: Any, frames: dict[str, str]) -> Any:
 async def create_decision(
     request: Request[Any, Any, Any],
     data: JSONBody[DecisionRequest],
-    services: NamedDependency[Services],
+    settings: NamedDependency[Settings],
+    moderation: NamedDependency[ModerationService],
+    prefix: NamedDependency[PrefixKeeper],
+    question_log: NamedDependency[QuestionLog],
+    quotas: NamedDependency[TenantQuotas],
     caller: NamedDependency[Caller],
 ) -> Response[Decision]:
     """Answer predicate, choice and score questions about an input with the engine's probabilities."""
     request_id = f"decr-{uuid.uuid4().hex}"
     images = image_count(data)
     record = FinishedRequest(request_id, caller.tenant, frames=max(1, images), route="decisions")
-    with services.moderation.recorder.recording(record):
+    with moderation.recorder.recording(record):
         # an image counts against the keyframe quota as a moderated one does; a text-only input as one
         return await within_quota(
-            services, caller, max(1, images),
-            lambda: cancel_on_disconnect(request, decide_questions(services, caller, data, request_id)),
+            quotas, caller, max(1, images),
+            lambda: cancel_on_disconnect(request, decide_questions(
+                moderation, prefix, question_log, settings.engine, caller, data, request_id,
+            )),
         )
 
 

@@ -18,11 +18,12 @@ from gateway.caller import Caller
 from gateway.errors import InvalidRequest
 from gateway.http import guards
 from gateway.http.json_body import validate_json_body
+from gateway.http.providers import services_of
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json
 from gateway.http.routes.responses import error_responses
-from gateway.http.services import Services
 from gateway.jobs.models import Job, JobRequest
+from gateway.jobs.service import JobService
 from gateway.jobs.video import STORED_VIDEO
 
 JOB_PARTS = ("video", "job")  # a multipart job's parts; the OpenAPI document names these and no others
@@ -34,7 +35,7 @@ async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         await refuse_deep_json(request)
         return None
-    services: Services = request.app.state.services
+    services = services_of(request.app)
     form = await request.form()
     unknown = sorted(set(form.keys()) - set(JOB_PARTS))
     if unknown:  # never dropped in silence: a job's other fields go in its 'job' part
@@ -70,22 +71,22 @@ async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None
 )
 async def create_job(
     data: JSONBody[JobRequest],
-    services: NamedDependency[Services],
+    jobs: NamedDependency[JobService],
     caller: NamedDependency[Caller],
     idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key", required=False)] = None,
 ) -> Response[Job]:
     """Queue one video's keyframes; the same ``Idempotency-Key`` answers the same job, never a second one."""
-    job, created = await services.jobs.submit(data, caller, idempotency_key)
+    job, created = await jobs.submit(data, caller, idempotency_key)
     headers = {} if created else {"Idempotent-Replayed": "true"}
     return Response(job, status_code=202, headers=headers)
 
 
 @get("/v1/jobs/{job_id:str}", responses=error_responses(responses.JOB_READ))
 async def get_job(
-    job_id: FromPath[str], services: NamedDependency[Services], caller: NamedDependency[Caller]
+    job_id: FromPath[str], jobs: NamedDependency[JobService], caller: NamedDependency[Caller]
 ) -> Job:
     """A job's status, and its result once finished."""
-    return await services.jobs.get(job_id, caller)
+    return await jobs.get(job_id, caller)
 
 
 ROUTES = [create_job, get_job]

@@ -14,21 +14,24 @@ from litestar.params import JSONBody
 from gateway.caller import Caller
 from gateway.errors import InvalidRequest
 from gateway.http.disconnect import cancel_on_disconnect
+from gateway.http.providers import services_of
+from gateway.http.quotas import TenantQuotas
 from gateway.http.routes import responses
 from gateway.http.routes.responses import error_responses
-from gateway.http.services import Services
+from gateway.moderation.service import ModerationService
 from gateway.policy.rules import MODES, Mode
+from gateway.settings import Settings
 from gateway.wire import ImageURLPart, ModerationRequest, ModerationResponse
 
 T = TypeVar("T")
 
 
 async def within_quota(
-    services: Services, caller: Caller, keyframes: int, work: Callable[[], Awaitable[T]]
+    quotas: TenantQuotas, caller: Caller, keyframes: int, work: Callable[[], Awaitable[T]]
 ) -> Response[T]:
     """Run ``work`` if the tenant is within its quotas (429 otherwise), with the ``x-ratelimit-*`` headers."""
-    with services.quotas.concurrent(caller.tenant):
-        headers = await services.quotas.take_keyframes(caller.tenant, keyframes)
+    with quotas.concurrent(caller.tenant):
+        headers = await quotas.take_keyframes(caller.tenant, keyframes)
         return Response(await work(), headers=headers)
 
 
@@ -75,8 +78,7 @@ def openers_at_most(body: bytes, limit: int) -> bool:
 
 async def refuse_deep_json(request: Request[Any, Any, Any]) -> None:
     """Before the body is parsed: refuse JSON nested past the limit (the parser would fail with a 500)."""
-    services: Services = request.app.state.services
-    limit = services.settings.limits.max_json_depth
+    limit = services_of(request.app).settings.limits.max_json_depth
     body = await request.body()
     if not openers_at_most(body, limit) and json_depth(body, stop_after=limit) > limit:
         raise InvalidRequest(f"the JSON body nests deeper than {limit} levels", code="json_too_deep")
@@ -101,12 +103,14 @@ def requested_mode(value: str | None) -> Mode | None:
 async def create_moderation(
     request: Request[Any, Any, Any],
     data: JSONBody[ModerationRequest],
-    services: NamedDependency[Services],
+    settings: NamedDependency[Settings],
+    quotas: NamedDependency[TenantQuotas],
+    moderation: NamedDependency[ModerationService],
     caller: NamedDependency[Caller],
 ) -> Response[ModerationResponse]:
     """Moderate keyframes: the OpenAI moderation request and response, one result per image."""
     requested = requested_mode(request.headers.get("x-modgate-thinking"))
-    max_images = services.settings.shaping.max_images_per_request
+    max_images = settings.shaping.max_images_per_request
     if isinstance(data.input, list) and not data.input:
         raise InvalidRequest("input is empty: send at least one image or text", param="input")
     if isinstance(data.input, list) and len(data.input) > max_images:
@@ -115,9 +119,9 @@ async def create_moderation(
     fresh = "no-cache" in request.headers.get("cache-control", "").lower()
     images = sum(isinstance(part, ImageURLPart) for part in data.input) if isinstance(data.input, list) else 0
     return await within_quota(  # a keyframe counts against the quota; a text-only request counts as one
-        services, caller, max(1, images),
+        quotas, caller, max(1, images),
         lambda: cancel_on_disconnect(
-            request, services.moderation.moderate(data, caller, requested, fresh=fresh)
+            request, moderation.moderate(data, caller, requested, fresh=fresh)
         ),
     )
 

@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.errors import UnprocessableRequest
 from gateway.http.auth import operator_name
 from gateway.http.console.access import console_session, csrf_checked, require
+from gateway.http.providers import services_of
 from gateway.http.routes.responses import error_responses
-from gateway.http.services import Services
 from gateway.review.models import LabelledItem, ReviewItem
-from gateway.review.service import Reviewer
+from gateway.review.service import Reviewer, ReviewQueue
 from shaping.verdict import MODEL_CATEGORIES, Action
 
 log = logging.getLogger("modgate.review")
@@ -42,13 +42,13 @@ Category = Literal[MODEL_CATEGORIES]  # type: ignore[valid-type]  # the tuple is
 async def review_access(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """The admin token (a reviewer of every tenant, named as the audit trail names admin calls), else the
     console's session: its person, with their tenants (an operator's: every tenant)."""
-    services: Services = connection.app.state.services
+    services = services_of(connection.app)
     authorization = connection.headers.get("authorization")
     if authorization is None:
-        session = await console_session(connection, services)
+        session = await console_session(connection, services.settings, services.console)
         if session is not None:
             require(session.role, "review")
-            csrf_checked(connection, services, session)
+            csrf_checked(connection, services.settings, session)
             connection.state[_REVIEWER] = Reviewer(name=session.reviewer_name, tenants=session.tenants)
             return
     token_id = await services.keys.authorize_admin(authorization)
@@ -112,10 +112,10 @@ def labelled_view(done: LabelledItem) -> dict[str, Any]:
     **error_responses(REVIEW_READ), 204: ResponseSpec(data_container=None, description="No item waits"),
 })
 async def claim_review_item(
-    services: NamedDependency[Services], reviewer: NamedDependency[Reviewer]
+    review: NamedDependency[ReviewQueue], reviewer: NamedDependency[Reviewer]
 ) -> Response[dict[str, Any] | None]:
     """The next item, now held by the caller until labelled, skipped, or the claim timeout; 204 if none."""
-    item = await services.review.claim(reviewer)
+    item = await review.claim(reviewer)
     if item is None:
         return Response(None, status_code=204)
     return Response(item_view(item), status_code=200)
@@ -127,7 +127,7 @@ async def claim_review_item(
 async def label_review_item(
     item_id: FromPath[str],
     data: JSONBody[ReviewLabelRequest],
-    services: NamedDependency[Services],
+    review: NamedDependency[ReviewQueue],
     reviewer: NamedDependency[Reviewer],
 ) -> dict[str, Any]:
     """Label an item the caller holds; the frame is deleted with the item."""
@@ -135,7 +135,7 @@ async def label_review_item(
         raise UnprocessableRequest(
             "a block names at least one category; allow and review name none", param="categories"
         )
-    done = await services.review.label(item_id, reviewer, data.action, data.categories)
+    done = await review.label(item_id, reviewer, data.action, data.categories)
     log.info("review item %s labelled %s by %s (model: %s)", item_id, data.action, reviewer.name,
              done.item.action)
     return labelled_view(done)
@@ -145,18 +145,18 @@ async def label_review_item(
     "/admin/review/{item_id:str}/skip", status_code=204, responses=error_responses(REVIEW_LABEL)
 )
 async def skip_review_item(
-    item_id: FromPath[str], services: NamedDependency[Services], reviewer: NamedDependency[Reviewer]
+    item_id: FromPath[str], review: NamedDependency[ReviewQueue], reviewer: NamedDependency[Reviewer]
 ) -> None:
     """Give an item the caller holds back to the queue, for someone else."""
-    await services.review.skip(item_id, reviewer)
+    await review.skip(item_id, reviewer)
 
 
 @get("/admin/review/queue", responses=error_responses(REVIEW_READ))
 async def review_queue(
-    services: NamedDependency[Services], reviewer: NamedDependency[Reviewer]
+    review: NamedDependency[ReviewQueue], reviewer: NamedDependency[Reviewer]
 ) -> dict[str, Any]:
     """Depth (waiting or claimed), claimed count and the oldest item's age, per tenant the caller may see."""
-    figures = await services.review.queues(reviewer)
+    figures = await review.queues(reviewer)
     return {"tenants": {
         tenant: {"depth": q.depth, "claimed": q.claimed, "oldest_age_s": q.oldest_age_s}
         for tenant, q in figures.items()
@@ -165,11 +165,11 @@ async def review_queue(
 
 @get("/admin/review/audit", responses=error_responses(REVIEW_READ))
 async def review_audit(
-    services: NamedDependency[Services], reviewer: NamedDependency[Reviewer],
+    review: NamedDependency[ReviewQueue], reviewer: NamedDependency[Reviewer],
     limit: Annotated[int, Parameter(ge=1, le=1000)] = 50,
 ) -> dict[str, Any]:
     """Every label with its reviewer, the item and the model's verdict beside it; newest first."""
-    return {"data": await services.review.audit(limit, reviewer)}
+    return {"data": await review.audit(limit, reviewer)}
 
 
 ROUTES = [claim_review_item, label_review_item, skip_review_item, review_queue, review_audit]

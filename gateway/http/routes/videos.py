@@ -19,13 +19,14 @@ from gateway.http.disconnect import cancel_on_disconnect
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json, requested_mode
 from gateway.http.routes.responses import error_responses
-from gateway.http.services import Services
 from gateway.moderation.keyframe_batch import (
     KeyframeBatchRequest,
     KeyframeBatchResponse,
     check_video_id,
     moderate_keyframes,
 )
+from gateway.moderation.service import ModerationService
+from gateway.settings import Settings
 
 
 @post(
@@ -36,17 +37,18 @@ async def moderate_video_keyframes(
     request: Request[Any, Any, Any],
     video_id: FromPath[str],
     data: JSONBody[KeyframeBatchRequest],
-    services: NamedDependency[Services],
+    settings: NamedDependency[Settings],
+    moderation: NamedDependency[ModerationService],
     caller: NamedDependency[Caller],
 ) -> KeyframeBatchResponse:
     """Moderate one video's keyframes: a verdict per frame and one for the video."""
     check_video_id(video_id)
     requested = requested_mode(request.headers.get("x-modgate-thinking"))
-    limit = services.settings.shaping.max_frames_per_batch
+    limit = settings.shaping.max_frames_per_batch
     if len(data.frames) > limit:
         raise InvalidRequest(f"at most {limit} frames per batch, got {len(data.frames)}", param="frames")
     return await cancel_on_disconnect(
-        request, moderate_keyframes(services.moderation, video_id, data, caller, requested)
+        request, moderate_keyframes(moderation, video_id, data, caller, requested)
     )
 
 
