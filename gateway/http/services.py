@@ -24,7 +24,6 @@ from gateway.decisions.log import (
     DecisionLog,
     MemoryDecisionLog,
     RedisDecisionLog,
-    unlogged_counter,
 )
 from gateway.decisions.questions import MemoryQuestionLog, QuestionLog, RedisQuestionLog
 from gateway.decisions.rows import review_label_row
@@ -65,18 +64,24 @@ from gateway.moderation.verdict_cache import (
 )
 from gateway.policy.rules import MODES, Mode, PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
-from gateway.review.metrics import ReviewMetrics
 from gateway.review.models import LabelledItem
 from gateway.review.service import ReviewQueue
 from gateway.review.store import ReviewStore
 from gateway.review.store_memory import MemoryReviewStore
 from gateway.review.store_redis import RedisReviewStore
+from gateway.series.metrics import GatewayMetrics
+from gateway.series.review import ReviewMetrics
 from gateway.settings import Settings
 from gateway.state import SOCKET_TIMEOUT_S, open_redis
-from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import RequestRecorder
 from gateway.telemetry.tracing import Telemetry, build_telemetry
-from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
+from gateway.telemetry.windows import (
+    Clock,
+    EngineCacheScraper,
+    EngineCacheWindow,
+    RecentRequests,
+    window_reading,
+)
 from shaping.prefix import GuidanceTooShort
 from shaping.prefix_strategy import PrefixStrategySetting
 from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for
@@ -399,17 +404,18 @@ async def open_services(
         remote_images = _remote_images(settings)
         if remote_images is not None:
             stack.push_async_callback(remote_images.aclose)
-        metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
-        register_pool_metrics(engines, metrics.registry)
+        metrics.watch_window(lambda: window_reading(recent, engine_cache.window,
+                                                    policies.current().default_mode == "on"))
+        register_pool_metrics(engines, metrics)
         quotas = TenantQuotas(directory, MemoryKeyframeRate() if state is None else RedisKeyframeRate(state))
         tenants = TenantFigures(admission, quotas, recent, executor)
-        metrics.watch_tenants(tenants.collect)
+        metrics.watch_tenants(tenants.readings)
         # The prefix strategy (shaping/prefix_strategy.py): chosen on the first engine before the system
         # prompt (block filling changes it), on every engine at start, and again after a restart.
         prefix = PrefixKeeper(
             prefix_strategy_setting(settings),
             [slot.client for slot in engines.engines],
-            metrics.registry,
+            metrics,
             fill_max_tokens=settings.shaping.prefix_fill_max_tokens,
             reprime_interval_s=settings.shaping.prefix_reprime_interval_s,
             block_size=settings.shaping.prefix_block_size,
@@ -467,7 +473,7 @@ async def open_services(
         metrics.shadow_share.set_function(lambda: policies.current().shadow_share)
         for mode in MODES:
             metrics.default_mode.labels(mode).set_function(partial(_is_default_mode, policies, mode))
-        unlogged = unlogged_counter(metrics.registry)
+        unlogged = metrics.decisions_unlogged
         moderation.decisions = (
             MemoryDecisionLog(settings.decisions, unlogged) if state is None
             else RedisDecisionLog(state, settings.decisions, unlogged)
