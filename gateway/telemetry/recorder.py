@@ -88,7 +88,8 @@ def sample_of(details: ModerationDetails, request_id: str, tenant: str) -> Reque
 
 
 class RequestRecorder:
-    """Where a finished request's figures go: Prometheus, the recent window, OpenTelemetry and the log."""
+    """Where a finished request's figures go (Prometheus, the recent window, OpenTelemetry, the log), and a
+    job's (how it finished, its video's cut)."""
 
     def __init__(
         self, metrics: GatewayMetrics, recent: RecentRequests, instruments: RequestInstruments | None = None
