@@ -165,6 +165,7 @@ class JobWorker:
             if attempt == 0:
                 return record  # finished already (by us before a crash, or by another gateway)
             request = None if record.request is None else JobRequest.model_validate_json(record.request)
+            # (a record whose request is gone says nothing of its kind: it is counted as keyframes)
             kind: JobKind = "video" if request is not None and request.video is not None else "keyframes"
             if attempt > self.settings.max_attempts or request is None:
                 await self._fail(

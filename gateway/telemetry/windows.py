@@ -112,7 +112,7 @@ def _known_sum(counts: Iterable[int | None]) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class WindowSummary:
-    """What the gateway's own requests looked like over the recent window."""
+    """What the gateway's live requests looked like over the recent window (a job's are not in it)."""
 
     window_s: float
     covered_s: float  # the window, or less while the gateway has not run that long
