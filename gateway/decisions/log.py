@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Final, Protocol
 
 import stamina
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.lock import Lock
@@ -345,12 +345,6 @@ class DecisionArchiver:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-
-def unlogged_counter(registry: CollectorRegistry) -> Counter:
-    """``modgate_decisions_unlogged_total``: decisions answered that the log did not take."""
-    return Counter("modgate_decisions_unlogged", "Decisions answered that the decision log did not take",
-                   registry=registry)
 
 
 async def export_rows(

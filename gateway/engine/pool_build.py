@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 
 from gateway.engine.admission import AdmissionQueue
@@ -16,68 +13,30 @@ from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.leases import EngineLeases
 from gateway.engine.pool import EnginePool
+from gateway.series.metrics import GatewayMetrics
+from gateway.series.scraped import EngineReading, PoolReading, SharedCapReading
 from gateway.settings import EngineSettings, Settings
 
 
-def register_pool_metrics(pool: EnginePool, registry: CollectorRegistry) -> None:
-    """Per-engine gauges (label ``engine``) on the gateway's registry, read at scrape time."""
-    registry.register(PoolCollector(pool))
+def register_pool_metrics(pool: EnginePool, metrics: GatewayMetrics) -> None:
+    """Per-engine gauges (label ``engine``) on the gateway's metrics, read at scrape time."""
+    metrics.watch_pool(lambda: pool_reading(pool))
 
 
-class PoolCollector(Collector):
-    """``modgate_engine_*{engine="<url>"}`` gauges, computed at scrape time."""
-
-    def __init__(self, pool: EnginePool) -> None:
-        self.pool = pool
-
-    def collect(self) -> Iterator[Metric]:
-        """Read the pool now."""
-        pool = self.pool
-        inflight = GaugeMetricFamily(
-            "modgate_engine_slot_inflight", "Calls this replica has at each engine.", labels=["engine"]
-        )
-        cap = GaugeMetricFamily(
-            "modgate_engine_slot_cap", "Each engine's in-flight cap (across replicas with Redis).",
-            labels=["engine"],
-        )
-        up = GaugeMetricFamily(
-            "modgate_engine_up",
-            "1 while the engine's circuit is closed; 0 from a failure that opened it until a probe succeeds.",
-            labels=["engine"],
-        )
-        failovers = CounterMetricFamily(
-            "modgate_engine_failovers", "Calls moved to another engine because this one could not take them.",
-            labels=["engine"],
-        )
-        busy = CounterMetricFamily(
-            "modgate_engine_busy",
-            "Calls the engine answered busy (its own queue full, no slot free): back-pressure, which waits "
-            "in the gateway or moves to another engine and never opens the circuit.",
-            labels=["engine"],
-        )
-        for engine in pool.engines:
-            busy.add_metric([engine.url], engine.busy_answers)
-            inflight.add_metric([engine.url], engine.inflight)
-            cap.add_metric([engine.url], engine.cap)
-            # A cool-down that passed is no news of the engine: half-open stays 0 until its probe succeeds, so
-            # a dead engine that no call probes (the others take them) reads down for as long as it is.
-            up.add_metric([engine.url], 1.0 if engine.state == "closed" else 0.0)
-            failovers.add_metric([engine.url], engine.failovers)
-        yield from (inflight, cap, up, failovers, busy)
-        if pool.leases is not None:
-            yield GaugeMetricFamily(
-                "modgate_engine_leases_local_only",
-                "1 while Redis is unreachable and engine caps hold per replica only.",
-                value=1.0 if pool.leases_local_only else 0.0,
-            )
-            # Redis answering again does not end the overshoot: the calls admitted meanwhile run on.
-            yield GaugeMetricFamily(
-                "modgate_engine_calls_outside_shared_cap",
-                "Calls this replica has at the engines that the shared cap does not count: admitted on its"
-                " local caps while Redis was unreachable, or whose lease was lost (expired unrenewed, or"
-                " not yet replicated when the primary failed); the engines may exceed their caps by these.",
-                value=pool.calls_on_local_caps + len(pool.leases.running_unleased),
-            )
+def pool_reading(pool: EnginePool) -> PoolReading:
+    """The pool's figures now, for ``modgate_engine_*{engine}`` (gateway/series/scraped.py)."""
+    engines = tuple(
+        # A cool-down that passed is no news of the engine: half-open stays down until its probe succeeds,
+        # so a dead engine that no call probes (the others take them) reads down for as long as it is.
+        EngineReading(url=engine.url, inflight=engine.inflight, cap=engine.cap, up=engine.state == "closed",
+                      failovers=engine.failovers, busy=engine.busy_answers)
+        for engine in pool.engines
+    )
+    if pool.leases is None:
+        return PoolReading(engines)
+    # Redis answering again does not end the overshoot: the calls admitted meanwhile run on.
+    outside = pool.calls_on_local_caps + len(pool.leases.running_unleased)
+    return PoolReading(engines, SharedCapReading(local_only=pool.leases_local_only, outside=outside))
 
 
 def build_engine_pool(

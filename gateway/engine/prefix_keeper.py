@@ -23,13 +23,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from gateway.engine.client import EngineClient
 from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.engine.prefix import EngineTokens, PrefixPlanError
 from gateway.engine.wires import read_cache_config
 from gateway.errors import ModgateError
+from gateway.series.metrics import GatewayMetrics
 from shaping.prefix import shared_prefix_length
 from shaping.prefix_strategy import (
     EngineCacheConfig,
@@ -90,7 +89,7 @@ class PrefixKeeper:
         self,
         setting: PrefixStrategySetting,
         clients: Sequence[EngineClient],
-        registry: CollectorRegistry,
+        metrics: GatewayMetrics,
         *,
         fill_max_tokens: int,
         reprime_interval_s: float,
@@ -111,28 +110,7 @@ class PrefixKeeper:
         self.engines = {client.base_url: EnginePrefixState(client.base_url) for client in clients}
         self._watch: asyncio.Task[None] | None = None
         self.system_prompts: Mapping[VerdictFormat, SystemPrompt] = {}
-        self.primings = Counter(
-            "modgate_prefix_primings",
-            "Priming requests sent to keep the engine's linear-attention state at the shared prefix, by why: "
-            "start, cache_fell (a request got fewer cached tokens than the shared prefix: restart, swap, "
-            "eviction), restart (the engine answered again after it could not be reached), swap (its cache "
-            "config changed), failed (the priming request itself failed).",
-            ["engine", "reason"],
-            registry=registry,
-        )
-        self.strategy = Gauge(
-            "modgate_prefix_strategy",
-            "1 for the prefix strategy in force on each engine (prime, engine-checkpoint, fill, none, "
-            "uncacheable).",
-            ["engine", "strategy"],
-            registry=registry,
-        )
-        self.uncacheable = Gauge(
-            "modgate_prefix_uncacheable",
-            "1 while the engine cannot cache the shared prefix (the log and /readyz name the engine flag).",
-            ["engine"],
-            registry=registry,
-        )
+        self.metrics = metrics
 
     # --- choosing ---------------------------------------------------------------------------------------
 
@@ -188,9 +166,10 @@ class PrefixKeeper:
     def _set(self, state: EnginePrefixState, decision: PrefixDecision, reason: str) -> None:
         changed = state.decision != decision
         state.decision = decision
+        strategy, uncacheable = self.metrics.prefix_strategy, self.metrics.prefix_uncacheable
         for action in ACTIONS:
-            self.strategy.labels(state.url, action).set(1.0 if action == decision.action else 0.0)
-        self.uncacheable.labels(state.url).set(1.0 if decision.action == "uncacheable" else 0.0)
+            strategy.labels(state.url, action).set(1.0 if action == decision.action else 0.0)
+        uncacheable.labels(state.url).set(1.0 if decision.action == "uncacheable" else 0.0)
         if not changed:
             return
         if decision.action == "uncacheable":
@@ -230,14 +209,14 @@ class PrefixKeeper:
                         )
         except (PrefixPlanError, ModgateError, ValueError) as exc:  # Modgate: no slot, engine unreachable
             state.last_error = f"priming failed: {exc!r}"
-            self.primings.labels(url, "failed").inc()
+            self.metrics.prefix_primings.labels(url, "failed").inc()
             log.warning("prefix cache: priming %s failed (%s): requests go on uncached", url, exc)
             return False
         state.primings += 1
         state.shortfalls = 0
         state.primed_at = time.monotonic()
         state.last_error = None
-        self.primings.labels(url, reason).inc()
+        self.metrics.prefix_primings.labels(url, reason).inc()
         log.info("prefix cache: primed %s (%s)", url, reason)
         return True
 

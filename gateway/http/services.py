@@ -22,7 +22,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from contracts.decisions import archive_missing
-from gateway.decisions.log import DecisionArchiver, DecisionLog, RedisDecisionLog, unlogged_counter
+from gateway.decisions.log import DecisionArchiver, DecisionLog, RedisDecisionLog
 from gateway.decisions.questions import QuestionLog
 from gateway.decisions.rows import review_label_row
 from gateway.drain import Drain
@@ -62,12 +62,18 @@ from gateway.moderation.shaping_pool import ShapingPool
 from gateway.policy.rules import MODES, Mode, PolicyStore
 from gateway.review.models import LabelledItem
 from gateway.review.service import ReviewQueue
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.state import SOCKET_TIMEOUT_S, open_redis
-from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import RequestRecorder
 from gateway.telemetry.tracing import Telemetry, build_telemetry
-from gateway.telemetry.windows import Clock, EngineCacheScraper, EngineCacheWindow, RecentRequests
+from gateway.telemetry.windows import (
+    Clock,
+    EngineCacheScraper,
+    EngineCacheWindow,
+    RecentRequests,
+    window_reading,
+)
 from shaping.prompt import load_system_prompt, prompt_version_for
 from shaping.verdict import VERDICT_FORMATS
 
@@ -262,17 +268,18 @@ async def open_services(
         remote_images = _remote_images(settings)
         if remote_images is not None:
             stack.push_async_callback(remote_images.aclose)
-        metrics.watch(recent, engine_cache.window, lambda: policies.current().default_mode == "on")
-        register_pool_metrics(engines, metrics.registry)
+        metrics.watch_window(lambda: window_reading(recent, engine_cache.window,
+                                                    policies.current().default_mode == "on"))
+        register_pool_metrics(engines, metrics)
         quotas = TenantQuotas(directory, MemoryKeyframeRate() if state is None else RedisKeyframeRate(state))
         tenants = TenantFigures(admission, quotas, recent, executor)
-        metrics.watch_tenants(tenants.collect)
+        metrics.watch_tenants(tenants.readings)
         # The prefix strategy (shaping/prefix_strategy.py): chosen on the first engine before the system
         # prompt (block filling changes it), on every engine at start, and again after a restart.
         prefix = PrefixKeeper(
             prefix_strategy_setting(settings),
             [slot.client for slot in engines.engines],
-            metrics.registry,
+            metrics,
             fill_max_tokens=settings.shaping.prefix_fill_max_tokens,
             reprime_interval_s=settings.shaping.prefix_reprime_interval_s,
             block_size=settings.shaping.prefix_block_size,
@@ -330,7 +337,7 @@ async def open_services(
         metrics.shadow_share.set_function(lambda: policies.current().shadow_share)
         for mode in MODES:
             metrics.default_mode.labels(mode).set_function(partial(_is_default_mode, policies, mode))
-        unlogged = unlogged_counter(metrics.registry)
+        unlogged = metrics.decisions_unlogged
         moderation.decisions = decision_log(settings, state, unlogged)
         if isinstance(moderation.decisions, RedisDecisionLog):  # rows still being retried: 5 s, then counted
             stack.push_async_callback(moderation.decisions.close, 5.0)

@@ -31,13 +31,13 @@ from gateway.moderation.verdict_cache import (
 )
 from gateway.policy.rules import PolicyStore
 from gateway.policy.store import MemoryPolicyStore, RedisPolicyStore
-from gateway.review.metrics import ReviewMetrics
 from gateway.review.service import ReviewQueue
 from gateway.review.store import ReviewStore
 from gateway.review.store_memory import MemoryReviewStore
 from gateway.review.store_redis import RedisReviewStore
+from gateway.series.metrics import GatewayMetrics
+from gateway.series.review import ReviewMetrics
 from gateway.settings import Settings
-from gateway.telemetry.metrics import GatewayMetrics
 
 
 def policy_store(settings: Settings, state: aioredis.Redis | None) -> PolicyStore:

@@ -10,8 +10,8 @@ import logging
 
 from gateway.engine.client import EngineClient
 from gateway.engine.prefix import PrefixPlanError, block_filled_prompt
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
-from gateway.telemetry.metrics import GatewayMetrics
 from shaping.prefix import GuidanceTooShort
 from shaping.prefix_strategy import PrefixStrategySetting
 from shaping.prompt import SystemPrompt, load_system_prompt, prompt_version_for

@@ -6,16 +6,13 @@ also came from keys: the label set is bounded by the keys, never by what a reque
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
 from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.engine.admission import AdmissionQueue
 from gateway.engine.fairness import SHARED_FLOW
 from gateway.http.quotas import TenantQuotas
 from gateway.moderation.shaping_pool import ShapingPool
+from gateway.series.scraped import QUOTAS, TenantReading
 from gateway.telemetry.windows import RecentRequests, WindowSummary, tenant_document
 
 
@@ -72,50 +69,28 @@ class TenantFigures:
             rows.append(row)
         return rows
 
-    def collect(self) -> Iterator[Metric]:
-        """``modgate_tenant_*`` gauges and counters (label ``tenant``; ``quota`` for refusals)."""
-        def gauge(name: str, documentation: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, documentation, labels=["tenant"])
-
-        weight = gauge("modgate_tenant_weight", "The tenant's weight in the fair share of engine work.")
-        queued = gauge("modgate_tenant_queued", "Engine calls of the tenant waiting for a slot.")
-        inflight = gauge("modgate_tenant_inflight", "Engine calls of the tenant holding a slot.")
-        work = CounterMetricFamily(
-            "modgate_tenant_engine_work",
-            "Engine work served, in prompt-token equivalents (prompt + weight x output tokens).",
-            labels=["tenant"],
-        )
-        rate = gauge("modgate_tenant_window_keyframes_per_minute", "Keyframes a minute, recent window.")
-        thinking = gauge("modgate_tenant_window_thinking_share",
-                         "Engine-judged keyframes with thinking on, recent window (NaN: none).")
-        e2e_p95 = gauge("modgate_tenant_window_e2e_p95_seconds", "End-to-end p95, recent window (NaN: none).")
-        wait_p95 = gauge("modgate_tenant_window_queue_wait_p95_seconds",
-                         "Wait for an engine slot, p95, recent window (NaN: none).")
-        limit = GaugeMetricFamily("modgate_tenant_quota_limit", "The tenant's quota (0: none).",
-                                  labels=["tenant", "quota"])
-        refused = CounterMetricFamily("modgate_tenant_quota_refusals",
-                                      "Requests refused over a quota (429; 400 if larger than it).",
-                                      labels=["tenant", "quota"])
+    def readings(self) -> list[TenantReading]:
+        """Each tenant's figures now, for the ``modgate_tenant_*`` series (gateway/series/scraped.py)."""
         flows = self.admission.figures()
         recent = self.recent.by_tenant()
         empty = self.recent.summary_of([])
+        readings = []
         for tenant in self.tenants(recent):
             limits = self.quotas.directory.limits(tenant)
             flow = flows.get(tenant)
             summary = recent.get(tenant, empty)
-            weight.add_metric([tenant], limits.weight)
-            queued.add_metric([tenant], 0 if flow is None else flow.queued)
-            inflight.add_metric([tenant], 0 if flow is None else flow.inflight)
-            work.add_metric([tenant], 0.0 if flow is None else flow.work_served)
-            rate.add_metric([tenant], summary.keyframes_per_minute)
-            share = summary.thinking_share
-            thinking.add_metric([tenant], math.nan if share is None else share)
-            p95 = summary.latencies["end_to_end"].p95
-            e2e_p95.add_metric([tenant], math.nan if p95 is None else p95)
-            wait = summary.latencies["queue_wait"].p95
-            wait_p95.add_metric([tenant], math.nan if wait is None else wait)
-            limit.add_metric([tenant, "keyframes_per_minute"], limits.keyframes_per_minute)
-            limit.add_metric([tenant, "max_concurrent"], limits.max_concurrent)
-            for quota in ("keyframes_per_minute", "max_concurrent"):
-                refused.add_metric([tenant, quota], self.quotas.refused.get((tenant, quota), 0))
-        yield from (weight, queued, inflight, work, rate, thinking, e2e_p95, wait_p95, limit, refused)
+            readings.append(TenantReading(
+                tenant=tenant,
+                weight=limits.weight,
+                queued=0 if flow is None else flow.queued,
+                inflight=0 if flow is None else flow.inflight,
+                work_served=0.0 if flow is None else flow.work_served,
+                keyframes_per_minute=summary.keyframes_per_minute,
+                thinking_share=summary.thinking_share,
+                e2e_p95_s=summary.latencies["end_to_end"].p95,
+                queue_wait_p95_s=summary.latencies["queue_wait"].p95,
+                quotas={"keyframes_per_minute": limits.keyframes_per_minute,
+                        "max_concurrent": limits.max_concurrent},
+                refused={quota: self.quotas.refused.get((tenant, quota), 0) for quota in QUOTAS},
+            ))
+        return readings

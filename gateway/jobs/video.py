@@ -272,9 +272,7 @@ class VideoJobs:
         data = await self.load(request, answered)
         started = time.monotonic()
         cut = await self.cut(data, self.sampling(request))
-        c = cut.coverage
-        moderation.metrics.video_cut(time.monotonic() - started, c.frames_decoded, c.candidates, c.judged,
-                                     c.reused, c.max_gap_ms)
+        moderation.recorder.video_cut(time.monotonic() - started, cut.coverage)
         total = len(cut.covered)
         await progress(0, total)
         size = max(8, request.packing or moderation.settings.shaping.packing_k)

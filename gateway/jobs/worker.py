@@ -13,7 +13,7 @@ from typing import Any
 import stamina
 from pydantic import BaseModel
 
-from gateway.caller import Caller
+from gateway.caller import Caller, JobKind
 from gateway.errors import (
     ClientError,
     InvalidRequest,
@@ -164,17 +164,20 @@ class JobWorker:
                 return None
             if attempt == 0:
                 return record  # finished already (by us before a crash, or by another gateway)
-            if attempt > self.settings.max_attempts or record.request is None:
+            request = None if record.request is None else JobRequest.model_validate_json(record.request)
+            # (a record whose request is gone says nothing of its kind: it is counted as keyframes)
+            kind: JobKind = "video" if request is not None and request.video is not None else "keyframes"
+            if attempt > self.settings.max_attempts or request is None:
                 await self._fail(
                     job_id,
                     ServerSideError(
                         f"the job did not finish within {self.settings.max_attempts} attempts",
                         code="job_attempts_exhausted",
                     ),
+                    kind,
                 )
                 return record
-            request = JobRequest.model_validate_json(record.request)
-            caller = Caller(tenant=record.tenant, key_id="job", job_id=job_id)
+            caller = Caller(tenant=record.tenant, key_id="job", job_id=job_id, job_kind=kind)
             # Behind live calls: the setting's priority, or the body's if it asks for even later.
             priority = max(request.priority, self.settings.priority)
             try:
@@ -195,7 +198,7 @@ class JobWorker:
                     )
             except (ServerSideError, Overloaded) as exc:
                 if attempt >= self.settings.max_attempts:
-                    await self._fail(job_id, exc, video=request.video is not None)
+                    await self._fail(job_id, exc, kind)
                     return record
                 wait = min(60.0, self.settings.retry_wait_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
                 log.warning(
@@ -204,15 +207,14 @@ class JobWorker:
                 await asyncio.sleep(wait)
                 continue
             except ClientError as exc:
-                await self._fail(job_id, exc, video=request.video is not None)
+                await self._fail(job_id, exc, kind)
                 return record
             except Exception:
                 log.exception("job %s failed on a gateway bug", job_id)
-                await self._fail(job_id, ServerSideError("internal error"), video=request.video is not None)
+                await self._fail(job_id, ServerSideError("internal error"), kind)
                 return record
             done = await self._complete(job_id, "succeeded", result=response.model_dump_json())
-            if request.video is not None:
-                await self._finished_video(job_id, "succeeded" if done else None, "ok")
+            await self._finished(job_id, kind, "succeeded" if done else None, "ok")
             log.info("job %s %s", job_id, "succeeded" if done else "was already finished elsewhere")
             return record
 
@@ -220,18 +222,18 @@ class JobWorker:
         with contextlib.suppress(StateUnavailable):  # progress is a courtesy: never fail a job for it
             await self.store.set_progress(job_id, done, total)
 
-    async def _fail(self, job_id: str, exc: ModgateError, *, video: bool = False) -> None:
+    async def _fail(self, job_id: str, exc: ModgateError, kind: JobKind) -> None:
         error = JobError(message=exc.message, type=exc.type, code=exc.code).model_dump_json()
         done = await self._complete(job_id, "failed", error=error)
-        if video:
-            await self._finished_video(job_id, "failed" if done else None, exc.code)
+        await self._finished(job_id, kind, "failed" if done else None, exc.code)
 
-    async def _finished_video(self, job_id: str, status: JobStatus | None, code: str) -> None:
-        """A video job has finished (``status`` None: elsewhere): counted once, its kept chunks dropped."""
+    async def _finished(self, job_id: str, kind: JobKind, status: JobStatus | None, code: str) -> None:
+        """A job has finished (``status`` None: elsewhere): recorded once; a video's kept chunks dropped."""
         if status is not None:
-            self.moderation.metrics.video_jobs.labels(status, code).inc()
-        with contextlib.suppress(StateUnavailable):  # left alone, they expire with the job
-            await self.store.drop_parts(job_id)
+            self.moderation.recorder.job_finished(kind, status, code)
+        if kind == "video":
+            with contextlib.suppress(StateUnavailable):  # left alone, they expire with the job
+                await self.store.drop_parts(job_id)
 
     async def _complete(
         self, job_id: str, status: JobStatus, *, result: str | None = None, error: str | None = None

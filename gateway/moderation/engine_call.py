@@ -21,8 +21,8 @@ from gateway.moderation.engine_identity import EngineIdentity
 from gateway.moderation.outcome import FrameOutcome
 from gateway.moderation.token_prediction import PromptTokenCheck
 from gateway.policy.rules import QueueLoad, RequestContext, ThinkingDecision
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import EngineSettings
-from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import engine_span_attributes
 from shaping.confidence import answer_before_each, place_exact, probe_may_read, with_confidence
 from shaping.image import ShapedImage

@@ -10,7 +10,7 @@ from gateway.errors import ModgateError
 from gateway.moderation.engine_call import FrameJudge
 from gateway.moderation.outcome import FrameOutcome
 from gateway.policy.rules import EscalationBudget, RequestContext, ThinkingDecision
-from gateway.telemetry.metrics import GatewayMetrics
+from gateway.series.metrics import GatewayMetrics
 from gateway.wire import EscalatedFrom
 from shaping.image import ShapedImage
 

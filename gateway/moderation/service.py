@@ -78,8 +78,8 @@ from gateway.policy.rules import (
 )
 from gateway.review.models import ReviewItem
 from gateway.review.service import ReviewQueue
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
-from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import FinishedRequest, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
 from gateway.wire import (
@@ -208,7 +208,10 @@ class ModerationService:
         ``decision_ids``: the results' ids, one per image (a video job's: stable per job and frame).
         """
         request_id = f"modr-{uuid.uuid4().hex}"
-        record = FinishedRequest(request_id, caller.tenant, frames=len(split_input(request)[0]))
+        # a job's request (its keyframes, a chunk of its video) is recorded under the job, not as a live call
+        record = FinishedRequest(
+            request_id, caller.tenant, frames=len(split_input(request)[0]), job=caller.job_kind
+        )
         span = self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id})
         with span, self.recorder.recording(record):  # the outcome is set on the span before it ends
             return await self._moderate(request, caller, requested, record, packing, fresh=fresh,

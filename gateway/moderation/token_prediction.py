@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from gateway.engine.answers import EngineAnswer
 from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError
-from gateway.telemetry.metrics import GatewayMetrics
+from gateway.series.metrics import GatewayMetrics
 from shaping.accounting import PromptPrediction, TokenAccountant, compare_usage
 from shaping.image import ShapedImage
 from shaping.prompt import SystemPrompt

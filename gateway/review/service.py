@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from prometheus_client import CollectorRegistry
 
 from gateway.errors import Forbidden, NotFound, StateUnavailable
-from gateway.review.metrics import ReviewMetrics
 from gateway.review.models import Label, LabelledItem, QueuedItem, ReviewItem, TenantQueue, new_item_id
 from gateway.review.selection import UnitRandom, review_reason
 from gateway.review.store import ReviewStore
+from gateway.series.review import ReviewMetrics
 from gateway.settings import ReviewSettings
 from shaping.verdict import Action, KeyframeVerdict
 
@@ -147,7 +147,7 @@ class ReviewQueue:
         failure there is logged, the label stands."""
         label = Label(action, tuple(categories) if action == "block" else (), reviewer.name, self.clock())
         done = await self.store.label(item_id, label, reviewer.tenants)
-        self.metrics.labelled(done)
+        self.metrics.labelled(done.item.tenant, done.agrees)
         if self.on_label is not None:
             try:
                 await self.on_label(done)

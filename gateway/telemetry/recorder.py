@@ -1,10 +1,18 @@
-"""One recorder for a finished moderation request: every sink hears of it once, from here.
+"""One recorder for a finished moderation request, and for a job: every sink hears of each once, from here.
 
 The moderation path fills one :class:`FinishedRequest` as it goes (who asked, how long shaping took, the
 result of each frame) and hands it to :meth:`RequestRecorder.finished` once, whatever the outcome. The
 recorder fans it out: Prometheus (``modgate_requests_total{route,outcome}``, ``modgate_request_seconds``,
 the per-tenant and per-frame series), the recent window (``RecentRequests``), the OpenTelemetry request
 instruments, the request span's outcome and one log line per frame (or one for a request that failed).
+
+A request a job makes (a keyframes job's, or each chunk of a video job's frames) is background work, not a
+live call: it is counted under its job (``modgate_job_requests_total{kind,outcome}``) and kept out of the
+live series a caller's wait is judged by (``modgate_requests_total``, the latency histograms and objective,
+the recent window and ``GET /stats``); its frames still count as work done (shaping, decode, reuse,
+``modgate_tenant_frames_total``). How a job ended and what its video's cut found are recorded here too
+(:meth:`RequestRecorder.job_finished`, :meth:`RequestRecorder.video_cut`).
+
 What each engine call costs (time to first token, prompt and cached tokens, unusable outputs, engine
 errors) is counted where the call is made (gateway/moderation/engine_call.py): a call is not a request.
 """
@@ -17,14 +25,20 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
+from gateway.caller import JobKind
 from gateway.errors import ModgateError
-from gateway.telemetry.metrics import GatewayMetrics
+from gateway.series.metrics import GatewayMetrics
 from gateway.telemetry.tracing import RequestInstruments
 from gateway.telemetry.windows import RecentRequests, RequestSample
 from gateway.wire import ModerationDetails
+
+if TYPE_CHECKING:
+    # a video cut's coverage, read for its figures only: the cut itself (and PyAV) stays with the jobs
+    from shaping.video import Coverage
 
 request_log = logging.getLogger("modgate.requests")
 
@@ -39,6 +53,7 @@ class FinishedRequest:
     tenant: str
     frames: int  # keyframes or text pieces asked about (a failed request's latency is observed once each)
     route: str = "moderations"
+    job: JobKind | None = None  # made for a job of this kind: recorded under its job, not as a live request
     shaping_s: float | None = None  # per shaped image; None: nothing was shaped (text only, or bad input)
     shaped: int = 0
     results: list[ModerationDetails] = field(default_factory=list)  # one per frame answered
@@ -73,7 +88,8 @@ def sample_of(details: ModerationDetails, request_id: str, tenant: str) -> Reque
 
 
 class RequestRecorder:
-    """Where a finished request's figures go: Prometheus, the recent window, OpenTelemetry and the log."""
+    """Where a finished request's figures go (Prometheus, the recent window, OpenTelemetry, the log), and a
+    job's (how it finished, its video's cut)."""
 
     def __init__(
         self, metrics: GatewayMetrics, recent: RecentRequests, instruments: RequestInstruments | None = None
@@ -112,38 +128,45 @@ class RequestRecorder:
         for _ in range(request.shaped):
             if request.shaping_s is not None:
                 metrics.shaping.observe(request.shaping_s)
-        metrics.requests.labels(request.route, outcome).inc()
+        if request.job is not None:
+            metrics.job_requests.labels(request.job, outcome).inc()
+        else:
+            metrics.requests.labels(request.route, outcome).inc()
+            for _ in range(max(1, request.frames) if outcome != OK else 0):
+                metrics.e2e.labels(outcome).observe(latency_s)
         trace.get_current_span().set_attribute("modgate.outcome", outcome)
         if outcome != OK:
-            for _ in range(max(1, request.frames)):
-                metrics.e2e.labels(outcome).observe(latency_s)
             request_log.info(
                 "%s failed: %s",
                 request.request_id,
                 outcome,
-                extra={"request_id": request.request_id, "outcome": outcome, "error": error},
+                extra={"request_id": request.request_id, "outcome": outcome, "error": error,
+                       "job": request.job},
             )
             return
         for details in request.results:
-            self._frame(details, request.request_id, request.tenant)
+            self._frame(details, request)
 
-    def _frame(self, details: ModerationDetails, request_id: str, tenant: str) -> RequestSample:
-        """One answered frame: its latency, reuse, escalation, tenant figures, window sample and log line."""
+    def _frame(self, details: ModerationDetails, request: FinishedRequest) -> None:
+        """One answered frame: the work it took; for a live request, its latency, tenant figures and window
+        sample; its log line."""
         metrics = self.metrics
+        request_id, tenant = request.request_id, request.tenant
         sample = sample_of(details, request_id, tenant)
-        self.recent.add(sample)
-        metrics.e2e.labels(OK).observe(sample.end_to_end_s)
         if sample.decode_s is not None:
             metrics.decode.observe(sample.decode_s)
-        metrics.tenant_e2e.labels(tenant).observe(sample.end_to_end_s)
-        if sample.reused is None:
-            metrics.tenant_queue_wait.labels(tenant).observe(sample.queue_wait_s)
-        else:
+        if sample.reused is not None:
             metrics.reused.labels(sample.reused).inc()
         mode = details.thinking if sample.reused is None else "reused"
         metrics.tenant_frames.labels(tenant, mode).inc()
-        if self.instruments is not None:
-            self.instruments.record(sample)
+        if request.job is None:
+            self.recent.add(sample)
+            metrics.e2e.labels(OK).observe(sample.end_to_end_s)
+            metrics.tenant_e2e.labels(tenant).observe(sample.end_to_end_s)
+            if sample.reused is None:
+                metrics.tenant_queue_wait.labels(tenant).observe(sample.queue_wait_s)
+            if self.instruments is not None:
+                self.instruments.record(sample)
         request_log.info(
             "%s %s thinking=%s e2e_ms=%.1f ttft_ms=%s prompt=%d cached=%d completion=%d",
             details.request_id,
@@ -157,6 +180,7 @@ class RequestRecorder:
             extra={
                 "request_id": request_id,
                 "tenant": tenant,
+                "job": request.job,
                 "engine_request_id": details.request_id,  # for a reused verdict: the call that made it
                 "outcome": OK,
                 "action": details.action,
@@ -179,4 +203,19 @@ class RequestRecorder:
                 "frame_sha256": details.frame_sha256,
             },
         )
-        return sample
+
+    def job_finished(self, kind: JobKind, status: str, code: str) -> None:
+        """A job finished (told once, by the gateway that completed it): its ``status``, and a failed one's
+        error ``code``."""
+        self.metrics.jobs.labels(kind, status).inc()
+        if status == "failed":
+            self.metrics.job_failures.labels(kind, code).inc()
+
+    def video_cut(self, seconds: float, coverage: Coverage) -> None:
+        """One video cut for a job: how long it took, its frames by stage and its largest gap."""
+        metrics = self.metrics
+        metrics.video_cut_seconds.observe(seconds)
+        for stage, count in (("decoded", coverage.frames_decoded), ("covered", coverage.candidates),
+                             ("sent", coverage.judged), ("reused", coverage.reused)):
+            metrics.video_frames.labels(stage).inc(count)
+        metrics.video_coverage_gap.observe(coverage.max_gap_ms / 1000)

@@ -25,6 +25,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.wires import DEFAULT_KIND, IMAGE_TOKENS_UNCOUNTED, WIRES, wire_for
+from gateway.series.scraped import WindowReading
 from shaping.verdict import ACTIONS
 
 log = logging.getLogger("modgate.stats")
@@ -111,7 +112,7 @@ def _known_sum(counts: Iterable[int | None]) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class WindowSummary:
-    """What the gateway's own requests looked like over the recent window."""
+    """What the gateway's live requests looked like over the recent window (a job's are not in it)."""
 
     window_s: float
     covered_s: float  # the window, or less while the gateway has not run that long
@@ -455,3 +456,22 @@ def stats_document(recent: RecentRequests, engine_cache: EngineCacheScraper) -> 
             "engine_scrape_error": engine_cache.last_error,
         },
     }
+
+
+def window_reading(
+    recent: RecentRequests, engine_cache: EngineCacheWindow, thinking_default_on: bool
+) -> WindowReading:
+    """The window's figures now, for the ``modgate_window_*`` gauges (gateway/series/scraped.py)."""
+    summary = recent.summary()
+    engine = engine_cache.window_rate()
+    return WindowReading(
+        window_s=summary.window_s,
+        prompt_cached_ratio=summary.cached_share,
+        engine_hit_ratio=engine.ratio,
+        engine_queried_tokens=engine.queries,
+        keyframes_per_minute=summary.keyframes_per_minute,
+        thinking_share=summary.thinking_share,
+        escalation_share=summary.escalation_share,
+        thinking_default_on=thinking_default_on,
+        kv_block_size=engine_cache.block_size,
+    )

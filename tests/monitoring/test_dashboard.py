@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from deploy.monitoring.dashboard import ROWS, dashboard_json
+from deploy.monitoring.dashboard import dashboard_json
+from deploy.monitoring.panels import ROWS
 from deploy.monitoring.prometheusrule import DASHBOARD
 from tests.monitoring.promql import (
     as_grafana_sends,

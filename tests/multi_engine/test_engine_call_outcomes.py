@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.client import EngineClient
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.telemetry.metrics import GatewayMetrics
+from gateway.series.metrics import GatewayMetrics
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -17,9 +17,10 @@ from gateway.engine.client import EngineClient
 from gateway.engine.fairness import Work
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
 from gateway.engine.pool import EnginePool, EngineSlot, SlotWithheld
-from gateway.engine.pool_build import PoolCollector
+from gateway.engine.pool_build import pool_reading
 from gateway.errors import Overloaded
 from gateway.http.services import redis_client
+from gateway.series.scraped import pool_series
 from tests.processes import poll_async
 
 ENGINE = "http://engine-a.test"
@@ -222,7 +223,7 @@ async def test_calls_admitted_on_local_caps_are_adopted_as_leases_before_a_new_o
 
     def gauge() -> float:
         name = "modgate_engine_calls_outside_shared_cap"
-        (family,) = [family for family in PoolCollector(pool).collect() if family.name == name]
+        (family,) = [family for family in pool_series(pool_reading(pool)) if family.name == name]
         return float(family.samples[0].value)
 
     try:

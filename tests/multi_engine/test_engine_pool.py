@@ -9,7 +9,7 @@ from contextlib import AsyncExitStack
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from pydantic import ValidationError
 
 from gateway.engine.admission import AdmissionQueue
@@ -18,6 +18,7 @@ from gateway.engine.client import EngineClient
 from gateway.engine.pool import EnginePool, EngineSlot, HeldEngine
 from gateway.engine.pool_build import register_pool_metrics
 from gateway.errors import EngineUnavailable, Overloaded
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
 from tests.support import FakeClock
 
@@ -193,8 +194,9 @@ async def test_a_spare_slot_is_given_only_when_nobody_waits() -> None:
 async def test_per_engine_gauges_are_labelled_by_engine() -> None:
     pool = pool_of(engine_slot(A, 2), engine_slot(B, 3))
     pool.engines[1].circuit.record_failure()
-    registry = CollectorRegistry()
-    register_pool_metrics(pool, registry)
+    metrics = GatewayMetrics()
+    register_pool_metrics(pool, metrics)
+    registry = metrics.registry
     async with pool.slot():
         text = generate_latest(registry).decode()
     assert f'modgate_engine_slot_inflight{{engine="{A}"}} 1.0' in text
@@ -206,8 +208,9 @@ async def test_per_engine_gauges_are_labelled_by_engine() -> None:
 async def test_an_engine_reads_down_from_its_failure_until_a_probe_succeeds_cool_down_or_not() -> None:
     clock = FakeClock()
     pool = pool_of(engine_slot(A, 2), engine_slot(B, 2, clock=clock))
-    registry = CollectorRegistry()
-    register_pool_metrics(pool, registry)
+    metrics = GatewayMetrics()
+    register_pool_metrics(pool, metrics)
+    registry = metrics.registry
 
     def up_of_b() -> str:
         line = next(line for line in generate_latest(registry).decode().splitlines()

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
-from gateway.telemetry.metrics import GatewayMetrics
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 BASE = K8S / "base"

@@ -6,10 +6,10 @@ import asyncio
 import time
 
 import httpx
-from prometheus_client import CollectorRegistry
 
 from gateway.engine.client import EngineClient
 from gateway.engine.prefix_keeper import PrefixKeeper
+from gateway.series.metrics import GatewayMetrics
 
 ENGINE = "http://engine:8000"
 
@@ -28,7 +28,7 @@ def test_an_engine_read_again_after_it_came_back_is_not_said_primed_when_no_prim
         nonlocal up
         client = EngineClient(ENGINE, connect_timeout_s=1.0, first_token_timeout_s=1.0, total_timeout_s=1.0,
                               connect_retries=0, max_connections=1, transport=httpx.MockTransport(engine))
-        keeper = PrefixKeeper("auto", [client], CollectorRegistry(), fill_max_tokens=4096,
+        keeper = PrefixKeeper("auto", [client], GatewayMetrics(), fill_max_tokens=4096,
                               reprime_interval_s=0.0)
         await keeper.start({})
         state = keeper.engines[ENGINE]

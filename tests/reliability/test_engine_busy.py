@@ -13,12 +13,13 @@ from typing import Any
 import httpx
 import pytest
 from litestar.testing import AsyncTestClient
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.keyframes import make_keyframe
 from gateway.engine.pool_build import register_pool_metrics
 from gateway.http.app import create_app
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
 from tests.multi_engine.test_engine_pool import A, B, engine_slot, pool_of
 from tests.reliability.conftest import error_body
@@ -120,8 +121,9 @@ async def test_a_busy_engine_hands_the_frame_to_another_without_opening_its_circ
         async with pool.slot() as held:
             answer = await held.chat({"model": "m", "messages": []}, f"r{index}")
             answered.append(answer.engine)
-    registry = CollectorRegistry()
-    register_pool_metrics(pool, registry)
+    metrics = GatewayMetrics()
+    register_pool_metrics(pool, metrics)
+    registry = metrics.registry
 
     assert answered == [B, B, B, B]
     assert [engine.state for engine in pool.engines] == ["closed", "closed"]

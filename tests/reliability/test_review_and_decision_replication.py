@@ -20,9 +20,9 @@ from pydantic import ValidationError
 
 from bench.cluster import SYNC_NOW, RedisProcess
 from gateway.decisions.log import RedisDecisionLog
-from gateway.review.metrics import ReviewMetrics
 from gateway.review.service import ReviewQueue
 from gateway.review.store_redis import RedisReviewStore
+from gateway.series.review import ReviewMetrics
 from gateway.settings import DecisionSettings, JobSettings, ReviewSettings
 from gateway.state import SOCKET_TIMEOUT_S
 from shaping.verdict import KeyframeVerdict

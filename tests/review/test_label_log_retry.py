@@ -13,10 +13,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from contracts.decisions import DecisionRow
-from gateway.decisions.log import RedisDecisionLog, unlogged_counter
+from gateway.decisions.log import RedisDecisionLog
 from gateway.decisions.rows import review_label_row
 from gateway.http.services import redis_client
 from gateway.review.models import Label, LabelledItem, ReviewItem
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import DecisionSettings
 from tests.processes import RedisServer
 
@@ -55,12 +56,13 @@ def unlogged_total(registry: CollectorRegistry) -> float:
 
 
 def test_a_label_appended_while_redis_is_down_is_stored_once_it_is_back(private_redis: RedisServer) -> None:
-    registry = CollectorRegistry()
+    metrics = GatewayMetrics()
+    registry = metrics.registry
     settings = DecisionSettings(stream=STREAM, redis_timeout_s=0.5, retry_attempts=50, retry_timeout_s=120)
 
     async def scenario() -> list[DecisionRow]:
         client = redis_client(private_redis.url)
-        log = RedisDecisionLog(client, settings, unlogged_counter(registry))
+        log = RedisDecisionLog(client, settings, metrics.decisions_unlogged)
         try:
             private_redis.stop()
             await log.append([review_label_row(labelled())])  # fails at once: the answer does not wait
@@ -83,12 +85,13 @@ def test_a_label_appended_while_redis_is_down_is_stored_once_it_is_back(private_
 
 
 def test_a_label_the_log_never_takes_is_counted_as_unlogged(private_redis: RedisServer) -> None:
-    registry = CollectorRegistry()
+    metrics = GatewayMetrics()
+    registry = metrics.registry
     settings = DecisionSettings(stream=STREAM, redis_timeout_s=0.2, retry_attempts=3, retry_timeout_s=5)
 
     async def scenario() -> None:
         client = redis_client(private_redis.url)
-        log = RedisDecisionLog(client, settings, unlogged_counter(registry))
+        log = RedisDecisionLog(client, settings, metrics.decisions_unlogged)
         try:
             private_redis.stop()
             await log.append([review_label_row(labelled())])
@@ -104,12 +107,13 @@ def test_a_label_the_log_never_takes_is_counted_as_unlogged(private_redis: Redis
 def test_a_gateway_stopping_while_a_label_is_retried_counts_it_as_unlogged(
     private_redis: RedisServer,
 ) -> None:
-    registry = CollectorRegistry()
+    metrics = GatewayMetrics()
+    registry = metrics.registry
     settings = DecisionSettings(stream=STREAM, redis_timeout_s=0.2, retry_attempts=100, retry_timeout_s=600)
 
     async def scenario() -> None:
         client = redis_client(private_redis.url)
-        log = RedisDecisionLog(client, settings, unlogged_counter(registry))
+        log = RedisDecisionLog(client, settings, metrics.decisions_unlogged)
         try:
             private_redis.stop()
             await log.append([review_label_row(labelled())])

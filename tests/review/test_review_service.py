@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.errors import Forbidden, NotFound, StateUnavailable
-from gateway.review.metrics import ReviewMetrics
 from gateway.review.models import Label, LabelledItem, QueuedItem, ReviewConflict, ReviewItem, TenantQueue
 from gateway.review.service import Reviewer, ReviewQueue
 from gateway.review.store_memory import MemoryReviewStore
+from gateway.series.review import ReviewMetrics
 from gateway.settings import ReviewSettings
 from shaping.verdict import KeyframeVerdict
 

@@ -17,8 +17,8 @@ from deploy.keyframes import make_keyframe
 from gateway.errors import UpstreamError
 from gateway.http.app import create_app
 from gateway.moderation.token_prediction import PromptTokenCheck
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
-from gateway.telemetry.metrics import GatewayMetrics
 from shaping.accounting import Measurement, PromptPrediction, TokenAccountant, compare_usage
 from shaping.prompt import load_system_prompt
 from tests.support import GatewayFactory, SimFactory, forward, image_input

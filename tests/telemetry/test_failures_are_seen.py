@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import httpx
+import pytest
 from litestar.testing import AsyncTestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,8 +32,9 @@ def server_side_outcomes() -> set[str]:
     return {error.default_code for error in subclasses(ServerSideError)} | {"internal_error"}
 
 
-def test_the_failing_requests_alert_counts_every_server_side_outcome() -> None:
-    (rule,) = [rule for rule in alerts() if rule["alert"] == "ModgateRequestsFailing"]
+@pytest.mark.parametrize("alert", ["ModgateRequestsFailing", "ModgateJobRequestsFailing"])
+def test_the_failing_requests_alerts_count_every_server_side_outcome(alert: str) -> None:
+    (rule,) = [rule for rule in alerts() if rule["alert"] == alert]
     match = re.search(r'outcome=~"([^"]+)"', rule["expr"])
     assert match is not None
     counted = set(match.group(1).split("|"))

@@ -15,8 +15,8 @@ from gateway.engine.answers import EngineAnswer
 from gateway.engine.client import EngineClient
 from gateway.http.auth import KeyRing
 from gateway.http.services import open_services
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
-from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import FinishedRequest, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
 from gateway.wire import ModerationDetails, ModerationRequest

@@ -23,8 +23,8 @@ from gateway.caller import Caller
 from gateway.errors import UpstreamError
 from gateway.http.auth import KeyRing
 from gateway.http.services import Services, open_services
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings, TelemetrySettings
-from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.recorder import FinishedRequest, RequestRecorder
 from gateway.telemetry.tracing import JsonLogFormatter, build_telemetry
 from gateway.telemetry.windows import RecentRequests

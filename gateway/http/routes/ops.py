@@ -22,8 +22,8 @@ from gateway.http.tenant_figures import TenantFigures
 from gateway.moderation.service import ModerationService
 from gateway.policy.rules import PolicyStore
 from gateway.review.service import ReviewQueue
+from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
-from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.windows import EngineCacheScraper, RecentRequests, stats_document
 
 _REVIEW_READ_S: Final = 1.0  # how long a scrape waits for the review queue's figures

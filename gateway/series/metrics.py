@@ -1,19 +1,24 @@
-"""Gateway metrics in Prometheus form (``GET /metrics``); gateway/telemetry/recorder.py writes a request's.
+"""The gateway's registry and its request, engine, policy and job series (``GET /metrics``).
 
-Rates of the engine's prefix cache are exposed only over a recent window (gateway/telemetry/windows.py): the
+Rates of the engine's prefix cache are exposed only over a recent window (gateway/series/scraped.py): the
 since-start ratio of the engine's counters is the number that misleads, so it is not a metric here.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from gateway.telemetry.windows import EngineCacheWindow, RecentRequests
+from gateway.series.scraped import (
+    PoolReading,
+    Scraped,
+    TenantReading,
+    WindowReading,
+    pool_series,
+    tenant_series,
+    window_series,
+)
 
 LATENCY_BUCKETS = (
     0.005,
@@ -47,7 +52,7 @@ class GatewayMetrics:
             return Histogram(name, documentation, buckets=LATENCY_BUCKETS, registry=registry)
 
         self.requests = Counter(
-            "modgate_requests", "Requests by route (moderations, decisions, ...) and outcome.",
+            "modgate_requests", "Live requests by route (moderations, decisions, ...) and outcome.",
             ["route", "outcome"], registry=registry
         )
         self.frames = Counter(
@@ -69,9 +74,11 @@ class GatewayMetrics:
             "modgate_engine_errors", "Engine call failures.", ["kind"], registry=registry
         )
         # By outcome: a failed request is observed too (under its outcome), so the latency objective counts
-        # it as a miss however fast it failed (deploy/monitoring/modgate-rules.yaml).
+        # it as a miss however fast it failed (deploy/monitoring/modgate-rules.yaml). Live requests only: a
+        # job's keyframes wait behind them by design, and are counted under their job.
         self.e2e = Histogram(
-            "modgate_request_seconds", "End-to-end latency per keyframe, by outcome (ok, or how it failed).",
+            "modgate_request_seconds",
+            "End-to-end latency per keyframe of a live request, by outcome (ok, or how it failed).",
             ["outcome"], buckets=LATENCY_BUCKETS, registry=registry,
         )
         self.ttft = seconds("modgate_engine_ttft_seconds", "Engine time to first token.")
@@ -103,16 +110,18 @@ class GatewayMetrics:
 
         # Per tenant: the label's values come from the API keys (a bounded set), never from a request.
         self.tenant_e2e = Histogram(
-            "modgate_tenant_request_seconds", "End-to-end latency per keyframe, by tenant.", ["tenant"],
+            "modgate_tenant_request_seconds", "End-to-end latency per live keyframe, by tenant.", ["tenant"],
             buckets=LATENCY_BUCKETS, registry=registry,
         )
         self.tenant_queue_wait = Histogram(
-            "modgate_tenant_queue_wait_seconds", "Engine slot wait per engine-judged keyframe, by tenant.",
-            ["tenant"], buckets=LATENCY_BUCKETS, registry=registry,
+            "modgate_tenant_queue_wait_seconds",
+            "Engine slot wait per engine-judged live keyframe, by tenant.", ["tenant"],
+            buckets=LATENCY_BUCKETS, registry=registry,
         )
         self.tenant_frames = Counter(
             "modgate_tenant_frames",
-            "Keyframes answered, by tenant and thinking mode (reused: from the verdict cache).",
+            "Keyframes answered, live or for a job, by tenant and thinking mode (reused: from the verdict "
+            "cache).",
             ["tenant", "thinking"],
             registry=registry,
         )
@@ -197,10 +206,48 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        # Video jobs (gateway/jobs/video.py): what an operator watches of the cut and its coverage.
-        self.video_jobs = Counter(
-            "modgate_video_jobs", "Video jobs finished, by status and code (ok when they succeeded).",
-            ["status", "code"], registry=registry,
+        # The prefix keeper's (gateway/engine/prefix_keeper.py): how each engine's prefix cache is kept.
+        self.prefix_primings = Counter(
+            "modgate_prefix_primings",
+            "Priming requests sent to keep the engine's linear-attention state at the shared prefix, by why: "
+            "start, cache_fell (a request got fewer cached tokens than the shared prefix: restart, swap, "
+            "eviction), restart (the engine answered again after it could not be reached), swap (its cache "
+            "config changed), failed (the priming request itself failed).",
+            ["engine", "reason"],
+            registry=registry,
+        )
+        self.prefix_strategy = Gauge(
+            "modgate_prefix_strategy",
+            "1 for the prefix strategy in force on each engine (prime, engine-checkpoint, fill, none, "
+            "uncacheable).",
+            ["engine", "strategy"],
+            registry=registry,
+        )
+        self.prefix_uncacheable = Gauge(
+            "modgate_prefix_uncacheable",
+            "1 while the engine cannot cache the shared prefix (the log and /readyz name the engine flag).",
+            ["engine"],
+            registry=registry,
+        )
+        self.decisions_unlogged = Counter(
+            "modgate_decisions_unlogged", "Decisions answered that the decision log did not take",
+            registry=registry,
+        )
+
+        # Jobs (gateway/jobs/), written by the recorder: a job's requests are counted here, not as live ones.
+        self.jobs = Counter(
+            "modgate_jobs", "Jobs finished, by kind (keyframes, video) and final status (succeeded, failed).",
+            ["kind", "status"], registry=registry,
+        )
+        self.job_failures = Counter(
+            "modgate_job_failures", "Jobs that failed, by kind and the error's code.", ["kind", "code"],
+            registry=registry,
+        )
+        self.job_requests = Counter(
+            "modgate_job_requests",
+            "Moderation requests made for jobs (a keyframes job's one per attempt, a video job's one per "
+            "chunk of its frames), by kind and outcome: background work, outside modgate_requests_total.",
+            ["kind", "outcome"], registry=registry,
         )
         self.video_cut_seconds = Histogram(
             "modgate_video_cut_seconds", "Time to cut one video (every frame decoded, shot changes).",
@@ -216,15 +263,6 @@ class GatewayMetrics:
             buckets=(0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0), registry=registry,
         )
 
-    def video_cut(
-        self, seconds: float, decoded: int, covered: int, sent: int, reused: int, gap_ms: int
-    ) -> None:
-        """One video cut, told by the video jobs."""
-        self.video_cut_seconds.observe(seconds)
-        for stage, count in (("decoded", decoded), ("covered", covered), ("sent", sent), ("reused", reused)):
-            self.video_frames.labels(stage).inc(count)
-        self.video_coverage_gap.observe(gap_ms / 1000)
-
     def engine_call(self, engine: str, purpose: str, outcome: str, seconds: float) -> None:
         """One engine request, reported by its client (``EngineClient.count_calls``)."""
         self.engine_calls.labels(engine, purpose, outcome).inc()
@@ -235,91 +273,14 @@ class GatewayMetrics:
         """Count one shadow judgement's outcome."""
         self.shadow_pairs.labels(outcome).inc()
 
-    def watch_tenants(self, source: Callable[[], Iterator[Metric]]) -> None:
-        """Expose per-tenant figures read at scrape time (admission, quotas, the recent window)."""
-        self.registry.register(_Scraped(source))
+    def watch_pool(self, read: Callable[[], PoolReading]) -> None:
+        """Expose the engine pool's figures (``modgate_engine_*{engine}``), read at scrape time."""
+        self.registry.register(Scraped(lambda: pool_series(read())))
 
-    def watch(
-        self, recent: RecentRequests, engine_cache: EngineCacheWindow, thinking_default_on: Callable[[], bool]
-    ) -> None:
-        """Expose the recent window's figures as gauges, computed at scrape time."""
-        self.registry.register(_WindowCollector(recent, engine_cache, thinking_default_on))
+    def watch_tenants(self, read: Callable[[], list[TenantReading]]) -> None:
+        """Expose per-tenant figures (admission, quotas, the recent window), read at scrape time."""
+        self.registry.register(Scraped(lambda: tenant_series(read())))
 
-
-def _gauge(name: str, documentation: str, value: float | None) -> GaugeMetricFamily:
-    # NaN, not 0, when there is nothing to measure: "no traffic" must not read as "0 % hit rate".
-    return GaugeMetricFamily(name, documentation, value=math.nan if value is None else value)
-
-
-class _WindowCollector(Collector):
-    """Windowed gauges: cache efficiency, throughput and thinking share over the last ``window_s`` seconds."""
-
-    def __init__(
-        self, recent: RecentRequests, engine_cache: EngineCacheWindow, thinking_default_on: Callable[[], bool]
-    ) -> None:
-        self.recent = recent
-        self.engine_cache = engine_cache
-        self.thinking_default_on = thinking_default_on
-
-    def collect(self) -> Iterator[Metric]:
-        """Read the windows now."""
-        summary = self.recent.summary()
-        engine = self.engine_cache.window_rate()
-        yield _gauge(
-            "modgate_window_seconds",
-            "Length of the window the modgate_window_* gauges cover.",
-            summary.window_s,
-        )
-        yield _gauge(
-            "modgate_window_prompt_cached_ratio",
-            "Cached / prompt tokens of the gateway's own engine calls over the window (NaN: no calls).",
-            summary.cached_share,
-        )
-        yield _gauge(
-            "modgate_window_engine_prefix_cache_hit_ratio",
-            "Increase of vllm:prefix_cache_hits_total over the increase of vllm:prefix_cache_queries_total "
-            "between scrapes of the engine across the window (NaN: nothing queried). Never since start.",
-            engine.ratio,
-        )
-        yield _gauge(
-            "modgate_window_engine_prefix_cache_queries_tokens",
-            "Prompt tokens the engine looked up in its prefix cache over the window.",
-            engine.queries,
-        )
-        yield _gauge(
-            "modgate_window_keyframes_per_minute",
-            "Keyframes answered per minute over the window.",
-            summary.keyframes_per_minute,
-        )
-        yield _gauge(
-            "modgate_window_thinking_share",
-            "Share of engine-judged keyframes with thinking on over the window (NaN: none).",
-            summary.thinking_share,
-        )
-        yield _gauge(
-            "modgate_window_escalation_share",
-            "Share of engine-judged escalate-mode keyframes asked again with thinking on (NaN: none).",
-            summary.escalation_share,
-        )
-        yield _gauge(
-            "modgate_thinking_default_on",
-            "1 when the thinking policy's default mode is on, else 0.",
-            1.0 if self.thinking_default_on() else 0.0,
-        )
-        if self.engine_cache.block_size is not None:
-            yield _gauge(
-                "modgate_engine_kv_block_size_tokens",
-                "The engine's KV block size (vllm:cache_config_info): shorter prefixes never hit.",
-                self.engine_cache.block_size,
-            )
-
-
-class _Scraped(Collector):
-    """Metrics computed by a function at scrape time."""
-
-    def __init__(self, source: Callable[[], Iterator[Metric]]) -> None:
-        self.source = source
-
-    def collect(self) -> Iterator[Metric]:
-        """Read the source now."""
-        yield from self.source()
+    def watch_window(self, read: Callable[[], WindowReading]) -> None:
+        """Expose the recent window's figures as gauges, read at scrape time."""
+        self.registry.register(Scraped(lambda: window_series(read())))

@@ -1,4 +1,4 @@
-"""The review queue's Prometheus metrics: depth and oldest age per tenant, labels and their agreement.
+"""The review queue's series: depth and oldest age per tenant, labels and their agreement.
 
 Labels per hour and the disagreement rate are the counters' rates (deploy/monitoring/):
 ``sum(rate(modgate_review_labels_total[1h])) * 3600`` and
@@ -7,9 +7,26 @@ Labels per hour and the disagreement rate are the counters' rates (deploy/monito
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.review.models import LabelledItem, TenantQueue
+
+class QueueFigures(Protocol):
+    """One tenant's review queue as the store reads it (gateway/review/models.py's ``TenantQueue``)."""
+
+    @property
+    def depth(self) -> int:
+        """Items waiting or claimed."""
+
+    @property
+    def claimed(self) -> int:
+        """Items held by a reviewer."""
+
+    @property
+    def oldest_age_s(self) -> float | None:
+        """The oldest item's age (None: no item)."""
 
 
 class ReviewMetrics:
@@ -50,11 +67,11 @@ class ReviewMetrics:
         )
         self.alert_after.set(oldest_alert_s)
 
-    def labelled(self, done: LabelledItem) -> None:
-        """Count one label."""
-        self.labels.labels(done.item.tenant, "true" if done.agrees else "false").inc()
+    def labelled(self, tenant: str, agrees: bool) -> None:
+        """Count one label of a ``tenant``'s frame (``agrees``: with the model's verdict)."""
+        self.labels.labels(tenant, "true" if agrees else "false").inc()
 
-    def show(self, queues: dict[str, TenantQueue]) -> None:
+    def show(self, queues: Mapping[str, QueueFigures]) -> None:
         """The store's figures now (tenants whose queue emptied read 0, not their last value)."""
         for gauge in (self.depth, self.claimed, self.oldest):
             gauge.clear()
