@@ -23,6 +23,7 @@ from gateway.errors import (
     StateUnavailable,
 )
 from gateway.jobs.models import Delivery, JobError, JobRecord, JobRequest, JobStatus
+from gateway.jobs.spool import SpooledVideo
 from gateway.jobs.store import JobStore
 from gateway.jobs.video import Answered, VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
@@ -187,7 +188,10 @@ class JobWorker:
                         lambda done, total: self._progress(job_id, done, total),
                         Answered(load=lambda: self.store.parts(job_id),
                                  save=lambda name, value: self.store.save_part(job_id, name, value),
-                                 video=lambda: self.store.video(job_id)),
+                                 cut=lambda: self.store.cut(job_id),
+                                 save_cut=lambda cut: self.store.save_cut(job_id, cut),
+                                 video=None if record.video_file is None
+                                 else SpooledVideo.loads(record.video_file)),
                     )
                 else:
                     response = await moderate_keyframes(
@@ -227,11 +231,17 @@ class JobWorker:
             await self._finished_video(job_id, "failed" if done else None, exc.code)
 
     async def _finished_video(self, job_id: str, status: JobStatus | None, code: str) -> None:
-        """A video job has finished (``status`` None: elsewhere): counted once, its kept chunks dropped."""
+        """A video job has finished (``status`` None: elsewhere): counted once, its kept cut and chunks
+        dropped, its spooled file (still there when it failed before its cut) deleted."""
         if status is not None:
             self.moderation.metrics.video_jobs.labels(status, code).inc()
         with contextlib.suppress(StateUnavailable):  # left alone, they expire with the job
             await self.store.drop_parts(job_id)
+        if self.videos is not None:
+            try:
+                await self.videos.spool.discard(job_id)
+            except OSError as exc:  # the sweep deletes it later
+                log.warning("job %s: its spooled video could not be deleted: %s", job_id, exc)
 
     async def _complete(
         self, job_id: str, status: JobStatus, *, result: str | None = None, error: str | None = None
