@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +44,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 os.environ.setdefault("MODGATE_ENGINE__STARTUP_CHECK", "false")
 # Video jobs wait as files in the spool (MODGATE_VIDEOS__SPOOL_DIR, var/videos by default): the session's
 # gateways share one of its own, never the checkout's var/.
-os.environ.setdefault("MODGATE_VIDEOS__SPOOL_DIR", tempfile.mkdtemp(prefix="modgate-spool-"))
+if "MODGATE_VIDEOS__SPOOL_DIR" not in os.environ:
+    os.environ["MODGATE_VIDEOS__SPOOL_DIR"] = tempfile.mkdtemp(prefix="modgate-spool-")
+    atexit.register(shutil.rmtree, os.environ["MODGATE_VIDEOS__SPOOL_DIR"], ignore_errors=True)
 
 REDIS_URL = os.environ.get("MODGATE_TEST_REDIS_URL", "")
 """A Redis the tests may flush (``MODGATE_TEST_REDIS_URL``); unset, each test session starts its own."""

@@ -11,6 +11,7 @@ at once and nothing more of the body is read.
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -27,15 +28,33 @@ ENVELOPE: Final = 16 * 1024  # boundaries and part headers (the parser caps each
 
 @dataclass
 class MultipartJob:
-    """What a multipart job's body held: its ``job`` part's text and its spooled ``video``."""
+    """What a multipart job's body held, taken event by event from the parser: its ``job`` part's text and
+    its ``video``, spooled by ``writer`` as its bytes come."""
 
+    writer: SpoolWriter
     fields: str | None = None  # None: no 'job' part
     video: SpooledVideo | None = None  # None: no 'video' part
     _seen: set[str] = field(default_factory=set)
     _text: bytearray = field(default_factory=bytearray)
+    _segment: MultipartSegment | None = None  # the part being read
 
-    def begin(self, segment: MultipartSegment) -> str:
-        """A part's headers have come: its name, once it is found to be one of the job's parts, each once."""
+    async def take(self, event: MultipartSegment | bytes | None) -> None:
+        """One parser event: a part's headers, a piece of its body, or its end (None)."""
+        if isinstance(event, MultipartSegment):
+            self._segment = self.begin(event)
+        elif event is None:
+            if self._segment is not None and self._segment.name == "video":
+                self.video = await self.writer.finish()
+            elif self._segment is not None:
+                self.end_text(self._segment)
+            self._segment = None
+        elif self._segment is not None and self._segment.name == "video":
+            await self.writer.write(bytes(event))
+        else:
+            self.add_text(event)
+
+    def begin(self, segment: MultipartSegment) -> MultipartSegment:
+        """A part's headers have come: it must be one of the job's parts, each once, the video a file."""
         name = segment.name or ""
         if name not in JOB_PARTS:  # never dropped in silence: a job's other fields go in its 'job' part
             raise InvalidRequest(f"unknown part {name[:100]!r}: a multipart job has a 'video' file part and "
@@ -46,7 +65,7 @@ class MultipartJob:
             raise InvalidRequest("a multipart job needs a 'video' file part (a filename in its "
                                  "Content-Disposition)", param="video")
         self._seen.add(name)
-        return name
+        return segment
 
     def add_text(self, piece: bytes) -> None:
         """More of the 'job' part."""
@@ -72,30 +91,15 @@ async def read_multipart_job(request: Request[Any, Any, Any], spool: VideoSpool,
     declared = request.content_length
     if declared is not None and declared > spool.max_bytes + MAX_JOB_PART + ENVELOPE:
         raise too_large(spool.max_bytes)  # said before the first byte is read
-    received = MultipartJob()
-    writer: SpoolWriter | None = None
+    received = MultipartJob(spool.writer(job_id))
     try:
         with PushMultipartParser(boundary.encode("latin-1")) as parser:
-            segment: MultipartSegment | None = None
-            async for chunk in request.stream():
-                for event in parser.parse(chunk):
-                    if isinstance(event, MultipartSegment):
-                        segment = event
-                        if received.begin(event) == "video":
-                            writer = spool.writer(job_id)
-                    elif event is None:  # the part is complete
-                        if writer is not None:
-                            received.video = await writer.finish()
-                            writer = None
-                        elif segment is not None:
-                            received.end_text(segment)
-                        segment = None
-                    elif writer is not None:
-                        await writer.write(bytes(event))
-                    else:
-                        received.add_text(event)
-                if parser.closed:
-                    break
+            async with aclosing(request.stream()) as chunks:
+                async for chunk in chunks:
+                    for event in parser.parse(chunk):
+                        await received.take(event)
+                    if parser.closed:
+                        break
     except (ParserError, ParserLimitReached) as exc:
         await spool.discard(job_id)
         raise InvalidRequest(f"invalid multipart/form-data: {exc}") from exc
@@ -103,6 +107,5 @@ async def read_multipart_job(request: Request[Any, Any, Any], spool: VideoSpool,
         await spool.discard(job_id)
         raise
     finally:
-        if writer is not None:  # broken off mid-video: its partial file goes
-            await writer.abort()
+        await received.writer.abort()  # broken off mid-video: its partial file goes (once whole: nothing)
     return received

@@ -97,7 +97,8 @@ class SpoolWriter:
         """Delete the partial file, unless :meth:`finish` completed it."""
         if not self._done:
             self._done = True
-            await asyncio.to_thread(self._abort)
+            if self._partial is not None:  # nothing was written: no file to delete
+                await asyncio.to_thread(self._abort)
 
     async def write(self, chunk: bytes) -> None:
         """Take the next bytes: over the limit they are refused at once (nothing more need be read)."""

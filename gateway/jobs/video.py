@@ -22,6 +22,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -83,6 +84,7 @@ from shaping.video import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("modgate.jobs")
 MAX_DECODED_FPS = 60  # the decoded-frame cap: 60 frames a second of the duration limit (36,000 at 600 s)
 PROBE_TIMEOUT_S = 10.0  # a submission's probe (its packets demuxed, no frame decoded)
 STORED_VIDEO = "modgate:stored-video"  # a stored request's video URL: the video waits in the spool
@@ -285,7 +287,10 @@ class VideoJobs:
         engine's token grid as it is decoded), kept with the job, and the spooled file deleted."""
         kept = await answered.cut() if answered is not None else None
         if kept is not None:
-            return cut_from_kept(kept)
+            try:
+                return cut_from_kept(kept)
+            except msgspec.DecodeError:  # kept by a gateway whose cut had other fields: cut it again
+                log.warning("job %s: its kept cut could not be read; cutting the video again", job_id)
         source = await self.source(request, job_id, answered)
         started = time.monotonic()
         encode = functools.partial(shape_picture, grid=moderation.grid,
