@@ -87,7 +87,7 @@ class JobService:
         ``upload``: a multipart job's video, spooled under its job id (its request's video URL then names
         the stored video). A posted video's file is the job's once it is stored, and deleted otherwise."""
         job_id = upload.job_id if upload is not None else new_job_id()
-        spooled, created = upload, False
+        spooled, created, maybe_stored = upload, False, False
         try:
             check_video_id(request.video_id)
             frames = request.frames or []
@@ -129,9 +129,13 @@ class JobService:
                 webhook_status="pending" if request.webhook_url else None,
                 video_file=None if spooled is None else spooled.dumps(),
             )
-            stored, created = await self.store.submit(record, idempotency)
+            try:
+                stored, created = await self.store.submit(record, idempotency)
+            except StateUnavailable:  # the job may be on the Redis primary all the same (too few replicas
+                maybe_stored = True  # had it in time): its file stays, for the sweep to judge
+                raise
         finally:  # a video refused (spooled or not yet), or a replay: the stored job has its own file
-            if request.video is not None and not created and self.videos is not None:
+            if request.video is not None and not created and not maybe_stored and self.videos is not None:
                 await self.videos.spool.discard(job_id)
         if not created and (stored.tenant != caller.tenant or stored.fingerprint != record.fingerprint):
             raise Conflict(
