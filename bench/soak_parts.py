@@ -184,6 +184,7 @@ class Fleet:
             "MODGATE_DECISIONS__ARCHIVE_DIR": str(self.directory / "decisions"),
             "MODGATE_QUALITY__RECORDS_DIR": str(self.directory / "quality"),
             "MODGATE_CONSOLE__REPORTS_DIR": str(self.directory / "reports"),
+            "MODGATE_VIDEOS__SPOOL_DIR": str(self.directory / "videos"),  # both replicas' one spool
             **self.settings,
         }
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import mimetypes
 import time
@@ -19,15 +18,23 @@ video_app = typer.Typer(help="Videos as jobs: the gateway cuts the keyframes and
                         no_args_is_help=True)
 
 
-def video_source(source: str) -> str:
-    """The ``video.url`` of a job: an http(s) URL as given, a file as a ``data:video/…;base64,`` URL."""
-    if source.lower().startswith(("http://", "https://")):
-        return source
+def is_url(source: str) -> bool:
+    """An http(s) URL the gateway fetches, rather than a file posted with the job."""
+    return source.lower().startswith(("http://", "https://"))
+
+
+def submit(client: httpx.Client, source: str, fields: dict[str, Any]) -> httpx.Response:
+    """Post the job: a URL in its JSON body; a file as ``multipart/form-data``, read from disk as it is sent
+    (never base64, never whole in memory on either side)."""
+    if is_url(source):
+        return client.post("/v1/jobs", json={**fields, "video": {"url": source}})
     path = Path(source)
     mime = mimetypes.guess_type(path.name)[0] or "video/mp4"
-    if not mime.startswith("video/"):
-        mime = "video/mp4"
-    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+    with path.open("rb") as file:
+        return client.post("/v1/jobs", files={
+            "video": (path.name, file, mime if mime.startswith("video/") else "video/mp4"),
+            "job": (None, json.dumps(fields), "application/json"),
+        })
 
 
 def render_segments(job: dict[str, Any], console: Console) -> None:
@@ -64,13 +71,13 @@ def moderate(
 ) -> None:
     """Post a video job, show its progress, and print its segments (or the job as JSON)."""
     name = video_id or "".join(c if c.isalnum() or c in "._:-" else "-" for c in Path(source).name)[:200]
-    body: dict[str, Any] = {"video_id": name or "video", "video": {"url": video_source(source)}}
+    body: dict[str, Any] = {"video_id": name or "video"}
     sampling = {"max_fps": max_fps, "max_gap_s": max_gap_s}
     if any(value is not None for value in sampling.values()):
         body["sampling"] = {name: value for name, value in sampling.items() if value is not None}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(base_url=gateway_url.rstrip("/"), headers=headers, timeout=60) as client:
-        accepted = client.post("/v1/jobs", json=body)
+        accepted = submit(client, source, body)
         if accepted.status_code != 202:
             typer.secho(f"the gateway refused the video ({accepted.status_code}): {accepted.text}",
                         fg="red", err=True)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # start: tests that count an engine's calls or script its faults would see them, so the suite turns it off
 # (gateways it starts as processes inherit this); tests/engine_check/ turns it on where it is tested.
 os.environ.setdefault("MODGATE_ENGINE__STARTUP_CHECK", "false")
+# Video jobs wait as files in the spool (MODGATE_VIDEOS__SPOOL_DIR, var/videos by default): the session's
+# gateways share one of its own, never the checkout's var/.
+if "MODGATE_VIDEOS__SPOOL_DIR" not in os.environ:
+    os.environ["MODGATE_VIDEOS__SPOOL_DIR"] = tempfile.mkdtemp(prefix="modgate-spool-")
+    atexit.register(shutil.rmtree, os.environ["MODGATE_VIDEOS__SPOOL_DIR"], ignore_errors=True)
 
 REDIS_URL = os.environ.get("MODGATE_TEST_REDIS_URL", "")
 """A Redis the tests may flush (``MODGATE_TEST_REDIS_URL``); unset, each test session starts its own."""

@@ -20,7 +20,12 @@ With Redis (``MODGATE_REDIS__URL``) jobs are durable:
 Without Redis the same API and worker run on a dict and a queue, and jobs are NOT durable: a restart loses
 every queued and running job. The gateway says so at start, and every job says ``"durable": false``.
 
+A video job's video waits as a file in the spool (``MODGATE_VIDEOS__SPOOL_DIR``, shared by the replicas),
+the job holding its reference only; once cut, its shaped frames wait beside the job (``…:cut``) and the
+file goes.
+
 The package, by job: ``models`` (the wire models and the stored record), ``store`` (the contract a job store
 keeps), ``store_memory`` and ``store_redis`` (the two stores), ``webhooks`` (signing and delivery),
-``worker`` (the loops that work jobs), ``service`` (what the routes call; it owns the worker).
+``worker`` (the loops that work jobs), ``service`` (what the routes call; it owns the worker), ``video``
+(video jobs: the probe, the cut once, the frames judged) and ``spool`` (where a video waits until it is cut).
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
@@ -191,6 +192,8 @@ class JobRecord:
     webhook_url: str | None = None
     webhook_status: WebhookStatus | None = None
     webhook_attempts: int = 0
+    # a posted video's reference (gateway/jobs/spool.py's SpooledVideo, as JSON): the file it waits in
+    video_file: str | None = None
     # request id → a JobReview's JSON; stored as hash fields ``review:<request id>`` (each label its own)
     reviews: dict[str, str] = field(default_factory=dict)
 
@@ -268,6 +271,11 @@ class Delivery:
 
     entry_id: str
     job_id: str
+
+
+def new_job_id() -> str:
+    """A fresh job id (``job_`` and 32 hex digits): chosen before a posted video is spooled (it names it)."""
+    return f"job_{uuid.uuid4().hex}"
 
 
 def unix_now() -> int:

@@ -17,8 +17,18 @@ from typing import Any, Final
 import httpx
 
 from gateway.caller import Caller
-from gateway.errors import Conflict, InvalidRequest, NotFound, Overloaded
-from gateway.jobs.models import Job, JobRecord, JobRequest, JobReview, VideoSource, unix_now
+from gateway.errors import Conflict, InvalidRequest, NotFound, Overloaded, StateUnavailable
+from gateway.jobs.models import (
+    FINISHED,
+    Job,
+    JobRecord,
+    JobRequest,
+    JobReview,
+    VideoSource,
+    new_job_id,
+    unix_now,
+)
+from gateway.jobs.spool import SpooledVideo
 from gateway.jobs.store import JobStore
 from gateway.jobs.video import STORED_VIDEO, VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
@@ -35,6 +45,7 @@ log = logging.getLogger("modgate.jobs")
 
 IDEMPOTENCY_KEY_PATTERN: Final = r"^[\x21-\x7e]{1,255}$"  # printable ASCII, no spaces (the document says)
 _IDEMPOTENCY_KEY: Final = re.compile(IDEMPOTENCY_KEY_PATTERN)
+SPOOL_SWEEP_EVERY_S: Final = 300.0  # how often a replica deletes spooled videos no job waits for
 
 
 @dataclass
@@ -54,6 +65,7 @@ class JobService:
     accepting: Callable[[], bool] = lambda: True  # False while the gateway drains (gateway/drain.py)
     worker: JobWorker = field(init=False)
     _review_posts: set[asyncio.Task[None]] = field(init=False, default_factory=set)
+    _sweeper: asyncio.Task[None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.worker = JobWorker(
@@ -67,67 +79,64 @@ class JobService:
             )
 
     async def submit(
-        self, request: JobRequest, caller: Caller, idempotency_key: str | None, *, upload: bytes | None = None
+        self, request: JobRequest, caller: Caller, idempotency_key: str | None, *,
+        upload: SpooledVideo | None = None,
     ) -> tuple[Job, bool]:
         """Check and store a job; answers it and whether it is new (False: an idempotent replay).
 
-        ``upload``: a multipart job's video file (its request's video URL then names the stored video)."""
-        check_video_id(request.video_id)
-        frames = request.frames or []
-        if len(frames) > self.settings.max_frames:
-            raise InvalidRequest(
-                f"at most {self.settings.max_frames} frames per job, got {len(frames)}",
-                param="frames",
-            )
-        if request.webhook_url is not None:
-            self._check_webhook_url(request.webhook_url)
-        posted: bytes | None = None
-        if request.video is not None:
-            if self.videos is None:
+        ``upload``: a multipart job's video, spooled under its job id (its request's video URL then names
+        the stored video). A posted video's file is the job's once it is stored, and deleted otherwise."""
+        job_id = upload.job_id if upload is not None else new_job_id()
+        spooled, created, maybe_stored = upload, False, False
+        try:
+            check_video_id(request.video_id)
+            frames = request.frames or []
+            if len(frames) > self.settings.max_frames:
                 raise InvalidRequest(
-                    "this gateway takes no video jobs", param="video", code="video_unsupported"
+                    f"at most {self.settings.max_frames} frames per job, got {len(frames)}",
+                    param="frames",
                 )
-            await self._check_cut_queue(self.videos)
-            posted = await self.videos.check(request, upload)
-        await self._check_frames(frames)
-        idempotency = None
-        if idempotency_key is not None:
-            if not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
-                raise InvalidRequest(
-                    "Idempotency-Key must be 1 to 255 printable ASCII characters without spaces",
-                    param="Idempotency-Key",
+            if request.webhook_url is not None:
+                self._check_webhook_url(request.webhook_url)
+            if request.video is not None:
+                videos = await self.video_door()
+                spooled = await videos.check(request, job_id, upload)
+            await self._check_frames(frames)
+            idempotency = self._idempotency(caller, idempotency_key)
+            body = request.model_dump_json()
+            # A posted video waits in the spool: its stored request names it only (a read of the job never
+            # carries the video), and the job keeps the file's reference.
+            stored_body = body if spooled is None else request.model_copy(
+                update={"video": VideoSource(url=STORED_VIDEO)}).model_dump_json()
+            if await self.store.backlog() >= self.settings.max_backlog:
+                raise Overloaded(
+                    f"{self.settings.max_backlog} jobs are already waiting",
+                    retry_after=30,
+                    code="job_backlog_full",
                 )
-            idempotency = hashlib.sha256(f"{caller.tenant}\0{idempotency_key}".encode()).hexdigest()
-        body = request.model_dump_json()
-        # A posted video's bytes are kept beside the job, as they are: its stored request names them only
-        # (a read of the job never carries 4/3 of the video in base64), and they go when the job finishes.
-        stored_body = body if posted is None else request.model_copy(
-            update={"video": VideoSource(url=STORED_VIDEO)}).model_dump_json()
-        if await self.store.backlog() >= self.settings.max_backlog:
-            raise Overloaded(
-                f"{self.settings.max_backlog} jobs are already waiting",
-                retry_after=30,
-                code="job_backlog_full",
+            now = unix_now()
+            sent = body.encode() if upload is None else body.encode() + bytes.fromhex(upload.sha256)
+            record = JobRecord(
+                id=job_id,
+                tenant=caller.tenant,
+                fingerprint=hashlib.sha256(sent).hexdigest(),
+                video_id=request.video_id,
+                frames=len(frames),  # a video's: 0 until it is cut
+                request=stored_body,
+                created_at=now,
+                updated_at=now,
+                webhook_url=request.webhook_url,
+                webhook_status="pending" if request.webhook_url else None,
+                video_file=None if spooled is None else spooled.dumps(),
             )
-        now = unix_now()
-        sent = body.encode() if upload is None else body.encode() + hashlib.sha256(upload).digest()
-        record = JobRecord(
-            id=f"job_{uuid.uuid4().hex}",
-            tenant=caller.tenant,
-            fingerprint=hashlib.sha256(sent).hexdigest(),
-            video_id=request.video_id,
-            frames=len(frames),  # a video's: 0 until it is cut
-            request=stored_body,
-            created_at=now,
-            updated_at=now,
-            webhook_url=request.webhook_url,
-            webhook_status="pending" if request.webhook_url else None,
-        )
-        if posted is not None:
-            await self.store.save_video(record.id, posted)
-        stored, created = await self.store.submit(record, idempotency)
-        if not created and posted is not None:  # an idempotent replay: the job has its video already
-            await self.store.drop_parts(record.id)
+            try:
+                stored, created = await self.store.submit(record, idempotency)
+            except StateUnavailable:  # the job may be on the Redis primary all the same (too few replicas
+                maybe_stored = True  # had it in time): its file stays, for the sweep to judge
+                raise
+        finally:  # a video refused (spooled or not yet), or a replay: the stored job has its own file
+            if request.video is not None and not created and not maybe_stored and self.videos is not None:
+                await self.videos.spool.discard(job_id)
         if not created and (stored.tenant != caller.tenant or stored.fingerprint != record.fingerprint):
             raise Conflict(
                 "this Idempotency-Key was used for a different request",
@@ -135,6 +144,26 @@ class JobService:
                 param="Idempotency-Key",
             )
         return stored.view(self.store.durable), created
+
+    async def video_door(self) -> VideoJobs:
+        """Whether a video may come in now: this gateway cuts videos and its cut queue has room (checked
+        before a multipart upload is read, and again at its submission)."""
+        if self.videos is None:
+            raise InvalidRequest("this gateway takes no video jobs", param="video", code="video_unsupported")
+        await self._check_cut_queue(self.videos)
+        return self.videos
+
+    @staticmethod
+    def _idempotency(caller: Caller, idempotency_key: str | None) -> str | None:
+        """The stored form of the tenant's ``Idempotency-Key`` (checked), or None."""
+        if idempotency_key is None:
+            return None
+        if not _IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+            raise InvalidRequest(
+                "Idempotency-Key must be 1 to 255 printable ASCII characters without spaces",
+                param="Idempotency-Key",
+            )
+        return hashlib.sha256(f"{caller.tenant}\0{idempotency_key}".encode()).hexdigest()
 
     async def get(self, job_id: str, caller: Caller) -> Job:
         """A job of the caller's tenant (another tenant's job reads as not found)."""
@@ -200,8 +229,31 @@ class JobService:
                 raise error from exc
 
     def start(self) -> None:
-        """Start the background worker."""
+        """Start the background worker, and the spool's sweep."""
         self.worker.start()
+        if self.videos is not None:
+            self._sweeper = asyncio.create_task(self._sweep_spool(self.videos), name="video-spool-sweep")
+
+    async def _sweep_spool(self, videos: VideoJobs) -> None:
+        """Now and then, delete the spooled videos no job waits for (every replica sweeps: a shared spool
+        is swept by whichever comes first)."""
+        while True:
+            try:
+                swept = await videos.spool.sweep(self._waits_for_video)
+            except OSError as exc:
+                log.warning("the video spool could not be swept: %s", exc)
+            else:
+                if swept:
+                    log.info("the video spool sweep deleted %d files no job waits for", swept)
+            await asyncio.sleep(SPOOL_SWEEP_EVERY_S)
+
+    async def _waits_for_video(self, job_id: str) -> bool:
+        """Whether the job may still need its spooled video (when the store cannot say: yes)."""
+        try:
+            record = await self.store.get(job_id)
+        except StateUnavailable:
+            return True
+        return record is not None and record.status not in FINISHED
 
     async def add_review(self, job_id: str, review: JobReview) -> bool:
         """Keep a person's label with the job and post the job again to its webhook (``job.reviewed``,
@@ -226,6 +278,9 @@ class JobService:
     async def stop(self) -> None:
         """Stop the worker (running jobs get ``stop_grace_s`` to finish); close the webhook client."""
         await self.worker.stop(self.settings.stop_grace_s)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         for task in list(self._review_posts):  # review webhooks still retrying: not kept across a restart
             task.cancel()
         await asyncio.gather(*self._review_posts, return_exceptions=True)

@@ -55,16 +55,16 @@ class JobStore(Protocol):
         ...
 
     async def drop_parts(self, job_id: str) -> None:
-        """The job has finished: its pieces of work (and its video) are no longer needed."""
+        """The job has finished: its pieces of work (and its video's cut) are no longer needed."""
         ...
 
-    async def save_video(self, job_id: str, data: bytes) -> None:
-        """Keep a video job's bytes beside the job (not in its request: a read of the job never carries
-        them), until the job finishes."""
+    async def save_cut(self, job_id: str, cut: bytes) -> None:
+        """Keep a video job's cut (its judged frames, shaped, and its coverage) beside the job, until it
+        finishes: a retried attempt, here or on another gateway, judges these and never cuts again."""
         ...
 
-    async def video(self, job_id: str) -> bytes | None:
-        """A video job's bytes (None: gone, e.g. expired)."""
+    async def cut(self, job_id: str) -> bytes | None:
+        """A video job's kept cut (None: not cut yet, or gone)."""
         ...
 
     async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:

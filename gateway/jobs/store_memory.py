@@ -22,7 +22,7 @@ class MemoryJobStore:
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._finished: OrderedDict[str, str | None] = OrderedDict()  # job id → its idempotency entry
         self._parts: dict[str, dict[str, str]] = {}  # a running job's pieces of work, until it finishes
-        self._videos: dict[str, bytes] = {}  # a video job's bytes, until it finishes
+        self._cuts: dict[str, bytes] = {}  # a video job's cut, until it finishes
 
     async def submit(self, record: JobRecord, idempotency: str | None) -> tuple[JobRecord, bool]:
         """Store a new job, or answer the one already under ``idempotency``."""
@@ -78,7 +78,7 @@ class MemoryJobStore:
         record.completions += 1
         record.request = None
         self._parts.pop(job_id, None)
-        self._videos.pop(job_id, None)
+        self._cuts.pop(job_id, None)
         self._finished.move_to_end(job_id)
         self._forget_oldest()
         return True
@@ -110,17 +110,17 @@ class MemoryJobStore:
         return dict(self._parts.get(job_id, {}))
 
     async def drop_parts(self, job_id: str) -> None:
-        """Forget the pieces and the video (completing the job forgets them too)."""
+        """Forget the pieces and the cut (completing the job forgets them too)."""
         self._parts.pop(job_id, None)
-        self._videos.pop(job_id, None)
+        self._cuts.pop(job_id, None)
 
-    async def save_video(self, job_id: str, data: bytes) -> None:
-        """Keep the video's bytes."""
-        self._videos[job_id] = data
+    async def save_cut(self, job_id: str, cut: bytes) -> None:
+        """Keep the video's cut."""
+        self._cuts[job_id] = cut
 
-    async def video(self, job_id: str) -> bytes | None:
-        """The video's bytes."""
-        return self._videos.get(job_id)
+    async def cut(self, job_id: str) -> bytes | None:
+        """The video's cut."""
+        return self._cuts.get(job_id)
 
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome."""

@@ -240,19 +240,22 @@ class RedisJobStore(RedisStreamStore):
         return {as_text(name): as_text(value) for name, value in raw.items()}
 
     async def drop_parts(self, job_id: str) -> None:
-        """Delete the pieces and the video (left alone, they expire with the job's time to live)."""
+        """Delete the pieces and the cut (left alone, they expire with the job's time to live); and the
+        ``…:video`` key in which gateways before the spool kept a posted video's bytes."""
+        key = self.job_key(job_id)
         async with self._unreachable("drop the job's work"):
-            await self._redis.delete(f"{self.job_key(job_id)}:parts", f"{self.job_key(job_id)}:video")
+            await self._redis.delete(f"{key}:parts", f"{key}:cut", f"{key}:video")
 
-    async def save_video(self, job_id: str, data: bytes) -> None:
-        """The bytes as they are (no base64), in a key of their own beside the job's hash."""
-        async with self._unreachable("keep the job's video"):
-            await self._redis.set(f"{self.job_key(job_id)}:video", data, ex=self.ttl_s)
+    async def save_cut(self, job_id: str, cut: bytes) -> None:
+        """The cut's bytes as they are (no base64), in a key of their own beside the job's hash: a read of
+        the job never carries them."""
+        async with self._unreachable("keep the video's cut"):
+            await self._redis.set(f"{self.job_key(job_id)}:cut", cut, ex=self.ttl_s)
 
-    async def video(self, job_id: str) -> bytes | None:
-        """The video's bytes, or None."""
-        async with self._unreachable("read the job's video"):
-            data = await self._redis.get(f"{self.job_key(job_id)}:video")
+    async def cut(self, job_id: str) -> bytes | None:
+        """The cut's bytes, or None."""
+        async with self._unreachable("read the video's cut"):
+            data = await self._redis.get(f"{self.job_key(job_id)}:cut")
         return data.encode() if isinstance(data, str) else data
 
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:

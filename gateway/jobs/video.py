@@ -1,28 +1,36 @@
-"""Video jobs: a video in (a URL or a ``data:`` URL), covered on the clock and at shot changes, its distinct
-frames judged as posted keyframes are, and merged into segments.
+"""Video jobs: a video in (a multipart file, a URL or a ``data:`` URL), covered on the clock and at shot
+changes, its distinct frames judged as posted keyframes are, and merged into segments.
 
 At submission the cheap checks answer a clear 4xx at once: the URL against the allowlist, a ``data:`` URL's
 size and a container probe (a still image, no video stream, over the pixel limit, or over the duration
-limit as its packets' timestamps measure it). The probe runs on threads of its own within a timeout, never
-behind a cut; when they are all busy and as many probes wait, the submission gets a 429. The worker then
-fetches a URL (as image URLs are fetched: allowlist, public addresses only, the size capped while
-streaming), cuts the video on threads of its own (``shaping/video``: every frame decoded and checked,
-within a time budget) and sends the distinct frames through the keyframe batch path (shaping, packing,
-reuse, thinking policy, tenants, decision log) in chunks, recording progress after each; a failed chunk
-cancels the others. A video refused then fails the job with the reason.
+limit as its packets' timestamps measure it). A posted video waits as a file in the spool
+(gateway/jobs/spool.py) and is probed from there. The probe runs on threads of its own within a timeout,
+never behind a cut; when they are all busy and as many probes wait, the submission gets a 429. The worker
+then fetches a URL into the spool (as image URLs are fetched: allowlist, public addresses only, the size
+capped while streaming), cuts the video on threads of its own (``shaping/video``: every frame decoded and
+checked, within a time budget; each judged frame shaped onto the token grid where it is decoded), keeps the
+cut with the job and deletes the file: a retried attempt takes the cut from there, never cuts again. The
+distinct frames go through the keyframe batch path (shaping, which passes them through as they are,
+packing, reuse, thinking policy, tenants, decision log) in chunks, recording progress after each; a failed
+chunk cancels the others. A video refused then fails the job with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import importlib.util
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar, cast
+
+import msgspec
 
 from gateway.caller import Caller
 from gateway.errors import (
@@ -35,6 +43,8 @@ from gateway.errors import (
     UnsupportedMedia,
 )
 from gateway.jobs.models import JobRequest, VideoCoverage, VideoModerationResponse, VideoSegment
+from gateway.jobs.spool import SpooledVideo, VideoSpool, VideoUnavailable
+from gateway.moderation.frame_input import image_rejection
 from gateway.moderation.keyframe_batch import (
     BatchOptions,
     EncodedKeyframe,
@@ -53,9 +63,12 @@ from gateway.moderation.remote_images import (
 from gateway.moderation.service import ModerationService
 from gateway.moderation.verdict_cache import FrameIdentity, NearDuplicateRule
 from gateway.settings import JobSettings, VideoSettings
+from shaping.errors import ImageRejected
+from shaping.image import shape_picture
 from shaping.verdict import Action
 from shaping.video import (
     CutFrame,
+    Encode,
     FrameVerdict,
     Identity,
     Likeness,
@@ -63,6 +76,7 @@ from shaping.video import (
     VideoCut,
     VideoLimits,
     VideoRejected,
+    VideoSource,
     cut_video,
     decode_video_data_url,
     merge_segments,
@@ -70,12 +84,13 @@ from shaping.video import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("modgate.jobs")
 MAX_DECODED_FPS = 60  # the decoded-frame cap: 60 frames a second of the duration limit (36,000 at 600 s)
 PROBE_TIMEOUT_S = 10.0  # a submission's probe (its packets demuxed, no frame decoded)
-STORED_VIDEO = "modgate:stored-video"  # a stored request's video URL: its bytes are kept beside the job
+STORED_VIDEO = "modgate:stored-video"  # a stored request's video URL: the video waits in the spool
 PROBE_WORKERS = 2  # submission probes at once, on threads of their own; as many more may wait, then 429
 # jobs queued or running before a video submission gets 429 video_cut_busy: each may wait for a cut thread,
-# a posted one with its video in the job store (64 x MODGATE_VIDEOS__MAX_BYTES at most: 2 GiB by default)
+# a posted one with its video in the spool (64 x MODGATE_VIDEOS__MAX_BYTES at most: 2 GiB by default)
 MAX_QUEUED = 64
 Progress = Callable[[int, int], Awaitable[None]]
 """``(frames_done, frames_total)``: told after each chunk of frames is judged."""
@@ -83,12 +98,24 @@ Progress = Callable[[int, int], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class Answered:
-    """A job's chunks judged so far, kept with the job (gateway/jobs/store.py's parts): a retried attempt
-    asks the engine nothing twice, and logs no decision twice."""
+    """A job's work so far, kept with the job (gateway/jobs/store.py): its cut and the chunks judged, so a
+    retried attempt cuts nothing again, asks the engine nothing twice, and logs no decision twice."""
 
     load: Callable[[], Awaitable[dict[str, str]]]
     save: Callable[[str, str], Awaitable[None]]
-    video: Callable[[], Awaitable[bytes | None]]  # a posted video's bytes, kept beside the job
+    cut: Callable[[], Awaitable[bytes | None]]  # the cut an earlier attempt kept
+    save_cut: Callable[[bytes], Awaitable[None]]
+    video: SpooledVideo | None = None  # a posted video's reference: the spooled file it waits in
+
+
+def kept_cut(cut: VideoCut) -> bytes:
+    """The cut as the job store keeps it: MessagePack, its frames' JPEG bytes as they are (no base64)."""
+    return msgspec.msgpack.encode(cut)
+
+
+def cut_from_kept(data: bytes) -> VideoCut:
+    """A cut kept by an earlier attempt."""
+    return msgspec.msgpack.decode(data, type=VideoCut)
 
 
 def frame_decision_id(job_id: str, timestamp_ms: int, index: int) -> str:
@@ -150,7 +177,11 @@ class VideoJobs:
     probes: Executor | None = None  # the submission's probe: threads of their own, never behind a cut
     rule: NearDuplicateRule = field(default_factory=NearDuplicateRule)
     max_queued: int = MAX_QUEUED  # jobs queued or running before a video submission gets 429
+    spool: VideoSpool = field(init=False)  # where videos wait as files until they are cut
     _probing: int = 0
+
+    def __post_init__(self) -> None:
+        self.spool = VideoSpool(self.settings.spool_dir, self.settings.max_bytes)
 
     @property
     def limits(self) -> VideoLimits:
@@ -171,9 +202,13 @@ class VideoJobs:
             allow_sparser=bool(asked and asked.allow_sparser),
         )
 
-    async def check(self, request: JobRequest, upload: bytes | None = None) -> bytes | None:
-        """At submission: what can be told without decoding a frame (a clear 4xx at once); a posted video's
-        bytes (``upload``: a multipart file's; else a ``data:`` URL's; None for a URL the worker fetches)."""
+    async def check(
+        self, request: JobRequest, job_id: str, upload: SpooledVideo | None = None
+    ) -> SpooledVideo | None:
+        """At submission: what can be told without decoding a frame (a clear 4xx at once). A posted video
+        (``upload``: a multipart file already spooled; else a ``data:`` URL's bytes, spooled here) is probed
+        from its file, whose reference is answered; None for a URL the worker fetches. A video refused
+        leaves its file for the caller to discard."""
         assert request.video is not None
         if not video_support():
             raise InvalidRequest(
@@ -199,11 +234,14 @@ class VideoJobs:
             raise Overloaded("every video probe is busy: try again shortly", retry_after=1,
                              code="video_probe_busy")
         self._probing += 1
+        probes = self.probes or self.executor
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
-                if upload is not None:
-                    return await self._rejecting(self.probes or self.executor, self._probe_bytes, upload)
-                return await self._rejecting(self.probes or self.executor, self._probe, url)
+                if upload is None:
+                    data = await self._rejecting(probes, decode_video_data_url, url, self.settings.max_bytes)
+                    upload = await self.spool.keep(job_id, data)
+                await self._rejecting(probes, probe_video, self.spool.path(job_id), self.limits)
+                return upload
         except TimeoutError as exc:
             raise UnprocessableImage(
                 f"the video was not probed within {PROBE_TIMEOUT_S:g} s",
@@ -212,47 +250,68 @@ class VideoJobs:
         finally:
             self._probing -= 1
 
-    def _probe(self, url: str) -> bytes:
-        return self._probe_bytes(decode_video_data_url(url, self.settings.max_bytes))
-
-    def _probe_bytes(self, data: bytes) -> bytes:
-        probe_video(data, self.limits)
-        return data
-
-    async def load(self, request: JobRequest, answered: Answered | None = None) -> bytes:
-        """The video's bytes: kept beside the job (posted), fetched (URL) or decoded (``data:`` URL)."""
+    async def source(self, request: JobRequest, job_id: str, answered: Answered | None) -> VideoSource:
+        """The video to cut: its spooled file (a posted one, checked to be the file received), a URL's
+        video fetched into the spool, or a ``data:`` URL's bytes (a request stored before the spool)."""
         assert request.video is not None
         url = request.video.url
         if url == STORED_VIDEO:
-            data = await answered.video() if answered is not None else None
-            if data is None:
-                raise UnprocessableImage(
-                    "the job's video is no longer kept (its time to live passed): submit it again",
-                    code="video_unavailable", param="video",
-                )
-            return data
+            if answered is None or answered.video is None:  # kept in the job store by an older gateway
+                raise VideoUnavailable("the job's video was not spooled: submit it again", param="video")
+            return await self.spool.reachable(answered.video)
         if is_remote_url(url):
             if self.fetcher is None:
                 raise InvalidRequest("video URLs are not fetched by this gateway", param="video.url")
             try:
-                return await self.fetcher.fetch(url)
+                async with self.spool.writer(job_id) as writer:
+                    await self.fetcher.fetch_into(url, writer.write)
+                    await writer.finish()
             except ClientError as exc:
                 raise video_fetch_error(exc) from exc
+            return self.spool.path(job_id)
         return await self._rejecting(self.executor, decode_video_data_url, url, self.settings.max_bytes)
 
-    async def cut(self, data: bytes, sampling: Sampling) -> VideoCut:
+    async def cut(self, source: VideoSource, sampling: Sampling, encode: Encode) -> VideoCut:
         """The frames to judge, cut on the video threads within the time budget."""
         same = likeness(self.rule)
         return await self._rejecting(
             self.executor,
-            lambda: cut_video(data, self.limits, sampling, same, budget_s=self.settings.cut_budget_s),
+            lambda: cut_video(source, self.limits, sampling, same, budget_s=self.settings.cut_budget_s,
+                              encode=encode),
         )
+
+    async def cut_once(
+        self, moderation: ModerationService, request: JobRequest, job_id: str, answered: Answered | None
+    ) -> VideoCut:
+        """The job's cut: the one an earlier attempt kept, else cut now (each judged frame shaped onto the
+        engine's token grid as it is decoded), kept with the job, and the spooled file deleted."""
+        kept = await answered.cut() if answered is not None else None
+        if kept is not None:
+            try:
+                return cut_from_kept(kept)
+            except msgspec.DecodeError:  # kept by a gateway whose cut had other fields: cut it again
+                log.warning("job %s: its kept cut could not be read; cutting the video again", job_id)
+        source = await self.source(request, job_id, answered)
+        started = time.monotonic()
+        encode = functools.partial(shape_picture, grid=moderation.grid,
+                                   jpeg_quality=moderation.settings.shaping.jpeg_quality)
+        cut = await self.cut(source, self.sampling(request), encode)
+        moderation.recorder.video_cut(time.monotonic() - started, cut.coverage)
+        if answered is not None:
+            await answered.save_cut(kept_cut(cut))
+        if isinstance(source, Path):
+            await self.spool.discard(job_id)
+        return cut
 
     async def _rejecting(self, executor: Executor, function: Callable[..., T], *args: Any) -> T:
         try:
             return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
         except VideoRejected as exc:
             raise video_rejection(exc) from exc
+        except ImageRejected as exc:  # a frame the token grid cannot take (past 200:1)
+            error = image_rejection(exc)
+            error.param = "video"
+            raise error from exc
 
     async def moderate(
         self,
@@ -263,16 +322,14 @@ class VideoJobs:
         progress: Progress,
         answered: Answered | None = None,
     ) -> VideoModerationResponse:
-        """Load, cut and judge the video; its frames in chunks (progress told after each), then segments.
+        """Cut the video (once: see :meth:`cut_once`) and judge it; its frames in chunks (progress told after
+        each), then segments.
 
         The chunks run in one task group: the first that fails cancels the others (no engine call is made
         for an attempt that has already failed). Each frame's ``decision_id`` is stable per job and frame,
         and each chunk's answer is kept with the job (``answered``): a retried attempt takes the chunks
         already judged from there and asks only for the rest."""
-        data = await self.load(request, answered)
-        started = time.monotonic()
-        cut = await self.cut(data, self.sampling(request))
-        moderation.recorder.video_cut(time.monotonic() - started, cut.coverage)
+        cut = await self.cut_once(moderation, request, caller.job_id or request.video_id, answered)
         total = len(cut.covered)
         await progress(0, total)
         size = max(8, request.packing or moderation.settings.shaping.packing_k)

@@ -23,6 +23,7 @@ from gateway.errors import (
     StateUnavailable,
 )
 from gateway.jobs.models import Delivery, JobError, JobRecord, JobRequest, JobStatus
+from gateway.jobs.spool import SpooledVideo
 from gateway.jobs.store import JobStore
 from gateway.jobs.video import Answered, VideoJobs
 from gateway.jobs.webhooks import WebhookFailed, WebhookSender
@@ -190,7 +191,10 @@ class JobWorker:
                         lambda done, total: self._progress(job_id, done, total),
                         Answered(load=lambda: self.store.parts(job_id),
                                  save=lambda name, value: self.store.save_part(job_id, name, value),
-                                 video=lambda: self.store.video(job_id)),
+                                 cut=lambda: self.store.cut(job_id),
+                                 save_cut=lambda cut: self.store.save_cut(job_id, cut),
+                                 video=None if record.video_file is None
+                                 else SpooledVideo.loads(record.video_file)),
                     )
                 else:
                     response = await moderate_keyframes(
@@ -228,12 +232,19 @@ class JobWorker:
         await self._finished(job_id, kind, "failed" if done else None, exc.code)
 
     async def _finished(self, job_id: str, kind: JobKind, status: JobStatus | None, code: str) -> None:
-        """A job has finished (``status`` None: elsewhere): recorded once; a video's kept chunks dropped."""
+        """A job has finished (``status`` None: elsewhere): recorded once; a video's kept cut and chunks
+        dropped, its spooled file (still there when it failed before its cut) deleted."""
         if status is not None:
             self.moderation.recorder.job_finished(kind, status, code)
-        if kind == "video":
-            with contextlib.suppress(StateUnavailable):  # left alone, they expire with the job
-                await self.store.drop_parts(job_id)
+        if kind != "video":
+            return
+        with contextlib.suppress(StateUnavailable):  # left alone, they expire with the job
+            await self.store.drop_parts(job_id)
+        if self.videos is not None:
+            try:
+                await self.videos.spool.discard(job_id)
+            except OSError as exc:  # the sweep deletes it later
+                log.warning("job %s: its spooled video could not be deleted: %s", job_id, exc)
 
     async def _complete(
         self, job_id: str, status: JobStatus, *, result: str | None = None, error: str | None = None

@@ -163,14 +163,25 @@ class RemoteImageFetcher:
 
     async def fetch(self, url: str) -> bytes:
         """The bytes at ``url``; a :class:`~gateway.errors.ClientError` when refused or unavailable."""
+        body = bytearray()
+
+        async def keep(chunk: bytes) -> None:
+            body.extend(chunk)
+
+        await self.fetch_into(url, keep)
+        return bytes(body)
+
+    async def fetch_into(self, url: str, write: Callable[[bytes], Awaitable[None]]) -> None:
+        """The bytes at ``url`` handed to ``write`` as they stream in (a video's, to its file: never whole in
+        memory); a :class:`~gateway.errors.ClientError` when refused or unavailable."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._follow(url)
+                await self._follow(url, write)
         except TimeoutError as exc:
             took = f"fetching the {self.noun} took longer than {self.timeout_s:g} s"
             raise self._unavailable(took) from exc
 
-    async def _follow(self, url: str) -> bytes:
+    async def _follow(self, url: str, write: Callable[[bytes], Awaitable[None]]) -> None:
         current = self.check_url(url)
         for _ in range(self.max_redirects + 1):
             address = await self._checked_address(current)
@@ -184,7 +195,8 @@ class RemoteImageFetcher:
                     continue
                 if response.status_code != 200:
                     raise self._unavailable(f"the {self.noun} URL answered HTTP {response.status_code}")
-                return await self._read_capped(response)
+                await self._read_capped(response, write)
+                return
             finally:
                 await response.aclose()
         raise self._unavailable(f"the {self.noun} URL redirected more than {self.max_redirects} times")
@@ -255,7 +267,7 @@ class RemoteImageFetcher:
         response.request = request
         return response
 
-    async def _read_capped(self, response: httpx.Response) -> bytes:
+    async def _read_capped(self, response: httpx.Response, write: Callable[[bytes], Awaitable[None]]) -> None:
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise self._unavailable(f"the {self.noun} was sent {encoding}-compressed; refused")
@@ -263,12 +275,12 @@ class RemoteImageFetcher:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             raise self._too_large(f"the remote {self.noun} is {int(declared):,} bytes, over the "
                 f"{self.max_bytes:,}-byte limit")
-        body = bytearray()
+        size = 0
         try:
             async for chunk in response.aiter_bytes():  # identity only (checked above): the raw bytes
-                body += chunk
-                if len(body) > self.max_bytes:
+                size += len(chunk)
+                if size > self.max_bytes:
                     raise self._too_large(f"the remote {self.noun} is over the {self.max_bytes:,}-byte limit")
+                await write(chunk)
         except httpx.TransportError as exc:
             raise self._unavailable(f"the {self.noun} download broke off ({type(exc).__name__})") from exc
-        return bytes(body)

@@ -54,6 +54,9 @@ class VideoSettings(BaseModel):
     cut_budget_s: float = Field(default=120.0, gt=0)  # the cut of one video, after which the job fails
     cut_workers: int = Field(default=1, ge=1, le=16)  # videos cut at once (threads of their own)
     fetch_timeout_s: float = Field(default=60.0, gt=0, le=600)  # a video URL's whole download
+    # Where a posted or fetched video waits as a file until it is cut (then only its cut frames wait, in the
+    # job store): with several replicas, a volume they all mount, since any replica may cut it (docs/jobs.md).
+    spool_dir: Path = Path("var/videos")
 
 
 class ReviewSettings(BaseModel):

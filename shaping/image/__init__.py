@@ -47,7 +47,7 @@ and 5, and the EXIF orientation), ``pixels`` (steps 6 and 7), ``identity`` (the 
 from shaping.image.data_url import data_url_payload, decode_data_url
 from shaping.image.identity import IDENTITY_SCALE, THUMBNAIL_SIZE, frame_identity
 from shaping.image.limits import SUPPORTED_FORMATS, ImageFormat, ImageLimits
-from shaping.image.shape import SHAPED_MIME, ShapedImage, shape_image
+from shaping.image.shape import SHAPED_MIME, ShapedImage, shape_image, shape_picture
 
 __all__ = [
     "IDENTITY_SCALE",
@@ -61,4 +61,5 @@ __all__ = [
     "decode_data_url",
     "frame_identity",
     "shape_image",
+    "shape_picture",
 ]

@@ -135,6 +135,14 @@ def shape_image(data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quali
         )
 
 
+def shape_picture(picture: Image.Image, grid: TokenGrid, *, jpeg_quality: int = 90) -> bytes:
+    """Pixels the caller decoded itself (a video's frame, as displayed) on the token grid, as the baseline
+    JPEG the engine receives: :func:`shape_image` passes these bytes through as they are (no second decode,
+    resize and encode), and they are a fraction of the full-size frame's."""
+    pixels = flatten_to_rgb(resize(resizable(picture), smart_resize(*picture.size, grid)))
+    return encode_jpeg(pixels, jpeg_quality)
+
+
 def _passthrough(image: ImageFile.ImageFile, stream: bytes, grid: TokenGrid) -> ShapedImage:
     """Reuse an on-grid baseline JPEG's bitstream, decoded once at the identity's scale to prove it decodes.
 

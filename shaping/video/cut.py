@@ -5,7 +5,8 @@ not decide what the gateway sees). Each is checked as it comes: its timestamp ag
 its size against the pixel limit, the count against the decoded-frame cap, the clock against the budget.
 Shot changes come from FFmpeg's ``scdet`` (shaping/video/scenes.py); which frames are covered, and which
 of those reuse a look-alike's verdict, is shaping/video/coverage.py. A judged frame is answered as JPEG
-bytes (the same path as a posted keyframe shapes it next) with its ``timestamp_ms`` on the stream's clock.
+bytes with its ``timestamp_ms`` on the stream's clock: a full-size JPEG by default, or whatever the caller's
+``encode`` makes of the picture (the gateway's: the picture shaped onto the token grid, where it is decoded).
 More distinct frames than ``max_frames`` fail the cut (:class:`VideoTooManyFrames`) unless the caller asked
 for a sparser sample (``allow_sparser``): then every other judged frame is dropped as often as needed and
 the coverage says what was got. Damage (a decode error, a frame marked corrupt, a stream that ends well
@@ -34,9 +35,11 @@ from shaping.video.errors import (
 from shaping.video.probe import (
     VideoInfo,
     VideoLimits,
+    VideoSource,
     check_limits,
     is_still_image,
     open_container,
+    source_size,
     stream_duration_ms,
     video_stream,
 )
@@ -44,6 +47,10 @@ from shaping.video.scenes import SceneScores
 
 if TYPE_CHECKING:
     import av
+    from PIL import Image
+
+Encode = Callable[["Image.Image"], bytes]
+"""A judged frame's picture made into the bytes the cut answers (a JPEG)."""
 
 JPEG_QUALITY = 90
 # scdet's score (0..1 here) of a hard cut between two of the synthetic scenes measured 0.059 to 0.18, of
@@ -94,6 +101,7 @@ class _Picker:
 
     sampling: Sampling
     likeness: Likeness
+    encode: Encode
     judged: list[CutFrame]
     looks: list[Identity]
     covered: list[Covered]
@@ -105,13 +113,11 @@ class _Picker:
             if self.likeness(look, other):
                 self.covered.append(Covered(timestamp_ms, reason, index, reused=True))
                 return
-        buffer = io.BytesIO()
         picture = frame.to_image()  # type: ignore[no-untyped-call]  # PyAV's stub leaves it untyped
         if frame.rotation:  # as it is displayed (counter-clockwise degrees, as FFmpeg's autorotate turns it)
             picture = picture.rotate(frame.rotation, expand=True)
-        picture.save(buffer, "JPEG", quality=JPEG_QUALITY)
         self.covered.append(Covered(timestamp_ms, reason, len(self.judged), reused=False))
-        self.judged.append(CutFrame(timestamp_ms, reason, buffer.getvalue()))
+        self.judged.append(CutFrame(timestamp_ms, reason, self.encode(picture)))
         self.looks.append(look)
         if len(self.judged) <= self.sampling.max_frames:
             return
@@ -143,22 +149,32 @@ def _identity(frame: av.VideoFrame) -> Identity:
     return int(phash, 16), thumbnail
 
 
+def full_size_jpeg(picture: Image.Image) -> bytes:
+    """A judged frame as a JPEG of the size it was decoded at (the default encoding of a cut frame)."""
+    buffer = io.BytesIO()
+    picture.save(buffer, "JPEG", quality=JPEG_QUALITY)
+    return buffer.getvalue()
+
+
 def cut_video(
-    data: bytes,
+    source: VideoSource,
     limits: VideoLimits,
     sampling: Sampling,
     likeness: Likeness,
     *,
     budget_s: float,
     clock: Callable[[], float] = time.monotonic,
+    encode: Encode = full_size_jpeg,
 ) -> VideoCut:
-    """The frames of ``data`` to judge and the coverage they give (see the module's docstring)."""
+    """The frames of ``source`` to judge and the coverage they give (see the module's docstring); each
+    judged frame's picture (as displayed) made into its bytes by ``encode``."""
     import av  # an extra: modgate[video]
 
     deadline = clock() + budget_s
-    if len(data) > limits.max_bytes:
-        raise VideoTooLarge(f"the video is {len(data):,} bytes, over the {limits.max_bytes:,}-byte limit")
-    with open_container(data) as container:
+    size = source_size(source)
+    if size > limits.max_bytes:
+        raise VideoTooLarge(f"the video is {size:,} bytes, over the {limits.max_bytes:,}-byte limit")
+    with open_container(source) as container:
         if is_still_image(container):
             raise UnsupportedVideoCodec(f"the file is a still image ({container.format.name}), not a video")
         stream = video_stream(container)
@@ -175,7 +191,7 @@ def cut_video(
         max_gap_ms = sampling.max_gap_s * 1000
         min_scene_ms = 1000 / sampling.max_fps
         scenes = SceneScores() if sampling.scene_threshold > 0 else None
-        picker = _Picker(sampling, likeness, [], [], [])
+        picker = _Picker(sampling, likeness, encode, [], [], [])
         decoded_ms: list[int] = []
         end_ms = 0
         last_scene_ms = -min_scene_ms

@@ -1,13 +1,17 @@
-"""Open a container from bytes and check it against the limits before any frame is decoded."""
+"""Open a container (its bytes, or a file the gateway spooled it to) and check it against the limits before
+any frame is decoded."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shaping.video.errors import (
@@ -45,16 +49,33 @@ class VideoInfo:
     frames: int  # as the container counts them (0: it does not say)
 
 
-def open_container(data: bytes) -> av.container.InputContainer:
-    """The container in ``data``; :class:`VideoDecodeFailed` when FFmpeg finds no media in it."""
+VideoSource = bytes | Path
+"""A video: its bytes, or the file holding them (read as it is demuxed, never whole into memory)."""
+
+
+def source_size(source: VideoSource) -> int:
+    """The video's size in bytes."""
+    return len(source) if isinstance(source, bytes) else source.stat().st_size
+
+
+@contextlib.contextmanager
+def open_container(source: VideoSource) -> Iterator[av.container.InputContainer]:
+    """The container in ``source``; :class:`VideoDecodeFailed` when FFmpeg finds no media in it.
+
+    A file is handed to FFmpeg as an open Python file, as bytes are (a ``BytesIO``), never as a path: FFmpeg
+    reads a path as a URL of its own protocols, and either way it reads only what the gateway gives it."""
     import av  # an extra: modgate[video]
 
-    try:
-        return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
-    except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
-        raise VideoDecodeFailed(
-            f"the video could not be opened: not a media container, or corrupt ({exc})"[:300]
-        ) from exc
+    with contextlib.ExitStack() as stack:
+        stream = io.BytesIO(source) if isinstance(source, bytes) else stack.enter_context(source.open("rb"))
+        try:
+            container = av.open(stream, mode="r", metadata_errors="ignore")
+        except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
+            raise VideoDecodeFailed(
+                f"the video could not be opened: not a media container, or corrupt ({exc})"[:300]
+            ) from exc
+        with container:
+            yield container
 
 
 def is_still_image(container: av.container.InputContainer) -> bool:
@@ -119,16 +140,17 @@ def measured_duration_ms(
     return end_ms, packets
 
 
-def probe_video(data: bytes, limits: VideoLimits) -> VideoInfo:
+def probe_video(source: VideoSource, limits: VideoLimits) -> VideoInfo:
     """The video's container, codec, size and duration (its packets' timestamps, when they say more than
     its header), checked against ``limits``; no frame is decoded."""
     import av  # an extra: modgate[video]
 
-    if not data:
+    size = source_size(source)
+    if not size:
         raise VideoDecodeFailed("the video is empty")
-    if len(data) > limits.max_bytes:
-        raise VideoTooLarge(f"the video is {len(data):,} bytes, over the {limits.max_bytes:,}-byte limit")
-    with open_container(data) as container:
+    if size > limits.max_bytes:
+        raise VideoTooLarge(f"the video is {size:,} bytes, over the {limits.max_bytes:,}-byte limit")
+    with open_container(source) as container:
         if is_still_image(container):
             raise UnsupportedVideoCodec(
                 f"the file is a still image ({container.format.name}), not a video: send stills as frames"

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from cli.embedded import ThreadedServer
 from cli.main import app
 from deploy.videos import Scene, make_video
+from tests.support import GatewayFactory
 
 
 def test_video_moderate_prints_the_segments_of_a_file(gateway: ThreadedServer, tmp_path: Path) -> None:
@@ -41,3 +42,17 @@ def test_video_moderate_exits_1_with_the_reason_when_the_gateway_refuses(
     result = CliRunner().invoke(app, ["video", "moderate", str(still), "--gateway-url", gateway.url])
     assert result.exit_code == 1
     assert "refused the video" in result.output
+
+
+def test_video_moderate_sends_a_file_as_itself_not_as_base64(
+    start_gateway: GatewayFactory, sim: ThreadedServer, tmp_path: Path
+) -> None:
+    """Posted as multipart: a body limit the file fits but its base64 (4/3 of it) does not still takes it."""
+    clip = tmp_path / "clip.mp4"
+    clip.write_bytes(make_video([Scene("allow", 2, seed=1), Scene("block:hate", 2, seed=2)]))
+    size = clip.stat().st_size
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"max_body_bytes": size + 16 * 1024})
+    assert size + 16 * 1024 < size * 4 // 3  # the JSON of a data: URL would be refused
+    result = CliRunner().invoke(app, ["video", "moderate", str(clip), "--gateway-url", gateway.url])
+    assert result.exit_code == 0, result.output
+    assert "video verdict: block" in result.output

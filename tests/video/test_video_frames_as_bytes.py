@@ -1,4 +1,5 @@
-"""A video job's cut frames go to moderation as their JPEG bytes: no ``data:`` URL is written and decoded."""
+"""A video job's cut frames go to moderation as their JPEG bytes, shaped already where they were decoded: no
+``data:`` URL is written and decoded, and shaping passes them through as they are."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ async def test_a_video_jobs_cut_frames_are_shaped_from_their_bytes_and_no_data_u
         return decode(url, max_bytes)
 
     async def counting_shape(frame: frame_input.Frame, tenant: str, **kwargs: Any) -> Any:
-        shaped.append(frame)
-        return await shape(frame, tenant, **kwargs)
+        result = await shape(frame, tenant, **kwargs)
+        shaped.append((frame, result))
+        return result
 
     monkeypatch.setattr(frame_input, "decode_data_url", counting_decode)
     monkeypatch.setattr(moderation_service, "shape_frame", counting_shape)
@@ -40,6 +42,8 @@ async def test_a_video_jobs_cut_frames_are_shaped_from_their_bytes_and_no_data_u
     assert job["status"] == "succeeded", job
     assert decoded == []
     assert len(shaped) == job["result"]["coverage"]["sent"] > 0
-    assert all(isinstance(frame, frame_input.EncodedFrame) for frame in shaped)
-    assert all(frame.data[:3] == b"\xff\xd8\xff" for frame in shaped)  # the cut's JPEGs, as they were
+    assert all(isinstance(frame, frame_input.EncodedFrame) for frame, _ in shaped)
+    assert all(frame.data[:3] == b"\xff\xd8\xff" for frame, _ in shaped)  # the cut's JPEGs, as they were
+    # on the token grid already: passed through (their bitstream sent as it is), not decoded and resized
+    assert all(result.passthrough and result.data == frame.data for frame, result in shaped)
     assert [segment["action"] for segment in job["result"]["segments"]] == ["allow", "block", "allow"]

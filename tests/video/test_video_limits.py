@@ -6,6 +6,7 @@ import asyncio
 import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -78,28 +79,28 @@ def blocked_pool() -> tuple[ThreadPoolExecutor, threading.Event]:
     return pool, release
 
 
-async def test_the_submission_probe_never_waits_behind_a_cut() -> None:
+async def test_the_submission_probe_never_waits_behind_a_cut(tmp_path: Path) -> None:
     cuts, release = blocked_pool()
     probes = ThreadPoolExecutor(1)
-    videos = VideoJobs(VideoSettings(), JobSettings(), cuts, probes=probes)
+    videos = VideoJobs(VideoSettings(spool_dir=tmp_path), JobSettings(), cuts, probes=probes)
     request = JobRequest(video_id="p", video={"url": video_url(live_matroska(2))})
     try:
-        await asyncio.wait_for(videos.check(request), timeout=10)  # the cut thread is held all along
+        await asyncio.wait_for(videos.check(request, "job_p"), timeout=10)  # the cut thread is held all along
     finally:
         release.set()
         cuts.shutdown()
         probes.shutdown()
 
 
-async def test_a_submission_gets_a_429_with_retry_after_when_every_probe_is_busy() -> None:
+async def test_a_submission_gets_a_429_with_retry_after_when_every_probe_is_busy(tmp_path: Path) -> None:
     probes, release = blocked_pool()
-    videos = VideoJobs(VideoSettings(), JobSettings(), ThreadPoolExecutor(1), probes=probes)
+    videos = VideoJobs(VideoSettings(spool_dir=tmp_path), JobSettings(), ThreadPoolExecutor(1), probes=probes)
     request = JobRequest(video_id="p", video={"url": video_url(live_matroska(2))})
-    waiting = [asyncio.create_task(videos.check(request)) for _ in range(2 * PROBE_WORKERS)]
+    waiting = [asyncio.create_task(videos.check(request, f"job_{n}")) for n in range(2 * PROBE_WORKERS)]
     await asyncio.sleep(0.1)
     try:
         with pytest.raises(Overloaded) as refused:
-            await videos.check(request)
+            await videos.check(request, "job_last")
         assert refused.value.headers()["Retry-After"] == "1"
     finally:
         release.set()

@@ -1,4 +1,5 @@
-"""A video job judged once: a failed attempt's other chunks stop, a retry asks only for what is unanswered."""
+"""A video job cut and judged once: a failed attempt's other chunks stop, a retry takes the kept cut and asks
+only for what is unanswered."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
+import gateway.jobs.video as video_jobs
 from deploy.videos import Scene, make_video
 from gateway.errors import ServerSideError
 from gateway.http.app import create_app
 from gateway.http.providers import services_of
 from gateway.settings import Settings
+from shaping.video import cut_video
 from tests.processes import poll_async
 from tests.video.test_video_jobs import job_body
 
@@ -46,8 +49,15 @@ class FailsOnce:
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
 async def test_a_retried_video_job_leaves_one_decision_row_per_frame_and_asks_no_frame_twice(
-    sim: Any, redis_url: str, store: str
+    sim: Any, redis_url: str, store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    cuts: list[object] = []
+
+    def counted_cut(source: object, *args: Any, **kwargs: Any) -> Any:
+        cuts.append(source)
+        return cut_video(source, *args, **kwargs)
+
+    monkeypatch.setattr(video_jobs, "cut_video", counted_cut)
     since = datetime.datetime.now(datetime.UTC)
     redis = {"url": redis_url} if store == "redis" else {}
     settings = Settings(engine={"url": sim.url}, jobs={"retry_wait_s": 0.05}, redis=redis)
@@ -68,6 +78,7 @@ async def test_a_retried_video_job_leaves_one_decision_row_per_frame_and_asks_no
         rows = (await asyncio.to_thread(client.blocking_portal.call, moderation.decisions.live, since)).rows
         store = services_of(app).jobs.store
         kept = await asyncio.to_thread(client.blocking_portal.call, store.parts, accepted.json()["id"])
+        kept_cut = await asyncio.to_thread(client.blocking_portal.call, store.cut, accepted.json()["id"])
     assert job["status"] == "succeeded", job
     assert job["attempts"] == 2
     assert job["result"]["coverage"]["sent"] == 12
@@ -77,3 +88,5 @@ async def test_a_retried_video_job_leaves_one_decision_row_per_frame_and_asks_no
     assert sorted(logged) == sorted(ours)  # one row per judged frame, none twice
     assert failing.frames_asked == 12  # the first chunk's 8 were not asked again
     assert kept == {}  # the chunks kept for a retry are dropped once the job has finished
+    assert len(cuts) == 1  # the retry judged the cut the first attempt kept
+    assert kept_cut is None  # dropped with the chunks

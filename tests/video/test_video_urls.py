@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,8 +36,10 @@ async def job_for(client: Any, url: str) -> Any:
     return await poll_async(done, 30, "the video job to finish")
 
 
-async def test_a_fetched_video_is_cut_and_judged(sim: Any) -> None:
-    app = create_app(Settings(engine={"url": sim.url}, remote_images=REMOTE))
+async def test_a_fetched_video_is_cut_and_judged(sim: Any, tmp_path: Path) -> None:
+    """Fetched into the spool (never whole in memory), cut from there, and deleted once cut."""
+    app = create_app(Settings(engine={"url": sim.url}, remote_images=REMOTE,
+                              videos={"spool_dir": str(tmp_path)}))
     async with AsyncTestClient(app, timeout=30) as client:
         # The network is faked (a public address, an origin in memory); the gateway path is real.
         services_of(app).jobs.videos.fetcher = fetcher(
@@ -45,10 +48,12 @@ async def test_a_fetched_video_is_cut_and_judged(sim: Any) -> None:
         job = await job_for(client, "https://cdn.example.com/clip.mp4")
     assert job["status"] == "succeeded", job
     assert [s["action"] for s in job["result"]["segments"]] == ["allow", "block"]
+    assert list(tmp_path.iterdir()) == []
 
 
-async def test_a_video_over_the_size_cap_fails_the_job_while_streaming(sim: Any) -> None:
-    app = create_app(Settings(engine={"url": sim.url}, remote_images=REMOTE))
+async def test_a_video_over_the_size_cap_fails_the_job_while_streaming(sim: Any, tmp_path: Path) -> None:
+    app = create_app(Settings(engine={"url": sim.url}, remote_images=REMOTE,
+                              videos={"spool_dir": str(tmp_path)}))
     async with AsyncTestClient(app, timeout=30) as client:
         services_of(app).jobs.videos.fetcher = fetcher(
             FakeDns({"cdn.example.com": [PUBLIC]}), Origin(serve_clip), max_bytes=len(CLIP) // 2, what=VIDEOS
@@ -57,6 +62,7 @@ async def test_a_video_over_the_size_cap_fails_the_job_while_streaming(sim: Any)
     assert job["status"] == "failed"
     assert job["error"]["code"] == "video_too_large"
     assert job["error"]["message"].startswith("the remote video is ")
+    assert list(tmp_path.iterdir()) == []  # the part fetched is deleted
 
 
 async def test_a_video_host_off_the_allowlist_gets_a_403_at_submission(sim: Any) -> None:

@@ -9,7 +9,6 @@ import json
 from typing import Annotated, Any
 
 from litestar import Request, Response, get, post
-from litestar.datastructures import UploadFile
 from litestar.di import NamedDependency
 from litestar.params import FromPath, HeaderParameter, JSONBody
 from pydantic import ValidationError
@@ -18,34 +17,44 @@ from gateway.caller import Caller
 from gateway.errors import InvalidRequest
 from gateway.http import guards
 from gateway.http.json_body import validate_json_body
+from gateway.http.multipart_job import MultipartJob, read_multipart_job
 from gateway.http.providers import services_of
 from gateway.http.routes import responses
 from gateway.http.routes.moderations import refuse_deep_json
 from gateway.http.routes.responses import error_responses
-from gateway.jobs.models import Job, JobRequest
+from gateway.jobs.models import Job, JobRequest, new_job_id
 from gateway.jobs.service import JobService
 from gateway.jobs.video import STORED_VIDEO
-
-JOB_PARTS = ("video", "job")  # a multipart job's parts; the OpenAPI document names these and no others
 
 
 async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None:
     """A video job as ``multipart/form-data`` (a ``video`` file part, a ``job`` JSON part of the other
-    fields), answered here; any other body goes on to the JSON handler, its depth checked first."""
+    fields), answered here, its video streamed into the spool as it comes (gateway/http/multipart_job.py);
+    any other body goes on to the JSON handler, its depth checked first."""
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         await refuse_deep_json(request)
         return None
     services = services_of(request.app)
-    form = await request.form()
-    unknown = sorted(set(form.keys()) - set(JOB_PARTS))
-    if unknown:  # never dropped in silence: a job's other fields go in its 'job' part
-        raise InvalidRequest(f"unknown part {unknown[0]!r}: a multipart job has a 'video' file part and a "
-                             "'job' part, the JSON object of its other fields", param=unknown[0])
-    video, fields = form.get("video"), form.get("job", "{}")
-    if not isinstance(video, UploadFile):
+    videos = await services.jobs.video_door()  # a video the gateway cannot take now: said before reading it
+    job_id = new_job_id()
+    received = await read_multipart_job(request, videos.spool, job_id)
+    try:
+        job, created = await services.jobs.submit(
+            job_request(received), guards.caller_of(request), request.headers.get("idempotency-key"),
+            upload=received.video,
+        )
+    except BaseException:
+        await videos.spool.discard(job_id)  # a refused job keeps no file
+        raise
+    return Response(job, status_code=202, headers={} if created else {"Idempotent-Replayed": "true"})
+
+
+def job_request(received: MultipartJob) -> JobRequest:
+    """The job a multipart body describes: its 'job' part's fields, its video the spooled file."""
+    if received.video is None:
         raise InvalidRequest("a multipart job needs a 'video' file part", param="video")
     try:
-        job_fields = json.loads(fields) if isinstance(fields, str) else None
+        job_fields = json.loads(received.fields or "{}")
     except json.JSONDecodeError as exc:
         raise InvalidRequest("the 'job' part is not JSON", param="job") from exc
     if not isinstance(job_fields, dict) or "video" in job_fields or "frames" in job_fields:
@@ -54,15 +63,11 @@ async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None
     # the file's bytes go to the job as they are (no data: URL made of them and decoded again); the part's
     # type is not trusted: the bytes decide
     try:
-        body = validate_json_body(JobRequest, {**job_fields, "video": {"url": STORED_VIDEO}})
+        return validate_json_body(JobRequest, {**job_fields, "video": {"url": STORED_VIDEO}})
     except ValidationError as exc:
         first = exc.errors(include_input=False)[0]
         where = ".".join(str(part) for part in first["loc"])
         raise InvalidRequest(f"invalid job part: {where}: {first['msg']}", param="job") from exc
-    job, created = await services.jobs.submit(
-        body, guards.caller_of(request), request.headers.get("idempotency-key"), upload=await video.read()
-    )
-    return Response(job, status_code=202, headers={} if created else {"Idempotent-Replayed": "true"})
 
 
 @post(
