@@ -99,14 +99,16 @@ class ReplayingEngine:
     """ASGI app: chat completions replayed per distinct body, the rest passed to the simulator.
 
     It also counts what it was asked: distinct bodies (bytes) and distinct requests (the same JSON however
-    serialised, ``canonical``), and keeps the last body, so a benchmark can post exactly what a gateway
-    sent and show that every arm asked the same.
+    serialised, ``canonical``), in all and since the last ``POST /stub/mark`` (a gateway's own requests
+    at start, its prefix priming among them, come before the benchmark's mark), and keeps the last body,
+    so a benchmark can post exactly what a gateway sent and show that every arm asked the same.
     """
 
     def __init__(self, simulator: ASGIApp) -> None:
         self.simulator = simulator
         self.recorded: dict[bytes, Recorded] = {}
         self.requests: dict[bytes, str] = {}  # body -> canonical request, computed once per distinct body
+        self.since_mark: set[str] = set()  # the canonical requests asked since the last mark
         self.last_body = b""
         self.asked = 0  # chat requests, replayed or not
         self.replays = 0
@@ -119,6 +121,10 @@ class ReplayingEngine:
                 return
             if scope["type"] == "http" and scope["path"] == "/stub/last":
                 await _send_json(send, self.last_body)
+                return
+            if scope["type"] == "http" and scope["path"] == "/stub/mark" and scope["method"] == "POST":
+                self.since_mark.clear()
+                await _send_json(send, b"{}")
                 return
             await self.simulator(scope, receive, send)
             return
@@ -133,13 +139,14 @@ class ReplayingEngine:
                 self.recorded[body] = answer
         else:
             self.replays += 1
+        self.since_mark.add(self.requests[body])
         headers = [*answer.headers, (b"content-length", str(len(answer.body)).encode())]
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
         await send({"type": "http.response.body", "body": answer.body, "more_body": False})
 
     async def _info(self, send: Send) -> None:
         info = {"distinct_bodies": len(self.recorded), "distinct_requests": len(set(self.requests.values())),
-                "requests": self.asked, "replays": self.replays}
+                "distinct_since_mark": len(self.since_mark), "requests": self.asked, "replays": self.replays}
         await _send_json(send, json.dumps(info).encode())
 
 

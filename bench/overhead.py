@@ -204,6 +204,7 @@ async def measure(urls: dict[str, str], setup: Setup, engine_url: str, requests:
     ids by arm, whose CPU time over their timed requests is measured too."""
     pids = pids or {}
     async with httpx.AsyncClient(timeout=120) as http:
+        await http.post(f"{engine_url}/stub/mark")  # what the gateways asked at start is not the arms'
         for name, url in urls.items():  # modgate's own engine requests, one per keyframe of its path
             if name.startswith("modgate") and path_of(name) not in setup.engine_bodies:
                 path = path_of(name)
@@ -468,13 +469,15 @@ def main(argv: list[str] | None = None) -> None:
               "rounds)")
     if setup["stub"]:
         print(f"engine stub: {setup['stub']['distinct_bodies']} distinct request bodies, "
-              f"{setup['stub']['distinct_requests']} distinct requests, {setup['stub']['replays']} replayed "
-              "answers")
+              f"{setup['stub']['distinct_requests']} distinct requests (the gateways' own at start "
+              "included), "
+              f"{setup['stub']['replays']} replayed answers")
         keyframes = sum(frames["keyframes"] for frames in setup["frames"].values())
-        same = setup["stub"]["distinct_requests"] == keyframes
+        asked = setup["stub"]["distinct_since_mark"]
+        same = asked == keyframes
         verdict = "every arm asked the engine the same" if same else "THE ARMS ASKED DIFFERENT THINGS"
-        print(f"like with like: {keyframes} keyframe(s), {setup['stub']['distinct_requests']} distinct "
-              f"engine requests: {verdict}")
+        print(f"like with like: {keyframes} keyframe(s), {asked} distinct engine requests from the first "
+              f"capture on: {verdict}")
     for name, count in setup["reused_verdicts"].items():
         print(f"verdict cache: {name} reused {count:.0f} verdicts"
               + (" (every lookup a miss)" if count == 0 else ": NOT EVERY LOOKUP A MISS"))

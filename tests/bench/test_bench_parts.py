@@ -35,7 +35,8 @@ def test_the_engine_stub_replays_the_simulators_answer_byte_for_byte() -> None:
     assert first.content == second.content
     assert first.text.rstrip().endswith("data: [DONE]")
     assert '"usage"' in first.text  # the usage chunk the gateway asked for (stream_options)
-    assert info == {"distinct_bodies": 1, "distinct_requests": 1, "requests": 2, "replays": 1}
+    assert info == {"distinct_bodies": 1, "distinct_requests": 1, "distinct_since_mark": 1, "requests": 2,
+                    "replays": 1}
 
 
 def test_the_engine_stub_passes_other_routes_to_the_simulator() -> None:
@@ -52,7 +53,22 @@ def test_the_engine_stub_does_not_keep_an_error_answer() -> None:
         answers = [httpx.post(f"{stub.url}/v1/chat/completions", json=bad) for _ in range(2)]
         info = httpx.get(f"{stub.url}/stub/info").json()
     assert [answer.status_code for answer in answers] == [404, 404]
-    assert info == {"distinct_bodies": 0, "distinct_requests": 1, "requests": 2, "replays": 0}
+    assert info == {"distinct_bodies": 0, "distinct_requests": 1, "distinct_since_mark": 1, "requests": 2,
+                    "replays": 0}
+
+
+def test_the_engine_stub_counts_the_requests_since_its_mark_apart() -> None:
+    """A gateway's own requests at start (before the benchmark's mark) are not counted as an arm's."""
+    def chat(text: str) -> dict[str, object]:
+        return {"model": "qwen3-vl-moe-sim", "messages": [{"role": "user", "content": text}], "max_tokens": 2}
+
+    with ThreadedServer(create_stub_app()) as stub:
+        httpx.post(f"{stub.url}/v1/chat/completions", json=chat("priming"))
+        httpx.post(f"{stub.url}/stub/mark")
+        for text in ("keyframe", "keyframe", "priming"):
+            httpx.post(f"{stub.url}/v1/chat/completions", json=chat(text))
+        info = httpx.get(f"{stub.url}/stub/info").json()
+    assert (info["distinct_requests"], info["distinct_since_mark"], info["requests"]) == (2, 2, 4)
 
 
 async def _serve(handler: StreamHandler) -> tuple[asyncio.Server, str]:
