@@ -66,8 +66,6 @@ LAB_NOTES_ALLOWED = {
     "engineering.md": "the engineering page, where they belong",
     "benchmarks.md": "names the simulator's calibration check, a configuration of bench.capacity",
     "settings.md": "generated from the settings' own descriptions",
-    "jobs.md": "its video benchmarks' dates and host load are still to move",
-    "quality.md": "its report benchmark's host is still to move",
 }
 LAB_NOTE_FREE = [page for page in sorted((ROOT / "docs").glob("*.md")) if page.name not in LAB_NOTES_ALLOWED]
 LAB_NOTE = re.compile(
