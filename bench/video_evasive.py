@@ -39,7 +39,7 @@ from PIL import Image
 
 from deploy.evasive_videos import EvasiveVideo, corpus, encode, held
 from deploy.keyframes import LABELS, read_label, render_keyframe
-from gateway.jobs.video import MAX_DECODED_FPS, likeness
+from gateway.jobs.video import likeness
 from gateway.moderation.verdict_cache import NearDuplicateRule
 from gateway.settings import VideoSettings
 from shaping.video import Sampling, VideoLimits, cut_video
@@ -48,7 +48,7 @@ from shaping.video.probe import open_container, video_stream
 DEFAULTS = VideoSettings()
 LIMITS = VideoLimits(max_bytes=DEFAULTS.max_bytes, max_duration_s=DEFAULTS.max_duration_s,
                      max_pixels=DEFAULTS.max_pixels,
-                     max_decoded_frames=int(DEFAULTS.max_duration_s * MAX_DECODED_FPS))
+                     max_decoded_frames=int(DEFAULTS.max_duration_s * DEFAULTS.max_decoded_fps))
 STEP_MS = 100  # harmful time is checked every 100 ms
 
 

@@ -53,7 +53,7 @@ from gateway.http.tenant_figures import TenantFigures
 from gateway.http.tenants import ANONYMOUS_TENANT, TenantDirectory
 from gateway.jobs.models import JobReview
 from gateway.jobs.service import JobService
-from gateway.jobs.video import PROBE_WORKERS, VideoJobs
+from gateway.jobs.video import VideoJobs
 from gateway.moderation.engine_identity import EngineIdentity
 from gateway.moderation.remote_images import VIDEOS, RemoteImageFetcher
 from gateway.moderation.service import ModerationService
@@ -349,7 +349,7 @@ async def open_services(
         video_fetcher = _video_fetcher(settings)
         if video_fetcher is not None:
             stack.push_async_callback(video_fetcher.aclose)
-        video_probes = ThreadPoolExecutor(PROBE_WORKERS, thread_name_prefix="video-probe")
+        video_probes = ThreadPoolExecutor(settings.videos.probe_workers, thread_name_prefix="video-probe")
         stack.callback(video_probes.shutdown, wait=False, cancel_futures=True)
         videos = VideoJobs(
             settings.videos, settings.jobs, video_threads, video_fetcher, video_probes,

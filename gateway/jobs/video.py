@@ -85,13 +85,7 @@ from shaping.video import (
 
 T = TypeVar("T")
 log = logging.getLogger("modgate.jobs")
-MAX_DECODED_FPS = 60  # the decoded-frame cap: 60 frames a second of the duration limit (36,000 at 600 s)
-PROBE_TIMEOUT_S = 10.0  # a submission's probe (its packets demuxed, no frame decoded)
 STORED_VIDEO = "modgate:stored-video"  # a stored request's video URL: the video waits in the spool
-PROBE_WORKERS = 2  # submission probes at once, on threads of their own; as many more may wait, then 429
-# jobs queued or running before a video submission gets 429 video_cut_busy: each may wait for a cut thread,
-# a posted one with its video in the spool (64 x MODGATE_VIDEOS__MAX_BYTES at most: 2 GiB by default)
-MAX_QUEUED = 64
 Progress = Callable[[int, int], Awaitable[None]]
 """``(frames_done, frames_total)``: told after each chunk of frames is judged."""
 
@@ -176,19 +170,20 @@ class VideoJobs:
     fetcher: RemoteImageFetcher | None = None  # None: video URLs are refused (remote images are off)
     probes: Executor | None = None  # the submission's probe: threads of their own, never behind a cut
     rule: NearDuplicateRule = field(default_factory=NearDuplicateRule)
-    max_queued: int = MAX_QUEUED  # jobs queued or running before a video submission gets 429
+    max_queued: int = field(init=False)  # jobs queued or running before a video submission gets 429
     spool: VideoSpool = field(init=False)  # where videos wait as files until they are cut
     _probing: int = 0
 
     def __post_init__(self) -> None:
         self.spool = VideoSpool(self.settings.spool_dir, self.settings.max_bytes)
+        self.max_queued = self.settings.max_queued_jobs
 
     @property
     def limits(self) -> VideoLimits:
         """The limits of a video, from the settings."""
         s = self.settings
         return VideoLimits(max_bytes=s.max_bytes, max_duration_s=s.max_duration_s, max_pixels=s.max_pixels,
-                           max_decoded_frames=int(s.max_duration_s * MAX_DECODED_FPS))
+                           max_decoded_frames=int(s.max_duration_s * s.max_decoded_fps))
 
     def sampling(self, request: JobRequest) -> Sampling:
         """The request's sampling, each unset field its setting (a gap no shorter than the setting's)."""
@@ -230,13 +225,13 @@ class VideoJobs:
             return None
         if self.sampling(request).max_frames < 1:
             raise InvalidRequest("max_frames must be at least 1", param="sampling.max_frames")
-        if self._probing >= 2 * PROBE_WORKERS:
+        if self._probing >= 2 * self.settings.probe_workers:
             raise Overloaded("every video probe is busy: try again shortly", retry_after=1,
                              code="video_probe_busy")
         self._probing += 1
         probes = self.probes or self.executor
         try:
-            async with asyncio.timeout(PROBE_TIMEOUT_S):
+            async with asyncio.timeout(self.settings.probe_timeout_s):
                 if upload is None:
                     data = await self._rejecting(probes, decode_video_data_url, url, self.settings.max_bytes)
                     upload = await self.spool.keep(job_id, data)
@@ -244,7 +239,7 @@ class VideoJobs:
                 return upload
         except TimeoutError as exc:
             raise UnprocessableImage(
-                f"the video was not probed within {PROBE_TIMEOUT_S:g} s",
+                f"the video was not probed within {self.settings.probe_timeout_s:g} s",
                 code="video_probe_timeout", param="video",
             ) from exc
         finally:

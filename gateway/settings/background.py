@@ -53,6 +53,16 @@ class VideoSettings(BaseModel):
     scene_threshold: float = Field(default=0.03, ge=0, le=1)  # FFmpeg scdet's score/100 of a shot change
     cut_budget_s: float = Field(default=120.0, gt=0)  # the cut of one video, after which the job fails
     cut_workers: int = Field(default=1, ge=1, le=16)  # videos cut at once (threads of their own)
+    # Jobs queued or running before a video submission gets 429 video_cut_busy: each may wait for a cut
+    # thread, a posted one with its video in the spool (this many x max_bytes on disk at most).
+    max_queued_jobs: int = Field(default=64, ge=1)
+    # A submission's probe (its packets demuxed, no frame decoded): threads of their own, never behind a cut;
+    # as many more may wait, then 429 video_probe_busy; one taking longer fails video_probe_timeout.
+    probe_workers: int = Field(default=2, ge=1, le=16)
+    probe_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # The decoded-frame cap: this many frames a second of max_duration_s (36,000 at 600 s by default);
+    # past it the cut stops with video_too_large, whatever the container says of its frame rate.
+    max_decoded_fps: int = Field(default=60, ge=1, le=1000)
     fetch_timeout_s: float = Field(default=60.0, gt=0, le=600)  # a video URL's whole download
     # Where a posted or fetched video waits as a file until it is cut (then only its cut frames wait, in the
     # job store): with several replicas, a volume they all mount, since any replica may cut it (docs/jobs.md).

@@ -17,7 +17,7 @@ from deploy.evasive_videos import encode, held, size_change
 from deploy.keyframes import render_keyframe
 from gateway.errors import Overloaded
 from gateway.jobs.models import JobRequest
-from gateway.jobs.video import PROBE_WORKERS, VideoJobs
+from gateway.jobs.video import VideoJobs
 from gateway.settings import JobSettings, VideoSettings
 from tests.reliability.conftest import error_body
 from tests.support import GatewayFactory
@@ -96,7 +96,8 @@ async def test_a_submission_gets_a_429_with_retry_after_when_every_probe_is_busy
     probes, release = blocked_pool()
     videos = VideoJobs(VideoSettings(spool_dir=tmp_path), JobSettings(), ThreadPoolExecutor(1), probes=probes)
     request = JobRequest(video_id="p", video={"url": video_url(live_matroska(2))})
-    waiting = [asyncio.create_task(videos.check(request, f"job_{n}")) for n in range(2 * PROBE_WORKERS)]
+    probing = 2 * videos.settings.probe_workers  # as many waiting as running: the door is full
+    waiting = [asyncio.create_task(videos.check(request, f"job_{n}")) for n in range(probing)]
     await asyncio.sleep(0.1)
     try:
         with pytest.raises(Overloaded) as refused:
