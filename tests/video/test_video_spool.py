@@ -12,11 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
+from litestar.testing import AsyncTestClient
 
 from cli.embedded import ThreadedServer
 from deploy.videos import make_video
 from gateway.drain import Drain
+from gateway.errors import StateUnavailable
 from gateway.http.app import create_app
+from gateway.http.providers import services_of
 from gateway.jobs.spool import SWEEP_GRACE_S, SpooledVideo, VideoSpool, VideoUnavailable
 from gateway.settings import Settings
 from tests.support import GatewayFactory
@@ -169,3 +172,29 @@ async def test_a_spooled_file_that_is_not_the_one_received_is_unavailable(tmp_pa
         await spool.reachable(kept)
     with pytest.raises(VideoUnavailable):
         await spool.reachable(SpooledVideo("job_2", 5, kept.sha256))
+
+
+async def test_a_multipart_job_whose_store_write_fails_keeps_its_file_and_a_refused_one_keeps_none(
+    sim: ThreadedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submission the job store could not confirm (503 state_unavailable) may be on the Redis primary all
+    the same: its spooled file stays for the sweep to judge. A body refused before it reaches the store (a
+    'job' part that is not JSON) leaves no file."""
+    spool = tmp_path / "spool"
+    app = create_app(Settings(engine={"url": sim.url}, videos={"spool_dir": str(spool)}))
+    video = ("clip.mp4", make_video(VIOLENT_MIDDLE), "video/mp4")
+    async with AsyncTestClient(app, timeout=30) as client:
+        not_json = {"video": video, "job": (None, "{not json", "text/plain")}
+        refused = await client.post("/v1/jobs", files=not_json)
+        assert refused.status_code == 400, refused.text
+        assert list(spool.iterdir()) == []
+
+        async def unconfirmed(*_: object, **__: object) -> None:
+            raise StateUnavailable("the job store did not confirm the job")
+
+        monkeypatch.setattr(services_of(app).jobs.store, "submit", unconfirmed)
+        job = {"video": video, "job": (None, '{"video_id": "v"}', None)}
+        answered = await client.post("/v1/jobs", files=job)
+    assert answered.status_code == 503, answered.text
+    assert answered.json()["error"]["code"] == "state_unavailable"
+    assert [path.suffix for path in spool.iterdir()] == [".video"]  # kept: the job may exist

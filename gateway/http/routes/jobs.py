@@ -39,13 +39,15 @@ async def multipart_job(request: Request[Any, Any, Any]) -> Response[Job] | None
     job_id = new_job_id()
     received = await read_multipart_job(request, videos.spool, job_id)
     try:
-        job, created = await services.jobs.submit(
-            job_request(received), guards.caller_of(request), request.headers.get("idempotency-key"),
-            upload=received.video,
-        )
+        body = job_request(received)
     except BaseException:
         await videos.spool.discard(job_id)  # a refused job keeps no file
         raise
+    # from here the job service owns the file: deleted when it refuses the job, kept when the job may be
+    # stored (a store write it could not confirm), for the sweep to judge
+    job, created = await services.jobs.submit(
+        body, guards.caller_of(request), request.headers.get("idempotency-key"), upload=received.video
+    )
     return Response(job, status_code=202, headers={} if created else {"Idempotent-Replayed": "true"})
 
 
