@@ -18,7 +18,6 @@ jittered back-off), and only when every try failed is it logged and counted
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -39,6 +38,7 @@ from redis.exceptions import LockError, RedisError
 from contracts.decisions import DecisionRow, drop_days_before, read_decisions, write_day_partitions
 from gateway.settings import DecisionSettings
 from gateway.state import run_replicated
+from gateway.tasks import stop
 
 log = logging.getLogger("modgate.decisions")
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
@@ -210,9 +210,7 @@ class RedisDecisionLog:
             async with asyncio.timeout(timeout_s):
                 await self.flush()
         except TimeoutError:
-            for task in list(self._retrying):
-                task.cancel()
-            await asyncio.gather(*self._retrying, return_exceptions=True)
+            await stop(*self._retrying)
 
     @staticmethod
     def _entries(raw: object) -> list[tuple[str, DecisionRow | None]]:
@@ -288,9 +286,7 @@ class RedisDecisionLog:
                 await self._redis.xdel(self._stream, last_id)
             return len(rows)
         finally:
-            renewing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewing
+            await stop(renewing)
             try:
                 await lock.release()
             except LockError:  # the lease ran out and another replica may hold the lock now: it is theirs
@@ -341,10 +337,7 @@ class DecisionArchiver:
 
     async def stop(self) -> None:
         """Stop the loop."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop(self._task)
 
 
 async def export_rows(

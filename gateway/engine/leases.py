@@ -57,6 +57,8 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from gateway.tasks import stop
+
 log = logging.getLogger("modgate.leases")
 
 LEASE_STORE_DOWN = (RedisError, OSError, TimeoutError)
@@ -550,10 +552,7 @@ class EngineLeases:
 
     async def aclose(self) -> None:
         """Stop renewing and give back what is still held (best effort; the client is the service's)."""
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        await stop(self._renewer)
         with contextlib.suppress(*LEASE_STORE_DOWN):
             for engine, members in self._held.items():
                 if members:

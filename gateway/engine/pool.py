@@ -61,6 +61,7 @@ from gateway.engine.held_engine import HeldEngine, naming_own_model
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases, LeaseRider
 from gateway.engine.slot_readings import SlotReadings
 from gateway.errors import Overloaded, ServerSideError
+from gateway.tasks import stop
 
 log = logging.getLogger("modgate.engine_pool")
 
@@ -217,10 +218,7 @@ class EnginePool:
 
     async def aclose(self) -> None:
         """Stop the background tasks, give back leases, close every engine's connections."""
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+        await stop(self._watch)
         await self.slot_readings.aclose()
         if self.leases is not None:
             await self.leases.aclose()

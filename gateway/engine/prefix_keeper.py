@@ -16,7 +16,6 @@ requests go on uncached until the next one succeeds.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from gateway.engine.prefix import EngineTokens, PrefixPlanError
 from gateway.engine.wires import read_cache_config
 from gateway.errors import ModgateError
 from gateway.series.metrics import GatewayMetrics
+from gateway.tasks import stop
 from shaping.prefix import shared_prefix_length
 from shaping.prefix_strategy import (
     EngineCacheConfig,
@@ -282,12 +282,7 @@ class PrefixKeeper:
 
     async def stop(self) -> None:
         """Stop watching; cancel primings on their way."""
-        tasks = [self._watch, *(state.task for state in self.engines.values())]
-        for task in tasks:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await stop(self._watch, *(state.task for state in self.engines.values()))
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Every engine's strategy, by URL (``/readyz``)."""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from gateway.engine.engine_slot import EngineSlot
 from gateway.engine.leases import LEASE_STORE_DOWN, EngineLeases
+from gateway.tasks import stop
 
 log = logging.getLogger("modgate.engine_pool")
 
@@ -72,8 +73,4 @@ class SlotReadings:
 
     async def aclose(self) -> None:
         """Stop the readings under way."""
-        for engine in self.engines:
-            if engine.reading is not None:
-                engine.reading.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await engine.reading
+        await stop(*(engine.reading for engine in self.engines))

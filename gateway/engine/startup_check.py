@@ -13,7 +13,6 @@ serving whatever the findings; each says what it cannot do until the engine is r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from gateway.engine.engine_slot import EngineHold, unheld
 from gateway.engine.first_request import FirstRequestProbe
 from gateway.engine.wires import StartupHints, read_cache_config
 from gateway.errors import ModgateError
+from gateway.tasks import stop
 
 log = logging.getLogger("modgate.engine")
 
@@ -307,7 +307,4 @@ class EngineChecks:
 
     async def aclose(self) -> None:
         """Stop checking (an engine that never answered stays unchecked)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop(self._task)

@@ -12,7 +12,6 @@ kept in Redis, the tenants given limits, and ``default`` when no key is required
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ from redis.exceptions import RedisError
 
 from gateway.http.keys_store import _TENANT, API_KEYS_HASH, RedisUrl, _text, with_redis
 from gateway.settings import TenantSettings
+from gateway.tasks import stop
 
 log = logging.getLogger("modgate.tenants")
 T = TypeVar("T")
@@ -133,11 +133,8 @@ class TenantDirectory:
     async def stop(self) -> None:
         """Stop reading Redis."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop(self._task)
+        self._task = None
 
 
 class RedisTenantStore:

@@ -38,6 +38,7 @@ from gateway.moderation.keyframe_batch import Keyframe, check_video_id
 from gateway.moderation.remote_images import RemoteImageFetcher, host_allowed, is_remote_url
 from gateway.moderation.service import ModerationService
 from gateway.settings import JobSettings
+from gateway.tasks import stop
 from shaping.errors import ImageRejected
 from shaping.image import decode_data_url
 
@@ -278,12 +279,8 @@ class JobService:
     async def stop(self) -> None:
         """Stop the worker (running jobs get ``stop_grace_s`` to finish); close the webhook client."""
         await self.worker.stop(self.settings.stop_grace_s)
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
-        for task in list(self._review_posts):  # review webhooks still retrying: not kept across a restart
-            task.cancel()
-        await asyncio.gather(*self._review_posts, return_exceptions=True)
+        # review webhooks still retrying are not kept across a restart
+        await stop(self._sweeper, *self._review_posts)
         if self.webhooks is not None:
             await self.webhooks.aclose()
 

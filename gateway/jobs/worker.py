@@ -30,6 +30,7 @@ from gateway.jobs.webhooks import WebhookFailed, WebhookSender
 from gateway.moderation.keyframe_batch import moderate_keyframes
 from gateway.moderation.service import ModerationService
 from gateway.settings import JobSettings
+from gateway.tasks import stop
 
 log = logging.getLogger("modgate.jobs")
 
@@ -81,9 +82,7 @@ class JobWorker:
         if busy and grace_s > 0:
             await asyncio.wait(busy, timeout=grace_s)
         cut = [delivery for task, delivery in self._working.items() if task is not None and not task.done()]
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop(*self._tasks)
         self._tasks.clear()
         for delivery in cut:
             try:
@@ -131,9 +130,7 @@ class JobWorker:
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop(task)
 
     async def work(self, delivery: Delivery) -> None:
         """Work one job to its end (or leave it pending for a takeover if the job store goes away)."""

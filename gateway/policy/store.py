@@ -29,6 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import Conflict, NotFound, StateUnavailable
 from gateway.policy.rules import AuditEntry, PolicyUpdate, StoreStatus, ThinkingPolicy, policy_changes
+from gateway.tasks import stop
 
 log = logging.getLogger("modgate.policy")
 T = TypeVar("T")
@@ -246,10 +247,7 @@ class RedisPolicyStore:
         # The flag as well as the cancel: Python 3.11's asyncio.timeout (inside redis-py) can turn a cancel
         # that lands as its deadline passes into a TimeoutError, which the follower would take for Redis down.
         self._stopping = True
-        if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+        await stop(self._follower)
 
     async def sync(self) -> ThinkingPolicy:
         """Read the shared document and install it; seed it when Redis holds none or an older one."""

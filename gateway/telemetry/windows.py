@@ -12,7 +12,6 @@ Both windows take their clock as an argument, so tests move time instead of slee
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import math
@@ -26,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.engine.wires import DEFAULT_KIND, IMAGE_TOKENS_UNCOUNTED, WIRES, wire_for
 from gateway.series.scraped import WindowReading
+from gateway.tasks import stop
 from shaping.verdict import ACTIONS
 
 log = logging.getLogger("modgate.stats")
@@ -370,9 +370,7 @@ class EngineCacheScraper:
         """Cancel the background task."""
         if self._task is None:
             return
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await stop(self._task)
         self._task = None
 
 

@@ -20,13 +20,15 @@ from tests.layout.test_floors import imported_names
 
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 
-BASE = frozenset({"errors", "caller", "drain", "series"})
-"""Read by every stage: the exception tree, who a request is for, the drain flag, the metric declarations."""
+BASE = frozenset({"errors", "caller", "drain", "series", "tasks"})
+"""Read by every stage: the exception tree, who a request is for, the drain flag, the metric declarations,
+stopping a background task."""
 
 FLOORS: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "caller": frozenset(),
     "drain": frozenset(),
+    "tasks": frozenset(),
     # Every series is declared in one room (tests/layout/test_series_declared_once.py), on the ground floor
     # so that the engine pool, the review queue and the decision log, all below telemetry, may write theirs.
     "series": frozenset(),
