@@ -67,6 +67,11 @@ class JobStore(Protocol):
         """A video job's kept cut (None: not cut yet, or gone)."""
         ...
 
+    async def video_kept_before_spool(self, job_id: str) -> bytes | None:
+        """A posted video's bytes as a gateway from before the spool kept them beside its job (None: none
+        kept): a job such a gateway queued is still cut after an upgrade."""
+        ...
+
     async def webhook_lease(self, job_id: str, consumer: str, lease_s: float) -> bool:
         """Whether this gateway may deliver the job's webhook now (no one else is)."""
         ...

@@ -122,6 +122,10 @@ class MemoryJobStore:
         """The video's cut."""
         return self._cuts.get(job_id)
 
+    async def video_kept_before_spool(self, job_id: str) -> bytes | None:
+        """None: a job in memory never outlives the gateway that queued it."""
+        return None
+
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome."""
         if (record := self._records.get(job_id)) is not None:

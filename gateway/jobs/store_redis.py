@@ -258,6 +258,12 @@ class RedisJobStore(RedisStreamStore):
             data = await self._redis.get(f"{self.job_key(job_id)}:cut")
         return data.encode() if isinstance(data, str) else data
 
+    async def video_kept_before_spool(self, job_id: str) -> bytes | None:
+        """The ``…:video`` key's bytes, or None."""
+        async with self._unreachable("read the video an older gateway kept"):
+            data = await self._redis.get(f"{self.job_key(job_id)}:video")
+        return data.encode() if isinstance(data, str) else data
+
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:
         """Keep the delivery outcome with the job."""
         async with self._unreachable("record the webhook"):

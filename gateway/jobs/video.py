@@ -100,6 +100,8 @@ class Answered:
     cut: Callable[[], Awaitable[bytes | None]]  # the cut an earlier attempt kept
     save_cut: Callable[[bytes], Awaitable[None]]
     video: SpooledVideo | None = None  # a posted video's reference: the spooled file it waits in
+    # a posted video's bytes as a gateway from before the spool kept them in the job store (None: none)
+    kept_before_spool: Callable[[], Awaitable[bytes | None]] | None = None
 
 
 def kept_cut(cut: VideoCut) -> bytes:
@@ -251,9 +253,17 @@ class VideoJobs:
         assert request.video is not None
         url = request.video.url
         if url == STORED_VIDEO:
-            if answered is None or answered.video is None:  # kept in the job store by an older gateway
-                raise VideoUnavailable("the job's video was not spooled: submit it again", param="video")
-            return await self.spool.reachable(answered.video)
+            if answered is not None and answered.video is not None:
+                return await self.spool.reachable(answered.video)
+            # queued by a gateway from before the spool, which kept the bytes in the job store: spooled now
+            kept = None
+            if answered is not None and answered.kept_before_spool is not None:
+                kept = await answered.kept_before_spool()
+            if kept is None:
+                raise VideoUnavailable("the job's video is neither spooled nor kept: submit it again",
+                                       param="video")
+            await self.spool.keep(job_id, kept)
+            return self.spool.path(job_id)
         if is_remote_url(url):
             if self.fetcher is None:
                 raise InvalidRequest("video URLs are not fetched by this gateway", param="video.url")

@@ -191,7 +191,8 @@ class JobWorker:
                                  cut=lambda: self.store.cut(job_id),
                                  save_cut=lambda cut: self.store.save_cut(job_id, cut),
                                  video=None if record.video_file is None
-                                 else SpooledVideo.loads(record.video_file)),
+                                 else SpooledVideo.loads(record.video_file),
+                                 kept_before_spool=lambda: self.store.video_kept_before_spool(job_id)),
                     )
                 else:
                     response = await moderate_keyframes(

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from litestar.testing import AsyncTestClient
 
 from cli.embedded import ThreadedServer
@@ -140,6 +141,46 @@ async def test_a_video_whose_receiving_replica_dies_before_the_cut_is_finished_e
         assert (job["error"]["code"], job["error"]["type"]) == ("video_unavailable", "server_error")
         assert "submit it again" in job["error"]["message"]
         assert job["attempts"] == 2  # retried as any server-side failure, then failed: never left running
+
+
+async def test_a_video_job_queued_by_a_gateway_from_before_the_spool_is_cut_after_the_upgrade(
+    sim: ThreadedServer, start_gateway: GatewayFactory, redis_url: str, tmp_path: Path
+) -> None:
+    """A gateway from before the spool kept a posted video's bytes in the job store (``…:video``) and its
+    job no file reference; a gateway of today takes such a job over after an upgrade, spools the bytes and
+    cuts them, and drops the key once done (it failed video_unavailable before)."""
+    draining = Drain()
+    draining.begin()  # the older gateway queues the job and takes no work
+    older = ThreadedServer(create_app(Settings(
+        engine={"url": sim.url}, redis={"url": redis_url}, videos={"spool_dir": str(tmp_path / "older")}
+    ), drain=draining)).start()
+    video = make_video(VIOLENT_MIDDLE)
+    files = {"video": ("clip.mp4", video, "video/mp4"),
+             "job": (None, '{"video_id": "queued-before-upgrade"}', "application/json")}
+    try:
+        async with httpx.AsyncClient(base_url=older.url, timeout=30) as client:
+            accepted = await client.post("/v1/jobs", files=files)
+        assert accepted.status_code == 202, accepted.text
+    finally:
+        older.stop()
+    job_key = f"modgate:job:{accepted.json()['id']}"
+    store = redis.Redis.from_url(redis_url)
+    try:  # as the older gateway left it: the bytes beside the job, no spooled file, no reference
+        assert store.hdel(job_key, "video_file") == 1
+        store.set(f"{job_key}:video", video)
+        for path in (tmp_path / "older").iterdir():
+            path.unlink()
+        upgraded = start_gateway(engine={"url": sim.url}, redis={"url": redis_url},
+                                 videos={"spool_dir": str(tmp_path / "upgraded")},
+                                 jobs={"retry_wait_s": 0.05, "max_attempts": 2})
+        async with httpx.AsyncClient(base_url=upgraded.url, timeout=30) as client:
+            job = await finished(client, accepted.json()["id"])
+        assert job["status"] == "succeeded", job
+        assert [s["action"] for s in job["result"]["segments"]] == ["allow", "block", "allow"]
+        assert store.exists(f"{job_key}:video") == 0  # dropped with the job's work
+        assert list((tmp_path / "upgraded").iterdir()) == []  # spooled for the cut, deleted once cut
+    finally:
+        store.close()
 
 
 async def test_the_sweep_deletes_what_no_job_waits_for(tmp_path: Path) -> None:
