@@ -107,6 +107,16 @@ async def test_an_upload_over_the_limit_gets_a_413_without_the_gateway_reading_i
     assert list(tmp_path.iterdir()) == []
 
 
+async def post_video(gateway_url: str, video: bytes, video_id: str) -> str:
+    """``POST /v1/jobs`` with ``video`` as a multipart upload; the accepted job's id."""
+    files = {"video": ("clip.mp4", video, "video/mp4"),
+             "job": (None, json.dumps({"video_id": video_id}), "application/json")}
+    async with httpx.AsyncClient(base_url=gateway_url, timeout=30) as client:
+        accepted = await client.post("/v1/jobs", files=files)
+    assert accepted.status_code == 202, accepted.text
+    return str(accepted.json()["id"])
+
+
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-spool", "own-spool"])
 async def test_a_video_whose_receiving_replica_dies_before_the_cut_is_finished_elsewhere_or_fails_retryably(
     sim: ThreadedServer, start_gateway: GatewayFactory, redis_url: str, tmp_path: Path, shared: bool
@@ -119,19 +129,15 @@ async def test_a_video_whose_receiving_replica_dies_before_the_cut_is_finished_e
     receiving = ThreadedServer(create_app(Settings(
         engine={"url": sim.url}, redis={"url": redis_url}, videos={"spool_dir": str(received_in)}
     ), drain=draining)).start()
-    files = {"video": ("clip.mp4", make_video(VIOLENT_MIDDLE), "video/mp4"),
-             "job": (None, '{"video_id": "orphan-1"}', "application/json")}
     try:
-        async with httpx.AsyncClient(base_url=receiving.url, timeout=30) as client:
-            accepted = await client.post("/v1/jobs", files=files)
-        assert accepted.status_code == 202, accepted.text
-        assert [path.name for path in received_in.iterdir()] == [f"{accepted.json()['id']}.video"]
+        job_id = await post_video(receiving.url, make_video(VIOLENT_MIDDLE), "orphan-1")
+        assert [path.name for path in received_in.iterdir()] == [f"{job_id}.video"]
     finally:
         receiving.stop()
     survivor = start_gateway(engine={"url": sim.url}, redis={"url": redis_url},
                              videos={"spool_dir": str(other)}, jobs={"retry_wait_s": 0.05, "max_attempts": 2})
     async with httpx.AsyncClient(base_url=survivor.url, timeout=30) as client:
-        job = await finished(client, accepted.json()["id"])
+        job = await finished(client, job_id)
     if shared:
         assert job["status"] == "succeeded", job
         assert [s["action"] for s in job["result"]["segments"]] == ["allow", "block", "allow"]
@@ -155,15 +161,11 @@ async def test_a_video_job_queued_by_a_gateway_from_before_the_spool_is_cut_afte
         engine={"url": sim.url}, redis={"url": redis_url}, videos={"spool_dir": str(tmp_path / "older")}
     ), drain=draining)).start()
     video = make_video(VIOLENT_MIDDLE)
-    files = {"video": ("clip.mp4", video, "video/mp4"),
-             "job": (None, '{"video_id": "queued-before-upgrade"}', "application/json")}
     try:
-        async with httpx.AsyncClient(base_url=older.url, timeout=30) as client:
-            accepted = await client.post("/v1/jobs", files=files)
-        assert accepted.status_code == 202, accepted.text
+        job_id = await post_video(older.url, video, "queued-before-upgrade")
     finally:
         older.stop()
-    job_key = f"modgate:job:{accepted.json()['id']}"
+    job_key = f"modgate:job:{job_id}"
     store = redis.Redis.from_url(redis_url)
     try:  # as the older gateway left it: the bytes beside the job, no spooled file, no reference
         assert store.hdel(job_key, "video_file") == 1
@@ -174,7 +176,7 @@ async def test_a_video_job_queued_by_a_gateway_from_before_the_spool_is_cut_afte
                                  videos={"spool_dir": str(tmp_path / "upgraded")},
                                  jobs={"retry_wait_s": 0.05, "max_attempts": 2})
         async with httpx.AsyncClient(base_url=upgraded.url, timeout=30) as client:
-            job = await finished(client, accepted.json()["id"])
+            job = await finished(client, job_id)
         assert job["status"] == "succeeded", job
         assert [s["action"] for s in job["result"]["segments"]] == ["allow", "block", "allow"]
         assert store.exists(f"{job_key}:video") == 0  # dropped with the job's work
