@@ -22,14 +22,13 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Protocol
 
 import stamina
-from prometheus_client import Counter
 from pydantic import ValidationError
 from redis.asyncio import Redis
 from redis.asyncio.lock import Lock
@@ -43,6 +42,8 @@ from gateway.tasks import stop
 log = logging.getLogger("modgate.decisions")
 _REDIS_DOWN = (RedisError, OSError, TimeoutError)
 _BATCH = 10_000  # stream entries moved to Parquet per read
+Unlogged = Callable[[int], None]
+"""Told how many rows the log did not take (``GatewayMetrics.not_logged``)."""
 _CUT_TRIES = 5  # live reads started again when an archive trimmed the stream under a paged read
 
 
@@ -88,7 +89,7 @@ def _archive_files(
 class MemoryDecisionLog:
     """This process's decisions (``MODGATE_REDIS__URL`` unset): lost on restart until archived."""
 
-    def __init__(self, settings: DecisionSettings, unlogged: Counter | None = None) -> None:
+    def __init__(self, settings: DecisionSettings, unlogged: Unlogged | None = None) -> None:
         self.settings = settings
         self._rows: deque[tuple[float, DecisionRow]] = deque()
         self._unlogged = unlogged
@@ -134,7 +135,7 @@ class RedisDecisionLog:
     """Decisions on a Redis stream shared by every replica."""
 
     def __init__(
-        self, client: Redis, settings: DecisionSettings, unlogged: Counter | None = None,
+        self, client: Redis, settings: DecisionSettings, unlogged: Unlogged | None = None,
         archive_lease_s: float | None = None,
     ) -> None:
         self._redis = client
@@ -193,7 +194,7 @@ class RedisDecisionLog:
                     await self._add(batch, token)
         except (*_REDIS_DOWN, asyncio.CancelledError) as exc:
             if self._unlogged is not None:
-                self._unlogged.inc(len(batch))
+                self._unlogged(len(batch))
             log.error("the decision log did not take %d decision(s) after %d tries: %s", len(batch),
                       settings.retry_attempts, exc or "the gateway stopped",
                       extra={"request_id": batch[0].request_id})

@@ -17,11 +17,11 @@ from collections import deque
 from datetime import datetime
 from typing import Any, Final, Protocol, runtime_checkable
 
-from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.decisions.log import Unlogged
 from gateway.settings import DecisionSettings
 
 log = logging.getLogger("modgate.decisions")
@@ -77,7 +77,7 @@ class MemoryQuestionLog:
 class RedisQuestionLog:
     """Rows on a Redis stream shared by every replica."""
 
-    def __init__(self, client: Redis, settings: DecisionSettings, unlogged: Counter | None = None) -> None:
+    def __init__(self, client: Redis, settings: DecisionSettings, unlogged: Unlogged | None = None) -> None:
         self._redis = client
         self.settings = settings
         self.stream = f"{settings.stream}:questions"
@@ -92,7 +92,7 @@ class RedisQuestionLog:
                 )
         except (RedisError, OSError, TimeoutError) as exc:
             if self._unlogged is not None:
-                self._unlogged.inc()
+                self._unlogged(1)
             log.error("the decision log did not take a Decisions row: %s", exc,
                       extra={"request_id": row.request_id})
 

@@ -25,6 +25,7 @@ from typing import Final, Literal
 import httpx
 
 from gateway.errors import UpstreamTimeout
+from gateway.series.metrics import GatewayMetrics
 
 Purpose = Literal[
     "verdict", "probe", "primer", "check", "tokenize", "props", "metrics", "health", "models", "decision",
@@ -158,3 +159,46 @@ class CountedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class CallFigures:
+    """What the engine's calls cost, beyond their count and time (:class:`CountedTransport`): the slot wait,
+    first token and tokens of a verdict call, its unusable outputs and failures, the engines' start-up checks
+    and the failed reads of their ``/metrics``. The engine client's side counts them, here and nowhere else
+    (a call is not a request: a request's figures go through gateway/telemetry/recorder.py)."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+
+    def waited(self, seconds: float) -> None:
+        """A verdict call's wait for an engine slot."""
+        self.metrics.queue_wait.observe(seconds)
+
+    def failed(self, kind: str) -> None:
+        """A verdict call that failed, by the error's class name."""
+        self.metrics.engine_errors.labels(kind).inc()
+
+    def answered(self, ttft_s: float | None, prompt_tokens: int, cached_tokens: int) -> None:
+        """A verdict call's answer: its time to first token (None: not streamed) and its tokens."""
+        if ttft_s is not None:
+            self.metrics.ttft.observe(ttft_s)
+        self.tokens(prompt_tokens, cached_tokens)
+
+    def tokens(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """Prompt tokens sent and those the prefix cache served (a verdict call's, or a Decisions request's
+        questions together)."""
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        self.metrics.cached_tokens.inc(cached_tokens)
+
+    def unusable(self, problem: str) -> None:
+        """An engine output that could not be used as a verdict, by its problem."""
+        self.metrics.unparsable.labels(problem).inc()
+
+    def checked(self, check: str, engine: str, ok: bool | None) -> None:
+        """What the start-up check found on ``engine`` (None: the engine does not say, so no series)."""
+        if ok is not None:
+            self.metrics.engine_check.labels(check, engine).set(1.0 if ok else 0.0)
+
+    def scrape_failed(self, kind: str) -> None:
+        """A failed read of an engine's ``/metrics``, by why."""
+        self.metrics.engine_scrape_errors.labels(kind).inc()

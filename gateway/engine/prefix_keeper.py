@@ -166,10 +166,7 @@ class PrefixKeeper:
     def _set(self, state: EnginePrefixState, decision: PrefixDecision, reason: str) -> None:
         changed = state.decision != decision
         state.decision = decision
-        strategy, uncacheable = self.metrics.prefix_strategy, self.metrics.prefix_uncacheable
-        for action in ACTIONS:
-            strategy.labels(state.url, action).set(1.0 if action == decision.action else 0.0)
-        uncacheable.labels(state.url).set(1.0 if decision.action == "uncacheable" else 0.0)
+        self.metrics.prefix_strategy_chosen(state.url, decision.action, ACTIONS)
         if not changed:
             return
         if decision.action == "uncacheable":
@@ -209,14 +206,14 @@ class PrefixKeeper:
                         )
         except (PrefixPlanError, ModgateError, ValueError) as exc:  # Modgate: no slot, engine unreachable
             state.last_error = f"priming failed: {exc!r}"
-            self.metrics.prefix_primings.labels(url, "failed").inc()
+            self.metrics.prefix_primed(url, "failed")
             log.warning("prefix cache: priming %s failed (%s): requests go on uncached", url, exc)
             return False
         state.primings += 1
         state.shortfalls = 0
         state.primed_at = time.monotonic()
         state.last_error = None
-        self.metrics.prefix_primings.labels(url, reason).inc()
+        self.metrics.prefix_primed(url, reason)
         log.info("prefix cache: primed %s (%s)", url, reason)
         return True
 

@@ -27,12 +27,13 @@ from gateway.decisions.questions import QuestionLog
 from gateway.decisions.rows import review_label_row
 from gateway.drain import Drain
 from gateway.engine.admission import AdmissionQueue
+from gateway.engine.calls import CallFigures
 from gateway.engine.client import EngineClient
 from gateway.engine.first_request import FirstRequestProbe
 from gateway.engine.pool import EnginePool
 from gateway.engine.pool_build import build_engine_pool, register_pool_metrics
 from gateway.engine.prefix_keeper import PrefixKeeper
-from gateway.engine.startup_check import CheckTargets, EngineCheck, EngineChecks
+from gateway.engine.startup_check import CheckTargets, EngineChecks
 from gateway.http.auth import KeyRing
 from gateway.http.console.guard import ConsoleGuard, SignInLimits, build_console_guard
 from gateway.http.console.oidc import OidcSignIn
@@ -59,13 +60,13 @@ from gateway.moderation.remote_images import VIDEOS, RemoteImageFetcher
 from gateway.moderation.service import ModerationService
 from gateway.moderation.shadow import SecondEngine, ShadowSampler
 from gateway.moderation.shaping_pool import ShapingPool
-from gateway.policy.rules import MODES, Mode, PolicyStore
+from gateway.policy.rules import MODES, PolicyStore
 from gateway.review.models import LabelledItem
 from gateway.review.service import ReviewQueue
 from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
 from gateway.state import SOCKET_TIMEOUT_S, open_redis
-from gateway.telemetry.recorder import RequestRecorder
+from gateway.telemetry.recorder import RequestRecorder, VerdictRecorder
 from gateway.telemetry.tracing import Telemetry, build_telemetry
 from gateway.telemetry.windows import (
     Clock,
@@ -172,11 +173,6 @@ def _second_engine(settings: Settings, state: aioredis.Redis | None) -> SecondEn
     return SecondEngine(pool, shadow.engine_kind, model, identity.model_ids)
 
 
-def _is_default_mode(policies: PolicyStore, mode: Mode) -> float:
-    """1.0 while ``mode`` is the default of the policy in force (``modgate_thinking_default_mode``)."""
-    return 1.0 if policies.current().default_mode == mode else 0.0
-
-
 def redis_client(url: str) -> aioredis.Redis:
     """The service's one Redis client, shared by every store: the policy, engine leases, API keys, tenants and
     quotas, jobs, reused verdicts, shadow records and the console's sign-ins and sessions.
@@ -189,11 +185,6 @@ def redis_client(url: str) -> aioredis.Redis:
         url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=2.0, health_check_interval=10,
         retry=Retry(NoBackoff(), 0),
     )
-
-
-def _record_engine_check(metrics: GatewayMetrics, check: EngineCheck) -> None:
-    if check.ok is not None:
-        metrics.engine_check.labels(check.check, check.engine).set(1.0 if check.ok else 0.0)
 
 
 @asynccontextmanager
@@ -255,6 +246,7 @@ async def open_services(
         policies = policy_store(settings, state)
         stack.push_async_callback(policies.stop)
         metrics = GatewayMetrics()
+        calls = CallFigures(metrics)  # the engine calls' figures beyond their count (gateway/engine/calls.py)
         for slot in engines.engines:
             slot.client.count_calls(metrics.engine_call)
         recent = RecentRequests(settings.telemetry.window_s, clock=clock)
@@ -262,7 +254,7 @@ async def open_services(
             engine.metrics_text,
             EngineCacheWindow(settings.telemetry.window_s, clock=clock),
             interval_s=settings.telemetry.engine_scrape_interval_s,
-            on_error=lambda kind: metrics.engine_scrape_errors.labels(kind).inc(),
+            on_error=calls.scrape_failed,
         )
         stack.push_async_callback(engine_cache.stop)
         remote_images = _remote_images(settings)
@@ -328,16 +320,16 @@ async def open_services(
             use_priority=settings.engine.use_priority,
             constraint=settings.engine.verdict_constraint,
             top_logprobs=settings.engine.top_logprobs,
-            counters=metrics,
+            counters=VerdictRecorder(metrics),
             second=second,
         )
         stack.push_async_callback(moderation.shadow.drain, timeout_s=10.0)
-        metrics.queue_size.set(admission.queue_size)
-        metrics.load_shedding.set_function(lambda: 1.0 if moderation.load.shedding else 0.0)
-        metrics.shadow_share.set_function(lambda: policies.current().shadow_share)
-        for mode in MODES:
-            metrics.default_mode.labels(mode).set_function(partial(_is_default_mode, policies, mode))
-        unlogged = metrics.decisions_unlogged
+        metrics.admission_limit(admission.queue_size)
+        metrics.watch_policy(
+            lambda: moderation.load.shedding, lambda: policies.current().shadow_share,
+            lambda mode: policies.current().default_mode == mode, MODES,
+        )
+        unlogged = metrics.not_logged
         moderation.decisions = decision_log(settings, state, unlogged)
         if isinstance(moderation.decisions, RedisDecisionLog):  # rows still being retried: 5 s, then counted
             stack.push_async_callback(moderation.decisions.close, 5.0)
@@ -370,7 +362,7 @@ async def open_services(
         engine_checks = EngineChecks(
             [(slot.client, slot.cap) for slot in engines.engines],
             CheckTargets(settings.engine.model, settings.engine.top_logprobs),
-            record=lambda check: _record_engine_check(metrics, check),
+            record=lambda check: calls.checked(check.check, check.engine, check.ok),
             hold=engines.slot_on,
             first_request=first_request,
         )

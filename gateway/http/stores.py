@@ -9,10 +9,9 @@ from __future__ import annotations
 from concurrent.futures import Executor
 
 import redis.asyncio as aioredis
-from prometheus_client import Counter
 
 from contracts.records import JsonlRecordStore, MirroredRecordStore, RecordStore, RedisRecordStore
-from gateway.decisions.log import DecisionLog, MemoryDecisionLog, RedisDecisionLog
+from gateway.decisions.log import DecisionLog, MemoryDecisionLog, RedisDecisionLog, Unlogged
 from gateway.decisions.questions import MemoryQuestionLog, QuestionLog, RedisQuestionLog
 from gateway.drain import Drain
 from gateway.jobs.service import JobService
@@ -122,14 +121,14 @@ def quality_records(settings: Settings, state: aioredis.Redis | None) -> RecordS
     return MirroredRecordStore(files, RedisRecordStore(state, stream=settings.quality.redis_stream))
 
 
-def decision_log(settings: Settings, state: aioredis.Redis | None, unlogged: Counter) -> DecisionLog:
+def decision_log(settings: Settings, state: aioredis.Redis | None, unlogged: Unlogged) -> DecisionLog:
     """Every answered verdict and label: a Redis stream when Redis is configured, else in memory."""
     if state is None:
         return MemoryDecisionLog(settings.decisions, unlogged)
     return RedisDecisionLog(state, settings.decisions, unlogged)
 
 
-def question_log(settings: Settings, state: aioredis.Redis | None, unlogged: Counter) -> QuestionLog:
+def question_log(settings: Settings, state: aioredis.Redis | None, unlogged: Unlogged) -> QuestionLog:
     """One row per Decisions request, kept as the decision log keeps its rows."""
     if state is None:
         return MemoryQuestionLog()

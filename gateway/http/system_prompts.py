@@ -41,8 +41,7 @@ async def system_prompt(
     prompt in force (said loudly): the gateway still serves, the cache just cannot hit.
     """
     version = prompt_version_for(verdict_format)
-    cacheable = metrics.cacheable_prefix.labels(verdict_format)
-    cacheable.set(0)
+    metrics.prefix_cacheable(verdict_format, 0)
     if not fill:
         return load_system_prompt(version)
     try:
@@ -61,5 +60,5 @@ async def system_prompt(
         filled.block_size,
         filled.overshoot,
     )
-    cacheable.set(filled.shared_tokens // filled.block_size * filled.block_size)  # whole blocks only
+    metrics.prefix_cacheable(verdict_format, filled.shared_tokens // filled.block_size * filled.block_size)
     return prompt

@@ -12,6 +12,7 @@ from typing import Any
 from opentelemetry import trace
 
 from gateway.engine.answers import EngineAnswer
+from gateway.engine.calls import CallFigures
 from gateway.engine.client import EngineClient
 from gateway.engine.fairness import WorkModel
 from gateway.engine.leases import LeaseRider
@@ -23,6 +24,7 @@ from gateway.moderation.token_prediction import PromptTokenCheck
 from gateway.policy.rules import QueueLoad, RequestContext, ThinkingDecision
 from gateway.series.metrics import GatewayMetrics
 from gateway.settings import EngineSettings
+from gateway.telemetry.recorder import VerdictRecorder
 from gateway.telemetry.tracing import engine_span_attributes
 from shaping.confidence import answer_before_each, place_exact, probe_may_read, with_confidence
 from shaping.image import ShapedImage
@@ -129,7 +131,8 @@ class FrameJudge:
         self.tokens = tokens
         self.work = work  # engine work per call (fair share)
         self.load = load
-        self.metrics = metrics
+        self.calls = CallFigures(metrics)  # what the call cost: the engine client's side counts it
+        self.figures = VerdictRecorder(metrics)  # what the request's frames came to
         self.tracer = tracer
         # Told each answer's cached tokens (engine URL, verdict format, prompt, cached, monotonic send
         # time): the prefix keeper primes an engine again when they fall (gateway/engine/prefix_keeper.py).
@@ -176,7 +179,7 @@ class FrameJudge:
         try:
             async with self.engines.slot(priority=priority, work=work, rider=first) as admission:
                 self.tracer.start_span("queue", start_time=queued_at).end()
-                self.metrics.queue_wait.observe(admission.queue_seconds)
+                self.calls.waited(admission.queue_seconds)
                 self.load.observe_queue_wait(admission.queue_seconds)
                 with self.tracer.start_as_current_span("engine") as engine_span:
                     sent_at = time.monotonic()
@@ -218,13 +221,10 @@ class FrameJudge:
                 if keep is not None:
                     admission.part_with(keep(outcome))
         except ModgateError as exc:
-            self.metrics.engine_errors.labels(type(exc).__name__).inc()
+            self.calls.failed(type(exc).__name__)
             self.identity.forget()  # the engine may have restarted with other weights
             raise
-        if answer.ttft_s is not None:
-            self.metrics.ttft.observe(answer.ttft_s)
-        self.metrics.prompt_tokens.inc(answer.usage.prompt_tokens)
-        self.metrics.cached_tokens.inc(answer.usage.cached_tokens)
+        self.calls.answered(answer.ttft_s, answer.usage.prompt_tokens, answer.usage.cached_tokens)
         self.tokens.check(prediction, answer, request_id)
         return outcome
 
@@ -253,10 +253,10 @@ class FrameJudge:
                 places=places,
             )
         for problem in parsed.problems:
-            self.metrics.unparsable.labels(problem).inc()
+            self.calls.unusable(problem)
             log.warning("unusable engine output", extra={"request_id": request_id, "problem": problem})
         for judged in verdicts:
-            self.metrics.frames.labels(judged.action, "on" if decision.mode == "on" else "off").inc()
+            self.figures.judged(judged.action, decision.mode == "on")
         return FrameOutcome(
             verdict=verdicts[0],
             answer=answer,

@@ -11,6 +11,7 @@ from gateway.moderation.engine_call import FrameJudge
 from gateway.moderation.outcome import FrameOutcome
 from gateway.policy.rules import EscalationBudget, RequestContext, ThinkingDecision
 from gateway.series.metrics import GatewayMetrics
+from gateway.telemetry.recorder import VerdictRecorder
 from gateway.wire import EscalatedFrom
 from shaping.image import ShapedImage
 
@@ -23,7 +24,7 @@ class Escalation:
     def __init__(self, judge: FrameJudge, budget: EscalationBudget, metrics: GatewayMetrics) -> None:
         self.judge = judge
         self.budget = budget
-        self.metrics = metrics
+        self.figures = VerdictRecorder(metrics)
 
     async def answer(
         self,
@@ -52,15 +53,15 @@ class Escalation:
         skipped = self.budget.skip_reason(rule)
         self.budget.record(skipped is None)
         if skipped is not None:
-            self.metrics.escalations_skipped.labels(skipped).inc()
+            self.figures.not_escalated(skipped)
             return replace(fast, escalation_skipped=skipped)
-        self.metrics.escalations.labels(why).inc()
+        self.figures.escalated(why)
         try:
             again = await self.judge.judge(
                 [frame], user_text, reask, context, f"{request_id}-escalated", reask=True
             )
         except ModgateError as exc:  # the fast verdict still answers; the caller is told it was not re-asked
-            self.metrics.escalations_skipped.labels("reask_failed").inc()
+            self.figures.not_escalated("reask_failed")
             log.warning("escalation re-ask failed: %s", exc.message, extra={"request_id": request_id})
             return replace(fast, escalation_skipped="reask_failed")
         return replace(

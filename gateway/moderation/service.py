@@ -133,7 +133,7 @@ class ModerationService:
             settings.tenants.output_token_weight,
             learn_weight="output_token_weight" not in settings.tenants.model_fields_set,
         )
-        metrics.output_token_weight.set_function(lambda: self.work.output_token_weight)
+        metrics.watch_output_token_weight(lambda: self.work.output_token_weight)
         self.tracer = tracer or trace.NoOpTracer()
         self.recorder = recorder or RequestRecorder(metrics, RecentRequests(settings.telemetry.window_s))
         self.identity = EngineIdentity(settings.engine, self.engines)  # the model verdicts are reused under

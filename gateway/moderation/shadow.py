@@ -58,7 +58,7 @@ class SecondEngine:
 
 
 class ShadowCounters(Protocol):
-    """Where the sampler counts what it did (the gateway's metrics)."""
+    """Where the sampler counts what it did (the recorder's ``VerdictRecorder``)."""
 
     def shadow(self, outcome: str) -> None: ...
 

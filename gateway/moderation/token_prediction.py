@@ -11,6 +11,7 @@ from gateway.engine.answers import EngineAnswer
 from gateway.engine.pool import EnginePool
 from gateway.errors import ModgateError
 from gateway.series.metrics import GatewayMetrics
+from gateway.telemetry.recorder import VerdictRecorder
 from shaping.accounting import PromptPrediction, TokenAccountant, compare_usage
 from shaping.image import ShapedImage
 from shaping.prompt import SystemPrompt
@@ -34,7 +35,7 @@ class PromptTokenCheck:
         self.engines = engines
         self.engine_model = engine_model
         self.model_ids = model_ids  # each engine's own model id by URL: what its /tokenize is asked under
-        self.metrics = metrics
+        self.figures = VerdictRecorder(metrics)
         # one per system prompt and served model, built with its first request: each format's prompt counts
         # its own tokens, and an engine that comes back with other weights is measured afresh
         self.accountants: dict[tuple[VerdictFormat, str], TokenAccountant] = {}
@@ -106,10 +107,10 @@ class PromptTokenCheck:
         if prediction is None:
             return
         if answer.usage.prompt_tokens:  # an engine without usage gives nothing to compare with
-            self.metrics.token_predictions.inc()
+            self.figures.prediction_compared()
         mismatch = compare_usage(prediction, answer.usage.prompt_tokens, answer.usage.image_tokens or 0)
         if mismatch is not None:
-            self.metrics.token_mismatches.inc()
+            self.figures.prediction_missed()
             log.warning(
                 "token prediction mismatch: %s", mismatch.describe(), extra={"request_id": request_id}
             )

@@ -113,14 +113,14 @@ class ReviewQueue:
             if twice:  # a second item of the same decision, for a second reviewer's label
                 held = await self.store.enqueue(replace(item, id=new_item_id())) and held
         except StateUnavailable as exc:
-            self.metrics.enqueue_failures.inc()
+            self.metrics.not_queued()
             log.error("frame of %s not queued for review: %s", request_id, exc)
             return None
         if not held:
-            self.metrics.unreplicated.inc()
+            self.metrics.not_replicated()
             log.warning("frame of %s queued for review on the Redis primary, not yet on a replica (a "
                         "failover now would lose it)", request_id)
-        self.metrics.enqueued.labels(tenant, reason).inc(2 if twice else 1)
+        self.metrics.queued(tenant, reason, 2 if twice else 1)
         return item
 
     async def claim(self, reviewer: Reviewer) -> ReviewItem | None:

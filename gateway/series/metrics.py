@@ -7,6 +7,7 @@ since-start ratio of the engine's counters is the number that misleads, so it is
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -269,9 +270,51 @@ class GatewayMetrics:
         if outcome != "circuit_open":
             self.engine_call_seconds.labels(engine, purpose).observe(seconds)
 
-    def shadow(self, outcome: str) -> None:
-        """Count one shadow judgement's outcome."""
-        self.shadow_pairs.labels(outcome).inc()
+    # --- what the rooms below telemetry count (the prefix keeper, the decision log) -------------------
+
+    def prefix_strategy_chosen(self, engine: str, chosen: str, strategies: tuple[str, ...]) -> None:
+        """The prefix keeper chose ``chosen`` on ``engine``: 1 for it, 0 for every other of ``strategies``."""
+        for strategy in strategies:
+            self.prefix_strategy.labels(engine, strategy).set(1.0 if strategy == chosen else 0.0)
+        self.prefix_uncacheable.labels(engine).set(1.0 if chosen == "uncacheable" else 0.0)
+
+    def prefix_primed(self, engine: str, reason: str) -> None:
+        """One priming request on ``engine``, by why (``failed``: the request itself failed)."""
+        self.prefix_primings.labels(engine, reason).inc()
+
+    def not_logged(self, count: int = 1) -> None:
+        """``count`` decisions (or a Decisions question) the decision log did not take."""
+        self.decisions_unlogged.inc(count)
+
+    # --- set at start, or read at scrape time ---------------------------------------------------------
+
+    def prefix_cacheable(self, verdict_format: str, tokens: int) -> None:
+        """The shared prefix's cacheable tokens for ``verdict_format``, as measured at start (0: none)."""
+        self.cacheable_prefix.labels(verdict_format).set(tokens)
+
+    def admission_limit(self, queue_size: int) -> None:
+        """The admission queue's size, fixed at start."""
+        self.queue_size.set(queue_size)
+
+    def admission_now(self, inflight: int, queued: int) -> None:
+        """The admission queue's figures, read at each scrape (``GET /metrics``)."""
+        self.inflight.set(inflight)
+        self.queued.set(queued)
+
+    def watch_output_token_weight(self, read: Callable[[], float]) -> None:
+        """Expose the fair share's output token weight, read at scrape time."""
+        self.output_token_weight.set_function(read)
+
+    def watch_policy(
+        self, shedding: Callable[[], bool], shadow_share: Callable[[], float],
+        default_mode: Callable[[str], bool], modes: tuple[str, ...],
+    ) -> None:
+        """Expose what the thinking policy holds now (load shedding, its shadow share, its default mode among
+        ``modes``), read at scrape time."""
+        self.load_shedding.set_function(lambda: 1.0 if shedding() else 0.0)
+        self.shadow_share.set_function(shadow_share)
+        for mode in modes:
+            self.default_mode.labels(mode).set_function(partial(_one_if, default_mode, mode))
 
     def watch_pool(self, read: Callable[[], PoolReading]) -> None:
         """Expose the engine pool's figures (``modgate_engine_*{engine}``), read at scrape time."""
@@ -284,3 +327,7 @@ class GatewayMetrics:
     def watch_window(self, read: Callable[[], WindowReading]) -> None:
         """Expose the recent window's figures as gauges, read at scrape time."""
         self.registry.register(Scraped(lambda: window_series(read())))
+
+
+def _one_if(holds: Callable[[str], bool], value: str) -> float:
+    return 1.0 if holds(value) else 0.0

@@ -67,6 +67,18 @@ class ReviewMetrics:
         )
         self.alert_after.set(oldest_alert_s)
 
+    def queued(self, tenant: str, reason: str, count: int) -> None:
+        """``count`` of a ``tenant``'s frames queued for review, by why."""
+        self.enqueued.labels(tenant, reason).inc(count)
+
+    def not_queued(self) -> None:
+        """A frame that should have been queued, but the store failed."""
+        self.enqueue_failures.inc()
+
+    def not_replicated(self) -> None:
+        """A frame queued on the Redis primary that no replica held in time."""
+        self.unreplicated.inc()
+
     def labelled(self, tenant: str, agrees: bool) -> None:
         """Count one label of a ``tenant``'s frame (``agrees``: with the model's verdict)."""
         self.labels.labels(tenant, "true" if agrees else "false").inc()

@@ -13,8 +13,10 @@ the recent window and ``GET /stats``); its frames still count as work done (shap
 ``modgate_tenant_frames_total``). How a job ended and what its video's cut found are recorded here too
 (:meth:`RequestRecorder.job_finished`, :meth:`RequestRecorder.video_cut`).
 
-What each engine call costs (time to first token, prompt and cached tokens, unusable outputs, engine
-errors) is counted where the call is made (gateway/moderation/engine_call.py): a call is not a request.
+What the moderation path finds as it goes (frames judged, escalations, token predictions, shadow
+judgements) is counted through :class:`VerdictRecorder`, here too. What each engine call costs (slot wait,
+time to first token, prompt and cached tokens, unusable outputs, engine errors) is the engine client's side
+to count (gateway/engine/calls.py's ``CallFigures``): a call is not a request.
 """
 
 from __future__ import annotations
@@ -219,3 +221,37 @@ class RequestRecorder:
                              ("sent", coverage.judged), ("reused", coverage.reused)):
             metrics.video_frames.labels(stage).inc(count)
         metrics.video_coverage_gap.observe(coverage.max_gap_ms / 1000)
+
+
+class VerdictRecorder:
+    """Where the moderation path counts what its verdicts came to as it makes them, figures of the request
+    that its result does not carry: frames judged (by action and thinking mode), escalations asked or
+    skipped, prompt-token predictions checked, shadow judgements. What the engine call itself cost is the
+    engine client's to count (gateway/engine/calls.py)."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.metrics = metrics
+
+    def judged(self, action: str, thinking: bool) -> None:
+        """A frame the engine judged (``thinking``: with thinking on)."""
+        self.metrics.frames.labels(action, "on" if thinking else "off").inc()
+
+    def escalated(self, why: str) -> None:
+        """A fast verdict asked again with thinking on, by why."""
+        self.metrics.escalations.labels(why).inc()
+
+    def not_escalated(self, reason: str) -> None:
+        """An unsure fast verdict answered fast anyway, by why (a cap, or the re-ask failed)."""
+        self.metrics.escalations_skipped.labels(reason).inc()
+
+    def prediction_compared(self) -> None:
+        """A request whose predicted prompt tokens were compared with the engine's usage."""
+        self.metrics.token_predictions.inc()
+
+    def prediction_missed(self) -> None:
+        """A request whose prompt tokens differed from the prediction."""
+        self.metrics.token_mismatches.inc()
+
+    def shadow(self, outcome: str) -> None:
+        """One shadow judgement's outcome (recorded, skipped_busy, engine_error)."""
+        self.metrics.shadow_pairs.labels(outcome).inc()

@@ -62,7 +62,7 @@ def test_a_label_appended_while_redis_is_down_is_stored_once_it_is_back(private_
 
     async def scenario() -> list[DecisionRow]:
         client = redis_client(private_redis.url)
-        log = RedisDecisionLog(client, settings, metrics.decisions_unlogged)
+        log = RedisDecisionLog(client, settings, metrics.not_logged)
         try:
             private_redis.stop()
             await log.append([review_label_row(labelled())])  # fails at once: the answer does not wait
@@ -91,7 +91,7 @@ def test_a_label_the_log_never_takes_is_counted_as_unlogged(private_redis: Redis
 
     async def scenario() -> None:
         client = redis_client(private_redis.url)
-        log = RedisDecisionLog(client, settings, metrics.decisions_unlogged)
+        log = RedisDecisionLog(client, settings, metrics.not_logged)
         try:
             private_redis.stop()
             await log.append([review_label_row(labelled())])
@@ -113,7 +113,7 @@ def test_a_gateway_stopping_while_a_label_is_retried_counts_it_as_unlogged(
 
     async def scenario() -> None:
         client = redis_client(private_redis.url)
-        log = RedisDecisionLog(client, settings, metrics.decisions_unlogged)
+        log = RedisDecisionLog(client, settings, metrics.not_logged)
         try:
             private_redis.stop()
             await log.append([review_label_row(labelled())])

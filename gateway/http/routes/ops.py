@@ -108,8 +108,7 @@ async def metrics(
     review: NamedDependency[ReviewQueue],
 ) -> bytes:
     """Prometheus text format."""
-    metrics.inflight.set(admission.inflight)
-    metrics.queued.set(admission.queued)
+    metrics.admission_now(admission.inflight, admission.queued)
     # The review queue's gauges, read now; Redis down or slow: they keep their last values (a scrape must
     # not wait out the Redis client's socket timeout).
     with contextlib.suppress(StateUnavailable, TimeoutError):
