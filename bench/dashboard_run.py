@@ -34,6 +34,7 @@ from bench.servers import free_port, gateway, process, simulator, stop
 from deploy.keyframes import make_keyframe
 from deploy.monitoring.prometheusrule import DASHBOARD, RULES
 from deploy.monitoring.render import render
+from deploy.videos import Scene, make_video
 
 ADMIN = "dashboard-run-admin-token-0123456789"
 TENANTS = {"key-acme": "acme", "key-globex": "globex", "key-initech": "initech"}
@@ -123,6 +124,44 @@ class Traffic:
                 time.sleep(chooser.uniform(0.05, 0.3))
 
 
+class Jobs:
+    """One thread posting background jobs all run long, so the dashboard's jobs row has series: a keyframes
+    job of four frames every ``every_s`` seconds and, every third time, a 9-second video (three scenes, the
+    middle one violent) as a multipart upload, each as the first tenant."""
+
+    def __init__(self, url: str, every_s: float = 10.0) -> None:
+        self.url, self.every_s = url, every_s
+        self.done = threading.Event()
+        self.accepted: dict[str, int] = {"keyframes": 0, "video": 0}
+        self.video = make_video([Scene("allow", 3, seed=1), Scene("block:violence", 3, seed=2),
+                                 Scene("allow", 3, seed=3)])
+        self.frames = [_data_url(make_keyframe(label, 640, 360, 1000 + seed))
+                       for seed, label in enumerate(["allow", "allow", "block:violence", "allow"])]
+        self.thread = threading.Thread(target=self._post, daemon=True)
+
+    def _post(self) -> None:
+        key = SHARES[0][0]
+        with httpx.Client(base_url=self.url, timeout=60, headers={"Authorization": f"Bearer {key}"}) as http:
+            for turn in range(1_000_000):
+                if self.done.wait(self.every_s):
+                    return
+                with contextlib.suppress(httpx.HTTPError):
+                    if turn % 3 == 2:
+                        answer = http.post("/v1/jobs", files={
+                            "video": ("clip.mp4", self.video, "video/mp4"),
+                            "job": (None, json.dumps({"video_id": f"dashboard-{turn}"}), "application/json"),
+                        })
+                        kind = "video"
+                    else:
+                        frames = [{"timestamp_ms": 1000 * i, "image_url": {"url": url}}
+                                  for i, url in enumerate(self.frames)]
+                        body = {"video_id": f"dashboard-{turn}", "frames": frames}
+                        answer = http.post("/v1/jobs", json=body)
+                        kind = "keyframes"
+                    if answer.status_code == 202:
+                        self.accepted[kind] += 1
+
+
 def _data_url(frame: bytes) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(frame).decode()
 
@@ -161,8 +200,9 @@ def main() -> None:
             "MODGATE_SHAPING__BLOCK_FILLING_PREFIX": "true",  # whole KV blocks shared: the cache row hits
         }
         with gateway(engine, **env) as url, prometheus(url.removeprefix("http://"), Path(tmp)) as prom:
-            traffic = Traffic(url)
+            traffic, jobs = Traffic(url), Jobs(url)
             set_policy(url, shadow_share=0.2)
+            jobs.thread.start()
             start = time.time()
             phases: list[tuple[str, int, Any]] = [
                 ("steady: three tenants, thinking on, 20 % shadow pairs", 3, None),
@@ -186,6 +226,8 @@ def main() -> None:
                 print(f"{time.time() - start:5.0f} s  {name}: statuses so far {statuses}")
                 print(f"         alerts: {', '.join(alerts(prom)) or 'none'}")
             traffic.done.set()
+            jobs.done.set()
+            print(f"jobs accepted: {jobs.accepted}")
             end = time.time()
             time.sleep(3)  # a last scrape
             load = os.getloadavg()
