@@ -254,14 +254,16 @@ class RedisJobStore(RedisStreamStore):
 
     async def cut(self, job_id: str) -> bytes | None:
         """The cut's bytes, or None."""
-        async with self._unreachable("read the video's cut"):
-            data = await self._redis.get(f"{self.job_key(job_id)}:cut")
-        return data.encode() if isinstance(data, str) else data
+        return await self._bytes(f"{self.job_key(job_id)}:cut", "read the video's cut")
 
     async def video_kept_before_spool(self, job_id: str) -> bytes | None:
         """The ``…:video`` key's bytes, or None."""
-        async with self._unreachable("read the video an older gateway kept"):
-            data = await self._redis.get(f"{self.job_key(job_id)}:video")
+        return await self._bytes(f"{self.job_key(job_id)}:video", "read the video an older gateway kept")
+
+    async def _bytes(self, key: str, doing: str) -> bytes | None:
+        """A key's value as bytes (None: no such key)."""
+        async with self._unreachable(doing):
+            data = await self._redis.get(key)
         return data.encode() if isinstance(data, str) else data
 
     async def record_webhook(self, job_id: str, status: WebhookStatus, attempts: int) -> None:

@@ -51,7 +51,6 @@ from gateway.decision_wire import (
     ScoreQuestion,
 )
 from gateway.decisions.questions import QuestionLog, QuestionRow
-from gateway.engine.calls import CallFigures
 from gateway.engine.decision_calls import (
     DECISION_TOP_LOGPROBS,
     QuestionCost,
@@ -219,7 +218,7 @@ async def decide_questions(
             group.create_task(on_a_slot(rest, per_question * -(-(len(asked) - 1) // slots)))
     answered = [answer for answer in answers if answer is not None]
     assert len(answered) == len(asked)  # every slot ran to its end, or the group raised
-    CallFigures(moderation.metrics).tokens(cost.prompt_tokens, cost.cached_tokens)
+    moderation.judge.calls.tokens(cost.prompt_tokens, cost.cached_tokens)  # the engine calls' own figures
     decision = Decision(answers=answered, model=model.id, usage=_usage(cost))
     await question_log.append(QuestionRow(
         decided_at=datetime.now(UTC), request_id=request_id, tenant=caller.tenant,
