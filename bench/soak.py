@@ -117,6 +117,14 @@ def part(image: bytes, mime: str = "image/jpeg") -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": data_url(image, mime)}}
 
 
+def _wait(sent_at: float, details: dict[str, Any]) -> tuple[float, float]:
+    """When a verdict's call began waiting for an engine slot and when it got one, in seconds into the soak:
+    after its shaping, for its ``queue_ms`` (the time before the gateway began the request, a few ms, is not
+    in the answer: both tenants' calls are late by it alike)."""
+    began = sent_at + details["shaping_ms"] / 1000
+    return began, began + details["queue_ms"] / 1000
+
+
 def bad_images() -> list[tuple[str, bytes]]:
     """Inputs that must be refused with a 4xx: a truncated JPEG, a GIF."""
     frame = make_keyframe("allow", 320, 180, seed=999)
@@ -186,6 +194,8 @@ class Soak:
             answer.actions = tuple(r["modgate"]["action"] for r in body["results"])
             answer.engine_requests = tuple(r["modgate"]["request_id"] for r in body["results"])
             answer.reused = tuple(bool(r["modgate"].get("reused")) for r in body["results"])
+            answer.waits = tuple(_wait(at, r["modgate"]) for r in body["results"]
+                                 if not r["modgate"].get("reused") and not r["modgate"].get("escalated_from"))
         self.seen.answers.append(answer)
         return response
 
@@ -454,6 +464,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "MODGATE_LEASES__RETRY_AFTER_FAILURE_S": "2",  # local caps only this long after Redis failed
         "MODGATE_SHAPING__VERDICT_CACHE_TTL_S": "0",  # every frame to an engine: the faults meet the work
     }
+    if args.unfair:
+        settings |= {"MODGATE_ADMISSION__FAIRNESS": "fifo", "MODGATE_LEASES__FAIR_SHARE": "false"}
     fleet = Fleet(directory, args.time_scale, settings)
     try:
         fleet.start()
@@ -503,6 +515,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--queue-timeout-s", type=float, default=5.0)
     parser.add_argument("--drain-s", type=float, default=120.0, help="time for accepted jobs to finish")
     parser.add_argument("--work-dir", type=Path, help="where the parts keep their logs (default: a new temp)")
+    parser.add_argument("--unfair", action="store_true",
+                        help="plant a defect: first come, first served (no fair share in a replica or across "
+                             "them); the fair-share row must then say no")
     parser.add_argument("--json", type=Path, help="also write the report here")
     return parser.parse_args(argv)
 

@@ -36,6 +36,10 @@ class Answer:
     actions: tuple[str, ...] = ()  # a live answer's verdicts
     engine_requests: tuple[str, ...] = ()  # and each one's ``modgate.request_id``
     reused: tuple[bool, ...] = ()  # and whether it was another call's verdict (offered for review with it)
+    # each verdict the engine judged in one call: (when it began waiting for a slot, when it got one), in
+    # seconds into the soak, from the answer's shaping_ms and queue_ms (the wait: the replica's queue and
+    # the lease across replicas)
+    waits: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass
@@ -320,23 +324,44 @@ def _model_swap(seen: Observations) -> dict[str, Any]:
 
 
 def _fair_share(seen: Observations) -> dict[str, Any]:
-    """Both tenants keep calls waiting (more callers than the engines' slots), with equal weights: outside the
-    fault windows each gets half the engine's verdicts (docs/tenants.md), within ``SHARE_TOLERANCE``."""
-    judged: Counter[str] = Counter()
-    for decision in seen.decision_rows:
-        if decision.get("kind") not in ("judged", "escalated"):
-            continue
-        at = _seconds(decision["decided_at"]) - seen.started_wall
-        if at >= 0 and not in_window(at, seen):
-            judged[decision["tenant"]] += 1
-    total = sum(judged.values())
-    shares = {tenant: round(n / total, 3) for tenant, n in sorted(judged.items())} if total else {}
-    # A short run has few verdicts outside the faults: there the bound is two standard errors of an even
-    # share over that many verdicts, when wider than the tolerance.
+    """With equal weights, a slot that both tenants wait for goes to each half the time (docs/tenants.md):
+    outside the fault windows, of the slots granted while the other tenant had a call waiting, each tenant
+    took half, within ``SHARE_TOLERANCE``. Slots taken while the other tenant waited for nothing are not
+    the fair share's to split: how often that happens depends on how fast the machine turns a caller round,
+    so the engine's verdicts overall (shown too) are not the measure."""
+    waits: dict[str, list[tuple[float, float]]] = {}
+    for answer in seen.answers:
+        if answer.what == "live":
+            waits.setdefault(answer.tenant, []).extend(w for w in answer.waits if not in_window(w[1], seen))
+    contested: Counter[str] = Counter()
+    for tenant, mine in waits.items():
+        others = sorted(w for other, theirs in waits.items() if other != tenant for w in theirs)
+        contested[tenant] = sum(_someone_waits(others, granted) for _, granted in mine)
+    total = sum(contested.values())
+    shares = {tenant: round(n / total, 3) for tenant, n in sorted(contested.items())} if total else {}
+    # A short run has few contested slots: there the bound is two standard errors of an even share over that
+    # many, when wider than the tolerance.
     bound = max(SHARE_TOLERANCE, 1 / math.sqrt(total)) if total else SHARE_TOLERANCE
     off = [t for t, s in shares.items() if abs(s - 1 / max(1, len(shares))) > bound]
+    granted = Counter({tenant: len(mine) for tenant, mine in sorted(waits.items())})
+    overall = {t: round(n / max(1, sum(granted.values())), 3) for t, n in granted.items()}
     return row(f"fair shares within {SHARE_TOLERANCE:g} of equal outside fault windows", total,
-               len(off) if len(shares) > 1 else 1, f"shares {shares}, bound ±{bound:.3f}")
+               len(off) if len(shares) > 1 and min(contested.values()) > 0 else 1,
+               f"of {total} slots granted while the other tenant waited: {dict(sorted(contested.items()))}, "
+               f"shares {shares}, bound ±{bound:.3f}; of every slot a live call took: {overall}")
+
+
+CONTESTED_MARGIN_S = 0.05  # the other's wait spans the grant by this much (the 10-50 ms lease polls)
+
+
+def _someone_waits(waits: list[tuple[float, float]], at: float) -> bool:
+    """Whether one of ``waits`` (sorted by start) began before ``at`` and ended after it, by the margin."""
+    for began, granted in waits:
+        if began > at - CONTESTED_MARGIN_S:
+            return False
+        if granted >= at + CONTESTED_MARGIN_S:
+            return True
+    return False
 
 
 def _seconds(stamp: str) -> float:

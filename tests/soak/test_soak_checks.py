@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from bench.soak_checks import (
+    Answer,
     Observations,
     Window,
     engine_caps,
@@ -15,6 +16,7 @@ from bench.soak_checks import (
     review_items,
     reviewer_kappa,
 )
+from bench.soak_checks import check as all_checks
 
 STAMP = "2026-12-06T03:00:00Z"
 
@@ -113,3 +115,61 @@ def test_a_call_counted_ok_that_the_engine_never_answered_whole_breaks_the_outco
     (wrong,) = engine_outcomes(mislabelled)
     assert (wrong["count"], wrong["broken"]) == (11, 1)
     assert engine_outcomes(true)[0]["holds"]
+
+
+def live(tenant: str, began: float, granted: float) -> Answer:
+    """A live call of ``tenant`` whose verdict waited for a slot from ``began`` to ``granted``."""
+    return Answer(began, "live", tenant, 200, granted - began + 0.3, actions=("allow",),
+                  waits=((began, granted),))
+
+
+def fair_share_row(answers: list[Answer], windows: list[Window] | None = None) -> dict[str, Any]:
+    (row,) = [r for r in all_checks(Observations(answers=answers, windows=windows or []))
+              if r["invariant"].startswith("fair shares")]
+    return row
+
+
+def test_slots_both_tenants_waited_for_going_two_to_one_break_the_fair_share() -> None:
+    # first come, first served: both always have a call waiting, and tenant-a, with twice the callers,
+    # takes two of every three slots
+    answers = []
+    for i in range(1, 61):
+        at = i * 1.0
+        answers += [live("tenant-a", at - 0.5, at + 0.2), live("tenant-a", at - 0.3, at + 0.4),
+                    live("tenant-b", at - 0.2, at + 0.6)]
+    row = fair_share_row(answers)
+
+    assert not row["holds"]
+    assert "{'tenant-a': 120, 'tenant-b': 59}" in row["detail"]  # the last b: no a waits after it
+
+
+def test_a_tenant_that_often_waits_for_nothing_gets_less_overall_yet_its_fair_share_holds() -> None:
+    # both waiting: the slots alternate; then tenant-a alone, for as long again, takes every slot
+    answers = []
+    for i in range(40):
+        at = i * 2.0
+        answers += [live("tenant-a", at, at + 0.3), live("tenant-b", at, at + 0.6),
+                    live("tenant-a", at + 0.1, at + 0.9)]  # contested alike, as tenant-b's wait spans it
+        answers += [live("tenant-a", at + 1.2, at + 1.3), live("tenant-a", at + 1.4, at + 1.5)]
+    row = fair_share_row(answers)
+
+    assert row["holds"], row
+    assert "{'tenant-a': 0.8, 'tenant-b': 0.2}" in row["detail"]  # overall: not the measure
+
+
+def test_no_slot_both_tenants_waited_for_is_nothing_to_judge_and_says_no() -> None:
+    answers = [live("tenant-a", i, i + 0.2) for i in range(20)] + [
+        live("tenant-b", i + 0.5, i + 0.7) for i in range(20)]
+
+    assert not fair_share_row(answers)["holds"]
+
+
+def test_contested_slots_inside_a_fault_window_are_not_counted() -> None:
+    answers = []
+    for i in range(60):
+        at = i * 1.0
+        answers += [live("tenant-a", at, at + 0.4), live("tenant-a", at + 0.1, at + 0.6),
+                    live("tenant-b", at + 0.05, at + 0.8)]
+    row = fair_share_row(answers, [Window("redis_primary_kill", -1.0, 70.0)])
+
+    assert row["count"] == 0
