@@ -23,14 +23,24 @@ RECANCEL_S = 0.05  # then, how long each further cancellation is given before th
 
 async def stop(*tasks: asyncio.Task[Any] | None) -> None:
     """Cancel each task and wait until it has ended; an error one ended with (before or as it was stopped:
-    the cancellation may come back as one) is logged, not raised, so a shutdown goes on."""
+    the cancellation may come back as one) is logged, not raised, so a shutdown goes on.
+
+    Called where the caller is being stopped itself (a loop's ``finally`` stopping its helper, while
+    :func:`stop` cancels the loop again and again), a cancellation of the caller does not cut the wait short:
+    the tasks are still seen to their end, then the caller's cancellation goes on."""
     running = {task for task in tasks if task is not None}
     grace_s = FIRST_GRACE_S
+    interrupted: asyncio.CancelledError | None = None
     while pending := {task for task in running if not task.done()}:
         for task in pending:
             task.cancel()
-        await asyncio.wait(pending, timeout=grace_s)
+        try:
+            await asyncio.wait(pending, timeout=grace_s)
+        except asyncio.CancelledError as exc:  # our caller is stopped: ours first, then it
+            interrupted = exc
         grace_s = RECANCEL_S
     for task in running:
         if not task.cancelled() and (error := task.exception()) is not None:
             log.warning("the background task %s ended with %r", task.get_name(), error)
+    if interrupted is not None:
+        raise interrupted

@@ -59,6 +59,40 @@ def test_a_loop_that_survives_its_first_cancellation_is_still_stopped() -> None:
     assert turns  # it ran, and ran on after the first cancel
 
 
+def test_a_loop_stopped_while_it_stops_its_own_helper_still_sees_the_helper_end() -> None:
+    """A loop's ``finally`` stops its helper (as the job worker's freshness task) while the loop is itself
+    being stopped, cancelled again every 50 ms: the helper, which survives its first five cancellations,
+    still ends before the loop does, and the loop still ends cancelled."""
+
+    async def survives_five_cancels() -> None:
+        survived = 0
+        while True:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                survived += 1
+                if survived > 5:
+                    raise
+
+    async def scenario() -> tuple[bool, bool]:
+        helper = asyncio.create_task(survives_five_cancels())
+
+        async def loop() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await stop(helper)
+
+        task = asyncio.create_task(loop())
+        await asyncio.sleep(0.05)
+        await asyncio.wait({asyncio.create_task(stop(task))}, timeout=BOUND_S)
+        ended = task.cancelled(), helper.done()
+        await stop(helper)  # (a helper left running would hang asyncio.run's own clean-up)
+        return ended
+
+    assert asyncio.run(scenario()) == (True, True)
+
+
 def test_a_renewal_cancelled_mid_command_is_stopped_every_time(redis_url: str) -> None:
     """A lock's renewal loop, as the archive's and the engine leases' are, stopped at a random moment of its
     EXTEND round trips, ``ROUNDS`` times: every stop ends (one cancel and an await hung in about one round
