@@ -6,6 +6,7 @@ then it does not hold), how many broke it, and whether it holds. Values in, valu
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import statistics
@@ -335,8 +336,8 @@ def _fair_share(seen: Observations) -> dict[str, Any]:
             waits.setdefault(answer.tenant, []).extend(w for w in answer.waits if not in_window(w[1], seen))
     contested: Counter[str] = Counter()
     for tenant, mine in waits.items():
-        others = sorted(w for other, theirs in waits.items() if other != tenant for w in theirs)
-        contested[tenant] = sum(_someone_waits(others, granted) for _, granted in mine)
+        others = _Waits([w for other, theirs in waits.items() if other != tenant for w in theirs])
+        contested[tenant] = sum(others.span(granted) for _, granted in mine)
     total = sum(contested.values())
     shares = {tenant: round(n / total, 3) for tenant, n in sorted(contested.items())} if total else {}
     # A short run has few contested slots: there the bound is two standard errors of an even share over that
@@ -354,14 +355,23 @@ def _fair_share(seen: Observations) -> dict[str, Any]:
 CONTESTED_MARGIN_S = 0.05  # the other's wait spans the grant by this much (the 10-50 ms lease polls)
 
 
-def _someone_waits(waits: list[tuple[float, float]], at: float) -> bool:
-    """Whether one of ``waits`` (sorted by start) began before ``at`` and ended after it, by the margin."""
-    for began, granted in waits:
-        if began > at - CONTESTED_MARGIN_S:
-            return False
-        if granted >= at + CONTESTED_MARGIN_S:
-            return True
-    return False
+class _Waits:
+    """Waits (began, granted), to ask whether one spans a moment."""
+
+    def __init__(self, waits: list[tuple[float, float]]) -> None:
+        self.waits = sorted(waits)
+        self.began = [began for began, _ in self.waits]
+        self.longest = max((granted - began for began, granted in waits), default=0.0)
+
+    def span(self, at: float) -> bool:
+        """Whether one began before ``at`` and was granted after it, by the margin either side."""
+        for index in range(bisect.bisect_right(self.began, at - CONTESTED_MARGIN_S) - 1, -1, -1):
+            began, granted = self.waits[index]
+            if granted >= at + CONTESTED_MARGIN_S:
+                return True
+            if began < at - self.longest:  # every wait before this one ended before ``at``
+                return False
+        return False
 
 
 def _seconds(stamp: str) -> float:
