@@ -17,7 +17,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from gateway.errors import StateUnavailable
@@ -77,6 +78,35 @@ def check_redis_url(url: str) -> None:
         )
 
 
+class _ClosedUnderIt:
+    """A connection whose socket closed under it (the server went away, a failover) fails its next command
+    with redis's ``ConnectionError``, as every store handles, not uvloop's ``RuntimeError`` ("unable to
+    perform operation on <TCPTransport closed=True>; the handler is closed"), which redis-py passes on as it
+    is: a background loop that survives Redis errors (the policy follower, lease renewals) died of it, and a
+    replica then served a stale policy for good. redis-py has already dropped the connection when this
+    runs; the next command connects anew."""
+
+    async def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().send_packed_command(*args, **kwargs)  # type: ignore[misc]  # the mixin's partner
+        except RuntimeError as exc:
+            raise RedisConnectionError(f"the connection to Redis closed under the command ({exc})") from exc
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except RuntimeError as exc:
+            raise RedisConnectionError(f"the connection to Redis closed under the command ({exc})") from exc
+
+
+class _Connection(_ClosedUnderIt, aioredis.Connection):
+    """A plain server's connection (``redis://``)."""
+
+
+class _SentinelConnection(_ClosedUnderIt, SentinelManagedConnection):
+    """The primary's connection, found through Sentinel."""
+
+
 class _PrimaryBehindSentinel(aioredis.Redis):
     """The primary's client; closing it also closes the connections to the sentinels."""
 
@@ -94,7 +124,10 @@ def open_redis(url: str, **options: Any) -> aioredis.Redis:
     """An asyncio client for ``url``: ``options`` (timeouts, retry, ...) apply to the data connections, and
     the socket timeouts also to the sentinels'."""
     check_redis_url(url)
-    if urlsplit(url).scheme != SENTINEL_SCHEME:
+    scheme = urlsplit(url).scheme
+    if scheme == "redis":
+        return aioredis.Redis.from_url(url, connection_class=_Connection, **options)
+    if scheme != SENTINEL_SCHEME:  # TLS or a Unix socket: redis-py's own connection for it
         return aioredis.Redis.from_url(url, **options)
     target = parse_sentinel_url(url)
     sockets = {name: value for name, value in options.items() if name.startswith("socket_")}
@@ -102,7 +135,8 @@ def open_redis(url: str, **options: Any) -> aioredis.Redis:
         list(target.sentinels), sentinel_kwargs=sockets
     )
     client = sentinel.master_for(
-        target.service, redis_class=_PrimaryBehindSentinel, db=target.db, password=target.password, **options
+        target.service, redis_class=_PrimaryBehindSentinel, connection_class=_SentinelConnection,
+        db=target.db, password=target.password, **options,
     )
     assert isinstance(client, _PrimaryBehindSentinel)
     client.sentinel_manager = sentinel

@@ -306,8 +306,12 @@ class RedisPolicyStore:
             except _REDIS_DOWN as exc:
                 if not self._stopping:
                     self._mark_down(exc)
+            except Exception as exc:  # a dead follower would leave this replica on a stale policy for good
+                if not self._stopping:
+                    log.exception("policy store: following Redis failed unexpectedly; subscribing again")
+                    self._mark_down(exc)
             finally:
-                with contextlib.suppress(*_REDIS_DOWN):
+                with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
             if not self._stopping:
                 await asyncio.sleep(self._reconnect_interval_s)
