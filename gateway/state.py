@@ -94,7 +94,7 @@ class _ClosedUnderIt:
 
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]  # the mixin's partner
         except RuntimeError as exc:
             raise RedisConnectionError(f"the connection to Redis closed under the command ({exc})") from exc
 

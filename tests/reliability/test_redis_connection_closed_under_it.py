@@ -62,7 +62,7 @@ def test_a_command_on_a_pooled_connection_closed_under_it_fails_with_a_connectio
         try:
             await client.ping()
             connection = await client.connection_pool.get_connection()
-            closed_under_it(connection._writer)  # type: ignore[arg-type]
+            closed_under_it(connection._writer)  # type: ignore[arg-type]  # redis-py's own attribute
             await asyncio.sleep(0.05)
             try:
                 await connection.send_command("PING")
