@@ -154,7 +154,6 @@ class Soak:
                                  caps={e.name: e.cap for e in fleet.engines},
                                  redis_settle_s=2 + args.total_timeout_s)
         self.started = time.monotonic()
-        self.seen.started_wall = time.time()
         self.stop_at = self.started + args.duration
         self.frames = [make_keyframe(LABELS[i % len(LABELS)], 640, 360, seed=i) for i in range(48)]
         # 3-second videos of three scenes (the middle one of any label), cut by the gateways with PyAV

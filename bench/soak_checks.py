@@ -18,7 +18,7 @@ from contracts.decisions import DecisionRow
 from quality.labels import reviewer_agreement
 
 DOCUMENTED_CLIENT_ERRORS = frozenset({400, 413, 415, 422})  # bad input (docs/api.md)
-SHARE_TOLERANCE = 0.1  # a backlogged tenant's share of engine verdicts may stray this far from its weight's
+SHARE_TOLERANCE = 0.1  # a tenant's share of the contested slots may stray this far from its weight's
 
 
 @dataclass
@@ -84,7 +84,6 @@ class Observations:
     policy_versions: list[int | None] = field(default_factory=list)  # each replica's, at the end
     model_swaps_seen: list[bool] = field(default_factory=list)
     deadline_s: float = 0.0
-    started_wall: float = 0.0  # time.time() at the soak's second 0
     settle_s: float = 3.0  # after a fault ends, still counted as its window (circuits, HAProxy's checks)
     redis_settle_s: float = 12.0  # after a Redis fault: local caps, and the calls admitted on them
 
@@ -372,12 +371,6 @@ class _Waits:
             if began < at - self.longest:  # every wait before this one ended before ``at``
                 return False
         return False
-
-
-def _seconds(stamp: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def latencies(seen: Observations) -> dict[str, Any]:

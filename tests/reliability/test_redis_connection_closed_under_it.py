@@ -96,7 +96,7 @@ def test_the_policy_follower_lives_on_when_its_socket_closes_under_it(redis_url:
                     if connection._writer is not None:
                         closed_under_it(connection._writer)
                 await asyncio.sleep(0.1)
-                policy = flipper.current().model_copy(update={"default_mode": "off" if turn % 2 else "on"})
+                policy = flipper.current().model_copy(update={"default_mode": "on" if turn % 2 else "off"})
                 wanted = (await flipper.replace(policy, "test", f"flip {turn}")).policy.version
                 flipped.append(wanted)
                 for _ in range(100):  # the flip is published, or found when the follower subscribes again
