@@ -17,15 +17,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.trace import Tracer
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
+from opentelemetry.trace import Link, SpanKind, Tracer
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
 
 from gateway.settings import TelemetrySettings
 from gateway.telemetry.windows import RequestSample
@@ -77,6 +81,45 @@ class RequestInstruments:
                 self.tokens.add(count, {**attributes, "kind": kind})
 
 
+class _WhileTaken(Sampler):
+    """Spans recorded (parent-based, as the SDK's default) only once a span processor takes them.
+
+    With no exporter configured (and no test's processor), each span would be built, given its attributes
+    and ended for nobody: a twentieth of the event loop's time per moderation. Without one, spans are not
+    recorded; they still carry ids, so a JSON log line still names its trace."""
+
+    def __init__(self) -> None:
+        self.taken = False
+        self._recorded = ParentBased(ALWAYS_ON)
+
+    def should_sample(
+        self, parent_context: Context | None, trace_id: int, name: str, kind: SpanKind | None = None,
+        attributes: Attributes = None, links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        if self.taken:
+            return self._recorded.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+        return SamplingResult(Decision.DROP, None, trace_state)
+
+    def get_description(self) -> str:
+        return "recorded while a span processor takes them"
+
+
+class _TracerProvider(TracerProvider):
+    """The SDK's provider, recording spans only while a span processor is there to take them."""
+
+    def __init__(self, resource: Resource) -> None:
+        self._while_taken = _WhileTaken()
+        super().__init__(resource=resource, shutdown_on_exit=False, sampler=self._while_taken)
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        """Add ``span_processor``; spans are recorded from now on."""
+        super().add_span_processor(span_processor)
+        self._while_taken.taken = True
+
+
 @dataclass
 class Telemetry:
     """One app's OpenTelemetry providers, its tracer and its request instruments."""
@@ -84,7 +127,7 @@ class Telemetry:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     tracer: Tracer
-    instruments: RequestInstruments
+    instruments: RequestInstruments | None  # None: no metric reader (no OTLP endpoint), nothing to record for
     otlp_endpoint: str | None
 
     def shutdown(self) -> None:
@@ -102,11 +145,13 @@ def build_telemetry(
     """Providers for one app; OTLP/HTTP exporters when ``settings.otlp_endpoint`` is set.
 
     ``span_exporter`` and ``metric_readers`` add in-memory sinks (tests); more span processors can be added
-    later with ``telemetry.tracer_provider.add_span_processor``.
+    later with ``telemetry.tracer_provider.add_span_processor``. Spans are recorded only while a span
+    processor takes them, and the request instruments exist only with a metric reader: without an exporter,
+    neither is built for nobody.
     """
     resource = Resource.create({"service.name": settings.service_name})
     readers: list[MetricReader] = list(metric_readers)
-    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    tracer_provider = _TracerProvider(resource)
     endpoint = settings.otlp_endpoint
     if endpoint:
         tracer_provider.add_span_processor(
@@ -125,7 +170,7 @@ def build_telemetry(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         tracer=tracer_provider.get_tracer("modgate.gateway"),
-        instruments=RequestInstruments(meter_provider.get_meter("modgate.gateway")),
+        instruments=RequestInstruments(meter_provider.get_meter("modgate.gateway")) if readers else None,
         otlp_endpoint=endpoint,
     )
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -155,6 +156,31 @@ def test_no_exporter_is_set_up_without_an_endpoint() -> None:
         assert telemetry.tracer_provider._active_span_processor._span_processors == ()
     finally:
         telemetry.shutdown()
+
+
+def test_without_an_exporter_spans_and_instruments_are_not_built_for_nobody() -> None:
+    """No span processor: spans are not recorded (they still carry ids, for the JSON logs' trace id); one
+    added later is handed every span from then on. No metric reader: no request instruments to feed."""
+    telemetry = build_telemetry(TelemetrySettings())
+    try:
+        assert telemetry.instruments is None
+        with telemetry.tracer.start_as_current_span("moderation") as unexported:
+            assert not unexported.is_recording()
+            assert unexported.get_span_context().is_valid
+            assert trace.get_current_span() is unexported  # what the JSON formatter reads its trace id from
+        exporter = InMemorySpanExporter()
+        telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        with telemetry.tracer.start_as_current_span("moderation") as exported:
+            assert exported.is_recording()
+            telemetry.tracer.start_span("queue").end()
+        assert [span.name for span in exporter.get_finished_spans()] == ["queue", "moderation"]
+    finally:
+        telemetry.shutdown()
+    with_reader = build_telemetry(TelemetrySettings(), metric_readers=[InMemoryMetricReader()])
+    try:
+        assert with_reader.instruments is not None
+    finally:
+        with_reader.shutdown()
 
 
 def details(**changes: Any) -> ModerationDetails:
