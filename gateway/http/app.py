@@ -22,6 +22,7 @@ from gateway.drain import Drain
 from gateway.http.auth import KeyRing
 from gateway.http.console import oidc_routes, review_page
 from gateway.http.console import routes as console
+from gateway.http.dependencies import install as resolve_dependencies_in_turn
 from gateway.http.error_handlers import EXCEPTION_HANDLERS
 from gateway.http.guards import ACTOR, CALLER, admin_token, business_key
 from gateway.http.json_body import JsonTypesPlugin
@@ -46,6 +47,7 @@ def create_app(
     """
     settings = settings or Settings()
     drain = drain or Drain(settings.server.drain_s)
+    resolve_dependencies_in_turn()  # no task per dependency: each hands out a part already built
     auth = settings.auth
     keys = KeyRing(settings.tenant_keys(), auth.admin_token, keys_in_store=auth.api_keys_from_redis)
     if keys.open:

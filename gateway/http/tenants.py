@@ -92,8 +92,11 @@ class TenantDirectory:
         )
 
     def weight(self, tenant: str) -> float:
-        """A tenant's weight in the fair share."""
-        return self.limits(tenant).weight
+        """A tenant's weight in the fair share (asked on every engine call: read, not built as ``limits``)."""
+        stored = self._stored.get(tenant)
+        if stored is not None and stored.weight is not None:
+            return stored.weight
+        return self.settings.weights.get(tenant, self.settings.default_weight)
 
     async def reload(self) -> None:
         """Read the tenants' limits (and the key store's tenants) from Redis; keep the last on failure."""
