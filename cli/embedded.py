@@ -10,6 +10,8 @@ from typing import Any
 
 import uvicorn
 
+from cli.http_protocol import OnePassHttpToolsProtocol
+
 
 class ThreadedServer:
     """``with ThreadedServer(app) as server: server.url`` — uvicorn on its own event loop and thread."""
@@ -25,7 +27,7 @@ class ThreadedServer:
         # workers, its Redis clients) always runs: uvicorn would otherwise wait for it without end.
         config = uvicorn.Config(
             app, log_level=log_level, lifespan="on", access_log=False, loop="asyncio",
-            timeout_graceful_shutdown=grace_s,
+            timeout_graceful_shutdown=grace_s, http=OnePassHttpToolsProtocol,  # as `modgate serve`
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=f"asgi-{self.port}", daemon=True)

@@ -147,6 +147,7 @@ def serve(
     """Serve the gateway; with MODGATE_ENGINE__URL unset it starts the simulated engine itself."""
     import uvicorn
 
+    from cli.http_protocol import OnePassHttpToolsProtocol
     from cli.serving import run as run_server
     from gateway.drain import Drain
     from gateway.http.app import create_app
@@ -213,7 +214,7 @@ def serve(
             timeout_keep_alive=served.server.keep_alive_s,  # longer than clients' pools: see Settings
             access_log=False,
             loop="uvloop",
-            http="httptools",
+            http=OnePassHttpToolsProtocol,  # httptools, each response in one write (cli/http_protocol.py)
             log_config=log_config,
         )
         run_server(config, drain)  # SIGTERM: drain MODGATE_SERVER__DRAIN_S, finish, exit 0 (cli/serving.py)
