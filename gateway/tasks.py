@@ -1,4 +1,4 @@
-"""Stopping a background task, even one whose cancellation gets lost on the way.
+"""Stopping a background task, even one whose cancellation gets lost on the way; awaiting several at once.
 
 ``task.cancel()`` and an ``await`` of the task can hang forever: redis-py (8.1) turns a cancellation that
 lands while it writes a command into ``ConnectionError`` ("Connection lost"), and the gateway's background
@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 FIRST_GRACE_S = 0.25  # what the first cancellation is given: a task's own clean-up (a last Redis call)
 RECANCEL_S = 0.05  # then, how long each further cancellation is given before the next
@@ -44,3 +47,11 @@ async def stop(*tasks: asyncio.Task[Any] | None) -> None:
             log.warning("the background task %s ended with %r", task.get_name(), error)
     if interrupted is not None:
         raise interrupted
+
+
+async def together(*awaitables: Awaitable[T]) -> list[T]:
+    """``asyncio.gather(*awaitables)`` as a list; a lone one (a request of one keyframe, as most are) awaited
+    in place, without a task made for it: on the moderation path, gather's tasks were a part of every call."""
+    if len(awaitables) == 1:
+        return [await awaitables[0]]
+    return list(await asyncio.gather(*awaitables))

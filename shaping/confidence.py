@@ -49,7 +49,7 @@ import functools
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import regex
@@ -80,6 +80,10 @@ class TokenLogprob:
     token: str
     logprob: float
     top: tuple[tuple[str, float], ...] = ()  # (token, logprob), as the engine listed them
+    # ``alternatives()`` made once: a verdict's few tokens are each read for every category's path
+    _alternatives: tuple[tuple[str, float], ...] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_wire(cls, entry: dict[str, Any]) -> TokenLogprob:
@@ -94,12 +98,15 @@ class TokenLogprob:
             ),
         )
 
-    def alternatives(self) -> list[tuple[str, float]]:
+    def alternatives(self) -> tuple[tuple[str, float], ...]:
         """The listed alternatives plus the token itself (once, even when the list holds it too)."""
-        seen: dict[str, float] = {}
-        for text, logprob in ((self.token, self.logprob), *self.top):
-            seen.setdefault(text, logprob)
-        return list(seen.items())
+        if self._alternatives is None:
+            seen: dict[str, float] = {}
+            for text, logprob in ((self.token, self.logprob), *self.top):
+                seen.setdefault(text, logprob)
+            object.__setattr__(self, "_alternatives", tuple(seen.items()))  # frozen: set once, as made
+        assert self._alternatives is not None
+        return self._alternatives
 
 
 def _number(value: object) -> float:

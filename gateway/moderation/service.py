@@ -80,6 +80,7 @@ from gateway.review.models import ReviewItem
 from gateway.review.service import ReviewQueue
 from gateway.series.metrics import GatewayMetrics
 from gateway.settings import Settings
+from gateway.tasks import together
 from gateway.telemetry.recorder import FinishedRequest, RequestRecorder
 from gateway.telemetry.windows import RecentRequests
 from gateway.wire import (
@@ -251,7 +252,7 @@ class ModerationService:
         shaping_started = time.monotonic()
         with self.tracer.start_as_current_span("shaping", attributes={"modgate.images": len(images)}):
             # all bad input fails before any engine call
-            shaped = await asyncio.gather(*(self.shape(image, caller.tenant) for image in images))
+            shaped = await together(*(self.shape(image, caller.tenant) for image in images))
         shaping_s = (time.monotonic() - shaping_started) / max(1, len(shaped))
         record.shaping_s, record.shaped = shaping_s, len(shaped)
         extra_text = "\n".join(texts)
@@ -500,7 +501,7 @@ class ModerationService:
         plan = plan_frames(identities, hits, rule)
         leaders = plan.leaders
         chunks = [leaders[start : start + packing] for start in range(0, len(leaders), packing)]
-        judged = [prejudged] if prejudged is not None else await asyncio.gather(
+        judged = [prejudged] if prejudged is not None else await together(
             *(
                 self.judge.judge(
                     [frames[i] for i in chunk],

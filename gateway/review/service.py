@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -18,6 +17,7 @@ from gateway.review.selection import UnitRandom, review_reason
 from gateway.review.store import ReviewStore
 from gateway.series.review import ReviewMetrics
 from gateway.settings import ReviewSettings
+from gateway.tasks import together
 from shaping.verdict import Action, KeyframeVerdict
 
 if TYPE_CHECKING:
@@ -185,7 +185,7 @@ class ReviewQueue:
         """Offer each answered frame, reused verdicts too (a reused verdict is a decision of its own, and
         the audit sample stands for every confident decision); :func:`review_reason` decides which go, with
         the tenant's policy's threshold and audit rate. Returns each frame's item (None: not queued)."""
-        return list(await asyncio.gather(*(
+        return await together(*(
             self.offer(
                 caller.tenant, frame.data_url, outcome.verdict, result.modgate.thinking,
                 outcome.answer.reasoning, result.modgate.request_id, job_id=caller.job_id,
@@ -195,4 +195,4 @@ class ReviewQueue:
                 tenant_audit_sample_rate=tenant.audit_sample_rate if tenant else 0.0,
             )
             for frame, outcome, result in zip(frames, outcomes, results, strict=True)
-        )))
+        ))
