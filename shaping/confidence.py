@@ -91,11 +91,11 @@ class TokenLogprob:
         return cls(
             token=str(entry.get("token") or ""),
             logprob=_number(entry.get("logprob")),
-            top=tuple(
+            top=tuple([
                 (str(alt.get("token") or ""), _number(alt.get("logprob")))
                 for alt in entry.get("top_logprobs") or ()
                 if isinstance(alt, dict)
-            ),
+            ]),
         )
 
     def alternatives(self) -> tuple[tuple[str, float], ...]:
@@ -110,6 +110,8 @@ class TokenLogprob:
 
 
 def _number(value: object) -> float:
+    if type(value) is float and not math.isnan(value):  # the usual case, as JSON gives them
+        return value
     if isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value):
         return float(value)
     return float("-inf")
