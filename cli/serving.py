@@ -15,6 +15,7 @@ they have all stopped.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import socket
@@ -53,6 +54,16 @@ class DrainingServer(uvicorn.Server):
             "%s: draining for %g s (/readyz answers 503, requests are still served), then stopping",
             signal.Signals(sig).name, self.drain.period_s,
         )
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup (the app's lifespan included); then what it built is frozen out of the garbage
+        collector's sight (``gc.freeze``): the app's ~200,000 long-lived objects were traversed by every
+        full collection, a pause of 80 ms under load. Only in a serving process, which holds one app for its
+        life (a test process makes many, and frozen objects are never collected)."""
+        await super().startup(sockets)
+        if self.started:
+            gc.collect()
+            gc.freeze()
 
     async def on_tick(self, counter: int) -> bool:
         """uvicorn's tick (every 0.1 s); the drain's end is the signal to stop."""
