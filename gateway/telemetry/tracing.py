@@ -26,7 +26,7 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import Link, SpanKind, Tracer
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
@@ -82,15 +82,15 @@ class RequestInstruments:
 
 
 class _WhileTaken(Sampler):
-    """Spans recorded (parent-based, as the SDK's default) only once a span processor takes them.
+    """Spans recorded (as the SDK's own sampler says) only once a span processor takes them.
 
     With no exporter configured (and no test's processor), each span would be built, given its attributes
     and ended for nobody: a twentieth of the event loop's time per moderation. Without one, spans are not
     recorded; they still carry ids, so a JSON log line still names its trace."""
 
-    def __init__(self) -> None:
+    def __init__(self, recorded: Sampler) -> None:
         self.taken = False
-        self._recorded = ParentBased(ALWAYS_ON)
+        self._recorded = recorded  # once taken: the SDK's own (OTEL_TRACES_SAMPLER, else parent-based)
 
     def should_sample(
         self, parent_context: Context | None, trace_id: int, name: str, kind: SpanKind | None = None,
@@ -111,8 +111,9 @@ class _TracerProvider(TracerProvider):
     """The SDK's provider, recording spans only while a span processor is there to take them."""
 
     def __init__(self, resource: Resource) -> None:
-        self._while_taken = _WhileTaken()
-        super().__init__(resource=resource, shutdown_on_exit=False, sampler=self._while_taken)
+        super().__init__(resource=resource, shutdown_on_exit=False)
+        self._while_taken = _WhileTaken(self.sampler)  # before any tracer is made, which takes the sampler
+        self.sampler = self._while_taken
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         """Add ``span_processor``; spans are recorded from now on."""

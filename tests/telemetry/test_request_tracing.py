@@ -183,6 +183,19 @@ def test_without_an_exporter_spans_and_instruments_are_not_built_for_nobody() ->
         with_reader.shutdown()
 
 
+def test_once_taken_spans_are_sampled_as_otel_traces_sampler_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    telemetry = build_telemetry(TelemetrySettings())
+    try:
+        exporter = InMemorySpanExporter()
+        telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        with telemetry.tracer.start_as_current_span("moderation") as span:
+            assert not span.is_recording()
+        assert exporter.get_finished_spans() == ()
+    finally:
+        telemetry.shutdown()
+
+
 def details(**changes: Any) -> ModerationDetails:
     fields: dict[str, Any] = {
         "action": "allow",
