@@ -100,13 +100,14 @@ class TokenLogprob:
 
     def alternatives(self) -> tuple[tuple[str, float], ...]:
         """The listed alternatives plus the token itself (once, even when the list holds it too)."""
-        if self._alternatives is None:
+        alternatives = self._alternatives
+        if alternatives is None:
             seen: dict[str, float] = {}
             for text, logprob in ((self.token, self.logprob), *self.top):
                 seen.setdefault(text, logprob)
-            object.__setattr__(self, "_alternatives", tuple(seen.items()))  # frozen: set once, as made
-        assert self._alternatives is not None
-        return self._alternatives
+            alternatives = tuple(seen.items())
+            object.__setattr__(self, "_alternatives", alternatives)  # frozen: set once, as made
+        return alternatives
 
 
 def _number(value: object) -> float:

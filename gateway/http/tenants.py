@@ -79,8 +79,7 @@ class TenantDirectory:
         group = self.settings
         stored = self._stored.get(tenant, StoredLimits())
         return TenantLimits(
-            weight=(stored.weight if stored.weight is not None
-                    else group.weights.get(tenant, group.default_weight)),
+            weight=self.weight(tenant),
             keyframes_per_minute=(
                 stored.keyframes_per_minute if stored.keyframes_per_minute is not None
                 else group.keyframes_per_minute.get(tenant, group.default_keyframes_per_minute)
