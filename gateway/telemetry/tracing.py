@@ -12,6 +12,7 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +28,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
-from opentelemetry.trace import Link, SpanKind, Tracer
+from opentelemetry.trace import Link, Span, SpanKind, Tracer
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
@@ -112,13 +113,74 @@ class _TracerProvider(TracerProvider):
 
     def __init__(self, resource: Resource) -> None:
         super().__init__(resource=resource, shutdown_on_exit=False)
-        self._while_taken = _WhileTaken(self.sampler)  # before any tracer is made, which takes the sampler
-        self.sampler = self._while_taken
+        self.while_taken = _WhileTaken(self.sampler)  # before any tracer is made, which takes the sampler
+        self.sampler = self.while_taken
 
     def add_span_processor(self, span_processor: SpanProcessor) -> None:
         """Add ``span_processor``; spans are recorded from now on."""
         super().add_span_processor(span_processor)
-        self._while_taken.taken = True
+        self.while_taken.taken = True
+
+
+class _Around(AbstractContextManager[Span]):
+    """``start_as_current_span`` for a span not built: the one around it, current already, stands for it."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def __enter__(self) -> Span:
+        return self.span
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
+class _ChildrenWhileTaken(Tracer):
+    """The SDK's tracer, but while no span processor takes spans, a span begun inside an unrecorded one is
+    not built at all: that one stands for it (its ids are what a log line would name either way). A request's
+    root span is still made, with fresh ids; its four children (shaping, queue, engine, parsing) were each a
+    sampler call, two random ids and a context attached and detached, for nobody."""
+
+    def __init__(self, tracer: Tracer, sampler: _WhileTaken) -> None:
+        self._tracer = tracer
+        self._sampler = sampler
+
+    def _standing_in(self, context: Context | None) -> Span | None:
+        if self._sampler.taken:
+            return None
+        around = trace.get_current_span(context)
+        if around.is_recording() or not around.get_span_context().is_valid:
+            return None  # a root, or a span someone records (another provider's): built as usual
+        return around
+
+    def start_span(
+        self, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None, links: Sequence[Link] | None = None, start_time: int | None = None,
+        record_exception: bool = True, set_status_on_exception: bool = True,
+    ) -> Span:
+        """A span (the unrecorded one around it, while spans are not taken)."""
+        around = self._standing_in(context)
+        if around is not None:
+            return around
+        return self._tracer.start_span(
+            name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
+        )
+
+    def start_as_current_span(  # type: ignore[override]  # the SDK names a private context-manager class
+        self, name: str, context: Context | None = None, kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes = None, links: Sequence[Link] | None = None, start_time: int | None = None,
+        record_exception: bool = True, set_status_on_exception: bool = True, end_on_exit: bool = True,
+    ) -> AbstractContextManager[Span]:
+        """A span made current for the block (the unrecorded one around it, while spans are not taken)."""
+        around = self._standing_in(context)
+        if around is not None:
+            return _Around(around)
+        return self._tracer.start_as_current_span(
+            name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception,
+            end_on_exit,
+        )
 
 
 @dataclass
@@ -170,7 +232,9 @@ def build_telemetry(
     return Telemetry(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
-        tracer=tracer_provider.get_tracer("modgate.gateway"),
+        tracer=_ChildrenWhileTaken(
+            tracer_provider.get_tracer("modgate.gateway"), tracer_provider.while_taken
+        ),
         instruments=RequestInstruments(meter_provider.get_meter("modgate.gateway")) if readers else None,
         otlp_endpoint=endpoint,
     )

@@ -168,12 +168,18 @@ def test_without_an_exporter_spans_and_instruments_are_not_built_for_nobody() ->
             assert not unexported.is_recording()
             assert unexported.get_span_context().is_valid
             assert trace.get_current_span() is unexported  # what the JSON formatter reads its trace id from
+            # a span inside it is not built: the unrecorded one around it stands for it
+            with telemetry.tracer.start_as_current_span("shaping") as child:
+                assert child is unexported
+            assert telemetry.tracer.start_span("queue") is unexported
         exporter = InMemorySpanExporter()
         telemetry.tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
         with telemetry.tracer.start_as_current_span("moderation") as exported:
             assert exported.is_recording()
             telemetry.tracer.start_span("queue").end()
-        assert [span.name for span in exporter.get_finished_spans()] == ["queue", "moderation"]
+            with telemetry.tracer.start_as_current_span("engine") as engine:
+                assert engine is not exported and engine.is_recording()
+        assert [span.name for span in exporter.get_finished_spans()] == ["queue", "engine", "moderation"]
     finally:
         telemetry.shutdown()
     with_reader = build_telemetry(TelemetrySettings(), metric_readers=[InMemoryMetricReader()])
