@@ -441,20 +441,21 @@ class ModerationService:
         verdict (``frame_reuse``). The others go to the engine ``packing`` to a request (all of one caller,
         so one tenant); their fresh verdicts are kept for reuse.
         """
+        storing = self.settings.shaping.verdict_cache_ttl_s > 0
         # Each engine's scope (its model's), in the pool's order: a verdict is kept under the scope of the
         # engine that made it and looked up under every engine's the request could go to (frame_reuse).
+        # Without the verdict cache nothing is looked up or kept: no scope is made.
         prompt_sha256 = self.system_prompts[decision.verdict_format].sha256
         scopes = {
             url: verdict_scope(context.tenant, decision, extra_text, prompt_sha256, model_scope)
             for url, model_scope in (await self.identity.scopes()).items()
-        }
+        } if storing else {}
         searched = list(dict.fromkeys(scopes.values()))  # engines serving the same model share one
         reuse_decision = decision
         if decision.reask is not None:  # escalate: what a reused thinking-on verdict answers under
             reuse_decision = replace(decision.reask, rule=decision.rule)
         rule = self.verdicts.rule
         identities = frame_identities(frames, rule)
-        storing = self.settings.shaping.verdict_cache_ttl_s > 0
         kept_by: dict[int, LeaseRider] = {}  # a leader's verdict sent with its engine lease's release
 
         def keeper(chunk: list[int]) -> Callable[[FrameOutcome], LeaseRider | None] | None:

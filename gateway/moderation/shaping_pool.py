@@ -98,18 +98,23 @@ class ShapingPool(Executor):
 
     def _run(self, task: _Task) -> None:
         started = self.clock()
+        failed: BaseException | None = None
         try:
             result = task.call()
         except BaseException as exc:  # handed to the waiting caller, as a thread pool does
-            task.future.set_exception(exc)
-        else:
+            failed = exc
+        # The pool's books first, then the caller: its event loop, woken by the result, would otherwise wait
+        # for this thread's lock and charge to let the GIL go (and a caller that sees the result sees the
+        # thread free already).
+        with self._lock:
+            self._running[task.flow] -= 1
+            self.share.charge(task.flow, self.clock() - started)
+            if not self._shutdown:
+                self._dispatch()
+        if failed is None:
             task.future.set_result(result)
-        finally:
-            with self._lock:
-                self._running[task.flow] -= 1
-                self.share.charge(task.flow, self.clock() - started)
-                if not self._shutdown:
-                    self._dispatch()
+        else:
+            task.future.set_exception(failed)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking work; with ``cancel_futures`` the waiting tasks are cancelled."""

@@ -63,7 +63,7 @@ class ReviewQueue:
     async def offer(
         self,
         tenant: str,
-        frame: str,
+        frame: str | ShapedImage,
         verdict: KeyframeVerdict,
         thinking: Literal["on", "off"],
         reasoning: str | None,
@@ -79,7 +79,8 @@ class ReviewQueue:
     ) -> ReviewItem | None:
         """Queue the frame if its verdict should be seen by people; never fails the moderation it came from
         (an unreachable Redis is logged and counted, the verdict still goes back). The tenant's moderation
-        policy may raise the gateway's review threshold and audit rate for its frames, never lower them."""
+        policy may raise the gateway's review threshold and audit rate for its frames, never lower them.
+        ``frame``: its data URL, or the shaped frame (its URL, an image-sized string, made only if queued)."""
         settings = self.settings
         if not settings.enabled:
             return None
@@ -91,7 +92,7 @@ class ReviewQueue:
         item = ReviewItem(
             id=new_item_id(),
             tenant=tenant,
-            frame=frame,
+            frame=frame if isinstance(frame, str) else frame.data_url,
             action=verdict.action,
             categories=verdict.categories,
             confidence=verdict.confidence,
@@ -187,7 +188,7 @@ class ReviewQueue:
         the tenant's policy's threshold and audit rate. Returns each frame's item (None: not queued)."""
         return await together(*(
             self.offer(
-                caller.tenant, frame.data_url, outcome.verdict, result.modgate.thinking,
+                caller.tenant, frame, outcome.verdict, result.modgate.thinking,
                 outcome.answer.reasoning, result.modgate.request_id, job_id=caller.job_id,
                 frame_sha256=result.modgate.frame_sha256, decision_id=result.modgate.decision_id,
                 moderation_request_id=moderation_request_id,

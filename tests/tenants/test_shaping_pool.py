@@ -92,3 +92,21 @@ def test_a_cancelled_waiting_task_never_runs() -> None:
     finally:
         pool.shutdown()
     assert ran == ["kept"]
+
+
+def test_a_task_is_off_the_books_and_the_next_on_its_way_before_its_caller_hears() -> None:
+    """The pool settles a finished task (its count, its charge, the next task handed out) before it tells the
+    caller: a caller woken by the result finds the thread's lock free, and the thread already free."""
+    pool = ShapingPool(1)
+    try:
+        gate = threading.Event()
+        first = pool.submit_for("a", gate.wait)
+        second = pool.submit_for("b", lambda: None)
+        seen: list[bool] = []
+        first.add_done_callback(lambda _: seen.append(second.running() or second.done()))
+        gate.set()
+        first.result(timeout=30)
+        second.result(timeout=30)
+    finally:
+        pool.shutdown()
+    assert seen == [True]
