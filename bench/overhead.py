@@ -116,7 +116,11 @@ async def closed_loop(arm: Arm, requests: int, concurrency: int, run: ArmRun) ->
         while remaining > 0:
             remaining -= 1
             started = time.perf_counter()
-            reply = await connection.request(arm.next_request())
+            try:
+                reply = await connection.request(arm.next_request())
+            except OSError as exc:  # refused, reset: which arm, at which load, is what a reader needs
+                raise RuntimeError(f"the {arm.name or arm.url} arm failed at {concurrency} client(s), with "
+                                   f"{len(run.latencies) + run.errors} answered: {exc!r}") from exc
             if reply.status == 200:
                 run.latencies.append(time.perf_counter() - started)
             else:
@@ -184,6 +188,7 @@ def arms_for(urls: dict[str, str], setup: Setup) -> dict[str, Arm]:
         else:
             bodies = [litellm_body(body, SERVED_NAME) for body in engine_bodies]
             arms[name] = Arm(f"{base}/v1/chat/completions", bodies, [authorization(LITELLM_KEY)])
+        arms[name].name = name
     return arms
 
 
@@ -383,6 +388,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             lite = stack.enter_context(litellm_proxy(engine_url, MODEL, LITELLM_KEY, args.litellm_workers))
             for path in args.paths:
                 urls[arm_name("litellm", path)] = lite
+        for path in set(frames) - {path_of(name) for name in urls}:  # the cheapest, when no arm posts it:
+            del frames[path], callers[path]  # not shaped between rounds, counted or described
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the load generator kept lean
             results = runner.run(
                 measure(urls, setup, engine_url, args.requests, args.concurrency, args.rounds, pids)

@@ -72,6 +72,7 @@ class Arm:
     callers: list[bytes]  # header lines (each ending in CRLF) a caller adds, e.g. its Authorization
     pool: list[KeepAliveConnection] = field(default_factory=list)
     sent: int = 0
+    name: str = ""  # the arm's name in the table, for an error to say whose it is
 
     def __post_init__(self) -> None:
         self._heads = [encode_head(self.url, len(body)) for body in self.bodies]

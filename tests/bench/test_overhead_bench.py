@@ -114,6 +114,10 @@ def test_the_production_path_shapes_keeps_state_in_redis_misses_every_lookup_and
     assert float(floor[4]) > 0
     distinct, requests, _ = _stub_counts(printed)
     assert (distinct, requests) == (3, 3)  # one request per keyframe, the same from both arms
+    # only the path that ran is counted and described (the cheapest path's frame was once counted too)
+    assert "like with like: 3 keyframe(s), 3 distinct engine requests" in printed, printed
+    assert "every arm asked the engine the same" in printed
+    assert "cheapest:" not in printed
     assert "verdict cache: modgate@production reused 0 verdicts (every lookup a miss)" in printed
     exported = re.search(r"OTLP export to the local receiver: (\d+) trace and (\d+) metric posts", printed)
     assert exported, printed
@@ -136,3 +140,14 @@ def test_the_stub_counts_one_request_however_it_is_serialised() -> None:
 
     info = asyncio.run(post_both())
     assert (info["distinct_requests"], info["requests"]) == (1, 2)
+
+
+def test_an_arm_that_cannot_connect_is_named_with_its_load() -> None:
+    """A refused connection stops the run with the arm's name and load, not a bare ConnectionRefusedError."""
+    from bench.overhead_paths import Arm
+    from bench.servers import free_port
+
+    arm = Arm(f"http://127.0.0.1:{free_port()}/v1/chat/completions", [b"{}"], [b""], name="litellm")
+    with pytest.raises(RuntimeError, match=r"the litellm arm failed at 2 client\(s\), with 0 answered: "
+                                           r"ConnectionRefusedError"):
+        asyncio.run(overhead.closed_loop(arm, 4, 2, overhead.ArmRun()))
