@@ -27,7 +27,7 @@ from gateway.engine.answers import EngineAnswer, engine_failed, error_message, l
 from gateway.engine.calls import PURPOSE_KEY, CallObserver, CountedTransport, Purpose
 from gateway.engine.circuit import CircuitBreaker, CircuitOpen
 from gateway.engine.stream_lines import engine_json, sse_lines
-from gateway.engine.transport import AiohttpTransport
+from gateway.engine.transport import EngineTransport
 from gateway.engine.usage import PlaceAnswer, Usage
 from gateway.engine.wires import DEFAULT_KIND, EngineKindSetting, EngineWire, kind_from_props, wire_for
 from gateway.errors import EngineUnavailable, ServerSideError, UpstreamError, UpstreamTimeout
@@ -56,7 +56,7 @@ never sends a request into one the engine is closing. httpx's default, 5 s, equa
 
 
 class EngineClient:
-    """Talks to one engine over a shared ``httpx.AsyncClient`` (on aiohttp's pool unless a test passes its
+    """Talks to one engine over a shared ``httpx.AsyncClient`` (on its own connection pool unless a test passes its
     own ``transport``: :mod:`gateway.engine.transport`)."""
 
     def __init__(
@@ -93,7 +93,7 @@ class EngineClient:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                               keepalive_expiry=ENGINE_KEEPALIVE_S)
         # every request counted once and timed, with the request id it serves (gateway/engine/calls.py)
-        self._counted = CountedTransport(transport or AiohttpTransport(limits), base_url)
+        self._counted = CountedTransport(transport or EngineTransport(limits), base_url)
         self._http = httpx.AsyncClient(
             base_url=base_url,
             timeout=httpx.Timeout(total_timeout_s, connect=connect_timeout_s),

@@ -75,7 +75,7 @@ async def test_a_probes_tokens_are_charged_to_its_tenants_fair_share(
     monkeypatch: pytest.MonkeyPatch, place_probes: int
 ) -> None:
     probes: list[dict[str, Any]] = []
-    monkeypatch.setattr(engine_client, "AiohttpTransport", lambda _limits: fake_llama_server(probes))
+    monkeypatch.setattr(engine_client, "EngineTransport", lambda _limits: fake_llama_server(probes))
     settings = Settings.model_validate({
         "engine": {"url": "http://llama.test", "kind": "llamacpp", "startup_check": False,
                    "place_probes": place_probes},
