@@ -56,8 +56,8 @@ never sends a request into one the engine is closing. httpx's default, 5 s, equa
 
 
 class EngineClient:
-    """Talks to one engine over a shared ``httpx.AsyncClient`` (on its own connection pool unless a test passes its
-    own ``transport``: :mod:`gateway.engine.transport`)."""
+    """Talks to one engine over a shared ``httpx.AsyncClient`` (on its own connection pool unless a test
+    passes its own ``transport``: :mod:`gateway.engine.transport`)."""
 
     def __init__(
         self,
