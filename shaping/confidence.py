@@ -378,19 +378,16 @@ class _BlockPaths:
         """Whether a token that writes ``rest`` writes all of ``target`` and then stops its name."""
         return rest.startswith(target) and len(rest) > len(target) and rest[len(target)] in self.terminators
 
-    def probability(self, target: str) -> float:
-        """A lower bound of P(the engine writes ``block``, then ``target``, and the name there ends).
-
-        Along the chosen tokens while they spell ``target``; at each of them, every listed alternative that
-        spells the rest of it through its end is added (the same text split another way, or the path the
-        engine did not take). 0.0 where nothing listed reaches the end: the path's probability is unknown.
-        """
+    def after_block(self) -> tuple[float, int, str] | None:
+        """Where every category's path starts: P(the engine writes ``block``) along its tokens, the index of
+        the token after them, and what of that token still spells ``block`` (None: the logprobs do not
+        reach past it). The same for every category, so read once."""
         spans = self.spans
         after = spans.lead + self.action + len("block")
         first = spans.at(self.action)
         if first is None:
-            return 0.0
-        probability, total, index = self.p_block, 0.0, first
+            return None
+        probability, index = self.p_block, first
         if _token_end(spans, first) <= after:  # P(block) holds the first token; the rest of ``block``:
             index += 1
             while index < len(spans.tokens) and _token_end(spans, index) <= after:
@@ -403,16 +400,32 @@ class _BlockPaths:
             )
             probability *= _probability(spans.tokens[first].logprob) / spelled if spelled > 0 else 0.0
         if index >= len(spans.tokens):
-            return 0.0
+            return None
         head = spans.text[spans.starts[index] : after] if spans.starts[index] < after else ""
         if head and index != first:  # a later piece of ``block`` goes on past it: its chosen spelling alone
             probability *= self.share(index, _probability(spans.tokens[index].logprob))
+        return probability, index, head
+
+    def probability(self, target: str, start: tuple[float, int, str] | None) -> float:
+        """A lower bound of P(the engine writes ``block``, then ``target``, and the name there ends), from
+        ``start`` (:meth:`after_block`).
+
+        Along the chosen tokens while they spell ``target``; at each of them, every listed alternative that
+        spells the rest of it through its end is added (the same text split another way, or the path the
+        engine did not take). 0.0 where nothing listed reaches the end: the path's probability is unknown.
+        """
+        if start is None:
+            return 0.0
+        spans = self.spans
+        probability, index, head = start
+        total = 0.0
         while index < len(spans.tokens):
             token = spans.tokens[index]
             chosen = "" if _is_special(token.token) else token.token[len(head) :]
             if not head:
                 for text, logprob in token.alternatives():
-                    if text != token.token and (
+                    # both ways an alternative reaches the end begin with ``target`` (most do not: test first)
+                    if text.startswith(target) and text != token.token and (
                         self.stops(text, target) or (text == target and _complete(target))
                     ):
                         total += probability * self.share(index, _probability(logprob))
@@ -442,8 +455,9 @@ def _category_scores(
         named = {name: answer[after : offset + len(name)] for offset, name in slots}
     else:
         separator, named = (',"categories":["' if paths.json_form else ":"), {}
+    start = paths.after_block()
     scores = {
-        category: paths.probability(named.get(category, separator + category))
+        category: paths.probability(named.get(category, separator + category), start)
         for category in MODEL_CATEGORIES
     }
     # four significant digits, not four decimals: a path reached with a tiny probability keeps its (small)

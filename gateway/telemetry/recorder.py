@@ -169,6 +169,8 @@ class RequestRecorder:
                 metrics.tenant_queue_wait.labels(tenant).observe(sample.queue_wait_s)
             if self.instruments is not None:
                 self.instruments.record(sample)
+        if not request_log.isEnabledFor(logging.INFO):
+            return  # the line and its forty fields are not made for a level that drops them
         request_log.info(
             "%s %s thinking=%s e2e_ms=%.1f ttft_ms=%s prompt=%d cached=%d completion=%d",
             details.request_id,
