@@ -222,6 +222,7 @@ class _Pool:
         self.expiry = expiry
         self.idle: list[_Connection] = []
         self.open = 0
+        self.closed = False  # the transport was closed: connections given back are closed, not pooled
         self.waiters: deque[asyncio.Future[None]] = deque()
 
     def idle_connection(self) -> _Connection | None:
@@ -279,7 +280,7 @@ class _Pool:
 
     def release(self, connection: _Connection, *, reuse: bool) -> None:
         """A connection back from an answer: pooled for the next request, or closed."""
-        if reuse and not connection.lost:
+        if reuse and not connection.lost and not self.closed:
             connection._begin()
             connection.idle_since = time.monotonic()
             self.idle.append(connection)
@@ -308,6 +309,8 @@ class _Pool:
                 return
 
     def close(self) -> None:
+        """Close the idle connections; those in use close when their answers are read."""
+        self.closed = True
         for connection in self.idle:
             connection.close()
         self.idle.clear()

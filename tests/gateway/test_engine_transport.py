@@ -22,6 +22,7 @@ class Scripted:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.connections = 0
+        self.ended = 0  # connections the client closed (or this server did)
         self.url = ""
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -29,6 +30,7 @@ class Scripted:
         try:
             await self.handler(reader, writer, self.connections)
         finally:
+            self.ended += 1
             writer.close()
 
 
@@ -258,3 +260,19 @@ def test_past_the_connection_limit_a_request_waits_for_one_given_back_or_times_o
             assert (await first).text == "ok"
 
     asyncio.run(run(slow, check))
+
+
+def test_an_answer_read_after_the_transport_closed_closes_its_connection() -> None:
+    async def check(server: Scripted) -> None:
+        transport = EngineTransport(httpx.Limits(max_connections=2, keepalive_expiry=10))
+        async with httpx.AsyncClient(base_url=server.url, transport=transport) as http:
+            async with http.stream("GET", "/health") as response:
+                await transport.aclose()  # the client shuts down with an answer still being read
+                assert await response.aread() == b"ok"
+            for _ in range(100):  # the server sees the connection end: it was not pooled again
+                if server.ended:
+                    break
+                await asyncio.sleep(0.01)
+            assert server.ended == 1
+
+    asyncio.run(run(keep_answering, check))
