@@ -103,7 +103,8 @@ class EngineClient:
         # The verdict call's request as the client would build it (URL under the base, the client's headers
         # and timeouts), made once: see _exchange.
         self._chat_url = self._http.build_request("POST", "/v1/chat/completions").url
-        self._chat_headers = dict(self._http.headers)
+        # made once (httpx normalises every header of a plain dict again on each request); copied per call
+        self._chat_headers = httpx.Headers({**self._http.headers, "Content-Type": "application/json"})
         self._chat_timeout = self._http.timeout.as_dict()
 
     def count_calls(self, observe: CallObserver) -> None:
@@ -364,11 +365,13 @@ class EngineClient:
     async def _send(self, body: dict[str, Any], request_id: str, expired: calls.Expired) -> httpx.Response:
         # msgspec writes the same bytes as httpx's json= (compact, UTF-8) in a fifth of the time: the body
         # carries the keyframe's ~100 KiB of base64, which the standard encoder scans character by character.
+        headers = self._chat_headers.copy()
+        headers["X-Request-Id"] = request_id
         request = httpx.Request(
             "POST",
             self._chat_url,
             content=msgspec.json.encode(body),
-            headers={**self._chat_headers, "X-Request-Id": request_id, "Content-Type": "application/json"},
+            headers=headers,
             extensions={
                 "timeout": self._chat_timeout,
                 calls.EXPIRED_KEY: expired,  # a cancellation past our deadline is counted a timeout
