@@ -99,9 +99,15 @@ async def shape_frame(
         if remote_images is not None and is_remote_url(frame):
             raw = await remote_images.fetch(frame)
             return await off_loop(executor, tenant, shape, raw, limits, grid)
-        _, raw = decode_data_url(frame, limits.max_bytes)
-        shaped = await off_loop(executor, tenant, shape, raw, limits, grid)
-        # a frame passed through unchanged goes to the engine in the caller's own base64
-        return shaped.reusing_encoding(raw, data_url_payload(frame))
+        return await off_loop(executor, tenant, _shape_data_url, frame, limits, grid, jpeg_quality)
     except ImageRejected as exc:
         raise image_rejection(exc) from exc
+
+
+def _shape_data_url(url: str, limits: ImageLimits, grid: TokenGrid, jpeg_quality: int) -> ShapedImage:
+    """A ``data:`` URL's frame decoded and shaped, all on a shaping thread (the base64, the check that a
+    passed-through frame may go on in the caller's own text: none of it on the event loop)."""
+    _, raw = decode_data_url(url, limits.max_bytes)
+    shaped = shape_image(raw, limits, grid, jpeg_quality=jpeg_quality)
+    # a frame passed through unchanged goes to the engine in the caller's own base64
+    return shaped.reusing_encoding(raw, data_url_payload(url))
