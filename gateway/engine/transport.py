@@ -60,6 +60,7 @@ class _Connection(asyncio.Protocol):
         self.head = False  # the answer's head came
         self.complete = False  # its body came to its end
         self.keep_alive = False
+        self.delimited = True  # its body's end is said (a length, chunks), not the connection's close
         self.received = False  # any byte of it came
         self.error: httpx.TransportError | None = None
         self.timed_out = False
@@ -85,6 +86,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if exc is None and self.head and not self.delimited and not self.complete:
+            self.complete = True  # a body that runs to the close ends there (HTTP/1.1, section 6.3)
+            self._wake()
         if not self.complete and self.error is None:
             if exc is None:
                 said = "before answering" if not self.received else "before the answer was complete"
@@ -103,6 +107,9 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        self.delimited = self.status in (204, 304) or any(
+            name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self.headers
+        )
         self.head = True
         self._wake()
 

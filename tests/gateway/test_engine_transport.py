@@ -276,3 +276,18 @@ def test_an_answer_read_after_the_transport_closed_closes_its_connection() -> No
             assert server.ended == 1
 
     asyncio.run(run(keep_answering, check))
+
+
+def test_a_body_that_runs_to_the_close_is_whole_at_the_close() -> None:
+    async def to_the_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nwhole")
+
+    async def check(server: Scripted) -> None:
+        async with client(server.url) as http:
+            response = await http.post("/v1/chat/completions", content=b"{}")
+            assert (response.status_code, response.text) == (200, "whole")
+            assert (await http.post("/v1/chat/completions", content=b"{}")).text == "whole"
+        assert server.connections == 2  # not kept: it ended with its connection
+
+    asyncio.run(run(to_the_close, check))
