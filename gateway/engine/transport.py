@@ -255,6 +255,10 @@ class _Pool:
                     self.waiters.append(waiter)
                     try:
                         await waiter
+                    except BaseException:
+                        if waiter.done() and not waiter.cancelled():
+                            self._wake_one()  # woken, then cancelled: the wake goes to the next in line
+                        raise
                     finally:
                         if waiter in self.waiters:
                             self.waiters.remove(waiter)

@@ -291,3 +291,23 @@ def test_a_body_that_runs_to_the_close_is_whole_at_the_close() -> None:
         assert server.connections == 2  # not kept: it ended with its connection
 
     asyncio.run(run(to_the_close, check))
+
+
+def test_a_waiter_cancelled_as_it_is_woken_passes_the_connection_on() -> None:
+    from gateway.engine.transport import _Pool  # the pool itself: the race is between two of its waiters
+
+    async def check(server: Scripted) -> None:
+        pool = _Pool(httpx.URL(server.url), 1, None)
+        request = httpx.Request("GET", server.url)
+        held = await pool.acquire(request, 5.0)
+        second = asyncio.ensure_future(pool.acquire(request, 5.0))
+        third = asyncio.ensure_future(pool.acquire(request, 5.0))
+        await asyncio.sleep(0.01)  # both wait for the one connection
+        pool.release(held, reuse=True)  # wakes the second ...
+        second.cancel()  # ... which is cancelled before it runs
+        assert await asyncio.wait_for(third, 1.0) is held
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        pool.close()
+
+    asyncio.run(run(keep_answering, check))
