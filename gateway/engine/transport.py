@@ -32,8 +32,7 @@ from typing import cast
 import httptools
 import httpx
 
-_HIGH_WATER = 1 << 20  # bytes of an answer held unread before the socket stops being read
-_LOW_WATER = 1 << 18
+_HIGH_WATER = 1 << 20  # bytes of an answer held unread before the socket stops being read (until taken)
 _IDEMPOTENT = frozenset({"GET", "HEAD"})
 
 
@@ -198,23 +197,19 @@ class _Body(httpx.AsyncByteStream):
                 raise connection.error
             else:
                 await connection.wait(self._read, self._request)
-        self._give_back()
+        self._release(reuse=True)
 
-    def _give_back(self) -> None:
+    def _release(self, *, reuse: bool) -> None:
+        """Give the connection back: pooled again only if ``reuse`` and its answer ended with keep-alive."""
         connection, self._connection = self._connection, None
         if connection is not None:
-            self._pool.release(connection, reuse=connection.complete and connection.keep_alive)
+            self._pool.release(connection, reuse=reuse and connection.complete and connection.keep_alive)
 
     async def aclose(self) -> None:
         # a body read to its end gives the connection back; one left unread closes it
         connection = self._connection
         if connection is not None:
-            self._give_back() if connection.complete and not connection.chunks else self._discard()
-
-    def _discard(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            self._pool.release(connection, reuse=False)
+            self._release(reuse=not connection.chunks)
 
 
 class _Pool:
