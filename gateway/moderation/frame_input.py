@@ -90,24 +90,28 @@ async def shape_frame(
     grid: TokenGrid,
     jpeg_quality: int,
     remote_images: RemoteImageFetcher | None,
+    identity: bool = True,
 ) -> ShapedImage:
-    """Decode and shape one frame off the event loop (fetched first if it is an allowed remote URL)."""
+    """Decode and shape one frame off the event loop (fetched first if it is an allowed remote URL);
+    ``identity``: with its pHash and thumbnail (``shape_image``)."""
     try:
-        shape = functools.partial(shape_image, jpeg_quality=jpeg_quality)
+        shape = functools.partial(shape_image, jpeg_quality=jpeg_quality, identity=identity)
         if isinstance(frame, EncodedFrame):
             return await off_loop(executor, tenant, shape, frame.data, limits, grid)
         if remote_images is not None and is_remote_url(frame):
             raw = await remote_images.fetch(frame)
             return await off_loop(executor, tenant, shape, raw, limits, grid)
-        return await off_loop(executor, tenant, _shape_data_url, frame, limits, grid, jpeg_quality)
+        return await off_loop(executor, tenant, _shape_data_url, frame, limits, grid, jpeg_quality, identity)
     except ImageRejected as exc:
         raise image_rejection(exc) from exc
 
 
-def _shape_data_url(url: str, limits: ImageLimits, grid: TokenGrid, jpeg_quality: int) -> ShapedImage:
+def _shape_data_url(
+    url: str, limits: ImageLimits, grid: TokenGrid, jpeg_quality: int, identity: bool
+) -> ShapedImage:
     """A ``data:`` URL's frame decoded and shaped, all on a shaping thread (the base64, the check that a
     passed-through frame may go on in the caller's own text: none of it on the event loop)."""
     _, raw = decode_data_url(url, limits.max_bytes)
-    shaped = shape_image(raw, limits, grid, jpeg_quality=jpeg_quality)
+    shaped = shape_image(raw, limits, grid, jpeg_quality=jpeg_quality, identity=identity)
     # a frame passed through unchanged goes to the engine in the caller's own base64
     return shaped.reusing_encoding(raw, data_url_payload(url))

@@ -62,10 +62,15 @@ def made_under(scope: VerdictScope, decision: ThinkingDecision) -> VerdictScope:
 
 
 def frame_identities(frames: Sequence[ShapedImage], rule: NearDuplicateRule) -> list[FrameIdentity]:
-    """Each frame's cache identity (made by the shaping step); the thumbnail only for near duplicates."""
+    """Each frame's cache identity (made by the shaping step); the thumbnail only for near duplicates. A
+    frame shaped without its pHash (``ModerationService.needs_identity``) is known by its SHA-256 alone."""
     near = rule.enabled
     return [
-        FrameIdentity(frame.sha256, int(frame.phash, 16), frame.thumbnail if near else b"")
+        FrameIdentity(
+            frame.sha256,
+            None if frame.phash is None else int(frame.phash, 16),
+            frame.thumbnail if near and frame.thumbnail is not None else b"",
+        )
         for frame in frames
     ]
 
@@ -119,7 +124,7 @@ def verdicts_to_keep(
             confidence=made.verdict.confidence,
             category_scores=made.verdict.category_scores,
             sha256=identities[index].sha256,
-            phash=identities[index].phash,
+            phash=identities[index].looked_up_phash,
             thumbnail=identities[index].thumbnail,
             made_at=made_at,
             request_id=made.answer.request_id,
@@ -129,3 +134,4 @@ def verdicts_to_keep(
         if (made := outcomes[index]) is not None and made.verdict.problem is None
         and made.answer.engine in scopes
     ]
+

@@ -185,12 +185,20 @@ class ModerationService:
         and after an engine failure (it may have restarted with other weights)."""
         return await self.identity.current()
 
-    async def shape(self, frame: Frame, tenant: str = SHARED_FLOW) -> ShapedImage:
-        """Decode and shape one keyframe off the event loop (fetched first if it is an allowed remote URL)."""
+    async def shape(self, frame: Frame, tenant: str = SHARED_FLOW, *, identity: bool = True) -> ShapedImage:
+        """Decode and shape one keyframe off the event loop (fetched first if it is an allowed remote URL);
+        ``identity``: with the pHash and thumbnail that verdict reuse compares (``shape_image``)."""
         return await shape_frame(
             frame, tenant, executor=self.executor, limits=self.limits, grid=self.grid,
             jpeg_quality=self.settings.shaping.jpeg_quality, remote_images=self.remote_images,
+            identity=identity,
         )
+
+    def needs_identity(self, frames: int) -> bool:
+        """Whether a request of ``frames`` images needs their pHashes and thumbnails: the verdict cache
+        looks each up, or near-duplicate reuse compares its frames with each other (exact repeats are found
+        by their SHA-256, which every shaped frame has)."""
+        return self.settings.shaping.verdict_cache_ttl_s > 0 or (frames > 1 and self.verdicts.rule.enabled)
 
     async def moderate(
         self,
@@ -252,7 +260,8 @@ class ModerationService:
         shaping_started = time.monotonic()
         with self.tracer.start_as_current_span("shaping", attributes={"modgate.images": len(images)}):
             # all bad input fails before any engine call
-            shaped = await together(*(self.shape(image, caller.tenant) for image in images))
+            identity = self.needs_identity(len(images))
+            shaped = await together(*(self.shape(one, caller.tenant, identity=identity) for one in images))
         shaping_s = (time.monotonic() - shaping_started) / max(1, len(shaped))
         record.shaping_s, record.shaped = shaping_s, len(shaped)
         extra_text = "\n".join(texts)

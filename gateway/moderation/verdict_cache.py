@@ -111,8 +111,15 @@ class FrameIdentity:
     """A shaped frame as the cache knows it."""
 
     sha256: str
-    phash: int
+    phash: int | None  # None: shaped without it (``ShapedImage.phash``), near no other frame
     thumbnail: bytes  # ShapedImage.thumbnail: the shaping step's 16×9 colour cell means
+
+    @property
+    def looked_up_phash(self) -> int:
+        """The pHash the cache files and finds it by: every frame of a request that uses the cache has one."""
+        if self.phash is None:
+            raise ValueError("the verdict cache was asked about a frame shaped without its pHash")
+        return self.phash
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +205,7 @@ class NearDuplicateRule:
 
     def matches(self, frame: FrameIdentity, other: FrameIdentity) -> int | None:
         """The pHash distance if ``other`` is a near duplicate of ``frame``, else None."""
-        if not self.enabled:
+        if not self.enabled or frame.phash is None or other.phash is None:
             return None
         distance = hamming(frame.phash, other.phash)
         if distance > self.max_distance:
@@ -306,7 +313,7 @@ class MemoryVerdictCache:
         if not self.rule.enabled:
             return None
         shas: set[str] = set()
-        for band in phash_bands(frame.phash, self.rule.max_distance):
+        for band in phash_bands(frame.looked_up_phash, self.rule.max_distance):
             shas |= self._bands.get((scope.key, *band), set())
         candidates = [stored for sha in shas if (stored := self._live(scope.key, sha, now)) is not None]
         found = closest(frame, candidates, self.rule)
@@ -459,7 +466,7 @@ class RedisVerdictCache:
         for scope in scopes:
             keys.append(self._entry_key(scope, frame.sha256))
             if self.rule.enabled:
-                keys.extend(self._band_keys(scope, frame.phash))
+                keys.extend(self._band_keys(scope, frame.looked_up_phash))
         return keys, [len(scopes), self._bands(), *(self._entry_prefix(scope) for scope in scopes)]
 
     def read(self, scopes: Sequence[VerdictScope], frame: FrameIdentity, found: Any) -> ReusedVerdict | None:

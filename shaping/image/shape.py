@@ -35,7 +35,8 @@ class ShapedImage:
 
     ``width``/``height`` and ``source_width``/``source_height`` are both as displayed (EXIF orientation
     applied). ``phash`` is imagehash's 64-bit perceptual hash and ``thumbnail`` the 16×9 RGB cell means
-    (432 bytes) of the shaped pixels box-reduced 8× (the DCT's DC terms for a passthrough frame).
+    (432 bytes) of the shaped pixels box-reduced 8× (the DCT's DC terms for a passthrough frame); both
+    None when it was shaped without them (``identity=False``: nothing would compare it with another frame).
     ``passthrough`` is true when the source JPEG's own bitstream was reused (no decode-resize-encode);
     its metadata and trailing bytes are still dropped. ``decoded_size`` is the size the decoder produced,
     as stored (1/8 of a passthrough frame each way, the DCT-scaled size of a drafted JPEG).
@@ -50,8 +51,8 @@ class ShapedImage:
     source_format: ImageFormat
     image_tokens: int
     sha256: str
-    phash: str
-    thumbnail: bytes = field(repr=False)
+    phash: str | None
+    thumbnail: bytes | None = field(repr=False)
     passthrough: bool
     decoded_size: tuple[int, int]  # the pixels the decoder produced (DCT scaling makes them fewer)
     # ``data`` in base64 when the caller's own text says it (see :meth:`reusing_encoding`), else None
@@ -79,8 +80,14 @@ class ShapedImage:
         return replace(self, encoded=encoded)
 
 
-def shape_image(data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quality: int = 90) -> ShapedImage:
-    """Check, decode and shape one keyframe; raises :class:`~shaping.errors.ImageRejected` if refused."""
+def shape_image(
+    data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quality: int = 90, identity: bool = True
+) -> ShapedImage:
+    """Check, decode and shape one keyframe; raises :class:`~shaping.errors.ImageRejected` if refused.
+
+    ``identity=False`` leaves out the pHash and thumbnail (a fifth of a passed-through frame's shaping):
+    for a frame that no verdict cache will look up and no other frame of its request will be compared with.
+    """
     if not 1 <= jpeg_quality <= 100:
         raise ValueError(f"jpeg_quality must be within 1..100, got {jpeg_quality}")
     if ImageFile.LOAD_TRUNCATED_IMAGES:
@@ -111,7 +118,7 @@ def shape_image(data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quali
             if image.size == target and image.mode == "RGB" and orientation_of(image) == 1:
                 stream = baseline_jpeg_stream(data)
                 if stream is not None:
-                    return _passthrough(image, stream, grid)
+                    return _passthrough(image, stream, grid, identity)
             # DCT-domain scaling: Pillow picks 1/2, 1/4 or 1/8 only where the result still covers the target.
             image.draft("RGB", target)
         load_pixels(image, label)
@@ -128,7 +135,7 @@ def shape_image(data: bytes, limits: ImageLimits, grid: TokenGrid, *, jpeg_quali
         return _shaped(
             encode_jpeg(pixels, jpeg_quality),
             pixels.size,
-            pixels.reduce(scale) if scale > 1 else pixels,
+            (pixels.reduce(scale) if scale > 1 else pixels) if identity else None,
             grid,
             source=(source_width, source_height, image_format),
             decoded_size=decoded_size,
@@ -143,7 +150,7 @@ def shape_picture(picture: Image.Image, grid: TokenGrid, *, jpeg_quality: int = 
     return encode_jpeg(pixels, jpeg_quality)
 
 
-def _passthrough(image: ImageFile.ImageFile, stream: bytes, grid: TokenGrid) -> ShapedImage:
+def _passthrough(image: ImageFile.ImageFile, stream: bytes, grid: TokenGrid, identity: bool) -> ShapedImage:
     """Reuse an on-grid baseline JPEG's bitstream, decoded once at the identity's scale to prove it decodes.
 
     ``image`` is the caller's JPEG as already opened for the header checks; its scan is the bitstream's own
@@ -157,24 +164,25 @@ def _passthrough(image: ImageFile.ImageFile, stream: bytes, grid: TokenGrid) -> 
     load_pixels(image, "JPEG")
     check_decoded_size(image, size, "JPEG")
     return _shaped(
-        stream, size, image, grid, source=(*size, "JPEG"), decoded_size=image.size, passthrough=True
+        stream, size, image if identity else None, grid, source=(*size, "JPEG"), decoded_size=image.size,
+        passthrough=True,
     )
 
 
 def _shaped(
     data: bytes,
     size: tuple[int, int],
-    reduced: Image.Image,
+    reduced: Image.Image | None,
     grid: TokenGrid,
     *,
     source: tuple[int, int, ImageFormat],
     decoded_size: tuple[int, int],
     passthrough: bool = False,
 ) -> ShapedImage:
-    """The shaped frame's description; ``reduced`` is its pixels at the identity's scale."""
+    """The shaped frame's description; ``reduced``: its pixels at the identity's scale (None: no identity)."""
     width, height = size
     factor = grid.pixels_per_token
-    phash, thumbnail = frame_identity(reduced)
+    phash, thumbnail = (None, None) if reduced is None else frame_identity(reduced)
     return ShapedImage(
         data=data,
         mime=SHAPED_MIME,

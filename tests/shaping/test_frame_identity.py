@@ -188,3 +188,21 @@ def test_an_on_grid_png_bomb_header_is_refused_before_any_decode() -> None:
     header = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr
     with pytest.raises(ImageDimensionsTooLarge):
         shape_image(header + b"\x00" * 16, LIMITS, GRID)
+
+
+@pytest.mark.parametrize("size", [(1088, 608), (1280, 720)], ids=["passthrough", "resized"])
+def test_a_frame_shaped_without_its_identity_is_the_same_frame_without_a_phash(size: tuple[int, int]) -> None:
+    data = make_keyframe("allow", *size, seed=4)
+    full = shape_image(data, LIMITS, GRID)
+    bare = shape_image(data, LIMITS, GRID, identity=False)
+    assert (bare.phash, bare.thumbnail) == (None, None)
+    assert full.phash is not None
+    assert full.thumbnail is not None
+    assert (bare.data, bare.sha256, bare.passthrough, bare.decoded_size) == (
+        full.data, full.sha256, full.passthrough, full.decoded_size)
+
+
+def test_a_frame_shaped_without_its_identity_is_still_decoded_to_its_last_bit() -> None:
+    # the identity is what the 1/8-scale decode feeds, not why it runs: a cut-short frame is refused alike
+    with pytest.raises(ImageDecodeFailed, match="truncated"):
+        shape_image(ON_GRID[: int(len(ON_GRID) * 0.95)], LIMITS, GRID, identity=False)

@@ -135,6 +135,24 @@ def test_a_zero_ttl_reuses_nothing(
     assert moderate(gateway, SCENE)["reused"] is None
 
 
+def test_without_the_cache_a_near_duplicate_in_the_same_request_still_reuses_its_leaders_verdict(
+    sim: ThreadedServer, start_gateway: GatewayFactory
+) -> None:
+    # a lone frame is shaped without its pHash when nothing will look it up; two in one request need theirs
+    gateway = start_gateway(engine={"url": sim.url}, shaping={"verdict_cache_ttl_s": 0})
+    calls = engine_requests(sim)
+    response = httpx.post(
+        f"{gateway.url}/v1/moderations",
+        json={"model": "m", "input": image_input(SCENE, SCENE_REENCODED)},
+        headers={"X-Modgate-Thinking": "off"}, timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    leader, follower = (result["modgate"] for result in response.json()["results"])
+    assert (leader["reused"], follower["reused"]) == (None, "near")
+    assert engine_requests(sim) == calls + 1
+    assert moderate(gateway, SCENE)["reused"] is None
+
+
 def test_an_unusable_answer_is_not_stored_for_reuse(
     store: dict[str, Any], start_sim: SimFactory, start_gateway: GatewayFactory
 ) -> None:

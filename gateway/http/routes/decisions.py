@@ -157,7 +157,7 @@ async def decide_questions(
     frames: dict[str, str] = {}  # each image's URL: its shaped frame's hash (for the log)
 
     async def shape(url: str) -> ShapedImage:
-        shaped = await moderation.shape(url, caller.tenant)
+        shaped = await moderation.shape(url, caller.tenant, identity=False)  # nothing reuses its verdict
         frames[url] = shaped.sha256
         return shaped
 
