@@ -7,11 +7,13 @@ A cut frame goes in as its bytes: it is never written into a ``data:`` URL to be
 from __future__ import annotations
 
 import asyncio
+import binascii
 import functools
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
+import pybase64
 from pydantic import ConfigDict
 
 from gateway.errors import ClientError, InvalidRequest, PayloadTooLarge, UnprocessableImage, UnsupportedMedia
@@ -19,7 +21,14 @@ from gateway.moderation.remote_images import RemoteImageFetcher, is_remote_url
 from gateway.moderation.shaping_pool import ShapingPool
 from gateway.wire import ImageURLPart, ModerationRequest, TextPart
 from shaping.errors import ImageRejected
-from shaping.image import ImageLimits, ShapedImage, data_url_payload, decode_data_url, shape_image
+from shaping.image import (
+    ImageLimits,
+    ShapedImage,
+    data_url_payload,
+    decode_data_url,
+    passes_through,
+    shape_image,
+)
 from shaping.tokens import TokenGrid
 
 T = TypeVar("T")
@@ -81,6 +90,15 @@ async def off_loop(executor: Executor, tenant: str, function: Callable[..., T], 
     return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
 
 
+# A request's lone keyframe that passes through is checked on the event loop, not handed to a shaping
+# thread: its shaping is a 1/8-scale decode (~1.5 ms for a 1088×608 q90 frame), and the hand-off and the
+# GIL's trips between the threads cost two thirds as much CPU again (docs/performance.md). The cap bounds
+# how long the loop is held (the decode reads every byte); anything else goes to the threads.
+INLINE_MAX_BYTES: Final = 256 * 1024
+_HEAD_BYTES: Final = 6 * 1024  # a JPEG's first bytes, which hold its tables and frame header
+_HEAD_CHARS: Final = _HEAD_BYTES // 3 * 4  # the same in base64
+
+
 async def shape_frame(
     frame: Frame,
     tenant: str,
@@ -91,26 +109,47 @@ async def shape_frame(
     jpeg_quality: int,
     remote_images: RemoteImageFetcher | None,
     identity: bool = True,
+    lone: bool = False,
 ) -> ShapedImage:
-    """Decode and shape one frame off the event loop (fetched first if it is an allowed remote URL);
+    """Decode and shape one frame (fetched first if it is an allowed remote URL): on a shaping thread, or
+    on the event loop when it is its request's ``lone`` frame and passes through (``INLINE_MAX_BYTES``);
     ``identity``: with its pHash and thumbnail (``shape_image``)."""
     try:
         shape = functools.partial(shape_image, jpeg_quality=jpeg_quality, identity=identity)
         if isinstance(frame, EncodedFrame):
-            return await off_loop(executor, tenant, shape, frame.data, limits, grid)
-        if remote_images is not None and is_remote_url(frame):
+            raw = frame.data
+        elif remote_images is not None and is_remote_url(frame):
             raw = await remote_images.fetch(frame)
-            return await off_loop(executor, tenant, shape, raw, limits, grid)
-        return await off_loop(executor, tenant, _shape_data_url, frame, limits, grid, jpeg_quality, identity)
+        else:  # a data: URL, decoded where it is shaped
+            arguments = (frame, limits, grid, jpeg_quality, identity)
+            if lone and _passes_through_inline(frame, grid):
+                return _shape_data_url(*arguments)
+            return await off_loop(executor, tenant, _shape_data_url, *arguments)
+        if lone and len(raw) <= INLINE_MAX_BYTES and passes_through(raw[:_HEAD_BYTES], grid):
+            return shape(raw, limits, grid)
+        return await off_loop(executor, tenant, shape, raw, limits, grid)
     except ImageRejected as exc:
         raise image_rejection(exc) from exc
+
+
+def _passes_through_inline(url: str, grid: TokenGrid) -> bool:
+    """Whether a ``data:`` URL's image is small enough and its first bytes say it passes through."""
+    start = url.find(",", 0, 300) + 1
+    if start == 0 or (len(url) - start) // 4 * 3 > INLINE_MAX_BYTES:
+        return False
+    try:
+        head = pybase64.b64decode(url[start : start + _HEAD_CHARS], validate=True)
+    except (binascii.Error, ValueError):
+        return False  # the shaping thread's decoding says what is wrong with it
+    return passes_through(head, grid)
 
 
 def _shape_data_url(
     url: str, limits: ImageLimits, grid: TokenGrid, jpeg_quality: int, identity: bool
 ) -> ShapedImage:
-    """A ``data:`` URL's frame decoded and shaped, all on a shaping thread (the base64, the check that a
-    passed-through frame may go on in the caller's own text: none of it on the event loop)."""
+    """A ``data:`` URL's frame decoded and shaped, all on one thread (a shaping thread's, or the loop's for
+    a lone frame that passes through): the base64, the shaping, the check that a passed-through frame may
+    go on in the caller's own text."""
     _, raw = decode_data_url(url, limits.max_bytes)
     shaped = shape_image(raw, limits, grid, jpeg_quality=jpeg_quality, identity=identity)
     # a frame passed through unchanged goes to the engine in the caller's own base64

@@ -185,13 +185,16 @@ class ModerationService:
         and after an engine failure (it may have restarted with other weights)."""
         return await self.identity.current()
 
-    async def shape(self, frame: Frame, tenant: str = SHARED_FLOW, *, identity: bool = True) -> ShapedImage:
-        """Decode and shape one keyframe off the event loop (fetched first if it is an allowed remote URL);
+    async def shape(
+        self, frame: Frame, tenant: str = SHARED_FLOW, *, identity: bool = True, lone: bool = False
+    ) -> ShapedImage:
+        """Decode and shape one keyframe (fetched first if it is an allowed remote URL) on a shaping thread,
+        or on the loop if it is its request's ``lone`` frame and passes through (``shape_frame``);
         ``identity``: with the pHash and thumbnail that verdict reuse compares (``shape_image``)."""
         return await shape_frame(
             frame, tenant, executor=self.executor, limits=self.limits, grid=self.grid,
             jpeg_quality=self.settings.shaping.jpeg_quality, remote_images=self.remote_images,
-            identity=identity,
+            identity=identity, lone=lone,
         )
 
     def needs_identity(self, frames: int) -> bool:
@@ -260,8 +263,10 @@ class ModerationService:
         shaping_started = time.monotonic()
         with self.tracer.start_as_current_span("shaping", attributes={"modgate.images": len(images)}):
             # all bad input fails before any engine call
-            identity = self.needs_identity(len(images))
-            shaped = await together(*(self.shape(one, caller.tenant, identity=identity) for one in images))
+            identity, lone = self.needs_identity(len(images)), len(images) == 1
+            shaped = await together(
+                *(self.shape(one, caller.tenant, identity=identity, lone=lone) for one in images)
+            )
         shaping_s = (time.monotonic() - shaping_started) / max(1, len(shaped))
         record.shaping_s, record.shaped = shaping_s, len(shaped)
         extra_text = "\n".join(texts)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import struct
 from dataclasses import dataclass, field, replace
 from typing import Final
 
 from PIL import Image, ImageFile
 
-from shaping.errors import EmptyImage, ImageDecodeFailed, ImageTooLarge
+from shaping.errors import EmptyImage, ImageDecodeFailed, ImageRejected, ImageTooLarge
 from shaping.image.decode import (
     TRANSPOSE_FOR_ORIENTATION,
     as_displayed,
@@ -21,7 +22,7 @@ from shaping.image.decode import (
 )
 from shaping.image.header import check_dimensions, size_from_header, sniff_format
 from shaping.image.identity import frame_identity, identity_scale
-from shaping.image.jpeg import baseline_jpeg_stream
+from shaping.image.jpeg import JPEG_FRAME_MARKERS, MalformedJpeg, baseline_jpeg_stream, jpeg_segments
 from shaping.image.limits import FORMAT_LABELS, ImageFormat, ImageLimits
 from shaping.image.pixels import encode_jpeg, flatten_to_rgb, resizable, resize
 from shaping.tokens import TokenGrid, smart_resize
@@ -140,6 +141,29 @@ def shape_image(
             source=(source_width, source_height, image_format),
             decoded_size=decoded_size,
         )
+
+
+def passes_through(head: bytes, grid: TokenGrid) -> bool:
+    """Whether a JPEG's first bytes say its shaping is the passthrough's check alone: a baseline 8-bit
+    three-component JPEG already on the token grid, with no EXIF (which may rotate it) or Adobe segment
+    before its frame header. ``head`` may be the start of the file only: where the frame header is not
+    within it, the answer is no. A guess for where to run the work, never a check: ``shape_image`` decides
+    what it does with the whole file, and a wrong guess costs time only."""
+    if not head.startswith(b"\xff\xd8\xff"):
+        return False
+    try:
+        for segment in jpeg_segments(head):
+            if segment.marker in (0xE1, 0xEE, 0xDA, 0xD9):  # EXIF, Adobe, or data before a frame header
+                return False
+            if segment.marker in JPEG_FRAME_MARKERS:
+                header = head[segment.start : segment.end].lstrip(b"\xff")
+                if segment.marker != 0xC0 or len(header) < 9 or header[3] != 8 or header[8] != 3:
+                    return False
+                height, width = struct.unpack(">HH", header[4:8])
+                return width > 0 and height > 0 and smart_resize(width, height, grid) == (width, height)
+    except (MalformedJpeg, ImageRejected):
+        return False
+    return False  # pragma: no cover - jpeg_segments ends with EOI (above) or raises
 
 
 def shape_picture(picture: Image.Image, grid: TokenGrid, *, jpeg_quality: int = 90) -> bytes:
