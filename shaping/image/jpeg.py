@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Final
 
 # SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC).
@@ -81,16 +82,18 @@ def baseline_jpeg_stream(data: bytes) -> bytes | None:
     the engine's decoder. Not eligible (None): progressive or other frame types, Adobe APP14 (its colour
     transform flag changes decoding), a JFIF thumbnail, DNL, or any marker structure out of the ordinary.
     """
-    kept = [b"\xff\xd8"]
+    kept = [(0, 2)]  # spans of ``data``: SOI, then each segment kept
     frames = scans = 0
     try:
         for segment in jpeg_segments(data):
-            body = data[segment.start : segment.end]
             marker = segment.marker
+            span = (segment.start, segment.end)
+            # only the segments read here are copied (not the scan's data, not the metadata dropped)
+            body = data[segment.start : segment.end] if marker in (0xE0, 0xC0) else b""
             if marker == 0xE0 and body.lstrip(b"\xff")[3:8] == b"JFIF\x00":
                 if not _JFIF_WITHOUT_THUMBNAIL.match(body):
                     return None
-                kept.append(body)
+                kept.append(span)
             elif marker == 0xEE:
                 return None
             elif 0xE0 <= marker <= 0xEF or marker == 0xFE:
@@ -105,7 +108,11 @@ def baseline_jpeg_stream(data: bytes) -> bytes | None:
                         return None
                 if marker == 0xDA:
                     scans += 1
-                kept.append(body)
+                kept.append(span)
     except MalformedJpeg:
         return None
-    return b"".join(kept) if frames == 1 and scans >= 1 else None
+    if frames != 1 or scans < 1:
+        return None
+    if kept[-1][1] == len(data) and all(end == start for (_, end), (start, _) in pairwise(kept)):
+        return data  # nothing dropped: the caller's bytes as they are, not a copy
+    return b"".join(data[start:end] for start, end in kept)

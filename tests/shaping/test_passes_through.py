@@ -14,6 +14,7 @@ from PIL import Image
 
 from deploy.keyframes import make_keyframe
 from shaping.image import ImageLimits, passes_through, shape_image
+from shaping.image.jpeg import baseline_jpeg_stream
 from shaping.tokens import TokenGrid
 
 GRID = TokenGrid()
@@ -65,3 +66,10 @@ def test_anything_else_goes_to_the_threads(frame: bytes) -> None:
 def test_the_guess_is_what_shaping_does(size: tuple[int, int]) -> None:
     frame = make_keyframe("allow", *size, seed=3)
     assert passes_through(frame, GRID) == shape_image(frame, ImageLimits(), GRID).passthrough
+
+
+def test_a_frame_with_nothing_to_drop_goes_on_as_the_callers_own_bytes() -> None:
+    assert baseline_jpeg_stream(ON_GRID) is ON_GRID  # not a copy of an image-sized scan
+    with_comment = ON_GRID[:2] + b"\xff\xfe\x00\x07hello" + ON_GRID[2:]
+    assert baseline_jpeg_stream(with_comment) == ON_GRID
+    assert baseline_jpeg_stream(ON_GRID + b"trailing") == ON_GRID
