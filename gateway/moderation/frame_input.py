@@ -27,6 +27,7 @@ from shaping.image import (
     data_url_payload,
     decode_data_url,
     passes_through,
+    passthrough_check,
     shape_image,
 )
 from shaping.tokens import TokenGrid
@@ -92,8 +93,9 @@ async def off_loop(executor: Executor, tenant: str, function: Callable[..., T], 
 
 # A request's lone keyframe that passes through is checked on the event loop, not handed to a shaping
 # thread: its shaping is a 1/8-scale decode (~1.5 ms for a 1088×608 q90 frame), and the hand-off and the
-# GIL's trips between the threads cost two thirds as much CPU again (docs/performance.md). The cap bounds
-# how long the loop is held (the decode reads every byte); anything else goes to the threads.
+# GIL's trips between the threads cost two thirds as much CPU again (docs/performance.md). While the gateway
+# is busy with other requests, its decode alone (libjpeg holds no GIL) goes to a shaping thread, so the loop
+# serves the others meanwhile. The cap bounds how long the loop is held; anything else goes to the threads.
 INLINE_MAX_BYTES: Final = 256 * 1024
 _HEAD_BYTES: Final = 6 * 1024  # a JPEG's first bytes, which hold its tables and frame header
 _HEAD_CHARS: Final = _HEAD_BYTES // 3 * 4  # the same in base64
@@ -110,26 +112,52 @@ async def shape_frame(
     remote_images: RemoteImageFetcher | None,
     identity: bool = True,
     lone: bool = False,
+    busy: bool = False,
 ) -> ShapedImage:
-    """Decode and shape one frame (fetched first if it is an allowed remote URL): on a shaping thread, or
-    on the event loop when it is its request's ``lone`` frame and passes through (``INLINE_MAX_BYTES``);
-    ``identity``: with its pHash and thumbnail (``shape_image``)."""
+    """Decode and shape one frame (fetched first if it is an allowed remote URL): on a shaping thread, or on
+    the event loop when it is its request's ``lone`` frame and passes through (``INLINE_MAX_BYTES``), its
+    decode on a thread while the gateway is ``busy``; ``identity``: with its pHash and thumbnail."""
     try:
-        shape = functools.partial(shape_image, jpeg_quality=jpeg_quality, identity=identity)
+        url: str | None = None
         if isinstance(frame, EncodedFrame):
             raw = frame.data
         elif remote_images is not None and is_remote_url(frame):
             raw = await remote_images.fetch(frame)
-        else:  # a data: URL, decoded where it is shaped
+        elif lone and _passes_through_inline(frame, grid):
+            url = frame
+            _, raw = decode_data_url(frame, limits.max_bytes)
+        else:  # a data: URL, decoded on the thread that shapes it
             arguments = (frame, limits, grid, jpeg_quality, identity)
-            if lone and _passes_through_inline(frame, grid):
-                return _shape_data_url(*arguments)
             return await off_loop(executor, tenant, _shape_data_url, *arguments)
-        if lone and len(raw) <= INLINE_MAX_BYTES and passes_through(raw[:_HEAD_BYTES], grid):
-            return shape(raw, limits, grid)
-        return await off_loop(executor, tenant, shape, raw, limits, grid)
+        if url is None and not (lone and _bytes_pass_through_inline(raw, grid)):
+            shape = functools.partial(shape_image, jpeg_quality=jpeg_quality, identity=identity)
+            return await off_loop(executor, tenant, shape, raw, limits, grid)
+        shaped = await _passed_through(raw, tenant, executor, limits, grid, jpeg_quality, identity, busy)
+        # a frame passed through unchanged goes to the engine in the caller's own base64
+        return shaped if url is None else shaped.reusing_encoding(raw, data_url_payload(url))
     except ImageRejected as exc:
         raise image_rejection(exc) from exc
+
+
+async def _passed_through(
+    raw: bytes, tenant: str, executor: Executor, limits: ImageLimits, grid: TokenGrid, jpeg_quality: int,
+    identity: bool, busy: bool,
+) -> ShapedImage:
+    """A frame whose first bytes say it passes through, checked on the loop: all of it while the gateway is
+    otherwise idle, its decode on a shaping thread while it is ``busy``."""
+    if not busy:
+        return shape_image(raw, limits, grid, jpeg_quality=jpeg_quality, identity=identity)
+    passthrough = passthrough_check(raw, limits, grid)
+    if passthrough is None:  # its first bytes said so, the whole file does not: shaped in full, on a thread
+        shape = functools.partial(shape_image, jpeg_quality=jpeg_quality, identity=identity)
+        return await off_loop(executor, tenant, shape, raw, limits, grid)
+    await off_loop(executor, tenant, passthrough.decode)
+    return passthrough.shaped(identity=identity)
+
+
+def _bytes_pass_through_inline(raw: bytes, grid: TokenGrid) -> bool:
+    """Whether an image held as bytes is small enough and its first bytes say it passes through."""
+    return len(raw) <= INLINE_MAX_BYTES and passes_through(raw[:_HEAD_BYTES], grid)
 
 
 def _passes_through_inline(url: str, grid: TokenGrid) -> bool:
@@ -147,9 +175,8 @@ def _passes_through_inline(url: str, grid: TokenGrid) -> bool:
 def _shape_data_url(
     url: str, limits: ImageLimits, grid: TokenGrid, jpeg_quality: int, identity: bool
 ) -> ShapedImage:
-    """A ``data:`` URL's frame decoded and shaped, all on one thread (a shaping thread's, or the loop's for
-    a lone frame that passes through): the base64, the shaping, the check that a passed-through frame may
-    go on in the caller's own text."""
+    """A ``data:`` URL's frame decoded and shaped, all on a shaping thread: the base64, the shaping, the
+    check that a passed-through frame may go on in the caller's own text."""
     _, raw = decode_data_url(url, limits.max_bytes)
     shaped = shape_image(raw, limits, grid, jpeg_quality=jpeg_quality, identity=identity)
     # a frame passed through unchanged goes to the engine in the caller's own base64

@@ -137,6 +137,7 @@ class ModerationService:
         metrics.watch_output_token_weight(lambda: self.work.output_token_weight)
         self.tracer = tracer or trace.NoOpTracer()
         self.recorder = recorder or RequestRecorder(metrics, RecentRequests(settings.telemetry.window_s))
+        self.in_flight = 0  # moderations this process is answering now (a lone frame's decode: shape_frame)
         self.identity = EngineIdentity(settings.engine, self.engines)  # the model verdicts are reused under
         shaping = settings.shaping
         self.limits = ImageLimits(
@@ -186,15 +187,17 @@ class ModerationService:
         return await self.identity.current()
 
     async def shape(
-        self, frame: Frame, tenant: str = SHARED_FLOW, *, identity: bool = True, lone: bool = False
+        self, frame: Frame, tenant: str = SHARED_FLOW, *, identity: bool = True, lone: bool = False,
+        busy: bool = False,
     ) -> ShapedImage:
         """Decode and shape one keyframe (fetched first if it is an allowed remote URL) on a shaping thread,
-        or on the loop if it is its request's ``lone`` frame and passes through (``shape_frame``);
-        ``identity``: with the pHash and thumbnail that verdict reuse compares (``shape_image``)."""
+        or on the loop if it is its request's ``lone`` frame and passes through, its decode on a thread if
+        the gateway is ``busy`` (``shape_frame``); ``identity``: with the pHash and thumbnail that verdict
+        reuse compares (``shape_image``)."""
         return await shape_frame(
             frame, tenant, executor=self.executor, limits=self.limits, grid=self.grid,
             jpeg_quality=self.settings.shaping.jpeg_quality, remote_images=self.remote_images,
-            identity=identity, lone=lone,
+            identity=identity, lone=lone, busy=busy,
         )
 
     def needs_identity(self, frames: int) -> bool:
@@ -225,9 +228,13 @@ class ModerationService:
             request_id, caller.tenant, frames=len(split_input(request)[0]), job=caller.job_kind
         )
         span = self.tracer.start_as_current_span("moderation", attributes={"modgate.request_id": request_id})
-        with span, self.recorder.recording(record):  # the outcome is set on the span before it ends
-            return await self._moderate(request, caller, requested, record, packing, fresh=fresh,
-                                        decision_ids=decision_ids)
+        self.in_flight += 1
+        try:
+            with span, self.recorder.recording(record):  # the outcome is set on the span before it ends
+                return await self._moderate(request, caller, requested, record, packing, fresh=fresh,
+                                            decision_ids=decision_ids)
+        finally:
+            self.in_flight -= 1
 
     async def _moderate(
         self,
@@ -263,9 +270,9 @@ class ModerationService:
         shaping_started = time.monotonic()
         with self.tracer.start_as_current_span("shaping", attributes={"modgate.images": len(images)}):
             # all bad input fails before any engine call
-            identity, lone = self.needs_identity(len(images)), len(images) == 1
+            identity, lone, busy = self.needs_identity(len(images)), len(images) == 1, self.in_flight > 1
             shaped = await together(
-                *(self.shape(one, caller.tenant, identity=identity, lone=lone) for one in images)
+                *(self.shape(one, caller.tenant, identity=identity, lone=lone, busy=busy) for one in images)
             )
         shaping_s = (time.monotonic() - shaping_started) / max(1, len(shaped))
         record.shaping_s, record.shaped = shaping_s, len(shaped)

@@ -35,7 +35,8 @@ Colour profiles are not applied, on purpose: the engine's own loader ignores the
 
 Everything here is synchronous and keeps no state between calls: the gateway runs it in a thread pool
 (Pillow releases the GIL while it decodes, resizes and encodes), except a request's lone keyframe that
-``passes_through`` says is on the grid, whose check costs less than the hand-off to a thread.
+``passes_through`` says is on the grid, whose check costs less than the hand-off to a thread: the gateway
+runs it on its event loop, or ``passthrough_check`` there and only the ``Passthrough``'s decode on a thread.
 
 The package, by job, in the order a keyframe meets them: ``data_url`` (bytes out of a ``data:`` URL),
 ``limits`` (the formats and limits), ``header`` (steps 2 and 3: magic bytes and the header's size, by hand),
@@ -48,7 +49,15 @@ and 5, and the EXIF orientation), ``pixels`` (steps 6 and 7), ``identity`` (the 
 from shaping.image.data_url import data_url_payload, decode_data_url
 from shaping.image.identity import IDENTITY_SCALE, THUMBNAIL_SIZE, frame_identity
 from shaping.image.limits import SUPPORTED_FORMATS, ImageFormat, ImageLimits
-from shaping.image.shape import SHAPED_MIME, ShapedImage, passes_through, shape_image, shape_picture
+from shaping.image.shape import (
+    SHAPED_MIME,
+    Passthrough,
+    ShapedImage,
+    passes_through,
+    passthrough_check,
+    shape_image,
+    shape_picture,
+)
 
 __all__ = [
     "IDENTITY_SCALE",
@@ -57,11 +66,13 @@ __all__ = [
     "THUMBNAIL_SIZE",
     "ImageFormat",
     "ImageLimits",
+    "Passthrough",
     "ShapedImage",
     "data_url_payload",
     "decode_data_url",
     "frame_identity",
     "passes_through",
+    "passthrough_check",
     "shape_image",
     "shape_picture",
 ]

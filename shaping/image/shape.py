@@ -91,35 +91,14 @@ def shape_image(
     """
     if not 1 <= jpeg_quality <= 100:
         raise ValueError(f"jpeg_quality must be within 1..100, got {jpeg_quality}")
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        # A process-wide Pillow switch: with it on, truncated frames would decode as grey and pass.
-        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on; image shaping refuses to run with it")
-    if not data:
-        raise EmptyImage("the image has no bytes")
-    if len(data) > limits.max_bytes:
-        raise ImageTooLarge(f"the image is {len(data):,} bytes, over the {limits.max_bytes:,}-byte limit")
-    image_format = sniff_format(data, limits)
-    label = FORMAT_LABELS[image_format]
-    header_size = size_from_header(data, image_format)
-    check_dimensions(label, *header_size, limits)
-
-    with open_image(data, image_format) as image:
-        # Pillow's reading is the one decoding will follow: it must be ours (a second frame header, say,
-        # would have Pillow decode a picture of another size than the one checked).
-        stored_size = image.size
-        if stored_size != header_size:
-            raise ImageDecodeFailed(
-                f"the {label} header states {header_size[0]}×{header_size[1]} pixels, but the image reads "
-                f"as {stored_size[0]}×{stored_size[1]}"
-            )
-        # smart_resize is symmetric: the target in stored orientation, transposed with the pixels at the end.
-        target = smart_resize(*stored_size, grid)
-        check_frames(image, image_format, label, limits)
-        if image_format == "JPEG":
-            if image.size == target and image.mode == "RGB" and orientation_of(image) == 1:
-                stream = baseline_jpeg_stream(data)
-                if stream is not None:
-                    return _passthrough(image, stream, grid, identity)
+    opened = _opened(data, limits, grid)
+    with opened.image:
+        passthrough = _passthrough_of(opened, data, grid)
+        if passthrough is not None:
+            passthrough.decode()
+            return passthrough.shaped(identity=identity)
+        image, label, stored_size, target = opened.image, opened.label, opened.image.size, opened.target
+        if opened.image_format == "JPEG":
             # DCT-domain scaling: Pillow picks 1/2, 1/4 or 1/8 only where the result still covers the target.
             image.draft("RGB", target)
         load_pixels(image, label)
@@ -138,9 +117,74 @@ def shape_image(
             pixels.size,
             (pixels.reduce(scale) if scale > 1 else pixels) if identity else None,
             grid,
-            source=(source_width, source_height, image_format),
+            source=(source_width, source_height, opened.image_format),
             decoded_size=decoded_size,
         )
+
+
+def passthrough_check(data: bytes, limits: ImageLimits, grid: TokenGrid) -> Passthrough | None:
+    """``shape_image``'s checks, up to a passed-through frame's decode: the frame as a :class:`Passthrough`
+    whose ``decode`` (no GIL held while libjpeg reads) may run on another thread, or None where the frame
+    does not pass through (``shape_image`` shapes it). Refuses what ``shape_image`` refuses before its
+    decode. The passthrough's image needs no closing (it reads from memory)."""
+    opened = _opened(data, limits, grid)
+    passthrough = _passthrough_of(opened, data, grid)
+    if passthrough is None:
+        opened.image.close()
+    return passthrough
+
+
+@dataclass(frozen=True, slots=True)
+class _Opened:
+    image: ImageFile.ImageFile
+    image_format: ImageFormat
+    label: str
+    target: tuple[int, int]  # smart_resize's, in stored orientation
+
+
+def _opened(data: bytes, limits: ImageLimits, grid: TokenGrid) -> _Opened:
+    """Steps 1 to 4 (shaping/image/__init__.py): the bytes, the format, the header's size, and Pillow's open
+    with its size and frames checked (the image closed again if they fail)."""
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        # A process-wide Pillow switch: with it on, truncated frames would decode as grey and pass.
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on; image shaping refuses to run with it")
+    if not data:
+        raise EmptyImage("the image has no bytes")
+    if len(data) > limits.max_bytes:
+        raise ImageTooLarge(f"the image is {len(data):,} bytes, over the {limits.max_bytes:,}-byte limit")
+    image_format = sniff_format(data, limits)
+    label = FORMAT_LABELS[image_format]
+    header_size = size_from_header(data, image_format)
+    check_dimensions(label, *header_size, limits)
+
+    image = open_image(data, image_format)
+    try:
+        # Pillow's reading is the one decoding will follow: it must be ours (a second frame header, say,
+        # would have Pillow decode a picture of another size than the one checked).
+        stored_size = image.size
+        if stored_size != header_size:
+            raise ImageDecodeFailed(
+                f"the {label} header states {header_size[0]}×{header_size[1]} pixels, but the image reads "
+                f"as {stored_size[0]}×{stored_size[1]}"
+            )
+        # smart_resize is symmetric: the target in stored orientation, transposed with the pixels at the end.
+        target = smart_resize(*stored_size, grid)
+        check_frames(image, image_format, label, limits)
+    except BaseException:
+        image.close()
+        raise
+    return _Opened(image, image_format, label, target)
+
+
+def _passthrough_of(opened: _Opened, data: bytes, grid: TokenGrid) -> Passthrough | None:
+    """The frame as a passthrough if it is a baseline JPEG on the grid, in RGB, not rotated."""
+    image = opened.image
+    if opened.image_format != "JPEG" or image.size != opened.target or image.mode != "RGB":
+        return None
+    if orientation_of(image) != 1:
+        return None
+    stream = baseline_jpeg_stream(data)
+    return None if stream is None else Passthrough(image, stream, image.size, grid)
 
 
 def passes_through(head: bytes, grid: TokenGrid) -> bool:
@@ -174,23 +218,35 @@ def shape_picture(picture: Image.Image, grid: TokenGrid, *, jpeg_quality: int = 
     return encode_jpeg(pixels, jpeg_quality)
 
 
-def _passthrough(image: ImageFile.ImageFile, stream: bytes, grid: TokenGrid, identity: bool) -> ShapedImage:
-    """Reuse an on-grid baseline JPEG's bitstream, decoded once at the identity's scale to prove it decodes.
+@dataclass(frozen=True, slots=True)
+class Passthrough:
+    """An on-grid baseline JPEG whose bitstream goes to the engine as it is, decoded once at the identity's
+    scale to prove it decodes.
 
     ``image`` is the caller's JPEG as already opened for the header checks; its scan is the bitstream's own
     byte for byte (only metadata and trailing bytes differ), so it is decoded as it is, not opened again.
     At 1/8 scale libjpeg still reads every entropy-coded bit (truncation and corrupt data fail as in a full
     decode); it only skips the inverse DCT beyond the DC term, the 8×8 block mean the identity is made of.
     """
-    size = image.size
-    scale = identity_scale(size)
-    image.draft("RGB", (size[0] // scale, size[1] // scale))
-    load_pixels(image, "JPEG")
-    check_decoded_size(image, size, "JPEG")
-    return _shaped(
-        stream, size, image if identity else None, grid, source=(*size, "JPEG"), decoded_size=image.size,
-        passthrough=True,
-    )
+
+    image: ImageFile.ImageFile
+    stream: bytes
+    size: tuple[int, int]  # as stored (and displayed: a passed-through frame is not rotated)
+    grid: TokenGrid
+
+    def decode(self) -> None:
+        """Read every entropy-coded bit at 1/8 scale (libjpeg holds no GIL meanwhile); refused if it fails."""
+        scale = identity_scale(self.size)
+        self.image.draft("RGB", (self.size[0] // scale, self.size[1] // scale))
+        load_pixels(self.image, "JPEG")
+        check_decoded_size(self.image, self.size, "JPEG")
+
+    def shaped(self, *, identity: bool = True) -> ShapedImage:
+        """The frame's description, once :meth:`decode` has run."""
+        return _shaped(
+            self.stream, self.size, self.image if identity else None, self.grid,
+            source=(*self.size, "JPEG"), decoded_size=self.image.size, passthrough=True,
+        )
 
 
 def _shaped(
