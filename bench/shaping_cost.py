@@ -269,7 +269,8 @@ def identity_spread(
         data = make_keyframe(rng.choice(LABELS), width, height, seed=rng.randrange(10**6),
                              quality=rng.choice([50, 70, 85, 90, 95]))
         shaped = shape_image(data, limits, grid)
-        assert shaped.phash is not None and shaped.thumbnail is not None  # shaped with its identity
+        assert shaped.phash is not None  # shaped with its identity
+        assert shaped.thumbnail is not None
         with Image.open(io.BytesIO(shaped.data)) as image:
             full = image.convert("RGB")
         bits[int(imagehash.phash(full) - imagehash.hex_to_hash(shaped.phash))] += 1
