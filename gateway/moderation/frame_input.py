@@ -118,38 +118,39 @@ async def shape_frame(
     the event loop when it is its request's ``lone`` frame and passes through (``INLINE_MAX_BYTES``), its
     decode on a thread while the gateway is ``busy``; ``identity``: with its pHash and thumbnail."""
     try:
-        url: str | None = None
+        shape = functools.partial(shape_image, jpeg_quality=jpeg_quality, identity=identity)
         if isinstance(frame, EncodedFrame):
             raw = frame.data
         elif remote_images is not None and is_remote_url(frame):
             raw = await remote_images.fetch(frame)
         elif lone and _passes_through_inline(frame, grid):
-            url = frame
             _, raw = decode_data_url(frame, limits.max_bytes)
+            shaped = await _passed_through(raw, shape, tenant, executor, limits, grid, identity, busy)
+            # a frame passed through unchanged goes to the engine in the caller's own base64
+            return shaped.reusing_encoding(raw, data_url_payload(frame))
         else:  # a data: URL, decoded on the thread that shapes it
             arguments = (frame, limits, grid, jpeg_quality, identity)
             return await off_loop(executor, tenant, _shape_data_url, *arguments)
-        if url is None and not (lone and _bytes_pass_through_inline(raw, grid)):
-            shape = functools.partial(shape_image, jpeg_quality=jpeg_quality, identity=identity)
-            return await off_loop(executor, tenant, shape, raw, limits, grid)
-        shaped = await _passed_through(raw, tenant, executor, limits, grid, jpeg_quality, identity, busy)
-        # a frame passed through unchanged goes to the engine in the caller's own base64
-        return shaped if url is None else shaped.reusing_encoding(raw, data_url_payload(url))
+        if lone and _bytes_pass_through_inline(raw, grid):
+            return await _passed_through(raw, shape, tenant, executor, limits, grid, identity, busy)
+        return await off_loop(executor, tenant, shape, raw, limits, grid)
     except ImageRejected as exc:
         raise image_rejection(exc) from exc
 
 
+Shape = Callable[[bytes, ImageLimits, TokenGrid], ShapedImage]  # ``shape_image`` with its settings bound
+
+
 async def _passed_through(
-    raw: bytes, tenant: str, executor: Executor, limits: ImageLimits, grid: TokenGrid, jpeg_quality: int,
+    raw: bytes, shape: Shape, tenant: str, executor: Executor, limits: ImageLimits, grid: TokenGrid,
     identity: bool, busy: bool,
 ) -> ShapedImage:
-    """A frame whose first bytes say it passes through, checked on the loop: all of it while the gateway is
-    otherwise idle, its decode on a shaping thread while it is ``busy``."""
+    """A frame whose first bytes say it passes through, checked on the loop: all of it (``shape``) while the
+    gateway is otherwise idle, its decode on a shaping thread while it is ``busy``."""
     if not busy:
-        return shape_image(raw, limits, grid, jpeg_quality=jpeg_quality, identity=identity)
+        return shape(raw, limits, grid)
     passthrough = passthrough_check(raw, limits, grid)
     if passthrough is None:  # its first bytes said so, the whole file does not: shaped in full, on a thread
-        shape = functools.partial(shape_image, jpeg_quality=jpeg_quality, identity=identity)
         return await off_loop(executor, tenant, shape, raw, limits, grid)
     await off_loop(executor, tenant, passthrough.decode)
     return passthrough.shaped(identity=identity)

@@ -134,4 +134,3 @@ def verdicts_to_keep(
         if (made := outcomes[index]) is not None and made.verdict.problem is None
         and made.answer.engine in scopes
     ]
-

@@ -200,11 +200,16 @@ class ModerationService:
             identity=identity, lone=lone, busy=busy,
         )
 
+    @property
+    def keeps_verdicts(self) -> bool:
+        """The verdict cache is on (``MODGATE_SHAPING__VERDICT_CACHE_TTL_S`` > 0)."""
+        return self.settings.shaping.verdict_cache_ttl_s > 0
+
     def needs_identity(self, frames: int) -> bool:
         """Whether a request of ``frames`` images needs their pHashes and thumbnails: the verdict cache
         looks each up, or near-duplicate reuse compares its frames with each other (exact repeats are found
         by their SHA-256, which every shaped frame has)."""
-        return self.settings.shaping.verdict_cache_ttl_s > 0 or (frames > 1 and self.verdicts.rule.enabled)
+        return self.keeps_verdicts or (frames > 1 and self.verdicts.rule.enabled)
 
     async def moderate(
         self,
@@ -462,7 +467,7 @@ class ModerationService:
         verdict (``frame_reuse``). The others go to the engine ``packing`` to a request (all of one caller,
         so one tenant); their fresh verdicts are kept for reuse.
         """
-        storing = self.settings.shaping.verdict_cache_ttl_s > 0
+        storing = self.keeps_verdicts
         # Each engine's scope (its model's), in the pool's order: a verdict is kept under the scope of the
         # engine that made it and looked up under every engine's the request could go to (frame_reuse).
         # Without the verdict cache nothing is looked up or kept: no scope is made.

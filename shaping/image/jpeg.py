@@ -74,6 +74,12 @@ def _entropy_coded_end(data: bytes, position: int) -> int:
     return found.start()
 
 
+def eight_bit_three_components(frame_header: bytes) -> bool:
+    """Whether a frame header segment (from its marker's 0xFF on) is of 8-bit samples in three components."""
+    header = frame_header.lstrip(b"\xff")  # marker, length, precision, height, width, components
+    return len(header) >= 9 and header[3] == 8 and header[8] == 3
+
+
 def baseline_jpeg_stream(data: bytes) -> bytes | None:
     """The JPEG without metadata and trailing bytes, if it is a plain baseline YCbCr JPEG; else None.
 
@@ -103,8 +109,7 @@ def baseline_jpeg_stream(data: bytes) -> bytes | None:
             else:
                 if marker == 0xC0:
                     frames += 1
-                    header = body.lstrip(b"\xff")
-                    if len(header) < 9 or header[3] != 8 or header[8] != 3:  # 8-bit, 3 components
+                    if not eight_bit_three_components(body):
                         return None
                 if marker == 0xDA:
                     scans += 1

@@ -22,7 +22,13 @@ from shaping.image.decode import (
 )
 from shaping.image.header import check_dimensions, size_from_header, sniff_format
 from shaping.image.identity import frame_identity, identity_scale
-from shaping.image.jpeg import JPEG_FRAME_MARKERS, MalformedJpeg, baseline_jpeg_stream, jpeg_segments
+from shaping.image.jpeg import (
+    JPEG_FRAME_MARKERS,
+    MalformedJpeg,
+    baseline_jpeg_stream,
+    eight_bit_three_components,
+    jpeg_segments,
+)
 from shaping.image.limits import FORMAT_LABELS, ImageFormat, ImageLimits
 from shaping.image.pixels import encode_jpeg, flatten_to_rgb, resizable, resize
 from shaping.tokens import TokenGrid, smart_resize
@@ -200,10 +206,10 @@ def passes_through(head: bytes, grid: TokenGrid) -> bool:
             if segment.marker in (0xE1, 0xEE, 0xDA, 0xD9):  # EXIF, Adobe, or data before a frame header
                 return False
             if segment.marker in JPEG_FRAME_MARKERS:
-                header = head[segment.start : segment.end].lstrip(b"\xff")
-                if segment.marker != 0xC0 or len(header) < 9 or header[3] != 8 or header[8] != 3:
+                body = head[segment.start : segment.end]
+                if segment.marker != 0xC0 or not eight_bit_three_components(body):
                     return False
-                height, width = struct.unpack(">HH", header[4:8])
+                height, width = struct.unpack(">HH", body.lstrip(b"\xff")[4:8])
                 return width > 0 and height > 0 and smart_resize(width, height, grid) == (width, height)
     except (MalformedJpeg, ImageRejected):
         return False
