@@ -93,11 +93,14 @@ def sixteen_bit_png() -> bytes:
 
 
 KEYFRAME = make_keyframe("allow", 320, 180, seed=3)
+ON_GRID = make_keyframe("allow", 1088, 608, seed=3)  # passes through: a lone one is checked on the event loop
 
 # (case id, image bytes, expected status, expected error code or None for a verdict)
 CORPUS: list[tuple[str, Callable[[], bytes], int, str | None]] = [
     ("truncated JPEG", lambda: KEYFRAME[: len(KEYFRAME) // 2], 400, "image_decode_failed"),
     ("JPEG with its end cut off a few bytes", lambda: KEYFRAME[:-40], 400, "image_decode_failed"),
+    ("on-grid JPEG cut in half", lambda: ON_GRID[: len(ON_GRID) // 2], 400, "image_decode_failed"),
+    ("on-grid JPEG with its end cut off a few bytes", lambda: ON_GRID[:-40], 400, "image_decode_failed"),
     ("wrong magic bytes", lambda: b"\x00\x00\x00\x00" + KEYFRAME[4:], 415, "unsupported_image_format"),
     ("random bytes", lambda: bytes(range(256)) * 8, 415, "unsupported_image_format"),
     ("decompression bomb PNG", png_bomb, 413, "image_dimensions_too_large"),
